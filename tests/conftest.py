@@ -1,0 +1,21 @@
+"""Test configuration: x64 is enabled so that every test can choose float32 or float64
+explicitly (arrays are created with an explicit dtype; weak-typed Python scalars keep
+float32 computations in float32)."""
+
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+DTYPES = [np.float32, np.float64]
+
+
+@pytest.fixture(params=DTYPES, ids=["f32", "f64"])
+def dtype(request):
+    return request.param
+
+
+def tol(dtype, f32, f64):
+    """Pick a tolerance by dtype."""
+    return f32 if np.dtype(dtype) == np.float32 else f64
