@@ -1,0 +1,204 @@
+"""Particle vector fields as equinox Modules.
+
+Each model is a vector field ``field(t, x, args) -> dx/dt`` on a cloud ``x`` of shape
+(N, d), usable as a ``diffrax.ODETerm`` and by :func:`jaxdyn.simulate`. Parameters are
+array leaves, so ``jax.vmap`` over a stack of models is a parameter sweep and ``jax.grad``
+with respect to a model is control. ``manifold`` ("sphere" or "euclidean") tells the
+integrators whether to retract onto S^{d-1}.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._kernels import KERNELS, NORMALIZATIONS, HIGHEST, interaction
+from ._sphere import tangent_project
+
+
+def _is_concrete(a) -> bool:
+    return not isinstance(a, jax.core.Tracer)
+
+
+def _check_square(name, a, d=None):
+    shape = getattr(a, "shape", None)
+    if shape is None or len(shape) != 2 or shape[0] != shape[1] or (d is not None and shape[0] != d):
+        want = f"({d}, {d})" if d is not None else "(d, d)"
+        raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {shape}")
+
+
+def _as_array(a, dtype=None):
+    if isinstance(a, (jax.Array, np.ndarray)) and dtype is None:
+        return jnp.asarray(a)
+    return jnp.asarray(a, dtype=dtype)
+
+
+def _dtype_of(*arrays):
+    dts = [a.dtype for a in arrays if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)]
+    return jnp.result_type(*dts) if dts else jnp.float32
+
+
+class AbstractParticleModel(eqx.Module):
+    """Base of all particle fields: ``__call__(t, x, args) -> dx/dt`` with x of shape (N, d)."""
+
+    manifold: ClassVar[str] = "euclidean"
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+
+class SphereAttention(AbstractParticleModel):
+    r"""Softmax self-attention dynamics on the sphere (Paper A, Eq. 2 for the empirical measure).
+
+        ẋ_i = P⊥(x_i) V Σ_j w_ij x_j,   w_ij = exp(β x_iᵀ B x_j) / Σ_k exp(β x_iᵀ B x_k),
+        B = Qᵀ K,  P⊥(x) = I − x xᵀ.
+
+    ``normalization="unnormalized"`` gives USA (w_ij = exp(β x_iᵀBx_j)/N) and
+    ``"hardmax"`` attends to argmax_j x_iᵀ B x_j (β = ∞ on the empirical measure).
+
+    Args:
+      Q, K, V: (d, d) arrays.
+      beta: inverse temperature β > 0 (an array leaf: vmap over a stack of models sweeps β).
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (see :func:`jaxdyn.interaction`).
+    """
+
+    manifold: ClassVar[str] = "sphere"
+    Q: jax.Array
+    K: jax.Array
+    V: jax.Array
+    beta: jax.Array
+    kernel: str = eqx.field(static=True, default="auto")
+    normalization: str = eqx.field(static=True, default="softmax")
+    k_block: int = eqx.field(static=True, default=512)
+    q_block: int = eqx.field(static=True, default=4096)
+
+    def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=512,
+                 q_block=4096):
+        dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
+        self.Q, self.K, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
+        _check_square("Q", self.Q)
+        d = self.Q.shape[0]
+        _check_square("K", self.K, d)
+        _check_square("V", self.V, d)
+        self.beta = jnp.asarray(beta, dtype=self.Q.dtype)
+        if self.beta.ndim != 0:
+            raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}; to sweep β, vmap "
+                             "over a stack of models (jaxdyn.stack_models)")
+        if _is_concrete(self.beta) and not bool(self.beta > 0):
+            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+        self.kernel = kernel
+        self.normalization = normalization
+        self.k_block = int(k_block)
+        self.q_block = int(q_block)
+
+    @property
+    def dim(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def B(self):
+        return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
+
+    def __call__(self, t, x, args=None):
+        m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
+                        kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
+        return tangent_project(x, jnp.matmul(m, self.V.T, precision=HIGHEST))
+
+
+class ZeroTemperature(AbstractParticleModel):
+    r"""Zero-temperature limit field (Paper A, Eq. 3), local (no interaction):
+
+        X_∞(x) = P⊥(x) V Bᵀx / |Bᵀx| = P⊥(x) M x / |Bᵀx|,   M = V Bᵀ,  B = QᵀK.
+
+    Valid while ρ has full support (Assumption 3). Its flow converges to Π(x0) (MATH.md).
+    """
+
+    manifold: ClassVar[str] = "sphere"
+    Q: jax.Array
+    K: jax.Array
+    V: jax.Array
+
+    def __init__(self, Q, K, V):
+        dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
+        self.Q, self.K, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
+        _check_square("Q", self.Q)
+        d = self.Q.shape[0]
+        _check_square("K", self.K, d)
+        _check_square("V", self.V, d)
+
+    @property
+    def dim(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def B(self):
+        return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
+
+    def __call__(self, t, x, args=None):
+        bx = jnp.matmul(x, self.B, precision=HIGHEST)  # rows: (Bᵀ x_i)ᵀ
+        y = bx / jnp.linalg.norm(bx, axis=-1, keepdims=True)
+        return tangent_project(x, jnp.matmul(y, self.V.T, precision=HIGHEST))
+
+
+class EuclideanAttention(AbstractParticleModel):
+    r"""Attention plus affine feed-forward in R^d (Paper B):
+
+        ẋ_i = A σ(x_i) + b + V Σ_j w_ij x_j,   w_ij = exp(x_jᵀ B x_i) / Σ_k exp(x_kᵀ B x_i),
+
+    with σ = identity (Gaussians stay Gaussian) or ReLU. The inverse temperature is absorbed
+    in B. In Q/K terms B = Kᵀ Q.
+    """
+
+    manifold: ClassVar[str] = "euclidean"
+    A: jax.Array
+    B: jax.Array
+    V: jax.Array
+    b: jax.Array
+    activation: str = eqx.field(static=True, default="identity")
+    kernel: str = eqx.field(static=True, default="auto")
+
+    def __init__(self, A, B, V, b=None, *, activation="identity", kernel="auto"):
+        dt = _dtype_of(*(a for a in (A, B, V) if hasattr(a, "dtype")))
+        self.A, self.B, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (A, B, V))
+        _check_square("A", self.A)
+        d = self.A.shape[0]
+        _check_square("B", self.B, d)
+        _check_square("V", self.V, d)
+        self.b = jnp.zeros((d,), self.A.dtype) if b is None else jnp.asarray(b, self.A.dtype)
+        if self.b.shape != (d,):
+            raise ValueError(f"b must have shape ({d},), got {self.b.shape}")
+        if activation not in ("identity", "relu"):
+            raise ValueError(f"activation must be 'identity' or 'relu', got {activation!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.activation = activation
+        self.kernel = kernel
+
+    @property
+    def dim(self) -> int:
+        return self.A.shape[0]
+
+    def __call__(self, t, x, args=None):
+        # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
+        m = interaction(x, x, self.B.T, 1.0, kernel=self.kernel)
+        h = jax.nn.relu(x) if self.activation == "relu" else x
+        return (jnp.matmul(h, self.A.T, precision=HIGHEST) + self.b
+                + jnp.matmul(m, self.V.T, precision=HIGHEST))
+
+
+def stack_models(models):
+    """Stack a list of models with equal static structure into one batched model, ready for
+    ``jax.vmap`` (e.g. a β sweep: ``[SphereAttention(Q, K, V, b) for b in betas]``)."""
+    models = list(models)
+    if not models:
+        raise ValueError("stack_models needs at least one model")
+    return jax.tree.map(lambda *a: jnp.stack(a), *models)

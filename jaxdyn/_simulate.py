@@ -1,0 +1,210 @@
+"""``simulate``: the one jitted driver of the particle integrators.
+
+    traj = simulate(model, x0, t1=10.0, dt=0.01, save_every=10, method="rk4")
+    traj.ts  # (S,)        saved times
+    traj.xs  # (S, N, d)   saved states
+    traj.finite  # bool: every saved state finite (a status, never an exception)
+
+Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``) run as nested ``lax.scan``s
+(reverse-mode differentiable); the diffrax methods (``"tsit5"``, ``"dopri5"``,
+``"dopri8"``) take adaptive steps for accuracy references. ``simulate`` works under
+``jax.vmap`` over a stack of models (a β sweep) and over initial conditions (seeds).
+Step counts and save indices are static: ``t0``, ``t1``, ``dt`` must be Python numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._integrators import INTEGRATORS
+
+DIFFRAX_METHODS = {
+    "tsit5": diffrax.Tsit5,
+    "dopri5": diffrax.Dopri5,
+    "dopri8": diffrax.Dopri8,
+}
+METHODS = tuple(INTEGRATORS) + tuple(DIFFRAX_METHODS)
+
+
+class Trajectory(eqx.Module):
+    """Saved states of a particle simulation.
+
+    Attributes:
+      ts: (S,) saved times.
+      xs: (S, N, d) saved particle positions.
+      finite: scalar bool, False if any saved state is NaN/inf (the run's status).
+      n_steps: number of steps taken (fixed-step methods: static count; diffrax: accepted
+        steps), an int array.
+    """
+
+    ts: jax.Array
+    xs: jax.Array
+    finite: jax.Array
+    n_steps: jax.Array
+
+    @property
+    def status(self) -> str:
+        """``"ok"`` or ``"nonfinite"`` (unbatched, concrete trajectories only)."""
+        return "ok" if bool(self.finite) else "nonfinite"
+
+
+def _static_float(name, v):
+    if isinstance(v, jax.core.Tracer):
+        raise ValueError(f"{name} must be a Python number (it fixes the step count), got a traced value")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"{name} must be finite, got {f}")
+    return f
+
+
+def _plan(t0, t1, dt):
+    t0 = _static_float("t0", t0)
+    t1 = _static_float("t1", t1)
+    dt = _static_float("dt", dt)
+    if dt <= 0:
+        raise ValueError(f"dt (time step) must be > 0, got {dt}")
+    if t1 <= t0:
+        raise ValueError(f"t1 must be > t0, got t0={t0}, t1={t1}")
+    span = t1 - t0
+    n = round(span / dt)
+    if n < 1 or abs(n * dt - span) > 1e-9 * max(1.0, span):
+        n = max(1, math.ceil(span / dt - 1e-9))
+    return t0, t1, span / n, n
+
+
+def _check_x0(model, x0):
+    x0 = jnp.asarray(x0)
+    d = model.dim
+    if x0.ndim != 2 or x0.shape[1] != d or x0.shape[0] < 1:
+        raise ValueError(f"x0 must have shape (N, {d}) with N >= 1 for this model, got {x0.shape}")
+    params = [l for l in jax.tree.leaves(model) if hasattr(l, "dtype")
+              and jnp.issubdtype(l.dtype, jnp.floating)]
+    dt = jnp.result_type(x0.dtype if jnp.issubdtype(x0.dtype, jnp.floating) else jnp.float32,
+                         *[p.dtype for p in params])
+    in_dtype = x0.dtype
+    x0 = x0.astype(dt)
+    if getattr(model, "manifold", "euclidean") == "sphere" and not isinstance(x0, jax.core.Tracer):
+        err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
+        if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
+            raise ValueError(
+                f"x0 rows must be unit vectors on S^{d - 1} (max ||x_i| - 1| = {err:.3g}); "
+                "normalise them with jaxdyn.normalize or sample with jaxdyn.sample_sphere")
+    return x0
+
+
+def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
+    """Static step indices at which states are saved (always includes 0 and n_steps)."""
+    if saveat is not None and save_every is not None:
+        raise ValueError("give either saveat or save_every, not both")
+    if saveat is not None:
+        ts = np.atleast_1d(np.asarray(saveat, dtype=np.float64))
+        k = np.rint((ts - t0) / dt).astype(np.int64)
+        off = np.abs(t0 + k * dt - ts)
+        if np.any(off > 1e-6 * dt) or np.any(k < 0) or np.any(k > n_steps):
+            bad = ts[(off > 1e-6 * dt) | (k < 0) | (k > n_steps)][0]
+            raise ValueError(f"saveat time {bad} is not on the step grid t0 + k*dt (dt={dt}) "
+                             f"within [t0, t1]; use multiples of dt or save_every")
+        if np.any(np.diff(k) <= 0):
+            raise ValueError("saveat must be strictly increasing")
+        return tuple(int(i) for i in k)
+    if save_every is None:
+        save_every = max(1, n_steps // 100)
+    if not isinstance(save_every, (int, np.integer)) or save_every < 1:
+        raise ValueError(f"save_every must be an integer >= 1 (steps between saves), got {save_every!r}")
+    idx = list(range(0, n_steps + 1, int(save_every)))
+    if idx[-1] != n_steps:
+        idx.append(n_steps)
+    return tuple(idx)
+
+
+def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method="rk4", args=None,
+             rtol=1e-8, atol=1e-10, max_steps=1_000_000):
+    """Integrate a particle model from ``x0`` on [t0, t1].
+
+    Args:
+      model: a particle vector field (``SphereAttention``, ``ZeroTemperature``,
+        ``EuclideanAttention``, or any ``field(t, x, args)`` with ``dim``/``manifold``).
+      x0: (N, d) initial particles (unit rows for sphere models).
+      t1, dt, t0: Python numbers; dt is adjusted down so that the steps tile [t0, t1].
+      save_every: save every k steps (default: about 100 frames). Or ``saveat``: times on
+        the step grid.
+      method: ``"euler"`` (projected Euler), ``"rk4"`` (projected RK4), ``"exp_euler"``
+        (exponential-map Euler), or a diffrax adaptive method ``"tsit5"``, ``"dopri5"``,
+        ``"dopri8"`` (with ``rtol``, ``atol``, ``max_steps``; ``dt`` is the first step).
+
+    Returns:
+      :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``finite`` and ``n_steps``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    t0, t1, dt, n = _plan(t0, t1, dt)
+    x0 = _check_x0(model, x0)
+    idx = save_indices(n, save_every, saveat, t0, dt)
+    if method in DIFFRAX_METHODS:
+        return _run_diffrax(model, x0, args, t0, t1, dt, idx, method, float(rtol), float(atol),
+                            int(max_steps))
+    return _run_fixed(model, x0, args, t0, dt, idx, method)
+
+
+@eqx.filter_jit
+def _run_fixed(model, x0, args, t0, dt, idx, method):
+    integ = INTEGRATORS[method]()
+    dtype = x0.dtype
+    t0 = jnp.asarray(t0, dtype)
+    dt_a = jnp.asarray(dt, dtype)
+
+    def advance(x, k_start, n_steps):
+        def body(x, k):
+            t = t0 + k.astype(dtype) * dt_a
+            return integ.step(model, t, x, dt_a, args), None
+
+        x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
+        return x
+
+    seg = np.diff(np.asarray(idx))
+    saved = [x0]
+    x = x0
+    # Group consecutive equal-length segments into one nested scan (traced once per length).
+    i = 0
+    while i < len(seg):
+        j = i
+        while j < len(seg) and seg[j] == seg[i]:
+            j += 1
+        L, reps, start = int(seg[i]), j - i, int(idx[i])
+
+        def outer(x, r, L=L, start=start):
+            x = advance(x, start + r * L, L)
+            return x, x
+
+        x, xs = jax.lax.scan(outer, x, jnp.arange(reps))
+        saved.append(xs)
+        i = j
+    xs = jnp.concatenate([saved[0][None]] + saved[1:], axis=0)
+    ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a
+    finite = jnp.all(jnp.isfinite(xs))
+    return Trajectory(ts, xs, finite, jnp.asarray(idx[-1]))
+
+
+@eqx.filter_jit
+def _run_diffrax(model, x0, args, t0, t1, dt, idx, method, rtol, atol, max_steps):
+    ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
+    ts = ts.at[-1].set(t1)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(model), DIFFRAX_METHODS[method](), t0, t1, dt, x0, args=args,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        max_steps=max_steps, throw=False)
+    ok = sol.result == diffrax.RESULTS.successful
+    xs = sol.ys
+    finite = jnp.all(jnp.isfinite(xs)) & ok
+    return Trajectory(ts, xs, finite, sol.stats["num_accepted_steps"])

@@ -1,0 +1,146 @@
+"""Geometry of the unit sphere S^{d-1} ⊂ R^d, and sampling on it.
+
+Points are rows of an array of shape (..., d) with |x| = 1.
+
+* tangent projection  P⊥(x) v = v − ⟨x, v⟩ x
+* exponential map     exp_x(v) = cos|v| x + sin|v| v/|v|   (v tangent at x)
+* geodesic distance   d(x, y) = 2 arcsin(|x − y| / 2)      (stable near 0 and π)
+
+Sampling: uniform; von Mises–Fisher vMF(μ, κ) (Wood 1994 rejection sampler); and a
+mixture ``(1 − w)·uniform + w·vMF(μ, κ)``, whose density is strictly positive and Lipschitz
+(Paper A, Assumption 3) while still far from uniform.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def tangent_project(x, v):
+    """P⊥(x) v = v − ⟨x, v⟩ x, row-wise."""
+    return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
+
+
+def normalize(x):
+    """Project onto the sphere: x / |x|, row-wise."""
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def exp_map(x, v):
+    """Exponential map of the sphere at x applied to the tangent vector v (row-wise).
+
+    Safe at v = 0 (uses sin(r)/r → 1); the result is renormalised against round-off.
+    """
+    r = jnp.linalg.norm(v, axis=-1, keepdims=True)
+    small = r < 1e-8
+    r_safe = jnp.where(small, 1.0, r)
+    sinc = jnp.where(small, 1.0 - r**2 / 6.0, jnp.sin(r_safe) / r_safe)
+    return normalize(jnp.cos(r) * x + sinc * v)
+
+
+def geodesic_distance(x, y):
+    """Great-circle distance 2 arcsin(|x − y|/2), row-wise."""
+    c = jnp.linalg.norm(x - y, axis=-1) / 2.0
+    return 2.0 * jnp.arcsin(jnp.clip(c, 0.0, 1.0))
+
+
+def _check_n_d(n, d):
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (number of particles) must be an integer >= 1, got {n!r}")
+    if not isinstance(d, (int, np.integer)) or d < 2:
+        raise ValueError(f"d (ambient dimension of S^(d-1)) must be an integer >= 2, got {d!r}")
+
+
+def sample_sphere(key, n: int, d: int, dtype=jnp.float32):
+    """n points uniform on S^{d-1}: normalised standard Gaussians. Shape (n, d)."""
+    _check_n_d(n, d)
+    return normalize(jax.random.normal(key, (n, d), dtype=dtype))
+
+
+@partial(jax.jit, static_argnums=(1, 2, 4))
+def _vmf_cosines(key, n, d, kappa, dtype):
+    """Wood (1994): sample w = ⟨x, μ⟩ for vMF(μ, κ) on S^{d-1}."""
+    dim = d - 1.0
+    kappa = jnp.asarray(kappa, dtype)
+    b = dim / (jnp.sqrt(4.0 * kappa**2 + dim**2) + 2.0 * kappa)
+    x0 = (1.0 - b) / (1.0 + b)
+    c = kappa * x0 + dim * jnp.log(1.0 - x0**2)
+
+    def cond(state):
+        _, _, done = state
+        return ~jnp.all(done)
+
+    def body(state):
+        key, w, done = state
+        key, kz, ku = jax.random.split(key, 3)
+        z = jax.random.beta(kz, dim / 2.0, dim / 2.0, (n,), dtype=dtype)
+        u = jax.random.uniform(ku, (n,), dtype=dtype, minval=1e-12, maxval=1.0)
+        wn = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
+        acc = kappa * wn + dim * jnp.log(1.0 - x0 * wn) - c >= jnp.log(u)
+        take = acc & ~done
+        return key, jnp.where(take, wn, w), done | acc
+
+    state = (key, jnp.zeros((n,), dtype), jnp.zeros((n,), bool))
+    _, w, _ = jax.lax.while_loop(cond, body, state)
+    return w
+
+
+def sample_vmf(key, n: int, mu, kappa: float, dtype=jnp.float32):
+    """n points from the von Mises–Fisher law on S^{d-1}, density ∝ exp(κ ⟨μ, x⟩).
+
+    Args:
+      mu: mean direction, shape (d,) (normalised here).
+      kappa: concentration κ > 0.
+    """
+    mu = jnp.asarray(mu, dtype)
+    if mu.ndim != 1:
+        raise ValueError(f"mu must be a vector of shape (d,), got shape {mu.shape}")
+    d = mu.shape[0]
+    _check_n_d(n, d)
+    if not float(kappa) > 0:
+        raise ValueError(f"kappa must be > 0, got {kappa!r}")
+    mu = mu / jnp.linalg.norm(mu)
+    kw, kv = jax.random.split(key)
+    w = _vmf_cosines(kw, n, d, kappa, dtype)
+    v = tangent_project(mu[None, :], jax.random.normal(kv, (n, d), dtype))
+    v = normalize(v)
+    return normalize(w[:, None] * mu[None, :] + jnp.sqrt(jnp.clip(1.0 - w**2, 0.0))[:, None] * v)
+
+
+def sample_mixture(key, n: int, d: int, *, mu=None, kappa: float = 4.0, weight: float = 0.5,
+                   dtype=jnp.float32):
+    """n points from ``(1 − weight)·uniform + weight·vMF(μ, κ)`` on S^{d-1}.
+
+    Its density is strictly positive (≥ (1 − weight)/|S^{d-1}|) and Lipschitz, as Paper A's
+    Assumption 3 requires, yet non-uniform. ``mu`` defaults to (1, 1, …, 1)/√d.
+    """
+    _check_n_d(n, d)
+    if not 0.0 <= float(weight) < 1.0:
+        raise ValueError(f"weight must lie in [0, 1) for a strictly positive density, got {weight!r}")
+    if mu is None:
+        mu = jnp.ones((d,), dtype) / math.sqrt(d)
+    ku, kv, kc = jax.random.split(key, 3)
+    xu = sample_sphere(ku, n, d, dtype)
+    xv = sample_vmf(kv, n, mu, kappa, dtype)
+    pick = jax.random.uniform(kc, (n, 1)) < weight
+    return jnp.where(pick, xv, xu)
+
+
+def sample_initial(key, n: int, d: int, dist: str = "uniform", dtype=jnp.float32, **kw):
+    """Dispatch by name: ``"uniform"``, ``"vmf"`` (kw: mu, kappa), ``"mixture"`` (kw: mu, kappa,
+    weight)."""
+    if dist == "uniform":
+        return sample_sphere(key, n, d, dtype)
+    if dist == "vmf":
+        mu = kw.get("mu")
+        if mu is None:
+            mu = jnp.zeros((d,)).at[0].set(1.0)
+        return sample_vmf(key, n, mu, kw.get("kappa", 4.0), dtype)
+    if dist == "mixture":
+        return sample_mixture(key, n, d, dtype=dtype, **kw)
+    raise ValueError(f"initial distribution must be 'uniform', 'vmf' or 'mixture', got {dist!r}")

@@ -1,0 +1,91 @@
+"""The interaction kernel against a plain NumPy double loop, and dense against blocked."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn._kernels import interaction
+from conftest import tol
+
+
+def _loop_reference(x, V, B, beta, normalization):
+    """Σ_j w_ij V x_j with a Python double loop in float64 (the definition, nothing clever)."""
+    x = np.asarray(x, np.float64)
+    n, d = x.shape
+    out = np.zeros((n, d))
+    for i in range(n):
+        logits = np.array([beta * x[i] @ B @ x[j] for j in range(n)])
+        if normalization == "softmax":
+            w = np.exp(logits - logits.max())
+            w /= w.sum()
+        elif normalization == "unnormalized":
+            w = np.exp(logits) / n
+        else:
+            w = (logits == logits.max()).astype(float)
+            w /= w.sum()
+        for j in range(n):
+            out[i] += w[j] * (V @ x[j])
+    return out
+
+
+def _random_qkv(seed, d, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(d, d)).astype(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
+@pytest.mark.parametrize("kernel", ["dense", "blocked"])
+def test_kernel_matches_double_loop(dtype, normalization, kernel):
+    d, n, beta = 4, 37, 1.7
+    Q, K, V = _random_qkv(1, d)  # non-symmetric
+    x = np.asarray(jaxdyn.sample_sphere(jax.random.PRNGKey(3), n, d, jnp.float64))
+    ref = _loop_reference(x, V, Q.T @ K, beta, normalization)
+    model = jaxdyn.SphereAttention(Q.astype(dtype), K.astype(dtype), V.astype(dtype), beta,
+                                   kernel=kernel, normalization=normalization, k_block=8, q_block=16)
+    xj = jnp.asarray(x, dtype)
+    got = np.asarray(jaxdyn.interaction(xj, xj, model.B, model.beta, normalization=normalization,
+                                        kernel=kernel, k_block=8, q_block=16) @ model.V.T)
+    np.testing.assert_allclose(got, ref, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 2e-5, 1e-12))
+    # The field is the tangent projection of that.
+    field = np.asarray(model(0.0, xj))
+    proj = ref - np.sum(ref * x, axis=1, keepdims=True) * x
+    np.testing.assert_allclose(field, proj, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 2e-5, 1e-12))
+
+
+@pytest.mark.parametrize("n", [1, 5, 511, 513, 1030])
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
+def test_blocked_equals_dense(dtype, n, normalization):
+    d = 3
+    Q, K, V = _random_qkv(7, d)
+    B = jnp.asarray(Q.T @ K, dtype)
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(n), n, d, dtype)
+    dense = interaction(x, x, B, 3.0, kernel="dense", normalization=normalization)
+    for kb, qb in [(128, 256), (500, 100), (7, 33)]:
+        blocked = interaction(x, x, B, 3.0, kernel="blocked", normalization=normalization,
+                              k_block=kb, q_block=qb)
+        scale = float(jnp.max(jnp.abs(dense)))
+        np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense),
+                                   atol=tol(dtype, 1e-5, 1e-12) * scale, rtol=0)
+
+
+def test_large_beta_float32_no_overflow():
+    d = 3
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 600, d, jnp.float32)
+    B = jnp.eye(d, dtype=jnp.float32)
+    for kernel in ["dense", "blocked"]:
+        m = interaction(x, x, B, 1e4, kernel=kernel, k_block=128)
+        assert bool(jnp.all(jnp.isfinite(m)))
+        # At β = 10⁴ each particle mostly attends to itself and its nearest neighbours.
+        assert float(jnp.min(jnp.sum(m * x, axis=1))) > 0.9
+
+
+def test_kernel_rejects_bad_shapes():
+    x = jnp.ones((4, 3))
+    with pytest.raises(ValueError, match="B must have shape"):
+        interaction(x, x, jnp.eye(2), 1.0)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        interaction(x, x, jnp.eye(3), 1.0, kernel="fast")
+    with pytest.raises(ValueError, match="normalization"):
+        interaction(x, x, jnp.eye(3), 1.0, normalization="sparsemax")
