@@ -1,0 +1,217 @@
+"""Experiment configs: YAML → validated, resolved dictionaries.
+
+A config is a mapping with a ``kind`` (which experiment runs it), scalar parameters,
+nested sections (``weights``, ``init``, ``figures``, …) and an optional ``sweep`` section
+declaring a grid: ``sweep: {beta: [1, 10, 100], seed: [0, 1]}``. Each kind declares its
+fields with :class:`Field`; validation fills defaults and rejects, before any compute, an
+unknown field, a value of the wrong type or out of range, naming the field and the
+expected form (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import yaml
+
+REQUIRED = object()
+
+
+class ConfigError(ValueError):
+    """A config field is wrong: the message names it and the expected form."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One config field.
+
+    Attributes:
+      kind: "int" | "float" | "str" | "bool" | "list" | "section" | "any" | "matrix".
+      default: default value (``REQUIRED`` if none).
+      doc: the expected form, shown in errors.
+      check: optional predicate on the (coerced) value returning an error string or None.
+      choices: allowed values for "str" fields.
+      item: element kind for "list" fields ("int", "float", "str", "any").
+      schema: sub-fields for "section" fields (None: free-form mapping).
+      sweepable: may appear under ``sweep:``.
+    """
+
+    kind: str
+    default: Any = REQUIRED
+    doc: str = ""
+    check: Optional[Callable[[Any], Optional[str]]] = None
+    choices: Optional[tuple] = None
+    item: str = "any"
+    schema: Optional[Mapping[str, "Field"]] = None
+    sweepable: bool = False
+
+
+def positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def nonnegative(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def at_least(k):
+    return lambda v: None if v >= k else f"must be >= {k}"
+
+
+def all_positive(v):
+    return None if all(x > 0 for x in v) else "every value must be > 0"
+
+
+def _coerce(path: str, value, f: Field):
+    k = f.kind
+    what = f.doc or k
+    if k == "any":
+        return value
+    if k == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config field '{path}': expected true/false ({what}), got {value!r}")
+    if k == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"config field '{path}': expected an integer ({what}), got {value!r}")
+        value = int(value)
+    elif k == "float":
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML reads 1e-3 as a string
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config field '{path}': expected a number ({what}), got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"config field '{path}': must be finite, got {value!r}")
+    elif k == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"config field '{path}': expected a string ({what}), got {value!r}")
+        if f.choices is not None and value not in f.choices:
+            raise ConfigError(f"config field '{path}': must be one of {list(f.choices)}, got {value!r}")
+    elif k == "list":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config field '{path}': expected a list ({what}), got {value!r}")
+        item = Field(f.item, doc=f.doc)
+        value = [_coerce(f"{path}[{i}]", v, item) for i, v in enumerate(value)]
+    elif k == "matrix":
+        if (not isinstance(value, (list, tuple)) or not value
+                or not all(isinstance(r, (list, tuple)) for r in value)):
+            raise ConfigError(f"config field '{path}': expected a matrix as a list of rows ({what}), "
+                              f"got {value!r}")
+        value = [[_coerce(f"{path}[{i}][{j}]", x, Field("float")) for j, x in enumerate(r)]
+                 for i, r in enumerate(value)]
+        if len({len(r) for r in value}) != 1:
+            raise ConfigError(f"config field '{path}': rows of different lengths")
+    elif k == "section":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config field '{path}': expected a mapping ({what}), got {value!r}")
+        if f.schema is not None:
+            value = validate_section(path, value, f.schema)
+        else:
+            value = dict(value)
+    else:  # pragma: no cover - programming error
+        raise AssertionError(k)
+    if f.check is not None:
+        msg = f.check(value)
+        if msg:
+            raise ConfigError(f"config field '{path}': {msg}, got {value!r}")
+    return value
+
+
+def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> dict:
+    """Validate a mapping against a schema: unknown fields, types, ranges, defaults."""
+    out = {}
+    prefix = f"{path}." if path else ""
+    for key in raw:
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise ConfigError(f"unknown config field '{prefix}{key}'; known fields here: {known}")
+    for key, f in schema.items():
+        if key in raw and raw[key] is not None:
+            out[key] = _coerce(prefix + key, raw[key], f)
+        elif f.default is REQUIRED:
+            raise ConfigError(f"config field '{prefix}{key}' is required ({f.doc or f.kind})")
+        else:
+            d = copy.deepcopy(f.default)
+            if f.kind == "section" and f.schema is not None:
+                d = validate_section(prefix + key, d or {}, f.schema)
+            out[key] = d
+    return out
+
+
+def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
+    """``sweep: {field: [values…]}`` over sweepable top-level fields."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config field 'sweep': expected a mapping field -> list of values, got {raw!r}")
+    out = {}
+    sweepable = sorted(k for k, f in schema.items() if f.sweepable)
+    for key, values in raw.items():
+        if key not in schema or not schema[key].sweepable:
+            raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'; "
+                              f"sweepable fields: {', '.join(sweepable)}")
+        if not isinstance(values, (list, tuple)) or len(values) == 0:
+            raise ConfigError(f"config field 'sweep.{key}': expected a non-empty list of values, got {values!r}")
+        vals = [_coerce(f"sweep.{key}[{i}]", v, schema[key]) for i, v in enumerate(values)]
+        if len(set(map(_freeze, vals))) != len(vals):
+            raise ConfigError(f"config field 'sweep.{key}': values must be distinct, got {values!r}")
+        out[key] = vals
+    return out
+
+
+def _freeze(v):
+    return json.dumps(v, sort_keys=True)
+
+
+def load_yaml(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return dict(data)
+
+
+def default_config_text() -> str:
+    """The embedded default experiment (``jaxdyn run`` with no CONFIG)."""
+    return resources.files("jaxdyn").joinpath("defaults/default.yaml").read_text()
+
+
+def default_config() -> dict:
+    return yaml.safe_load(default_config_text())
+
+
+def config_hash(cfg: Mapping) -> str:
+    """A stable hash of a resolved config (resume refuses a different config)."""
+    keep = {k: v for k, v in cfg.items() if k not in ("name",)}
+    return hashlib.sha256(_freeze(keep).encode()).hexdigest()[:16]
+
+
+def apply_overrides(raw: dict, overrides) -> dict:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config."""
+    raw = copy.deepcopy(raw)
+    for item in overrides or ():
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE (e.g. n=512 or sweep.beta=[1,10])")
+        key, val = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = raw
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: '{p}' is not a section")
+        node[parts[-1]] = yaml.safe_load(val)
+    return raw

@@ -1,0 +1,44 @@
+"""Experiment kinds and the engine that runs them.
+
+A kind is a module with:
+
+* ``SCHEMA``: ``{field: config.Field}`` of its top-level fields (sweepable ones marked);
+* ``BATCH_AXES``: sweep axes that may vary inside one vmapped chunk (others split chunks);
+* ``check(cfg) -> list[str]``: cross-field validation (raise ``ConfigError``) and warnings;
+* ``estimate_bytes(point_cfg) -> int``: memory of one grid point;
+* ``run_points(point_cfgs) -> (vars, coords)``: compute a chunk of points sharing every
+  non-batch field; ``vars`` maps a name to ``(dims, array)`` with a leading point axis,
+  ``coords`` maps a dim to its values; a boolean var ``finite`` is the per-point status;
+* ``summarize(cfg, ds) -> dict`` and ``plot(cfg, ds, out_dir) -> list[Path]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..config import ConfigError
+
+KINDS = {
+    "sphere": "jaxdyn.experiments.sphere",
+    "concentration": "jaxdyn.experiments.concentration",
+    "gaussian": "jaxdyn.experiments.gaussian",
+    "reachability": "jaxdyn.experiments.reachability",
+    "gaussianity": "jaxdyn.experiments.gaussianity",
+}
+
+
+def get_kind(name: str):
+    if name not in KINDS:
+        raise ConfigError(f"config field 'kind': unknown experiment kind {name!r}; known kinds: "
+                          f"{', '.join(sorted(KINDS))}")
+    try:
+        return importlib.import_module(KINDS[name])
+    except ModuleNotFoundError as e:
+        if e.name == KINDS[name]:
+            raise ConfigError(f"experiment kind {name!r} is not available in this version") from None
+        raise
+
+
+from ._engine import RunResult, report, resolve_config, run_experiment  # noqa: E402
+
+__all__ = ["KINDS", "get_kind", "run_experiment", "report", "resolve_config", "RunResult"]

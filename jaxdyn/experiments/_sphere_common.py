@@ -1,0 +1,135 @@
+"""Pieces shared by the sphere experiment kinds (``sphere``, ``concentration``): the common
+config fields, building a batch of models and initial clouds for a chunk of grid points, and
+the resolution check N ≳ β^{(d−1)/2}."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._models import SphereAttention, stack_models
+from .._sphere import sample_initial
+from ..config import ConfigError, Field, all_positive, at_least, positive
+from ..ensembles import WEIGHTS_SCHEMA, build_weights
+
+INIT_SCHEMA = {
+    "dist": Field("str", "uniform", "initial law", choices=("uniform", "vmf", "mixture")),
+    "kappa": Field("float", 4.0, "vMF concentration", check=positive),
+    "weight": Field("float", 0.5, "vMF weight of the mixture, in [0, 1)"),
+    "mu": Field("list", None, "mean direction (d numbers)", item="float"),
+}
+
+SPHERE_FIELDS = {
+    "d": Field("int", 3, "ambient dimension (particles on S^(d-1)), >= 2", check=at_least(2),
+               sweepable=True),
+    "n": Field("int", 1024, "number of particles N >= 1", check=at_least(1), sweepable=True),
+    "beta": Field("float", 1.0, "inverse temperature β > 0", check=positive, sweepable=True),
+    "seed": Field("int", 0, "seed of the initial particles", sweepable=True),
+    "t1": Field("float", 10.0, "final time > 0", check=positive, sweepable=True),
+    "dt": Field("float", 0.05, "time step > 0", check=positive, sweepable=True),
+    "method": Field("str", "rk4", "integrator", choices=("euler", "rk4", "exp_euler")),
+    "save_every": Field("int", 5, "steps between saved states, >= 1", check=at_least(1)),
+    "dtype": Field("str", "float32", "floating type", choices=("float32", "float64")),
+    "kernel": Field("str", "auto", "attention kernel", choices=("auto", "dense", "blocked")),
+    "normalization": Field("str", "softmax", "attention weights",
+                           choices=("softmax", "unnormalized", "hardmax")),
+    "k_block": Field("int", 512, "key block of the blocked kernel", check=at_least(1)),
+    "q_block": Field("int", 4096, "query block of the blocked kernel", check=at_least(1)),
+    "weights": Field("section", {}, "Q, K, V ensemble", schema=WEIGHTS_SCHEMA),
+    "init": Field("section", {}, "initial distribution", schema=INIT_SCHEMA),
+}
+
+
+def np_dtype(cfg):
+    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
+        raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set the environment "
+                          "variable JAX_ENABLE_X64=1 (the CLI does this for float64 configs)")
+    return np.float64 if cfg["dtype"] == "float64" else np.float32
+
+
+def check_sphere(cfg) -> list:
+    """Cross-field checks (config errors) and warnings common to sphere kinds."""
+    warns = []
+    d = cfg["d"]
+    ds_ = cfg["sweep"].get("d", [d])
+    mu = cfg["init"].get("mu")
+    if mu is not None and any(len(mu) != dd for dd in ds_):
+        raise ConfigError(f"config field 'init.mu': expected {d} numbers (d = {d}), got {len(mu)}")
+    for dd in ds_:
+        build_weights(cfg["weights"], dd)  # raises on bad shapes
+    betas = cfg["sweep"].get("beta", [cfg["beta"]])
+    ns = cfg["sweep"].get("n", [cfg["n"]])
+    if cfg["normalization"] != "hardmax":
+        for dd in ds_:
+            need = required_particles(max(betas), dd)
+            if min(ns) < need:
+                warns.append(
+                    f"N = {min(ns)} is too small to resolve β = {max(betas):g} on S^{dd - 1}: the "
+                    f"particle system follows the mean-field equation only while "
+                    f"N ≳ β^((d-1)/2) ≈ {need} (MATH.md); results at the largest β reflect the "
+                    f"empirical measure, not ρ^β")
+    steps = cfg["t1"] / cfg["dt"]
+    if steps > 2e6:
+        raise ConfigError(f"config fields 't1'/'dt': {steps:.3g} steps is unreasonable; raise dt")
+    return warns
+
+
+def required_particles(beta: float, d: int) -> int:
+    """N ≳ β^{(d−1)/2}: the particle count that resolves angles of order β^{-1/2}."""
+    return int(math.ceil(beta ** ((d - 1) / 2)))
+
+
+def weights_for(pc):
+    dtype = np_dtype(pc)
+    Q, K, V = build_weights(pc["weights"], pc["d"])
+    return tuple(jnp.asarray(m, dtype) for m in (Q, K, V))
+
+
+def models_for(pcs):
+    """Stacked SphereAttention models (one per point) for a chunk sharing static fields."""
+    Q, K, V = weights_for(pcs[0])
+    p0 = pcs[0]
+    ms = [SphereAttention(Q, K, V, p["beta"], kernel=p0["kernel"], normalization=p0["normalization"],
+                          k_block=p0["k_block"], q_block=p0["q_block"]) for p in pcs]
+    return stack_models(ms)
+
+
+def initial_clouds(pcs):
+    """(P, N, d) initial particles, one cloud per point, from each point's seed."""
+    p0 = pcs[0]
+    dtype = np_dtype(p0)
+    init = dict(p0["init"])
+    dist = init.pop("dist")
+    kw = {}
+    if dist in ("vmf", "mixture"):
+        kw["kappa"] = init["kappa"]
+        if init.get("mu") is not None:
+            kw["mu"] = jnp.asarray(init["mu"], dtype)
+    if dist == "mixture":
+        kw["weight"] = init["weight"]
+    clouds = [sample_initial(jax.random.PRNGKey(p["seed"]), p0["n"], p0["d"], dist, dtype, **kw)
+              for p in pcs]
+    return jnp.stack(clouds)
+
+
+def save_times(pc):
+    from .._simulate import _plan, save_indices
+
+    t0, t1, dt, n = _plan(0.0, pc["t1"], pc["dt"])
+    idx = save_indices(n, pc["save_every"])
+    return np.asarray(idx) * dt
+
+
+def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
+    """Memory of one grid point: saved trajectory + integrator stages + kernel working set."""
+    item = 8 if pc["dtype"] == "float64" else 4
+    n, d = pc["n"], pc["d"]
+    frames = len(save_times(pc))
+    kb = min(pc["k_block"], n)
+    qb = min(pc["q_block"], n)
+    dense = pc["kernel"] == "dense" or (pc["kernel"] == "auto" and n <= 2048)
+    work = (n * n if dense else qb * kb) * item * 3
+    return frames * (n * d * item + extra_per_frame) + 12 * n * d * item + work

@@ -1,0 +1,68 @@
+"""Figures (matplotlib, Agg backend). Plain Python around the results; the core never
+imports this module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def sphere_snapshots(xs, ts, path, title=""):
+    """Particles on S² at several times: xs (T, N, d); d > 3 shows the first 3 coordinates."""
+    T = xs.shape[0]
+    fig = plt.figure(figsize=(3.3 * T, 3.6))
+    u, v = np.mgrid[0:2 * np.pi:40j, 0:np.pi:20j]
+    for k in range(T):
+        ax = fig.add_subplot(1, T, k + 1, projection="3d")
+        ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85",
+                          linewidth=0.3)
+        x = xs[k]
+        if x.shape[1] == 2:
+            x = np.concatenate([x, np.zeros((x.shape[0], 1))], axis=1)
+        c = x[:, 2] if x.shape[1] > 2 else None
+        ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=2, c=c, cmap="viridis", vmin=-1, vmax=1,
+                   depthshade=False)
+        ax.set_title(f"t = {ts[k]:.3g}")
+        ax.set_box_aspect((1, 1, 1))
+        ax.set_axis_off()
+    if xs.shape[-1] > 3:
+        title += f"  (first 3 of {xs.shape[-1]} coordinates)"
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def curves(x, ys: dict, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
+           reference: dict | None = None, cmap="viridis"):
+    """One curve per entry of ``ys`` (label -> y), coloured along a colormap; optional
+    dashed reference curves (label -> (x, y))."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = plt.get_cmap(cmap)(np.linspace(0.05, 0.9, max(len(ys), 1)))
+    for (label, y), c in zip(ys.items(), colors):
+        ax.plot(x, y, color=c, label=label, lw=1.6)
+    for label, (xr, yr) in (reference or {}).items():
+        ax.plot(xr, yr, "k--", lw=1.2, label=label)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(ys) > 6 else 1)
+    return _save(fig, path)

@@ -1,0 +1,128 @@
+"""The CLI and the experiment engine: config errors before compute, files written, status
+on non-finite states, resume and report."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from jaxdyn import cli
+from jaxdyn.config import ConfigError
+from jaxdyn.experiments import resolve_config, run_experiment
+
+TINY = {
+    "kind": "sphere", "name": "tiny", "d": 3, "n": 48, "t1": 1.0, "dt": 0.1, "save_every": 2,
+    "snapshots": [0.0, 1.0], "sweep": {"beta": [1.0, 10.0, 100.0]}, "chunk_size": 1,
+}
+
+
+def _write(tmp_path, cfg, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"colour": "red"}, "unknown config field 'colour'"),
+    ({"weights": {"ensemble": "explicit", "Q": [[1, 0], [0, 1]], "K": [[1, 0], [0, 1]],
+                  "V": [[1, 0], [0, 1]]}}, "weights.Q': expected a 3×3 matrix"),
+    ({"beta": 0.0}, "'beta': must be > 0"),
+    ({"sweep": {"beta": [1.0, -1.0]}}, "sweep.beta[1]': must be > 0"),
+    ({"dt": -0.1}, "'dt': must be > 0"),
+    ({"n": 0}, "'n': must be >= 1"),
+    ({"n": 2.5}, "'n': expected an integer"),
+    ({"method": "leapfrog"}, "'method': must be one of"),
+    ({"weights": {"ensemble": "magic"}}, "unknown ensemble 'magic'"),
+    ({"sweep": {"method": ["rk4"]}}, "cannot sweep over 'method'"),
+    ({"kind": "nope"}, "unknown experiment kind 'nope'"),
+])
+def test_bad_config_is_named_before_compute(tmp_path, capsys, patch, needle):
+    cfg = {**TINY, **patch}
+    rc = cli.main(["run", _write(tmp_path, cfg), "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "chunks").exists()  # nothing computed
+
+
+def test_run_writes_everything(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = cli.main(["run", _write(tmp_path, TINY), "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed
+    for f in ["config.yaml", "summary.json", "data.nc", "particles.png", "mean_inner_product.png"]:
+        assert (out / f).exists(), f
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["chunks_computed"] == 3
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert resolved["method"] == "rk4" and resolved["sweep"]["beta"] == [1.0, 10.0, 100.0]
+    with xr.open_dataset(out / "data.nc", engine="h5netcdf") as ds:
+        assert list(ds["beta"].values) == [1.0, 10.0, 100.0]
+        assert ds["mean_inner_product"].dims == ("beta", "t")
+        np.testing.assert_allclose(ds["t"].values, np.arange(0, 1.01, 0.2), atol=1e-6)
+        assert bool(ds["finite"].all())
+        x = ds["x_snapshot"].values
+        np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, atol=1e-5)
+
+
+def test_nonfinite_is_a_status(tmp_path, capsys):
+    # Unnormalised attention at β = 1000 overflows float32: exp(1000) = inf.
+    cfg = {**TINY, "normalization": "unnormalized", "sweep": {"beta": [1.0, 1000.0]}}
+    out = tmp_path / "run"
+    rc = cli.main(["run", _write(tmp_path, cfg), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert "Traceback" not in err and "nonfinite" in err and len(err.strip().splitlines()) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "nonfinite"
+    assert summary["nonfinite_points"] == [{"beta": 1000.0}]
+    with xr.open_dataset(out / "data.nc", engine="h5netcdf") as ds:
+        assert ds["finite"].values.tolist() == [True, False]
+
+
+def test_resume_skips_finished_chunks(tmp_path):
+    out = tmp_path / "run"
+    first = run_experiment(TINY, out, progress=False, log=lambda *_: None)
+    ref = xr.open_dataset(out / "data.nc", engine="h5netcdf").load()
+    # Simulate an interruption after the first chunk: drop the later chunks and the data file.
+    for i in (1, 2):
+        (out / "chunks" / f"chunk_{i:05d}.npz").unlink()
+    (out / "data.nc").unlink()
+    computed = []
+    res = run_experiment(TINY, out, resume=True, progress=False, log=lambda *_: None,
+                         compute_hook=computed.append)
+    assert computed == [1, 2] and res.chunks_skipped == 1
+    again = xr.open_dataset(out / "data.nc", engine="h5netcdf").load()
+    xr.testing.assert_identical(ref.drop_attrs(), again.drop_attrs())
+    # Not resuming into a folder with results is refused; resuming another config too.
+    with pytest.raises(ConfigError, match="already holds results"):
+        run_experiment(TINY, out, progress=False, log=lambda *_: None)
+    with pytest.raises(ConfigError, match="config differs"):
+        run_experiment({**TINY, "n": 40}, out, resume=True, progress=False, log=lambda *_: None)
+    assert first.status == "ok"
+
+
+def test_report_redraws_figures(tmp_path, capsys):
+    out = tmp_path / "run"
+    run_experiment(TINY, out, progress=False, log=lambda *_: None)
+    (out / "particles.png").unlink()
+    assert cli.main(["report", str(out)]) == 0
+    assert (out / "particles.png").exists()
+
+
+def test_default_config_resolves_and_warns_on_resolution():
+    from jaxdyn.config import default_config
+    from jaxdyn.experiments import get_kind
+
+    cfg = resolve_config(default_config())
+    assert cfg["kind"] in ("sphere", "concentration")
+    # N too small for the largest β gets a warning naming the N it would need.
+    small = resolve_config({**TINY, "n": 10, "sweep": {"beta": [1.0, 1e4]}})
+    warns = get_kind("sphere").check(small)
+    assert any("10000" in w and "N = 10" in w for w in warns), warns
