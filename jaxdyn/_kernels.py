@@ -14,20 +14,39 @@ with one of three normalisations of the weights:
 The value matrix is applied by the caller (``V m_i``), since ``V Σ_j w_ij y_j`` costs d²
 per query instead of d² per pair.
 
-Two implementations with identical results:
+Two implementations with identical results (within 1e-5 relative in float32, 1e-12 in
+float64):
 
 * ``dense``: materialises the (n, m) logits; fastest for small m.
 * ``blocked``: online (streaming) softmax over key blocks (Rabe & Staats 2021, the
-  flash-attention recurrence), with query blocks as well; memory O(q_block · k_block),
-  never O(n · m).
+  flash-attention recurrence), with query blocks as well. Per key block ``k``:
 
-Softmax weights are computed max-subtracted, so β x ᵀBy of order 10⁴ does not overflow
+      M ← max(M, max_j l_ij),   A ← A·e^{M_old − M} + Σ_{j∈k} e^{l_ij − M} [y_j, 1]
+
+  and ``m_i = A_i[:d] / A_i[d]``: the weighted sum and the normaliser come out of one
+  product with the augmented values ``[y_j, 1]``. Memory O(q_block · k_block), never
+  O(n · m). Padded keys (m not a multiple of the block) repeat a real key, so they never
+  raise the running maximum, and carry the value ``[0, 0]``, so they add nothing.
+
+The blocked kernel has two formulations of a block step, picked per platform at lowering
+time (:func:`jax.lax.platform_dependent`):
+
+* ``"dot"`` (CPU): logits and the weighted sums as matrix products, the exponential as one
+  elementwise loop between them (XLA:CPU vectorises these well; fused broadcast
+  formulations of the logits were measured 10× slower there).
+* ``"fused"`` (GPU and other accelerators): logits as broadcast multiply-adds and the
+  weighted sums as sibling reductions, which XLA:GPU fuses into two kernels a block that
+  never write the (q_block, k_block) tile to memory.
+
+Softmax weights are computed max-subtracted, so β xᵀBy of order 10⁴ does not overflow
 float32. Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
-to TF32, which ruins logits at large β).
+to TF32, which ruins logits at large β). Float64 runs everywhere once
+``jax.config.update("jax_enable_x64", True)`` is set and the inputs are float64.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -37,10 +56,23 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 KERNELS = ("dense", "blocked", "auto")
 NORMALIZATIONS = ("softmax", "unnormalized", "hardmax")
+FORMULATIONS = ("dot", "fused")
+FUSED_MAX_D = 8  # accelerators use the "fused" block step up to this d, "dot" above
 
-# ``kernel="auto"`` switches to the blocked kernel above this many keys: blocking keeps
-# the working set in cache, and dense would materialise n·m floats.
-AUTO_BLOCKED_MIN_KEYS = 2048
+# ``kernel="auto"`` switches to the blocked kernel at this many keys and above. Measured on
+# a 2-core AVX-512 CPU (benchmarks/bench_large_n.py): dense and blocked tie near 512 keys;
+# at 1024 keys and above the blocked kernel wins, and dense memory grows as n·m.
+AUTO_BLOCKED_MIN_KEYS = 1024
+
+# Default block sizes (used when ``k_block``/``q_block`` are None), per platform. CPU: the
+# (q_block, k_block) float32 tile of 4 MiB streams through L2/L3 and each key block is
+# reused by all queries of the block; measured best of a grid at N = 4096 and 65536.
+# Accelerators: large tiles so that each scan step is one big fused kernel (a step costs a
+# kernel launch); the tile is q_block·k_block floats of registers/L2 traffic, not memory.
+DEFAULT_BLOCKS = {
+    "cpu": (256, 4096),  # (k_block, q_block)
+    "gpu": (8192, 32768),
+}
 
 
 def _check_choice(name, value, choices):
@@ -52,8 +84,16 @@ def resolve_kernel(kernel: str, m: int) -> str:
     """The concrete kernel ``"auto"`` stands for at ``m`` keys."""
     _check_choice("kernel", kernel, KERNELS)
     if kernel == "auto":
-        return "blocked" if m > AUTO_BLOCKED_MIN_KEYS else "dense"
+        return "blocked" if m >= AUTO_BLOCKED_MIN_KEYS else "dense"
     return kernel
+
+
+def _check_block(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return int(value)
 
 
 def interaction(
@@ -64,8 +104,8 @@ def interaction(
     *,
     normalization: str = "softmax",
     kernel: str = "auto",
-    k_block: int = 512,
-    q_block: int = 4096,
+    k_block: int | None = None,
+    q_block: int | None = None,
 ):
     """Attention average ``m_i = Σ_j w_ij y_j`` with logits ``β x_iᵀ B y_j``.
 
@@ -75,29 +115,35 @@ def interaction(
       B: bilinear form, shape (d, d) (``B = Qᵀ K`` for Paper A).
       beta: inverse temperature, scalar (ignored by ``"hardmax"``).
       normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
-      k_block, q_block: block sizes of the blocked kernel (keys, queries).
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (blocked from
+        ``AUTO_BLOCKED_MIN_KEYS`` keys on).
+      k_block, q_block: block sizes of the blocked kernel (keys, queries); None picks the
+        platform's default (``DEFAULT_BLOCKS``).
 
     Returns:
       (n, d) array ``m``.
     """
     _check_choice("normalization", normalization, NORMALIZATIONS)
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+    if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(
-            f"interaction expects x (n, d) and y (m, d) with the same d; got {x.shape} and {y.shape}"
+            "interaction expects x (n, d) and y (m, d) with the same d; got "
+            f"{getattr(x, 'shape', x)} and {getattr(y, 'shape', y)}"
         )
     d = x.shape[1]
-    if B.shape != (d, d):
-        raise ValueError(f"B must have shape ({d}, {d}); got {B.shape}")
+    if getattr(B, "shape", None) != (d, d):
+        raise ValueError(f"B must have shape ({d}, {d}); got {getattr(B, 'shape', B)}")
+    k_block = _check_block("k_block", k_block)
+    q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, y.shape[0])
     beta = jnp.asarray(beta, dtype=x.dtype)
     if normalization == "hardmax":
         # β plays no role; the arg-max of x_iᵀ B y_j is scale-invariant.
         beta = jnp.ones((), x.dtype)
     qx = beta * jnp.matmul(x, B, precision=HIGHEST)  # (n, d): β Bᵀ x_i as rows
+    y = y.astype(qx.dtype)
     if kernel == "dense":
         return _dense(qx, y, normalization)
-    return _blocked(qx, y, normalization, int(k_block), int(q_block))
+    return blocked(qx, y, normalization, k_block=k_block, q_block=q_block)
 
 
 def _dense(qx, y, normalization):
@@ -113,63 +159,114 @@ def _dense(qx, y, normalization):
     return jnp.matmul(w, y, precision=HIGHEST)
 
 
-def _pad_rows(a, multiple):
+def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formulation=None):
+    """The blocked kernel on pre-scaled queries ``qx = β Bᵀ x`` (rows), keys/values ``y``.
+
+    ``formulation`` ``"dot"`` | ``"fused"`` forces one block step (see the module doc);
+    None picks per platform at lowering time. Block sizes None: the platform default.
+    Returns (n, d).
+    """
+    _check_choice("normalization", normalization, NORMALIZATIONS)
+    if formulation is not None:
+        _check_choice("formulation", formulation, FORMULATIONS)
+        plat = "cpu" if formulation == "dot" else "gpu"
+        kb, qb = _blocks(plat, k_block, q_block)
+        return _blocked(qx, y, normalization, kb, qb, formulation)
+    kb_c, qb_c = _blocks("cpu", k_block, q_block)
+    kb_g, qb_g = _blocks("gpu", k_block, q_block)
+    # Wide d: the broadcast logits cost d multiply-adds a pair; matmuls win there too.
+    accel = "fused" if qx.shape[1] <= FUSED_MAX_D else "dot"
+    return jax.lax.platform_dependent(
+        qx, y,
+        cpu=functools.partial(_blocked, normalization=normalization, k_block=kb_c,
+                              q_block=qb_c, formulation="dot"),
+        default=functools.partial(_blocked, normalization=normalization, k_block=kb_g,
+                                  q_block=qb_g, formulation=accel),
+    )
+
+
+def _blocks(platform, k_block, q_block):
+    kb, qb = DEFAULT_BLOCKS[platform]
+    return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
+
+
+def _pad_rows(a, multiple, fill=None):
+    """Pad the leading axis to a multiple of ``multiple``: with zeros, or repeating row
+    ``fill`` of ``a``. Returns (padded, number of blocks)."""
     n = a.shape[0]
     nb = max(1, math.ceil(n / multiple))
     pad = nb * multiple - n
     if pad:
-        a = jnp.concatenate([a, jnp.zeros((pad,) + a.shape[1:], a.dtype)], axis=0)
+        if fill is None:
+            extra = jnp.zeros((pad,) + a.shape[1:], a.dtype)
+        else:
+            extra = jnp.broadcast_to(a[fill], (pad,) + a.shape[1:])
+        a = jnp.concatenate([a, extra], axis=0)
     return a, nb
 
 
-def _blocked(qx, y, normalization, k_block, q_block):
+def _blocked(qx, y, normalization, k_block, q_block, formulation):
     n, d = qx.shape
     m = y.shape[0]
-    kb = max(1, min(k_block, m))
-    yp, nkb = _pad_rows(y, kb)
-    valid = (jnp.arange(nkb * kb) < m).reshape(nkb, kb)
-    yb = yp.reshape(nkb, kb, d)
-    neg_inf = jnp.array(-jnp.inf, qx.dtype)
+    dtype = qx.dtype
+    kb = max(1, min(int(k_block), m))
+    qb = max(1, min(int(q_block), n))
+    # Keys padded by repeating key 0 (never above the running max); values augmented with
+    # a ones column (the softmax normaliser / hardmax tie count) and padded with zeros.
+    keys, nkb = _pad_rows(y, kb, fill=0)
+    vals, _ = _pad_rows(jnp.concatenate([y, jnp.ones((m, 1), dtype)], axis=1), kb)
+    keys = keys.reshape(nkb, kb, d)
+    vals = vals.reshape(nkb, kb, d + 1)
+    step = _step_dot if formulation == "dot" else _step_fused
 
-    def one_query_block(q):  # q: (qb, d)
-        qb = q.shape[0]
-
-        def step(carry, inp):
-            mx, s, acc = carry
-            yk, vk = inp
-            l = jnp.matmul(q, yk.T, precision=HIGHEST)  # (qb, kb)
-            l = jnp.where(vk[None, :], l, neg_inf)
-            if normalization == "unnormalized":
-                # Global reference 0: plain exp, summed (no normalisation).
-                p = jnp.where(vk[None, :], jnp.exp(l), 0.0)
-                return (mx, s, acc + jnp.matmul(p, yk, precision=HIGHEST)), None
-            bm = jnp.max(l, axis=-1)
-            if normalization == "hardmax":
-                new = jnp.maximum(mx, bm)
-                keep = (mx == new).astype(q.dtype)
-                hit = (l == new[:, None]).astype(q.dtype)
-                s = s * keep + jnp.sum(hit, axis=-1)
-                acc = acc * keep[:, None] + jnp.matmul(hit, yk, precision=HIGHEST)
-                return (new, s, acc), None
-            new = jnp.maximum(mx, bm)
-            scale = jnp.exp(mx - new)  # exp(-inf) = 0 on the first block
-            p = jnp.exp(l - new[:, None])
-            s = s * scale + jnp.sum(p, axis=-1)
-            acc = acc * scale[:, None] + jnp.matmul(p, yk, precision=HIGHEST)
-            return (new, s, acc), None
-
-        init = (
-            jnp.full((qb,), -jnp.inf, q.dtype),
-            jnp.zeros((qb,), q.dtype),
-            jnp.zeros((qb, d), q.dtype),
-        )
-        (mx, s, acc), _ = jax.lax.scan(step, init, (yb, valid))
+    def one_query_block(q):  # q: (qb, d) → (qb, d)
+        rows = q.shape[0]
+        init = (jnp.full((rows,), -jnp.inf, dtype), jnp.zeros((rows, d + 1), dtype))
+        (_, acc), _ = jax.lax.scan(
+            functools.partial(step, q, normalization), init, (keys, vals))
         if normalization == "unnormalized":
-            return acc / m
-        return acc / s[:, None]
+            return acc[:, :d] / m
+        return acc[:, :d] / acc[:, d:]
 
-    if n <= q_block:
+    if n <= qb:
         return one_query_block(qx)
-    qp, nqb = _pad_rows(qx, q_block)
-    out = jax.lax.map(one_query_block, qp.reshape(nqb, q_block, d))
-    return out.reshape(nqb * q_block, d)[:n]
+    qp, nqb = _pad_rows(qx, qb, fill=0)
+    out = jax.lax.map(one_query_block, qp.reshape(nqb, qb, d))
+    return out.reshape(nqb * qb, d)[:n]
+
+
+def _update(normalization, mx, acc, l, weighted_sum):
+    """One online-softmax update from the logits tile ``l`` (rows, kb); ``weighted_sum(w)``
+    returns Σ_j w_ij [y_j, 1] for a weight tile w."""
+    if normalization == "unnormalized":
+        # Global reference 0: plain exp, summed (no normalisation), as in the definition.
+        return mx, acc + weighted_sum(jnp.exp(l))
+    new = jnp.maximum(mx, jnp.max(l, axis=-1))
+    if normalization == "hardmax":
+        keep = (mx == new).astype(acc.dtype)  # previous arg-max set survives
+        hit = (l == new[:, None]).astype(acc.dtype)
+        return new, acc * keep[:, None] + weighted_sum(hit)
+    scale = jnp.exp(mx - new)  # exp(-inf) = 0 on the first block
+    return new, acc * scale[:, None] + weighted_sum(jnp.exp(l - new[:, None]))
+
+
+def _step_dot(q, normalization, carry, block):
+    mx, acc = carry
+    yk, vk = block  # (kb, d), (kb, d + 1)
+    l = jnp.matmul(q, yk.T, precision=HIGHEST)  # (qb, kb)
+    return _update(normalization, mx, acc, l,
+                   lambda w: jnp.matmul(w, vk, precision=HIGHEST)), None
+
+
+def _step_fused(q, normalization, carry, block):
+    mx, acc = carry
+    yk, vk = block
+    d = q.shape[1]
+    l = q[:, 0:1] * yk[None, :, 0]
+    for c in range(1, d):
+        l = l + q[:, c:c + 1] * yk[None, :, c]
+
+    def weighted_sum(w):  # sibling reductions sharing w: one multi-output fusion on GPU
+        return jnp.stack([jnp.sum(w * vk[None, :, c], axis=-1) for c in range(d + 1)], axis=-1)
+
+    return _update(normalization, mx, acc, l, weighted_sum), None

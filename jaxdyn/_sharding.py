@@ -1,0 +1,301 @@
+"""Sharding sweeps and large systems over JAX devices (CPU cores, GPUs, hosts).
+
+Two patterns, both ``shard_map`` over a one-axis :class:`jax.sharding.Mesh`, with no
+communication inside the hot loop:
+
+* **Sweeps** (β × seeds × ...): a batch of independent systems, stacked on a leading axis,
+  is padded to a multiple of the device count and split across devices; each device runs
+  ``vmap`` (or ``lax.map`` in cache-sized chunks, ``batch_size``) over its share.
+  :func:`sharded_vmap` does the padding, placement and unpadding.
+* **One large system**: the query particles (rows of ``x``) are split across devices and
+  the keys are replicated, so each device computes ``m_i = Σ_j w_ij y_j`` for its rows
+  against all N keys: :func:`query_sharded_interaction`, :func:`query_sharded_field`.
+
+On CPU, XLA runs most fused loops on one core. Exposing the host cores as separate XLA
+devices (``--xla_force_host_platform_device_count``) lets the same code use all of them:
+:func:`configure_host_devices` sets that flag, and only does so if JAX has not started
+yet. The library itself never changes global state; the CLI and the benchmark entry
+points call ``configure_host_devices()`` first (opt out with ``JAXDYN_NO_HOST_DEVICES=1``).
+
+On GPUs, several GPUs of a host are devices already. On several hosts, start every
+process with ``jax.distributed.initialize()`` (coordinator address, process count and id,
+or the cluster's auto-detection) before anything else; ``jax.devices()`` then lists the
+devices of all processes, :func:`sweep_mesh` spans them, and the same ``shard_map`` code
+runs across hosts (each process must call the sharded function with the same arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ._kernels import HIGHEST, interaction
+from ._sphere import tangent_project
+
+OPT_OUT_ENV = "JAXDYN_NO_HOST_DEVICES"
+_FLAG = "--xla_force_host_platform_device_count"
+SWEEP_AXIS = "batch"
+QUERY_AXIS = "q"
+
+
+# ----------------------------------------------------------------------------------------
+# Host devices
+
+
+def _backends_initialized() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # cannot tell: assume it is too late
+        return True
+
+
+def host_core_count() -> int:
+    """Cores this process may run on (affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def configure_host_devices(n: int | None = None) -> bool:
+    """Expose ``n`` host CPU cores as XLA devices (default: all cores of this process).
+
+    Appends ``--xla_force_host_platform_device_count=n`` to ``XLA_FLAGS``. XLA reads it
+    when the first backend starts, so this must run before any JAX computation (importing
+    ``jax`` or ``jaxdyn`` is fine; ``jax.devices()`` or creating an array is too late).
+
+    Returns True if the setting will take effect; False (and changes nothing) if
+    ``JAXDYN_NO_HOST_DEVICES=1`` is set, if ``XLA_FLAGS`` already names a device count (the
+    user's choice wins), if ``n`` is 1, or if JAX's backends are already running.
+    """
+    if n is not None and (isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1):
+        raise ValueError(f"n (number of host devices) must be a positive integer or None, got {n!r}")
+    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0"):
+        return False
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _FLAG in flags:
+        return False
+    n = host_core_count() if n is None else int(n)
+    if n <= 1 or _backends_initialized():
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={n}".strip()
+    return True
+
+
+# ----------------------------------------------------------------------------------------
+# Meshes and batch placement
+
+
+def sweep_mesh(devices=None, axis_name: str = SWEEP_AXIS) -> Mesh:
+    """A one-axis mesh over ``devices`` (default: ``jax.devices()``, all processes)."""
+    devs = list(jax.devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("devices must name at least one device")
+    return Mesh(np.array(devs), (axis_name,))
+
+
+def _resolve_mesh(mesh, axis_name):
+    if mesh is None:
+        return sweep_mesh(axis_name=axis_name)
+    if not isinstance(mesh, Mesh):
+        # A sequence of devices.
+        return sweep_mesh(mesh, axis_name=axis_name)
+    if len(mesh.axis_names) != 1:
+        raise ValueError(f"mesh must have exactly one axis, got axes {mesh.axis_names}")
+    return mesh
+
+
+def _leading_size(arrays, what="tree"):
+    leaves = jax.tree.leaves(arrays)
+    if not leaves:
+        raise ValueError(f"{what} has no array leaves to batch over")
+    sizes = {l.shape[0] if l.ndim else None for l in leaves}
+    if None in sizes or len(sizes) != 1:
+        shapes = [tuple(l.shape) for l in leaves]
+        raise ValueError(f"every array leaf of {what} must share one leading (batch) axis; "
+                         f"got shapes {shapes}")
+    (b,) = sizes
+    if b < 1:
+        raise ValueError(f"{what} has an empty batch axis")
+    return b
+
+
+def _pad_to(a, size):
+    """Pad the leading axis to ``size`` by repeating the last entry (a valid system)."""
+    pad = size - a.shape[0]
+    if pad <= 0:
+        return a
+    return jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)], axis=0)
+
+
+def _padded_size(b, k):
+    return -(-b // k) * k
+
+
+def shard_batch(tree, mesh=None):
+    """Pad the leading axis of every array leaf of ``tree`` to a multiple of the mesh's
+    device count (repeating the last entry, so padding is a valid system) and place it
+    split across the devices (``NamedSharding(mesh, P(axis))``). Non-array leaves pass
+    through. Returns the placed tree; its leading size is the padded size.
+    """
+    mesh = _resolve_mesh(mesh, SWEEP_AXIS)
+    arrays, static = eqx.partition(tree, eqx.is_array)
+    b = _leading_size(arrays, "tree")
+    size = _padded_size(b, mesh.devices.size)
+    spec = NamedSharding(mesh, P(mesh.axis_names[0]))
+    arrays = jax.tree.map(lambda a: jax.device_put(_pad_to(jnp.asarray(a), size), spec), arrays)
+    return eqx.combine(arrays, static)
+
+
+def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
+    """``vmap(fn)`` with the batch split across devices.
+
+    ``sharded_vmap(fn, mesh)(*args)`` equals ``jax.vmap(fn)(*args)``: every array leaf of
+    ``args`` carries the batch on its leading axis (a stack of models from
+    :func:`jaxdyn.stack_models`, initial conditions of shape (S, N, d), ...); non-array
+    leaves (static fields, Python numbers) are shared. The batch is padded to a multiple of
+    the device count, each device maps ``fn`` over its share, and the padding is dropped.
+
+    Args:
+      fn: function of one system, e.g. ``lambda model, x0: simulate(model, x0, t1=..,
+        dt=..)``. Closed-over values are shared by all systems.
+      mesh: a one-axis :class:`~jax.sharding.Mesh`, a sequence of devices, or None (all
+        devices).
+      batch_size: if set, each device runs ``lax.map`` over chunks of this many systems
+        (``vmap`` inside a chunk) instead of one ``vmap`` over its whole share: small
+        systems then keep their intermediates in cache (e.g. 32 for n = 32 particles).
+
+    Returns a jitted function; compiled once per argument structure and shapes.
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not hasattr(batch_size, "__index__")
+                                   or int(batch_size) < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    bs = None if batch_size is None else int(batch_size)
+
+    @eqx.filter_jit
+    def run(args, mesh):
+        arrays, static = eqx.partition(args, eqx.is_array)
+        b = _leading_size(arrays, "args")
+        size = _padded_size(b, mesh.devices.size)
+        arrays = jax.tree.map(lambda a: _pad_to(a, size), arrays)
+        axis = mesh.axis_names[0]
+
+        def local(arrs):
+            def one(a):
+                return fn(*eqx.combine(a, static))
+
+            if bs is None or jax.tree.leaves(arrs)[0].shape[0] <= bs:
+                return jax.vmap(one)(arrs)
+            return jax.lax.map(one, arrs, batch_size=bs)
+
+        out = jax.shard_map(local, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
+                            check_vma=False)(arrays)
+        return jax.tree.map(lambda o: o[:b], out)
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        return run(args, _resolve_mesh(mesh, SWEEP_AXIS))
+
+    return wrapped
+
+
+# ----------------------------------------------------------------------------------------
+# One large system: shard the query rows
+
+
+def query_sharded_interaction(x, y, B, beta, *, mesh=None, **kwargs):
+    """:func:`jaxdyn.interaction` with the query rows ``x`` split across devices and the
+    keys ``y`` replicated; equal to the unsharded result. ``kwargs`` are passed on
+    (``normalization``, ``kernel``, ``k_block``, ``q_block``)."""
+    mesh = _resolve_mesh(mesh, QUERY_AXIS)
+    return _query_sharded(lambda xq, xk, p: interaction(xq, xk, p[0], p[1], **kwargs),
+                          x, y, (B, jnp.asarray(beta, dtype=x.dtype)), mesh)
+
+
+def _query_sharded(rows_fn, x, y, params, mesh):
+    """Evaluate ``rows_fn(x_rows, y, params)`` with the rows of x split over the mesh."""
+    n = x.shape[0]
+    k = mesh.devices.size
+    if k == 1:
+        return rows_fn(x, y, params)
+    size = _padded_size(n, k)
+    xp = _pad_to(x, size)
+    axis = mesh.axis_names[0]
+    out = jax.shard_map(lambda xq, yk, p: rows_fn(xq, yk, p), mesh=mesh,
+                        in_specs=(P(axis), P(), P()), out_specs=P(axis),
+                        check_vma=False)(xp, y, params)
+    return out[:n]
+
+
+def _rows_field(model, t, xq, xk, args):
+    """The field of ``model`` at the query rows ``xq`` of the cloud ``xk``."""
+    from ._models import EuclideanAttention, SphereAttention, ZeroTemperature
+
+    if isinstance(model, SphereAttention):
+        m = interaction(xq, xk, model.B, model.beta, normalization=model.normalization,
+                        kernel=model.kernel, k_block=model.k_block, q_block=model.q_block)
+        return tangent_project(xq, jnp.matmul(m, model.V.T, precision=HIGHEST))
+    if isinstance(model, EuclideanAttention):
+        m = interaction(xq, xk, model.B.T, 1.0, kernel=model.kernel)
+        h = jax.nn.relu(xq) if model.activation == "relu" else xq
+        return (jnp.matmul(h, model.A.T, precision=HIGHEST) + model.b
+                + jnp.matmul(m, model.V.T, precision=HIGHEST))
+    if isinstance(model, ZeroTemperature):  # local field: rows are independent
+        return model(t, xq, args)
+    raise ValueError("query sharding supports SphereAttention, EuclideanAttention and "
+                     f"ZeroTemperature models; got {type(model).__name__}")
+
+
+class QueryShardedField(eqx.Module):
+    """A particle model whose field is evaluated with the query rows split across the
+    devices of ``mesh`` (keys replicated): ``field(t, x, args)`` equals ``model(t, x, args)``.
+    Use it in place of the model: ``simulate(query_sharded_field(model), x0, ...)``."""
+
+    model: eqx.Module
+    mesh: Mesh = eqx.field(static=True)
+
+    @property
+    def manifold(self) -> str:
+        return getattr(self.model, "manifold", "euclidean")
+
+    @property
+    def dim(self) -> int:
+        return self.model.dim
+
+    def __call__(self, t, x, args=None):
+        arrays, static = eqx.partition((self.model, args), eqx.is_array)
+
+        def rows(xq, xk, p):  # p: replicated parameters and time
+            arrs, tt = p
+            model, a = eqx.combine(arrs, static)
+            return _rows_field(model, tt, xq, xk, a)
+
+        return _query_sharded(rows, x, x, (arrays, jnp.asarray(t, x.dtype)), self.mesh)
+
+
+def query_sharded_field(model, mesh=None) -> QueryShardedField:
+    """Wrap ``model`` so that each field evaluation splits the query particles across the
+    devices of ``mesh`` (default: all devices). For one large system (N in the tens of
+    thousands and up); sweeps of many systems shard better with :func:`sharded_vmap`."""
+    mesh = _resolve_mesh(mesh, QUERY_AXIS)
+    _rows_field_check(model)
+    return QueryShardedField(model, mesh)
+
+
+def _rows_field_check(model):
+    from ._models import EuclideanAttention, SphereAttention, ZeroTemperature
+
+    if not isinstance(model, (SphereAttention, EuclideanAttention, ZeroTemperature)):
+        raise ValueError("query_sharded_field supports SphereAttention, EuclideanAttention and "
+                         f"ZeroTemperature models; got {type(model).__name__}")
