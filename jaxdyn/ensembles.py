@@ -25,8 +25,12 @@ WEIGHTS_SCHEMA = {
     "K": Field("matrix", None, "explicit K"),
     "V": Field("matrix", None, "explicit V"),
     "mu": Field("list", None, "spectrum of M = VBᵀ (spectral ensemble), largest first", item="float"),
-    "rotation": Field("float", 0.0, "angle (rad) of the rotation B (spectral ensemble)"),
-    "plane": Field("list", [0, 1], "coordinate plane of the rotation B", item="int"),
+    "rotation": Field("float", None, "angle (rad) of the rotation B (spectral ensemble)"),
+    "eigenspace_angle_deg": Field("float", None, "spectral ensemble: rotate B so that E(VBᵀ) and "
+                                  "E(V) are this many degrees apart"),
+    "plane": Field("list", None, "eigenvector pair (i, j) of the rotation B (spectral ensemble; "
+                   "default: largest and smallest eigenvalue)", item="int"),
+    "random_basis": Field("bool", False, "spectral ensemble: Haar-random eigenvectors from seed"),
     "extra": Field("section", {}, "ensemble-specific options"),
 }
 
@@ -51,6 +55,59 @@ def _gaussian(spec, d):
     rng = np.random.default_rng(spec["seed"])
     s = spec["scale"] / np.sqrt(d)
     return tuple(s * rng.normal(size=(d, d)) for _ in range(3))
+
+
+@register("goe")
+def _goe(spec, d):
+    """Independent GOE/Wigner matrices (G + Gᵀ)/√(2d), times scale: symmetric, semicircle
+    spectrum on [−2·scale, 2·scale]."""
+    rng = np.random.default_rng(spec["seed"])
+    out = []
+    for _ in range(3):
+        g = rng.normal(size=(d, d))
+        out.append(spec["scale"] * (g + g.T) / np.sqrt(2 * d))
+    return tuple(out)
+
+
+@register("kq")
+def _kq(spec, d):
+    """Gaussian Q, K (entries N(0, scale²/d)) and V = sign · KᵀQ (``sign`` = ±1), the
+    choice of Geshkovski–Letrouit–Polyanskiy–Rigollet's examples."""
+    rng = np.random.default_rng(spec["seed"])
+    s = spec["scale"] / np.sqrt(d)
+    Q, K = s * rng.normal(size=(d, d)), s * rng.normal(size=(d, d))
+    return Q, K, spec["sign"] * K.T @ Q
+
+
+@register("spectral")
+def _spectral(spec, d):
+    """Q = I, K = B, V = M B^{-T} with M = U diag(mu) Uᵀ (Paper A's Assumption 1 by
+    construction); B a rotation (``rotation`` rad, or ``eigenspace_angle_deg`` between E(VBᵀ)
+    and E(V)) in the ``plane`` of two eigenvectors; B = I if neither is given."""
+    from ._spectral import spectral_weights
+
+    mu = spec.get("mu")
+    if mu is None:
+        raise ConfigError("config field 'weights.mu' is required for ensemble 'spectral' "
+                          f"(d = {d} eigenvalues of M = VBᵀ)")
+    if len(mu) != d:
+        raise ConfigError(f"config field 'weights.mu': expected {d} eigenvalues (d = {d}), got {len(mu)}")
+    if spec.get("rotation") is not None and spec.get("eigenspace_angle_deg") is not None:
+        raise ConfigError("config fields 'weights.rotation' and 'weights.eigenspace_angle_deg': "
+                          "give at most one")
+    import jax
+
+    angle = spec.get("eigenspace_angle_deg")
+    try:
+        with jax.enable_x64(True):  # build in float64 whatever the global mode
+            sw = spectral_weights(
+                mu, rotation=spec.get("rotation"),
+                eigenspace_angle=None if angle is None else np.deg2rad(angle),
+                plane=spec.get("plane"), seed=spec["seed"] if spec.get("random_basis") else None,
+                dtype=np.float64)
+    except ValueError as e:
+        raise ConfigError(f"config section 'weights' (spectral): {e}") from None
+    return tuple(np.asarray(a, np.float64) for a in (sw.Q, sw.K, sw.V))
 
 
 @register("explicit")

@@ -66,3 +66,51 @@ def curves(x, ys: dict, path, *, xlabel="", ylabel="", title="", logx=False, log
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if len(ys) > 6 else 1)
     return _save(fig, path)
+
+
+def scatter_fit(x, y, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
+                reference=None, line=False):
+    """Points with, optionally, a least-squares line (in the plotted axes) and a reference
+    curve ``(x, y, label)``."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    fig, ax = plt.subplots(figsize=(5.6, 4.0))
+    ax.plot(x, y, "o", color="C0", label="measured")
+    ok = np.isfinite(x) & np.isfinite(y) & ((y > 0) if logy else True) & ((x > 0) if logx else True)
+    if line and ok.sum() >= 2:
+        fx = np.log(x[ok]) if logx else x[ok]
+        fy = np.log(y[ok]) if logy else y[ok]
+        s, c = np.polyfit(fx, fy, 1)
+        xs = np.linspace(fx.min(), fx.max(), 50)
+        ax.plot(np.exp(xs) if logx else xs, np.exp(s * xs + c) if logy else s * xs + c, "C0-",
+                alpha=0.6, label=f"fit, slope {s:.3g}")
+    if reference is not None:
+        rx, ry, rl = reference
+        ax.plot(rx, ry, "k--", label=rl)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
+    """Mass near E(VBᵀ) (solid) and near E(V) (dashed) against t, one colour per β."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(len(betas), 1)))
+    for b, e, v, c in zip(betas, mass_E, mass_V, colors):
+        ax.plot(t, e, color=c, lw=1.6, label=f"β = {b:g}")
+        ax.plot(t, v, color=c, lw=1.2, ls="--")
+    ax.plot([], [], "k-", label=f"within {angle:g}° of E(VBᵀ)")
+    ax.plot([], [], "k--", label=f"within {angle:g}° of E(V)")
+    ax.set_xlabel("t (depth)")
+    ax.set_ylabel("mass fraction")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{title}: where the mass sits")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
