@@ -1,0 +1,100 @@
+"""The blocked kernel's two block-step formulations, default blocks, and its use under
+vmap and grad, each against the dense kernel (an independent computation)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn._kernels import (
+    AUTO_BLOCKED_MIN_KEYS,
+    DEFAULT_BLOCKS,
+    blocked,
+    interaction,
+    resolve_kernel,
+)
+from conftest import tol
+
+
+def _setup(dtype, n, d=3, seed=0, beta=4.0):
+    rng = np.random.default_rng(seed)
+    B = jnp.asarray(rng.normal(size=(d, d)) + np.eye(d), dtype)  # non-symmetric
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(seed), n, d, dtype)
+    qx = jnp.asarray(beta, dtype) * jnp.matmul(x, B, precision=jax.lax.Precision.HIGHEST)
+    return x, B, qx
+
+
+@pytest.mark.parametrize("formulation", ["dot", "fused"])
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
+def test_formulations_equal_dense(dtype, formulation, normalization):
+    beta = 1.0 if normalization == "hardmax" else 4.0
+    x, B, qx = _setup(dtype, 301, beta=beta)
+    dense = interaction(x, x, B, beta, kernel="dense", normalization=normalization)
+    scale = float(jnp.max(jnp.abs(dense)))
+    for kb, qb in [(64, 128), (301, 301), (37, 1000)]:  # padded keys and queries, one block
+        got = blocked(qx, x, normalization, k_block=kb, q_block=qb, formulation=formulation)
+        assert got.dtype == dense.dtype and got.shape == dense.shape
+        np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
+                                   atol=tol(dtype, 1e-5, 1e-12) * scale)
+
+
+def test_default_blocks_and_auto_switch(dtype):
+    n = AUTO_BLOCKED_MIN_KEYS + 37
+    x, B, _ = _setup(dtype, n, beta=9.0)
+    assert resolve_kernel("auto", n) == "blocked"
+    assert resolve_kernel("auto", AUTO_BLOCKED_MIN_KEYS - 1) == "dense"
+    auto = interaction(x, x, B, 9.0)  # blocked, default (platform) blocks
+    dense = interaction(x, x, B, 9.0, kernel="dense")
+    scale = float(jnp.max(jnp.abs(dense)))
+    np.testing.assert_allclose(np.asarray(auto), np.asarray(dense), rtol=0,
+                               atol=tol(dtype, 1e-5, 1e-12) * scale)
+    assert set(DEFAULT_BLOCKS) >= {"cpu", "gpu"}
+
+
+def test_large_beta_float32_hits_are_exact():
+    # β = 10⁴: logits of order 10⁴ must not overflow in either formulation.
+    x, B, _ = _setup(np.float32, 200, beta=1.0)
+    B = jnp.eye(3, dtype=jnp.float32)
+    qx = 1e4 * x
+    for form in ("dot", "fused"):
+        m = blocked(qx, x, k_block=64, q_block=64, formulation=form)
+        assert bool(jnp.all(jnp.isfinite(m)))
+        np.testing.assert_allclose(np.asarray(m), np.asarray(interaction(x, x, B, 1e4, kernel="dense")),
+                                   atol=1e-5)
+
+
+def test_vmap_over_beta_and_grad_match_dense(dtype):
+    x, B, _ = _setup(dtype, 150)
+    betas = jnp.asarray([0.5, 3.0, 8.0], dtype)
+    f_b = jax.vmap(lambda b: interaction(x, x, B, b, kernel="blocked", k_block=32, q_block=64))
+    f_d = jax.vmap(lambda b: interaction(x, x, B, b, kernel="dense"))
+    np.testing.assert_allclose(np.asarray(f_b(betas)), np.asarray(f_d(betas)), rtol=0,
+                               atol=tol(dtype, 1e-5, 1e-12) * 2)
+
+    def loss(b, kernel):
+        return jnp.sum(interaction(x, x, B, b, kernel=kernel, k_block=32, q_block=64) ** 2)
+
+    g_b = jax.grad(loss)(jnp.asarray(2.0, dtype), "blocked")
+    g_d = jax.grad(loss)(jnp.asarray(2.0, dtype), "dense")
+    np.testing.assert_allclose(float(g_b), float(g_d), rtol=tol(dtype, 1e-4, 1e-10))
+
+
+def test_mixed_query_key_sets(dtype):
+    # n ≠ m, keys not the queries: both formulations still agree with dense.
+    x, B, _ = _setup(dtype, 70, seed=1)
+    y = jaxdyn.sample_sphere(jax.random.PRNGKey(9), 45, 3, dtype)
+    dense = interaction(x, y, B, 3.0, kernel="dense")
+    got = interaction(x, y, B, 3.0, kernel="blocked", k_block=16, q_block=32)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
+                               atol=tol(dtype, 1e-5, 1e-12))
+
+
+def test_bad_blocks_and_formulation():
+    x = jnp.ones((4, 3))
+    with pytest.raises(ValueError, match="k_block"):
+        interaction(x, x, jnp.eye(3), 1.0, k_block=0)
+    with pytest.raises(ValueError, match="q_block"):
+        interaction(x, x, jnp.eye(3), 1.0, q_block=2.5)
+    with pytest.raises(ValueError, match="formulation"):
+        blocked(x, x, formulation="magic")
