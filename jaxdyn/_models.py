@@ -9,7 +9,7 @@ integrators whether to retract onto S^{d-1}.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import equinox as eqx
 import jax
@@ -65,6 +65,7 @@ class SphereAttention(AbstractParticleModel):
       Q, K, V: (d, d) arrays.
       beta: inverse temperature β > 0 (an array leaf: vmap over a stack of models sweeps β).
       kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (see :func:`jaxdyn.interaction`).
+      k_block, q_block: blocked-kernel block sizes (None: the platform's tuned default).
     """
 
     manifold: ClassVar[str] = "sphere"
@@ -74,11 +75,11 @@ class SphereAttention(AbstractParticleModel):
     beta: jax.Array
     kernel: str = eqx.field(static=True, default="auto")
     normalization: str = eqx.field(static=True, default="softmax")
-    k_block: int = eqx.field(static=True, default=512)
-    q_block: int = eqx.field(static=True, default=4096)
+    k_block: Optional[int] = eqx.field(static=True, default=None)
+    q_block: Optional[int] = eqx.field(static=True, default=None)
 
-    def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=512,
-                 q_block=4096):
+    def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=None,
+                 q_block=None):
         dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
         self.Q, self.K, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
         _check_square("Q", self.Q)
@@ -97,8 +98,8 @@ class SphereAttention(AbstractParticleModel):
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.kernel = kernel
         self.normalization = normalization
-        self.k_block = int(k_block)
-        self.q_block = int(q_block)
+        self.k_block = None if k_block is None else int(k_block)
+        self.q_block = None if q_block is None else int(q_block)
 
     @property
     def dim(self) -> int:

@@ -23,22 +23,11 @@ from pathlib import Path
 
 def _host_devices(disable: bool):
     """Expose the host cores as XLA CPU devices; must run before JAX initialises."""
-    if disable or os.environ.get("JAXDYN_NO_HOST_DEVICES") == "1":
+    if disable:
         return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" in flags:
-        return
-    try:  # XLA_FLAGS is read when the first backend starts, not at `import jax`.
-        from jax._src import xla_bridge
+    from ._sharding import configure_host_devices
 
-        if xla_bridge.backends_are_initialized():
-            return
-    except (ImportError, AttributeError):
-        if "jax" in sys.modules:
-            return
-    n = os.cpu_count() or 1
-    if n > 1:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    configure_host_devices()
 
 
 def _load_raw(config, overrides):

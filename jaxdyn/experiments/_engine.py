@@ -114,6 +114,16 @@ def plan_chunks(cfg, kind, points, n_devices: int = 1):
     return chunks, est
 
 
+def _max_rss() -> int:
+    """Peak resident memory of this process so far, in bytes (Linux: ru_maxrss in KiB)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:  # pragma: no cover
+        return 0
+
+
 def _versions():
     import jax
 
@@ -175,12 +185,19 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
         points = [{}]
     chunks, est = plan_chunks(cfg, kind, points, n_dev)
     peak_est = max(est.values())
+    # Whole-process estimate: what runs now (JAX runtime, imports) + the largest chunk
+    # (device buffers plus their host copies) + the merged results at the end.
+    base_rss = _max_rss()
+    out_bytes = sum(int(getattr(kind, "output_bytes", lambda pc: 0)(point_config(cfg, p)))
+                    for p in points)
+    process_est = base_rss + 2 * peak_est + 3 * out_bytes
     log(f"jaxdyn: {cfg['kind']} '{cfg['name']}': {len(points)} grid point(s) in {len(chunks)} "
-        f"chunk(s) on {n_dev} {jax.default_backend()} device(s); estimated memory per chunk "
-        f"≤ {peak_est / 2**20:.1f} MiB")
+        f"chunk(s) on {n_dev} {jax.default_backend()} device(s); estimated memory: "
+        f"≤ {peak_est / 2**20:.1f} MiB per chunk, ≤ {process_est / 2**20:.0f} MiB for the process")
     t_start = time.time()
     base = {"status": "running", "kind": cfg["kind"], "name": cfg["name"], "config_hash": h,
             "n_points": len(points), "n_chunks": len(chunks), "estimated_chunk_bytes": peak_est,
+            "estimated_process_bytes": process_est,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions()}
     jio.write_json(out / jio.SUMMARY_FILE, base)
 
@@ -237,7 +254,7 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     summary = dict(base)
     summary.update({"status": status, "elapsed_seconds": time.time() - t_start,
                     "chunks_computed": computed, "chunks_resumed": len(done),
-                    "warnings": warns})
+                    "measured_peak_rss_bytes": _max_rss(), "warnings": warns})
     if bad:
         bad_pts = [points[i] for i in np.flatnonzero(~finite.reshape(-1))][:20] if axes else [{}]
         summary["nonfinite_points"] = bad_pts

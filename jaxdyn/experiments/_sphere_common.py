@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._kernels import DEFAULT_BLOCKS, resolve_kernel
 from .._models import SphereAttention, stack_models
 from .._sphere import sample_initial
 from ..config import ConfigError, Field, all_positive, at_least, positive
@@ -36,8 +37,10 @@ SPHERE_FIELDS = {
     "kernel": Field("str", "auto", "attention kernel", choices=("auto", "dense", "blocked")),
     "normalization": Field("str", "softmax", "attention weights",
                            choices=("softmax", "unnormalized", "hardmax")),
-    "k_block": Field("int", 512, "key block of the blocked kernel", check=at_least(1)),
-    "q_block": Field("int", 4096, "query block of the blocked kernel", check=at_least(1)),
+    "k_block": Field("int", None, "key block of the blocked kernel (default: tuned per platform)",
+                     check=at_least(1)),
+    "q_block": Field("int", None, "query block of the blocked kernel (default: tuned per platform)",
+                     check=at_least(1)),
     "weights": Field("section", {}, "Q, K, V ensemble", schema=WEIGHTS_SCHEMA),
     "init": Field("section", {}, "initial distribution", schema=INIT_SCHEMA),
 }
@@ -123,13 +126,20 @@ def save_times(pc):
     return np.asarray(idx) * dt
 
 
+def output_bytes(pc, per_frame_values: int = 8, snapshots: int = 0) -> int:
+    """Bytes one grid point adds to the merged Dataset (float64 on the host)."""
+    frames = len(save_times(pc))
+    return 8 * (frames * per_frame_values + snapshots * pc["n"] * pc["d"])
+
+
 def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
     """Memory of one grid point: saved trajectory + integrator stages + kernel working set."""
     item = 8 if pc["dtype"] == "float64" else 4
     n, d = pc["n"], pc["d"]
     frames = len(save_times(pc))
-    kb = min(pc["k_block"], n)
-    qb = min(pc["q_block"], n)
-    dense = pc["kernel"] == "dense" or (pc["kernel"] == "auto" and n <= 2048)
+    dkb, dqb = DEFAULT_BLOCKS["gpu" if jax.default_backend() == "gpu" else "cpu"]
+    kb = min(pc["k_block"] or dkb, n)
+    qb = min(pc["q_block"] or dqb, n)
+    dense = resolve_kernel(pc["kernel"], n) == "dense"
     work = (n * n if dense else qb * kb) * item * 3
     return frames * (n * d * item + extra_per_frame) + 12 * n * d * item + work

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import plots
 from .._distances import w2_coupling, w2_exact, w2_sinkhorn
+from .._sharding import sharded_vmap
 from .._simulate import simulate
 from .._spectral import check_assumptions, mass_near, projection, subspace_angle, top_eigenspace
 from ..config import ConfigError, Field, at_least, positive
@@ -77,6 +78,10 @@ def estimate_bytes(pc):
     return sc.estimate_bytes(pc)
 
 
+def output_bytes(pc):
+    return sc.output_bytes(pc, per_frame_values=10)
+
+
 def spectral_info(pc):
     """Π, E (top eigenspace of VBᵀ) and E(V), from float64 weights."""
     Q, K, V = build_weights(pc["weights"], pc["d"])
@@ -107,7 +112,7 @@ def run_points(pcs):
                 jnp.median(L, -1), mass_near(tr.xs, bE, near), mass_near(tr.xs, bV, near),
                 tr.finite)
 
-    xs, targets, coup, Lmean, Lmed, mE, mV, finite = jax.jit(jax.vmap(one))(models, x0)
+    xs, targets, coup, Lmean, Lmed, mE, mV, finite = sharded_vmap(one)(models, x0)
     ts = sc.save_times(p0)
     k = np.arange(0, len(ts), p0["w2_every"])
     if k[-1] != len(ts) - 1:

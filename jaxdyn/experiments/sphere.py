@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import plots
+from .._sharding import sharded_vmap
 from .._simulate import simulate
 from ..config import Field
 from . import _sphere_common as sc
@@ -37,6 +38,10 @@ def estimate_bytes(pc):
     return sc.estimate_bytes(pc)
 
 
+def output_bytes(pc):
+    return sc.output_bytes(pc, per_frame_values=1, snapshots=len(pc["snapshots"]))
+
+
 def _snapshot_index(pc):
     ts = sc.save_times(pc)
     want = [min(max(s, 0.0), ts[-1]) for s in pc["snapshots"]]
@@ -57,7 +62,7 @@ def run_points(pcs):
         ip = (n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1)
         return ip, tr.xs[snap], tr.finite
 
-    ip, xs_snap, finite = jax.jit(jax.vmap(one))(models, x0)
+    ip, xs_snap, finite = sharded_vmap(one)(models, x0)
     ts = sc.save_times(p0)
     vars_ = {
         "mean_inner_product": (("t",), np.asarray(ip)),
