@@ -174,10 +174,14 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     elif (out / jio.CHUNK_DIR).exists() and any((out / jio.CHUNK_DIR).glob("chunk_*.npz")):
         raise ConfigError(f"{out} already holds results; resume them with --resume {out} or choose "
                           "another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
-
     import jax
+
+    # With several processes (jax.distributed), all compute and process 0 writes; the
+    # output folder must be on a filesystem they share.
+    writer = jax.process_index() == 0
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
 
     n_dev = len(jax.devices())
     axes, points = grid_points(cfg)
@@ -199,7 +203,8 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
             "n_points": len(points), "n_chunks": len(chunks), "estimated_chunk_bytes": peak_est,
             "estimated_process_bytes": process_est,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions()}
-    jio.write_json(out / jio.SUMMARY_FILE, base)
+    if writer:
+        jio.write_json(out / jio.SUMMARY_FILE, base)
 
     done = [i for i in range(len(chunks)) if jio.chunk_path(out, i).exists()]
     bar = _progress(len(chunks), len(done), progress)
@@ -226,8 +231,9 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
                 dims[name] = list(d)
             for name, c in coords.items():
                 arrays[f"coord__{name}"] = np.asarray(c)
-            jio.write_chunk(path, arrays, {"config_hash": h, "points": idxs, "dims": dims,
-                                           "seconds": time.time() - t0})
+            if writer:
+                jio.write_chunk(path, arrays, {"config_hash": h, "points": idxs, "dims": dims,
+                                               "seconds": time.time() - t0})
             computed += 1
             if compute_hook is not None:
                 compute_hook(ci)
@@ -238,14 +244,17 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
                                     f"{elapsed:.0f}s")
     except BaseException as e:
         status = "interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
-        jio.write_json(out / jio.SUMMARY_FILE, {**base, "status": status,
-                                                "chunks_done": len(done) + computed,
-                                                "error": f"{type(e).__name__}: {e}"})
+        if writer:
+            jio.write_json(out / jio.SUMMARY_FILE, {**base, "status": status,
+                                                    "chunks_done": len(done) + computed,
+                                                    "error": f"{type(e).__name__}: {e}"})
         raise
     finally:
         if bar is not None:
             bar.close()
 
+    if not writer:
+        return RunResult(out, "ok", base, [], computed, len(done), warns)
     ds = merge_chunks(cfg, out, axes, points, chunks)
     jio.write_dataset(ds, out / jio.DATA_FILE)
     finite = np.asarray(ds["finite"].values) if "finite" in ds else np.array(True)

@@ -46,6 +46,17 @@ SPHERE_FIELDS = {
 }
 
 
+def to_host(tree):
+    """Device results as NumPy arrays; across several processes (``jax.distributed``) the
+    sharded batch is gathered from all of them first."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True)),
+                            tree)
+    return jax.tree.map(np.asarray, tree)
+
+
 def np_dtype(cfg):
     if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
         raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set the environment "

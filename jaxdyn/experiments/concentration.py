@@ -112,7 +112,7 @@ def run_points(pcs):
                 jnp.median(L, -1), mass_near(tr.xs, bE, near), mass_near(tr.xs, bV, near),
                 tr.finite)
 
-    xs, targets, coup, Lmean, Lmed, mE, mV, finite = sharded_vmap(one)(models, x0)
+    xs, targets, coup, Lmean, Lmed, mE, mV, finite = sc.to_host(sharded_vmap(one)(models, x0))
     ts = sc.save_times(p0)
     k = np.arange(0, len(ts), p0["w2_every"])
     if k[-1] != len(ts) - 1:

@@ -62,7 +62,7 @@ def run_points(pcs):
         ip = (n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1)
         return ip, tr.xs[snap], tr.finite
 
-    ip, xs_snap, finite = sharded_vmap(one)(models, x0)
+    ip, xs_snap, finite = sc.to_host(sharded_vmap(one)(models, x0))
     ts = sc.save_times(p0)
     vars_ = {
         "mean_inner_product": (("t",), np.asarray(ip)),
