@@ -13,7 +13,7 @@ between particle clouds"):
   Biased at finite ε (the debiasing removes the O(ε log ε) entropic offset but not all of
   it): the relative error grows with ε / W2^2. The default ε therefore follows the scale
   of the distance being measured (ε-scaling, see :func:`w2_sinkhorn`). Scales to large N
-  with an online (``batch_size``) geometry whose memory is O(N).
+  with an online (``batch_size``) geometry whose memory is O(N · batch_size).
 - :func:`bures_w2` -- the closed form between Gaussians (MATH.md §B),
   ``W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})``, with an eigh-based
   PSD square root (ott-jax 0.6's Bures cost is inaccurate for ill-conditioned covariances).
@@ -364,7 +364,13 @@ def w2_sinkhorn(
       decay: the per-iteration annealing factor inside a round.
       batch_size: ``None`` for a dense N x M cost matrix, an int for an online
         geometry (cost recomputed ``batch_size`` rows at a time: memory O((N + M) ·
-        batch_size)), or ``"auto"`` (dense up to 2^24 entries, else 1024).
+        batch_size)), or ``"auto"`` (dense up to 2^24 entries, else 1024). On GPU the
+        online kernel's first call at a new size compiles slowly for large N (measured on
+        an H200: about 1 min at N = 30 000, over 2.5 min at N = 100 000), then runs fast.
+
+    Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
+    spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at N = 1000, 10 000 at
+    N = 30 000 on S^2), while concentrated clouds need a few hundred at any N.
 
     Returns:
       :class:`SinkhornW2`. The outer ε loop is Python; each round is one jitted call whose
