@@ -1,0 +1,232 @@
+"""Against the machine's limit: jaxdyn's pair throughput as a fraction of the exp-bound floor.
+
+Every pair (i, j) of a softmax field evaluation costs one exponential, so on this machine
+an evaluation of N particles cannot beat the **exp-bound floor**
+
+    T_floor = N² / (exp rate per core × cores used).
+
+Measured here, in one invocation:
+
+* ``exp`` throughput of XLA on a cache-resident float32 array (16K-64K elements, summed so
+  nothing is written back), one device, in a subprocess that sees one device; the CPU time
+  of that process equals its wall time (one core). Also the aggregate rate with the same
+  loop on every device at once (all cores).
+* matmul FLOP/s (float32, ``precision=HIGHEST``, 2048³), all cores.
+* jaxdyn's blocked field evaluation (d = 3, β = 10) for N = 2¹² … 2¹⁶: pairs per second
+  N²/t and the fraction T_floor/t, for the query-sharded evaluation on all devices (cores
+  used = devices) and for one device (cores used = 1; XLA may still spread a loop over
+  two threads, so that fraction can exceed what one core allows).
+
+Output: benchmarks/results/roofline<tag>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from common import add_common_args, setup
+
+P = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+P.add_argument("--min-log2n", type=int, default=12)
+P.add_argument("--max-log2n", type=int, default=16)
+P.add_argument("--beta", type=float, default=10.0)
+P.add_argument("--exp-worker", action="store_true", help=argparse.SUPPRESS)
+add_common_args(P)
+
+EXP_SIZES = (16384, 65536)
+
+
+def _cpu_s():
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def exp_loop(size, total):
+    """A jitted loop that computes `total` exponentials of a `size`-float array, summed."""
+    import jax
+    import jax.numpy as jnp
+
+    reps = max(1, total // size)
+
+    def body(i, s):
+        return s + jnp.sum(jnp.exp(a_ref[0] - s * 1e-12))
+
+    a_ref = [None]
+
+    def f(a):
+        a_ref[0] = a
+        return jax.lax.fori_loop(0, reps, body, jnp.zeros((), a.dtype))
+
+    return jax.jit(f), reps
+
+
+def measure_exp(sizes, total, reps=5):
+    """Best exp rate over sizes on the default device: (rate, wall, cpu, size)."""
+    import jax
+    import jax.numpy as jnp
+
+    best = None
+    for size in sizes:
+        a = jax.random.uniform(jax.random.PRNGKey(0), (size,), jnp.float32, -8.0, 0.0)
+        f, r = exp_loop(size, total)
+        jax.block_until_ready(f(a))
+        walls, cpus = [], []
+        for _ in range(reps):
+            c0, t0 = _cpu_s(), time.perf_counter()
+            jax.block_until_ready(f(a))
+            walls.append(time.perf_counter() - t0)
+            cpus.append(_cpu_s() - c0)
+        i = min(range(reps), key=lambda k: walls[k])
+        rate = size * r / walls[i]
+        if best is None or rate > best["rate_per_s"]:
+            best = {"rate_per_s": rate, "wall_s": walls[i], "cpu_s": cpus[i], "size": size,
+                    "exps": size * r, "median_rate_per_s": size * r / sorted(walls)[reps // 2]}
+    return best
+
+
+def exp_worker(args):
+    total = 2**22 if args.tiny else 2**27
+    print(json.dumps(measure_exp(EXP_SIZES, total)), flush=True)
+
+
+def measure_exp_all_devices(total, reps=5):
+    """The same loop on every device at once (shard_map): aggregate exps per second."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as Ps
+
+    ndev = jax.device_count()
+    size = EXP_SIZES[0]
+    mesh = Mesh(jax.devices(), ("d",))
+    f1, r = exp_loop(size, total)
+    f = jax.jit(jax.shard_map(lambda a: f1(a[0])[None], mesh=mesh, in_specs=Ps("d"),
+                              out_specs=Ps("d"), check_vma=False))
+    a = jax.random.uniform(jax.random.PRNGKey(0), (ndev, size), jnp.float32, -8.0, 0.0)
+    jax.block_until_ready(f(a))
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a))
+        walls.append(time.perf_counter() - t0)
+    return {"rate_per_s": ndev * size * r / min(walls), "devices": ndev, "wall_s": min(walls),
+            "median_rate_per_s": ndev * size * r / sorted(walls)[reps // 2]}
+
+
+def measure_matmul(n, reps=5):
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
+    jax.block_until_ready(f(a, a))
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, a))
+        walls.append(time.perf_counter() - t0)
+    return {"n": n, "flops_per_s": 2 * n**3 / min(walls),
+            "median_flops_per_s": 2 * n**3 / sorted(walls)[reps // 2]}
+
+
+def main(argv=None):
+    args = setup(P, argv)
+    if args.exp_worker:
+        return exp_worker(args)
+    if args.tiny:
+        args.min_log2n, args.max_log2n = 8, 9
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxdyn
+    from common import HERE, fmt_s, machine_info, run_json_subprocess, time_call, write_json
+    from jaxdyn._kernels import DEFAULT_BLOCKS
+    from jaxdyn._sharding import query_sharded_field
+
+    result = {"machine": machine_info(), "beta": args.beta}
+    cmd = [str(HERE / "bench_roofline.py"), "--exp-worker"] + (["--tiny"] if args.tiny else [])
+    one, err = run_json_subprocess(cmd, {"JAXDYN_NO_HOST_DEVICES": "1"}, timeout=600)
+    if one is None:
+        print(f"exp worker failed: {err}")
+        return None
+    result["exp_one_core"] = one
+    print(f"exp, one device (subprocess): {one['rate_per_s'] / 1e9:.2f}·10⁹/s "
+          f"(cpu/wall = {one['cpu_s'] / one['wall_s']:.2f})", flush=True)
+    total = 2**22 if args.tiny else 2**27
+    allc = measure_exp_all_devices(total)
+    result["exp_all_devices"] = allc
+    print(f"exp, {allc['devices']} devices at once: {allc['rate_per_s'] / 1e9:.2f}·10⁹/s", flush=True)
+    mm = measure_matmul(256 if args.tiny else 2048)
+    result["matmul"] = mm
+    print(f"matmul {mm['n']}³ float32 HIGHEST: {mm['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+
+    rate = one["rate_per_s"]
+    ndev = jax.device_count()
+    kb, qb = DEFAULT_BLOCKS["cpu" if jax.default_backend() == "cpu" else "gpu"]
+    eye = jnp.eye(3, dtype=jnp.float32)
+    model = jaxdyn.SphereAttention(eye, eye, eye, args.beta, kernel="blocked", k_block=kb,
+                                   q_block=qb)
+    variants = {"jaxdyn_sharded": (jax.jit(lambda x: query_sharded_field(model)(0.0, x)), ndev),
+                "jax_blocked_1dev": (jax.jit(lambda x: model(0.0, x)), 1)}
+    rows = []
+    for k in range(args.min_log2n, args.max_log2n + 1):
+        n = 2**k
+        x = jaxdyn.sample_sphere(jax.random.PRNGKey(k), n, 3, jnp.float32)
+        for name, (fn, cores) in variants.items():
+            stats, _ = time_call(fn, x, reps=args.reps or (5 if n <= 2**14 else 3), warmup=1,
+                                 max_seconds=30)
+            t = stats["median_s"]
+            floor = n * n / (rate * cores)
+            row = {"n": n, "impl": name, "cores_used": cores, **stats,
+                   "pairs_per_s": n * n / t, "floor_s": floor, "fraction_of_floor": floor / t,
+                   "fraction_of_floor_best": floor / stats["min_s"]}
+            rows.append(row)
+            print(f"  N={n:>6} {name:>17}: {fmt_s(t):>9}  {n * n / t / 1e9:6.2f}·10⁹ pairs/s  "
+                  f"{100 * floor / t:5.1f}% of the exp floor on {cores} core(s)", flush=True)
+    result["rows"] = rows
+    result["reference_exp_rate_per_core"] = 4.46e9
+    name = f"roofline{args.tag}"
+    write_json(name, result)
+    if not args.no_plot:
+        plot(result, name)
+    return result
+
+
+def plot(result, name):
+    from common import plt, save_figure
+
+    pyplot = plt()
+    fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
+    for impl in sorted({r["impl"] for r in result["rows"]}):
+        rs = [r for r in result["rows"] if r["impl"] == impl]
+        a1.semilogx([r["n"] for r in rs], [100 * r["fraction_of_floor"] for r in rs], marker="o",
+                    base=2, label=f"{impl} ({rs[0]['cores_used']} core(s))")
+        a2.semilogx([r["n"] for r in rs], [r["pairs_per_s"] / 1e9 for r in rs], marker="o",
+                    base=2, label=impl)
+    a1.axhline(40, color="red", ls="--", lw=0.8, label="target 40 %")
+    a1.set_xlabel("N")
+    a1.set_ylabel("% of exp-bound floor N²/(exp rate × cores)")
+    a1.legend(fontsize=8)
+    one = result["exp_one_core"]["rate_per_s"] / 1e9
+    allc = result["exp_all_devices"]
+    a2.axhline(one, color="gray", ls=":", label=f"exp rate, 1 core: {one:.2f}·10⁹/s")
+    a2.axhline(allc["rate_per_s"] / 1e9, color="black", ls=":",
+               label=f"exp rate, {allc['devices']} devices: {allc['rate_per_s'] / 1e9:.2f}·10⁹/s")
+    a2.set_xlabel("N")
+    a2.set_ylabel("pairs per second (10⁹)")
+    a2.legend(fontsize=7)
+    m = result["machine"]
+    fig.suptitle(f"roofline · {m.get('cpu_model', '')} · {m['device_count']} {m['backend']} "
+                 f"device(s) · matmul {result['matmul']['flops_per_s'] / 1e9:.0f} GFLOP/s · "
+                 f"{m['date']}", fontsize=8)
+    save_figure(fig, name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

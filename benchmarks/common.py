@@ -1,0 +1,263 @@
+"""Shared helpers of the benchmark scripts: device setup, timing, machine facts, output.
+
+Every benchmark entry point calls :func:`setup` *before* importing JAX-using modules:
+
+    from common import setup
+    args = setup(parser)          # exposes the host cores as JAX devices (opt out:
+                                  # --no-host-devices or JAXDYN_NO_HOST_DEVICES=1)
+
+Timing rules (STYLE.md): the first call (trace + compile + run) is reported separately as
+``compile_s``; then ``warmup`` untimed calls; then ``reps`` timed calls, each ended by
+``block_until_ready`` (JAX) or ``torch.cuda.synchronize`` (PyTorch on GPU); we report the
+median and the minimum. Baselines run in the same invocation, and every figure is a ratio
+to a baseline measured there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(ROOT))
+
+
+def add_common_args(p: argparse.ArgumentParser):
+    p.add_argument("--no-host-devices", action="store_true",
+                   help="do not expose the CPU cores as separate JAX devices")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny sizes (a smoke test of the script, numbers meaningless)")
+    p.add_argument("--tag", default="", help="suffix of the result file names (e.g. _gpu)")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions")
+    p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+def setup(parser: argparse.ArgumentParser, argv=None):
+    """Parse arguments and configure host devices before JAX starts."""
+    args = parser.parse_args(argv)
+    if os.environ.get("JAXDYN_BENCH_TINY") == "1":
+        args.tiny = True
+    if args.no_host_devices:
+        os.environ["JAXDYN_NO_HOST_DEVICES"] = "1"
+    from jaxdyn._sharding import configure_host_devices
+
+    args.host_devices_configured = configure_host_devices()
+    return args
+
+
+def block(x):
+    import jax
+
+    return jax.block_until_ready(x)
+
+
+def time_call(fn, *args, reps=5, warmup=1, sync=None, max_seconds=None):
+    """Time ``fn(*args)``. Returns a dict: compile_s (first call), median_s, min_s, times_s.
+
+    ``sync(result)`` waits for the result (default: ``jax.block_until_ready``). With
+    ``max_seconds``, stops repeating once that much time was spent timing (at least one
+    timed call).
+    """
+    sync = sync or block
+    t0 = time.perf_counter()
+    out = sync(fn(*args))
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        sync(fn(*args))
+    times = []
+    spent = 0.0
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        out = sync(fn(*args))
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        spent += dt
+        if max_seconds is not None and spent > max_seconds:
+            break
+    return {"compile_s": first, "median_s": statistics.median(times), "min_s": min(times),
+            "times_s": times}, out
+
+
+def torch_sync(device):
+    import torch
+
+    def sync(x):
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+        return x
+
+    return sync
+
+
+def machine_info():
+    import jax
+
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "x64": bool(jax.config.jax_enable_x64),
+    }
+    try:
+        info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                                 if l.startswith("model name"))
+        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+        info["avx512"] = "avx512f" in flags
+    except (OSError, StopIteration):
+        pass
+    try:
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def out_dirs():
+    """benchmarks/results, and $OUT too when set (the GPU machine's return folder)."""
+    dirs = [RESULTS]
+    if os.environ.get("OUT"):
+        dirs.append(Path(os.environ["OUT"]))
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    return dirs
+
+
+def write_json(name, data):
+    try:
+        data.setdefault("machine", {})["loadavg_end"] = os.getloadavg()
+    except OSError:
+        pass
+    paths = []
+    for d in out_dirs():
+        p = d / f"{name}.json"
+        tmp = p.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+        tmp.replace(p)
+        paths.append(p)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return paths
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    return str(o)
+
+
+def save_figure(fig, name):
+    paths = []
+    for d in out_dirs():
+        p = d / f"{name}.png"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        paths.append(p)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return paths
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def rss_bytes():
+    """Current resident set size of this process, bytes (Linux /proc)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _status_kb(key):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux ≥ 4.0:
+    ``/proc/self/clear_refs`` ← 5). Returns whether that worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def hwm_bytes():
+    """Peak RSS since the last :func:`reset_peak_rss` (VmHWM), bytes; None if unknown."""
+    return _status_kb("VmHWM")
+
+
+def peak_rss_bytes():
+    """Peak resident set size of this process so far (ru_maxrss), bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_json_subprocess(args, env_extra=None, timeout=None):
+    """Run ``python args...``; the last stdout line is JSON. Returns (obj or None, stderr)."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + str(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return None, f"timeout after {timeout}s: {e}"
+    lines = [l for l in proc.stdout.strip().splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None, (proc.stderr or "")[-3000:] + (proc.stdout or "")[-1000:]
+    return json.loads(lines[-1]), proc.stderr[-2000:]
+
+
+def fmt_s(s):
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
