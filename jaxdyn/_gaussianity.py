@@ -16,15 +16,16 @@ layers and by the noise floor; Y ~ N(m, Σ) is a Gaussian reference sample of si
   directions of a high-dimensional cloud look Gaussian even when the cloud is not — the
   Diaconis–Freedman effect — so structured non-Gaussianity shows up here first).
 - ``radial_w2``: 1-D W2 between the radii ``|x_i − m|`` and ``|y_i − m|``, divided by
-  ``sqrt(tr Σ)``. Post-LN hidden states have (almost) fixed norm after removing β and
-  dividing by γ; this is what random 1-D projections cannot see.
+  ``sqrt(tr Σ)``. A post-LN hidden state h has ``|(h − β)/γ| = sqrt(d)`` exactly (up to
+  eps): the cloud lies on an ellipsoid, which random 1-D projections cannot see.
 - ``erank``: effective rank ``exp(−Σ p_i log p_i)``, ``p_i = λ_i / Σ_j λ_j`` (λ the
   eigenvalues of Σ; Roy & Vetterli 2007); ``pr``: participation ratio ``(Σλ)² / Σλ²``.
 - ``scale``: ``sqrt(tr Σ / d)`` (descriptive).
 - ``bures``: Bures–Wasserstein distance between ``N(m_l, Σ_l)`` and ``N(m_{l+1}, Σ_{l+1})``
   of consecutive layers (length L, entry l is the step l → l+1),
-  ``W2² = |m0 − m1|² + tr(Σ0 + Σ1 − 2 (Σ1^{1/2} Σ0 Σ1^{1/2})^{1/2})`` (``jaxdyn._distances.bures_w2``,
-  eigh-based square roots); ``bures_rel``: the same divided by ``sqrt((tr Σ_l + tr Σ_{l+1}) / 2)``.
+  ``W2² = |m0 − m1|² + tr(Σ0 + Σ1 − 2 (Σ1^{1/2} Σ0 Σ1^{1/2})^{1/2})``
+  (``jaxdyn._distances.bures_w2``, eigh-based square roots); ``bures_rel``: the same
+  divided by ``sqrt((tr Σ_l + tr Σ_{l+1}) / 2)``.
 
 Noise floor: each metric is recomputed, by the very same procedure, on ``n_floor`` exact
 Gaussian samples ``G_r ~ N(m, Σ)`` of the same size n (and the same directions). A cloud
@@ -34,14 +35,19 @@ the step l → l+1 combines, in quadrature, the Bures distances between the mome
 independent samples ``G_r``, ``G_{r+1}`` of layer l and of layer l+1 (the level below which
 a change of layer moments cannot be told from sampling noise).
 
-Caveats. (1) ``erank``/``pr`` are descriptors, not Gaussianity tests: their floor's
-spread is the sampling noise, but its mean is biased low by O(d/n) relative (sampling
-from the already-sampled Σ spreads the spectrum once more). (2) Tokens of one sequence
-are dependent after attention; the floor assumes i.i.d. points.
+Caveats. (0) The ``bures`` floor is computed from *independent* samples; consecutive
+layers are the same tokens mapped, whose sampling errors are positively correlated, so
+this floor is conservative (a small layer-to-layer change can sit below it).
+(1) ``erank``/``pr`` are descriptors, not Gaussianity tests: their floor's spread is the
+sampling noise, but its mean is biased low by O(d/n) relative (sampling from the
+already-sampled Σ spreads the spectrum once more; 2 % at d = 384, n = 8192).
+(2) Tokens of one sequence are dependent after attention; the floor assumes i.i.d. points.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -166,37 +172,52 @@ def _step_metrics(ms, covs):
     return b, b / jnp.sqrt(0.5 * (tr[:-1] + tr[1:]))
 
 
+def _half(cov):
+    lam, u = jnp.linalg.eigh(cov)
+    return jnp.matmul(u * jnp.sqrt(jnp.clip(lam, 0.0)), u.T, precision=_HIGHEST)
+
+
 @eqx.filter_jit
 def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
-    """h: (L1, n, d). Returns (values, floors) dicts of arrays."""
+    """h: (L1, n, d). Returns (values, floors) dicts of arrays.
+
+    One loop over the L1 × (1 + n_floor) clouds (replicate 0: the data; replicate r ≥ 1:
+    an exact Gaussian sample with the data's moments), so that ``_cloud_stats`` is traced
+    once and one cloud at a time is in memory.
+    """
     L1, n, d = h.shape
-    k_dirs, k_layers = jax.random.split(key)
+    R = n_floor + 1
+    k_dirs, k_clouds = jax.random.split(key)
     dirs = random_directions(k_dirs, d, n_dirs, h.dtype)
+    m_data, cov_data = jax.vmap(moments)(h)
+    half_data = jax.vmap(_half)(cov_data)
 
-    def per_layer(args):
-        x, kl = args
-        k_ref_l, k_floor_l = jax.random.split(kl)
-        stats, m, cov, half = _cloud_stats(x, k_ref_l, dirs, n_pc)
+    def one_cloud(args):
+        layer, r, k = args
+        k_sample, k_ref = jax.random.split(k)
+        gauss = m_data[layer] + jnp.matmul(
+            jax.random.normal(k_sample, (n, d), h.dtype), half_data[layer], precision=_HIGHEST
+        )
+        x = jnp.where(r == 0, h[layer], gauss)
+        stats, m, cov, _ = _cloud_stats(x, k_ref, dirs, n_pc)
+        return stats, m, cov
 
-        def one_floor(kr):
-            kg, ks = jax.random.split(kr)
-            g = m + jnp.matmul(jax.random.normal(kg, (n, d), x.dtype), half, precision=_HIGHEST)
-            fs, fm, fc, _ = _cloud_stats(g, ks, dirs, n_pc)
-            return fs, fm, fc
+    layers = jnp.repeat(jnp.arange(L1), R)
+    reps = jnp.tile(jnp.arange(R), L1)
+    keys = jax.random.split(k_clouds, L1 * R)
+    stats, ms, covs = jax.lax.map(one_cloud, (layers, reps, keys))
+    stats = {k: v.reshape(L1, R) for k, v in stats.items()}
+    ms, covs = ms.reshape(L1, R, d), covs.reshape(L1, R, d, d)
 
-        fstats, fms, fcs = jax.lax.map(one_floor, jax.random.split(k_floor_l, n_floor))
-        # Bures between the moments of independent Gaussian samples r and r+1 (cyclic).
-        fb = bures_w2(fms, fcs, jnp.roll(fms, 1, axis=0), jnp.roll(fcs, 1, axis=0))
-        return stats, m, cov, fstats, fb, jnp.trace(fcs, axis1=-2, axis2=-1)
-
-    keys = jax.random.split(k_layers, L1)
-    stats, ms, covs, fstats, fb, ftr = jax.lax.map(per_layer, (h, keys))
-    values = dict(stats)
-    floors = {k: v.T for k, v in fstats.items()}  # (n_floor, L1)
-    values["bures"], values["bures_rel"] = _step_metrics(ms, covs)
-    fb = fb.T  # (n_floor, L1): sampling-noise Bures within each layer
+    values = {k: v[:, 0] for k, v in stats.items()}
+    floors = {k: v[:, 1:].T for k, v in stats.items()}  # (n_floor, L1)
+    values["bures"], values["bures_rel"] = _step_metrics(ms[:, 0], covs[:, 0])
+    # Sampling-noise Bures within each layer: independent Gaussian samples r and r+1
+    # (cyclic), (n_floor, L1); the step l → l+1 combines layers l and l+1 in quadrature.
+    fm, fc = ms[:, 1:], covs[:, 1:]
+    fb = bures_w2(fm, fc, jnp.roll(fm, 1, axis=1), jnp.roll(fc, 1, axis=1)).T
     floors["bures"] = jnp.sqrt(0.5 * (fb[:, :-1] ** 2 + fb[:, 1:] ** 2))
-    ftr = ftr.T
+    ftr = jnp.trace(fc, axis1=-2, axis2=-1).T
     floors["bures_rel"] = floors["bures"] / jnp.sqrt(0.5 * (ftr[:, :-1] + ftr[:, 1:]))
     return values, floors
 
@@ -264,6 +285,46 @@ class GaussianityProfile(eqx.Module):
         return "\n".join(rows)
 
 
+@contextlib.contextmanager
+def limit_blas_threads(n: int = 1):
+    """Temporarily cap the threads of every OpenBLAS loaded in this process (best effort).
+
+    JAX's CPU ``eigh`` calls LAPACK from SciPy's OpenBLAS, whose own thread pool competes
+    with XLA's: on a 2-core machine under load, one 384×384 ``eigh`` took 0.16–2 s of CPU
+    with the default threads and 0.007 s with one thread (and a whole cloud's metrics
+    2.3 s against 0.19 s). Linux only (reads /proc/self/maps); elsewhere it does nothing.
+    Setting ``OPENBLAS_NUM_THREADS=1`` before Python starts has the same effect.
+    """
+    try:  # JAX loads SciPy's LAPACK (and its OpenBLAS) lazily, at the first eigh
+        import scipy.linalg.cython_lapack  # noqa: F401
+    except ImportError:
+        pass
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln})
+    except OSError:
+        paths = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in ("scipy_openblas", "openblas"):
+            get = getattr(lib, prefix + "_get_num_threads", None)
+            put = getattr(lib, prefix + "_set_num_threads", None)
+            if get is not None and put is not None:
+                found.append((int(get()), put))
+                break
+    for _, put in found:
+        put(int(n))
+    try:
+        yield
+    finally:
+        for old, put in found:
+            put(old)
+
+
 def _as_stack(hidden_states, mask):
     if isinstance(hidden_states, (list, tuple)):
         if not hidden_states:
@@ -324,7 +385,8 @@ def gaussianity_profile(
         raise ValueError(f"n_dirs must be >= 1, got {n_dirs}")
     if n < 4:
         raise ValueError(f"need at least 4 points per layer, got n={n}")
-    values, floors = _profile(h, key, int(n_dirs), int(n_floor), int(n_pc))
+    with limit_blas_threads(1):
+        values, floors = jax.block_until_ready(_profile(h, key, int(n_dirs), int(n_floor), int(n_pc)))
     return GaussianityProfile(values=values, floors=floors, n_points=n, dim=d, n_dirs=n_dirs)
 
 
@@ -340,38 +402,40 @@ def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype
 _CONTROL_KINDS = ("cube", "relu", "split")
 
 
+@eqx.filter_jit
 def nongaussian_stack(h0, key, *, n_layers: int = 6, kind: str = "cube") -> list[Array]:
-    """A deliberately non-Gaussian "encoder" for the control: ``[h_0, ..., h_L]``.
+    """A deliberately non-Gaussian "encoder" for the control: ``[h_0, h_1, ..., h_L]``.
 
-    Each layer rotates the tokens by a random orthogonal matrix R_l and applies a fixed
-    non-Gaussian map, then restores the input's root-mean-square value:
+    Layer l applies a fixed non-Gaussian map *once* to the Gaussian input, after a random
+    rotation R_l (orthogonal) or along a random unit vector u_l, and restores the input's
+    root-mean-square value (σ):
 
-    - ``"cube"``:  h ↦ (h R)³ elementwise (heavy tails: excess kurtosis 43.2 per coordinate
-      for a standard Gaussian input);
-    - ``"relu"``:  h ↦ relu(h R) (skewed, half the mass on coordinate hyperplanes);
-    - ``"split"``: h ↦ h + 2σ sign(⟨h, u_l⟩) u_l, u_l a random unit vector (a bimodal
-      two-cluster cloud along u_l).
+    - ``"cube"``:  h_l = c (h_0 R_l)³ elementwise (heavy tails: excess kurtosis 43.2 per
+      coordinate; about 3·43.2/(d+2) along a random direction);
+    - ``"relu"``:  h_l = c relu(h_0 R_l) (skewed; half the mass on coordinate hyperplanes);
+    - ``"split"``: h_l = c (h_0 + 2σ sign(⟨h_0, u_l⟩) u_l) (two clusters along u_l).
+
+    The maps do not compound across layers (repeated cubes would collapse the cloud onto
+    one axis within a few layers), so every layer is a known, equally non-Gaussian cloud:
+    a positive control for ``gaussianity_profile``. Jitted.
     """
     if kind not in _CONTROL_KINDS:
         raise ValueError(f"kind must be one of {_CONTROL_KINDS}, got {kind!r}")
     h0 = jnp.asarray(h0)
     d = h0.shape[-1]
-    rms0 = jnp.sqrt(jnp.mean(jnp.square(h0)))
+    sigma = jnp.sqrt(jnp.mean(jnp.square(h0)))
     out = [h0]
-    h = h0
     for layer in range(n_layers):
         k = jax.random.fold_in(key, layer)
         if kind == "split":
-            u = random_directions(k, d, 1, h.dtype)[:, 0]
-            sigma = jnp.sqrt(jnp.mean(jnp.square(h)))
-            h = h + 2.0 * sigma * jnp.sign(h @ u)[..., None] * u
+            u = random_directions(k, d, 1, h0.dtype)[:, 0]
+            h = h0 + 2.0 * sigma * jnp.sign(h0 @ u)[..., None] * u
         else:
-            q, r = jnp.linalg.qr(jax.random.normal(k, (d, d), h.dtype))
+            q, r = jnp.linalg.qr(jax.random.normal(k, (d, d), h0.dtype))
             rot = q * jnp.sign(jnp.diagonal(r))
-            hr = jnp.matmul(h, rot, precision=_HIGHEST)
+            hr = jnp.matmul(h0, rot, precision=_HIGHEST)
             h = hr**3 if kind == "cube" else jax.nn.relu(hr)
-        h = h * (rms0 / jnp.sqrt(jnp.mean(jnp.square(h))))
-        out.append(h)
+        out.append(h * (sigma / jnp.sqrt(jnp.mean(jnp.square(h)))))
     return out
 
 
