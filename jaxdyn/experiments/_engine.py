@@ -38,6 +38,14 @@ ENGINE_FIELDS = {
 }
 
 
+# Memory the process needs beyond its arrays: XLA compilation, the CPU runtime's buffers
+# (which grow with loop iterations when the host cores are several devices), SciPy and
+# matplotlib. Calibrated on the 2-core development machine with jax 0.10.2 (concentration_s2:
+# 476 MiB peak on 1 device, 646 MiB on 2, for 18.7 MiB of chunk data).
+RUNTIME_ALLOWANCE = 320 * 2**20
+RUNTIME_ALLOWANCE_PER_DEVICE = 160 * 2**20
+
+
 @dataclasses.dataclass
 class RunResult:
     out_dir: Path
@@ -194,14 +202,15 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     base_rss = _max_rss()
     out_bytes = sum(int(getattr(kind, "output_bytes", lambda pc: 0)(point_config(cfg, p)))
                     for p in points)
-    process_est = base_rss + 2 * peak_est + 3 * out_bytes
+    allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (n_dev - 1)
+    process_est = base_rss + allowance + 2 * peak_est + 3 * out_bytes
     log(f"jaxdyn: {cfg['kind']} '{cfg['name']}': {len(points)} grid point(s) in {len(chunks)} "
         f"chunk(s) on {n_dev} {jax.default_backend()} device(s); estimated memory: "
         f"≤ {peak_est / 2**20:.1f} MiB per chunk, ≤ {process_est / 2**20:.0f} MiB for the process")
     t_start = time.time()
     base = {"status": "running", "kind": cfg["kind"], "name": cfg["name"], "config_hash": h,
             "n_points": len(points), "n_chunks": len(chunks), "estimated_chunk_bytes": peak_est,
-            "estimated_process_bytes": process_est,
+            "estimated_process_bytes": process_est, "runtime_allowance_bytes": allowance,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions()}
     if writer:
         jio.write_json(out / jio.SUMMARY_FILE, base)

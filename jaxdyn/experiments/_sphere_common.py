@@ -154,3 +154,54 @@ def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
     dense = resolve_kernel(pc["kernel"], n) == "dense"
     work = (n * n if dense else qb * kb) * item * 3
     return frames * (n * d * item + extra_per_frame) + 12 * n * d * item + work
+
+
+# XLA's CPU runtime with several host devices keeps memory that grows with the number of
+# loop iterations of one call (measured with jax 0.10.2: +225 MiB for a 4000-step scan on 2
+# host devices, +11 MiB on one). Chunks therefore integrate in segments of at most this
+# many steps per call; the state is carried between calls.
+MAX_STEPS_PER_CALL = 250
+
+
+def integrate_chunk(pcs, frame_fn, extra=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
+    """Integrate a chunk of points (sharing every static field) in segments.
+
+    ``frame_fn(model, xs, *extra)`` maps the saved frames (S, N, d) of one system to a tuple
+    of per-frame arrays (S, ...). ``extra`` are arrays with a leading point axis (per-system
+    data such as Π(x0)). Sphere models are autonomous, so every segment starts at t = 0 and
+    segments of equal length reuse one compiled program.
+
+    Returns (outputs, finite): outputs a tuple of NumPy arrays (P, S_total, ...) over all
+    saved times (``save_times``), finite a (P,) bool array.
+    """
+    from .._sharding import sharded_vmap
+    from .._simulate import _plan, save_indices, simulate
+
+    p0 = pcs[0]
+    _, _, dt, n = _plan(0.0, p0["t1"], p0["dt"])
+    se = p0["save_every"]
+    idx = list(save_indices(n, se))
+    per = max(1, max_steps_per_call // se)
+    bounds = idx[::per]
+    if bounds[-1] != idx[-1]:
+        bounds.append(idx[-1])
+    models = models_for(pcs)
+    x = initial_clouds(pcs)
+    extra = tuple(extra)
+    first = sharded_vmap(lambda m, xx, *e: frame_fn(m, xx[None], *e))(models, x, *extra)
+    parts = [to_host(first)]
+    finite = np.ones(len(pcs), bool)
+    cache = {}
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        steps = b - a
+        if steps not in cache:
+            def seg(m, xx, *e, steps=steps):
+                tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=p0["method"])
+                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
+
+            cache[steps] = sharded_vmap(seg)
+        x, out, fin = cache[steps](models, x, *extra)
+        parts.append(to_host(out))
+        finite &= np.asarray(to_host(fin), bool)
+    outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))
+    return outputs, finite

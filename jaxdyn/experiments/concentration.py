@@ -26,8 +26,6 @@ import numpy as np
 
 from .. import plots
 from .._distances import w2_coupling, w2_exact, w2_sinkhorn
-from .._sharding import sharded_vmap
-from .._simulate import simulate
 from .._spectral import check_assumptions, mass_near, projection, subspace_angle, top_eigenspace
 from ..config import ConfigError, Field, at_least, positive
 from ..ensembles import build_weights
@@ -94,39 +92,35 @@ def spectral_info(pc):
 def run_points(pcs):
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
-    models = sc.models_for(pcs)
-    x0 = sc.initial_clouds(pcs)
     P_E, basis_E, basis_V = spectral_info(p0)
     P_E = jnp.asarray(P_E, dtype)
     bE, bV = jnp.asarray(basis_E, dtype), jnp.asarray(basis_V, dtype)
     near = math.radians(p0["near_angle_deg"])
+    x0 = sc.initial_clouds(pcs)
+    targets = jnp.matmul(x0, P_E)
+    targets = targets / jnp.linalg.norm(targets, axis=-1, keepdims=True)  # Π(x_i(0))
 
-    def one(model, x):
-        tr = simulate(model, x, t1=p0["t1"], dt=p0["dt"], save_every=p0["save_every"],
-                      method=p0["method"])
-        target = jnp.matmul(x, P_E)
-        target = target / jnp.linalg.norm(target, axis=-1, keepdims=True)  # Π(x_i(0))
-        px = jnp.matmul(tr.xs, P_E)
-        L = jnp.sum((tr.xs - px) ** 2, -1) / jnp.sum(px**2, -1)
-        return (tr.xs, target, w2_coupling(tr.xs, target[None]), jnp.mean(L, -1),
-                jnp.median(L, -1), mass_near(tr.xs, bE, near), mass_near(tr.xs, bV, near),
-                tr.finite)
+    def frames(model, xs, target):
+        px = jnp.matmul(xs, P_E)
+        L = jnp.sum((xs - px) ** 2, -1) / jnp.sum(px**2, -1)
+        return (xs, w2_coupling(xs, target[None]), jnp.mean(L, -1), jnp.median(L, -1),
+                mass_near(xs, bE, near), mass_near(xs, bV, near))
 
-    xs, targets, coup, Lmean, Lmed, mE, mV, finite = sc.to_host(sharded_vmap(one)(models, x0))
+    (xs_np, coup, Lmean, Lmed, mE, mV), finite = sc.integrate_chunk(pcs, frames, (targets,))
+    tg_np = np.asarray(targets)
     ts = sc.save_times(p0)
     k = np.arange(0, len(ts), p0["w2_every"])
     if k[-1] != len(ts) - 1:
         k = np.append(k, len(ts) - 1)
     vars_ = {
-        "lyapunov_mean": (("t",), np.asarray(Lmean)),
-        "lyapunov_median": (("t",), np.asarray(Lmed)),
-        "mass_E": (("t",), np.asarray(mE)),
-        "mass_V": (("t",), np.asarray(mV)),
-        "finite": ((), np.asarray(finite)),
+        "lyapunov_mean": (("t",), Lmean),
+        "lyapunov_median": (("t",), Lmed),
+        "mass_E": (("t",), mE),
+        "mass_V": (("t",), mV),
+        "finite": ((), finite),
     }
     if "coupling" in p0["w2_methods"]:
-        vars_["w2_coupling"] = (("t",), np.asarray(coup))
-    xs_np, tg_np = np.asarray(xs), np.asarray(targets)
+        vars_["w2_coupling"] = (("t",), coup)
     P = len(pcs)
     if "exact" in p0["w2_methods"]:
         vals = np.full((P, len(k)), np.nan)

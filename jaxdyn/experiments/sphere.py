@@ -15,8 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import plots
-from .._sharding import sharded_vmap
-from .._simulate import simulate
 from ..config import Field
 from . import _sphere_common as sc
 
@@ -50,26 +48,21 @@ def _snapshot_index(pc):
 
 def run_points(pcs):
     p0 = pcs[0]
-    models = sc.models_for(pcs)
-    x0 = sc.initial_clouds(pcs)
-    snap = jnp.asarray(_snapshot_index(p0))
     n = p0["n"]
+    snap = np.asarray(_snapshot_index(p0))
 
-    def one(model, x):
-        tr = simulate(model, x, t1=p0["t1"], dt=p0["dt"], save_every=p0["save_every"],
-                      method=p0["method"])
-        xbar = jnp.mean(tr.xs, axis=1)
-        ip = (n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1)
-        return ip, tr.xs[snap], tr.finite
+    def frames(model, xs):
+        xbar = jnp.mean(xs, axis=1)
+        return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
 
-    ip, xs_snap, finite = sc.to_host(sharded_vmap(one)(models, x0))
+    (ip, xs), finite = sc.integrate_chunk(pcs, frames)
     ts = sc.save_times(p0)
     vars_ = {
-        "mean_inner_product": (("t",), np.asarray(ip)),
-        "x_snapshot": (("t_snapshot", "particle", "component"), np.asarray(xs_snap)),
-        "finite": ((), np.asarray(finite)),
+        "mean_inner_product": (("t",), ip),
+        "x_snapshot": (("t_snapshot", "particle", "component"), xs[:, snap]),
+        "finite": ((), finite),
     }
-    coords = {"t": ts, "t_snapshot": ts[np.asarray(snap)]}
+    coords = {"t": ts, "t_snapshot": ts[snap]}
     return vars_, coords
 
 
