@@ -23,3 +23,34 @@ from ._sphere import (
     sample_vmf as sample_vmf,
     tangent_project as tangent_project,
 )
+from ._spectral import (
+    AssumptionReport as AssumptionReport,
+    Projection as Projection,
+    angle_to_subspace as angle_to_subspace,
+    check_assumptions as check_assumptions,
+    lyapunov as lyapunov,
+    mass_near as mass_near,
+    projection as projection,
+    rotation_matrix as rotation_matrix,
+    spectral_weights as spectral_weights,
+    subspace_angle as subspace_angle,
+    top_eigenspace as top_eigenspace,
+)
+from ._distances import (
+    SinkhornW2 as SinkhornW2,
+    bures_w2 as bures_w2,
+    bures_w2_squared as bures_w2_squared,
+    sqrtm_psd as sqrtm_psd,
+    w2 as w2,
+    w2_coupling as w2_coupling,
+    w2_exact as w2_exact,
+    w2_sinkhorn as w2_sinkhorn,
+)
+from ._sharding import (
+    configure_host_devices as configure_host_devices,
+    query_sharded_field as query_sharded_field,
+    shard_batch as shard_batch,
+    sharded_vmap as sharded_vmap,
+    sweep_mesh as sweep_mesh,
+)
+from .io import open_results as open_results
