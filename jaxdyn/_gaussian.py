@@ -1,0 +1,465 @@
+r"""Gaussian moment dynamics of Paper B: the moment ODE, its adaptive solve, blow-up.
+
+For tokens ``ẋ = A x + b + V Σ_j w_ij x_j`` with ``w_ij ∝ exp(x_jᵀ B x_i)`` a Gaussian
+``N(m, Σ)`` stays Gaussian (MATH.md §B, exponential tilting gives the attention mean
+``m + Σ B x``), with
+
+    m' = (A + V) m + V Σ B m + b
+    Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ  =  M Σ + Σ Mᵀ,   M = A + V Σ B.
+
+The right side is computed as ``G + Gᵀ`` with ``G = M Σ``, so a symmetric state stays
+*exactly* symmetric (every Runge–Kutta combination acts identically on the (i, j) and
+(j, i) entries). ``Σ(t) = Φ Σ0 Φᵀ`` with ``Φ' = M Φ``, so the rank of Σ is invariant; a
+Runge–Kutta solve of Σ keeps it up to the integration tolerance (the null-space
+eigenvalues stay at the level ``rtol · ‖Σ‖``).
+
+Controls: each of ``A, B, V, b`` is either a constant array or a :class:`Control`
+(piecewise-constant or piecewise-linear on a uniform grid over ``[0, t1]``); both are array
+leaves, so the solve is ``jit``/``vmap``/``grad`` friendly (``diffrax.RecursiveCheckpointAdjoint``
+by default).
+
+Blow-up: the covariance can reach infinity in finite time (e.g. ``V = v I``, ``A = 0``,
+``v(B + Bᵀ) ≻ 0``). ``s = ‖Σ‖_F`` obeys ``s' = ℓ s + q s²`` with
+``ℓ = ⟨Σ̂, AΣ̂ + Σ̂Aᵀ⟩`` and ``q = ⟨Σ̂, VΣ̂BΣ̂ + Σ̂BᵀΣ̂Vᵀ⟩`` (``Σ̂ = Σ/s``). A solve stops
+when ``s ≥ blowup_threshold · max(‖Σ0‖_F, 1)`` (a diffrax event). It is a *blow-up* when
+``s`` is on a pole there: the quadratic part dominates (``q s ≥ 100 |ℓ|``) and is of the
+size a pole has (``q ≥ 10⁻³ ‖V‖_F ‖B‖_F``; along a stiff slow manifold, met in random
+sweeps, ``s`` grows at an O(1) rate, so ``q ~ rate/s`` is 10⁻⁵ of that at ``s ~ 10⁶`` even
+though ``q s ≫ |ℓ|``). The blow-up time is then refined by the scalar Bernoulli law with
+the coefficients frozen at the detection point,
+``T* = t + log(1 + ℓ/(q s)) / ℓ`` (``= t + 1/(q s)`` when ``ℓ = 0``), whose error is of
+order ``(T* − t)²``, i.e. ``1/s²``. Otherwise the status is ``LARGE`` and no T* is claimed.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Union
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+__all__ = [
+    "Control",
+    "MomentField",
+    "MomentSolution",
+    "MomentStatus",
+    "solve_moments",
+    "covariance_curves",
+    "check_covariance",
+    "DOMINANCE",
+    "POLE_FRACTION",
+    "status_name",
+]
+
+# Pole signature required before a large ‖Σ‖ is called a blow-up (see module doc).
+DOMINANCE = 100.0
+POLE_FRACTION = 1e-3
+
+
+class MomentStatus(enum.IntEnum):
+    """Outcome of a moment solve (an ``int`` array on results; compare with these values).
+
+    OK: reached ``t1``. BLOWUP: ``‖Σ‖`` passed the threshold on a pole (quadratic
+    dominance): a finite-time blow-up, ``blowup_time`` is the refined ``T*``.
+    LARGE: ``‖Σ‖`` passed the threshold *without* the pole signature (e.g. growth along the
+    stiff slow manifold met in random sweeps); the solve stopped there and no ``T*`` is
+    claimed (``blowup_time`` stays inf). NONFINITE: NaN/inf appeared, or the step size
+    collapsed. MAX_STEPS: the step budget ran out before ``t1``. INVALID_INPUT: ``S0`` was
+    not a covariance (flagged when the check could not raise, i.e. under ``jit``/``vmap``).
+    STIFF: the batched solver found the member stiff and its stiff stage was switched off.
+    """
+
+    OK = 0
+    BLOWUP = 1
+    LARGE = 2
+    NONFINITE = 3
+    MAX_STEPS = 4
+    INVALID_INPUT = 5
+    STIFF = 6
+
+
+def status_name(code) -> str:
+    """Name of one status code (``int``) — for messages and tables."""
+    return MomentStatus(int(code)).name.lower()
+
+
+# ---------------------------------------------------------------------------------------
+# Controls
+# ---------------------------------------------------------------------------------------
+
+
+class Control(eqx.Module):
+    r"""A time-dependent control on a uniform grid over ``[0, t1]``.
+
+    ``kind="piecewise"``: ``values`` has shape ``(n_pieces, *shape)`` and
+    ``u(t) = values[k]`` for ``t ∈ [k t1/n, (k+1) t1/n)`` (clamped outside ``[0, t1]``).
+    ``kind="linear"``: ``values`` has shape ``(n_nodes, *shape)`` at the nodes
+    ``t_k = k t1/(n_nodes − 1)``, linearly interpolated (clamped outside).
+
+    ``values`` and ``t1`` are array leaves (differentiable, vmappable); ``kind`` is static.
+    ``breakpoints()`` are the jump (piecewise) or kink (linear) times, which adaptive
+    solvers step to exactly.
+    """
+
+    values: jax.Array
+    t1: jax.Array
+    kind: str = eqx.field(static=True, default="piecewise")
+
+    def __init__(self, values, t1, kind: str = "piecewise"):
+        if kind not in ("piecewise", "linear"):
+            raise ValueError(f"Control kind must be 'piecewise' or 'linear', got {kind!r}")
+        values = jnp.asarray(values)
+        if values.ndim < 1 or values.shape[0] < (2 if kind == "linear" else 1):
+            raise ValueError(
+                "Control values must have shape (n_pieces, ...) with n_pieces >= 1 "
+                f"(n_nodes >= 2 for 'linear'), got shape {values.shape}")
+        self.values = values
+        self.t1 = jnp.asarray(t1, dtype=values.dtype)
+        self.kind = kind
+
+    @property
+    def n(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def shape(self):
+        return self.values.shape[1:]
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    def __call__(self, t):
+        n = self.n
+        if self.kind == "piecewise":
+            k = jnp.clip(jnp.floor(t / self.t1 * n), 0, n - 1).astype(jnp.int32)
+            return self.values[k]
+        s = jnp.clip(t / self.t1 * (n - 1), 0, n - 1)
+        k = jnp.clip(jnp.floor(s), 0, n - 2).astype(jnp.int32)
+        w = (s - k).astype(self.values.dtype)
+        return (1 - w) * self.values[k] + w * self.values[k + 1]
+
+    def breakpoints(self):
+        n = self.n
+        if self.kind == "piecewise":
+            return self.t1 * jnp.arange(1, n, dtype=self.values.dtype) / n
+        return self.t1 * jnp.arange(1, n - 1, dtype=self.values.dtype) / (n - 1)
+
+
+def _at(p, t):
+    return p(t) if isinstance(p, Control) else p
+
+
+def _shape_of(p):
+    return p.shape if isinstance(p, Control) else jnp.shape(p)
+
+
+# ---------------------------------------------------------------------------------------
+# The vector field
+# ---------------------------------------------------------------------------------------
+
+
+def _mm(x, y):
+    return jnp.matmul(x, y, precision=HIGHEST)
+
+
+def moment_rhs(m, S, A, B, V, b):
+    """Right side of the moment ODE for one member at fixed parameters (see module doc)."""
+    SB = _mm(S, B)
+    G = _mm(A + _mm(V, SB), S)
+    dm = _mm(A + V, m) + _mm(V, _mm(SB, m)) + b
+    return dm, G + G.T
+
+
+class MomentField(eqx.Module):
+    r"""The Gaussian moment vector field ``field(t, (m, Σ), args) -> (m', Σ')`` (MATH.md §B).
+
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ.
+
+    ``A, B, V``: (d, d) arrays or :class:`Control`; ``b``: (d,) array or Control.
+    State ``y = (m, Σ)`` with shapes ((d,), (d, d)). Usable as ``diffrax.ODETerm(field)``.
+    """
+
+    A: Union[jax.Array, Control]
+    B: Union[jax.Array, Control]
+    V: Union[jax.Array, Control]
+    b: Union[jax.Array, Control]
+
+    def __init__(self, A, B, V, b=None):
+        def conv(name, p, want):
+            if isinstance(p, Control):
+                shape = p.shape
+            else:
+                p = jnp.asarray(p)
+                shape = p.shape
+            if want is not None and tuple(shape) != tuple(want):
+                raise ValueError(f"{name} must have shape {want} (or be a Control with values of "
+                                 f"shape (n, *{want})), got {tuple(shape)}")
+            return p, shape
+
+        A, sA = conv("A", A, None)
+        if len(sA) != 2 or sA[0] != sA[1]:
+            raise ValueError(f"A must be a square (d, d) matrix or Control, got shape {tuple(sA)}")
+        d = sA[0]
+        B, _ = conv("B", B, (d, d))
+        V, _ = conv("V", V, (d, d))
+        if b is None:
+            dt = A.dtype if not isinstance(A, Control) else A.values.dtype
+            b = jnp.zeros((d,), dt)
+        b, _ = conv("b", b, (d,))
+        self.A, self.B, self.V, self.b = A, B, V, b
+
+    @property
+    def dim(self) -> int:
+        return _shape_of(self.A)[0]
+
+    def params(self, t):
+        """``(A, B, V, b)`` at time t."""
+        return _at(self.A, t), _at(self.B, t), _at(self.V, t), _at(self.b, t)
+
+    def breakpoints(self):
+        """Concatenated jump/kink times of all Control parameters (None when all constant)."""
+        bps = [p.breakpoints() for p in (self.A, self.B, self.V, self.b) if isinstance(p, Control)]
+        bps = [x for x in bps if x.shape[0] > 0]
+        return jnp.concatenate(bps) if bps else None
+
+    def __call__(self, t, y, args=None):
+        m, S = y
+        return moment_rhs(m, S, *self.params(t))
+
+
+# ---------------------------------------------------------------------------------------
+# Blow-up indicators (shared with the batched solver)
+# ---------------------------------------------------------------------------------------
+
+
+def blowup_indicators(S, A, B, V):
+    r"""``(s, ℓ, q)`` at one state: ``s = ‖Σ‖_F``, ``s' = ℓ s + q s²`` (module doc)."""
+    s = jnp.sqrt(jnp.sum(S * S))
+    safe = jnp.where(s > 0, s, 1.0)
+    Sh = S / safe
+    L = _mm(A, Sh)
+    ell = 2.0 * jnp.sum(Sh * L)
+    Q = _mm(_mm(V, _mm(Sh, B)), Sh)
+    q = 2.0 * jnp.sum(Sh * Q)
+    return s, ell, q
+
+
+def remaining_time(s, ell, q):
+    r"""Frozen-coefficient Bernoulli estimate of ``T* − t``: ``log(1 + ℓ/(q s)) / ℓ``."""
+    qs = q * s
+    x = ell / jnp.where(qs != 0, qs, 1.0)
+    xs = jnp.where(jnp.abs(x) > 1e-8, x, 1.0)
+    ratio = jnp.where(jnp.abs(x) > 1e-8, jnp.log1p(jnp.maximum(xs, -1 + 1e-16)) / xs, 1.0 - x / 2)
+    return ratio / jnp.where(qs != 0, qs, 1.0)
+
+
+def on_pole(s, ell, q, vb):
+    """Pole signature: ``q s ≥ 100 |ℓ|`` and ``q ≥ 10⁻³ vb`` with ``vb = ‖V‖_F ‖B‖_F``."""
+    return (q * s >= DOMINANCE * jnp.abs(ell)) & (q > 0) & (q >= POLE_FRACTION * vb)
+
+
+def vb_scale(V, B):
+    """``‖V‖_F ‖B‖_F`` over the last two axes (the pole test's scale for q)."""
+    return jnp.sqrt(jnp.sum(V * V, axis=(-2, -1)) * jnp.sum(B * B, axis=(-2, -1)))
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------------------
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _cov_tol(dtype, d):
+    return 100.0 * d * float(jnp.finfo(dtype).eps)
+
+
+def covariance_defects(S):
+    """``(asymmetry, min_eigenvalue, scale)`` of a candidate covariance (traceable)."""
+    scale = jnp.maximum(jnp.max(jnp.abs(S)), 1.0)
+    asym = jnp.max(jnp.abs(S - S.T))
+    lmin = jnp.linalg.eigvalsh(0.5 * (S + S.T))[0]
+    return asym, lmin, scale
+
+
+def check_covariance(S, name: str = "S0"):
+    """Raise ``ValueError`` if a concrete ``S`` is not a symmetric PSD (d, d) matrix.
+
+    Tolerances are relative, ``100 d eps(dtype) max(1, max|S|)``. Rank-deficient S is valid.
+    Returns S symmetrised. Under tracing (``jit``/``vmap``/``grad``) the value checks are
+    skipped here; :func:`solve_moments` then reports ``MomentStatus.INVALID_INPUT``.
+    """
+    S = jnp.asarray(S)
+    if S.ndim != 2 or S.shape[0] != S.shape[1]:
+        raise ValueError(f"{name} must be a square (d, d) covariance matrix, got shape {S.shape}")
+    if not jnp.issubdtype(S.dtype, jnp.floating):
+        raise ValueError(f"{name} must have a floating dtype, got {S.dtype}")
+    if _is_concrete(S):
+        asym, lmin, scale = (float(x) for x in covariance_defects(S))
+        tol = _cov_tol(S.dtype, S.shape[0]) * scale
+        if not np.isfinite(asym) or not np.isfinite(lmin):
+            raise ValueError(f"{name} must be finite")
+        if asym > tol:
+            raise ValueError(f"{name} must be symmetric: max |{name} - {name}ᵀ| = {asym:.3e} "
+                             f"(tolerance {tol:.1e})")
+        if lmin < -tol:
+            raise ValueError(f"{name} must be positive semi-definite: min eigenvalue = {lmin:.3e} "
+                             f"(tolerance -{tol:.1e})")
+    return 0.5 * (S + S.T)
+
+
+# ---------------------------------------------------------------------------------------
+# The adaptive (diffrax) solve
+# ---------------------------------------------------------------------------------------
+
+
+class MomentSolution(eqx.Module):
+    r"""Result of :func:`solve_moments`.
+
+    ts: (n_save,) save times; mean: (n_save, d); cov: (n_save, d, d) — NaN at save times at
+    or after a blow-up or failure. t_final: time reached (the detection time after a
+    blow-up); mean_final, cov_final: the state there. blowup_time: refined ``T*`` (inf if
+    none before t1). status: :class:`MomentStatus` code. num_steps: accepted + rejected.
+    """
+
+    ts: jax.Array
+    mean: jax.Array
+    cov: jax.Array
+    t_final: jax.Array
+    mean_final: jax.Array
+    cov_final: jax.Array
+    blowup_time: jax.Array
+    status: jax.Array
+    num_steps: jax.Array
+
+
+def _save_times(saveat, t1, dtype):
+    if saveat is None:
+        return jnp.reshape(jnp.asarray(t1, dtype), (1,))
+    if isinstance(saveat, (int, np.integer)) and not isinstance(saveat, bool):
+        if saveat < 1:
+            raise ValueError(f"saveat as a count must be >= 1, got {saveat}")
+        return jnp.linspace(0.0, 1.0, int(saveat), dtype=dtype) * jnp.asarray(t1, dtype)
+    ts = jnp.asarray(saveat, dtype)
+    if ts.ndim != 1:
+        raise ValueError(f"saveat must be None, an int or a 1-D array of times, got shape {ts.shape}")
+    return ts
+
+
+@eqx.filter_jit
+def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0):
+    dtype = S0.dtype
+    d = S0.shape[0]
+    asym, lmin, scale = covariance_defects(S0)
+    tol = _cov_tol(dtype, d) * scale
+    invalid = ~((asym <= tol) & (lmin >= -tol))
+    S0 = 0.5 * (S0 + S0.T)
+    thr = threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+
+    def cond_fn(t, y, args, **kwargs):
+        m, S = y
+        A, B, V, _ = field.params(t)
+        s = jnp.sqrt(jnp.sum(S * S))
+        bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
+        return (s >= thr) | bad
+
+    bps = field.breakpoints()
+    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=bps)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field), solver, jnp.zeros((), dtype), t1, dt0, (m0, S0),
+        saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
+        stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
+        throw=False, adjoint=adjoint)
+    (m_all, S_all), (m_end, S_end) = sol.ys
+    t_end = sol.ts[1][0]
+    m_end, S_end = m_end[0], S_end[0]
+    A, B, V, _ = field.params(t_end)
+    s, ell, q = blowup_indicators(S_end, A, B, V)
+    finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
+    event = sol.result == diffrax.RESULTS.event_occurred
+    big = event & finite & (s >= thr)
+    blew = big & on_pole(s, ell, q, vb_scale(V, B))
+    ok = (sol.result == diffrax.RESULTS.successful) & finite
+    maxed = sol.result == diffrax.RESULTS.max_steps_reached
+    status = jnp.where(ok, MomentStatus.OK,
+                       jnp.where(blew, MomentStatus.BLOWUP,
+                                 jnp.where(big, MomentStatus.LARGE,
+                                           jnp.where(maxed & finite, MomentStatus.MAX_STEPS,
+                                                     MomentStatus.NONFINITE))))
+    status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
+    tstar = jnp.where(status == MomentStatus.BLOWUP, t_end + remaining_time(s, ell, q), jnp.inf)
+    tstar = tstar.astype(dtype)
+    # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
+    good = (ts < t_end) | (status == MomentStatus.OK)
+    nan = jnp.asarray(jnp.nan, dtype)
+    mean = jnp.where(good[:, None], m_all, nan)
+    cov = jnp.where(good[:, None, None], S_all, nan)
+    return MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_end.astype(dtype), mean_final=m_end,
+                          cov_final=S_end, blowup_time=tstar, status=status,
+                          num_steps=sol.stats["num_steps"])
+
+
+def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-8,
+                  atol: float = 1e-10, solver: Optional[diffrax.AbstractSolver] = None,
+                  max_steps: int = 16384, blowup_threshold: float = 1e6,
+                  adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None) -> MomentSolution:
+    r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
+
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (MATH.md §B)
+
+    Args:
+      m0: (d,) initial mean (``None`` = 0). S0: (d, d) symmetric PSD initial covariance
+        (rank-deficient allowed; rank is preserved). ValueError when a concrete S0 is not
+        symmetric / PSD (message gives the asymmetry or the min eigenvalue).
+      A, B, V: (d, d) arrays or :class:`Control`; b: (d,) array, Control or None (= 0).
+      t1: final time. saveat: None (final time only), an int n (n uniform times on
+        [0, t1]) or a 1-D array of times in [0, t1].
+      rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles).
+      solver: a diffrax solver (default ``Dopri8()``, 8th order).
+      blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
+        status BLOWUP with a refined ``T*`` on a pole, LARGE otherwise (module doc).
+      adjoint: diffrax adjoint (default ``RecursiveCheckpointAdjoint``) — ``jax.grad``
+        through this function with respect to the controls works.
+
+    Returns: :class:`MomentSolution`. Jit-compiled internally; vmappable over stacks of
+    parameters, m0, S0 (``jax.vmap(lambda A: solve_moments(..., A=A, ...))``). Note that a
+    vmapped adaptive solve runs until its slowest member ends; for large sweeps with
+    blow-ups use :func:`jaxdyn.solve_moments_batch`.
+    """
+    field = MomentField(A, B, V, b)
+    d = field.dim
+    S0 = jnp.asarray(S0)
+    check_covariance(S0, "S0")
+    if S0.shape != (d, d):
+        raise ValueError(f"S0 must have shape ({d}, {d}) to match A, got {S0.shape}")
+    dtype = S0.dtype
+    m0 = jnp.zeros((d,), dtype) if m0 is None else jnp.asarray(m0, dtype)
+    if m0.shape != (d,):
+        raise ValueError(f"m0 must have shape ({d},), got {m0.shape}")
+    if _is_concrete(t1) and not float(t1) > 0:
+        raise ValueError(f"t1 must be > 0, got {t1}")
+    t1 = jnp.asarray(t1, dtype)
+    ts = _save_times(saveat, t1, dtype)
+    solver = diffrax.Dopri8() if solver is None else solver
+    adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
+    return _solve_jit(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+                      adjoint, dt0)
+
+
+def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):
+    """``(ts, trace, cov, mean)`` over a uniform grid of ``n_save`` times on [0, t1], for
+    plotting ``tr Σ(t)``. Entries at or after a blow-up are NaN (matplotlib leaves a gap);
+    the solution object is returned last for its ``blowup_time`` and ``status``."""
+    sol = solve_moments(m0, S0, A=A, B=B, V=V, b=b, t1=t1, saveat=n_save, **kw)
+    trace = jnp.trace(sol.cov, axis1=-2, axis2=-1)
+    return sol.ts, trace, sol.cov, sol.mean, sol

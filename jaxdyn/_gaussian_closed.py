@@ -1,0 +1,184 @@
+r"""Closed forms of the Gaussian moment ODE (MATH.md §B), for tests and reference curves.
+
+Scalar case (d = 1, ``a = A``, ``c = V·B``): ``σ' = 2aσ + 2cσ²`` is a Bernoulli equation,
+
+    σ(t) = σ0 e^{2at} / (1 − (cσ0/a)(e^{2at} − 1))      (σ0/(1 − 2cσ0 t) when a = 0),
+
+which blows up iff ``c > 0`` and ``cσ0 > −a`` (always when ``a ≥ 0``), at
+
+    T* = log(1 + a/(cσ0)) / (2a)      (1/(2cσ0) when a = 0).
+
+(MATH.md states the ``c > 0`` case; when ``a < 0`` and ``cσ0 ≤ |a|`` there is no blow-up:
+σ decays, or stays at the equilibrium ``|a|/c`` when ``cσ0 = |a|``.) If ``c < 0 < a``,
+``σ → a/|c|``.
+
+``V = v I``: ``P = Σ⁻¹`` solves the *linear* equation ``P' = −PA − AᵀP − vS``,
+``S = B + Bᵀ``. With ``A = 0``, writing ``R = Σ0^{1/2}`` (valid for singular Σ0 too),
+
+    Σ(t) = R (I − t R vS R)⁻¹ R  (= (Σ0⁻¹ − vSt)⁻¹),   T* = 1 / λmax(R vS R)  (inf if ≤ 0).
+
+For general A (Σ0 invertible), ``P(t) = e^{−Aᵀt} P0 e^{−At} − v ∫₀ᵗ e^{−Aᵀs} S e^{−As} ds``
+(computed with one matrix exponential, Van Loan's block trick) and T* is the first zero of
+``λmin(P(t))``. The equilibrium ``Σ* = P*⁻¹`` with ``AᵀP* + P*A = −vS`` (Lyapunov) is
+attracting when spec(A) ⊂ {Re > 0} and ``vS ≺ 0``.
+
+All functions are jnp (jit/vmap friendly) except where noted.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "scalar_variance",
+    "scalar_blowup_time",
+    "vi_covariance",
+    "vi_blowup_time",
+    "vi_precision",
+    "vi_blowup_time_general",
+    "lyapunov_solve",
+    "lyapunov_equilibrium",
+]
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _mm(x, y):
+    return jnp.matmul(x, y, precision=HIGHEST)
+
+
+def _expm1_over(a, t):
+    """``expm1(2 a t) / a`` with its limit ``2t`` at ``a = 0`` (gradient-safe)."""
+    small = jnp.abs(a) * jnp.abs(t) < 1e-6
+    a_safe = jnp.where(small, 1.0, a)
+    x = 2.0 * a * t
+    series = 2.0 * t * (1.0 + x / 2.0 + x * x / 6.0)
+    return jnp.where(small, series, jnp.expm1(2.0 * a_safe * t) / a_safe)
+
+
+def scalar_variance(t, sigma0, a, c):
+    r"""σ(t) of ``σ' = 2aσ + 2cσ²`` (d = 1, a = A, c = V·B). inf at/after the blow-up time."""
+    t, sigma0, a, c = (jnp.asarray(x) for x in (t, sigma0, a, c))
+    den = 1.0 - c * sigma0 * _expm1_over(a, t)
+    val = sigma0 * jnp.exp(2.0 * a * t) / den
+    tstar = scalar_blowup_time(sigma0, a, c)
+    return jnp.where(t < tstar, val, jnp.inf)
+
+
+def scalar_blowup_time(sigma0, a, c):
+    r"""Blow-up time of ``σ' = 2aσ + 2cσ²`` from σ0 > 0; inf when there is none.
+
+    ``T* = log(1 + a/(cσ0)) / (2a)`` if ``c > 0`` and ``cσ0 > −a``; ``1/(2cσ0)`` if a = 0.
+    """
+    sigma0, a, c = (jnp.asarray(x) for x in (sigma0, a, c))
+    cs = c * sigma0
+    blows = (c > 0) & (sigma0 > 0) & (cs > -a)
+    cs_safe = jnp.where(blows, cs, 1.0)
+    x = a / cs_safe
+    small = jnp.abs(x) < 1e-8
+    x_safe = jnp.where(small, 1.0, x)
+    # log1p(x)/(2a) = log1p(x)/x / (2 cσ0)
+    ratio = jnp.where(small, 1.0 - x / 2.0, jnp.log1p(x_safe) / x_safe)
+    return jnp.where(blows, ratio / (2.0 * cs_safe), jnp.inf)
+
+
+def _psd_sqrt(S):
+    w, U = jnp.linalg.eigh(0.5 * (S + S.T))
+    return _mm(U * jnp.sqrt(jnp.clip(w, 0.0, None)), U.T)
+
+
+def vi_blowup_time(S0, B, v):
+    r"""``T* = 1 / λmax(R vS R)``, ``R = Σ0^{1/2}``, ``S = B + Bᵀ`` (``V = v I``, ``A = 0``);
+    inf when ``λmax ≤ 0``. Valid for singular Σ0."""
+    S0 = jnp.asarray(S0)
+    R = _psd_sqrt(S0)
+    K = v * (B + B.T)
+    lam = jnp.linalg.eigvalsh(_mm(_mm(R, K), R))[-1]
+    return jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf)
+
+
+def vi_covariance(t, S0, B, v):
+    r"""``Σ(t) = R (I − t R vS R)⁻¹ R`` for ``V = v I``, ``A = 0`` (before the blow-up)."""
+    S0 = jnp.asarray(S0)
+    d = S0.shape[0]
+    R = _psd_sqrt(S0)
+    K = v * (B + B.T)
+    M = jnp.eye(d, dtype=S0.dtype) - t * _mm(_mm(R, K), R)
+    X = _mm(R, jnp.linalg.solve(M, R))
+    return 0.5 * (X + X.T)
+
+
+def vi_precision(t, P0, A, B, v):
+    r"""``P(t) = Σ(t)⁻¹`` for ``V = v I`` and any A: the solution of ``P' = −PA − AᵀP − vS``,
+
+        P(t) = e^{−Aᵀt} P0 e^{−At} − v ∫₀ᵗ e^{−Aᵀs} S e^{−As} ds,
+
+    by Van Loan's trick: ``expm(t [[−Aᵀ, S], [0, A]]) = [[e^{−Aᵀt}, F12], [0, e^{At}]]`` with
+    ``F12 = ∫₀ᵗ e^{−Aᵀ(t−s)} S e^{As} ds``, so ``∫₀ᵗ e^{−Aᵀu} S e^{−Au} du = F12 e^{−At}``.
+    P0: (d, d) initial precision ``Σ0⁻¹``.
+    """
+    A = jnp.asarray(A)
+    d = A.shape[0]
+    S = B + B.T
+    Z = jnp.zeros_like(A)
+    M = jnp.block([[-A.T, S], [Z, A]]) * t
+    E = jax.scipy.linalg.expm(M)
+    F11, F12 = E[:d, :d], E[:d, d:]
+    Em = jax.scipy.linalg.expm(-A * t)
+    G = _mm(F12, Em)
+    P = _mm(_mm(F11, P0), Em) - v * G
+    return 0.5 * (P + P.T)
+
+
+def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
+    r"""First zero of ``λmin(P(t))`` on ``(0, t_max]`` for ``V = v I`` and any A (Σ0
+    invertible): a grid scan then bisection to machine precision. inf if none. numpy/scipy
+    level helper (not jittable), for tests and reference curves."""
+    S0 = np.asarray(S0, np.float64)
+    P0 = np.linalg.inv(S0)
+    A = np.asarray(A, np.float64)
+    B = np.asarray(B, np.float64)
+
+    def lmin(t):
+        return float(np.linalg.eigvalsh(np.asarray(vi_precision(t, P0, A, B, v)))[0])
+
+    ts = np.linspace(0.0, t_max, n_grid + 1)
+    prev = lmin(0.0)
+    for k in range(1, ts.size):
+        cur = lmin(ts[k])
+        if cur <= 0.0 < prev:
+            lo, hi = ts[k - 1], ts[k]
+            for _ in range(200):
+                mid = 0.5 * (lo + hi)
+                if lmin(mid) > 0.0:
+                    lo = mid
+                else:
+                    hi = mid
+                if hi - lo <= 4 * np.finfo(float).eps * hi:
+                    break
+            return 0.5 * (lo + hi)
+        prev = cur
+    return np.inf
+
+
+def lyapunov_solve(A, Q):
+    r"""Solve ``Aᵀ P + P A = −Q`` (Kronecker form, d² × d² linear system; small d)."""
+    A = jnp.asarray(A)
+    d = A.shape[0]
+    I = jnp.eye(d, dtype=A.dtype)
+    # vec(AᵀP) = (I ⊗ Aᵀ) vec(P), vec(PA) = (Aᵀ ⊗ I) vec(P)  (column-major vec)
+    K = jnp.kron(I, A.T) + jnp.kron(A.T, I)
+    p = jnp.linalg.solve(K, -jnp.reshape(Q.T, (-1,)))
+    P = jnp.reshape(p, (d, d)).T
+    return 0.5 * (P + P.T)
+
+
+def lyapunov_equilibrium(A, B, v):
+    r"""``Σ* = P*⁻¹`` with ``AᵀP* + P*A = −vS`` (``V = v I``). Returns ``(Σ*, P*)``;
+    Σ* is a stationary point of the moment ODE when P* is invertible, and the attracting
+    one when spec(A) ⊂ {Re > 0} and ``vS ≺ 0`` (then P* ≻ 0)."""
+    P = lyapunov_solve(A, v * (B + B.T))
+    Sig = jnp.linalg.inv(P)
+    return 0.5 * (Sig + Sig.T), P
