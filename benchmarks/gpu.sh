@@ -63,7 +63,7 @@ cd "$ROOT/benchmarks"
 echo "== 1. probe: block step and block sizes at N = 2^16 =="
 PROBE_N=65536
 [ "$TINY" = "1" ] && PROBE_N=512
-timeout 150 $PY bench_large_n.py --probe --probe-n $PROBE_N --tag "$TAG" || echo "probe failed or timed out"
+timeout 100 $PY bench_large_n.py --probe --probe-n $PROBE_N --tag "$TAG" || echo "probe failed or timed out"
 KB=""; QB=""; FORM=""
 if [ -f "$ROOT/benchmarks/results/gpu_probe$TAG.json" ]; then
   read -r FORM KB QB < <($PY -c "
@@ -77,14 +77,14 @@ fi
 echo "== 2. phase-diagram workload =="
 PHASE_ARGS="--tag $TAG --variants jax_vmap,jaxdyn_sharded"
 if [ "$TORCH_DEV" = "none" ]; then PHASE_ARGS="$PHASE_ARGS --skip-torch"; else PHASE_ARGS="$PHASE_ARGS --torch-device $TORCH_DEV"; fi
-timeout 200 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
+timeout 150 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
 
 echo "== 3. large N =="
 LARGE_IMPLS="jax_dense,jax_blocked"
 [ "$TORCH_DEV" != "none" ] && LARGE_IMPLS="$LARGE_IMPLS,torch"
 MAXLOG=20
 [ "$TINY" = "1" ] && MAXLOG=8
-timeout 240 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
+timeout 210 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
     --torch-device "${TORCH_DEV/none/cpu}" --mem-cap-gb 48 --time-cap 20 --budget 120 --reps 5 \
     --tag "$TAG" $TINYARG || echo "large-N benchmark failed or timed out"
 

@@ -34,9 +34,11 @@ time (:func:`jax.lax.platform_dependent`):
 * ``"dot"`` (CPU): logits and the weighted sums as matrix products, the exponential as one
   elementwise loop between them (XLA:CPU vectorises these well; fused broadcast
   formulations of the logits were measured 10× slower there).
-* ``"fused"`` (GPU and other accelerators): logits as broadcast multiply-adds and the
-  weighted sums as sibling reductions, which XLA:GPU fuses into two kernels a block that
-  never write the (q_block, k_block) tile to memory.
+* ``"fused"`` (GPU and other accelerators, d ≤ ``FUSED_MAX_D``, softmax and
+  unnormalised): logits as broadcast multiply-adds and the weighted sums as sibling
+  reductions, which XLA:GPU can fuse into two kernels a block that never write the
+  (q_block, k_block) tile to memory. Hardmax always uses ``"dot"``: its equality test
+  against the running maximum needs logits computed once.
 
 Softmax weights are computed max-subtracted, so β xᵀBy of order 10⁴ does not overflow
 float32. Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
@@ -175,7 +177,9 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
     kb_c, qb_c = _blocks("cpu", k_block, q_block)
     kb_g, qb_g = _blocks("gpu", k_block, q_block)
     # Wide d: the broadcast logits cost d multiply-adds a pair; matmuls win there too.
-    accel = "fused" if qx.shape[1] <= FUSED_MAX_D else "dot"
+    # Hardmax compares each logit with the running maximum for equality, so the logits must
+    # be computed once (a materialised tile), never re-derived in two fusions.
+    accel = "fused" if qx.shape[1] <= FUSED_MAX_D and normalization != "hardmax" else "dot"
     return jax.lax.platform_dependent(
         qx, y,
         cpu=functools.partial(_blocked, normalization=normalization, k_block=kb_c,
@@ -217,7 +221,7 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation):
     vals, _ = _pad_rows(jnp.concatenate([y, jnp.ones((m, 1), dtype)], axis=1), kb)
     keys = keys.reshape(nkb, kb, d)
     vals = vals.reshape(nkb, kb, d + 1)
-    step = _step_dot if formulation == "dot" else _step_fused
+    step = _step_dot if formulation == "dot" or normalization == "hardmax" else _step_fused
 
     def one_query_block(q):  # q: (qb, d) → (qb, d)
         rows = q.shape[0]

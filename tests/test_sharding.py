@@ -76,7 +76,7 @@ for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
     # One large system: query rows split over 4 devices, N = 103 (not a multiple of 4).
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, dt)
     fields = {}
-    for kern, norm in [("dense", "softmax"), ("blocked", "softmax"), ("blocked", "hardmax")]:
+    for kern, norm in [("blocked", "softmax"), ("blocked", "hardmax")]:
         m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel=kern, normalization=norm, k_block=16,
                                    q_block=8)
         a = np.asarray(query_sharded_field(m)(0.0, x))
@@ -89,7 +89,7 @@ for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
     fields["euclid"] = [float(np.max(np.abs(np.asarray(query_sharded_field(e)(0.0, 2 * x))
                                                 - np.asarray(e(0.0, 2 * x))))), 1.0]
     B = jnp.matmul(Q.T, K)
-    qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="blocked", k_block=32))
+    qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
     ri = np.asarray(jaxdyn.interaction(x, x, B, 2.0, kernel="dense"))
     fields["interaction"] = [float(np.max(np.abs(qi - ri))), float(np.max(np.abs(ri)))]
     m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
@@ -129,7 +129,7 @@ def test_query_sharded_field_equals_unsharded(four_devices, name):
 HOST_WORKER = """
 import json, os
 from jaxdyn._sharding import configure_host_devices
-took = configure_host_devices({n})
+took = configure_host_devices({n}{kw})
 import jax
 print(json.dumps({{"took": took, "devices": len(jax.devices()),
                   "again": configure_host_devices(2), "flags": os.environ.get("XLA_FLAGS", "")}}))
@@ -137,16 +137,20 @@ print(json.dumps({{"took": took, "devices": len(jax.devices()),
 
 
 def test_configure_host_devices_before_jax_starts():
-    r = _run_worker(HOST_WORKER.format(n=3), {})
+    r = _run_worker(HOST_WORKER.format(n=3, kw=", vector_width=512"), {})
     assert r["took"] is True and r["devices"] == 3
     assert r["again"] is False  # JAX is running now (and the flag is set): no change
     assert "--xla_force_host_platform_device_count=3" in r["flags"]
+    assert "--xla_cpu_prefer_vector_width=512" in r["flags"]
+    r = _run_worker(HOST_WORKER.format(n=2, kw=", vector_width=None"), {})
+    assert r["took"] is True and r["devices"] == 2
+    assert "prefer_vector_width" not in r["flags"]
 
 
 def test_configure_host_devices_opt_out_and_user_flags_win():
-    r = _run_worker(HOST_WORKER.format(n=3), {"JAXDYN_NO_HOST_DEVICES": "1"})
-    assert r["took"] is False and r["devices"] == 1
-    r = _run_worker(HOST_WORKER.format(n=3),
+    r = _run_worker(HOST_WORKER.format(n=3, kw=""), {"JAXDYN_NO_HOST_DEVICES": "1"})
+    assert r["took"] is False and r["devices"] == 1 and r["flags"] == ""
+    r = _run_worker(HOST_WORKER.format(n=3, kw=""),
                     {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert r["took"] is False and r["devices"] == 2
 
@@ -159,6 +163,8 @@ def test_configure_host_devices_after_start_changes_nothing(monkeypatch):
     assert os.environ.get("XLA_FLAGS") == before
     with pytest.raises(ValueError, match="n \\(number of host devices\\)"):
         configure_host_devices(0)
+    with pytest.raises(ValueError, match="vector_width"):
+        configure_host_devices(2, vector_width=100)
 
 
 # ---------------------------------------------------------------------------- in-process
