@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._gaussian import (MomentStatus, _cov_tol, covariance_defects, moment_rhs, on_pole,
+from ._gaussian import (MomentStatus, _cov_tol, moment_rhs, on_pole,
                         remaining_time, vb_scale)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
@@ -187,6 +187,7 @@ def _errnorm(e, y0, y1, rtol, atol, axes):
 # ---------------------------------------------------------------------------------------
 
 
+@eqx.filter_jit
 def _explicit_init(m, S, A, B, V, b, t1, rtol, atol):
     """Initial carry of the explicit stage (batch-last arrays)."""
     d, n = m.shape
@@ -374,9 +375,9 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
 
 
 def _batched(x, n, shape, name, dtype):
-    x = jnp.asarray(x, dtype)
+    x = np.asarray(x, dtype)
     if x.shape == tuple(shape):
-        return jnp.broadcast_to(x, (n, *shape))
+        return np.broadcast_to(x, (n, *shape)).copy()
     if x.shape == (n, *shape):
         return x
     raise ValueError(f"{name} must have shape {tuple(shape)} or ({n}, *{tuple(shape)}), got {x.shape}")
@@ -409,52 +410,55 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
 
     Returns: :class:`BatchSolution` (numpy-convertible arrays with leading axis n).
     """
-    S0 = jnp.asarray(S0)
-    dtype = S0.dtype if jnp.issubdtype(S0.dtype, jnp.floating) else jnp.float32
-    A = jnp.asarray(A, dtype)
+    # Host-side preparation in numpy (no per-shape compilation of small eager ops).
+    dtype = jnp.asarray(np.zeros((), np.asarray(S0).dtype)).dtype  # respects jax_enable_x64
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.dtype(jnp.float32)
+    dtype = np.dtype(dtype)
+    A = np.asarray(A, dtype)
     if A.ndim not in (2, 3) or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"A must have shape (d, d) or (n, d, d), got {A.shape}")
     d = A.shape[-1]
-    shapes = [jnp.shape(x) for x in (m0, S0, A, B, V, b) if x is not None]
-    leads = {s[0] for s, k in zip(shapes, (1, 2, 2, 2, 2, 1)) if len(s) == k + 1}
+    pairs = [(np.shape(x), k) for x, k in zip((m0, S0, A, B, V, b), (1, 2, 2, 2, 2, 1))
+             if x is not None]
+    leads = {s[0] for s, k in pairs if len(s) == k + 1}
     if len(leads) > 1:
         raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
     n = leads.pop() if leads else 1
     S0 = _batched(S0, n, (d, d), "S0", dtype)
-    if S0.shape[0] and not isinstance(S0, jax.core.Tracer):
-        asym, lmin, scale = jax.vmap(covariance_defects)(S0)
-        tol = _cov_tol(dtype, d) * np.asarray(scale)
-        bad_sym = np.asarray(asym) > tol
-        bad_psd = np.asarray(lmin) < -tol
-        if bad_sym.any():
-            i = int(np.argmax(bad_sym))
-            raise ValueError(f"S0 must be symmetric: member {i} has max |S0 - S0ᵀ| = "
-                             f"{float(asym[i]):.3e} (tolerance {tol[i]:.1e})")
-        if bad_psd.any():
-            i = int(np.argmax(bad_psd))
-            raise ValueError(f"S0 must be positive semi-definite: member {i} has min eigenvalue "
-                             f"{float(lmin[i]):.3e} (tolerance -{tol[i]:.1e})")
-    S0 = 0.5 * (S0 + jnp.swapaxes(S0, -1, -2))
+    asym = np.abs(S0 - np.swapaxes(S0, -1, -2)).max(axis=(1, 2))
+    lmin = np.linalg.eigvalsh(0.5 * (S0 + np.swapaxes(S0, -1, -2)))[:, 0]
+    tol = _cov_tol(dtype, d) * np.maximum(np.abs(S0).max(axis=(1, 2)), 1.0)
+    bad_sym, bad_psd = ~(asym <= tol), ~(lmin >= -tol)
+    if bad_sym.any():
+        i = int(np.argmax(bad_sym))
+        raise ValueError(f"S0 must be symmetric: member {i} has max |S0 - S0ᵀ| = "
+                         f"{float(asym[i]):.3e} (tolerance {tol[i]:.1e})")
+    if bad_psd.any():
+        i = int(np.argmax(bad_psd))
+        raise ValueError(f"S0 must be positive semi-definite: member {i} has min eigenvalue "
+                         f"{float(lmin[i]):.3e} (tolerance -{tol[i]:.1e})")
+    S0 = 0.5 * (S0 + np.swapaxes(S0, -1, -2))
     A = _batched(A, n, (d, d), "A", dtype)
     B = _batched(B, n, (d, d), "B", dtype)
     V = _batched(V, n, (d, d), "V", dtype)
-    b = jnp.zeros((n, d), dtype) if b is None else _batched(b, n, (d,), "b", dtype)
-    m0 = jnp.zeros((n, d), dtype) if m0 is None else _batched(m0, n, (d,), "m0", dtype)
+    b = np.zeros((n, d), dtype) if b is None else _batched(b, n, (d,), "b", dtype)
+    m0 = np.zeros((n, d), dtype) if m0 is None else _batched(m0, n, (d,), "m0", dtype)
     if not float(t1) > 0:
         raise ValueError(f"t1 must be > 0, got {t1}")
-    t1 = jnp.asarray(t1, dtype)
+    t1 = np.asarray(t1, dtype)
     if hmin_rel is None:
-        hmin_rel = 100 * float(jnp.finfo(dtype).eps)
-    thr = blowup_threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0, axis=(1, 2))), 1.0)
+        hmin_rel = 100 * float(np.finfo(dtype).eps)
+    thr = (blowup_threshold * np.maximum(np.sqrt(np.sum(S0 * S0, axis=(1, 2))), 1.0)).astype(dtype)
 
-    bl = lambda X: jnp.moveaxis(X, 0, -1)  # noqa: E731
+    bl = lambda X: np.ascontiguousarray(np.moveaxis(X, 0, -1))  # noqa: E731
     # Global (host) results, filled as members finish.
     t_fin = np.zeros(n, np.dtype(dtype))
     mean = np.zeros((n, d), np.dtype(dtype))
     cov = np.zeros((n, d, d), np.dtype(dtype))
     status = np.full(n, ACTIVE, np.int32)
     tstar = np.full(n, np.inf, np.dtype(dtype))
-    nsteps = np.zeros(n, np.int64)
+    nsteps = np.zeros(n, np.int32)
     h_last = np.zeros(n, np.dtype(dtype))
     idx = np.arange(n)  # local slot -> global member
     Ab, Bb, Vb, bb = bl(A), bl(B), bl(V), bl(b)
@@ -467,7 +471,8 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         size = idx.size
         min_active = size // 4 if size >= 4 * min_bucket else 0
         carry, it = _explicit_round(carry, Ab, Bb, Vb, bb, t1, thr_l, rtol, atol,
-                                    int(max_explicit_iterations) - it1, min_active, hmin_rel)
+                                    np.int32(int(max_explicit_iterations) - it1),
+                                    np.int32(min_active), hmin_rel)
         it1 += int(it)
         c = {k: np.asarray(v) for k, v in carry.items()}
         rounds.append((int(idx.size), int(it), time.perf_counter() - t_round))
@@ -487,8 +492,8 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         # slots copy one of them but are inactive (status OK) and never written back.
         new = max(min_bucket, 1 << math.ceil(math.log2(act.size)))
         sel = np.concatenate([act, np.full(new - act.size, act[0])])
-        carry = {k: v[..., sel] for k, v in carry.items()}
-        carry["status"] = carry["status"].at[act.size:].set(MomentStatus.OK)
+        carry = {k: v[..., sel] for k, v in c.items()}
+        carry["status"][act.size:] = MomentStatus.OK
         idx = np.concatenate([idx[act], np.full(new - act.size, -1)])
         Ab, Bb, Vb, bb = (x[..., sel] for x in (Ab, Bb, Vb, bb))
         thr_l = thr_l[sel]
@@ -504,10 +509,9 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         idx = np.concatenate([hands, np.full(size - k, hands[0])])
         st_in = np.full(size, ACTIVE, np.int32)
         st_in[k:] = MomentStatus.OK  # padding: inactive copies
-        res = _stiff_stage(jnp.asarray(t_fin[idx]), jnp.asarray(h_last[idx]), jnp.asarray(mean[idx]),
-                           jnp.asarray(cov[idx]), jnp.asarray(st_in), jnp.asarray(tstar[idx]),
-                           jnp.asarray(nsteps[idx]), A[idx], B[idx], V[idx], b[idx], t1, thr[idx],
-                           rtol, atol, int(max_stiff_iterations), hmin_rel)
+        res = _stiff_stage(t_fin[idx], h_last[idx], mean[idx], cov[idx], st_in, tstar[idx],
+                           nsteps[idx].astype(np.int32), A[idx], B[idx], V[idx], b[idx], t1,
+                           thr[idx], rtol, atol, np.int32(int(max_stiff_iterations)), hmin_rel)
         t2, m2, S2, st2, ts2, ns2, it2 = (np.asarray(x) for x in res)
         t_fin[hands], mean[hands], cov[hands] = t2[:k], m2[:k], S2[:k]
         status[hands], tstar[hands], nsteps[hands] = st2[:k], ts2[:k], ns2[:k]
