@@ -162,14 +162,19 @@ def _cloud_stats(x, key, dirs, n_pc):
         pr=pr,
         scale=scale,
     )
-    return stats, m, cov, half
+    return stats, m, cov
 
 
-def _step_metrics(ms, covs):
-    """Bures and relative Bures between consecutive entries of stacked moments."""
-    b = bures_w2(ms[:-1], covs[:-1], ms[1:], covs[1:])
-    tr = jnp.trace(covs, axis1=-2, axis2=-1)
-    return b, b / jnp.sqrt(0.5 * (tr[:-1] + tr[1:]))
+def _bures_pairs(m0, s0, m1, s1):
+    """Bures W2 of a batch of pairs, one pair at a time (``lax.map``, not a batched eigh).
+
+    jaxlib 0.10's CPU LAPACK kernels run a *batched* eigh through ``ParallelBatchMap`` on
+    XLA's intra-op thread pool and block that pool thread until the batch is done; two
+    batched eighs in flight at once (independent ops of one jitted function) then wait on
+    each other when the pool has two threads (a 2-core machine): a deadlock, seen here
+    with gdb. Unbatched eighs inside a sequential loop avoid it.
+    """
+    return jax.lax.map(lambda a: bures_w2(*a), (m0, s0, m1, s1))
 
 
 def _half(cov):
@@ -190,7 +195,7 @@ def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
     k_dirs, k_clouds = jax.random.split(key)
     dirs = random_directions(k_dirs, d, n_dirs, h.dtype)
     m_data, cov_data = jax.vmap(moments)(h)
-    half_data = jax.vmap(_half)(cov_data)
+    half_data = jax.lax.map(_half, cov_data)  # not vmap: see _bures_pairs
 
     def one_cloud(args):
         layer, r, k = args
@@ -199,7 +204,7 @@ def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
             jax.random.normal(k_sample, (n, d), h.dtype), half_data[layer], precision=_HIGHEST
         )
         x = jnp.where(r == 0, h[layer], gauss)
-        stats, m, cov, _ = _cloud_stats(x, k_ref, dirs, n_pc)
+        stats, m, cov = _cloud_stats(x, k_ref, dirs, n_pc)
         return stats, m, cov
 
     layers = jnp.repeat(jnp.arange(L1), R)
@@ -211,11 +216,24 @@ def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
 
     values = {k: v[:, 0] for k, v in stats.items()}
     floors = {k: v[:, 1:].T for k, v in stats.items()}  # (n_floor, L1)
-    values["bures"], values["bures_rel"] = _step_metrics(ms[:, 0], covs[:, 0])
-    # Sampling-noise Bures within each layer: independent Gaussian samples r and r+1
-    # (cyclic), (n_floor, L1); the step l → l+1 combines layers l and l+1 in quadrature.
+
+    # All Bures distances in one sequential loop: the L1 − 1 steps l → l+1 of the data,
+    # then, per layer, the sampling-noise Bures between independent Gaussian samples r and
+    # r+1 (cyclic).
+    dm, dc = ms[:, 0], covs[:, 0]
     fm, fc = ms[:, 1:], covs[:, 1:]
-    fb = bures_w2(fm, fc, jnp.roll(fm, 1, axis=1), jnp.roll(fc, 1, axis=1)).T
+    flat = lambda a: a.reshape(L1 * n_floor, *a.shape[2:])  # noqa: E731
+    b = _bures_pairs(
+        jnp.concatenate([dm[:-1], flat(fm)]),
+        jnp.concatenate([dc[:-1], flat(fc)]),
+        jnp.concatenate([dm[1:], flat(jnp.roll(fm, 1, axis=1))]),
+        jnp.concatenate([dc[1:], flat(jnp.roll(fc, 1, axis=1))]),
+    )
+    tr = jnp.trace(dc, axis1=-2, axis2=-1)
+    values["bures"] = b[: L1 - 1]
+    values["bures_rel"] = values["bures"] / jnp.sqrt(0.5 * (tr[:-1] + tr[1:]))
+    # Floor of the step l → l+1: layers l and l+1 combined in quadrature, (n_floor, L1 − 1).
+    fb = b[L1 - 1 :].reshape(L1, n_floor).T
     floors["bures"] = jnp.sqrt(0.5 * (fb[:, :-1] ** 2 + fb[:, 1:] ** 2))
     ftr = jnp.trace(fc, axis1=-2, axis2=-1).T
     floors["bures_rel"] = floors["bures"] / jnp.sqrt(0.5 * (ftr[:, :-1] + ftr[:, 1:]))
