@@ -54,6 +54,9 @@ P.add_argument("--baseline-threads", default="0,1",
                help="thread counts for the CPU baselines (0: the library default); each runs "
                     "as its own implementation (name@1 for one thread) and the fastest per N is "
                     "the baseline of the speed-ups")
+P.add_argument("--headline-n", type=int, default=4096,
+               help="N of the interleaved head-to-head comparison (0: skip)")
+P.add_argument("--headline-rounds", type=int, default=15)
 P.add_argument("--probe", action="store_true",
                help="time block-step formulations and block sizes at --probe-n, pick the best")
 P.add_argument("--probe-n", type=int, default=65536)
@@ -315,6 +318,66 @@ def worker(args):
         del x, out
 
 
+def _set_omp_threads(k):
+    """Set the OpenMP thread count of the system libgomp (KeOps's runtime) for this thread."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1").omp_set_num_threads(int(k))
+        return True
+    except OSError:
+        return False
+
+
+def headline(n, impls, args):
+    """All implementations at one N in this process, timed in interleaved rounds (they share
+    the machine's load drift); thread variants switched in-process (torch.set_num_threads,
+    omp_set_num_threads for KeOps)."""
+    import jax
+
+    from common import fmt_s, interleaved, torch_sync
+
+    x_np = points(n, args.d, seed=1)
+    specs = {}
+    for impl in impls:
+        lib, _, k = impl.partition("@")
+        if lib.startswith("jax"):
+            if lib == "jax_dense" and 3 * 4 * n * n > args.mem_cap_gb * 2**30:
+                continue
+            f = _jax_fn(lib, args.d, args.beta)
+            x = jax.device_put(x_np)
+            specs[impl] = {"fn": (lambda f=f, x=x: f(x))}
+        elif lib in ("torch", "keops"):
+            import torch
+
+            dev = args.torch_device if lib == "torch" else "cpu"
+            if lib == "torch" and 3 * 4 * n * n > args.mem_cap_gb * 2**30:
+                continue
+            f = _torch_fn(args.d, args.beta, dev) if lib == "torch" else _keops_fn(args.beta)
+            x = torch.as_tensor(x_np, device=dev)
+            threads = int(k) if k else None
+            default = torch.get_num_threads()
+
+            def setup(lib=lib, threads=threads, default=default):
+                if lib == "torch":
+                    torch.set_num_threads(threads or default)
+                else:
+                    _set_omp_threads(threads or default)
+
+            specs[impl] = {"fn": (lambda f=f, x=x: f(x)), "sync": torch_sync(dev), "setup": setup}
+    print(f"head-to-head at N={n}, {args.headline_rounds} interleaved rounds:", flush=True)
+    res = interleaved(specs, reps=args.headline_rounds, drop_factor=4.0)
+    out = {"n": n, "rounds": args.headline_rounds, "impl": {}}
+    for k, r in res.items():
+        r.pop("out", None)
+        out["impl"][k] = r
+        cpu = f", CPU {fmt_s(r['cpu_median_s'])}" if "cpu_median_s" in r else ""
+        print(f"  {k:>15}: median {fmt_s(r['median_s']):>10} (min {fmt_s(r['min_s'])}){cpu}"
+              + (" [dropped]" if r["dropped"] else ""), flush=True)
+    return out
+
+
 def _jax_sync(r):
     import jax
 
@@ -400,6 +463,9 @@ def main(argv=None):
                 print(f"  N={row['n']:>8}: {row.get('skipped') or row.get('error')}", flush=True)
         if "error" in r:
             print(f"  {impl} worker failed: {r['error'][-600:]}", flush=True)
+    if args.headline_n and not args.tiny or (args.tiny and args.headline_n):
+        hn = args.headline_n if not args.tiny else 2 ** args.max_log2n
+        result["headline"] = headline(hn, impls, args)
     _ratios(result)
     name = f"large_n{args.tag}"
     write_json(name, result)
@@ -450,10 +516,17 @@ def plot(result, name):
             ns = sorted(t)
             axs[0].loglog(ns, [t[n] for n in ns], marker="o", label=impl, base=2)
         rows = [r for r in result["impl"][impl]["rows"] if "median_s" in r]
-        if rows:
+        if rows and "@" not in impl:
             key = "gpu_peak_bytes" if "gpu_peak_bytes" in rows[0] else "rss_peak_delta_bytes"
-            axs[2].loglog([r["n"] for r in rows], [max(r.get(key, 0), 1) / 2**20 for r in rows],
-                          marker="o", label=f"{impl} ({key.split('_')[0]})", base=2)
+            floor = 1 / 16  # MiB: RSS growth below this reads as noise (allocator reuse)
+            line, = axs[2].loglog([r["n"] for r in rows],
+                                  [max(r.get(key, 0) / 2**20, floor) for r in rows], marker="o",
+                                  label=f"{impl} ({'GPU allocator' if key.startswith('gpu') else 'RSS'})",
+                                  base=2)
+            if any("xla_bytes" in r for r in rows):
+                axs[2].loglog([r["n"] for r in rows if "xla_bytes" in r],
+                              [max(r["xla_bytes"] / 2**20, floor) for r in rows if "xla_bytes" in r],
+                              ls="--", color=line.get_color(), base=2, label=f"{impl} (XLA analysis)")
     axs[0].set_xlabel("N")
     axs[0].set_ylabel("seconds per field evaluation (median)")
     axs[0].legend(fontsize=7)
@@ -466,7 +539,7 @@ def plot(result, name):
     axs[1].set_xlabel("N")
     axs[1].set_ylabel("speed-up (baseline time / jaxdyn time, same run)")
     axs[1].legend(fontsize=7)
-    axs[2].axhline(1024, color="red", lw=0.8, ls="--")
+    axs[2].axhline(1024, color="red", lw=0.8, ls=":", label="1 GiB")
     axs[2].set_xlabel("N")
     axs[2].set_ylabel("peak memory, MiB (measured)")
     axs[2].legend(fontsize=7)

@@ -12,14 +12,18 @@ Initial points: uniform angles from NumPy's default_rng(seed), float32, shared b
 Implementations timed in one invocation:
 
 * ``torch_eager``: PyTorch eager (β in a Python loop, the 512 systems batched, bmm +
-  softmax), on the CPU (or ``--torch-device cuda``), with its default thread count and
-  with one thread; the faster of the two is the baseline.
+  softmax), on the CPU (or ``--torch-device cuda``), with one thread and with its default
+  thread count; the faster of the two is the baseline.
 * ``jax_vmap``: ``jax.jit(jax.vmap(simulate))`` over all 8192 systems on one device (the
   plain JAX way).
 * ``jaxdyn_sharded``: :func:`jaxdyn._sharding.sharded_vmap` over all devices (on CPU: the
   host cores, as devices), each device mapping over cache-sized chunks of ``--batch-size``
   systems.
 * ``jaxdyn_sharded_nochunk``: the same without chunks (one vmap per device).
+
+All implementations are first called once (JAX: compilation), then timed in interleaved
+rounds (torch, jax, jaxdyn, torch, ...) so that they share the machine's load drift; we
+report the median over rounds, wall clock and process CPU time.
 
 Output: benchmarks/results/phase<tag>.json and .png (fractions against β for every
 implementation; times as ratios to torch_eager).
@@ -104,7 +108,7 @@ def main(argv=None):
     import numpy as np
 
     import jaxdyn
-    from common import fmt_s, machine_info, time_call, torch_sync, write_json
+    from common import fmt_s, interleaved, machine_info, torch_sync, write_json
     from jaxdyn._sharding import sharded_vmap
 
     betas = np.linspace(0.1, args.beta_max, args.betas).astype(np.float32)
@@ -121,36 +125,6 @@ def main(argv=None):
               "betas": betas, "machine": machine_info(), "impl": {}, "batch_size": bs,
               "pairs_per_run": S * args.n * args.n * args.steps}
 
-    if not args.skip_torch:
-        import torch
-
-        sync = torch_sync(args.torch_device)
-        default_threads = torch.get_num_threads()
-        tried = {}
-        for k in [int(v) for v in args.torch_threads.split(",") if v != ""]:
-            if args.torch_device != "cpu" and tried:
-                break  # threads do not matter on a GPU
-            torch.set_num_threads(k or default_threads)
-            run = lambda: torch_run(x0, betas, args.steps, args.h, args.torch_device)
-            t0 = time.perf_counter()
-            xt = sync(run())
-            first = time.perf_counter() - t0
-            best_so_far = min((v["median_s"] for v in tried.values()), default=None)
-            if best_so_far is not None and first > 2 * best_so_far:
-                # Clearly slower than a setting already measured: one run says enough.
-                stats = {"compile_s": first, "median_s": first, "min_s": first, "times_s": [first],
-                         "note": "one run: more than twice the best thread setting"}
-            else:
-                stats, xt = time_call(run, reps=max(1, reps - 1), warmup=0, sync=sync)
-                stats["times_s"] = [first] + stats["times_s"]
-            tried[torch.get_num_threads()] = {**stats, "fractions": cluster_fractions(xt.cpu().numpy())}
-            print(f"  torch_eager ({args.torch_device}, {torch.get_num_threads()} thread(s)): median "
-                  f"{fmt_s(stats['median_s'])}", flush=True)
-        torch.set_num_threads(default_threads)
-        best = min(tried, key=lambda k: tried[k]["median_s"])
-        result["impl"]["torch_eager"] = {**tried[best], "device": args.torch_device, "threads": best,
-                                         "all_thread_counts": tried}
-
     d = args.d
     eye = jnp.eye(d, dtype=jnp.float32)
     models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, float(b))
@@ -162,23 +136,58 @@ def main(argv=None):
         return jaxdyn.simulate(model, x, t1=t1, dt=args.h, method="euler",
                                save_every=args.steps).xs[-1]
 
-    variants = {
+    jax_variants = {
         "jax_vmap": jax.jit(jax.vmap(sim)),
         "jaxdyn_sharded": sharded_vmap(sim, batch_size=bs),
         "jaxdyn_sharded_nochunk": sharded_vmap(sim),
     }
+    impls = {}
+    if not args.skip_torch:
+        import torch
+
+        sync = torch_sync(args.torch_device)
+        default_threads = torch.get_num_threads()
+        counts = [int(v) for v in args.torch_threads.split(",") if v != ""]
+        if args.torch_device != "cpu":
+            counts = counts[:1]  # threads do not matter on a GPU
+        for k in dict.fromkeys(k or default_threads for k in counts):
+            impls[f"torch_eager@{k}"] = {
+                "fn": lambda: torch_run(x0, betas, args.steps, args.h, args.torch_device),
+                "sync": sync, "setup": (lambda k=k: torch.set_num_threads(k))}
     for name in [v for v in args.variants.split(",") if v]:
-        fn = variants[name]
-        stats, xf = time_call(fn, models, xs0, reps=reps, warmup=0)
+        impls[name] = {"fn": (lambda f=jax_variants[name]: f(models, xs0))}
+    # Interleaved rounds: every implementation sees the same drift of the machine's load.
+    res = interleaved(impls, reps=reps, log=lambda m: print(m, flush=True))
+
+    torch_names = [k for k in res if k.startswith("torch_eager@")]
+    if torch_names:
+        torch.set_num_threads(default_threads)
+        for k in torch_names:
+            res[k]["fractions"] = cluster_fractions(res[k].pop("out").cpu().numpy())
+        best = min(torch_names, key=lambda k: res[k]["median_s"])
+        result["impl"]["torch_eager"] = {**res[best], "device": args.torch_device,
+                                         "threads": int(best.partition("@")[2]),
+                                         "all_thread_counts": {k: res[k] for k in torch_names}}
+        for k in torch_names:
+            print(f"  {k} ({args.torch_device}): median {fmt_s(res[k]['median_s'])} over "
+                  f"{res[k]['rounds']} round(s)", flush=True)
+    for name in [v for v in args.variants.split(",") if v]:
+        stats = res[name]
+        xf = stats.pop("out")
         frac = cluster_fractions(np.asarray(xf).reshape(x0.shape))
         entry = {**stats, "fractions": frac, "devices": 1 if name == "jax_vmap" else jax.device_count()}
         if "torch_eager" in result["impl"]:
             tf = np.asarray(result["impl"]["torch_eager"]["fractions"])
             entry["max_abs_fraction_diff_vs_torch"] = float(np.max(np.abs(frac - tf)))
             entry["speedup_vs_torch"] = result["impl"]["torch_eager"]["median_s"] / stats["median_s"]
+            tc = result["impl"]["torch_eager"].get("cpu_median_s")
+            if tc:
+                entry["cpu_time_ratio_vs_torch"] = tc / stats["cpu_median_s"]
         result["impl"][name] = entry
         extra = (f", {entry['speedup_vs_torch']:.2f}× torch, max |Δfraction| "
                  f"{entry['max_abs_fraction_diff_vs_torch']:.2g}") if "speedup_vs_torch" in entry else ""
+        if "cpu_time_ratio_vs_torch" in entry:
+            extra += f"; CPU time {stats['cpu_median_s']:.2f} s ({entry['cpu_time_ratio_vs_torch']:.2f}× less than torch)"
         print(f"  {name}: median {fmt_s(stats['median_s'])} (compile+first "
               f"{fmt_s(stats['compile_s'])}){extra}", flush=True)
 

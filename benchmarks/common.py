@@ -62,8 +62,16 @@ def block(x):
     return jax.block_until_ready(x)
 
 
+def _cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def time_call(fn, *args, reps=5, warmup=1, sync=None, max_seconds=None):
-    """Time ``fn(*args)``. Returns a dict: compile_s (first call), median_s, min_s, times_s.
+    """Time ``fn(*args)``. Returns (stats, last result); stats: compile_s (first call),
+    median_s, min_s, times_s (wall clock), and cpu_median_s / cpu_times_s: the process's CPU
+    time (all threads) per call, a measure of work that other load on the machine disturbs
+    less than wall time.
 
     ``sync(result)`` waits for the result (default: ``jax.block_until_ready``). With
     ``max_seconds``, stops repeating once that much time was spent timing (at least one
@@ -75,18 +83,76 @@ def time_call(fn, *args, reps=5, warmup=1, sync=None, max_seconds=None):
     first = time.perf_counter() - t0
     for _ in range(warmup):
         sync(fn(*args))
-    times = []
+    times, cpus = [], []
     spent = 0.0
     for _ in range(max(1, reps)):
+        c0 = _cpu_s()
         t0 = time.perf_counter()
         out = sync(fn(*args))
         dt = time.perf_counter() - t0
+        cpus.append(_cpu_s() - c0)
         times.append(dt)
         spent += dt
         if max_seconds is not None and spent > max_seconds:
             break
     return {"compile_s": first, "median_s": statistics.median(times), "min_s": min(times),
-            "times_s": times}, out
+            "times_s": times, "cpu_median_s": statistics.median(cpus), "cpu_times_s": cpus}, out
+
+
+def interleaved(impls, reps=3, drop_factor=2.0, log=None):
+    """Time several implementations in interleaved rounds, so that they share the machine's
+    load conditions (on a shared machine, load drifts over minutes).
+
+    ``impls``: name → dict(fn=callable without arguments, sync=callable or None,
+    setup=callable or None run before each call). Names ``lib@k`` form a group (thread
+    settings of one library): after the first calls, a member more than ``drop_factor``
+    times slower than its group's fastest first call runs no further rounds.
+
+    Returns name → stats (compile_s = first call, median_s, min_s, times_s, cpu_median_s,
+    cpu_times_s, rounds, dropped) with ``out`` = the last result.
+    """
+    res = {}
+    for name, spec in impls.items():
+        if spec.get("setup"):
+            spec["setup"]()
+        sync = spec.get("sync") or block
+        t0 = time.perf_counter()
+        out = sync(spec["fn"]())
+        res[name] = {"compile_s": time.perf_counter() - t0, "times_s": [], "cpu_times_s": [],
+                     "out": out, "dropped": False}
+        if log:
+            log(f"  {name}: first call {fmt_s(res[name]['compile_s'])}")
+    groups = {}
+    for name in impls:
+        groups.setdefault(name.partition("@")[0], []).append(name)
+    for members in groups.values():
+        best = min(res[m]["compile_s"] for m in members)
+        for m in members:
+            if len(members) > 1 and res[m]["compile_s"] > drop_factor * best:
+                res[m]["dropped"] = True
+    for _ in range(max(1, reps)):
+        for name, spec in impls.items():
+            r = res[name]
+            if r["dropped"]:
+                continue
+            if spec.get("setup"):
+                spec["setup"]()
+            sync = spec.get("sync") or block
+            c0 = _cpu_s()
+            t0 = time.perf_counter()
+            r["out"] = sync(spec["fn"]())
+            r["times_s"].append(time.perf_counter() - t0)
+            r["cpu_times_s"].append(_cpu_s() - c0)
+    for name, r in res.items():
+        if not r["times_s"]:  # dropped: its first call is its only measurement
+            r["times_s"] = [r["compile_s"]]
+            r["note"] = f"one call only: more than {drop_factor}× slower than its group's fastest"
+        r["median_s"] = statistics.median(r["times_s"])
+        r["min_s"] = min(r["times_s"])
+        r["rounds"] = len(r["times_s"])
+        if r["cpu_times_s"]:
+            r["cpu_median_s"] = statistics.median(r["cpu_times_s"])
+    return res
 
 
 def torch_sync(device):

@@ -50,11 +50,40 @@ def summarize(tag=""):
                      if s else ""))
         if t and "jaxdyn_sharded" in impl:
             v = impl["jaxdyn_sharded"]
+            cpu = (f"; CPU time {t['cpu_median_s']:.2f} s → {v['cpu_median_s']:.2f} s "
+                   f"({v['cpu_time_ratio_vs_torch']:.2f}× less work)") if "cpu_time_ratio_vs_torch" in v else ""
             target("(a) phase diagram ≥ 4× PyTorch eager", v["speedup_vs_torch"] >= 4,
-                   f"{v['speedup_vs_torch']:.2f}× ({t['median_s']:.2f} s → {v['median_s']:.2f} s)")
+                   f"{v['speedup_vs_torch']:.2f}× wall ({t['median_s']:.2f} s → {v['median_s']:.2f} s)"
+                   f"{cpu}; PyTorch with {t.get('threads')} thread(s), the faster setting")
             d = v["max_abs_fraction_diff_vs_torch"]
             target("(a) identical fractions", d == 0.0, f"max |Δfraction| = {d:.3g}")
     large = _load(f"large_n{tag}")
+    head = (large or {}).get("headline")
+    if head:
+        n0 = head["n"]
+        hi = head["impl"]
+
+        def best(lib):
+            c = [(v["median_s"], k) for k, v in hi.items() if k.partition("@")[0] == lib]
+            return min(c) if c else None
+
+        print(f"head-to-head at N={n0} ({head['rounds']} interleaved rounds, medians): "
+              + ", ".join(f"{k} {1e3 * v['median_s']:.2f} ms" for k, v in hi.items()))
+        for impl in ("jaxdyn_sharded", "jax_blocked"):
+            if impl not in hi:
+                continue
+            t = hi[impl]["median_s"]
+            for lib, goal in (("torch", 8), ("keops", 12)):
+                b = best(lib)
+                if b:
+                    cj, cb = hi[impl].get("cpu_median_s"), hi[b[1]].get("cpu_median_s")
+                    cpu = f"; CPU time {1e3 * cb:.1f} → {1e3 * cj:.2f} ms ({cb / cj:.1f}×)" if cj and cb else ""
+                    target(f"(b) {impl} ≥ {goal}× {lib} at N={n0} (head-to-head)", b[0] / t >= goal,
+                           f"{b[0] / t:.2f}× ({1e3 * b[0]:.1f} ms [{b[1]}] → {1e3 * t:.2f} ms){cpu}")
+        if "jax_dense" in hi and "jax_blocked" in hi:
+            r = hi["jax_dense"]["median_s"] / hi["jax_blocked"]["median_s"]
+            target(f"(b) blocked no slower than dense at N={n0} (head-to-head)", r >= 1,
+                   f"dense/blocked = {r:.2f}")
     if large:
         n0 = 4096
         torch_ = _rows(large, "torch")
@@ -65,14 +94,21 @@ def summarize(tag=""):
             if n0 in r:
                 t = r[n0]["median_s"]
                 msg = f"N={n0}: {impl} {1e3 * t:.2f} ms"
+                def cpu_note(b):
+                    cb, cj = b[n0].get("cpu_median_s"), r[n0].get("cpu_median_s")
+                    return (f"; CPU time {1e3 * cb:.1f} → {1e3 * cj:.2f} ms ({cb / cj:.1f}×)"
+                            if cb and cj else "")
+
                 if n0 in torch_:
                     s = torch_[n0]["median_s"] / t
-                    target(f"(b) {impl} ≥ 8× PyTorch eager at N=4096", s >= 8,
-                           f"{s:.2f}× ({1e3 * torch_[n0]['median_s']:.1f} ms → {1e3 * t:.2f} ms)")
+                    target(f"(b) {impl} ≥ 8× PyTorch eager at N=4096 (sweep)", s >= 8,
+                           f"{s:.2f}× ({1e3 * torch_[n0]['median_s']:.1f} ms [{torch_[n0]['impl']}]"
+                           f" → {1e3 * t:.2f} ms){cpu_note(torch_)}")
                 if n0 in keops:
                     s = keops[n0]["median_s"] / t
-                    target(f"(b) {impl} ≥ 12× KeOps at N=4096", s >= 12,
-                           f"{s:.2f}× ({1e3 * keops[n0]['median_s']:.1f} ms → {1e3 * t:.2f} ms)")
+                    target(f"(b) {impl} ≥ 12× KeOps at N=4096 (sweep)", s >= 12,
+                           f"{s:.2f}× ({1e3 * keops[n0]['median_s']:.1f} ms [{keops[n0]['impl']}]"
+                           f" → {1e3 * t:.2f} ms){cpu_note(keops)}")
                 print(msg)
         blk = _rows(large, "jax_blocked")
         common = sorted(set(blk) & set(dense))
@@ -81,7 +117,7 @@ def summarize(tag=""):
             ratios = ", ".join(f"{n}: {dense[n]['median_s'] / blk[n]['median_s']:.2f}" for n in common)
             big = [n for n in common if n >= 1024]
             ok = all(dense[n]["median_s"] >= blk[n]["median_s"] for n in big) if big else None
-            target("(b) blocked no slower than dense (N ≥ 1024, where auto picks blocked)", ok,
+            target("(b) blocked no slower than dense (sweep, N ≥ 1024, where auto picks blocked)", ok,
                    f"dense/blocked time per N: {ratios}")
         nmax = max((n for impl in ("jax_blocked", "jaxdyn_sharded") for n in _rows(large, impl)),
                    default=None)
@@ -109,6 +145,17 @@ def summarize(tag=""):
                    worst["fraction_of_floor"] >= 0.4,
                    ", ".join(f"N={r['n']}: {100 * r['fraction_of_floor']:.0f}% "
                              f"(best rep {100 * r['fraction_of_floor_best']:.0f}%)" for r in rows))
+            if "fraction_of_floor_cpu" in rows[0]:
+                print("    per CPU-second of work (exp floor core-seconds / CPU time used): "
+                      + ", ".join(f"N={r['n']}: {100 * r['fraction_of_floor_cpu']:.0f}%" for r in rows))
+            if "fraction_of_measured_rate" in rows[0]:
+                print("    against the exp rate the devices reached together in this run: "
+                      + ", ".join(f"N={r['n']}: {100 * r['fraction_of_measured_rate']:.0f}%"
+                                  for r in rows))
+            ones = [r for r in roof["rows"] if r["impl"] == "jax_blocked_1dev" and r["n"] >= 4096]
+            if ones:
+                print("    one device against one core's exp rate: "
+                      + ", ".join(f"N={r['n']}: {100 * r['fraction_of_floor']:.0f}%" for r in ones))
     p = HERE / "results" / f"summary{tag}.json"
     p.write_text(json.dumps(out, indent=2))
     return out

@@ -20,8 +20,13 @@ points call ``configure_host_devices()`` first (opt out with ``JAXDYN_NO_HOST_DE
 On GPUs, several GPUs of a host are devices already. On several hosts, start every
 process with ``jax.distributed.initialize()`` (coordinator address, process count and id,
 or the cluster's auto-detection) before anything else; ``jax.devices()`` then lists the
-devices of all processes, :func:`sweep_mesh` spans them, and the same ``shard_map`` code
-runs across hosts (each process must call the sharded function with the same arguments).
+devices of all processes and :func:`sweep_mesh` spans them, so the same ``shard_map`` code
+runs across hosts. Every process runs the same program and passes the same (global)
+arguments; for inputs too large to build everywhere, make global arrays with
+``jax.make_array_from_process_local_data``. (Tested here on one host only: CPU devices.)
+
+``shard_map`` is called with ``check_vma=False``: the kernels' scans start from fresh
+carries that the replication checker would otherwise reject.
 """
 
 from __future__ import annotations
