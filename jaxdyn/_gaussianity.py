@@ -284,7 +284,10 @@ class GaussianityProfile(eqx.Module):
             for k in self.values
         }
 
-    def table(self, names: Sequence[str] = ("sw2", "skew", "kurt", "kurt_pc", "radial_w2", "erank", "bures_rel")) -> str:
+    def table(
+        self,
+        names: Sequence[str] = ("sw2", "skew", "kurt", "kurt_pc", "radial_w2", "erank", "bures_rel"),
+    ) -> str:
         """A text table: one row per layer, ``value (floor mean ± floor std)`` per metric."""
         fm, fs = self.floor_mean, self.floor_std
         L1 = self.values["sw2"].shape[0]

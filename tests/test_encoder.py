@@ -245,9 +245,11 @@ def _write_checkpoint(folder, params, cfg, *, prefix="", old_ln_names=False, ext
     }
     for i in range(cfg.num_hidden_layers):
         for sub, (w, b) in names.items():
-            t[f"{prefix}encoder.layer.{i}.{sub}.weight"] = np.ascontiguousarray(np.asarray(getattr(L, w)[i]).T)
+            weight = np.ascontiguousarray(np.asarray(getattr(L, w)[i]).T)
+            t[f"{prefix}encoder.layer.{i}.{sub}.weight"] = weight
             t[f"{prefix}encoder.layer.{i}.{sub}.bias"] = np.asarray(getattr(L, b)[i])
-        for sub, (g, b) in {"attention.output.LayerNorm": ("ln1_g", "ln1_b"), "output.LayerNorm": ("ln2_g", "ln2_b")}.items():
+        lns = {"attention.output.LayerNorm": ("ln1_g", "ln1_b"), "output.LayerNorm": ("ln2_g", "ln2_b")}
+        for sub, (g, b) in lns.items():
             t[f"{prefix}encoder.layer.{i}.{sub}.{ln[0]}"] = np.asarray(getattr(L, g)[i])
             t[f"{prefix}encoder.layer.{i}.{sub}.{ln[1]}"] = np.asarray(getattr(L, b)[i])
     e = params.embeddings
@@ -337,7 +339,7 @@ def _torch_stack(model, h0, mask, torch_dtype):
 
     m = model.to(torch_dtype)
     bias = torch.tensor(
-        np.where(mask, 0.0, np.finfo(np.float64 if torch_dtype == torch.float64 else np.float32).min)[:, None, None, :],
+        np.where(mask, 0.0, torch.finfo(torch_dtype).min)[:, None, None, :],
         dtype=torch_dtype,
     )
     h = torch.tensor(h0, dtype=torch_dtype)

@@ -97,7 +97,8 @@ def test_effective_rank_closed_forms(dtype):
 
 
 def test_moments_match_numpy(dtype):
-    x = np.random.default_rng(2).normal(size=(500, 4)).astype(dtype) @ np.diag([1.0, 2.0, 3.0, 0.1]).astype(dtype)
+    x = np.random.default_rng(2).normal(size=(500, 4)) @ np.diag([1.0, 2.0, 3.0, 0.1])
+    x = x.astype(dtype)
     m, c = moments(jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(m), x.astype(np.float64).mean(0), atol=tol(dtype, 1e-5, 1e-13))
     np.testing.assert_allclose(
@@ -194,8 +195,9 @@ def test_profile_is_affine_invariant(dtype):
     b = gaussianity_profile([jnp.asarray(7.0 * x + shift) for x in xs], key, **KW)
     r = tol(dtype, 2e-3, 1e-8)
     for k in ("sw2", "skew", "kurt", "skew_pc", "kurt_pc", "radial_w2", "erank", "pr", "bures_rel"):
-        np.testing.assert_allclose(np.asarray(b.values[k]), np.asarray(a.values[k]), rtol=r, atol=r * 1e-2, err_msg=k)
-        np.testing.assert_allclose(np.asarray(b.floors[k]), np.asarray(a.floors[k]), rtol=r, atol=r * 1e-2, err_msg=k)
+        for field in ("values", "floors"):
+            got, want = np.asarray(getattr(b, field)[k]), np.asarray(getattr(a, field)[k])
+            np.testing.assert_allclose(got, want, rtol=r, atol=r * 1e-2, err_msg=f"{field} {k}")
     np.testing.assert_allclose(np.asarray(b.values["scale"]), 7.0 * np.asarray(a.values["scale"]), rtol=r)
 
 
@@ -284,9 +286,12 @@ def test_nongaussian_stack_keeps_the_scale(control_profiles):
 def test_measure_gaussianity_on_a_small_encoder():
     from jaxdyn._encoder import BertConfig, init_bert
 
-    cfg = BertConfig(hidden_size=D, num_attention_heads=2, intermediate_size=32, num_hidden_layers=3, vocab_size=10)
+    cfg = BertConfig(
+        hidden_size=D, num_attention_heads=2, intermediate_size=32, num_hidden_layers=3, vocab_size=10
+    )
     params = init_bert(cfg, jax.random.PRNGKey(0))
-    res = measure_gaussianity(params, cfg, jax.random.PRNGKey(1), scales=(0.5, 2.0), batch=16, seq=N // 16, **KW)
+    key = jax.random.PRNGKey(1)
+    res = measure_gaussianity(params, cfg, key, scales=(0.5, 2.0), batch=16, seq=N // 16, **KW)
     assert sorted(res) == [0.5, 2.0]
     for s, prof in res.items():
         assert prof.values["sw2"].shape == (4,) and prof.n_points == N
