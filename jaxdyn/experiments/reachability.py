@@ -54,7 +54,7 @@ SCHEMA = {
     "init": Field("str", "random", "start of the optimiser",
                   choices=("auto", "zero", "random", "certificate")),
     "init_scale": Field("float", 0.1, "std of a random init", check=nonnegative),
-    "adam_steps": Field("int", 20, "Adam iterations before L-BFGS", check=at_least(0)),
+    "adam_steps": Field("int", 0, "Adam iterations before L-BFGS", check=at_least(0)),
     "adam_lr": Field("float", 0.02, "Adam learning rate", check=positive),
     "lbfgs_steps": Field("int", 500, "L-BFGS iterations (per energy stage)", check=at_least(0)),
     "tol": Field("float", 1e-4, "success threshold on the final W2", check=positive),
