@@ -54,3 +54,20 @@ from ._sharding import (
     sweep_mesh as sweep_mesh,
 )
 from .io import open_results as open_results
+from ._encoder import (
+    BertConfig as BertConfig,
+    BertParams as BertParams,
+    embed as embed,
+    encode as encode,
+    find_minilm as find_minilm,
+    init_bert as init_bert,
+    load_bert as load_bert,
+    random_like as random_like,
+)
+from ._gaussianity import (
+    GaussianityProfile as GaussianityProfile,
+    gaussian_tokens as gaussian_tokens,
+    gaussianity_profile as gaussianity_profile,
+    measure_gaussianity as measure_gaussianity,
+    nongaussian_stack as nongaussian_stack,
+)

@@ -2,9 +2,14 @@
 explicitly (arrays are created with an explicit dtype; weak-typed Python scalars keep
 float32 computations in float32)."""
 
-import jax
-import numpy as np
-import pytest
+import os
+
+# SciPy's OpenBLAS threads fight XLA's on a 2-core machine; set before SciPy loads LAPACK.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

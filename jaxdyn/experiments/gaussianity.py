@@ -21,7 +21,7 @@ import numpy as np
 from ..config import ConfigError, Field, at_least, positive
 
 MODELS = ("pretrained", "random", "nongaussian")
-KEY_METRICS = ("sw2", "skew", "kurt", "erank", "bures_rel")
+KEY_METRICS = ("sw2", "skew", "kurt", "kurt_pc", "radial_w2", "erank", "bures_rel")
 
 SCHEMA = {
     "model": Field("str", "pretrained", "encoder weights", choices=MODELS, sweepable=True),
@@ -172,7 +172,7 @@ def plot(cfg, ds, out_dir):
         ax.set_title(name + (" (step l-1→l)" if dim == "step" else ""))
         ax.set_xlabel(dim)
         ax.grid(alpha=0.3)
-        if name in ("kurt", "skew", "sw2"):
+        if name in ("kurt", "skew", "sw2", "kurt_pc", "radial_w2"):
             ax.set_yscale("symlog", linthresh=1e-2)
     np.atleast_1d(axes)[0].legend(fontsize=6)
     fig.suptitle(f"{cfg['name']}: distance from the moment-matched Gaussian per layer "
