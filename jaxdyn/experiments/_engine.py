@@ -326,7 +326,10 @@ def merge_chunks(cfg, out, axes, points, chunks):
             full = np.full((len(points),) + tshape, np.nan, np.result_type(dtype, np.float32))
         for i, a in enumerate(arrs):
             full[(i,) + tuple(slice(0, s) for s in a.shape)] = a
-        ds[name] = (tuple(axes) + tuple(dims[name]), full.reshape(shape + tshape))
+        # A variable may not share its name with a dimension (e.g. a metric called "scale"
+        # in a sweep over "scale"): it is stored as NAME_value.
+        vname = f"{name}_value" if name in coords or name in axes or name in dims[name] else name
+        ds[vname] = (tuple(axes) + tuple(dims[name]), full.reshape(shape + tshape))
     if varying:
         # Per-point coordinate values, stored as data (padded with NaN).
         for dim in varying:
