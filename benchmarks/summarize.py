@@ -134,7 +134,7 @@ def summarize(tag=""):
     roof = _load(f"roofline{tag}")
     if roof:
         one = roof["exp_one_core"]["rate_per_s"]
-        print(f"roofline: exp {one / 1e9:.2f}·10⁹/s per core (reference 4.46·10⁹), "
+        print(f"roofline: exp {one / 1e9:.2f}·10⁹/s per core, best sample (reference 4.46·10⁹), "
               f"{roof['exp_all_devices']['rate_per_s'] / 1e9:.2f}·10⁹/s on "
               f"{roof['exp_all_devices']['devices']} devices; matmul "
               f"{roof['matmul']['flops_per_s'] / 1e9:.0f} GFLOP/s")
