@@ -748,6 +748,11 @@ def _slopes_over_time(cfg, ds, act="identity"):
     return ts, sl
 
 
+def _main_activation(cfg, ds):
+    acts = _axis_values(cfg, ds, "activation")
+    return "identity" if "identity" in acts else acts[0]
+
+
 def _tilt(ds):
     return np.asarray(ds["tilt_closure"].values).reshape(-1, ds.sizes["t"])[0]
 
@@ -831,23 +836,24 @@ def summarize(cfg, ds):
                     "a bias test; values above ~3 mean the closure is not the particles' limit"}
     if math.isfinite(T) and T < cfg["t1"]:
         part = {}
+        act0 = _main_activation(cfg, ds)
         ts = ds["t"].values
         for n in _axis_values(cfg, ds, "n"):
-            tp = np.asarray(_select(ds, "trace_particles", activation="identity", n=n).values)
-            tcl = np.asarray(_select(ds, "trace_closure", activation="identity", n=n).values)
+            tp = np.asarray(_select(ds, "trace_particles", activation=act0, n=n).values)
+            tcl = np.asarray(_select(ds, "trace_closure", activation=act0, n=n).values)
             tp = tp.reshape(-1, ts.size)
             tcl = tcl.reshape(-1, ts.size)
             times = [parting_time(ts, a, c, cfg["parting_threshold"]) for a, c in zip(tp, tcl)]
-            rad = np.asarray(_select(ds, "radius", activation="identity", n=n).values).reshape(-1, ts.size)
+            rad = np.asarray(_select(ds, "radius", activation=act0, n=n).values).reshape(-1, ts.size)
             part[str(int(n))] = {"parting_time_mean": _f(np.nanmean(times)),
                                  "parting_time_per_seed": [_f(x) for x in times],
                                  "trace_ratio_at_blowup_detection": _f(np.nanmean(
                                      tp[:, np.searchsorted(ts, T) - 1] / tcl[:, np.searchsorted(ts, T) - 1])),
                                  "max_radius_at_t1": _f(np.nanmax(rad[:, -1]))}
         out["parting"] = {"threshold": cfg["parting_threshold"], "closure_blowup_time": _f(T),
-                          "per_n": part,
-                          "note": "first saved time with |tr Ŝ/tr Σ - 1| > threshold (identity model); "
-                                  "the particles stay finite past T*"}
+                          "activation": act0, "per_n": part,
+                          "note": "first saved time with |tr Ŝ/tr Σ - 1| > threshold; the particles "
+                                  "stay finite past T*"}
     acts = _axis_values(cfg, ds, "activation")
     if "relu" in acts:
         out["relu"] = _relu_summary(cfg, ds)
@@ -1132,10 +1138,11 @@ def _plot_parting(cfg, ds, out_dir, T):
     cm = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, len(ns)))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     thr = cfg["parting_threshold"]
+    act0 = _main_activation(cfg, ds)
     means = []
     for n, c in zip(ns, cm):
-        tp = np.asarray(_select(ds, "trace_particles", activation="identity", n=n).values).reshape(-1, ts.size)
-        tcl = np.asarray(_select(ds, "trace_closure", activation="identity", n=n).values).reshape(-1, ts.size)
+        tp = np.asarray(_select(ds, "trace_particles", activation=act0, n=n).values).reshape(-1, ts.size)
+        tcl = np.asarray(_select(ds, "trace_closure", activation=act0, n=n).values).reshape(-1, ts.size)
         with np.errstate(invalid="ignore", divide="ignore"):
             a1.plot(ts, np.nanmean(tp / tcl, axis=0), color=c, lw=1.3, label=f"N = {int(n)}")
         pt = [parting_time(ts, a, b, thr) for a, b in zip(tp, tcl)]
@@ -1215,8 +1222,8 @@ def _plot_phase(cfg, ds, out_dir):
     lam = float(np.linalg.eigvalsh(parameters(cfg)["S0"])[-1])
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
     ext = [c[0], c[-1], a[0], a[-1]]
-    im = axes[0].imshow(np.where(st == MomentStatus.BLOWUP, T, np.nan), origin="lower", extent=ext, aspect="auto",
-                        cmap="magma_r", vmin=0, vmax=t1)
+    im = axes[0].imshow(np.where(st == MomentStatus.BLOWUP, T, np.nan), origin="lower", extent=ext,
+                        aspect="auto", cmap="magma_r", vmin=0, vmax=t1)
     fig.colorbar(im, ax=axes[0], label="numerical blow-up time T*")
     trp = np.where((st != MomentStatus.BLOWUP) & np.isfinite(tr) & (tr > 0), tr, np.nan)
     im2 = axes[1].imshow(trp, origin="lower", extent=ext, aspect="auto", cmap="viridis",
