@@ -63,9 +63,10 @@ def _grid_check(v):
 
 
 PHASE_SCHEMA = {
-    "a": Field("list", [-2.0, 2.0, 41], "A = a I over [min, max, num]", item="float",
+    # defaults as floats: a resolved config must hash the same after a YAML round trip (resume)
+    "a": Field("list", [-2.0, 2.0, 41.0], "A = a I over [min, max, num]", item="float",
                check=_grid_check),
-    "c": Field("list", [-2.0, 2.0, 41], "B = c I over [min, max, num]", item="float",
+    "c": Field("list", [-2.0, 2.0, 41.0], "B = c I over [min, max, num]", item="float",
                check=_grid_check),
     "v": Field("float", 1.0, "V = v I (v != 0)", check=lambda x: None if x != 0 else "must be != 0"),
 }
