@@ -463,6 +463,8 @@ def main(argv=None):
                 print(f"  N={row['n']:>8}: {row.get('skipped') or row.get('error')}", flush=True)
         if "error" in r:
             print(f"  {impl} worker failed: {r['error'][-600:]}", flush=True)
+        _ratios(result)
+        write_json(f"large_n{args.tag}", result)  # partial results survive a timeout
     if args.headline_n and not args.tiny or (args.tiny and args.headline_n):
         hn = args.headline_n if not args.tiny else 2 ** args.max_log2n
         result["headline"] = headline(hn, impls, args)

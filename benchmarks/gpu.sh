@@ -85,7 +85,8 @@ LARGE_IMPLS="jax_dense,jax_blocked"
 MAXLOG=20
 [ "$TINY" = "1" ] && MAXLOG=8
 timeout 210 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
-    --torch-device "${TORCH_DEV/none/cpu}" --mem-cap-gb 48 --time-cap 20 --budget 120 --reps 5 \
+    --torch-device "${TORCH_DEV/none/cpu}" --mem-cap-gb 48 --time-cap 10 --budget 50 --reps 5 \
+    --headline-rounds 10 \
     --tag "$TAG" $TINYARG || echo "large-N benchmark failed or timed out"
 
 echo "== summary =="
