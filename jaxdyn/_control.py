@@ -61,7 +61,7 @@ import numpy as np
 import optax
 
 from ._distances import bures_w2_squared, sqrtm_psd, w2_exact
-from ._gaussian import Control, MomentStatus, check_covariance, solve_moments
+from ._gaussian import Control, MomentStatus, check_covariance, solve_moments, status_name
 from ._integrators import INTEGRATORS
 from ._kernels import HIGHEST, KERNELS, interaction
 from ._models import AbstractParticleModel, EuclideanAttention
@@ -82,6 +82,7 @@ __all__ = [
     "transfer_particles",
     "transformer_layers",
     "cloud_w2_to_gaussian",
+    "gaussian_cloud",
 ]
 
 CONTROL_NAMES = ("A", "B", "V", "b")
@@ -881,6 +882,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     else:
         status, w2, w2_mean, w2_cov = int(MomentStatus.OK), w2_opt, math.nan, math.nan
     converged = bool(math.isfinite(w2) and w2 < tol)
+    if status != MomentStatus.OK:
+        message += (f"; the verification solve of the final controls ended with status "
+                    f"{status_name(status)} (W2 reported as NaN)")
     message += (f"; W2 = {w2:.3e} ({'reached' if converged else 'not reached'}, tol {tol:g}) "
                 f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
                 f"rejected")
@@ -1064,6 +1068,27 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
 def _gaussian_sample(rng, m, S, n):
     R = np.asarray(sqrtm_psd(jnp.asarray(S)), np.float64)
     return np.asarray(m, np.float64) + rng.standard_normal((n, len(m))) @ R
+
+
+def gaussian_cloud(seed, m, S, n: int, *, exact_moments: bool = False, dtype=np.float64):
+    r"""n points ``x_i = m + S^{1/2} z_i`` with ``z_i`` i.i.d. N(0, I) (numpy, seeded).
+
+    ``exact_moments=True`` first whitens the z (``z ← (z − z̄) Ĉ_z^{-1/2}``, needs n > d), so
+    that the cloud's empirical mean and covariance (1/n) are exactly m and S: a start whose
+    only remaining error is in the shape of the law, which isolates the error the finite-N
+    dynamics add in a transfer study.
+    """
+    m = np.asarray(m, np.float64)
+    d = m.shape[0]
+    z = np.random.default_rng(seed).standard_normal((int(n), d))
+    if exact_moments:
+        if n <= d:
+            raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
+        z = z - z.mean(axis=0)
+        w, u = np.linalg.eigh(z.T @ z / n)
+        z = z @ (u / np.sqrt(w)) @ u.T
+    R = np.asarray(sqrtm_psd(jnp.asarray(np.asarray(S, np.float64))), np.float64)
+    return (m + z @ R).astype(dtype)
 
 
 def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,

@@ -15,7 +15,8 @@ certificate's W2 and energy (the constructive solution, V = B = 0), the loss and
 histories, the controls, and ``N(m(t), Σ(t))`` at ``n_save`` times. For the points selected by
 ``transfer`` the optimised controls also drive the finite-N particle system (RK4) and the
 L-layer transformer (one Euler step a layer), and the cloud is compared with the target
-(Bures W2 between empirical moments, exact W2 against a target sample and its sampling floor).
+(Bures W2 between empirical moments — from i.i.d. starts and from starts with exact initial
+moments — and exact W2 against a target sample with its sampling floor).
 
 Figures: covariance ellipses along the way (d = 2) or eigenvalues of Σ(t) (d > 2), loss
 curves, control profiles, and transfer W2 against N and L.
@@ -159,8 +160,8 @@ def _run_points(pcs):
     import jax.numpy as jnp
 
     from .._control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
-                            controlled_moments, mode_options, random_target, reach,
-                            transfer_particles, transformer_layers)
+                            controlled_moments, gaussian_cloud, mode_options, random_target,
+                            reach, transfer_particles, transformer_layers)
     from .._gaussian import MomentStatus
 
     rows = []
@@ -203,17 +204,16 @@ def _run_points(pcs):
         for k in ("A", "B", "V", "b"):
             row[f"control_{k}"] = np.asarray(res.controls[k].values, np.float64)
         nN, nL = len(tr0["n_particles"]), len(tr0["layers"])
-        pw = {k: np.full(nN, np.nan) for k in ("bures", "exact", "floor", "initial")}
+        pw = {k: np.full(nN, np.nan)
+              for k in ("bures", "bures_exact_start", "exact", "floor", "initial")}
         lw = {k: np.full(nL, np.nan) for k in ("bures", "exact", "gap")}
         if _transferred(pc) and row["finite"]:
             tr = pc["transfer"]
             model = ControlledEuclideanAttention.from_controls(res.controls)
-            R0 = np.sqrt(pc["s0_scale"])
             for i, N in enumerate(tr["n_particles"]):
                 acc = {k: [] for k in pw}
                 for r in range(tr["repeats"]):
-                    rng = np.random.default_rng([pc["seed"], N, r])
-                    x0 = (m0 + R0 * rng.standard_normal((N, d))).astype(dt)
+                    x0 = gaussian_cloud([pc["seed"], N, r], m0, S0, N, dtype=dt)
                     xs = transfer_particles(model, x0, t1=pc["t1"],
                                             steps_per_piece=tr["steps_per_piece"])
                     w = cloud_w2_to_gaussian(np.asarray(xs[-1]), m1, S1, seed=r,
@@ -222,10 +222,17 @@ def _run_points(pcs):
                     for k in ("bures", "exact", "floor"):
                         acc[k].append(w[k])
                     acc["initial"].append(w0["bures"])
+                    if N > d:  # same draw with exact initial moments
+                        x0e = gaussian_cloud([pc["seed"], N, r], m0, S0, N, exact_moments=True,
+                                             dtype=dt)
+                        xe = transfer_particles(model, x0e, t1=pc["t1"],
+                                                steps_per_piece=tr["steps_per_piece"])
+                        acc["bures_exact_start"].append(
+                            cloud_w2_to_gaussian(np.asarray(xe[-1]), m1, S1, exact=False)["bures"])
                 for k in pw:
-                    pw[k][i] = float(np.mean(acc[k]))
-            rng = np.random.default_rng([pc["seed"], tr["layer_n"], 991])
-            x0 = (m0 + R0 * rng.standard_normal((tr["layer_n"], d))).astype(dt)
+                    pw[k][i] = float(np.mean(acc[k])) if acc[k] else np.nan
+            x0 = gaussian_cloud([pc["seed"], tr["layer_n"], 991], m0, S0, tr["layer_n"],
+                                exact_moments=tr["layer_n"] > d, dtype=dt)
             # the continuous-time cloud from the same x0: the L → ∞ limit of the layers
             xc = np.asarray(transfer_particles(model, x0, t1=pc["t1"],
                                                steps_per_piece=tr["steps_per_piece"])[-1])
@@ -253,7 +260,7 @@ def _run_points(pcs):
         "control_B": ("node", "component", "component_b"),
         "control_V": ("node", "component", "component_b"), "control_b": ("node", "component"),
     }
-    for k in ("bures", "exact", "floor", "initial"):
+    for k in ("bures", "bures_exact_start", "exact", "floor", "initial"):
         dims[f"particle_w2_{k}"] = ("n_particles",)
     for k in ("bures", "exact", "gap"):
         dims[f"layer_w2_{k}"] = ("layers",)
@@ -352,6 +359,8 @@ def summarize(cfg, ds):
             "moment_w2": _f(ds["w2"].isel(sel)),
             "n_particles": [int(n) for n in ds["n_particles"].values],
             "particle_w2_bures_moments": [_f(x) for x in pb],
+            "particle_w2_bures_moments_exact_start": [
+                _f(x) for x in ds["particle_w2_bures_exact_start"].isel(sel).values],
             "particle_w2_exact_vs_target_sample": [_f(x) for x in ds["particle_w2_exact"].isel(sel).values],
             "sampling_floor_exact": [_f(x) for x in ds["particle_w2_floor"].isel(sel).values],
             "initial_cloud_w2_bures": [_f(x) for x in ds["particle_w2_initial"].isel(sel).values],
@@ -363,7 +372,10 @@ def summarize(cfg, ds):
             "layer_rms_gap_to_continuous": [_f(x) for x in ds["layer_w2_gap"].isel(sel).values],
         })
     return {"modes": table, "transfer": transfer,
-            "notes": ("Transfer 'layer_rms_gap_to_continuous' is the RMS distance between each "
+            "notes": ("Transfer '..._exact_start': the same initial draws whitened to the exact "
+                      "initial moments, so the error is the one the finite-N dynamics add; the "
+                      "L-layer runs start from such a cloud. "
+                      "Transfer 'layer_rms_gap_to_continuous' is the RMS distance between each "
                       "particle after L layers and after the continuous-time flow from the same start "
                       "(an upper bound on the W2 between the two clouds; Euler: O(1/L)). "
                       "w2: Bures W2 at t1 of an independent Dopri8 solve (rtol 1e-11) of the "
@@ -450,7 +462,8 @@ def plot(cfg, ds, out_dir):
                 ax.axhline(teig[j], color=cmap(j / max(d - 1, 1)), ls="--", lw=0.8)
             ax.set_yscale("log")
             ax.set_xlabel("t")
-            ax.set_ylabel("eigenvalues of Σ(t) (dashed: target)")
+            if ax is axes[0][0]:
+                ax.set_ylabel("eigenvalues of Σ(t) (dashed: target)")
         ax.set_title(f"{mode}: W2(t1) = {w2:.2e}", fontsize=9)
         ax.grid(alpha=0.3)
         if d == 2:
@@ -516,6 +529,8 @@ def plot(cfg, ds, out_dir):
             lab = f"{_label(cfg, labels, 'mode')}, seed {_label(cfg, labels, 'seed')}"
             a1.plot(Ns, ds["particle_w2_bures"].isel(sel).values, "o-", color=c,
                     label=f"{lab}: Bures(moments)")
+            a1.plot(Ns, ds["particle_w2_bures_exact_start"].isel(sel).values, "d-.", color=c,
+                    label=f"{lab}: Bures(moments), start with exact moments")
             ex = ds["particle_w2_exact"].isel(sel).values
             if np.any(np.isfinite(ex)):
                 a1.plot(Ns, ex, "s--", color=c, label=f"{lab}: exact vs sample")
