@@ -150,6 +150,7 @@ def main(argv=None):
     from jaxdyn._distances import bures_w2
     from jaxdyn._gaussian import Control
 
+    info = machine_info()  # at the start (load average before the runs)
     dims = [2, 4] if args.tiny else args.dims
     n_seeds = 1 if args.tiny else args.seeds
 
@@ -228,7 +229,7 @@ def main(argv=None):
                      "jaxdyn_solver": "Tsit5 rtol 1e-9 atol 1e-11, RecursiveCheckpointAdjoint",
                      "torch_solver": "RK4, 16 fixed steps a piece, float64, autograd; scipy L-BFGS-B",
                      "verification": "Dopri8 rtol 1e-11 (jaxdyn.controlled_moments)"},
-           "rows": rows, "machine": machine_info()}
+           "rows": rows, "machine": info}
     if args.tiny:
         out["note"] = "--tiny: smoke test, numbers meaningless"
     write_json("reach" + args.tag, out)
