@@ -71,3 +71,19 @@ from ._gaussianity import (
     measure_gaussianity as measure_gaussianity,
     nongaussian_stack as nongaussian_stack,
 )
+from ._control import (
+    Certificate as Certificate,
+    ControlledEuclideanAttention as ControlledEuclideanAttention,
+    ReachResult as ReachResult,
+    certificate as certificate,
+    cloud_w2_to_gaussian as cloud_w2_to_gaussian,
+    control_energy as control_energy,
+    controlled_moments as controlled_moments,
+    gaussian_cloud as gaussian_cloud,
+    mode_options as mode_options,
+    numerical_rank as numerical_rank,
+    random_target as random_target,
+    reach as reach,
+    transfer_particles as transfer_particles,
+    transformer_layers as transformer_layers,
+)

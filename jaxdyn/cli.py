@@ -38,8 +38,11 @@ def _load_raw(config, overrides):
 
 
 def _prepare_precision(raw):
+    """float64 configs switch on JAX's x64 mode (before any array is created)."""
     if isinstance(raw, dict) and raw.get("dtype") == "float64":
-        os.environ.setdefault("JAX_ENABLE_X64", "1")
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
 
 
 def _cmd_run(args):
