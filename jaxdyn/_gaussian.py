@@ -54,6 +54,7 @@ __all__ = [
     "check_covariance",
     "DOMINANCE",
     "POLE_FRACTION",
+    "pole_refine",
     "status_name",
 ]
 
@@ -260,6 +261,109 @@ def remaining_time(s, ell, q):
     return ratio / jnp.where(qs != 0, qs, 1.0)
 
 
+# Dormand–Prince 8(7) (diffrax's Dopri8 tableau), shared by the pole refinement here and the
+# batched solver's explicit stage.
+_TAB8 = diffrax.Dopri8.tableau
+RK8_C = [0.0] + [float(c) for c in np.asarray(_TAB8.c)]
+RK8_A = [[float(x) for x in np.asarray(row)] for row in _TAB8.a_lower]
+RK8_B = [float(x) for x in np.asarray(_TAB8.b_sol)]
+RK8_E = [float(x) for x in np.asarray(_TAB8.b_error)]
+
+
+def _rk8_step(f, y, h):
+    """One Dopri8 step of an autonomous ``f`` on a pytree: ``(y1, error estimate)``."""
+    tm = jax.tree_util.tree_map
+    ks = [f(y)]
+    for i in range(1, len(RK8_B)):
+        a = RK8_A[i - 1]
+        inc = tm(lambda *k: sum(a[j] * k[j] for j in range(i) if a[j] != 0.0), *ks)
+        yi = tm(lambda y_, d_: y_ + h * d_, y, inc)
+        if i < len(RK8_B) - 1:
+            ks.append(f(yi))
+    y1 = yi  # the last (FSAL) row of a equals b_sol
+    err = tm(lambda *k: h * sum(RK8_E[j] * k[j] for j in range(len(ks)) if RK8_E[j] != 0.0), *ks)
+    return y1, err
+
+
+def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400, active=True):
+    r"""Refine a blow-up time from a state ``(t, Σ)`` near the pole: ``T* = lim_{τ→∞} t(τ)``.
+
+    Beyond the detection point Σ has sub-leading singular parts (powers ``(T* − t)^{−γ}``,
+    ``0 < γ < 1``, from the O(1) directions amplified along ``V u``), so the local
+    extrapolation converges slowly in the threshold (on the benchmark workload, ``T*`` from
+    ``‖Σ‖ = 10⁶`` and ``10¹⁰`` differed by up to 2.5e-5). Instead, integrate the projective
+    system in the reparametrised time ``dt/dτ = u = 1/‖Σ‖`` with ``Σ = Ŝ/u``, ``w = log u``:
+
+        t' = e^w,   Ŝ' = e^w L(Ŝ) + Q(Ŝ) − g Ŝ,   w' = −g,   g = ⟨Ŝ, e^w L(Ŝ) + Q(Ŝ)⟩ / ⟨Ŝ, Ŝ⟩,
+
+    (``L(Ŝ) = AŜ + ŜAᵀ``, ``Q(Ŝ) = VŜBŜ + ŜBᵀŜVᵀ``; the gauge g keeps ‖Ŝ‖ = 1; ``log u``
+    rather than u keeps ``t' > 0`` when steps grow). It is bounded and tends to the fixed
+    point ``u = 0``, ``Ŝ`` rank one, so adaptive steps in τ grow and ``t → T*``
+    exponentially: stop when the remaining time ``u/g`` is below ``8 eps max(t, 1)``.
+    Returns ``(T*, converged)``; not converged within ``max_steps`` means the flow left the
+    pole (it turned onto the cone ``uᵀBu = 0``, where g → 0 and ‖Σ‖ saturates). g may dip,
+    even below 0, and recover on a genuine pole whose direction is still turning, so a dip
+    alone is not a verdict. Single member, jnp (jit/vmap friendly); Dopri8 with
+    per-step error control in τ. ``active=False`` skips the loop (members without a
+    blow-up under ``vmap``).
+    """
+    dtype = S.dtype
+    eps = jnp.finfo(dtype).eps
+    active = jnp.asarray(active, bool)
+    s = jnp.sqrt(jnp.sum(S * S))
+    z0 = (jnp.asarray(t, dtype), S / s, -jnp.log(s))
+
+    def rates(z):
+        _, Sh, w = z
+        L = _mm(A, Sh)
+        L = L + L.T
+        G = _mm(_mm(V, _mm(Sh, B)), Sh)
+        Q = G + G.T
+        g = jnp.sum(Sh * (jnp.exp(w) * L + Q)) / jnp.sum(Sh * Sh)
+        return L, Q, g
+
+    def f(z):
+        _, Sh, w = z
+        L, Q, g = rates(z)
+        u = jnp.exp(w)
+        return (u, u * L + Q - g * Sh, -g)
+
+    def done(z):
+        t_, _, w = z
+        _, _, g = rates(z)
+        return (g > 0) & (jnp.exp(w) <= 8 * eps * jnp.maximum(jnp.abs(t_), 1.0) * g)
+
+    def body(c):
+        z, h, k, _ = c
+        z1, e = _rk8_step(f, z, h)
+        sc = jax.tree_util.tree_map(lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), z, z1)
+        tot = sum(jnp.sum((ee / ss) ** 2) for ee, ss in zip(jax.tree_util.tree_leaves(e),
+                                                          jax.tree_util.tree_leaves(sc)))
+        err = jnp.sqrt(tot / (2 + S.size))
+        fin = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(z1)]))
+        err = jnp.where(fin & jnp.isfinite(err), err, jnp.inf)
+        acc = err <= 1.0
+        fac = 0.9 * jnp.where(err > 0, err, 1e-10) ** (-1.0 / 8.0)
+        fac = jnp.where(acc, jnp.clip(fac, 0.2, 6.0), jnp.clip(fac, 0.2, 0.9))
+        z = jax.tree_util.tree_map(lambda a, b: jnp.where(acc, b, a), z, z1)
+        return z, h * fac, k + 1, done(z)
+
+    def cond(c):
+        _, h, k, fin = c
+        return (~fin) & (k < max_steps) & (h > 0)
+
+    _, _, g0 = rates(z0)
+    h0 = 0.05 / jnp.where(g0 > 0, g0, 1.0)
+    z, _, _, conv = jax.lax.while_loop(cond, body, (z0, h0.astype(dtype), 0, done(z0) | ~active))
+    t_, Sh, w = z
+    L, Q, g = rates(z)
+    nS2 = jnp.sum(Sh * Sh)
+    ell = jnp.sum(Sh * L) / nS2
+    q = jnp.sum(Sh * Q) / nS2 / jnp.sqrt(nS2)
+    tstar = t_ + remaining_time(jnp.sqrt(nS2) * jnp.exp(-w), ell, q)
+    return tstar, done(z)
+
+
 def on_pole(s, ell, q, vb):
     """Pole signature: ``q s ≥ 100 |ℓ|`` and ``q ≥ 10⁻³ vb`` with ``vb = ‖V‖_F ‖B‖_F``."""
     return (q * s >= DOMINANCE * jnp.abs(ell)) & (q > 0) & (q >= POLE_FRACTION * vb)
@@ -395,9 +499,16 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
                                  jnp.where(big, MomentStatus.LARGE,
                                            jnp.where(maxed & finite, MomentStatus.MAX_STEPS,
                                                      MomentStatus.NONFINITE))))
+    # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
+    # that does not converge there is downgraded to LARGE.
+    # (T* is not differentiated: stop_gradient keeps the refinement loop out of JVP/VJP traces.)
+    S_safe = jnp.where(blew, S_end, jnp.eye(d, dtype=dtype))
+    sg = jax.lax.stop_gradient
+    T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
+                              rtol=rtol, atol=atol, active=blew)
+    status = jnp.where(blew & ~conv, MomentStatus.LARGE, status)
     status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
-    tstar = jnp.where(status == MomentStatus.BLOWUP, t_end + remaining_time(s, ell, q), jnp.inf)
-    tstar = tstar.astype(dtype)
+    tstar = jnp.where(status == MomentStatus.BLOWUP, T_ref, jnp.inf).astype(dtype)
     # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
     good = (ts < t_end) | (status == MomentStatus.OK)
     nan = jnp.asarray(jnp.nan, dtype)

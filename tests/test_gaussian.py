@@ -183,6 +183,7 @@ def test_piecewise_control_equals_restarted_solves():
     np.testing.assert_allclose(np.asarray(s_lin.cov_final), np.asarray(h1.cov_final), rtol=1e-10)
 
 
+@pytest.mark.slow  # ~20 s of compilation; gradients through solve_moments also run in test_control
 def test_grad_through_control_matches_finite_differences():
     rng = np.random.default_rng(7)
     vals = 0.3 * rng.standard_normal((3, D, D))
@@ -362,6 +363,7 @@ def test_batch_sweep_with_blowups_finishes_with_statuses():
     assert len(sol.rounds) >= 2 and sol.rounds[-1][0] < n
 
 
+@pytest.mark.slow  # a second dtype's compilations of the batched solver
 def test_batch_float32_runs():
     A, B, V, b, m0 = _workload(64, seed=2)
     f = np.float32
