@@ -87,3 +87,19 @@ from ._control import (
     transfer_particles as transfer_particles,
     transformer_layers as transformer_layers,
 )
+from ._gaussian import (
+    Control as Control,
+    MomentSolution as MomentSolution,
+    MomentStatus as MomentStatus,
+    covariance_curves as covariance_curves,
+    solve_moments as solve_moments,
+)
+from ._gaussian_batch import solve_moments_batch as solve_moments_batch
+from ._gaussian_closed import (
+    lyapunov_equilibrium as lyapunov_equilibrium,
+    scalar_blowup_time as scalar_blowup_time,
+    scalar_variance as scalar_variance,
+    vi_blowup_time as vi_blowup_time,
+    vi_covariance as vi_covariance,
+)
+from ._gaussian_regimes import classify as classify, stationary_covariance as stationary_covariance
