@@ -42,6 +42,17 @@ def _dtype_of(*arrays):
     return jnp.result_type(*dts) if dts else jnp.float32
 
 
+def _qkv(Q, K, V):
+    """Q, K, V as arrays of one floating dtype, checked to be square of the same size."""
+    dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
+    Q, K, V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
+    _check_square("Q", Q)
+    d = Q.shape[0]
+    _check_square("K", K, d)
+    _check_square("V", V, d)
+    return Q, K, V
+
+
 class AbstractParticleModel(eqx.Module):
     """Base of all particle fields: ``__call__(t, x, args) -> dx/dt`` with x of shape (N, d)."""
 
@@ -80,12 +91,7 @@ class SphereAttention(AbstractParticleModel):
 
     def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=None,
                  q_block=None):
-        dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
-        self.Q, self.K, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
-        _check_square("Q", self.Q)
-        d = self.Q.shape[0]
-        _check_square("K", self.K, d)
-        _check_square("V", self.V, d)
+        self.Q, self.K, self.V = _qkv(Q, K, V)
         self.beta = jnp.asarray(beta, dtype=self.Q.dtype)
         if self.beta.ndim != 0:
             raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}; to sweep β, vmap "
@@ -129,12 +135,7 @@ class ZeroTemperature(AbstractParticleModel):
     V: jax.Array
 
     def __init__(self, Q, K, V):
-        dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
-        self.Q, self.K, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
-        _check_square("Q", self.Q)
-        d = self.Q.shape[0]
-        _check_square("K", self.K, d)
-        _check_square("V", self.V, d)
+        self.Q, self.K, self.V = _qkv(Q, K, V)
 
     @property
     def dim(self) -> int:
