@@ -68,9 +68,11 @@ AUTO_BLOCKED_MIN_KEYS = 1024
 
 # Default block sizes (used when ``k_block``/``q_block`` are None), per platform. CPU: the
 # (q_block, k_block) float32 tile of 4 MiB streams through L2/L3 and each key block is
-# reused by all queries of the block; measured best of a grid at N = 4096 and 65536.
+# reused by all queries of the block; measured on a 2-core AVX-512 machine over grids at
+# N = 4096 (k_block 32-4096 × q_block 32-4096) and N = 16384: k_block 256-1024 with
+# q_block 1024-4096 all within noise of each other, smaller key blocks clearly slower.
 # Accelerators: large tiles so that each scan step is one big fused kernel (a step costs a
-# kernel launch); the tile is q_block·k_block floats of registers/L2 traffic, not memory.
+# kernel launch); not yet measured on a GPU: benchmarks/gpu.sh probes alternatives first.
 DEFAULT_BLOCKS = {
     "cpu": (256, 4096),  # (k_block, q_block)
     "gpu": (8192, 32768),
