@@ -48,7 +48,9 @@ from ._distances import (
 )
 from ._sharding import (
     configure_host_devices as configure_host_devices,
+    QueryShardedField as QueryShardedField,
     query_sharded_field as query_sharded_field,
+    query_sharded_interaction as query_sharded_interaction,
     shard_batch as shard_batch,
     sharded_vmap as sharded_vmap,
     sweep_mesh as sweep_mesh,
