@@ -63,7 +63,24 @@ class AbstractParticleModel(eqx.Module):
         raise NotImplementedError
 
 
-class SphereAttention(AbstractParticleModel):
+class AbstractQKVModel(AbstractParticleModel):
+    """Sphere fields built from attention weights Q, K, V (B = QᵀK)."""
+
+    manifold: ClassVar[str] = "sphere"
+    Q: jax.Array
+    K: jax.Array
+    V: jax.Array
+
+    @property
+    def dim(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def B(self):
+        return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
+
+
+class SphereAttention(AbstractQKVModel):
     r"""Softmax self-attention dynamics on the sphere (Paper A, Eq. 2 for the empirical measure).
 
         ẋ_i = P⊥(x_i) V Σ_j w_ij x_j,   w_ij = exp(β x_iᵀ B x_j) / Σ_k exp(β x_iᵀ B x_k),
@@ -79,10 +96,6 @@ class SphereAttention(AbstractParticleModel):
       k_block, q_block: blocked-kernel block sizes (None: the platform's tuned default).
     """
 
-    manifold: ClassVar[str] = "sphere"
-    Q: jax.Array
-    K: jax.Array
-    V: jax.Array
     beta: jax.Array
     kernel: str = eqx.field(static=True, default="auto")
     normalization: str = eqx.field(static=True, default="softmax")
@@ -107,21 +120,13 @@ class SphereAttention(AbstractParticleModel):
         self.k_block = None if k_block is None else int(k_block)
         self.q_block = None if q_block is None else int(q_block)
 
-    @property
-    def dim(self) -> int:
-        return self.Q.shape[0]
-
-    @property
-    def B(self):
-        return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
-
     def __call__(self, t, x, args=None):
         m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
                         kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
         return tangent_project(x, jnp.matmul(m, self.V.T, precision=HIGHEST))
 
 
-class ZeroTemperature(AbstractParticleModel):
+class ZeroTemperature(AbstractQKVModel):
     r"""Zero-temperature limit field (Paper A, Eq. 3), local (no interaction):
 
         X_∞(x) = P⊥(x) V Bᵀx / |Bᵀx| = P⊥(x) M x / |Bᵀx|,   M = V Bᵀ,  B = QᵀK.
@@ -129,21 +134,8 @@ class ZeroTemperature(AbstractParticleModel):
     Valid while ρ has full support (Assumption 3). Its flow converges to Π(x0) (MATH.md).
     """
 
-    manifold: ClassVar[str] = "sphere"
-    Q: jax.Array
-    K: jax.Array
-    V: jax.Array
-
     def __init__(self, Q, K, V):
         self.Q, self.K, self.V = _qkv(Q, K, V)
-
-    @property
-    def dim(self) -> int:
-        return self.Q.shape[0]
-
-    @property
-    def B(self):
-        return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
 
     def __call__(self, t, x, args=None):
         bx = jnp.matmul(x, self.B, precision=HIGHEST)  # rows: (Bᵀ x_i)ᵀ
