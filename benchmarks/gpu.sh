@@ -6,11 +6,14 @@
 #      N = 2^16, which picks the configuration used below (results/gpu_probe.json);
 #   2. the phase-diagram workload (benchmarks/bench_phase.py);
 #   3. one field evaluation for N = 2^10 … 2^20 (benchmarks/bench_large_n.py): time and the
-#      device allocator's peak memory, jaxdyn dense and blocked, PyTorch dense where it fits.
+#      device allocator's peak memory, jaxdyn dense and blocked, PyTorch dense where it fits;
+#   4. Sinkhorn W2 against exact assignment (and the closed form of the affine case) for
+#      N = 10^3 … 10^5 (benchmarks/bench_w2.py, issue "Concentration study").
 # Results go to benchmarks/results/*_gpu.{json,png} and, when $OUT is set, to $OUT too
-# (phase_gpu, large_n_gpu, gpu_probe, summary_gpu, gpu_log.txt: at most 8 files).
-# Budget: about 4-6 minutes on an H200 (nothing to install there: JAX with CUDA is in the
-# image; jaxdyn runs in place from the repo with PYTHONPATH).
+# (phase_gpu, large_n_gpu, gpu_probe, w2_sinkhorn_gpu, summary_gpu, gpu_log.txt).
+# Budget: each step has its own timeout (60 + 90 + 140 + 200 s); about 8-9 minutes on an
+# H200 in all (nothing to install there: JAX with CUDA is in the image; jaxdyn runs in place
+# from the repo with PYTHONPATH). Run it as one device call with a 590 s limit.
 #
 # Python packages: the script uses `python3` (PYTHON= to override). If `import jaxdyn`
 # needs a package the machine lacks (ott-jax, jaxopt, h5netcdf), it installs the wheels
@@ -63,7 +66,7 @@ cd "$ROOT/benchmarks"
 echo "== 1. probe: block step and block sizes at N = 2^16 =="
 PROBE_N=65536
 [ "$TINY" = "1" ] && PROBE_N=512
-timeout 100 $PY bench_large_n.py --probe --probe-n $PROBE_N --tag "$TAG" || echo "probe failed or timed out"
+timeout 60 $PY bench_large_n.py --probe --probe-n $PROBE_N --tag "$TAG" || echo "probe failed or timed out"
 KB=""; QB=""; FORM=""
 if [ -f "$ROOT/benchmarks/results/gpu_probe$TAG.json" ]; then
   read -r FORM KB QB < <($PY -c "
@@ -77,17 +80,23 @@ fi
 echo "== 2. phase-diagram workload =="
 PHASE_ARGS="--tag $TAG --variants jax_vmap,jaxdyn_sharded"
 if [ "$TORCH_DEV" = "none" ]; then PHASE_ARGS="$PHASE_ARGS --skip-torch"; else PHASE_ARGS="$PHASE_ARGS --torch-device $TORCH_DEV"; fi
-timeout 150 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
+timeout 90 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
 
 echo "== 3. large N =="
 LARGE_IMPLS="jax_dense,jax_blocked"
 [ "$TORCH_DEV" != "none" ] && LARGE_IMPLS="$LARGE_IMPLS,torch"
 MAXLOG=20
 [ "$TINY" = "1" ] && MAXLOG=8
-timeout 210 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
+timeout 140 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
     --torch-device "${TORCH_DEV/none/cpu}" --mem-cap-gb 48 --time-cap 10 --budget 50 --reps 5 \
     --headline-rounds 10 \
     --tag "$TAG" $TINYARG || echo "large-N benchmark failed or timed out"
+
+echo "== 4. Sinkhorn W2 to N = 10^5 =="
+W2_ARGS="--name w2_sinkhorn$TAG --cases affine concentration --sizes 1000 4000 10000 30000 100000 --exact-max 4000 --ott-max 0 --repeat 2 --budget-s 120"
+[ "$TINY" = "1" ] && W2_ARGS="--name w2_sinkhorn$TAG --cases affine --sizes 200 400 --exact-max 400 --ott-max 0 --repeat 1"
+timeout 200 $PY bench_w2.py $W2_ARGS || echo "W2 benchmark failed or timed out"
+[ -n "${OUT:-}" ] && cp -f "$ROOT/benchmarks/results/w2_sinkhorn$TAG.json" "$ROOT/benchmarks/results/w2_sinkhorn$TAG.png" "$OUT/" 2>/dev/null
 
 echo "== summary =="
 $PY summarize.py --tag "$TAG" || true
