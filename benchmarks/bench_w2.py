@@ -22,7 +22,9 @@ Cases (points on S^2, float32 by default):
   convex function of ``x``, so the identity pairing is optimal at every N and
   ``W2 = (mean_i |(A - I) x_i + b|^2)^{1/2}`` exactly (W2 ≈ 0.03): a reference at sizes
   where the assignment solver is out of reach. (A pure translation would be no test: the
-  debiased divergence of a translate equals |τ|^2 at every ε.)
+  debiased divergence of a translate equals |τ|^2 at every ε. The affine case is nearly as
+  kind to the debiasing, measured errors ~1e-6 against 5e-4 for ``concentration``: it
+  checks convergence and numerics at large N, not the ε bias.)
 
 Reference per row: ``exact`` (scipy assignment) where ``N <= --exact-max``; for ``affine``
 also the closed form at every N (``reference="closed form"``).
@@ -177,7 +179,7 @@ def run(args, save):
             msg = (f"[{case}] N={n}: sinkhorn {med:.3f}s (first {row['jaxdyn_first_call_s']:.2f}s) "
                    f"W2={res.value:.5f} eps={res.epsilon:.2e} conv={res.converged} it={res.n_iters}")
             if "closed_form_w2" in row:
-                msg += f" | closed form W2={row['closed_form_w2']:.5f} rel_err={row['closed_form_rel_err']:+.3%}"
+                msg += f" | closed form W2={row['closed_form_w2']:.5f} rel_err={row['closed_form_rel_err']:+.2e}"
             if "exact_w2" in row:
                 msg += f" | exact {row['exact_s']:.2f}s W2={row['exact_w2']:.5f} rel_err={row['rel_err']:+.3%}"
             if "ott_default_w2" in row:
