@@ -163,19 +163,48 @@ def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
 MAX_STEPS_PER_CALL = 250
 
 
-def integrate_chunk(pcs, frame_fn, extra=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
+# Compiled segment functions, reused by every chunk with the same static signature (frame
+# function, steps per call, dt, save_every, method): jit's own cache then skips
+# recompilation whenever the chunk's shapes repeat. Bounded: a run has a handful of keys.
+_SEGMENTS: dict = {}
+_SEGMENTS_MAX = 64
+
+
+def _segment_fn(frame_fn, steps, dt, se, method):
+    from .._sharding import sharded_vmap
+    from .._simulate import simulate
+
+    key = (frame_fn, steps, float(dt), int(se), method)
+    fn = _SEGMENTS.get(key)
+    if fn is None:
+        if steps == 0:
+            def seg(m, xx, *e):
+                return frame_fn(m, xx[None], *e)
+        else:
+            def seg(m, xx, *e):
+                tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=method)
+                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
+        if len(_SEGMENTS) >= _SEGMENTS_MAX:
+            _SEGMENTS.pop(next(iter(_SEGMENTS)))
+        fn = _SEGMENTS[key] = sharded_vmap(seg)
+    return fn
+
+
+def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
     """Integrate a chunk of points (sharing every static field) in segments.
 
-    ``frame_fn(model, xs, *extra)`` maps the saved frames (S, N, d) of one system to a tuple
-    of per-frame arrays (S, ...). ``extra`` are arrays with a leading point axis (per-system
-    data such as Π(x0)). Sphere models are autonomous, so every segment starts at t = 0 and
-    segments of equal length reuse one compiled program.
+    ``frame_fn(model, xs, *extra, *consts)`` maps the saved frames (S, N, d) of one system to
+    a tuple of per-frame arrays (S, ...). ``extra`` are arrays with a leading point axis
+    (per-system data such as Π(x0)); ``consts`` are arrays shared by all systems (passed to
+    every system, not closed over). Sphere models are autonomous, so every segment starts at
+    t = 0 and segments of equal length reuse one compiled program — across chunks too, when
+    ``frame_fn`` is the same function object (define it at module level, with its data in
+    ``extra``/``consts`` rather than in a closure).
 
     Returns (outputs, finite): outputs a tuple of NumPy arrays (P, S_total, ...) over all
     saved times (``save_times``), finite a (P,) bool array.
     """
-    from .._sharding import sharded_vmap
-    from .._simulate import _plan, save_indices, simulate
+    from .._simulate import _plan, save_indices
 
     p0 = pcs[0]
     _, _, dt, n = _plan(0.0, p0["t1"], p0["dt"])
@@ -187,20 +216,13 @@ def integrate_chunk(pcs, frame_fn, extra=(), max_steps_per_call: int = MAX_STEPS
         bounds.append(idx[-1])
     models = models_for(pcs)
     x = initial_clouds(pcs)
-    extra = tuple(extra)
-    first = sharded_vmap(lambda m, xx, *e: frame_fn(m, xx[None], *e))(models, x, *extra)
+    P = len(pcs)
+    extra = tuple(extra) + tuple(jnp.broadcast_to(jnp.asarray(c), (P,) + jnp.shape(c)) for c in consts)
+    first = _segment_fn(frame_fn, 0, dt, se, p0["method"])(models, x, *extra)
     parts = [to_host(first)]
-    finite = np.ones(len(pcs), bool)
-    cache = {}
+    finite = np.ones(P, bool)
     for a, b in zip(bounds[:-1], bounds[1:]):
-        steps = b - a
-        if steps not in cache:
-            def seg(m, xx, *e, steps=steps):
-                tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=p0["method"])
-                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
-
-            cache[steps] = sharded_vmap(seg)
-        x, out, fin = cache[steps](models, x, *extra)
+        x, out, fin = _segment_fn(frame_fn, b - a, dt, se, p0["method"])(models, x, *extra)
         parts.append(to_host(out))
         finite &= np.asarray(to_host(fin), bool)
     outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))

@@ -89,6 +89,15 @@ def spectral_info(pc):
         return np.asarray(pr.projector), np.asarray(pr.basis), np.asarray(ev.basis)
 
 
+def _frames(model, xs, target, P_E, bE, bV, near):
+    """Per saved frame: the cloud, coupling W2 to Π(x0), Lyapunov mean/median, mass near E
+    and near E(V). Module-level so that chunks share its compiled program."""
+    px = jnp.matmul(xs, P_E)
+    L = jnp.sum((xs - px) ** 2, -1) / jnp.sum(px**2, -1)
+    return (xs, w2_coupling(xs, target[None]), jnp.mean(L, -1), jnp.median(L, -1),
+            mass_near(xs, bE, near), mass_near(xs, bV, near))
+
+
 def run_points(pcs):
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
@@ -100,13 +109,9 @@ def run_points(pcs):
     targets = jnp.matmul(x0, P_E)
     targets = targets / jnp.linalg.norm(targets, axis=-1, keepdims=True)  # Π(x_i(0))
 
-    def frames(model, xs, target):
-        px = jnp.matmul(xs, P_E)
-        L = jnp.sum((xs - px) ** 2, -1) / jnp.sum(px**2, -1)
-        return (xs, w2_coupling(xs, target[None]), jnp.mean(L, -1), jnp.median(L, -1),
-                mass_near(xs, bE, near), mass_near(xs, bV, near))
-
-    (xs_np, coup, Lmean, Lmed, mE, mV), finite = sc.integrate_chunk(pcs, frames, (targets,))
+    near = jnp.asarray(near, dtype)
+    (xs_np, coup, Lmean, Lmed, mE, mV), finite = sc.integrate_chunk(
+        pcs, _frames, (targets,), consts=(P_E, bE, bV, near))
     tg_np = np.asarray(targets)
     ts = sc.save_times(p0)
     k = np.arange(0, len(ts), p0["w2_every"])

@@ -46,16 +46,19 @@ def _snapshot_index(pc):
     return sorted({int(np.argmin(np.abs(ts - s))) for s in want})
 
 
+def _frames(model, xs):
+    """Per saved frame: the mean pairwise inner product (N|x̄|² − 1)/(N − 1), and the cloud.
+    Module-level so that chunks share its compiled program."""
+    n = xs.shape[1]
+    xbar = jnp.mean(xs, axis=1)
+    return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
+
+
 def run_points(pcs):
     p0 = pcs[0]
-    n = p0["n"]
     snap = np.asarray(_snapshot_index(p0))
 
-    def frames(model, xs):
-        xbar = jnp.mean(xs, axis=1)
-        return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
-
-    (ip, xs), finite = sc.integrate_chunk(pcs, frames)
+    (ip, xs), finite = sc.integrate_chunk(pcs, _frames)
     ts = sc.save_times(p0)
     vars_ = {
         "mean_inner_product": (("t",), ip),

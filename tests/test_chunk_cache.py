@@ -1,0 +1,50 @@
+"""Chunks of a sweep that share every static field reuse one compiled program: the second
+chunk triggers no XLA compilation (counted with jax.monitoring), and gives the same numbers
+as a chunk computed on its own."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdyn.experiments import _sphere_common as sc
+from jaxdyn.experiments import concentration, sphere
+from jaxdyn.experiments._engine import grid_points, point_config, resolve_config
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def _points(kind, **extra):
+    raw = {"kind": kind, "d": 3, "n": 24, "t1": 0.6, "dt": 0.1, "save_every": 2, "method": "rk4",
+           "sweep": {"beta": [0.5, 1.0, 2.0, 4.0]}, **extra}
+    cfg = resolve_config(raw)
+    _, pts = grid_points(cfg)
+    return [point_config(cfg, p) for p in pts]
+
+
+@pytest.mark.parametrize("kind,module,extra", [
+    ("sphere", sphere, {"snapshots": [0.0, 0.6]}),
+    ("concentration", concentration, {"w2_methods": ["coupling"]}),
+])
+def test_second_chunk_does_not_recompile(kind, module, extra):
+    pcs = _points(kind, **extra)
+    first, second = pcs[:2], pcs[2:]
+    module.run_points(first)  # compiles the segment programs
+
+    compiles = []
+
+    def listener(event, duration, **kw):
+        if event == COMPILE_EVENT:
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        vars_b, _ = module.run_points(second)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [], f"{len(compiles)} compilation(s) for a chunk with a known signature"
+
+    # and the reused program computes what a fresh one does: clear the cache, recompute
+    sc._SEGMENTS.clear()
+    vars_c, _ = module.run_points(second)
+    for k, (_, v) in vars_b.items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(vars_c[k][1]), err_msg=k)
