@@ -20,6 +20,9 @@ Implementations timed in one invocation:
   host cores, as devices), each device mapping over cache-sized chunks of ``--batch-size``
   systems.
 * ``jaxdyn_sharded_nochunk``: the same without chunks (one vmap per device).
+* ``jaxdyn_ensemble``: :func:`jaxdyn.simulate_ensemble`, jaxdyn's path for many small
+  systems (systems on the vector lanes, chunks split over all devices): the one the target
+  is measured on.
 
 All implementations are first called once (JAX: compilation), then timed in interleaved
 rounds (torch, jax, jaxdyn, torch, ...) so that they share the machine's load drift; we
@@ -53,7 +56,7 @@ P.add_argument("--skip-torch", action="store_true")
 P.add_argument("--torch-threads", default="1,0",
                help="PyTorch intra-op thread counts to try (0: its default); the fastest is "
                     "the baseline (PyTorch's threads spin badly when other work shares the cores)")
-P.add_argument("--variants", default="jax_vmap,jaxdyn_sharded,jaxdyn_sharded_nochunk")
+P.add_argument("--variants", default="jax_vmap,jaxdyn_sharded,jaxdyn_sharded_nochunk,jaxdyn_ensemble")
 add_common_args(P)
 
 
@@ -136,10 +139,15 @@ def main(argv=None):
         return jaxdyn.simulate(model, x, t1=t1, dt=args.h, method="euler",
                                save_every=args.steps).xs[-1]
 
+    def ensemble(models, x):
+        return jaxdyn.simulate_ensemble(models, x, t1=t1, dt=args.h, method="euler",
+                                        save_every=args.steps).xs[:, -1]
+
     jax_variants = {
         "jax_vmap": jax.jit(jax.vmap(sim)),
         "jaxdyn_sharded": sharded_vmap(sim, batch_size=bs),
         "jaxdyn_sharded_nochunk": sharded_vmap(sim),
+        "jaxdyn_ensemble": ensemble,
     }
     impls = {}
     if not args.skip_torch:
@@ -206,7 +214,8 @@ def plot(result, name):
     pyplot = plt()
     fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
     betas = np.asarray(result["betas"])
-    markers = {"torch_eager": "o", "jax_vmap": "s", "jaxdyn_sharded": "x", "jaxdyn_sharded_nochunk": "+"}
+    markers = {"torch_eager": "o", "jax_vmap": "s", "jaxdyn_sharded": "x", "jaxdyn_sharded_nochunk": "+",
+               "jaxdyn_ensemble": "D"}
     for k, v in result["impl"].items():
         a1.plot(betas, v["fractions"], marker=markers.get(k, "."), label=k, alpha=0.8)
     a1.set_xlabel("β")

@@ -14,6 +14,7 @@ from ._models import (
     stack_models as stack_models,
 )
 from ._simulate import Trajectory as Trajectory, simulate as simulate
+from ._ensemble import simulate_ensemble as simulate_ensemble
 from ._sphere import (
     exp_map as exp_map,
     geodesic_distance as geodesic_distance,

@@ -1,0 +1,144 @@
+"""simulate_ensemble (systems on the vector lanes, bound-shifted softmax) against
+jax.vmap(simulate), the generic path: same schemes, same save times, equal up to rounding;
+both branches of the shift (bound and running maximum) exercised; errors for bad input."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from conftest import tol
+from jaxdyn._ensemble import SAFE_SHIFT, simulate_ensemble
+
+
+def _unit(a):
+    return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+
+def _systems(nb, n, d, betas, dtype, seed=0, normalization="softmax"):
+    rng = np.random.default_rng(seed)
+    ms = []
+    for i in range(nb):
+        Q, K, V = (rng.standard_normal((d, d)) / np.sqrt(d) + np.eye(d) for _ in range(3))
+        ms.append(jaxdyn.SphereAttention(jnp.asarray(Q, dtype), jnp.asarray(K, dtype),
+                                         jnp.asarray(V, dtype), float(betas[i % len(betas)]),
+                                         normalization=normalization))
+    x0 = jnp.asarray(_unit(rng.standard_normal((nb, n, d))), dtype)
+    return jaxdyn.stack_models(ms), x0
+
+
+def _reference(models, x0, **kw):
+    return jax.vmap(lambda m, x: jaxdyn.simulate(m, x, **kw))(models, x0)
+
+
+@pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
+def test_equals_vmapped_simulate(dtype, method):
+    # non-symmetric random Q, K, V per system, β from 0.3 to 40: with |Bᵀx| up to ~2 the
+    # largest β exceed the safe bound, so chunks take both branches of the shift
+    betas = [0.3, 1.0, 4.0, 9.0, 40.0]
+    models, x0 = _systems(13, 17, 3, betas, dtype, seed=1)  # 13 systems, chunks of 4: padding
+    kw = dict(t1=2.0, dt=0.05, save_every=8, method=method)
+    ref = _reference(models, x0, **kw)
+    got = simulate_ensemble(models, x0, chunk=4, **kw)
+    assert got.xs.shape == ref.xs.shape and got.xs.dtype == ref.xs.dtype
+    np.testing.assert_allclose(np.asarray(got.ts), np.asarray(ref.ts[0]), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs),
+                               atol=tol(dtype, 2e-4, 1e-11), rtol=0)
+    assert np.all(np.asarray(got.finite))
+    norms = np.linalg.norm(np.asarray(got.xs), axis=-1)
+    np.testing.assert_allclose(norms, 1.0, atol=tol(dtype, 1e-6, 1e-13))
+
+
+def test_bound_and_max_branches_agree_at_the_threshold():
+    # Q = K = V = I on S²: the logit bound is exactly β, so 2β = 0.9 × SAFE_SHIFT takes the
+    # bound branch and 2β = 1.1 × SAFE_SHIFT the running-maximum branch; both match the
+    # generic path (which always subtracts the maximum)
+    eye = np.eye(3, dtype=np.float32)
+    x0 = jnp.asarray(_unit(np.random.default_rng(2).standard_normal((4, 9, 3))), jnp.float32)
+    for factor in (0.9, 1.1):
+        beta = factor * SAFE_SHIFT["float32"] / 2
+        models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, beta)] * 4)
+        kw = dict(t1=0.5, dt=0.01, save_every=10, method="rk4")
+        ref = _reference(models, x0, **kw)
+        got = simulate_ensemble(models, x0, **kw)
+        np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-5, rtol=0)
+
+
+def test_unnormalized_weights(dtype):
+    models, x0 = _systems(6, 11, 3, [0.5, 2.0], dtype, seed=3, normalization="unnormalized")
+    kw = dict(t1=1.0, dt=0.05, save_every=5, method="rk4")
+    ref = _reference(models, x0, **kw)
+    got = simulate_ensemble(models, x0, **kw)
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs),
+                               atol=tol(dtype, 1e-4, 1e-11), rtol=0)
+
+
+def test_large_beta_float32_stays_finite_and_matches():
+    # β = 2000 on S¹: logits of order 10³, far outside the bound's safe range; the maximum
+    # branch must keep every weight finite
+    models, x0 = _systems(4, 8, 2, [2000.0], np.float32, seed=4)
+    kw = dict(t1=0.2, dt=0.001, save_every=50, method="euler")
+    got = simulate_ensemble(models, x0, **kw)
+    ref = _reference(models, x0, **kw)
+    assert np.all(np.asarray(got.finite))
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-3, rtol=0)
+
+
+def test_nonfinite_is_a_status():
+    models, x0 = _systems(3, 5, 3, [1.0], np.float32, seed=5)
+    x0 = x0.at[1, 0, 0].set(jnp.nan)
+    # a NaN cloud fails the unit-norm check with a clear message ...
+    with pytest.raises(ValueError, match="unit vectors"):
+        simulate_ensemble(models, x0, t1=0.2, dt=0.1, method="euler")
+    # ... while a NaN weight is a per-system status
+    V = models.V.at[2].set(jnp.nan)
+    bad = jaxdyn.stack_models([jaxdyn.SphereAttention(models.Q[i], models.K[i], V[i], 1.0)
+                               for i in range(3)])
+    x0 = x0.at[1, 0].set(jnp.asarray([1.0, 0.0, 0.0], jnp.float32))
+    got = simulate_ensemble(bad, x0, t1=0.2, dt=0.1, method="euler")
+    assert np.asarray(got.finite).tolist() == [True, True, False]
+
+
+def test_bad_input_is_named():
+    models, x0 = _systems(4, 6, 3, [1.0], np.float32)
+    with pytest.raises(ValueError, match="stack of 3 models"):
+        simulate_ensemble(models, x0[:3], t1=1.0, dt=0.1)
+    with pytest.raises(ValueError, match="method"):
+        simulate_ensemble(models, x0, t1=1.0, dt=0.1, method="dopri8")
+    with pytest.raises(ValueError, match="N <= "):
+        big = jnp.asarray(_unit(np.random.default_rng(0).standard_normal((4, 300, 3))), jnp.float32)
+        simulate_ensemble(models, big, t1=1.0, dt=0.1)
+    with pytest.raises(ValueError, match="SphereAttention"):
+        simulate_ensemble(jaxdyn.ZeroTemperature(np.eye(3), np.eye(3), np.eye(3)), x0, t1=1.0, dt=0.1)
+    hard = jaxdyn.stack_models([jaxdyn.SphereAttention(np.eye(3), np.eye(3), np.eye(3), 1.0,
+                                                       normalization="hardmax")] * 4)
+    with pytest.raises(ValueError, match="hardmax"):
+        simulate_ensemble(hard, x0, t1=1.0, dt=0.1)
+
+
+def test_split_over_three_devices_equals_one(tmp_path):
+    # in a subprocess with 3 host devices: 10 systems (padded to 3 x 4) give the same
+    # trajectories as on one device
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3'\n"
+        "import jax, numpy as np\n"
+        "sys.path.insert(0, %r)\n"
+        "from test_ensemble import _systems\n"
+        "from jaxdyn._ensemble import simulate_ensemble\n"
+        "assert jax.device_count() == 3\n"
+        "models, x0 = _systems(10, 12, 3, [0.5, 3.0, 50.0], np.float32, seed=7)\n"
+        "kw = dict(t1=1.0, dt=0.05, save_every=5, method='rk4', chunk=4)\n"
+        "a = simulate_ensemble(models, x0, **kw)\n"
+        "b = simulate_ensemble(models, x0, devices=jax.devices()[:1], **kw)\n"
+        "print(float(np.max(np.abs(np.asarray(a.xs) - np.asarray(b.xs)))))\n" % str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip().splitlines()[-1]) == 0.0
