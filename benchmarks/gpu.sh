@@ -78,7 +78,7 @@ fi
 [ -n "$KB" ] && export JAXDYN_BENCH_K_BLOCK=$KB JAXDYN_BENCH_Q_BLOCK=$QB JAXDYN_BENCH_FORMULATION=$FORM
 
 echo "== 2. phase-diagram workload =="
-PHASE_ARGS="--tag $TAG --variants jax_vmap,jaxdyn_sharded"
+PHASE_ARGS="--tag $TAG --variants jax_vmap,jaxdyn_sharded,jaxdyn_ensemble"
 if [ "$TORCH_DEV" = "none" ]; then PHASE_ARGS="$PHASE_ARGS --skip-torch"; else PHASE_ARGS="$PHASE_ARGS --torch-device $TORCH_DEV"; fi
 timeout 90 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
 
