@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from common import add_common_args, setup
 

@@ -12,7 +12,7 @@ For each case and N it runs, in the same process:
   rule. (``results/w2_sinkhorn_gpu.json`` was measured before this call was jitted: its
   ``ott_default_s`` includes tracing and compilation on every call; only its errors count.)
 
-Cases (points on S^2, float32 by default):
+Cases (float32 by default; x on S^2, y on S^2 except in ``affine``):
 
 - ``concentration``: clusters near ±e1 (x = normalise(±e1 + 0.05 ξ)) against a noisy copy
   (y = normalise(x + 0.05 ξ')), the regime of W2(ρ_t, Π#ρ0) late in a run (W2 ≈ 0.07).

@@ -191,6 +191,11 @@ def _sq_dists(u, v):
 _LSE_K_BLOCK = 512
 
 
+def _lse_key_block() -> int:
+    """Key block of the online geometry: cache-sized on CPU, 8x larger on accelerators."""
+    return _LSE_K_BLOCK if jax.default_backend() == "cpu" else 8 * _LSE_K_BLOCK
+
+
 def _pad_rows(a, multiple, fill):
     """Pad the leading axis of ``a`` to a multiple of ``multiple`` with ``fill``."""
     n = a.shape[0]
@@ -258,9 +263,10 @@ def _online_point_cloud_class():
     ``jax.interpreters.batching.is_vmappable``, which jax 0.10 removed, so it fails. This
     subclass keeps ott's solver and overrides only ``apply_lse_kernel`` (the one kernel the
     Sinkhorn loop, its error and its cost use) with :func:`blocked_lse`: ``batch_size``
-    rows at a time against blocks of ``_LSE_K_BLOCK`` points of the other cloud (8 times
-    that for row blocks above 2048, the accelerator setting), memory O(batch_size · block). The signed, weighted form (``vec``, used by ott only to
-    apply a transport plan, never by Sinkhorn) is computed a row block at a time.
+    rows at a time against blocks of ``_LSE_K_BLOCK`` points of the other cloud on CPU (8
+    times that on accelerators), memory O(batch_size · block). The signed, weighted form
+    (``vec``, used by ott only to apply a transport plan, never by Sinkhorn) is computed a
+    row block at a time.
     """
     from ott.geometry import pointcloud
 
@@ -272,8 +278,8 @@ def _online_point_cloud_class():
             else:  # for each x_i: eps * lse_j((g_j - C_ij) / eps)
                 pts, other, pot = self.x, self.y, g
             if vec is None:
-                kb = _LSE_K_BLOCK if self.batch_size <= 2048 else 8 * _LSE_K_BLOCK
-                res = blocked_lse(pts, other, pot, eps, q_block=self.batch_size, k_block=kb)
+                res = blocked_lse(pts, other, pot, eps, q_block=self.batch_size,
+                                  k_block=_lse_key_block())
                 return res, jnp.ones_like(res)
 
             def one(p):

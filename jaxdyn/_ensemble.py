@@ -19,14 +19,25 @@ cost of a dozen small kernels per step rather than in arithmetic:
 * **No running maximum when it is not needed.** Softmax weights are shifted by a bound of
   the logits, ``r_i = |β Bᵀx_i| · max_j |x_j|`` (Cauchy–Schwarz; on the sphere
   ``β|Bᵀx_i|``), instead of their maximum: the shift is exact algebra (it cancels in the
-  normalisation) and never overflows; it could only underflow, when ``2 r_i`` approaches the
-  exponent range. So a chunk uses the bound while ``2 max_i r_i <= SAFE_SHIFT`` (60 in
-  float32, 600 in float64: every weight stays above e^-60, resp. e^-600, of the largest
-  possible one), and the maximum otherwise: a ``lax.cond`` per chunk and step, never under
-  ``vmap``, so only one branch runs.
+  normalisation) and never overflows. It could only underflow: every particle attends to
+  itself, so row i's largest weight is at least ``exp(l_ii − r_i)``, and a chunk uses the
+  bound while ``max_i (r_i − l_ii) <= SAFE_SHIFT`` (60 in float32, 600 in float64: the largest
+  weight of every row stays above e^-60, resp. e^-600, a normal number; weights below
+  e^-27 of it, which may underflow, are below float32 resolution anyway). Otherwise the chunk
+  subtracts the maximum: a ``lax.cond`` per chunk and step (not under ``vmap``, so only one
+  branch runs). With B positive definite and x on the sphere the bound is nearly tight
+  (``l_ii ≈ r_i``): the phase-diagram workload (Q = K = V = I) always takes it.
 * On CPU the program is compiled with XLA's library ("ynn") fusions off: for this layout
   XLA's own loop fusions are 1.5–2.8× faster (measured on a 2-core AVX-512 EPYC). The option
   applies to this one program only; nothing global changes.
+
+Differences from ``vmap(simulate)``: ``ts`` is (S,) (shared) and ``n_steps`` a scalar,
+``finite`` is (B,) (so ``Trajectory.status`` does not apply; read ``finite``); the program is
+compiled ahead of time, so ``simulate_ensemble`` cannot run under ``jit``, ``grad`` or
+``vmap`` (for gradients, use ``vmap(simulate)``). The shift (bound or maximum) is chosen per
+chunk, so a system's trajectory can differ from the same system run in another chunk, with
+another chunk size or device count, by float rounding (the values, not the maths, change;
+bitwise equal when the chunks are the same).
 
 Scope: :class:`~jaxdyn.SphereAttention` models (softmax or unnormalised weights; the
 kernel choice is irrelevant here) with N up to ``MAX_PARTICLES``; fixed-step methods
@@ -56,6 +67,8 @@ MAX_PARTICLES = 256
 SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
 #: target logits-tile size (elements) of one chunk: 128 systems of 32 particles.
 TILE_ELEMENTS = 128 * 32 * 32
+#: on accelerators, the largest logits tile of one chunk (elements; 256 MiB in float32)
+ACCEL_TILE_ELEMENTS = 2**26
 METHODS = ("euler", "rk4", "exp_euler")
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -86,7 +99,10 @@ def _field(x, B, V, beta, normalization, safe):
     else:
         xmax = jnp.sqrt(jnp.max(jnp.sum(x * x, axis=1), axis=0))  # (c,)
         bound = jnp.sqrt(jnp.sum(qx * qx, axis=1)) * xmax  # (N, c): l_ij <= bound_i
-        use_bound = 2.0 * jnp.max(bound) <= safe
+        # row i attends to itself, so its largest weight is >= exp(l_ii - bound_i): the
+        # bound is usable while that stays in range (NaN anywhere: the maximum branch)
+        self_logit = jnp.sum(qx * x, axis=1)  # (N, c): l_ii
+        use_bound = jnp.max(bound - self_logit) <= safe
         shift = jax.lax.cond(use_bound, lambda: bound,
                              lambda: jnp.max(logits, axis=1))
         e = jnp.exp(logits - shift[:, None, :])
@@ -127,6 +143,8 @@ def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
         return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f), x)
 
     seg = np.diff(np.asarray(idx))
+    if idx[0] > 0:  # ``saveat`` starting after t0 (as jaxdyn.simulate)
+        x = advance(x, int(idx[0]))
     saved = [x[None]]
     i = 0
     while i < len(seg):  # consecutive equal segments: one scan (as jaxdyn.simulate)
@@ -163,9 +181,8 @@ def _device_run(x0, B, V, beta, *, chunk, **kw):
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices):
+def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, safe):
     mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
-    safe = SAFE_SHIFT[np.dtype(dtype).name]
     fn = functools.partial(_device_run, chunk=chunk, method=method, dt=dt, idx=idx,
                            normalization=normalization, safe=safe)
     sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"),
@@ -176,6 +193,8 @@ def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices):
         try:
             return lowered.compile(compiler_options=_CPU_OPTIONS), mesh
         except Exception as err:  # an XLA without the option: compile as usual
+            if not any(k in str(err) for k in _CPU_OPTIONS):
+                raise
             warnings.warn(f"simulate_ensemble: XLA rejected {_CPU_OPTIONS} ({err}); compiling "
                           "with the defaults (slower on CPU)", RuntimeWarning, stacklevel=3)
     return lowered.compile(), mesh
@@ -191,25 +210,39 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
       x0: (B, N, d) initial clouds, unit rows, N <= ``MAX_PARTICLES``.
       t1, dt, t0, save_every, saveat, method: as :func:`jaxdyn.simulate` (fixed-step methods
         ``"euler"``, ``"rk4"``, ``"exp_euler"``).
-      chunk: systems per chunk (default :func:`default_chunk`, 128 at N = 32).
+      chunk: systems per chunk (default on CPU :func:`default_chunk`, 128 at N = 32; on
+        accelerators each device's whole share, up to a 2^26-element logits tile).
       devices: the devices to split the systems over (default: all of ``jax.devices()``).
 
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (B, S, N, d), ``finite`` (B,) and
-      ``n_steps``.
+      ``n_steps`` (scalar).
+
+    Raises:
+      ValueError: not a stacked SphereAttention, hardmax weights, a diffrax method, shapes
+        that disagree, N > ``MAX_PARTICLES``, non-unit rows, traced inputs (under jit/grad/
+        vmap), a dtype other than float32/float64, a bad ``chunk``.
     """
     if not isinstance(models, SphereAttention):
         raise ValueError("simulate_ensemble takes a stacked SphereAttention (jaxdyn.stack_models); "
-                         f"got {type(models).__name__}. Other models: jaxdyn.sharded_vmap(simulate)")
+                         f"got {type(models).__name__}. Other models: "
+                         "jaxdyn.sharded_vmap(simulate)")
     if models.normalization not in ("softmax", "unnormalized"):
         raise ValueError(f"simulate_ensemble supports softmax and unnormalized weights, not "
                          f"{models.normalization!r}; use jaxdyn.sharded_vmap(simulate)")
     if method not in METHODS:
         raise ValueError(f"simulate_ensemble: method must be one of {METHODS}, got {method!r}")
+    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((models, x0))):
+        raise ValueError("simulate_ensemble runs a program compiled ahead of time: it cannot be "
+                         "called under jax.jit, jax.grad or jax.vmap (got traced inputs); "
+                         "differentiate or transform jax.vmap(jaxdyn.simulate) instead")
     x0 = jnp.asarray(x0)
     if x0.ndim != 3:
         raise ValueError(f"x0 must have shape (B, N, d) (a batch of clouds), got {x0.shape}")
     nb, n, d = x0.shape
+    if nb == 0 or n == 0:
+        raise ValueError("x0 must hold at least one system of at least one particle, got "
+                         f"{x0.shape}")
     if models.Q.ndim != 3 or models.Q.shape != (nb, d, d) or models.beta.shape != (nb,):
         raise ValueError(f"models must be a stack of {nb} models of dimension {d} (Q of shape "
                          f"({nb}, {d}, {d}), beta of shape ({nb},)), matching x0 {x0.shape}; got Q "
@@ -217,22 +250,33 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     if n > MAX_PARTICLES:
         raise ValueError(f"simulate_ensemble is for N <= {MAX_PARTICLES} particles, got N = {n}; "
                          "use jaxdyn.sharded_vmap(simulate) (blocked kernel) for larger systems")
-    dtype = jnp.result_type(x0.dtype if jnp.issubdtype(x0.dtype, jnp.floating) else jnp.float32,
-                            models.Q.dtype, models.beta.dtype)
+    in_dtype = x0.dtype
+    dtype = jnp.result_type(in_dtype if jnp.issubdtype(in_dtype, jnp.floating) else jnp.float32,
+                            models.Q.dtype, models.K.dtype, models.V.dtype, models.beta.dtype)
+    if np.dtype(dtype).name not in SAFE_SHIFT:
+        raise ValueError("simulate_ensemble runs in float32 or float64, got "
+                         f"{np.dtype(dtype).name}")
     x0 = x0.astype(dtype)
-    if not isinstance(x0, jax.core.Tracer):
-        err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
-        if not err <= (1e-8 if dtype == jnp.float64 else 1e-4):
-            raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} (max ||x_i| - 1| = {err:.3g})")
+    err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
+    if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
+        raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
+                         f"(max ||x_i| - 1| = {err:.3g}); "
+                         "normalise them with jaxdyn.normalize")
     t0, t1, dt, steps = _plan(t0, t1, dt)
     idx = save_indices(steps, save_every, saveat, t0, dt)
     devs = tuple(jax.devices() if devices is None else devices)
     if not devs:
         raise ValueError("devices must name at least one device")
-    c = default_chunk(n) if chunk is None else int(chunk)
-    if c < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if chunk is not None and (isinstance(chunk, bool) or not hasattr(chunk, "__index__")
+                              or int(chunk) < 1):
+        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
     per_dev = math.ceil(nb / len(devs))
+    if chunk is not None:
+        c = int(chunk)
+    elif devs[0].platform == "cpu":
+        c = default_chunk(n)
+    else:  # accelerators: one chunk per device (each chunk is a sequential step of lax.map)
+        c = max(1, min(per_dev, ACCEL_TILE_ELEMENTS // (n * n)))
     c = min(c, per_dev)
     per_dev = math.ceil(per_dev / c) * c
     total = per_dev * len(devs)
@@ -244,7 +288,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
                   for a in arrays]
     shapes = tuple(tuple(a.shape) for a in arrays)
     fn, mesh = _compiled(shapes, np.dtype(dtype).name, method, float(dt), tuple(idx),
-                         models.normalization, c, devs)
+                         models.normalization, c, devs, float(SAFE_SHIFT[np.dtype(dtype).name]))
     sharding = jax.sharding.NamedSharding(mesh, P("batch"))
     arrays = [jax.device_put(a, sharding) for a in arrays]
     xs = fn(*arrays)[:nb]

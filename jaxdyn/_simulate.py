@@ -172,8 +172,10 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
         return x
 
     seg = np.diff(np.asarray(idx))
-    saved = [x0]
     x = x0
+    if idx[0] > 0:  # ``saveat`` starting after t0: integrate up to the first saved time
+        x = advance(x, 0, int(idx[0]))
+    saved = [x]
     # Group consecutive equal-length segments into one nested scan (traced once per length).
     i = 0
     while i < len(seg):

@@ -11,7 +11,7 @@ import pytest
 
 import jaxdyn
 from conftest import tol
-from jaxdyn._ensemble import SAFE_SHIFT, simulate_ensemble
+from jaxdyn._ensemble import simulate_ensemble
 
 
 def _unit(a):
@@ -52,19 +52,49 @@ def test_equals_vmapped_simulate(dtype, method):
     np.testing.assert_allclose(norms, 1.0, atol=tol(dtype, 1e-6, 1e-13))
 
 
-def test_bound_and_max_branches_agree_at_the_threshold():
-    # Q = K = V = I on S²: the logit bound is exactly β, so 2β = 0.9 × SAFE_SHIFT takes the
-    # bound branch and 2β = 1.1 × SAFE_SHIFT the running-maximum branch; both match the
-    # generic path (which always subtracts the maximum)
+@pytest.mark.parametrize("branch,safe", [("maximum", -1.0), ("bound", 1e30)])
+def test_each_shift_branch_alone_equals_the_reference(monkeypatch, branch, safe):
+    # SAFE_SHIFT = -1 forces the running maximum everywhere, 1e30 the bound everywhere: at
+    # moderate β both equal the generic path (which always subtracts the maximum) ...
+    import jaxdyn._ensemble as ens
+
+    monkeypatch.setitem(ens.SAFE_SHIFT, "float32", safe)
+    models, x0 = _systems(6, 10, 3, [0.5, 3.0, 8.0], np.float32, seed=2)
+    kw = dict(t1=0.5, dt=0.01, save_every=10, method="rk4")
+    ref = _reference(models, x0, **kw)
+    got = simulate_ensemble(models, x0, **kw)
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=1e-4, rtol=0)
+    # ... while at β = 2000 with random weights only the maximum keeps the weights in range:
+    # forcing the bound there loses them (so the switch between the branches is live)
+    models, x0 = _systems(4, 8, 2, [2000.0], np.float32, seed=4)
+    kw = dict(t1=0.05, dt=0.001, save_every=50, method="euler")
+    fin = np.asarray(simulate_ensemble(models, x0, **kw).finite)
+    assert fin.all() if branch == "maximum" else not fin.any()
+
+
+def test_identity_weights_take_the_bound_at_any_beta():
+    # Q = K = V = I on the sphere: l_ii equals the bound, so even β = 5000 (logits 5000,
+    # weights spanning e^-10000) runs on the bound branch and matches the generic path
     eye = np.eye(3, dtype=np.float32)
     x0 = jnp.asarray(_unit(np.random.default_rng(2).standard_normal((4, 9, 3))), jnp.float32)
-    for factor in (0.9, 1.1):
-        beta = factor * SAFE_SHIFT["float32"] / 2
-        models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, beta)] * 4)
-        kw = dict(t1=0.5, dt=0.01, save_every=10, method="rk4")
-        ref = _reference(models, x0, **kw)
-        got = simulate_ensemble(models, x0, **kw)
-        np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-5, rtol=0)
+    models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, 5000.0)] * 4)
+    kw = dict(t1=0.02, dt=0.001, save_every=10, method="rk4")
+    ref = _reference(models, x0, **kw)
+    got = simulate_ensemble(models, x0, **kw)
+    assert np.all(np.asarray(got.finite))
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-5, rtol=0)
+
+
+def test_saveat_after_t0_and_mixed_precision_inputs():
+    # float32 clouds with float64 models are accepted (as by simulate), and saveat times
+    # that do not start at t0 label the right states
+    models, x0 = _systems(5, 7, 3, [1.0, 4.0], np.float64, seed=8)
+    x32 = x0.astype(jnp.float32)
+    full = simulate_ensemble(models, x32, t1=1.0, dt=0.1, save_every=3, method="rk4")
+    late = simulate_ensemble(models, x32, t1=1.0, dt=0.1, saveat=[0.3, 0.9, 1.0], method="rk4")
+    assert late.xs.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(late.ts), [0.3, 0.9, 1.0], atol=1e-12)
+    np.testing.assert_allclose(np.asarray(late.xs), np.asarray(full.xs)[:, [1, 3, 4]], atol=1e-13)
 
 
 def test_unnormalized_weights(dtype):
@@ -117,6 +147,10 @@ def test_bad_input_is_named():
                                                        normalization="hardmax")] * 4)
     with pytest.raises(ValueError, match="hardmax"):
         simulate_ensemble(hard, x0, t1=1.0, dt=0.1)
+    with pytest.raises(ValueError, match="chunk"):
+        simulate_ensemble(models, x0, t1=1.0, dt=0.1, chunk=2.5)
+    with pytest.raises(ValueError, match="jax.jit"):
+        jax.jit(lambda x: simulate_ensemble(models, x, t1=1.0, dt=0.1).xs)(x0)
 
 
 def test_split_over_three_devices_equals_one(tmp_path):

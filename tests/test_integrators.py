@@ -122,6 +122,13 @@ def test_saveat_and_save_every():
     np.testing.assert_allclose(np.asarray(tr.xs), np.asarray(tr2.xs), atol=1e-7)
     with pytest.raises(ValueError, match="not on the step grid"):
         jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, saveat=[0.05])
+    # saveat not starting at t0: each frame is the state at its own time
+    for method in ("euler", "rk4", "exp_euler", "dopri5"):
+        full = jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, save_every=3, method=method)
+        late = jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, saveat=[0.3, 0.9, 1.0], method=method)
+        np.testing.assert_allclose(np.asarray(late.ts), [0.3, 0.9, 1.0], atol=1e-6)
+        np.testing.assert_allclose(np.asarray(late.xs), np.asarray(full.xs)[[1, 3, 4]],
+                                   atol=1e-7 if method != "dopri5" else 1e-5, err_msg=method)
 
 
 def test_zero_temperature_converges_to_power_iteration():

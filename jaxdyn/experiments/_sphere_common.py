@@ -13,7 +13,7 @@ import numpy as np
 from .._kernels import DEFAULT_BLOCKS, resolve_kernel
 from .._models import SphereAttention, stack_models
 from .._sphere import sample_initial
-from ..config import ConfigError, Field, all_positive, at_least, positive
+from ..config import ConfigError, Field, at_least, positive
 from ..ensembles import WEIGHTS_SCHEMA, build_weights
 
 INIT_SCHEMA = {
