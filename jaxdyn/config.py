@@ -150,7 +150,8 @@ def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> di
 
 
 def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
-    """``sweep: {field: [values…]}`` over sweepable top-level fields."""
+    """``sweep: {field: [values…]}`` over sweepable top-level fields; a field's values may
+    also be given as ``{range: …}``, ``{linspace: …}`` or ``{logspace: …}`` (:func:`_expand_grid`)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config field 'sweep': expected a mapping field -> list of values, got {raw!r}")
     out = {}
@@ -159,6 +160,8 @@ def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
         if key not in schema or not schema[key].sweepable:
             raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'; "
                               f"sweepable fields: {', '.join(sweepable)}")
+        if isinstance(values, Mapping):
+            values = _expand_grid(f"sweep.{key}", values)
         if not isinstance(values, (list, tuple)) or len(values) == 0:
             raise ConfigError(f"config field 'sweep.{key}': expected a non-empty list of values, got {values!r}")
         vals = [_coerce(f"sweep.{key}[{i}]", v, schema[key]) for i, v in enumerate(values)]
@@ -166,6 +169,41 @@ def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
             raise ConfigError(f"config field 'sweep.{key}': values must be distinct, got {values!r}")
         out[key] = vals
     return out
+
+
+GRID_FORMS = ("range", "linspace", "logspace")
+
+
+def _expand_grid(name, spec: Mapping) -> list:
+    """``{range: [start, stop]}`` / ``{range: [start, stop, step]}`` (integers, stop
+    excluded, as Python's range), ``{linspace: [start, stop, num]}``, ``{logspace: [start,
+    stop, num]}`` (num values from start to stop inclusive, evenly or geometrically spaced)."""
+    import numpy as np
+
+    if len(spec) != 1 or next(iter(spec)) not in GRID_FORMS:
+        raise ConfigError(f"config field '{name}': expected a list of values or one of "
+                          f"{{range: [start, stop(, step)]}}, {{linspace: [start, stop, num]}}, "
+                          f"{{logspace: [start, stop, num]}}; got {dict(spec)!r}")
+    form, args = next(iter(spec.items()))
+    if not isinstance(args, (list, tuple)) or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+        raise ConfigError(f"config field '{name}.{form}': expected a list of numbers, got {args!r}")
+    if form == "range":
+        if len(args) not in (2, 3) or not all(isinstance(a, int) for a in args) or (
+                len(args) == 3 and args[2] == 0):
+            raise ConfigError(f"config field '{name}.range': expected [start, stop] or "
+                              f"[start, stop, step] integers with step != 0, got {args!r}")
+        return list(range(*args))
+    if len(args) != 3 or not isinstance(args[2], int) or args[2] < 1:
+        raise ConfigError(f"config field '{name}.{form}': expected [start, stop, num] with an "
+                          f"integer num >= 1, got {args!r}")
+    start, stop, num = float(args[0]), float(args[1]), int(args[2])
+    if form == "logspace":
+        if start <= 0 or stop <= 0:
+            raise ConfigError(f"config field '{name}.logspace': start and stop must be > 0, "
+                              f"got {args!r}")
+        return [float(v) for v in np.geomspace(start, stop, num)]
+    return [float(v) for v in np.linspace(start, stop, num)]
 
 
 def _freeze(v):

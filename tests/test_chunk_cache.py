@@ -48,3 +48,19 @@ def test_second_chunk_does_not_recompile(kind, module, extra):
     vars_c, _ = module.run_points(second)
     for k, (_, v) in vars_b.items():
         np.testing.assert_array_equal(np.asarray(v), np.asarray(vars_c[k][1]), err_msg=k)
+
+
+@pytest.mark.parametrize("kind,module,extra", [
+    ("sphere", sphere, {"snapshots": [0.0, 0.6]}),
+    ("concentration", concentration, {"w2_methods": ["coupling"]}),
+])
+def test_ensemble_path_equals_vmapped_simulate(kind, module, extra):
+    # small N: chunks integrate with simulate_ensemble; `ensemble: false` takes
+    # vmap(simulate); the recorded variables agree to float32 rounding
+    assert sc.uses_ensemble(_points(kind, **extra)[0])
+    a, _ = module.run_points(_points(kind, **extra))
+    b, _ = module.run_points(_points(kind, ensemble=False, **extra))
+    assert not sc.uses_ensemble(_points(kind, ensemble=False, **extra)[0])
+    for k, (_, v) in a.items():
+        np.testing.assert_allclose(np.asarray(v, float), np.asarray(b[k][1], float), atol=2e-5,
+                                   rtol=0, err_msg=k)

@@ -4,14 +4,16 @@ the resolution check N ≳ β^{(d−1)/2}."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._ensemble import FASTER_MAX_PARTICLES, METHODS as ENSEMBLE_METHODS, simulate_ensemble
 from .._kernels import DEFAULT_BLOCKS, resolve_kernel
-from .._models import SphereAttention, stack_models
+from .._models import SphereAttention
 from .._sphere import sample_initial
 from ..config import ConfigError, Field, at_least, positive
 from ..ensembles import WEIGHTS_SCHEMA, build_weights
@@ -43,6 +45,8 @@ SPHERE_FIELDS = {
                      check=at_least(1)),
     "weights": Field("section", {}, "Q, K, V ensemble", schema=WEIGHTS_SCHEMA),
     "init": Field("section", {}, "initial distribution", schema=INIT_SCHEMA),
+    "ensemble": Field("bool", True, "integrate chunks of small systems (N <= 48, softmax or "
+                      "unnormalised, fixed step) with simulate_ensemble; false: vmap(simulate)"),
 }
 
 
@@ -103,16 +107,31 @@ def weights_for(pc):
 
 
 def models_for(pcs):
-    """Stacked SphereAttention models (one per point) for a chunk sharing static fields."""
+    """Stacked SphereAttention models (one per point) for a chunk sharing static fields:
+    the chunk's weights broadcast, β per point (one model built, not one per point)."""
+    import equinox as eqx
+
     Q, K, V = weights_for(pcs[0])
     p0 = pcs[0]
-    ms = [SphereAttention(Q, K, V, p["beta"], kernel=p0["kernel"], normalization=p0["normalization"],
-                          k_block=p0["k_block"], q_block=p0["q_block"]) for p in pcs]
-    return stack_models(ms)
+    m = SphereAttention(Q, K, V, p0["beta"], kernel=p0["kernel"], normalization=p0["normalization"],
+                        k_block=p0["k_block"], q_block=p0["q_block"])
+    P = len(pcs)
+    stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (P,) + a.shape) if eqx.is_array(a) else a, m)
+    betas = jnp.asarray(np.array([p["beta"] for p in pcs]), m.beta.dtype)
+    return eqx.tree_at(lambda t: t.beta, stacked, betas)
+
+
+@functools.lru_cache(maxsize=32)
+def _sampler(n, d, dist, dtype, kw):
+    """A jitted sampler of one cloud per key, cached so that chunks share one program."""
+    kw = dict(kw)
+    if kw.get("mu") is not None:
+        kw["mu"] = jnp.asarray(kw["mu"], dtype)
+    return jax.jit(jax.vmap(lambda k: sample_initial(k, n, d, dist, dtype, **kw)))
 
 
 def initial_clouds(pcs):
-    """(P, N, d) initial particles, one cloud per point, from each point's seed."""
+    """(P, N, d) initial particles, one cloud per point, from its key PRNGKey(seed)."""
     p0 = pcs[0]
     dtype = np_dtype(p0)
     init = dict(p0["init"])
@@ -121,12 +140,11 @@ def initial_clouds(pcs):
     if dist in ("vmf", "mixture"):
         kw["kappa"] = init["kappa"]
         if init.get("mu") is not None:
-            kw["mu"] = jnp.asarray(init["mu"], dtype)
+            kw["mu"] = tuple(float(v) for v in init["mu"])
     if dist == "mixture":
         kw["weight"] = init["weight"]
-    clouds = [sample_initial(jax.random.PRNGKey(p["seed"]), p0["n"], p0["d"], dist, dtype, **kw)
-              for p in pcs]
-    return jnp.stack(clouds)
+    keys = np.stack([np.asarray(jax.random.PRNGKey(p["seed"])) for p in pcs])
+    return _sampler(p0["n"], p0["d"], dist, dtype, tuple(sorted(kw.items())))(keys)
 
 
 def save_times(pc):
@@ -190,6 +208,26 @@ def _segment_fn(frame_fn, steps, dt, se, method):
     return fn
 
 
+def uses_ensemble(pc) -> bool:
+    """Whether a chunk integrates with :func:`jaxdyn.simulate_ensemble` (systems on the
+    vector lanes): softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where
+    it was measured faster than vmap(simulate)), a fixed-step method, and not switched off
+    with ``ensemble: false``."""
+    return (bool(pc.get("ensemble", True)) and pc["normalization"] in ("softmax", "unnormalized")
+            and pc["n"] <= FASTER_MAX_PARTICLES and pc["method"] in ENSEMBLE_METHODS)
+
+
+def _frames_of_stack(frame_fn):
+    """``frame_fn`` over a batch of saved stacks (P, S, N, d), sharded; cached per function."""
+    from .._sharding import sharded_vmap
+
+    key = (frame_fn, "stack")
+    fn = _SEGMENTS.get(key)
+    if fn is None:
+        fn = _SEGMENTS[key] = sharded_vmap(frame_fn)
+    return fn
+
+
 def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
     """Integrate a chunk of points (sharing every static field) in segments.
 
@@ -218,11 +256,18 @@ def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int 
     x = initial_clouds(pcs)
     P = len(pcs)
     extra = tuple(extra) + tuple(jnp.broadcast_to(jnp.asarray(c), (P,) + jnp.shape(c)) for c in consts)
-    first = _segment_fn(frame_fn, 0, dt, se, p0["method"])(models, x, *extra)
-    parts = [to_host(first)]
+    frames = _segment_fn(frame_fn, 0, dt, se, p0["method"])  # frames of given states
+    parts = [to_host(frames(models, x, *extra))]
     finite = np.ones(P, bool)
+    ensemble = uses_ensemble(p0)
     for a, b in zip(bounds[:-1], bounds[1:]):
-        x, out, fin = _segment_fn(frame_fn, b - a, dt, se, p0["method"])(models, x, *extra)
+        if ensemble:  # many small systems: jaxdyn.simulate_ensemble, then the frames
+            tr = simulate_ensemble(models, x, t1=(b - a) * dt, dt=dt, save_every=se,
+                                   method=p0["method"])
+            x, fin = tr.xs[:, -1], tr.finite
+            out = _frames_of_stack(frame_fn)(models, tr.xs[:, 1:], *extra)
+        else:
+            x, out, fin = _segment_fn(frame_fn, b - a, dt, se, p0["method"])(models, x, *extra)
         parts.append(to_host(out))
         finite &= np.asarray(to_host(fin), bool)
     outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))

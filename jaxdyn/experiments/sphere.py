@@ -103,9 +103,9 @@ def plot(cfg, ds, out_dir):
         sel["beta"] = bi
     xs = ds["x_snapshot"].isel(sel).values
     figs.append(plots.sphere_snapshots(xs, ds["t_snapshot"].values, out_dir / "particles.png",
-                                       title=f"{cfg['name']}: particles at β = {betas[bi]:g}"))
+                                       title=f"{cfg['name']}: particles at β = {betas[bi]:.3g}"))
     ip = _per_beta(ds, "mean_inner_product")
-    curves = {f"β = {b:g}": (ip.isel(beta=i).values if "beta" in ip.dims else ip.values)
+    curves = {f"β = {b:.3g}": (ip.isel(beta=i).values if "beta" in ip.dims else ip.values)
               for i, b in enumerate(betas)}
     figs.append(plots.curves(ds["t"].values, curves, out_dir / "mean_inner_product.png",
                              xlabel="t (depth)", ylabel="mean pairwise ⟨x_i, x_j⟩",
