@@ -40,8 +40,12 @@ time (:func:`jax.lax.platform_dependent`):
   (q_block, k_block) tile to memory. Hardmax always uses ``"dot"``: its equality test
   against the running maximum needs logits computed once.
 
-Softmax weights are computed max-subtracted, so β xᵀBy of order 10⁴ does not overflow
-float32. Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
+Softmax weights are computed shifted, so β xᵀBy of order 10⁴ does not overflow float32. On
+CPU the shift is the Cauchy–Schwarz bound of the row's logits, ``|β Bᵀx_i| · max_j |y_j|``,
+whenever that keeps the row's largest weight in range (checked per query block against a
+known logit of the row; ``SAFE_SHIFT``): one pass over each tile instead of a maximum, an
+exponential and a rescaling (measured 1.25–1.5× faster at N = 4096–16384 on 2 cores).
+Otherwise, and always on accelerators, the running maximum. Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
 to TF32, which ruins logits at large β). Float64 runs everywhere once
 ``jax.config.update("jax_enable_x64", True)`` is set and the inputs are float64.
 """
@@ -77,6 +81,24 @@ DEFAULT_BLOCKS = {
     "cpu": (256, 4096),  # (k_block, q_block)
     "gpu": (8192, 32768),
 }
+
+
+#: the largest ``r_i − lower_i`` (logit bound minus a known logit of the row) for which the
+#: blocked kernel shifts softmax weights by the bound instead of a running maximum: the
+#: row's largest weight then stays above e^-60 (float32) / e^-600 (float64), a normal number.
+SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
+
+
+@jax.custom_batching.custom_vmap
+def _all_at_most(a, limit):
+    """``all(a <= limit)``; under ``vmap`` one answer for the whole batch (unbatched), so a
+    ``lax.cond`` on it stays a branch instead of becoming a select of both sides."""
+    return jnp.all(a <= limit)
+
+
+@_all_at_most.def_vmap
+def _all_at_most_vmap(axis_size, in_batched, a, limit):
+    return jnp.all(a <= limit), False
 
 
 def _check_choice(name, value, choices):
@@ -143,11 +165,12 @@ def interaction(
     if normalization == "hardmax":
         # β plays no role; the arg-max of x_iᵀ B y_j is scale-invariant.
         beta = jnp.ones((), x.dtype)
+    self_keys = y is x  # self-attention: key i is query i, so l_ii is a logit of row i
     qx = beta * jnp.matmul(x, B, precision=HIGHEST)  # (n, d): β Bᵀ x_i as rows
     y = y.astype(qx.dtype)
     if kernel == "dense":
         return _dense(qx, y, normalization)
-    return blocked(qx, y, normalization, k_block=k_block, q_block=q_block)
+    return blocked(qx, y, normalization, k_block=k_block, q_block=q_block, self_keys=self_keys)
 
 
 def _dense(qx, y, normalization):
@@ -163,11 +186,14 @@ def _dense(qx, y, normalization):
     return jnp.matmul(w, y, precision=HIGHEST)
 
 
-def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formulation=None):
+def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formulation=None,
+            self_keys=False):
     """The blocked kernel on pre-scaled queries ``qx = β Bᵀ x`` (rows), keys/values ``y``.
 
     ``formulation`` ``"dot"`` | ``"fused"`` forces one block step (see the module doc);
     None picks per platform at lowering time. Block sizes None: the platform default.
+    ``self_keys``: the keys are the queries' own points (``y[i] = x[i]``, self-attention),
+    so ``l_ii = qx_i · y_i`` is a logit of row i (used by the bound shift below).
     Returns (n, d).
     """
     _check_choice("normalization", normalization, NORMALIZATIONS)
@@ -175,7 +201,7 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
         _check_choice("formulation", formulation, FORMULATIONS)
         plat = "cpu" if formulation == "dot" else "gpu"
         kb, qb = _blocks(plat, k_block, q_block)
-        return _blocked(qx, y, normalization, kb, qb, formulation)
+        return _blocked(qx, y, normalization, kb, qb, formulation, self_keys)
     kb_c, qb_c = _blocks("cpu", k_block, q_block)
     kb_g, qb_g = _blocks("gpu", k_block, q_block)
     # Wide d: the broadcast logits cost d multiply-adds a pair; matmuls win there too.
@@ -185,9 +211,9 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
     return jax.lax.platform_dependent(
         qx, y,
         cpu=functools.partial(_blocked, normalization=normalization, k_block=kb_c,
-                              q_block=qb_c, formulation="dot"),
+                              q_block=qb_c, formulation="dot", self_keys=self_keys),
         default=functools.partial(_blocked, normalization=normalization, k_block=kb_g,
-                                  q_block=qb_g, formulation=accel),
+                                  q_block=qb_g, formulation=accel, self_keys=self_keys),
     )
 
 
@@ -211,7 +237,7 @@ def _pad_rows(a, multiple, fill=None):
     return a, nb
 
 
-def _blocked(qx, y, normalization, k_block, q_block, formulation):
+def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=False):
     n, d = qx.shape
     m = y.shape[0]
     dtype = qx.dtype
@@ -224,20 +250,60 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation):
     keys = keys.reshape(nkb, kb, d)
     vals = vals.reshape(nkb, kb, d + 1)
     step = _step_dot if formulation == "dot" or normalization == "hardmax" else _step_fused
+    # Bound shift (CPU "dot" step, softmax): the logits of row i never exceed
+    # r_i = |qx_i| · max_j |y_j| (Cauchy–Schwarz), so exp(l_ij − r_i) never overflows and,
+    # subtracted alike from numerator and normaliser, gives the same weights as the running
+    # maximum without its pass over the tile and its rescaling. It could underflow: the
+    # row's largest weight is at least exp(lower_i − r_i) for any known logit lower_i of the
+    # row (l_ii for self-attention, else the row's maximum over the first key block), so a
+    # query block takes this path only while every r_i − lower_i <= SAFE_SHIFT; otherwise,
+    # and for NaN input, the running maximum. Under vmap the decision is taken once for the
+    # whole batch (_all_at_most), so it stays a branch.
+    bound_shift = formulation == "dot" and normalization == "softmax"
+    if bound_shift:
+        safe = jnp.asarray(SAFE_SHIFT["float64" if dtype == jnp.float64 else "float32"], dtype)
+        ymax = jnp.sqrt(jnp.max(jnp.sum(y * y, axis=1)))
+        lower = jnp.sum(qx * y, axis=1) if (self_keys and m == n) else None
 
-    def one_query_block(q):  # q: (qb, d) → (qb, d)
+    def online(q):
         rows = q.shape[0]
         init = (jnp.full((rows,), -jnp.inf, dtype), jnp.zeros((rows, d + 1), dtype))
         (_, acc), _ = jax.lax.scan(
             functools.partial(step, q, normalization), init, (keys, vals))
+        return acc
+
+    def shifted(q, r):
+        def body(acc, block):
+            yk, vk = block
+            logits = jnp.matmul(q, yk.T, precision=HIGHEST)
+            return acc + jnp.matmul(jnp.exp(logits - r[:, None]), vk, precision=HIGHEST), None
+
+        acc, _ = jax.lax.scan(body, jnp.zeros((q.shape[0], d + 1), dtype), (keys, vals))
+        return acc
+
+    def one_query_block(q, low=None):  # q: (qb, d) → (qb, d)
+        if bound_shift:
+            r = jnp.sqrt(jnp.sum(q * q, axis=1)) * ymax
+            if low is None:  # the row's maximum over the first key block
+                low = jnp.max(jnp.matmul(q, keys[0].T, precision=HIGHEST), axis=1)
+            ok = _all_at_most(jax.lax.stop_gradient(r - low), safe)
+            acc = jax.lax.cond(ok, shifted, lambda q, r: online(q), q, r)
+        else:
+            acc = online(q)
         if normalization == "unnormalized":
             return acc[:, :d] / m
         return acc[:, :d] / acc[:, d:]
 
+    lower_rows = lower if bound_shift else None
     if n <= qb:
-        return one_query_block(qx)
+        return one_query_block(qx, lower_rows)
     qp, nqb = _pad_rows(qx, qb, fill=0)
-    out = jax.lax.map(one_query_block, qp.reshape(nqb, qb, d))
+    if lower_rows is None:
+        out = jax.lax.map(one_query_block, qp.reshape(nqb, qb, d))
+    else:
+        lp, _ = _pad_rows(lower_rows, qb, fill=0)
+        out = jax.lax.map(lambda a: one_query_block(*a), (qp.reshape(nqb, qb, d),
+                                                          lp.reshape(nqb, qb)))
     return out.reshape(nqb * qb, d)[:n]
 
 

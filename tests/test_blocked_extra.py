@@ -98,3 +98,57 @@ def test_bad_blocks_and_formulation():
         interaction(x, x, jnp.eye(3), 1.0, q_block=2.5)
     with pytest.raises(ValueError, match="formulation"):
         blocked(x, x, formulation="magic")
+
+
+@pytest.mark.parametrize("self_keys", [True, False])
+@pytest.mark.parametrize("branch,safe", [("maximum", -1.0), ("bound", 1e30)])
+def test_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, dtype, self_keys, branch,
+                                                          safe):
+    # the CPU block step shifts softmax weights by the Cauchy–Schwarz bound where that is
+    # exact and by the running maximum otherwise; forcing either everywhere (SAFE_SHIFT
+    # -1 / 1e30) gives the dense kernel's result, for self-attention (l_ii known) and for
+    # other keys (first-block maximum), with padded query and key blocks
+    import jaxdyn._kernels as K
+
+    monkeypatch.setitem(K.SAFE_SHIFT, "float32", safe)
+    monkeypatch.setitem(K.SAFE_SHIFT, "float64", safe)
+    x, B, qx = _setup(dtype, 203, beta=6.0)
+    dense = interaction(x, x, B, 6.0, kernel="dense")
+    got = blocked(qx, x, k_block=64, q_block=96, formulation="dot", self_keys=self_keys)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
+                               atol=tol(dtype, 1e-5, 1e-12) * float(jnp.max(jnp.abs(dense))))
+
+
+def test_bound_shift_guard_is_live_and_batch_wide(monkeypatch):
+    # β = 3000 with a random B: only the running maximum keeps weights in float32 range.
+    # The default guard picks it (finite, equal to dense); forcing the bound loses rows.
+    import jaxdyn._kernels as K
+
+    x, B, qx = _setup(np.float32, 150, beta=3000.0, seed=3)
+    dense = interaction(x, x, B, 3000.0, kernel="dense")
+    got = blocked(qx, x, k_block=64, q_block=64, formulation="dot", self_keys=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0, atol=1e-4)
+    with monkeypatch.context() as mp:
+        mp.setitem(K.SAFE_SHIFT, "float32", 1e30)
+        forced = blocked(qx, x, k_block=64, q_block=64, formulation="dot", self_keys=True)
+        assert not np.all(np.isfinite(np.asarray(forced)))
+    # under vmap one decision covers the batch: a safe β next to an unsafe one still
+    # matches dense for both (the unsafe one forces the maximum for the pair)
+    betas = jnp.asarray([2.0, 3000.0], jnp.float32)
+    f = jax.vmap(lambda b: interaction(x, x, B, b, kernel="blocked", k_block=64, q_block=64))
+    many = f(betas)
+    for i, b in enumerate([2.0, 3000.0]):
+        ref = interaction(x, x, B, b, kernel="dense")
+        np.testing.assert_allclose(np.asarray(many[i]), np.asarray(ref), rtol=0, atol=1e-4)
+
+
+def test_bound_shift_gradient_equals_dense_gradient():
+    x, B, _ = _setup(np.float64, 90, beta=3.0, seed=5)
+
+    def loss(B, kernel):
+        m = interaction(x, x, B, 3.0, kernel=kernel, k_block=32, q_block=40)
+        return jnp.sum(m * jnp.sin(m))
+
+    g_dense = jax.grad(loss)(B, "dense")
+    g_blocked = jax.grad(loss)(B, "blocked")
+    np.testing.assert_allclose(np.asarray(g_blocked), np.asarray(g_dense), rtol=1e-10, atol=1e-12)
