@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from ._kernels import SAFE_SHIFT  # shared with the blocked kernel's bound shift
 from ._models import SphereAttention
 from ._simulate import Trajectory, _plan, save_indices
 
@@ -69,8 +70,6 @@ MAX_PARTICLES = 256
 #: 48: 1.2x, then 64: 0.7x, 128: 0.3x, 256: 0.25x (XLA's library matmuls win from N ~ 64).
 #: The experiments engine uses the ensemble path up to here.
 FASTER_MAX_PARTICLES = 48
-#: largest 2·max_i r_i for which the bound shift is used, per float type (see module doc).
-SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
 #: target logits-tile size (elements) of one chunk: 128 systems of 32 particles.
 TILE_ELEMENTS = 128 * 32 * 32
 #: on accelerators, the largest logits tile of one chunk (elements; 256 MiB in float32)
