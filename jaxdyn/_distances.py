@@ -32,6 +32,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._kernels import _pad_rows
+
 __all__ = [
     "w2",
     "w2_exact",
@@ -196,16 +198,6 @@ def _lse_key_block() -> int:
     return _LSE_K_BLOCK if jax.default_backend() == "cpu" else 8 * _LSE_K_BLOCK
 
 
-def _pad_rows(a, multiple, fill):
-    """Pad the leading axis of ``a`` to a multiple of ``multiple`` with ``fill``."""
-    n = a.shape[0]
-    nb = max(1, math.ceil(n / multiple))
-    pad = nb * multiple - n
-    if pad:
-        a = jnp.concatenate([a, jnp.full((pad,) + a.shape[1:], fill, a.dtype)], axis=0)
-    return a, nb
-
-
 def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = _LSE_K_BLOCK):
     r"""``eps · log Σ_k exp((pot_k − |other_k − p|^2) / eps)`` for every row ``p`` of ``pts``.
 
@@ -226,8 +218,8 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = _LS
     dtype = pts.dtype
     kb = max(1, min(int(k_block), m))
     qb = max(1, min(int(q_block), n))
-    other_p, nk = _pad_rows(other, kb, 0.0)
-    pot_p, _ = _pad_rows(pot.astype(dtype), kb, -jnp.inf)
+    other_p, nk = _pad_rows(other, kb)
+    pot_p, _ = _pad_rows(pot.astype(dtype), kb, value=-jnp.inf)
     other_p = other_p.reshape(nk, kb, d)
     pot_p = pot_p.reshape(nk, kb)
     inv = 1.0 / eps
@@ -252,7 +244,7 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = _LS
 
     if n <= qb:
         return rows(pts)
-    pts_p, nq = _pad_rows(pts, qb, 0.0)
+    pts_p, nq = _pad_rows(pts, qb)
     return jax.lax.map(rows, pts_p.reshape(nq, qb, d)).reshape(nq * qb)[:n]
 
 

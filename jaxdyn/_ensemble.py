@@ -59,7 +59,8 @@ from jax.sharding import PartitionSpec as P
 
 from ._kernels import SAFE_SHIFT  # shared with the blocked kernel's bound shift
 from ._models import SphereAttention
-from ._simulate import Trajectory, _plan, save_indices
+from ._simulate import Trajectory, _plan, save_indices, saved_states
+from ._sphere import exp_map, normalize, tangent_project
 
 __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
 
@@ -88,10 +89,6 @@ def default_chunk(n: int) -> int:
 # of the particles; the last axis runs over the c systems of a chunk.
 
 
-def _normalize(x):
-    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=1, keepdims=True))
-
-
 def _field(x, B, V, beta, normalization, safe):
     d = x.shape[1]
     # qx_i = β Bᵀ x_i:  qx[i, a, s] = β_s Σ_b x[i, b, s] B[b, a, s]
@@ -118,25 +115,20 @@ def _field(x, B, V, beta, normalization, safe):
         m = m / jnp.sum(e, axis=1)[:, None, :]
     # u = V m, then the tangent projection P⊥(x) u
     u = sum(m[:, b:b + 1, :] * V[None, :, b, :] for b in range(d))
-    return u - jnp.sum(x * u, axis=1, keepdims=True) * x
+    return tangent_project(x, u, axis=1)
 
 
 def _step(method, x, dt, f):
+    # the schemes of jaxdyn._integrators, with the particle vectors along axis 1
     if method == "euler":
-        return _normalize(x + dt * f(x))
+        return normalize(x + dt * f(x), axis=1)
     if method == "rk4":
         k1 = f(x)
         k2 = f(x + (dt / 2) * k1)
         k3 = f(x + (dt / 2) * k2)
         k4 = f(x + dt * k3)
-        return _normalize(x + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
-    # exp_euler: the sphere's exponential map along dt f(x), as jaxdyn._sphere.exp_map
-    v = dt * f(x)
-    r = jnp.sqrt(jnp.sum(v * v, axis=1, keepdims=True))
-    small = r < 1e-8
-    r_safe = jnp.where(small, 1.0, r)
-    sinc = jnp.where(small, 1.0 - r**2 / 6.0, jnp.sin(r_safe) / r_safe)
-    return _normalize(jnp.cos(r) * x + sinc * v)
+        return normalize(x + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4), axis=1)
+    return exp_map(x, dt * f(x), axis=1)
 
 
 def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
@@ -144,28 +136,10 @@ def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
     f = functools.partial(_field, B=B, V=V, beta=beta, normalization=normalization, safe=safe)
     dt = jnp.asarray(dt, x.dtype)
 
-    def advance(x, steps):
+    def advance(x, _start, steps):
         return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f), x)
 
-    seg = np.diff(np.asarray(idx))
-    if idx[0] > 0:  # ``saveat`` starting after t0 (as jaxdyn.simulate)
-        x = advance(x, int(idx[0]))
-    saved = [x[None]]
-    i = 0
-    while i < len(seg):  # consecutive equal segments: one scan (as jaxdyn.simulate)
-        j = i
-        while j < len(seg) and seg[j] == seg[i]:
-            j += 1
-        L = int(seg[i])
-
-        def outer(x, _, L=L):
-            x = advance(x, L)
-            return x, x
-
-        x, xs = jax.lax.scan(outer, x, None, length=j - i)
-        saved.append(xs)
-        i = j
-    return jnp.concatenate(saved, axis=0)
+    return saved_states(x, idx, advance)
 
 
 def _device_run(x0, B, V, beta, *, chunk, **kw):

@@ -222,15 +222,15 @@ def _blocks(platform, k_block, q_block):
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
-def _pad_rows(a, multiple, fill=None):
-    """Pad the leading axis to a multiple of ``multiple``: with zeros, or repeating row
-    ``fill`` of ``a``. Returns (padded, number of blocks)."""
+def _pad_rows(a, multiple, fill=None, value=0):
+    """Pad the leading axis to a multiple of ``multiple``: with ``value`` (default zeros), or
+    repeating row ``fill`` of ``a``. Returns (padded, number of blocks)."""
     n = a.shape[0]
     nb = max(1, math.ceil(n / multiple))
     pad = nb * multiple - n
     if pad:
         if fill is None:
-            extra = jnp.zeros((pad,) + a.shape[1:], a.dtype)
+            extra = jnp.full((pad,) + a.shape[1:], value, a.dtype)
         else:
             extra = jnp.broadcast_to(a[fill], (pad,) + a.shape[1:])
         a = jnp.concatenate([a, extra], axis=0)

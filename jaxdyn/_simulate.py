@@ -156,6 +156,35 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     return _run_fixed(model, x0, args, t0, dt, idx, method)
 
 
+def saved_states(x0, idx, advance):
+    """The states at the static step indices ``idx``, stacked on a new leading axis.
+
+    ``advance(x, k_start, n_steps)`` takes ``n_steps`` steps from step ``k_start``. States
+    before ``idx[0]`` are integrated but not saved (``saveat`` after t0); consecutive
+    equal-length segments share one nested scan (traced once per length).
+    """
+    seg = np.diff(np.asarray(idx))
+    x = x0
+    if idx[0] > 0:
+        x = advance(x, 0, int(idx[0]))
+    saved = [x[None]]
+    i = 0
+    while i < len(seg):
+        j = i
+        while j < len(seg) and seg[j] == seg[i]:
+            j += 1
+        L, reps, start = int(seg[i]), j - i, int(idx[i])
+
+        def outer(x, r, L=L, start=start):
+            x = advance(x, start + r * L, L)
+            return x, x
+
+        x, xs = jax.lax.scan(outer, x, jnp.arange(reps))
+        saved.append(xs)
+        i = j
+    return jnp.concatenate(saved, axis=0)
+
+
 @eqx.filter_jit
 def _run_fixed(model, x0, args, t0, dt, idx, method):
     integ = INTEGRATORS[method]()
@@ -171,27 +200,7 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
         x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
         return x
 
-    seg = np.diff(np.asarray(idx))
-    x = x0
-    if idx[0] > 0:  # ``saveat`` starting after t0: integrate up to the first saved time
-        x = advance(x, 0, int(idx[0]))
-    saved = [x]
-    # Group consecutive equal-length segments into one nested scan (traced once per length).
-    i = 0
-    while i < len(seg):
-        j = i
-        while j < len(seg) and seg[j] == seg[i]:
-            j += 1
-        L, reps, start = int(seg[i]), j - i, int(idx[i])
-
-        def outer(x, r, L=L, start=start):
-            x = advance(x, start + r * L, L)
-            return x, x
-
-        x, xs = jax.lax.scan(outer, x, jnp.arange(reps))
-        saved.append(xs)
-        i = j
-    xs = jnp.concatenate([saved[0][None]] + saved[1:], axis=0)
+    xs = saved_states(x0, idx, advance)
     ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a
     finite = jnp.all(jnp.isfinite(xs))
     return Trajectory(ts, xs, finite, jnp.asarray(idx[-1]))

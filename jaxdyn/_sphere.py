@@ -21,26 +21,27 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def tangent_project(x, v):
-    """P⊥(x) v = v − ⟨x, v⟩ x, row-wise."""
-    return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
+def tangent_project(x, v, axis=-1):
+    """P⊥(x) v = v − ⟨x, v⟩ x, row-wise (vectors along ``axis``)."""
+    return v - jnp.sum(x * v, axis=axis, keepdims=True) * x
 
 
-def normalize(x):
-    """Project onto the sphere: x / |x|, row-wise."""
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+def normalize(x, axis=-1):
+    """Project onto the sphere: x / |x|, row-wise (vectors along ``axis``)."""
+    return x / jnp.linalg.norm(x, axis=axis, keepdims=True)
 
 
-def exp_map(x, v):
-    """Exponential map of the sphere at x applied to the tangent vector v (row-wise).
+def exp_map(x, v, axis=-1):
+    """Exponential map of the sphere at x applied to the tangent vector v (row-wise, vectors
+    along ``axis``).
 
     Safe at v = 0 (uses sin(r)/r → 1); the result is renormalised against round-off.
     """
-    r = jnp.linalg.norm(v, axis=-1, keepdims=True)
+    r = jnp.linalg.norm(v, axis=axis, keepdims=True)
     small = r < 1e-8
     r_safe = jnp.where(small, 1.0, r)
     sinc = jnp.where(small, 1.0 - r**2 / 6.0, jnp.sin(r_safe) / r_safe)
-    return normalize(jnp.cos(r) * x + sinc * v)
+    return normalize(jnp.cos(r) * x + sinc * v, axis=axis)
 
 
 def geodesic_distance(x, y):
