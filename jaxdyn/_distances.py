@@ -300,25 +300,48 @@ def _anneal_length(decay: float) -> int:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("threshold", "max_iterations", "batch_size", "decay", "momentum_start"),
+    static_argnames=("threshold", "max_iterations", "batch_size", "decay", "momentum_start",
+                     "block"),
 )
-def _debiased_round(x, y, eps, eps_start, init, *, threshold, max_iterations, batch_size,
-                    decay, momentum_start):
+def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
+                    max_iterations, batch_size, decay, momentum_start, block=None):
     """One round: the three entropic problems at ``eps``, annealed from ``eps_start`` and
-    warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy))."""
+    warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
+
+    ``a``, ``b``: weights (default uniform). ``sparse``: block neighbour lists
+    ``(xy rows x, xy rows y, xx, yy)`` of the block-sparse geometry (clouds in leaf order,
+    see :mod:`jaxdyn._multiscale`), ``block`` its leaf size; else dense (``batch_size``
+    None) or online (``batch_size`` rows)."""
     from ott.geometry import geometry
     from ott.problems.linear import linear_problem
     from ott.solvers.linear import acceleration, sinkhorn
 
     dtype = x.dtype
     n, m = x.shape[0], y.shape[0]
-    a = jnp.full((n,), 1.0 / n, dtype=dtype)
-    b = jnp.full((m,), 1.0 / m, dtype=dtype)
+    if a is None:
+        a = jnp.full((n,), 1.0 / n, dtype=dtype)
+    if b is None:
+        b = jnp.full((m,), 1.0 / m, dtype=dtype)
     eps = jnp.asarray(eps, dtype)
     start = jnp.maximum(jnp.asarray(eps_start, dtype) / eps, jnp.asarray(1.0, dtype))
     sched = _annealed_epsilon(eps, start, decay)
+    # Fix the gauge of the (x, y) potentials (f + c, g - c is the same plan): a warm start
+    # can carry an offset (f ≈ -0.56, g ≈ +0.56 seen after the multiscale ladder), and
+    # the kernel result R_i ≈ ε log a_i - f_i then loses |f| · 2^-24 / ε of relative
+    # accuracy in float32 -- at ε = 1e-5 more than the 1e-3 marginal threshold, so
+    # Sinkhorn never met it. Centred, |f|, |g| are of the order of the cost.
+    (f0, g0) = init[0]
+    shift = 0.5 * (jnp.sum(jnp.where(a > 0, a * f0, 0.0)) - jnp.sum(jnp.where(b > 0, b * g0, 0.0)))
+    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), dtype))
+    init = ((f0 - shift, g0 + shift),) + tuple(init[1:])
 
-    def geom(u, v):
+    def geom(u, v, which):
+        if sparse is not None:
+            from ._multiscale import sparse_geometry
+
+            nbr = {"xy": (sparse[0], sparse[1]), "xx": (sparse[2], sparse[2]),
+                   "yy": (sparse[3], sparse[3])}[which]
+            return sparse_geometry(u, v, sched, nbr[0], nbr[1], block)
         if batch_size is None:
             return geometry.Geometry(cost_matrix=_sq_dists(u, v), epsilon=sched)
         return _online_geometry(u, v, sched, batch_size)
@@ -339,9 +362,9 @@ def _debiased_round(x, y, eps, eps_start, init, *, threshold, max_iterations, ba
         parallel_dual_updates=True,
         momentum=acceleration.Momentum(start=0, value=half),
     )
-    out_xy = solver_xy(linear_problem.LinearProblem(geom(x, y), a=a, b=b), init=init[0])
-    out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x), a=a, b=a), init=init[1])
-    out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y), a=b, b=b), init=init[2])
+    out_xy = solver_xy(linear_problem.LinearProblem(geom(x, y, "xy"), a=a, b=b), init=init[0])
+    out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x, "xx"), a=a, b=a), init=init[1])
+    out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y, "yy"), a=b, b=b), init=init[2])
     div = out_xy.reg_ot_cost - 0.5 * (out_xx.reg_ot_cost + out_yy.reg_ot_cost)
     pots = ((out_xy.f, out_xy.g), (out_xx.f, out_xx.g), (out_yy.f, out_yy.g))
     converged = jnp.stack([out_xy.converged, out_xx.converged, out_yy.converged])
@@ -364,6 +387,10 @@ class SinkhornW2(NamedTuple):
       epsilon_floored: the rule ``ε = rel_epsilon · S_ε`` asked for an ε below the floor
         (``epsilon_floor``), so the final ε is larger than the rule wanted and the bias may
         exceed the usual one.
+      geometry: ``"dense"``, ``"online"`` or ``"multiscale"`` (block-sparse, certified
+        truncation, :mod:`jaxdyn._multiscale`).
+      kernel_density: for ``"multiscale"``, the fraction of the N x M cost entries a kernel
+        pass of the final round visited (1.0 for the other geometries).
     """
 
     value: float
@@ -374,12 +401,24 @@ class SinkhornW2(NamedTuple):
     epsilons: tuple
     divergences: tuple
     epsilon_floored: bool
+    geometry: str = "dense"
+    kernel_density: float = 1.0
 
 
 #: row block of the online geometry by platform: cache-sized tiles on CPU (measured: 1024
 #: rows x 512 keys within noise of the best of 256-4096 x 256-1024 at N = 8192), large tiles
 #: on accelerators, where every block step is a kernel launch.
 ONLINE_ROW_BLOCK = {"cpu": 1024, "gpu": 16384}
+
+
+#: ``multiscale="auto"`` uses the block-sparse solver beyond this many cost entries, in
+#: dimension up to ``MULTISCALE_MAX_DIM`` (k-d leaves stay compact in low dimension only).
+MULTISCALE_MIN_ENTRIES = 2**24
+MULTISCALE_MAX_DIM = 6
+
+
+def _default_multiscale(n: int, m: int, d: int) -> bool:
+    return n * m > MULTISCALE_MIN_ENTRIES and d <= MULTISCALE_MAX_DIM
 
 
 def _default_batch_size(n: int, m: int) -> Optional[int]:
@@ -402,6 +441,7 @@ def w2_sinkhorn(
     max_rounds: int = 8,
     decay: float = 0.9,
     batch_size: Union[int, None, str] = "auto",
+    multiscale: Union[bool, str] = "auto",
 ) -> SinkhornW2:
     r"""W2 from the debiased Sinkhorn divergence (ott-jax), with ε following the distance.
 
@@ -447,6 +487,14 @@ def w2_sinkhorn(
         accelerators). (The earlier online kernel formed ``batch_size`` x M rows at once;
         on an H200 its first call compiled for about 1 min at N = 30 000 and over 2.5 min
         at N = 100 000. The tiled kernel's program is the same at every N.)
+        Ignored when the multiscale solver runs.
+      multiscale: ``True`` for the multiscale, block-sparse solver
+        (:mod:`jaxdyn._multiscale`: the large-ε part of the ladder on N/32 sub-block
+        centroids, then kernels that visit only the blocks a certified bound keeps, the
+        dropped terms weighing < 1.5e-8 of every row's sum); ``False`` for dense/online;
+        ``"auto"`` (default): multiscale beyond 2^24 cost entries in dimension <= 6. On
+        concentrated clouds at small ε the kernels touch a few % of the N x M entries,
+        which makes N = 10^5 a matter of minutes on a laptop CPU instead of hours.
 
     Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
     spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at N = 1000, 10 000 at
@@ -460,10 +508,16 @@ def w2_sinkhorn(
     x = _as_float_array(x)
     y = jnp.asarray(y, dtype=x.dtype)
     n, m = x.shape[0], y.shape[0]
+    if multiscale not in ("auto", True, False):
+        raise ValueError(f"multiscale must be 'auto', True or False, got {multiscale!r}")
+    use_multiscale = (_default_multiscale(n, m, x.shape[1]) if multiscale == "auto"
+                      else bool(multiscale))
     if batch_size == "auto":
         batch_size = _default_batch_size(n, m)
     elif batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise ValueError(f"batch_size must be None, 'auto' or a positive int, got {batch_size!r}")
+    geometry_name = ("multiscale" if use_multiscale
+                     else "dense" if batch_size is None else "online")
     if not (0.0 < decay < 1.0):
         raise ValueError(f"decay must lie in (0, 1), got {decay}")
     if epsilon is not None and not epsilon > 0:
@@ -491,18 +545,52 @@ def w2_sinkhorn(
     kw = dict(threshold=float(threshold), max_iterations=int(max_iterations),
               batch_size=batch_size, decay=float(decay), momentum_start=momentum_start)
 
-    zeros = lambda k: jnp.zeros((k,), x.dtype)  # noqa: E731
-    init = ((zeros(n), zeros(m)), (zeros(n), zeros(n)), (zeros(m), zeros(m)))
+    def rule(eps, div):
+        """The next ε, or None when the ladder is done."""
+        if epsilon is not None:
+            if eps <= float(epsilon):
+                return None
+            return max(float(epsilon), eps / _MAX_ROUND_RATIO)
+        target = max(rel_epsilon * max(div, 0.0), epsilon_floor)
+        if eps <= target * (1.0 + 1e-12):
+            return None
+        return max(target, eps / _MAX_ROUND_RATIO)
 
-    eps_prev = eps0
-    eps = eps0 if epsilon is None else max(float(epsilon), 0.0)
+    if use_multiscale:
+        from . import _multiscale
+
+        res = _multiscale.w2_multiscale(
+            x, y, eps0=eps0, rule=rule, epsilon=epsilon, max_rounds=max_rounds, **kw)
+    else:
+        zeros = lambda k: jnp.zeros((k,), x.dtype)  # noqa: E731
+        init = ((zeros(n), zeros(m)), (zeros(n), zeros(n)), (zeros(m), zeros(m)))
+        eps = eps0 if epsilon is None else max(float(epsilon), 0.0)
+
+        def solve(eps, eps_prev, init):
+            return _debiased_round(x, y, eps, eps_prev, init, **kw)
+
+        res = _ladder(solve, eps, eps0, init, rule, max_rounds)
+    eps, div, converged, n_total, eps_list, div_list, info = res
+    floored = False
+    if epsilon is None and div_list and np.isfinite(div):
+        floored = rel_epsilon * max(div, 0.0) < epsilon_floor and eps <= epsilon_floor * (1 + 1e-12)
+    value = float(np.sqrt(max(div, 0.0))) if np.isfinite(div) else float("nan")
+    return SinkhornW2(value, div, float(eps), converged, n_total, tuple(eps_list),
+                      tuple(div_list), bool(floored), info.get("geometry", geometry_name),
+                      info.get("kernel_density", 1.0))
+
+
+def _ladder(solve, eps, eps_prev, init, rule, max_rounds):
+    """The ε ladder: solve at ``eps`` (annealed from ``eps_prev``), then ``rule(eps, div)``
+    gives the next ε, until it says stop. Returns (eps, div, converged, xy iterations,
+    ε list, divergence list, info with the final potentials)."""
     eps_list, div_list = [], []
     n_total = 0
-    floored = False
     converged = False
     div = float("nan")
+    pots = init
     for _ in range(max_rounds):
-        div_j, pots, conv, iters = _debiased_round(x, y, eps, eps_prev, init, **kw)
+        div_j, new_pots, conv, iters = solve(eps, eps_prev, pots)
         div = float(div_j)
         converged = bool(np.all(np.asarray(conv)))
         n_total += int(np.asarray(iters)[0])
@@ -511,24 +599,14 @@ def w2_sinkhorn(
         if not np.isfinite(div):
             converged = False
             break
-        init = pots
-        if epsilon is not None:
-            if eps <= float(epsilon):
-                break
-            eps_prev, eps = eps, max(float(epsilon), eps / _MAX_ROUND_RATIO)
-            continue
-        wanted = rel_epsilon * max(div, 0.0)
-        target = max(wanted, epsilon_floor)
-        if eps <= target * (1.0 + 1e-12):
+        pots = new_pots
+        nxt = rule(eps, div)
+        if nxt is None:
             break
-        eps_prev, eps = eps, max(target, eps / _MAX_ROUND_RATIO)
+        eps_prev, eps = eps, nxt
     else:
         converged = False  # ran out of rounds before ε settled
-    if epsilon is None and div_list and np.isfinite(div):
-        floored = rel_epsilon * max(div, 0.0) < epsilon_floor and eps <= epsilon_floor * (1 + 1e-12)
-    value = float(np.sqrt(max(div, 0.0))) if np.isfinite(div) else float("nan")
-    return SinkhornW2(value, div, float(eps), converged, n_total, tuple(eps_list),
-                      tuple(div_list), bool(floored))
+    return eps, div, converged, n_total, eps_list, div_list, {"pots": pots}
 
 
 # --------------------------------------------------------------------------------------
