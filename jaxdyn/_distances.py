@@ -198,6 +198,22 @@ def _lse_key_block() -> int:
     return _LSE_K_BLOCK if jax.default_backend() == "cpu" else 8 * _LSE_K_BLOCK
 
 
+def lse_tile(q, keys, pot, inv, carry):
+    """One tile of the online log-sum-exp of ``(pot_k − |keys_k − q_i|^2) · inv``: folds the
+    tile's terms into the running (maximum, rescaled sum) ``carry`` of every row q_i. The
+    cost by differences, ``Σ_c (k_c − q_c)^2``; ``pot = −inf`` terms contribute nothing."""
+    mx, s = carry
+    d = q.shape[1]
+    cost = (q[:, None, 0] - keys[None, :, 0]) ** 2
+    for c in range(1, d):
+        cost = cost + (q[:, None, c] - keys[None, :, c]) ** 2
+    logits = (pot[None, :] - cost) * inv
+    new = jnp.maximum(mx, jnp.max(logits, axis=1))
+    ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), q.dtype))
+    s = s * jnp.exp(mx - ref) + jnp.sum(jnp.exp(logits - ref[:, None]), axis=1)
+    return new, s
+
+
 def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = _LSE_K_BLOCK):
     r"""``eps · log Σ_k exp((pot_k − |other_k − p|^2) / eps)`` for every row ``p`` of ``pts``.
 
@@ -226,16 +242,7 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = _LS
 
     def rows(q):
         def step(carry, block):
-            mx, s = carry
-            ob, pb = block
-            cost = (q[:, None, 0] - ob[None, :, 0]) ** 2
-            for c in range(1, d):
-                cost = cost + (q[:, None, c] - ob[None, :, c]) ** 2
-            logits = (pb[None, :] - cost) * inv
-            new = jnp.maximum(mx, jnp.max(logits, axis=1))
-            ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), dtype))
-            s = s * jnp.exp(mx - ref) + jnp.sum(jnp.exp(logits - ref[:, None]), axis=1)
-            return (new, s), None
+            return lse_tile(q, block[0], block[1], inv, carry), None
 
         rb = q.shape[0]
         init = (jnp.full((rb,), -jnp.inf, dtype), jnp.zeros((rb,), dtype))
