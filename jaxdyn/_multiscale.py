@@ -364,8 +364,11 @@ class _Selection:
         self.bx, self.by, self.block, self.margin = bx, by, block, margin
         self.keep = None
         self.order = None
+        self._last = None  # (pots, eps, masks): the end-of-round check serves the next select
 
     def _masks(self, pots, eps):
+        if self._last is not None and self._last[0] is pots and self._last[1] == eps:
+            return self._last[2]
         (f, g), (fx, gx), (fy, gy) = pots
         bx, by, b, t = self.bx, self.by, self.block, self.margin
         kx, ux = select(bx, by, g, eps, t, b)
@@ -374,7 +377,9 @@ class _Selection:
         kxx2, _ = select(bx, bx, gx, eps, t, b)
         kyy, uyy = select(by, by, fy, eps, t, b)
         kyy2, _ = select(by, by, gy, eps, t, b)
-        return [kx, ky, kxx | kxx2, kyy | kyy2], [ux, uy, uxx, uyy]
+        out = [kx, ky, kxx | kxx2, kyy | kyy2], [ux, uy, uxx, uyy]
+        self._last = (pots, eps, out)
+        return out
 
     def update(self, pots, eps, fresh=True):
         """Select at ``eps`` from ``pots``; ``fresh=False`` adds to the current selection."""

@@ -72,17 +72,21 @@ def test_each_shift_branch_alone_equals_the_reference(monkeypatch, branch, safe)
     assert fin.all() if branch == "maximum" else not fin.any()
 
 
+def _assert_finite_and_matches(models, x0, atol, **kw):
+    """Every system stays finite and equals the generic vmap(simulate) path to ``atol``."""
+    got = simulate_ensemble(models, x0, **kw)
+    ref = _reference(models, x0, **kw)
+    assert np.all(np.asarray(got.finite))
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=atol, rtol=0)
+
+
 def test_identity_weights_take_the_bound_at_any_beta():
     # Q = K = V = I on the sphere: l_ii equals the bound, so even β = 5000 (logits 5000,
     # weights spanning e^-10000) runs on the bound branch and matches the generic path
     eye = np.eye(3, dtype=np.float32)
     x0 = jnp.asarray(_unit(np.random.default_rng(2).standard_normal((4, 9, 3))), jnp.float32)
     models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, 5000.0)] * 4)
-    kw = dict(t1=0.02, dt=0.001, save_every=10, method="rk4")
-    ref = _reference(models, x0, **kw)
-    got = simulate_ensemble(models, x0, **kw)
-    assert np.all(np.asarray(got.finite))
-    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-5, rtol=0)
+    _assert_finite_and_matches(models, x0, 2e-5, t1=0.02, dt=0.001, save_every=10, method="rk4")
 
 
 def test_saveat_after_t0_and_mixed_precision_inputs():
@@ -110,11 +114,7 @@ def test_large_beta_float32_stays_finite_and_matches():
     # β = 2000 on S¹: logits of order 10³, far outside the bound's safe range; the maximum
     # branch must keep every weight finite
     models, x0 = _systems(4, 8, 2, [2000.0], np.float32, seed=4)
-    kw = dict(t1=0.2, dt=0.001, save_every=50, method="euler")
-    got = simulate_ensemble(models, x0, **kw)
-    ref = _reference(models, x0, **kw)
-    assert np.all(np.asarray(got.finite))
-    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=2e-3, rtol=0)
+    _assert_finite_and_matches(models, x0, 2e-3, t1=0.2, dt=0.001, save_every=50, method="euler")
 
 
 def test_nonfinite_is_a_status():
