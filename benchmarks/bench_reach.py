@@ -4,7 +4,7 @@ For each d (default 2, 4, 8, 16) and a few random targets (``random_target(seed,
 mean ~ N(0, I), eigenvalues log-uniform in [0.25, 4]), t1 = 1, 8 piecewise-constant pieces,
 all controls (A, b, V, B) free, optimiser started from zero controls. In one invocation:
 
-- ``jaxdyn``: :func:`jaxdyn._control.reach` (gradients through ``solve_moments``, Tsit5 at
+- ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through ``solve_moments``, Tsit5 at
   rtol 1e-9, RecursiveCheckpointAdjoint), stopping as soon as its W2 < tol
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
   steps first). The first call at each d (trace + compile + run) is reported as
@@ -146,9 +146,9 @@ def main(argv=None):
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdyn._control import certificate, controlled_moments, random_target, reach
-    from jaxdyn._distances import bures_w2
-    from jaxdyn._gaussian import Control
+    from jaxdyn.control import certificate, controlled_moments, random_target, reach
+    from jaxdyn.distances import bures_w2
+    from jaxdyn.gaussian._solve import Control
 
     info = machine_info()  # at the start (load average before the runs)
     dims = [2, 4] if args.tiny else args.dims
@@ -228,7 +228,7 @@ def main(argv=None):
                      "targets": "random_target(seed, d), seeds 0..k-1", "tol": TOL,
                      "jaxdyn_solver": "Tsit5 rtol 1e-9 atol 1e-11, RecursiveCheckpointAdjoint",
                      "torch_solver": "RK4, 16 fixed steps a piece, float64, autograd; scipy L-BFGS-B",
-                     "verification": "Dopri8 rtol 1e-11 (jaxdyn.controlled_moments)"},
+                     "verification": "Dopri8 rtol 1e-11 (jaxdyn.control.controlled_moments)"},
            "rows": rows, "machine": info}
     if args.tiny:
         out["note"] = "--tiny: smoke test, numbers meaningless"

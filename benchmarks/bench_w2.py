@@ -2,7 +2,7 @@
 
 For each case and N it runs, in the same process:
 
-- ``jaxdyn``: :func:`jaxdyn._distances.w2_sinkhorn` with its DEFAULT ε (ε-scaling to
+- ``jaxdyn``: :func:`jaxdyn.distances.w2_sinkhorn` with its DEFAULT ε (ε-scaling to
   0.005 · W2^2) and default geometry (dense up to 2^24 cost entries, i.e. N = 4096; the
   multiscale block-sparse solver beyond: rows record ``geometry`` and ``kernel_density``).
   The first call (compilation + run) is timed separately; then the median of ``--repeat``
@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxdyn._distances import (  # noqa: E402
+from jaxdyn.distances import (  # noqa: E402
     _default_batch_size,
     _default_multiscale,
     w2_coupling,

@@ -25,7 +25,7 @@ def _host_devices(disable: bool):
     """Expose the host cores as XLA CPU devices; must run before JAX initialises."""
     if disable:
         return
-    from ._sharding import configure_host_devices
+    from .simulation._sharding import configure_host_devices
 
     configure_host_devices()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxdyn
-from jaxdyn._kernels import (
+from jaxdyn.kernels._attention import (
     AUTO_BLOCKED_MIN_KEYS,
     DEFAULT_BLOCKS,
     blocked,
@@ -108,7 +108,7 @@ def test_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, dtype, se
     # exact and by the running maximum otherwise; forcing either everywhere (SAFE_SHIFT
     # -1 / 1e30) gives the dense kernel's result, for self-attention (l_ii known) and for
     # other keys (first-block maximum), with padded query and key blocks
-    import jaxdyn._kernels as K
+    import jaxdyn.kernels._attention as K
 
     monkeypatch.setitem(K.SAFE_SHIFT, "float32", safe)
     monkeypatch.setitem(K.SAFE_SHIFT, "float64", safe)
@@ -122,7 +122,7 @@ def test_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, dtype, se
 def test_bound_shift_guard_is_live_and_batch_wide(monkeypatch):
     # β = 3000 with a random B: only the running maximum keeps weights in float32 range.
     # The default guard picks it (finite, equal to dense); forcing the bound loses rows.
-    import jaxdyn._kernels as K
+    import jaxdyn.kernels._attention as K
 
     x, B, qx = _setup(np.float32, 150, beta=3000.0, seed=3)
     dense = interaction(x, x, B, 3000.0, kernel="dense")

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdyn.experiments import _sphere_common as sc
+from jaxdyn.experiments import sphere_common as sc
 from jaxdyn.experiments import concentration, sphere
-from jaxdyn.experiments._engine import grid_points, point_config, resolve_config
+from jaxdyn.experiments.engine import grid_points, point_config, resolve_config
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

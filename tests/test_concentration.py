@@ -9,10 +9,10 @@ import pytest
 import xarray as xr
 
 from jaxdyn import sample_sphere
-from jaxdyn._distances import w2_exact
-from jaxdyn._spectral import projection
+from jaxdyn.distances import w2_exact
+from jaxdyn.spectral import projection
 from jaxdyn.config import ConfigError
-from jaxdyn.ensembles import WEIGHTS_SCHEMA, build_weights
+from jaxdyn.experiments.sphere_common import WEIGHTS_SCHEMA, build_weights
 from jaxdyn.config import validate_section
 from jaxdyn.experiments import resolve_config, run_experiment
 from jaxdyn.experiments import concentration as conc

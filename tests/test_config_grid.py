@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxdyn.config import ConfigError
-from jaxdyn.experiments._engine import resolve_config
+from jaxdyn.experiments.engine import resolve_config
 
 
 def _sweep(**sweep):

@@ -18,7 +18,7 @@ import scipy.linalg as sla
 from scipy.integrate import solve_ivp
 
 from conftest import tol
-from jaxdyn._control import (
+from jaxdyn.control import (
     Certificate,
     ControlledEuclideanAttention,
     certificate,
@@ -32,8 +32,8 @@ from jaxdyn._control import (
     transfer_particles,
     transformer_layers,
 )
-from jaxdyn._gaussian import Control
-from jaxdyn._models import EuclideanAttention
+from jaxdyn.gaussian._solve import Control
+from jaxdyn.models._fields import EuclideanAttention
 
 N_PIECES = 8
 

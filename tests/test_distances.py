@@ -16,7 +16,7 @@ import scipy.special
 from hypothesis import given, settings, strategies as st
 
 from conftest import tol
-from jaxdyn._distances import (
+from jaxdyn.distances import (
     bures_w2,
     bures_w2_squared,
     sqrtm_psd,
@@ -202,7 +202,7 @@ def test_blocked_lse_equals_dense_logsumexp(dtype, shape):
     # The tile-by-tile kernel of the online geometry against one dense logsumexp, with
     # sizes that are not multiples of the blocks, -inf potentials, and a small eps at which
     # the naive exp underflows (the running maximum must rescale).
-    from jaxdyn._distances import blocked_lse
+    from jaxdyn.kernels import blocked_lse
 
     n, m, qb, kb = shape
     rng = np.random.default_rng(n + m)
@@ -226,7 +226,7 @@ def test_blocked_lse_equals_dense_logsumexp(dtype, shape):
 def test_blocked_lse_program_does_not_grow_with_n():
     # The compiled program is the same loop at any N (only trip counts change): the HLO of
     # the kernel at N = 2 000 and N = 200 000 has the same number of instructions.
-    from jaxdyn._distances import blocked_lse
+    from jaxdyn.kernels import blocked_lse
 
     def size(n):
         x = jax.ShapeDtypeStruct((n, 3), jnp.float32)

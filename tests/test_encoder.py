@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import tol
 
-from jaxdyn._encoder import (
+from jaxdyn.encoder._bert import (
     BertConfig,
     BertParams,
     embed,
@@ -203,7 +203,7 @@ def test_input_layernorm_option(dtype):
     params = _rich_params(TINY, jax.random.PRNGKey(9), dtype)
     h0 = jnp.asarray(np.random.default_rng(9).normal(size=(2, 4, 16)).astype(dtype))
     e = params.embeddings
-    from jaxdyn._encoder import layer_norm
+    from jaxdyn.encoder._bert import layer_norm
 
     normed = layer_norm(h0, e.ln_g, e.ln_b, TINY.layer_norm_eps)
     a = encode(params, TINY, h0, input_layernorm=True)

@@ -11,7 +11,7 @@ import pytest
 
 import jaxdyn
 from conftest import tol
-from jaxdyn._ensemble import simulate_ensemble
+from jaxdyn.simulation._ensemble import simulate_ensemble
 
 
 def _unit(a):
@@ -56,7 +56,7 @@ def test_equals_vmapped_simulate(dtype, method):
 def test_each_shift_branch_alone_equals_the_reference(monkeypatch, branch, safe):
     # SAFE_SHIFT = -1 forces the running maximum everywhere, 1e30 the bound everywhere: at
     # moderate β both equal the generic path (which always subtracts the maximum) ...
-    import jaxdyn._ensemble as ens
+    import jaxdyn.simulation._ensemble as ens
 
     monkeypatch.setitem(ens.SAFE_SHIFT, "float32", safe)
     models, x0 = _systems(6, 10, 3, [0.5, 3.0, 8.0], np.float32, seed=2)
@@ -166,7 +166,7 @@ def test_split_over_three_devices_equals_one(tmp_path):
         "import jax, numpy as np\n"
         "sys.path.insert(0, %r)\n"
         "from test_ensemble import _systems\n"
-        "from jaxdyn._ensemble import simulate_ensemble\n"
+        "from jaxdyn.simulation._ensemble import simulate_ensemble\n"
         "assert jax.device_count() == 3\n"
         "models, x0 = _systems(10, 12, 3, [0.5, 3.0, 50.0], np.float32, seed=7)\n"
         "kw = dict(t1=1.0, dt=0.05, save_every=5, method='rk4', chunk=4)\n"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import tol
 
-from jaxdyn._gaussian import Control, MomentStatus, solve_moments, covariance_curves
-from jaxdyn._gaussian_batch import solve_moments_batch
-from jaxdyn._gaussian_closed import (
+from jaxdyn.gaussian._solve import Control, MomentStatus, solve_moments, covariance_curves
+from jaxdyn.gaussian._batch import solve_moments_batch
+from jaxdyn.gaussian._closed import (
     lyapunov_equilibrium,
     scalar_blowup_time,
     scalar_variance,
@@ -18,7 +18,7 @@ from jaxdyn._gaussian_closed import (
     vi_blowup_time_general,
     vi_covariance,
 )
-from jaxdyn._gaussian_regimes import classify, scalar_grid, stationary_covariance, vi_grid
+from jaxdyn.gaussian._regimes import classify, scalar_grid, stationary_covariance, vi_grid
 
 D = 3
 N_SAVE = 9  # shared save count and tolerances keep the number of compilations down

@@ -182,7 +182,7 @@ def test_relu_initial_rates_limits():
     # Stein rates reduce to the identity closure's rates when the cloud is far in the
     # positive orthant (D = I, E relu(x) = m)
     q = {**p, "m0": np.array([30.0, 40.0])}
-    from jaxdyn._gaussian import moment_rhs
+    from jaxdyn.gaussian._solve import moment_rhs
     import jax.numpy as jnp
 
     dmq, dSq = G.relu_initial_rates(q)

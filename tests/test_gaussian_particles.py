@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from conftest import tol
 
-from jaxdyn._gaussian import MomentStatus, moment_rhs
-from jaxdyn._kernels import interaction
+from jaxdyn.gaussian._solve import MomentStatus, moment_rhs
+from jaxdyn.kernels._attention import interaction
 from jaxdyn.experiments.gaussian import (
     bures,
     closed_form,

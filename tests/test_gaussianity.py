@@ -10,7 +10,7 @@ import pytest
 import scipy.linalg
 from conftest import tol
 
-from jaxdyn._gaussianity import (
+from jaxdyn.encoder._gaussianity import (
     GAUSSIANITY_METRICS,
     METRICS,
     effective_rank,
@@ -284,7 +284,7 @@ def test_nongaussian_stack_keeps_the_scale(control_profiles):
 
 
 def test_measure_gaussianity_on_a_small_encoder():
-    from jaxdyn._encoder import BertConfig, init_bert
+    from jaxdyn.encoder._bert import BertConfig, init_bert
 
     cfg = BertConfig(
         hidden_size=D, num_attention_heads=2, intermediate_size=32, num_hidden_layers=3, vocab_size=10

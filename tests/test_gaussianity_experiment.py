@@ -10,7 +10,7 @@ pytest.importorskip("safetensors")
 
 @pytest.mark.models
 def test_gaussianity_kind_flags_the_control(tmp_path):
-    from jaxdyn._encoder import find_minilm
+    from jaxdyn.encoder._bert import find_minilm
 
     try:
         find_minilm()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxdyn
-from jaxdyn._kernels import interaction
+from jaxdyn.kernels._attention import interaction
 from conftest import tol
 
 
@@ -45,7 +45,7 @@ def test_kernel_matches_double_loop(dtype, normalization, kernel):
     model = jaxdyn.SphereAttention(Q.astype(dtype), K.astype(dtype), V.astype(dtype), beta,
                                    kernel=kernel, normalization=normalization, k_block=8, q_block=16)
     xj = jnp.asarray(x, dtype)
-    got = np.asarray(jaxdyn.interaction(xj, xj, model.B, model.beta, normalization=normalization,
+    got = np.asarray(jaxdyn.kernels.interaction(xj, xj, model.B, model.beta, normalization=normalization,
                                         kernel=kernel, k_block=8, q_block=16) @ model.V.T)
     np.testing.assert_allclose(got, ref, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 2e-5, 1e-12))
     # The field is the tangent projection of that.

@@ -1,4 +1,4 @@
-"""Multiscale, block-sparse Sinkhorn (jaxdyn._multiscale): leaves, bounds, the sparse
+"""Multiscale, block-sparse Sinkhorn (jaxdyn.distances._multiscale): leaves, bounds, the sparse
 kernel against dense log-sum-exps, the certificate against brute force, and W2 against the
 dense solver and the exact assignment."""
 
@@ -10,8 +10,10 @@ import pytest
 import scipy.special
 
 from conftest import tol
-from jaxdyn import _multiscale as M
-from jaxdyn._distances import _debiased_round, blocked_lse, w2_exact, w2_sinkhorn
+from jaxdyn.distances import _multiscale as M
+from jaxdyn.distances import w2_exact, w2_sinkhorn
+from jaxdyn.distances._rounds import _debiased_round
+from jaxdyn.kernels import blocked_lse
 
 
 def _unit(a):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxdyn
-from jaxdyn._sharding import (
+from jaxdyn.simulation._sharding import (
     configure_host_devices,
     query_sharded_field,
     query_sharded_interaction,
@@ -50,7 +50,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
 import jaxdyn
-from jaxdyn._sharding import sharded_vmap, query_sharded_field, query_sharded_interaction, sweep_mesh
+from jaxdyn.simulation._sharding import sharded_vmap, query_sharded_field, query_sharded_interaction, sweep_mesh
 
 out = {"devices": len(jax.devices())}
 for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
@@ -90,7 +90,7 @@ for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
                                                 - np.asarray(e(0.0, 2 * x))))), 1.0]
     B = jnp.matmul(Q.T, K)
     qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
-    ri = np.asarray(jaxdyn.interaction(x, x, B, 2.0, kernel="dense"))
+    ri = np.asarray(jaxdyn.kernels.interaction(x, x, B, 2.0, kernel="dense"))
     fields["interaction"] = [float(np.max(np.abs(qi - ri))), float(np.max(np.abs(ri)))]
     m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
     t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=1.0, dt=0.1, method="euler").xs)
@@ -128,7 +128,7 @@ def test_query_sharded_field_equals_unsharded(four_devices, name):
 
 HOST_WORKER = """
 import json, os
-from jaxdyn._sharding import configure_host_devices
+from jaxdyn.simulation._sharding import configure_host_devices
 took = configure_host_devices({n}{kw})
 import jax
 print(json.dumps({{"took": took, "devices": len(jax.devices()),
@@ -228,6 +228,6 @@ def test_query_sharded_interaction_one_device_is_plain(dtype):
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 50, 3, dtype)
     B = jnp.eye(3, dtype=dtype)
     got = query_sharded_interaction(x, x, B, 4.0, mesh=jax.devices()[:1])
-    ref = jaxdyn.interaction(x, x, B, 4.0, kernel="dense")
+    ref = jaxdyn.kernels.interaction(x, x, B, 4.0, kernel="dense")
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0,
                                atol=tol(dtype, 1e-5, 1e-12))

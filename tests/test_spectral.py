@@ -11,7 +11,7 @@ import pytest
 import scipy.linalg
 
 from conftest import tol
-from jaxdyn._spectral import (
+from jaxdyn.spectral import (
     Projection,
     angle_to_subspace,
     check_assumptions,
@@ -167,8 +167,8 @@ def test_projection_undefined_on_E_perp_gives_nan():
 def test_projection_matches_long_time_zero_temperature_particle_flow():
     # d = 4, dim E = 2, B ≠ I (rotation times a diagonal: not orthogonal, so |Bᵀx| ≠ 1 and the
     # time change ds/dt = 1/|Bᵀx| is not trivial). The lead's ZeroTemperature model and RK4.
-    from jaxdyn._models import ZeroTemperature
-    from jaxdyn._simulate import simulate
+    from jaxdyn.models._fields import ZeroTemperature
+    from jaxdyn.simulation._simulate import simulate
 
     d = 4
     U = np.linalg.qr(np.random.default_rng(5).standard_normal((d, d)))[0]

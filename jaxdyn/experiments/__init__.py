@@ -39,6 +39,6 @@ def get_kind(name: str):
         raise
 
 
-from ._engine import RunResult, report, resolve_config, run_experiment  # noqa: E402
+from .engine import RunResult, report, resolve_config, run_experiment  # noqa: E402
 
 __all__ = ["KINDS", "get_kind", "run_experiment", "report", "resolve_config", "RunResult"]

@@ -25,11 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import plots
-from .._distances import w2_coupling, w2_exact, w2_sinkhorn
-from .._spectral import check_assumptions, mass_near, projection, subspace_angle, top_eigenspace
+from ..distances import w2_coupling, w2_exact, w2_sinkhorn
+from ..spectral import check_assumptions, mass_near, projection, subspace_angle, top_eigenspace
 from ..config import ConfigError, Field, at_least, positive
-from ..ensembles import build_weights
-from . import _sphere_common as sc
+from . import sphere_common as sc
 
 W2_METHODS = ("exact", "sinkhorn", "coupling")
 
@@ -57,7 +56,7 @@ def check(cfg):
         raise ConfigError(f"config field 'w2_methods': 'exact' is O(N³) and N = {max(ns)} exceeds "
                           f"exact_max_n = {cfg['exact_max_n']}; use 'sinkhorn' or raise exact_max_n")
     for d in cfg["sweep"].get("d", [cfg["d"]]):
-        Q, K, V = build_weights(cfg["weights"], d)
+        Q, K, V = sc.build_weights(cfg["weights"], d)
         rep = check_assumptions(Q, K, V)
         if not rep.ok:
             msg = "Assumption 1 fails: " + "; ".join(rep.failures)
@@ -82,7 +81,7 @@ def output_bytes(pc):
 
 def spectral_info(pc):
     """Π, E (top eigenspace of VBᵀ) and E(V), from float64 weights."""
-    Q, K, V = build_weights(pc["weights"], pc["d"])
+    Q, K, V = sc.build_weights(pc["weights"], pc["d"])
     with jax.enable_x64(True):  # float64 weights stay float64 whatever the global mode
         pr = projection(Q, K, V, force=True)
         ev = top_eigenspace(V, symmetric=False)
@@ -226,7 +225,7 @@ def analyse(cfg, ds):
 
 def summarize(cfg, ds):
     _, bE, bV = spectral_info(cfg)
-    Q, K, V = build_weights(cfg["weights"], cfg["d"])
+    Q, K, V = sc.build_weights(cfg["weights"], cfg["d"])
     rep = check_assumptions(Q, K, V)
     out = {"assumption_1": {"ok": rep.ok, "cond_B": rep.cond_B, "asymmetry": rep.asymmetry,
                             "eigenvalues": list(rep.eigenvalues), "gap": rep.gap, "dim_E": rep.dim_E,

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._gaussian import MomentStatus
+from ..gaussian._solve import MomentStatus
 from ..config import ConfigError, Field, at_least, positive
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def check(cfg):
 
 
 def _save_times(pc):
-    from .._simulate import _plan, save_indices
+    from ..simulation._simulate import _plan, save_indices
 
     _, _, dt, n = _plan(0.0, pc["t1"], pc["dt"])
     return np.asarray(save_indices(n, pc["save_every"])) * dt
@@ -228,7 +228,7 @@ def estimate_bytes(pc):
     if pc["study"] == "phase_diagram":
         npts = int(pc["phase"]["a"][2]) * int(pc["phase"]["c"][2])
         return int(npts * 8 * (40 * (d * d + d) + 64))
-    from .._kernels import DEFAULT_BLOCKS, resolve_kernel
+    from ..kernels._attention import DEFAULT_BLOCKS, resolve_kernel
 
     n = pc["n"]
     frames = len(_save_times(pc))
@@ -298,7 +298,7 @@ def cloud_stats(xs, dirs):
 
 
 def make_model(p, activation="identity", dtype=jnp.float64, kernel="auto"):
-    from .._models import EuclideanAttention
+    from ..models._fields import EuclideanAttention
 
     return EuclideanAttention(*(jnp.asarray(p[k], dtype) for k in ("A", "B", "V")),
                               jnp.asarray(p["b"], dtype), activation=activation, kernel=kernel)
@@ -315,8 +315,8 @@ def run_particles(model, x0s, *, t1, dt, save_every, method="rk4", n_directions=
     The batch is split across devices (:func:`jaxdyn._sharding.sharded_vmap`); the run is cut
     into calls of at most ``MAX_STEPS_PER_CALL`` steps (the model is autonomous).
     """
-    from .._sharding import sharded_vmap
-    from .._simulate import _plan, save_indices, simulate
+    from ..simulation._sharding import sharded_vmap
+    from ..simulation._simulate import _plan, save_indices, simulate
 
     _, _, dt, n_steps = _plan(0.0, t1, dt)
     idx = list(save_indices(n_steps, save_every))
@@ -376,7 +376,7 @@ def _key(p, ts, *extra):
 def closure(p, ts, *, dtype=np.float64, rtol=1e-10, atol=1e-12, blowup_threshold=1e6):
     """The identity model's Gaussian closure at times ``ts``: ``(mean (S, d), cov (S, d, d),
     status, blowup_time)`` (NaN at and after a blow-up), via :func:`solve_moments`."""
-    from .._gaussian import solve_moments
+    from ..gaussian._solve import solve_moments
 
     def solve():
         c = lambda k: jnp.asarray(p[k], dtype)  # noqa: E731
@@ -394,7 +394,7 @@ _BLOCK = 64
 
 @jax.jit
 def _precision_block(ts, P0, A, B, v):
-    from .._gaussian_closed import vi_precision
+    from ..gaussian._closed import vi_precision
 
     P = jax.vmap(lambda t: vi_precision(t, P0, A, B, v))(ts)
     return P, jnp.linalg.eigvalsh(P)[..., 0]
@@ -438,7 +438,7 @@ def closed_form(p, ts):
     ``vi_blowup_time`` (A = 0) or the first zero of ``λmin P(t)`` on [0, ts[-1]]. Returns
     ``(cov (S, d, d) NaN from the blow-up on, T*)`` or ``(None, None)`` when there is no
     closed form. float64."""
-    from .._gaussian_closed import vi_blowup_time
+    from ..gaussian._closed import vi_blowup_time
 
     v = scalar_v(p["V"])
     S0 = p["S0"]
@@ -466,7 +466,7 @@ def closed_form(p, ts):
 def lyapunov_limit(p):
     """The attracting equilibrium ``Σ* = P*⁻¹``, ``AᵀP* + P*A = −v(B + Bᵀ)``, when ``V = v I``,
     spec(A) ⊂ {Re > 0} and ``v(B + Bᵀ) ≺ 0`` (MATH.md §B); else None."""
-    from .._gaussian_closed import lyapunov_equilibrium
+    from ..gaussian._closed import lyapunov_equilibrium
 
     v = scalar_v(p["V"])
     A, B = p["A"], p["B"]
@@ -532,7 +532,7 @@ def predicted_exponent(tilt):
 
 def bures(m0, S0, m1, S1):
     """Bures–Wasserstein distance, float64, broadcast over leading axes; NaN where an input is."""
-    from .._distances import bures_w2
+    from ..distances import bures_w2
 
     bad = ~(np.all(np.isfinite(S0), axis=(-2, -1)) & np.all(np.isfinite(S1), axis=(-2, -1))
             & np.all(np.isfinite(m0), axis=-1) & np.all(np.isfinite(m1), axis=-1))
@@ -575,7 +575,7 @@ def _grid(spec):
 def phase_theory(S0, a, c, v, t1):
     """Closed-form blow-up time ``T*(a, c)`` and ``tr Σ(t1)`` (inf at/after a blow-up) for
     ``A = aI, B = cI, V = vI`` on the meshgrid of a × c (float64)."""
-    from .._gaussian_closed import scalar_blowup_time, scalar_variance
+    from ..gaussian._closed import scalar_blowup_time, scalar_variance
 
     aa, cc = np.meshgrid(a, c, indexing="ij")
     sig = np.linalg.eigvalsh(np.asarray(S0, np.float64))
@@ -587,7 +587,7 @@ def phase_theory(S0, a, c, v, t1):
 
 
 def _run_phase(pcs):
-    from .._gaussian_batch import solve_moments_batch
+    from ..gaussian._batch import solve_moments_batch
 
     rows = []
     for pc in pcs:
@@ -674,7 +674,7 @@ def _run_trajectory(pcs):
 
 
 def _status_name(code):
-    from .._gaussian import status_name
+    from ..gaussian._solve import status_name
 
     try:
         return status_name(int(code))
@@ -867,7 +867,7 @@ def summarize(cfg, ds):
 def relu_first_order(cfg, ds):
     """Bures W2 between the identity closure and its first-order ReLU perturbation,
     ``N(m(t) + t Δṁ, Σ(t) + t ΔΣ̇)``, Δ = ReLU initial rates − identity initial rates."""
-    from .._gaussian import moment_rhs
+    from ..gaussian._solve import moment_rhs
 
     p = parameters(cfg)
     dm_r, dS_r = relu_initial_rates(p)

@@ -41,7 +41,7 @@ BATCH_AXES = ()
 
 
 def _path(cfg):
-    from .._encoder import find_minilm
+    from ..encoder._bert import find_minilm
 
     if cfg["model_path"]:
         p = Path(cfg["model_path"])
@@ -56,7 +56,7 @@ def _path(cfg):
 
 @functools.lru_cache(maxsize=4)
 def _load(path: str):
-    from .._encoder import load_bert
+    from ..encoder._bert import load_bert
 
     return load_bert(path, embeddings=False)
 
@@ -78,8 +78,8 @@ def estimate_bytes(pc):
 
 
 def run_points(pcs):
-    from .._encoder import encode, random_like
-    from .._gaussianity import gaussian_tokens, gaussianity_profile, nongaussian_stack
+    from ..encoder._bert import encode, random_like
+    from ..encoder._gaussianity import gaussian_tokens, gaussianity_profile, nongaussian_stack
 
     rows = []
     for pc in pcs:

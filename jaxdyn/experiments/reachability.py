@@ -159,10 +159,10 @@ def run_points(pcs):
 def _run_points(pcs):
     import jax.numpy as jnp
 
-    from .._control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
+    from ..control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
                             controlled_moments, gaussian_cloud, mode_options, random_target,
                             reach, transfer_particles, transformer_layers)
-    from .._gaussian import MomentStatus
+    from ..gaussian._solve import MomentStatus
 
     rows = []
     p0 = pcs[0]

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import plots
 from ..config import Field
-from . import _sphere_common as sc
+from . import sphere_common as sc
 
 SCHEMA = {
     **sc.SPHERE_FIELDS,

@@ -222,7 +222,7 @@ def _blocks(platform, k_block, q_block):
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
-def _pad_rows(a, multiple, fill=None, value=0):
+def pad_rows(a, multiple, fill=None, value=0):
     """Pad the leading axis to a multiple of ``multiple``: with ``value`` (default zeros), or
     repeating row ``fill`` of ``a``. Returns (padded, number of blocks)."""
     n = a.shape[0]
@@ -245,8 +245,8 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
     qb = max(1, min(int(q_block), n))
     # Keys padded by repeating key 0 (never above the running max); values augmented with
     # a ones column (the softmax normaliser / hardmax tie count) and padded with zeros.
-    keys, nkb = _pad_rows(y, kb, fill=0)
-    vals, _ = _pad_rows(jnp.concatenate([y, jnp.ones((m, 1), dtype)], axis=1), kb)
+    keys, nkb = pad_rows(y, kb, fill=0)
+    vals, _ = pad_rows(jnp.concatenate([y, jnp.ones((m, 1), dtype)], axis=1), kb)
     keys = keys.reshape(nkb, kb, d)
     vals = vals.reshape(nkb, kb, d + 1)
     step = _step_dot if formulation == "dot" or normalization == "hardmax" else _step_fused
@@ -297,11 +297,11 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
     lower_rows = lower if bound_shift else None
     if n <= qb:
         return one_query_block(qx, lower_rows)
-    qp, nqb = _pad_rows(qx, qb, fill=0)
+    qp, nqb = pad_rows(qx, qb, fill=0)
     if lower_rows is None:
         out = jax.lax.map(one_query_block, qp.reshape(nqb, qb, d))
     else:
-        lp, _ = _pad_rows(lower_rows, qb, fill=0)
+        lp, _ = pad_rows(lower_rows, qb, fill=0)
         out = jax.lax.map(lambda a: one_query_block(*a), (qp.reshape(nqb, qb, d),
                                                           lp.reshape(nqb, qb)))
     return out.reshape(nqb * qb, d)[:n]

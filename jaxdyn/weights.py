@@ -1,4 +1,4 @@
-"""Weight matrices (Q, K, V) for sphere experiments, built from a config section.
+"""Weight ensembles (Q, K, V) for sphere experiments: named builders over a plain dict of options.
 
 ``weights: {ensemble: NAME, ...}`` with NAME one of :data:`ENSEMBLES`. Each builder takes
 the section, the dimension d and a NumPy dtype and returns three (d, d) float64 NumPy arrays
@@ -11,28 +11,14 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from .config import ConfigError, Field
 
 ENSEMBLES: Dict[str, Callable] = {}
 
-# Fields a ``weights`` section may hold (each ensemble uses some of them).
-WEIGHTS_SCHEMA = {
-    "ensemble": Field("str", "identity", "name of a weight ensemble"),
-    "seed": Field("int", 0, "seed of random ensembles"),
-    "scale": Field("float", 1.0, "overall scale of random ensembles"),
-    "sign": Field("float", 1.0, "sign for V = ±KᵀQ"),
-    "Q": Field("matrix", None, "explicit Q (d×d list of rows)"),
-    "K": Field("matrix", None, "explicit K"),
-    "V": Field("matrix", None, "explicit V"),
-    "mu": Field("list", None, "spectrum of M = VBᵀ (spectral ensemble), largest first", item="float"),
-    "rotation": Field("float", None, "angle (rad) of the rotation B (spectral ensemble)"),
-    "eigenspace_angle_deg": Field("float", None, "spectral ensemble: rotate B so that E(VBᵀ) and "
-                                  "E(V) are this many degrees apart"),
-    "plane": Field("list", None, "eigenvector pair (i, j) of the rotation B (spectral ensemble; "
-                   "default: largest and smallest eigenvalue)", item="int"),
-    "random_basis": Field("bool", False, "spectral ensemble: Haar-random eigenvectors from seed"),
-    "extra": Field("section", {}, "ensemble-specific options"),
-}
+
+class WeightsError(ValueError):
+    """A weight specification that cannot be built; the message names the field
+    (``weights.<name>``), as a config section would."""
+
 
 
 def register(name):
@@ -84,16 +70,16 @@ def _spectral(spec, d):
     """Q = I, K = B, V = M B^{-T} with M = U diag(mu) Uᵀ (Paper A's Assumption 1 by
     construction); B a rotation (``rotation`` rad, or ``eigenspace_angle_deg`` between E(VBᵀ)
     and E(V)) in the ``plane`` of two eigenvectors; B = I if neither is given."""
-    from ._spectral import spectral_weights
+    from .spectral import spectral_weights
 
     mu = spec.get("mu")
     if mu is None:
-        raise ConfigError("config field 'weights.mu' is required for ensemble 'spectral' "
+        raise WeightsError("config field 'weights.mu' is required for ensemble 'spectral' "
                           f"(d = {d} eigenvalues of M = VBᵀ)")
     if len(mu) != d:
-        raise ConfigError(f"config field 'weights.mu': expected {d} eigenvalues (d = {d}), got {len(mu)}")
+        raise WeightsError(f"config field 'weights.mu': expected {d} eigenvalues (d = {d}), got {len(mu)}")
     if spec.get("rotation") is not None and spec.get("eigenspace_angle_deg") is not None:
-        raise ConfigError("config fields 'weights.rotation' and 'weights.eigenspace_angle_deg': "
+        raise WeightsError("config fields 'weights.rotation' and 'weights.eigenspace_angle_deg': "
                           "give at most one")
     import jax
 
@@ -106,7 +92,7 @@ def _spectral(spec, d):
                 plane=spec.get("plane"), seed=spec["seed"] if spec.get("random_basis") else None,
                 dtype=np.float64)
     except ValueError as e:
-        raise ConfigError(f"config section 'weights' (spectral): {e}") from None
+        raise WeightsError(f"config section 'weights' (spectral): {e}") from None
     return tuple(np.asarray(a, np.float64) for a in (sw.Q, sw.K, sw.V))
 
 
@@ -116,10 +102,10 @@ def _explicit(spec, d):
     for name in ("Q", "K", "V"):
         m = spec.get(name)
         if m is None:
-            raise ConfigError(f"config field 'weights.{name}' is required for ensemble 'explicit'")
+            raise WeightsError(f"config field 'weights.{name}' is required for ensemble 'explicit'")
         m = np.asarray(m, float)
         if m.shape != (d, d):
-            raise ConfigError(f"config field 'weights.{name}': expected a {d}×{d} matrix (d = {d}), "
+            raise WeightsError(f"config field 'weights.{name}': expected a {d}×{d} matrix (d = {d}), "
                               f"got shape {m.shape}")
         out.append(m)
     return tuple(out)
@@ -129,6 +115,6 @@ def build_weights(spec: dict, d: int):
     """(Q, K, V) as float64 NumPy arrays from a validated ``weights`` section."""
     name = spec.get("ensemble", "identity")
     if name not in ENSEMBLES:
-        raise ConfigError(f"config field 'weights.ensemble': unknown ensemble {name!r}; "
+        raise WeightsError(f"config field 'weights.ensemble': unknown ensemble {name!r}; "
                           f"known: {sorted(ENSEMBLES)}")
     return ENSEMBLES[name](spec, d)

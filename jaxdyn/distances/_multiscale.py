@@ -42,16 +42,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 import numpy as np
 
-from ._distances import lse_tile
-from ._kernels import _pad_rows
+from ..kernels._lse import blocked_lse
+from ._geometries import BLOCK, sparse_lse  # noqa: F401
+from ._rounds import _debiased_round, _ladder
 
-#: points per leaf block: tiles of 256 rows x 8 blocks of 256 keys ran at 4.0 G terms/s on
-#: the 2-core CPU (N = 16384, every block visited; 128-point blocks 3.2, the dense online
-#: kernel's 1024 x 512 tiles 2.0); smaller blocks prune more, larger tiles run faster.
-BLOCK = 256
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
 _MARGIN_EXTRA = 18.0
 #: blocks whose log-sum-exp gives the lower bound L_s.
@@ -99,106 +95,6 @@ def kd_leaves(pts: np.ndarray, block: int = BLOCK) -> np.ndarray:
     for i, leaf in enumerate(leaves):
         out[i, :leaf.shape[0]] = leaf
     return out
-
-
-def _blocks(a, block, value=0.0):
-    """(n, ...) -> (nb, block, ...), padding the last block with ``value``."""
-    p, nb = _pad_rows(a, block, value=value)
-    return p.reshape((nb, block) + a.shape[1:])
-
-
-def _chunk(k: int) -> int:
-    """Key blocks gathered per step of :func:`sparse_lse` (K is a multiple of 4)."""
-    return 8 if k % 8 == 0 else 4 if k % 4 == 0 else 1
-
-
-def sparse_lse(pts, other, pot, eps, nbr, *, block: int = BLOCK):
-    r"""``eps · log Σ_{k in kept blocks} exp((pot_k − |other_k − p|^2) / eps)`` for every row.
-
-    ``pts`` (n, d) and ``other`` (m, d) are padded leaves (:func:`make_blocks`); ``nbr`` (nq, K)
-    lists, for each row block, the key blocks to visit first (indices in ``[0, nk]``, ``nk``
-    being an empty block that contributes nothing: the padding of the list, after the kept
-    blocks). Online log-sum-exp over a row block's own kept blocks only (a loop with a
-    per-row-block trip count), 8 (or 4) blocks gathered per step: tiles of ``block`` x 8 ``block``
-    (measured on CPU, N = 16384, all blocks visited: one block per step 0.73 G terms/s, 4
-    per step 3.7, 8 per step 4.1; ``blocked_lse``'s 1024 x 512 tiles 2.0). The cost is formed
-    by differences, as in ``blocked_lse``.
-    """
-    n, d = pts.shape
-    dtype = pts.dtype
-    q = _blocks(pts, block)
-    o = _blocks(other, block)
-    pb = _blocks(pot.astype(dtype), block, value=-jnp.inf)
-    o = jnp.concatenate([o, jnp.zeros((1, block, d), dtype)], axis=0)
-    pb = jnp.concatenate([pb, jnp.full((1, block), -jnp.inf, dtype)], axis=0)
-    inv = 1.0 / eps
-    k = nbr.shape[1]
-    kc = _chunk(k)
-
-    nk = o.shape[0] - 1
-
-    def rows(args):
-        qr, idx = args
-
-        def step(t, carry):
-            js = jax.lax.dynamic_slice(idx, (t * kc,), (kc,))
-            return lse_tile(qr, o[js].reshape(kc * block, d), pb[js].reshape(kc * block), inv,
-                            carry)
-
-        init = (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype))
-        # only the chunks holding kept blocks (they come first): a row block pays for its
-        # own list, not for the longest one
-        steps = (jnp.sum(idx < nk) + kc - 1) // kc
-        mx, s = jax.lax.fori_loop(0, steps, step, init)
-        return eps * (mx + jnp.log(s))
-
-    out = jax.lax.map(rows, (q, nbr))
-    return out.reshape(-1)[:n]
-
-
-def _sparse_point_cloud_class():
-    """ott ``PointCloud`` whose log-sum-exp kernel visits only the selected blocks."""
-    from ott.geometry import pointcloud
-
-    @jtu.register_pytree_node_class
-    class SparsePointCloud(pointcloud.PointCloud):
-        def __init__(self, x, y=None, *, nbr_x=None, nbr_y=None, block=BLOCK, **kwargs):
-            super().__init__(x, y, **kwargs)
-            self.nbr_x = nbr_x  # row blocks of x -> blocks of y (the f update)
-            self.nbr_y = nbr_y  # row blocks of y -> blocks of x (the g update)
-            self.block = block
-
-        def tree_flatten(self):
-            children, aux = super().tree_flatten()
-            return children + (self.nbr_x, self.nbr_y), {**aux, "block": self.block}
-
-        @classmethod
-        def tree_unflatten(cls, aux_data, children):
-            x, y, epsilon, cost_fn, nbr_x, nbr_y = children
-            return cls(x, y, cost_fn=cost_fn, epsilon=epsilon, nbr_x=nbr_x, nbr_y=nbr_y,
-                       **aux_data)
-
-        def apply_lse_kernel(self, f, g, eps, vec=None, axis=0):
-            if vec is not None:
-                raise NotImplementedError(
-                    "the block-sparse geometry only serves Sinkhorn's log-sum-exp updates")
-            if axis == 0:  # for each y_j: eps * lse_i((f_i - C_ij) / eps)
-                res = sparse_lse(self.y, self.x, f, eps, self.nbr_y, block=self.block)
-            else:  # for each x_i: eps * lse_j((g_j - C_ij) / eps)
-                res = sparse_lse(self.x, self.y, g, eps, self.nbr_x, block=self.block)
-            return res, jnp.ones_like(res)
-
-    return SparsePointCloud
-
-
-_SPARSE_POINT_CLOUD = None
-
-
-def sparse_geometry(x, y, epsilon, nbr_x, nbr_y, block=BLOCK):
-    global _SPARSE_POINT_CLOUD
-    if _SPARSE_POINT_CLOUD is None:
-        _SPARSE_POINT_CLOUD = _sparse_point_cloud_class()
-    return _SPARSE_POINT_CLOUD(x, y, epsilon=epsilon, nbr_x=nbr_x, nbr_y=nbr_y, block=block)
 
 
 # --------------------------------------------------------------------------------------
@@ -333,7 +229,6 @@ def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLO
 def c_transform_from_coarse(pts, centers, coarse_pot, eps, log_w):
     """Fine potential ``ε log w - ε lse_J((coarse_pot_J - |p - c_J|^2)/ε)`` (ott's convention
     f_i = ε log a_i - app_lse): carries a centroid solution to the points."""
-    from ._distances import blocked_lse
 
     return eps * log_w - blocked_lse(pts, centers, coarse_pot, eps)
 
@@ -402,7 +297,6 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
 
     ``rule(eps, div)`` is w2_sinkhorn's ε rule (next ε or None); ``kw`` the round options.
     Returns what ``jaxdyn._distances._ladder`` returns."""
-    from ._distances import _debiased_round, _ladder
 
     dtype = x.dtype
     n, m = x.shape[0], y.shape[0]

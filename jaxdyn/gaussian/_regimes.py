@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._gaussian import moment_rhs
-from ._gaussian_batch import solve_moments_batch
-from ._gaussian_closed import lyapunov_equilibrium, scalar_blowup_time, scalar_variance, vi_blowup_time
+from ._solve import moment_rhs
+from ._batch import solve_moments_batch
+from ._closed import lyapunov_equilibrium, scalar_blowup_time, scalar_variance, vi_blowup_time
 
 __all__ = [
     "StationaryPoint",

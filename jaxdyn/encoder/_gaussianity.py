@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._distances import bures_w2
+from ..distances import bures_w2
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -474,7 +474,7 @@ def measure_gaussianity(
     ``h0 = s·Z`` (Z ~ N(0, I) i.i.d., one draw shared by all scales) into layer 0 and
     profile the hidden states. Returns ``{s: GaussianityProfile}``.
     """
-    from ._encoder import encode
+    from ._bert import encode
 
     dtype = params.layers.wq.dtype
     k_in, k_prof = jax.random.split(key)

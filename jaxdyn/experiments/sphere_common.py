@@ -11,12 +11,39 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._ensemble import FASTER_MAX_PARTICLES, METHODS as ENSEMBLE_METHODS, simulate_ensemble
-from .._kernels import DEFAULT_BLOCKS, resolve_kernel
-from .._models import SphereAttention
-from .._sphere import sample_initial
+from ..simulation._ensemble import FASTER_MAX_PARTICLES, METHODS as ENSEMBLE_METHODS, simulate_ensemble
+from ..kernels._attention import DEFAULT_BLOCKS, resolve_kernel
+from ..models._fields import SphereAttention
+from ..sphere import sample_initial
 from ..config import ConfigError, Field, at_least, positive
-from ..ensembles import WEIGHTS_SCHEMA, build_weights
+from ..weights import WeightsError, build_weights as _build_weights
+
+# Fields a ``weights`` section may hold (each ensemble uses some of them).
+WEIGHTS_SCHEMA = {
+    "ensemble": Field("str", "identity", "name of a weight ensemble"),
+    "seed": Field("int", 0, "seed of random ensembles"),
+    "scale": Field("float", 1.0, "overall scale of random ensembles"),
+    "sign": Field("float", 1.0, "sign for V = ±KᵀQ"),
+    "Q": Field("matrix", None, "explicit Q (d×d list of rows)"),
+    "K": Field("matrix", None, "explicit K"),
+    "V": Field("matrix", None, "explicit V"),
+    "mu": Field("list", None, "spectrum of M = VBᵀ (spectral ensemble), largest first", item="float"),
+    "rotation": Field("float", None, "angle (rad) of the rotation B (spectral ensemble)"),
+    "eigenspace_angle_deg": Field("float", None, "spectral ensemble: rotate B so that E(VBᵀ) and "
+                                  "E(V) are this many degrees apart"),
+    "plane": Field("list", None, "eigenvector pair (i, j) of the rotation B (spectral ensemble; "
+                   "default: largest and smallest eigenvalue)", item="int"),
+    "random_basis": Field("bool", False, "spectral ensemble: Haar-random eigenvectors from seed"),
+    "extra": Field("section", {}, "ensemble-specific options"),
+}
+
+def build_weights(spec, d):
+    """(Q, K, V) of a validated ``weights`` section; a bad section is a :class:`ConfigError`."""
+    try:
+        return _build_weights(spec, d)
+    except WeightsError as e:
+        raise ConfigError(str(e)) from None
+
 
 INIT_SCHEMA = {
     "dist": Field("str", "uniform", "initial law", choices=("uniform", "vmf", "mixture")),
@@ -148,7 +175,7 @@ def initial_clouds(pcs):
 
 
 def save_times(pc):
-    from .._simulate import _plan, save_indices
+    from ..simulation._simulate import _plan, save_indices
 
     t0, t1, dt, n = _plan(0.0, pc["t1"], pc["dt"])
     idx = save_indices(n, pc["save_every"])
@@ -189,8 +216,8 @@ _SEGMENTS_MAX = 64
 
 
 def _segment_fn(frame_fn, steps, dt, se, method):
-    from .._sharding import sharded_vmap
-    from .._simulate import simulate
+    from ..simulation._sharding import sharded_vmap
+    from ..simulation._simulate import simulate
 
     key = (frame_fn, steps, float(dt), int(se), method)
     fn = _SEGMENTS.get(key)
@@ -219,7 +246,7 @@ def uses_ensemble(pc) -> bool:
 
 def _frames_of_stack(frame_fn):
     """``frame_fn`` over a batch of saved stacks (P, S, N, d), sharded; cached per function."""
-    from .._sharding import sharded_vmap
+    from ..simulation._sharding import sharded_vmap
 
     key = (frame_fn, "stack")
     fn = _SEGMENTS.get(key)
@@ -242,7 +269,7 @@ def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int 
     Returns (outputs, finite): outputs a tuple of NumPy arrays (P, S_total, ...) over all
     saved times (``save_times``), finite a (P,) bool array.
     """
-    from .._simulate import _plan, save_indices
+    from ..simulation._simulate import _plan, save_indices
 
     p0 = pcs[0]
     _, _, dt, n = _plan(0.0, p0["t1"], p0["dt"])

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._gaussian import (RK8_A, RK8_B, RK8_C, RK8_E, MomentStatus, _cov_tol, moment_rhs,
+from ._solve import (RK8_A, RK8_B, RK8_C, RK8_E, MomentStatus, _cov_tol, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._kernels import KERNELS, NORMALIZATIONS, HIGHEST, interaction
-from ._sphere import tangent_project
+from ..kernels._attention import KERNELS, NORMALIZATIONS, HIGHEST, interaction
+from ..sphere import tangent_project
 
 
 def _is_concrete(a) -> bool:

@@ -57,10 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ._kernels import SAFE_SHIFT  # shared with the blocked kernel's bound shift
-from ._models import SphereAttention
+from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
+from ..models._fields import SphereAttention
 from ._simulate import Trajectory, _plan, save_indices, saved_states
-from ._sphere import exp_map, normalize, tangent_project
+from ..sphere import exp_map, normalize, tangent_project
 
 __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
 

@@ -41,8 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ._kernels import HIGHEST, interaction
-from ._sphere import tangent_project
+from ..kernels._attention import HIGHEST, interaction
+from ..sphere import tangent_project
 
 OPT_OUT_ENV = "JAXDYN_NO_HOST_DEVICES"
 _FLAG = "--xla_force_host_platform_device_count"
@@ -270,7 +270,7 @@ def _query_sharded(rows_fn, x, y, params, mesh):
 
 def _rows_field(model, t, xq, xk, args):
     """The field of ``model`` at the query rows ``xq`` of the cloud ``xk``."""
-    from ._models import EuclideanAttention, SphereAttention, ZeroTemperature
+    from ..models._fields import EuclideanAttention, SphereAttention, ZeroTemperature
 
     if isinstance(model, SphereAttention):
         m = interaction(xq, xk, model.B, model.beta, normalization=model.normalization,
@@ -324,7 +324,7 @@ def query_sharded_field(model, mesh=None) -> QueryShardedField:
 
 
 def _rows_field_check(model):
-    from ._models import EuclideanAttention, SphereAttention, ZeroTemperature
+    from ..models._fields import EuclideanAttention, SphereAttention, ZeroTemperature
 
     if not isinstance(model, (SphereAttention, EuclideanAttention, ZeroTemperature)):
         raise ValueError("query_sharded_field supports SphereAttention, EuclideanAttention and "

@@ -1,6 +1,6 @@
 from typing import ClassVar
 
-from .._sphere import exp_map
+from ..sphere import exp_map
 from ._base import AbstractIntegrator
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import equinox as eqx
 
-from .._sphere import normalize
+from ..sphere import normalize
 
 
 class AbstractIntegrator(eqx.Module):

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._integrators import INTEGRATORS
+from ..integrators import INTEGRATORS
 
 DIFFRAX_METHODS = {
     "tsit5": diffrax.Tsit5,

@@ -1,0 +1,210 @@
+"""The constructive reachability certificate of Paper B (V = B = 0, A from the Monge map)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..distances import bures_w2_squared, sqrtm_psd
+from ..gaussian._solve import Control, MomentStatus
+from ._problem import _check_problem, _ranks, controlled_moments
+
+
+# ---------------------------------------------------------------------------------------
+# Certificate
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificate:
+    r"""The constructive solution (V = B = 0): ``A`` piecewise constant, ``b`` constant.
+
+    Attributes:
+      A: :class:`Control` (n_pieces, d, d); b: :class:`Control` (n_pieces, d).
+      G: (d, d) ``Φ(t1)``, with ``G Σ0 Gᵀ = Σ1`` (on the kept ranges).
+      construction: ``"monge"`` (full rank, one phase, A symmetric) or ``"polar"`` (rank
+        ``r < d``: two phases, ``log P`` then ``log R``).
+      rank: numerical rank used; rank_rtol: its relative cut; dropped: the largest
+        eigenvalue (of Σ0 or Σ1) treated as zero, relative to its λ_max (0 if none).
+      residual: ``‖G Σ0 Gᵀ − Σ1‖_F / max(‖Σ1‖_F, tiny)`` (algebraic, with the full Σ0, Σ1).
+      mean_residual: ``|G m0 + J b − m1|`` (algebraic).
+      energy: ``∫_0^{t1} (‖A‖_F² + |b|²) dt``.
+      w2: Bures W2 at t1 of the moment ODE solved with these controls (``solve_moments``),
+        None when ``verify=False``; status: that solve's :class:`MomentStatus` code.
+    """
+
+    A: Control
+    b: Control
+    G: np.ndarray
+    construction: str
+    rank: int
+    rank_rtol: float
+    dropped: float
+    residual: float
+    mean_residual: float
+    energy: float
+    w2: Optional[float]
+    status: Optional[int]
+
+    def controls(self, dtype=None) -> dict:
+        """``{"A", "B", "V", "b"}`` as Controls (B = V = 0) on this certificate's grid."""
+        A = self.A if dtype is None else Control(self.A.values.astype(dtype), self.A.t1)
+        b = self.b if dtype is None else Control(self.b.values.astype(dtype), self.b.t1)
+        z = jnp.zeros_like(A.values)
+        return {"A": A, "B": Control(z, A.t1), "V": Control(z, A.t1), "b": b}
+
+
+def _phi1(X):
+    """φ1(X) = Σ X^k/(k+1)! from the augmented exponential expm([[X, I], [0, 0]])."""
+    from scipy.linalg import expm
+
+    d = X.shape[0]
+    big = np.zeros((2 * d, 2 * d))
+    big[:d, :d] = X
+    big[:d, d:] = np.eye(d)
+    E = expm(big)
+    return E[:d, :d], E[:d, d:]
+
+
+def _rotation_log(R):
+    r"""Real skew-symmetric ``K`` with ``expm(K) = R`` for ``R ∈ SO(d)``, from the real
+    Schur form (2×2 blocks give angles; eigenvalues −1 come in pairs, rotated by π)."""
+    from scipy.linalg import schur
+
+    T, Z = schur(R, output="real")
+    d = R.shape[0]
+    L = np.zeros((d, d))
+    minus = []
+    i = 0
+    while i < d:
+        if i + 1 < d and abs(T[i + 1, i]) > 1e-12:
+            theta = math.atan2(T[i + 1, i] - T[i, i + 1], T[i, i] + T[i + 1, i + 1])
+            L[i, i + 1], L[i + 1, i] = -theta, theta
+            i += 2
+        else:
+            if T[i, i] < 0:
+                minus.append(i)
+            i += 1
+    if len(minus) % 2:  # pragma: no cover - det R = +1 forbids it
+        raise ValueError("internal: rotation with an odd number of -1 eigenvalues")
+    for p, q in zip(minus[0::2], minus[1::2]):
+        L[p, q], L[q, p] = -math.pi, math.pi
+    K = Z @ L @ Z.T
+    return 0.5 * (K - K.T)
+
+
+def _sqrt_host(S):
+    return np.asarray(sqrtm_psd(jnp.asarray(S)), dtype=np.float64)
+
+
+def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
+                rank_rtol: Optional[float] = None, verify: bool = True,
+                rtol: Optional[float] = None, atol: Optional[float] = None) -> Certificate:
+    r"""Controls that steer ``N(m0, S0)`` exactly to ``N(m1, S1)`` at ``t1`` (V = B = 0).
+
+    Full rank (Monge): ``T = S0^{-1/2} (S0^{1/2} S1 S0^{1/2})^{1/2} S0^{-1/2}`` (SPD,
+    ``T S0 T = S1``), ``A = log(T)/t1`` constant. Same rank ``r < d`` (polar): ``G = R P``
+    as in the module doc, ``A = 2 log P / t1`` then ``2 log R / t1``. In both, ``b`` is
+    constant with ``m(t1) = G m0 + J b = m1``, ``J = ∫ Φ(t1) Φ(s)^{-1} ds``.
+
+    Args:
+      m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances of the same numerical
+        rank (``ValueError`` otherwise, with the reason).
+      t1: final time. n_pieces: length of the returned piecewise grids (default 1 for
+        Monge, 2 for polar; polar needs an even number).
+      rank_rtol: relative eigenvalue cut of the numerical rank (default sqrt(eps)).
+        Eigenvalues below it are treated as 0 (regularised square roots); the largest one
+        dropped is reported as ``dropped``.
+      verify: solve the moment ODE with these controls (``solve_moments``, tolerances
+        ``rtol``/``atol``, defaults 1e-11/1e-13 in float64) and report the Bures W2 at t1.
+
+    Returns: :class:`Certificate`. Built on the host in float64 (square roots by
+    :func:`jaxdyn._distances.sqrtm_psd`), stored in the dtype of S0.
+    """
+    m0, S0, m1, S1 = _check_problem(m0, S0, m1, S1)
+    if not float(t1) > 0:
+        raise ValueError(f"t1 must be > 0, got {t1}")
+    t1 = float(t1)
+    dtype = S0.dtype
+    d = S0.shape[0]
+    r, (w0, u0), (w1, u1), rt = _ranks(S0, S1, rank_rtol)
+    S0h, S1h = (np.asarray(a, np.float64) for a in (S0, S1))
+    m0h, m1h = (np.asarray(a, np.float64) for a in (m0, m1))
+    dropped = 0.0
+    for w in (w0, w1):
+        if r < d and w[0] > 0:
+            dropped = max(dropped, float(max(w[r], 0.0) / w[0]))
+    if r == d:
+        construction = "monge"
+        n = 1 if n_pieces is None else int(n_pieces)
+        # Σ0^{1/2} by sqrtm_psd; its inverse from Σ0's eigenpairs (all kept: full rank).
+        R0 = _sqrt_host(S0h)
+        R0i = (u0 / np.sqrt(w0)) @ u0.T
+        C = _sqrt_host(R0 @ S1h @ R0)
+        T = R0i @ C @ R0i
+        T = 0.5 * (T + T.T)
+        mu, v = np.linalg.eigh(T)
+        if mu[0] <= 0:  # pragma: no cover - T is SPD for full-rank Σ0, Σ1
+            raise ValueError(f"internal: Monge map not positive definite (min eigenvalue {mu[0]:.3e})")
+        logT = (v * np.log(mu)) @ v.T
+        G = (v * mu) @ v.T
+        phases = [logT]
+    else:
+        construction = "polar"
+        n = 2 if n_pieces is None else int(n_pieces)
+        if n % 2:
+            raise ValueError(f"n_pieces must be even for a rank-deficient certificate (two phases: "
+                             f"log P then log R), got {n_pieces}")
+        L1 = u1[:, :r] * np.sqrt(w1[:r])
+        L0p = (u0[:, :r] / np.sqrt(w0[:r])).T
+        W0, W1 = u0[:, r:], u1[:, r:].copy()
+        G = L1 @ L0p + W1 @ W0.T
+        if np.linalg.det(G) < 0:
+            W1[:, 0] *= -1.0
+            G = L1 @ L0p + W1 @ W0.T
+        us, s, vt = np.linalg.svd(G)
+        Rot = us @ vt
+        logP = (vt.T * np.log(s)) @ vt
+        K = _rotation_log(Rot)
+        phases = [0.5 * (logP + logP.T), K]
+    # Φ(t1) = exp(X_last) … exp(X_first) with X_k = (log factor of phase k); J = Σ_k h …
+    h = t1 / len(phases)
+    J = np.zeros((d, d))
+    Phi = np.eye(d)
+    for X in phases:
+        E, P1 = _phi1(X)
+        J = E @ J + h * P1
+        Phi = E @ Phi
+    rhs = m1h - Phi @ m0h
+    per = n // len(phases)
+    if np.linalg.cond(J) < 1e10:
+        bvec = np.linalg.solve(J, rhs)
+        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
+        bvals = np.repeat(bvec[None], n, axis=0)
+    else:  # pragma: no cover - b in the last phase only: J = h φ1(X_last), invertible
+        J = h * _phi1(phases[-1])[1]
+        bvec = np.linalg.solve(J, rhs)
+        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
+        bvals = np.zeros((n, d))
+        bvals[n - per:] = bvec
+    cov_res = float(np.linalg.norm(Phi @ S0h @ Phi.T - S1h) / max(np.linalg.norm(S1h), 1e-300))
+    Avals = np.concatenate([np.repeat((X / h)[None], per, axis=0) for X in phases], axis=0)
+    energy = float(sum(h * np.sum((X / h) ** 2) for X in phases)
+                   + (t1 / n) * np.sum(bvals ** 2))
+    A_c = Control(jnp.asarray(Avals, dtype), t1)
+    b_c = Control(jnp.asarray(bvals, dtype), t1)
+    w2 = status = None
+    if verify:
+        ctr = {"A": A_c, "B": Control(jnp.zeros_like(A_c.values), t1),
+               "V": Control(jnp.zeros_like(A_c.values), t1), "b": b_c}
+        sol = controlled_moments(ctr, m0, S0, t1=t1, rtol=rtol, atol=atol)
+        status = int(sol.status)
+        w2 = (float(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)))
+              if status == MomentStatus.OK else float("nan"))
+    return Certificate(A=A_c, b=b_c, G=Phi, construction=construction, rank=r, rank_rtol=rt,
+                       dropped=dropped, residual=cov_res, mean_residual=mean_res, energy=energy,
+                       w2=w2, status=status)

@@ -1,0 +1,490 @@
+"""``reach``: optimised time-varying controls that steer N(m0, S0) to N(m1, S1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Mapping, Optional, Sequence, Union
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..distances import bures_w2_squared
+from ..gaussian._solve import Control, MomentStatus, solve_moments, status_name
+from ._certificate import Certificate, certificate
+from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
+
+
+# ---------------------------------------------------------------------------------------
+# Controlled moment solve, energy
+# ---------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------
+# The optimisation problem
+# ---------------------------------------------------------------------------------------
+
+
+class _Problem(eqx.Module):
+    """Arrays of one reachability problem; ``kind`` static. Modes differ only in arrays
+    (mask, bound, weight), so every mode shares one compiled loss per (d, n, dtype)."""
+
+    m0: jax.Array
+    S0: jax.Array
+    m1: jax.Array
+    S1: jax.Array
+    t1: jax.Array
+    mask: jax.Array      # (4,) 1 = free, 0 = fixed, order CONTROL_NAMES
+    fixed: tuple         # values for the fixed controls
+    bound: jax.Array     # (4,) Frobenius bound per control (inf = none)
+    weight: jax.Array    # energy weight λ
+    kind: str = eqx.field(static=True)
+
+
+class _Opts(eqx.Module):
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    solver: diffrax.AbstractSolver = eqx.field(static=True)
+
+
+def _squash(w, c):
+    r"""Radial squash ``w ↦ c tanh(‖w‖/c) w/‖w‖`` per piece (``‖·‖`` Frobenius): ``‖u‖ < c``."""
+    flat = w.reshape(w.shape[0], -1)
+    r = jnp.sqrt(jnp.sum(flat * flat, axis=-1) + jnp.finfo(w.dtype).tiny)
+    bounded = jnp.isfinite(c)
+    cs = jnp.where(bounded, c, 1.0)
+    fac = jnp.where(bounded, cs * jnp.tanh(r / cs) / r, 1.0)
+    return w * fac.reshape((-1,) + (1,) * (w.ndim - 1))
+
+
+def _unsquash(u, c):
+    """Inverse of :func:`_squash` (norms at or beyond the bound are first pulled to 0.95 c)."""
+    if not np.isfinite(c):
+        return u
+    flat = u.reshape(u.shape[0], -1)
+    r = np.sqrt(np.sum(flat * flat, axis=-1))
+    rr = np.minimum(r, 0.95 * c)
+    w = np.where(r > 0, c * np.arctanh(rr / c) / np.where(r > 0, r, 1.0), 0.0)
+    return u * w.reshape((-1,) + (1,) * (u.ndim - 1))
+
+
+def _physical(raw, prob: _Problem):
+    out = []
+    for i, name in enumerate(CONTROL_NAMES):
+        u = _squash(raw[name], prob.bound[i])
+        out.append(prob.mask[i] * u + (1 - prob.mask[i]) * prob.fixed[i])
+    return out
+
+
+def _loss(raw, prob: _Problem, opts: _Opts):
+    vals = _physical(raw, prob)
+    ctr = {k: Control(v, prob.t1, prob.kind) for k, v in zip(CONTROL_NAMES, vals)}
+    sol = solve_moments(prob.m0, prob.S0, A=ctr["A"], B=ctr["B"], V=ctr["V"], b=ctr["b"],
+                        t1=prob.t1, rtol=opts.rtol, atol=opts.atol, solver=opts.solver,
+                        max_steps=opts.max_steps)
+    w2sq = bures_w2_squared(sol.mean_final, sol.cov_final, prob.m1, prob.S1)
+    energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
+    loss = w2sq + prob.weight * energy
+    ok = sol.status == MomentStatus.OK
+    nan = jnp.asarray(jnp.nan, loss.dtype)
+    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, sol.status)
+
+
+@eqx.filter_jit
+def _value_and_grad(raw, prob, opts):
+    """``(scalars, grad)``: scalars = [loss, W2², energy, ok] (ok: finite loss and grad)."""
+    (v, (w2sq, en, _)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
+    ok = jnp.isfinite(v)
+    for leaf in jax.tree.leaves(g):
+        ok = ok & jnp.all(jnp.isfinite(leaf))
+    return jnp.stack([v, w2sq, en, ok.astype(v.dtype)]), g
+
+
+@eqx.filter_jit
+def _adam_step(adam, g, state, raw):
+    u, state = adam.update(g, state, raw)
+    return optax.apply_updates(raw, u), state
+
+
+@eqx.filter_jit
+def _lbfgs_direction(lb, g, state, raw):
+    p, state = lb.update(g, state, raw)
+    dirn = jax.tree.map(lambda a: -a, p)
+    return dirn, _tree_vdot(g, dirn), state
+
+
+@eqx.filter_jit
+def _axpy(step, x, y):
+    return jax.tree.map(lambda a, b: a + step * b, x, y)
+
+
+@functools.lru_cache(maxsize=32)
+def _adam(lr: float):
+    # One transformation object per learning rate, so that the jitted step is reused.
+    return optax.apply_if_finite(optax.adam(lr), max_consecutive_errors=10**9)
+
+
+_LBFGS = optax.scale_by_lbfgs(memory_size=10)
+
+
+def _tree_vdot(a, b):
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReachResult:
+    r"""Result of :func:`reach`.
+
+    Attributes:
+      controls: ``{"A", "B", "V", "b"}`` → :class:`Control` (fixed ones included).
+      w2: Bures W2 at t1 from an independent tight solve (``controlled_moments``: Dopri8,
+        rtol 1e-11 in float64) — the number to quote; NaN if that solve failed.
+      w2_optimizer: W2 at the optimiser's own solve (its tolerances).
+      w2_mean, w2_cov: ``|m(t1) − m1|`` and the Bures distance of the covariances alone.
+      converged: ``w2 < tol``. energy: ``∫ Σ_{free u} ‖u‖_F² dt``.
+      loss_history, w2_history: per optimiser iteration (NaN for rejected trials).
+      status: :class:`MomentStatus` code of the verification solve.
+      certificate: the :class:`Certificate` (None if not computed).
+      rank: numerical rank of S0 and S1. free, bound, energy_weight: the mode's settings.
+      iterations: optimiser iterations; evaluations: loss evaluations; rejected: trials
+        whose solve failed (blow-up / non-finite / step budget), rejected and retreated.
+      seconds: wall time of the optimisation (compilation included). message: a summary.
+    """
+
+    controls: dict
+    w2: float
+    w2_optimizer: float
+    w2_mean: float
+    w2_cov: float
+    converged: bool
+    energy: float
+    loss_history: np.ndarray
+    w2_history: np.ndarray
+    status: int
+    certificate: Optional[Certificate]
+    rank: int
+    free: tuple
+    bound: Optional[dict]
+    energy_weight: float
+    energy_weight_final: float
+    iterations: int
+    evaluations: int
+    rejected: int
+    seconds: float
+    message: str
+
+
+def _as_values(u, n, shape, dtype, t1, kind):
+    """Constant array or Control → values on this reach grid (n, *shape)."""
+    if isinstance(u, Control):
+        if u.kind == kind and u.n == n:
+            return np.asarray(u.values, np.float64)
+        grid = _grid_times(n, t1, kind)
+        return np.stack([np.asarray(u(jnp.asarray(t, u.dtype)), np.float64) for t in grid])
+    u = np.asarray(u, np.float64)
+    if u.shape != tuple(shape):
+        raise ValueError(f"a fixed control must have shape {tuple(shape)} or be a Control, got {u.shape}")
+    return np.broadcast_to(u, (n,) + tuple(shape)).copy()
+
+
+def _grid_times(n, t1, kind):
+    if kind == "piecewise":
+        return (np.arange(n) + 0.5) * t1 / n
+    return np.linspace(0.0, t1, n)
+
+
+def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _ALL_FREE,
+          kind: str = "piecewise", fixed: Optional[Mapping] = None,
+          bound: Union[None, float, Mapping] = None, energy_weight: float = 0.0,
+          init: Union[str, Mapping] = "auto", init_scale: float = 0.1, seed: int = 0,
+          adam_steps: int = 0, adam_lr: float = 0.02, lbfgs_steps: int = 500,
+          tol: float = 1e-4, stop_factor: float = 0.1, rtol=None, atol=None,
+          solver: Optional[diffrax.AbstractSolver] = None, max_steps: int = 4096,
+          energy_continuation: bool = True, max_energy_stages: int = 6,
+          energy_stage_steps: int = 100,
+          rank_rtol: Optional[float] = None, with_certificate: bool = True,
+          verify: bool = True, callback=None) -> ReachResult:
+    r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
+
+    Minimises ``W2²(N(m(t1), Σ(t1)), N(m1, S1)) + λ ∫ Σ_{free u} ‖u‖_F² dt`` over the free
+    controls (moment ODE of MATH.md §B, gradients through :func:`solve_moments`).
+
+    Args:
+      m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances. A target whose
+        numerical rank differs from S0's raises ``ValueError`` (rank is invariant).
+      t1: horizon. n_pieces: pieces of the uniform grid (``kind="linear"``: n_pieces + 1
+        nodes, linear interpolation). free: subset of ``("A", "b", "V", "B")``.
+      fixed: values of the non-free controls (arrays or Controls; default 0).
+      bound: None, a float, or ``{name: c}``: ``‖u(t)‖_F ≤ c`` for each (free) control,
+        by the radial reparametrisation ``u = c tanh(‖w‖/c) w/‖w‖`` per piece.
+      energy_weight: λ ≥ 0 of the control energy. With ``energy_continuation`` the
+        penalty optimum at λ is followed by stages at λ/10, λ/100, … (at most
+        ``max_energy_stages``, then one at λ = 0) until W2 ≤ stop_factor · tol: an approximately minimal
+        energy among reaching controls (each stage at most ``energy_stage_steps`` L-BFGS
+        iterations). ``energy_weight_final`` reports the last λ.
+      init: ``"auto"`` (the certificate when A and b are free and it fits the grid, else
+        ``"random"``), ``"certificate"``, ``"zero"``, ``"random"`` (N(0, init_scale²)
+        entries, ``seed``), or a mapping ``{name: array/Control}`` (warm start).
+      adam_steps, adam_lr: optional Adam phase first (``optax.apply_if_finite(optax.adam)``;
+        default 0 steps: L-BFGS alone was faster on random targets).
+      lbfgs_steps: L-BFGS phase (``optax.scale_by_lbfgs`` directions, Armijo backtracking).
+      tol: success threshold on W2; the optimiser stops when its W2 ≤ ``stop_factor · tol``
+        (when λ = 0) or when it stalls.
+      rtol, atol, solver, max_steps: the optimiser's solve (defaults 1e-9/1e-11 in
+        float64, 1e-5/1e-7 in float32; ``Tsit5``). The result is then re-checked by an
+        independent Dopri8 solve at rtol 1e-11 (``verify``).
+      rank_rtol: numerical-rank cut (default sqrt(eps)). with_certificate: compute the
+        :class:`Certificate` (A free or not) and return it.
+      callback: ``callback(iteration, loss, w2)`` on the host after each iteration.
+
+    Returns: :class:`ReachResult`. Float64 is advised (``jax_enable_x64``): W2 < 1e-4 means
+    W2² < 1e-8, near float32 resolution.
+    """
+    t_start = time.perf_counter()
+    m0, S0, m1, S1 = _check_problem(m0, S0, m1, S1)
+    dtype = S0.dtype
+    d = S0.shape[0]
+    if not float(t1) > 0:
+        raise ValueError(f"t1 must be > 0, got {t1}")
+    t1 = float(t1)
+    if isinstance(n_pieces, bool) or not isinstance(n_pieces, (int, np.integer)) or n_pieces < 1:
+        raise ValueError(f"n_pieces must be an integer >= 1, got {n_pieces!r}")
+    n_pieces = int(n_pieces)
+    if kind not in ("piecewise", "linear"):
+        raise ValueError(f"kind must be 'piecewise' or 'linear', got {kind!r}")
+    free = tuple(free)
+    if not free or any(f not in CONTROL_NAMES for f in free) or len(set(free)) != len(free):
+        raise ValueError(f"free must be a non-empty subset of {_ALL_FREE} without repeats, got {free!r}")
+    if not float(energy_weight) >= 0:
+        raise ValueError(f"energy_weight must be >= 0, got {energy_weight}")
+    if bound is None:
+        bounds = {k: math.inf for k in CONTROL_NAMES}
+    elif isinstance(bound, Mapping):
+        unknown = set(bound) - set(CONTROL_NAMES)
+        if unknown:
+            raise ValueError(f"bound keys must be among {CONTROL_NAMES}, got {sorted(unknown)}")
+        bounds = {k: float(bound.get(k, math.inf)) for k in CONTROL_NAMES}
+    else:
+        bounds = {k: float(bound) for k in CONTROL_NAMES}
+    if any(not c > 0 for c in bounds.values()):
+        raise ValueError(f"bound must be > 0, got {bound!r}")
+    fixed = dict(fixed or {})
+    unknown = set(fixed) - set(CONTROL_NAMES)
+    if unknown:
+        raise ValueError(f"fixed keys must be among {CONTROL_NAMES}, got {sorted(unknown)}")
+    rank, *_ = _ranks(S0, S1, rank_rtol)
+    f64 = np.dtype(dtype) == np.float64
+    rtol = (1e-9 if f64 else 1e-5) if rtol is None else rtol
+    atol = (1e-11 if f64 else 1e-7) if atol is None else atol
+    solver = diffrax.Tsit5() if solver is None else solver
+
+    n_vals = n_pieces if kind == "piecewise" else n_pieces + 1
+    shapes = {"A": (d, d), "B": (d, d), "V": (d, d), "b": (d,)}
+    fixed_vals = {k: _as_values(fixed.get(k, np.zeros(shapes[k])), n_vals, shapes[k], dtype, t1,
+                                kind) for k in CONTROL_NAMES}
+
+    cert = None
+    cert_msg = ""
+    if with_certificate or init in ("auto", "certificate"):
+        # On this reach grid when possible (its verification solve then shares the
+        # compiled solve of the final check); a polar certificate needs an even grid.
+        for n_cert in ((n_pieces, None) if kind == "piecewise" else (None,)):
+            try:
+                cert = certificate(m0, S0, m1, S1, t1=t1, n_pieces=n_cert, rank_rtol=rank_rtol,
+                                   verify=verify)
+                cert_msg = ""
+                break
+            except ValueError as e:  # reported, not fatal
+                cert_msg = f"certificate unavailable: {e}"
+
+    # Initial raw parameters.
+    rng = np.random.default_rng(seed)
+    if isinstance(init, Mapping):
+        start = {k: _as_values(init[k], n_vals, shapes[k], dtype, t1, kind) if k in init
+                 else np.zeros((n_vals,) + shapes[k]) for k in CONTROL_NAMES}
+        init_used = "given"
+    else:
+        if init not in ("auto", "certificate", "zero", "random"):
+            raise ValueError(f"init must be 'auto', 'certificate', 'zero', 'random' or a mapping, "
+                             f"got {init!r}")
+        use_cert = init == "certificate" or (init == "auto" and "A" in free and "b" in free
+                                             and cert is not None)
+        if use_cert:
+            if cert is None:
+                raise ValueError(f"init='certificate': {cert_msg}")
+            if "A" not in free or "b" not in free:
+                raise ValueError("init='certificate' needs A and b free (the certificate uses them)")
+            cc = cert.controls()
+            start = {k: _as_values(cc[k], n_vals, shapes[k], dtype, t1, kind) for k in CONTROL_NAMES}
+            init_used = "certificate"
+        elif init == "zero":
+            start = {k: np.zeros((n_vals,) + shapes[k]) for k in CONTROL_NAMES}
+            init_used = "zero"
+        else:
+            start = {k: init_scale * rng.standard_normal((n_vals,) + shapes[k]) for k in CONTROL_NAMES}
+            init_used = "random"
+    raw = {k: jnp.asarray(_unsquash(start[k], bounds[k]), dtype) for k in CONTROL_NAMES}
+
+    prob = _Problem(m0=m0, S0=S0, m1=m1, S1=S1, t1=jnp.asarray(t1, dtype),
+                    mask=jnp.asarray([1.0 if k in free else 0.0 for k in CONTROL_NAMES], dtype),
+                    fixed=tuple(jnp.asarray(fixed_vals[k], dtype) for k in CONTROL_NAMES),
+                    bound=jnp.asarray([bounds[k] for k in CONTROL_NAMES], dtype),
+                    weight=jnp.asarray(energy_weight, dtype), kind=kind)
+    opts = _Opts(rtol=float(rtol), atol=float(atol), max_steps=int(max_steps), solver=solver)
+    lam = float(energy_weight)
+    stop_w2 = stop_factor * tol
+
+    losses, w2s = [], []
+    counters = {"evals": 0, "rejected": 0}
+
+    def evaluate(x):
+        sc, g = _value_and_grad(x, prob, opts)
+        v, w2sq, en, ok = (float(a) for a in np.asarray(sc))
+        counters["evals"] += 1
+        ok = bool(ok)
+        if not ok:
+            counters["rejected"] += 1
+        return ok, v, w2sq, en, g
+
+    def record(v, w2sq, it):
+        w2 = math.sqrt(max(w2sq, 0.0)) if math.isfinite(w2sq) else math.nan
+        losses.append(v)
+        w2s.append(w2)
+        if callback is not None:
+            callback(it, v, w2)
+        return w2
+
+    ok, v, w2sq, en, g = evaluate(raw)
+    retreats = 0
+    while not ok and retreats < 8:  # an infeasible start: shrink towards zero controls
+        raw = jax.tree.map(lambda a: 0.5 * a, raw)
+        ok, v, w2sq, en, g = evaluate(raw)
+        retreats += 1
+    message = f"init={init_used}"
+    it = 0
+    w2_now = record(v if ok else math.nan, w2sq if ok else math.nan, it)
+    done = ok and lam == 0 and w2_now <= stop_w2
+    if not ok:
+        message += "; no finite starting point (every trial solve failed)"
+        done = True
+
+    # ---- Adam phase -------------------------------------------------------------------
+    if not done and adam_steps > 0:
+        adam = _adam(float(adam_lr))
+        ast = adam.init(raw)
+        last_good = raw
+        best = (v, raw, g, w2sq, en)
+        for _ in range(adam_steps):
+            last_good = raw
+            raw, ast = _adam_step(adam, g, ast, raw)
+            ok, v2, w2sq2, en2, g2 = evaluate(raw)
+            it += 1
+            if not ok:
+                # rejected trial: its NaN gradient never reaches the optimiser state; the
+                # iterate retreats halfway towards the last finite point.
+                raw = _axpy(jnp.asarray(0.5, dtype), last_good, jax.tree.map(jnp.subtract, raw, last_good))
+                ok, v2, w2sq2, en2, g2 = evaluate(raw)
+                if not ok:
+                    raw = last_good
+                    record(math.nan, math.nan, it)
+                    continue
+            v, w2sq, en, g = v2, w2sq2, en2, g2
+            w2_now = record(v, w2sq, it)
+            if v < best[0]:
+                best = (v, raw, g, w2sq, en)
+            if lam == 0 and w2_now <= stop_w2:
+                done = True
+                break
+        if not done:
+            v, raw, g, w2sq, en = best  # L-BFGS starts from Adam's best iterate
+
+    # ---- L-BFGS phase (optax.scale_by_lbfgs directions, host Armijo backtracking) --------
+    # With λ > 0 and energy_continuation, λ is divided by 10 after each converged stage
+    # until the target is reached (a penalty continuation towards minimum-energy reaching).
+    lam_now = lam
+    stages = 0
+    while not done and lbfgs_steps > 0:
+        lst = _LBFGS.init(raw)
+        stall = 0
+        n_iter = lbfgs_steps if lam_now == 0 or not energy_continuation else energy_stage_steps
+        for _ in range(n_iter):
+            dirn, slope, lst_new = _lbfgs_direction(_LBFGS, g, lst, raw)
+            slope = float(slope)
+            if not slope < 0:  # not a descent direction: restart the memory, steepest descent
+                dirn, slope, lst_new = _lbfgs_direction(_LBFGS, g, _LBFGS.init(raw), raw)
+                slope = float(slope)
+            lst = lst_new
+            step, accepted = 1.0, False
+            for _ls in range(30):
+                trial = _axpy(jnp.asarray(step, dtype), raw, dirn)
+                ok, v2, w2sq2, en2, g2 = evaluate(trial)
+                if ok and v2 <= v + 1e-4 * step * slope:
+                    accepted = True
+                    break
+                step *= 0.5
+            it += 1
+            if not accepted:
+                record(v, w2sq, it)
+                if "line search" not in message:
+                    message += "; L-BFGS line search found no decrease (stopped)"
+                break
+            rel = (v - v2) / max(abs(v), 1e-300)
+            raw, v, w2sq, en, g = trial, v2, w2sq2, en2, g2
+            w2_now = record(v, w2sq, it)
+            if lam_now == 0 and w2_now <= stop_w2:
+                break
+            stall = stall + 1 if rel < 1e-10 else 0
+            if stall >= 5:
+                break
+        w2_now = math.sqrt(max(w2sq, 0.0)) if math.isfinite(w2sq) else math.nan
+        if lam_now > 0 and energy_continuation and not w2_now <= stop_w2:
+            # λ/10 per stage; after max_energy_stages, a last stage at λ = 0
+            lam_now = lam_now / 10.0 if stages < max_energy_stages else 0.0
+            stages += 1
+            prob = eqx.tree_at(lambda p_: p_.weight, prob, jnp.asarray(lam_now, dtype))
+            ok, v, w2sq, en, g = evaluate(raw)
+            if ok:
+                continue
+        break
+    if lam > 0:
+        message += f"; energy weight {lam:g} -> {lam_now:g} ({stages} continuation stages)"
+
+    vals = _physical(raw, prob)
+    controls = {k: Control(v_, t1, kind) for k, v_ in zip(CONTROL_NAMES, vals)}
+    energy = en
+    w2_opt = math.sqrt(max(w2sq, 0.0)) if math.isfinite(w2sq) else math.nan
+    if verify:
+        sol = controlled_moments(controls, m0, S0, t1=t1)
+        status = int(sol.status)
+        if status == MomentStatus.OK:
+            w2 = float(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)))
+            w2_mean = float(jnp.linalg.norm(sol.mean_final - m1))
+            w2_cov = float(jnp.sqrt(bures_w2_squared(jnp.zeros_like(m1), sol.cov_final,
+                                                     jnp.zeros_like(m1), S1)))
+        else:
+            w2 = w2_mean = w2_cov = math.nan
+    else:
+        status, w2, w2_mean, w2_cov = int(MomentStatus.OK), w2_opt, math.nan, math.nan
+    converged = bool(math.isfinite(w2) and w2 < tol)
+    if status != MomentStatus.OK:
+        message += (f"; the verification solve of the final controls ended with status "
+                    f"{status_name(status)} (W2 reported as NaN)")
+    message += (f"; W2 = {w2:.3e} ({'reached' if converged else 'not reached'}, tol {tol:g}) "
+                f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
+                f"rejected")
+    if cert_msg:
+        message += f"; {cert_msg}"
+    return ReachResult(
+        controls=controls, w2=w2, w2_optimizer=w2_opt, w2_mean=w2_mean, w2_cov=w2_cov,
+        converged=converged, energy=float(energy), loss_history=np.asarray(losses),
+        w2_history=np.asarray(w2s), status=status, certificate=cert, rank=rank, free=free,
+        bound=None if bound is None else {k: c for k, c in bounds.items() if k in free},
+        energy_weight=lam, energy_weight_final=lam_now, iterations=it, evaluations=counters["evals"],
+        rejected=counters["rejected"], seconds=time.perf_counter() - t_start, message=message)

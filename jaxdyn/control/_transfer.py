@@ -1,0 +1,247 @@
+"""Transfer of controls to N particles and to an L-layer transformer; W2 of a cloud to a
+Gaussian target."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Union
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..distances import bures_w2_squared, sqrtm_psd, w2_exact
+from ..gaussian._solve import Control
+from ..integrators import INTEGRATORS
+from ..kernels._attention import HIGHEST, KERNELS, interaction
+from ..models._fields import AbstractParticleModel, EuclideanAttention
+
+
+# ---------------------------------------------------------------------------------------
+# Transfer to particles and to a discrete transformer
+# ---------------------------------------------------------------------------------------
+
+
+def _at(p, t):
+    return p(t) if isinstance(p, Control) else p
+
+
+class ControlledEuclideanAttention(AbstractParticleModel):
+    r"""Particle field of Paper B with time-varying controls:
+
+        ẋ_i = A(t) x_i + b(t) + V(t) Σ_j w_ij x_j,   w_ij = exp(x_jᵀ B(t) x_i) / Σ_k exp(x_kᵀ B(t) x_i)
+
+    ``A, B, V``: (d, d) arrays or :class:`Control`; ``b``: (d,) array, Control or None (0).
+    ``x``: (N, d). For a Gaussian cloud its moments follow the moment ODE of
+    :func:`solve_moments` with the same controls (up to Monte-Carlo error).
+    ``at(t)`` freezes the controls into an :class:`EuclideanAttention`.
+    """
+
+    A: Union[jax.Array, Control]
+    B: Union[jax.Array, Control]
+    V: Union[jax.Array, Control]
+    b: Union[jax.Array, Control]
+    kernel: str = eqx.field(static=True, default="auto")
+
+    def __init__(self, A, B, V, b=None, *, kernel: str = "auto"):
+        def shape_of(name, p):
+            if isinstance(p, Control):
+                return p, tuple(p.shape)
+            p = jnp.asarray(p)
+            return p, tuple(p.shape)
+
+        A, sA = shape_of("A", A)
+        if len(sA) != 2 or sA[0] != sA[1]:
+            raise ValueError(f"A must be a (d, d) array or a Control with (n, d, d) values, got "
+                             f"shape {sA}")
+        d = sA[0]
+        dt = A.dtype if not isinstance(A, Control) else A.values.dtype
+        B, sB = shape_of("B", B)
+        V, sV = shape_of("V", V)
+        for name, s in (("B", sB), ("V", sV)):
+            if s != (d, d):
+                raise ValueError(f"{name} must have shape ({d}, {d}) (or be a Control with values "
+                                 f"(n, {d}, {d})), got {s}")
+        if b is None:
+            b = jnp.zeros((d,), dt)
+        b, sb = shape_of("b", b)
+        if sb != (d,):
+            raise ValueError(f"b must have shape ({d},) (or be a Control with values (n, {d})), got {sb}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.A, self.B, self.V, self.b = A, B, V, b
+        self.kernel = kernel
+
+    @classmethod
+    def from_controls(cls, controls: Mapping, *, kernel: str = "auto"):
+        """From ``{"A", "B", "V", "b"}`` (e.g. ``ReachResult.controls``)."""
+        return cls(controls["A"], controls["B"], controls["V"], controls.get("b"), kernel=kernel)
+
+    @property
+    def dim(self) -> int:
+        return (self.A.shape if isinstance(self.A, Control) else self.A.shape)[0]
+
+    def params(self, t):
+        return _at(self.A, t), _at(self.B, t), _at(self.V, t), _at(self.b, t)
+
+    def at(self, t) -> EuclideanAttention:
+        """The frozen field at time t (an :class:`EuclideanAttention`)."""
+        A, B, V, b = self.params(t)
+        return EuclideanAttention(A, B, V, b, kernel=self.kernel)
+
+    def __call__(self, t, x, args=None):
+        A, B, V, b = self.params(t)
+        # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
+        m = interaction(x, x, B.T, 1.0, kernel=self.kernel)
+        return (jnp.matmul(x, A.T, precision=HIGHEST) + b + jnp.matmul(m, V.T, precision=HIGHEST))
+
+
+def _piece_info(model):
+    """(piecewise?, n_pieces, t1) of a model's Controls (all must share the grid)."""
+    ctrls = [p for p in (model.A, model.B, model.V, model.b) if isinstance(p, Control)]
+    if not ctrls:
+        return False, 1, None
+    kinds = {c.kind for c in ctrls}
+    ns = {(c.kind, c.n) for c in ctrls}
+    if len(kinds) != 1 or len(ns) != 1:
+        raise ValueError("all Controls of the model must share one grid (same kind and length)")
+    c = ctrls[0]
+    return c.kind == "piecewise", (c.n if c.kind == "piecewise" else c.n - 1), c.t1
+
+
+@eqx.filter_jit
+def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
+    integ = INTEGRATORS[method]()
+    dtype = x0.dtype
+    h = jnp.asarray(t1, dtype) / n_intervals
+    dt = h / steps_per_interval
+
+    def interval(x, k):
+        t0 = k.astype(dtype) * h
+        field = model.at(t0 + 0.5 * h) if piecewise else model
+
+        def step(x, j):
+            return integ.step(field, t0 + j.astype(dtype) * dt, x, dt, None), None
+
+        x, _ = jax.lax.scan(step, x, jnp.arange(steps_per_interval))
+        return x, x
+
+    x, xs = jax.lax.scan(interval, x0, jnp.arange(n_intervals))
+    return jnp.concatenate([x0[None], xs], axis=0)
+
+
+def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str = "rk4"):
+    r"""Integrate the particle system ``model`` (a :class:`ControlledEuclideanAttention`, or a
+    controls mapping) from ``x0`` (N, d) on ``[0, t1]``.
+
+    Piecewise-constant controls are integrated piece by piece with the controls frozen
+    (no step straddles a jump); linear controls with the time-dependent field. Fixed-step
+    ``method`` (``"rk4"`` or ``"euler"``), ``steps_per_piece`` steps in each piece.
+
+    Returns: (n_pieces + 1, N, d) — the cloud at ``t = k t1 / n_pieces``.
+    """
+    if isinstance(model, Mapping):
+        model = ControlledEuclideanAttention.from_controls(model)
+    if method not in ("rk4", "euler"):
+        raise ValueError(f"method must be 'rk4' or 'euler', got {method!r}")
+    x0 = jnp.asarray(x0)
+    if x0.ndim != 2 or x0.shape[1] != model.dim:
+        raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
+    if int(steps_per_piece) < 1:
+        raise ValueError(f"steps_per_piece must be >= 1, got {steps_per_piece}")
+    piecewise, n, _ = _piece_info(model)
+    return _flow(model, x0, float(t1), int(n), int(steps_per_piece), bool(piecewise), method)
+
+
+@eqx.filter_jit
+def _layers(model, x0, t1, n_layers):
+    dtype = x0.dtype
+    h = jnp.asarray(t1, dtype) / n_layers
+
+    def layer(x, l):
+        tl = l.astype(dtype) * h
+        field = model.at(tl + 0.5 * h)
+        return x + h * field(tl, x, None), None
+
+    x, _ = jax.lax.scan(layer, x0, jnp.arange(n_layers))
+    return x
+
+
+def transformer_layers(model, x0, *, t1, n_layers: int):
+    r"""The L-layer transformer: ``x_{l+1} = x_l + (t1/L) f_l(x_l)``, ``l = 0 … L−1`` (one
+    explicit Euler step a layer), where layer l uses the controls at the midpoint of its
+    interval ``[l t1/L, (l+1) t1/L]`` — for piecewise-constant controls and L a multiple
+    of n_pieces, exactly the piece the layer lies in. Returns the final cloud (N, d).
+    """
+    if isinstance(model, Mapping):
+        model = ControlledEuclideanAttention.from_controls(model)
+    if int(n_layers) < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    x0 = jnp.asarray(x0)
+    if x0.ndim != 2 or x0.shape[1] != model.dim:
+        raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
+    return _layers(model, x0, float(t1), int(n_layers))
+
+
+def _gaussian_sample(rng, m, S, n):
+    R = np.asarray(sqrtm_psd(jnp.asarray(S)), np.float64)
+    return np.asarray(m, np.float64) + rng.standard_normal((n, len(m))) @ R
+
+
+def gaussian_cloud(seed, m, S, n: int, *, exact_moments: bool = False, dtype=np.float64):
+    r"""n points ``x_i = m + S^{1/2} z_i`` with ``z_i`` i.i.d. N(0, I) (numpy, seeded).
+
+    ``exact_moments=True`` first whitens the z (``z ← (z − z̄) Ĉ_z^{-1/2}``, needs n > d), so
+    that the cloud's empirical mean and covariance (1/n) are exactly m and S: a start whose
+    only remaining error is in the shape of the law, which isolates the error the finite-N
+    dynamics add in a transfer study.
+    """
+    m = np.asarray(m, np.float64)
+    d = m.shape[0]
+    z = np.random.default_rng(seed).standard_normal((int(n), d))
+    if exact_moments:
+        if n <= d:
+            raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
+        z = z - z.mean(axis=0)
+        w, u = np.linalg.eigh(z.T @ z / n)
+        z = z @ (u / np.sqrt(w)) @ u.T
+    R = np.asarray(sqrtm_psd(jnp.asarray(np.asarray(S, np.float64))), np.float64)
+    return (m + z @ R).astype(dtype)
+
+
+def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
+                         exact_max: int = 2000) -> dict:
+    r"""Distance of a particle cloud ``x`` (N, d) to the Gaussian ``N(m1, S1)``.
+
+    Returns a dict:
+
+    * ``bures``: Bures W2 between ``N(x̄, Ĉ)`` (empirical mean and covariance, 1/N) and the
+      target. It compares moments only (0 for any cloud with the target's moments) and
+      its Monte-Carlo error decays like ``N^{-1/2}``.
+    * ``exact``: W2 by optimal assignment between ``x`` and N i.i.d. samples of the target
+      (:func:`jaxdyn._distances.w2_exact`), for ``N ≤ exact_max``; it contains sampling noise.
+    * ``floor``: the same between two independent N-samples of the target — the value
+      ``exact`` would take for a perfect cloud (it decays slowly, like ``N^{-1/d}`` for d ≥ 3).
+
+    ``exact`` and ``floor`` are NaN when skipped.
+    """
+    x = np.asarray(x, np.float64)
+    m1 = np.asarray(m1, np.float64)
+    S1 = np.asarray(S1, np.float64)
+    if x.ndim != 2 or x.shape[1] != m1.shape[0]:
+        raise ValueError(f"x must have shape (N, {m1.shape[0]}), got {x.shape}")
+    n = x.shape[0]
+    xbar = x.mean(axis=0)
+    C = (x - xbar).T @ (x - xbar) / n
+    out = {"bures": float(np.sqrt(max(float(bures_w2_squared(jnp.asarray(xbar), jnp.asarray(C),
+                                                               jnp.asarray(m1), jnp.asarray(S1))),
+                                      0.0))),
+           "exact": math.nan, "floor": math.nan, "n": n}
+    if exact and n <= exact_max and np.all(np.isfinite(x)):
+        rng = np.random.default_rng([int(seed), 0x7A3C])  # a stream of its own
+        y = _gaussian_sample(rng, m1, S1, n)
+        y2 = _gaussian_sample(rng, m1, S1, n)
+        out["exact"] = w2_exact(x, y)
+        out["floor"] = w2_exact(y2, y)
+    return out

@@ -1,0 +1,33 @@
+"""Wasserstein-2 distances.
+
+Wasserstein-2 distances between particle clouds and between Gaussians.
+
+Four ways to measure W2, each with its bias stated (MATH.md, "Wasserstein distances
+between particle clouds"):
+
+- :func:`w2_exact` -- optimal assignment (``scipy.optimize.linear_sum_assignment``) between
+  two clouds of equal size with uniform weights. No bias; O(N^3) time and an N x N cost
+  matrix in memory: the reference for N up to a few thousand.
+- :func:`w2_coupling` -- the cost of the *given* pairing, ``(1/N Σ_i |x_i - y_i|^2)^{1/2}``.
+  An upper bound (W2 <= coupling), free, jittable. Natural for ``y = Π(x0)``.
+- :func:`w2_sinkhorn` -- the debiased Sinkhorn divergence of ott-jax,
+  ``S_ε = OT_ε(x, y) - ½ OT_ε(x, x) - ½ OT_ε(y, y)``, and ``W2 ≈ sqrt(max(S_ε, 0))``.
+  Biased at finite ε (the debiasing removes the O(ε log ε) entropic offset but not all of
+  it): the relative error grows with ε / W2^2. The default ε therefore follows the scale
+  of the distance being measured (ε-scaling, see :func:`w2_sinkhorn`). Scales to large N
+  with an online (``batch_size``) geometry whose memory is O(N · batch_size).
+- :func:`bures_w2` -- the closed form between Gaussians (MATH.md §B),
+  ``W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})``, with an eigh-based
+  PSD square root (ott-jax 0.6's Bures cost is inaccurate for ill-conditioned covariances).
+
+"""
+
+from ._bures import (
+    bures_w2 as bures_w2,
+    bures_w2_squared as bures_w2_squared,
+    sqrtm_psd as sqrtm_psd,
+    trace_sqrtm_psd as trace_sqrtm_psd,
+)
+from ._exact import w2_coupling as w2_coupling, w2_exact as w2_exact
+from ._sinkhorn import SinkhornW2 as SinkhornW2, w2_sinkhorn as w2_sinkhorn
+from ._w2 import w2 as w2

@@ -1,0 +1,20 @@
+"""A small JAX BERT-family encoder (loads local safetensors checkpoints such as the pretrained
+all-MiniLM-L6-v2) and the layer-by-layer Gaussianity measurements of Paper B's experiment."""
+
+from ._bert import (
+    BertConfig as BertConfig,
+    BertParams as BertParams,
+    embed as embed,
+    encode as encode,
+    find_minilm as find_minilm,
+    init_bert as init_bert,
+    load_bert as load_bert,
+    random_like as random_like,
+)
+from ._gaussianity import (
+    GaussianityProfile as GaussianityProfile,
+    gaussian_tokens as gaussian_tokens,
+    gaussianity_profile as gaussianity_profile,
+    measure_gaussianity as measure_gaussianity,
+    nongaussian_stack as nongaussian_stack,
+)

@@ -1,0 +1,37 @@
+"""Gaussian transformer dynamics (Paper B): the moment ODE and its adaptive solve with blow-up
+detection, the lock-step batch solver, closed forms, stationary points and regimes."""
+
+from ._solve import (
+    Control as Control,
+    MomentField as MomentField,
+    MomentSolution as MomentSolution,
+    MomentStatus as MomentStatus,
+    check_covariance as check_covariance,
+    covariance_curves as covariance_curves,
+    moment_rhs as moment_rhs,
+    solve_moments as solve_moments,
+    status_name as status_name,
+)
+from ._batch import BatchSolution as BatchSolution, solve_moments_batch as solve_moments_batch
+from ._closed import (
+    lyapunov_equilibrium as lyapunov_equilibrium,
+    lyapunov_solve as lyapunov_solve,
+    scalar_blowup_time as scalar_blowup_time,
+    scalar_variance as scalar_variance,
+    vi_blowup_time as vi_blowup_time,
+    vi_blowup_time_general as vi_blowup_time_general,
+    vi_covariance as vi_covariance,
+    vi_precision as vi_precision,
+)
+from ._regimes import (
+    GridResult as GridResult,
+    Regime as Regime,
+    StationaryPoint as StationaryPoint,
+    bernoulli_residual as bernoulli_residual,
+    classify as classify,
+    linearisation as linearisation,
+    moment_grid as moment_grid,
+    scalar_grid as scalar_grid,
+    stationary_covariance as stationary_covariance,
+    vi_grid as vi_grid,
+)

@@ -1,0 +1,16 @@
+"""Attention kernels: the interaction ``Σ_j w_ij y_j`` with softmax / unnormalised / hardmax
+weights, dense (N × M logits) or blocked (online softmax over key blocks, memory
+O(q_block · k_block)); and the online log-sum-exp tiles that the Sinkhorn geometries share."""
+
+from ._attention import (
+    DEFAULT_BLOCKS as DEFAULT_BLOCKS,
+    HIGHEST as HIGHEST,
+    KERNELS as KERNELS,
+    NORMALIZATIONS as NORMALIZATIONS,
+    SAFE_SHIFT as SAFE_SHIFT,
+    blocked as blocked,
+    interaction as interaction,
+    pad_rows as pad_rows,
+    resolve_kernel as resolve_kernel,
+)
+from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile

@@ -1,0 +1,13 @@
+"""Particle vector fields ``field(t, x, args) -> dx/dt`` as equinox Modules: softmax attention
+on the sphere (Paper A), its zero-temperature limit (Eq. 3), attention plus affine
+feed-forward in R^d (Paper B). Parameters are array leaves: ``vmap`` over a stack of models
+is a parameter sweep."""
+
+from ._fields import (
+    AbstractParticleModel as AbstractParticleModel,
+    AbstractQKVModel as AbstractQKVModel,
+    EuclideanAttention as EuclideanAttention,
+    SphereAttention as SphereAttention,
+    ZeroTemperature as ZeroTemperature,
+    stack_models as stack_models,
+)

@@ -1,0 +1,24 @@
+"""Drivers of the particle integrators: ``simulate`` (one system, jitted; vmap it for sweeps),
+``simulate_ensemble`` (thousands of small sphere systems on the vector lanes), the time grid
+they share, and sharding (sweeps over devices, one large system split by queries)."""
+
+from ._simulate import (
+    METHODS as METHODS,
+    Trajectory as Trajectory,
+    save_indices as save_indices,
+    simulate as simulate,
+)
+from ._ensemble import (
+    FASTER_MAX_PARTICLES as FASTER_MAX_PARTICLES,
+    MAX_PARTICLES as MAX_PARTICLES,
+    simulate_ensemble as simulate_ensemble,
+)
+from ._sharding import (
+    QueryShardedField as QueryShardedField,
+    configure_host_devices as configure_host_devices,
+    query_sharded_field as query_sharded_field,
+    query_sharded_interaction as query_sharded_interaction,
+    shard_batch as shard_batch,
+    sharded_vmap as sharded_vmap,
+    sweep_mesh as sweep_mesh,
+)
