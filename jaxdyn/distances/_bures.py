@@ -82,6 +82,11 @@ def _trace_sqrtm_psd_jvp(primals, tangents):
     return out, jnp.sum(g * dw, axis=-1)
 
 
+#: a batch of means and of covariances
+Mean = Float[Array, "... d"]
+Cov = Float[Array, "... d d"]
+
+
 def _check_gaussian(mname, m, sname, s):
     if m.ndim < 1 or s.ndim < 2 or s.shape[-1] != s.shape[-2] or s.shape[-1] != m.shape[-1]:
         raise ValueError(
@@ -90,12 +95,7 @@ def _check_gaussian(mname, m, sname, s):
         )
 
 
-def bures_w2_squared(
-    m0: Float[Array, "... d"],
-    S0: Float[Array, "... d d"],
-    m1: Float[Array, "... d"],
-    S1: Float[Array, "... d d"],
-) -> Float[Array, "..."]:
+def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
     r"""Squared W2 between N(m0, S0) and N(m1, S1) (Bures-Wasserstein), clipped at 0.
 
         W2^2 = |m0 - m1|^2 + tr(S0) + tr(S1) - 2 tr((S1^{1/2} S0 S1^{1/2})^{1/2})
@@ -118,12 +118,7 @@ def bures_w2_squared(
     return jnp.maximum(val, 0.0)
 
 
-def bures_w2(
-    m0: Float[Array, "... d"],
-    S0: Float[Array, "... d d"],
-    m1: Float[Array, "... d"],
-    S1: Float[Array, "... d d"],
-) -> Float[Array, "..."]:
+def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
     r"""W2 between N(m0, S0) and N(m1, S1): the square root of :func:`bures_w2_squared`.
 
         W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})   (MATH.md §B)

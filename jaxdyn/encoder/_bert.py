@@ -150,6 +150,8 @@ class LayerParams(eqx.Module):
     ln2_b: Float[Array, "L d"]
 
 
+# duplicate-code finder: the typed field lists of LayerParams and EmbeddingParams have the same
+# shape (a deliberate exception: one annotated array field per checkpoint tensor).
 class EmbeddingParams(eqx.Module):
     """BERT's embedding layer: word + position + token type, then LayerNorm."""
 
