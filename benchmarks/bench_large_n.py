@@ -80,8 +80,8 @@ def _jax_fn(impl, d, beta):
     import jax.numpy as jnp
 
     import jaxdyn
-    from jaxdyn.kernels._attention import DEFAULT_BLOCKS, blocked
-    from jaxdyn.simulation._sharding import query_sharded_field
+    from jaxdyn.kernels import DEFAULT_BLOCKS, blocked
+    from jaxdyn.simulation import query_sharded_field
 
     eye = jnp.eye(d, dtype=jnp.float32)
     kernel = "dense" if impl == "jax_dense" else "blocked"
@@ -105,7 +105,7 @@ def _direct_field(beta, kb, qb, form):
     import jax
 
     import jaxdyn
-    from jaxdyn.kernels._attention import blocked
+    from jaxdyn.kernels import blocked
 
     def f(x):
         m = blocked(beta * x, x, "softmax", k_block=kb, q_block=qb, formulation=form)

@@ -45,8 +45,12 @@ jax.config.update("jax_enable_x64", True)
 
 from scipy.integrate import solve_ivp  # noqa: E402
 
-from jaxdyn.gaussian._solve import DOMINANCE, POLE_FRACTION, MomentStatus  # noqa: E402
-from jaxdyn.gaussian._batch import solve_moments_batch  # noqa: E402
+from jaxdyn.gaussian import (  # noqa: E402
+    DOMINANCE,
+    POLE_FRACTION,
+    MomentStatus,
+    solve_moments_batch,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 D = 3

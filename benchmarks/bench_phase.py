@@ -16,7 +16,7 @@ Implementations timed in one invocation:
   thread count; the faster of the two is the baseline.
 * ``jax_vmap``: ``jax.jit(jax.vmap(simulate))`` over all 8192 systems on one device (the
   plain JAX way).
-* ``jaxdyn_sharded``: :func:`jaxdyn.simulation._sharding.sharded_vmap` over all devices (on CPU: the
+* ``jaxdyn_sharded``: :func:`jaxdyn.simulation.sharded_vmap` over all devices (on CPU: the
   host cores, as devices), each device mapping over cache-sized chunks of ``--batch-size``
   systems.
 * ``jaxdyn_sharded_nochunk``: the same without chunks (one vmap per device).
@@ -111,7 +111,7 @@ def main(argv=None):
 
     import jaxdyn
     from common import fmt_s, interleaved, machine_info, torch_sync, write_json
-    from jaxdyn.simulation._sharding import sharded_vmap
+    from jaxdyn.simulation import sharded_vmap
 
     betas = np.linspace(0.1, args.beta_max, args.betas).astype(np.float32)
     x0 = initial_points(args.betas, args.systems, args.n, args.d, args.seed)

@@ -148,7 +148,7 @@ def main(argv=None):
 
     from jaxdyn.control import certificate, controlled_moments, random_target, reach
     from jaxdyn.distances import bures_w2
-    from jaxdyn.gaussian._solve import Control
+    from jaxdyn.gaussian import Control
 
     info = machine_info()  # at the start (load average before the runs)
     dims = [2, 4] if args.tiny else args.dims

@@ -171,8 +171,8 @@ def main(argv=None):
 
     import jaxdyn
     from common import fmt_s, machine_info, time_call, write_json
-    from jaxdyn.kernels._attention import DEFAULT_BLOCKS
-    from jaxdyn.simulation._sharding import query_sharded_field
+    from jaxdyn.kernels import DEFAULT_BLOCKS
+    from jaxdyn.simulation import query_sharded_field
 
     result = {"machine": machine_info(), "beta": args.beta}
     total = 2**22 if args.tiny else 2**26

@@ -57,8 +57,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxdyn.distances import (  # noqa: E402
-    _default_batch_size,
-    _default_multiscale,
+    default_batch_size,
+    default_multiscale,
     w2_coupling,
     w2_exact,
     w2_sinkhorn,
@@ -142,7 +142,7 @@ def run(args, save):
             # predicted cost of this N: runs x last warm time x (N ratio)^2 x iteration growth
             pred = 0.0
             budget = case_budget.get(case, args.budget_s)
-            multiscale = _default_multiscale(n, n, 3)
+            multiscale = default_multiscale(n, n, 3)
             if hist:
                 n1, t1, i1 = hist[-1]
                 growth = max(1.0, i1 / hist[-2][2]) if len(hist) > 1 and hist[-2][2] else 1.0
@@ -174,7 +174,7 @@ def run(args, save):
                 converged=res.converged, n_iters=res.n_iters, epsilons=list(res.epsilons),
                 epsilon_floored=res.epsilon_floored, geometry=res.geometry,
                 kernel_density=res.kernel_density,
-                batch_size=(None if multiscale else _default_batch_size(n, n) or "dense"),
+                batch_size=(None if multiscale else default_batch_size(n, n) or "dense"),
             )
             if case == "affine":
                 row["closed_form_w2"] = affine_w2(x)

@@ -50,7 +50,7 @@ def setup(parser: argparse.ArgumentParser, argv=None):
         args.tiny = True
     if args.no_host_devices:
         os.environ["JAXDYN_NO_HOST_DEVICES"] = "1"
-    from jaxdyn.simulation._sharding import configure_host_devices
+    from jaxdyn.simulation import configure_host_devices
 
     args.host_devices_configured = configure_host_devices()
     return args

@@ -12,7 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def _save(fig, path):
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (for the experiments' own figures)."""
+    return plt
+
+
+def save(fig, path):
+    """Write ``fig`` to ``path`` (atomically: a temporary file, then a rename), close it and
+    return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
@@ -43,7 +50,27 @@ def sphere_snapshots(xs, ts, path, title=""):
     if xs.shape[-1] > 3:
         title += f"  (first 3 of {xs.shape[-1]} coordinates)"
     fig.suptitle(title)
-    return _save(fig, path)
+    return save(fig, path)
+
+
+def ellipse(ax, m, S, **kw):
+    """The 2σ ellipse ``{m + 2 S^{1/2} u : |u| = 1}`` of a 2×2 covariance S, drawn on ``ax``."""
+    w, u = np.linalg.eigh(0.5 * (S + S.T))
+    th = np.linspace(0, 2 * np.pi, 100)
+    circ = np.stack([np.cos(th), np.sin(th)])
+    pts = m[:, None] + 2.0 * (u * np.sqrt(np.maximum(w, 0))) @ circ
+    ax.plot(pts[0], pts[1], **kw)
+
+
+def _style(ax, *, xlabel, ylabel, title, logx, logy, title_size=None):
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, **({} if title_size is None else {"fontsize": title_size}))
+    ax.grid(alpha=0.3)
 
 
 def curves(x, ys: dict, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
@@ -56,16 +83,9 @@ def curves(x, ys: dict, path, *, xlabel="", ylabel="", title="", logx=False, log
         ax.plot(x, y, color=c, label=label, lw=1.6)
     for label, (xr, yr) in (reference or {}).items():
         ax.plot(xr, yr, "k--", lw=1.2, label=label)
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _style(ax, xlabel=xlabel, ylabel=ylabel, title=title, logx=logx, logy=logy)
     ax.legend(fontsize=7, ncol=2 if len(ys) > 6 else 1)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def scatter_fit(x, y, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
@@ -86,16 +106,9 @@ def scatter_fit(x, y, path, *, xlabel="", ylabel="", title="", logx=False, logy=
     if reference is not None:
         rx, ry, rl = reference
         ax.plot(rx, ry, "k--", label=rl)
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
+    _style(ax, xlabel=xlabel, ylabel=ylabel, title=title, logx=logx, logy=logy, title_size=10)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
@@ -113,4 +126,4 @@ def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
     ax.set_title(f"{title}: where the mass sits")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save(fig, path)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdyn.experiments import sphere_common as sc
+from jaxdyn.experiments import segments, sphere_common as sc
 from jaxdyn.experiments import concentration, sphere
 from jaxdyn.experiments.engine import grid_points, point_config, resolve_config
 
@@ -44,7 +44,7 @@ def test_second_chunk_does_not_recompile(kind, module, extra):
     assert compiles == [], f"{len(compiles)} compilation(s) for a chunk with a known signature"
 
     # and the reused program computes what a fresh one does: clear the cache, recompute
-    sc._SEGMENTS.clear()
+    segments.SEGMENTS.clear()
     vars_c, _ = module.run_points(second)
     for k, (_, v) in vars_b.items():
         np.testing.assert_array_equal(np.asarray(v), np.asarray(vars_c[k][1]), err_msg=k)

@@ -16,6 +16,7 @@ from jaxdyn.experiments.sphere_common import WEIGHTS_SCHEMA, build_weights
 from jaxdyn.config import validate_section
 from jaxdyn.experiments import resolve_config, run_experiment
 from jaxdyn.experiments import concentration as conc
+from jaxdyn.experiments.concentration.summary import crossing, fit
 
 SPEC = {"ensemble": "spectral", "mu": [1.0, 0.4, -0.2], "eigenspace_angle_deg": 8.0, "plane": [0, 1]}
 TINY = {"kind": "concentration", "name": "tiny", "d": 3, "n": 200, "t1": 8.0, "dt": 0.05,
@@ -82,7 +83,7 @@ def test_crossing_and_fits():
     t = np.linspace(0, 10, 11)
     mE = np.array([0, .2, .5, .8, .9, .7, .4, .2, .1, 0, 0])
     mV = np.array([0, .1, .2, .2, .3, .5, .6, .8, .9, 1, 1])
-    assert conc._crossing(t, mE, mV) == 6.0  # first t with mass_V > mass_E
-    assert conc._crossing(t, mV * 0, mV) is None
-    s, r2 = conc._fit(np.log([10, 100, 1000]), np.log([1.0, 0.1, 0.01]))
+    assert crossing(t, mE, mV) == 6.0  # first t with mass_V > mass_E
+    assert crossing(t, mV * 0, mV) is None
+    s, r2 = fit(np.log([10, 100, 1000]), np.log([1.0, 0.1, 0.01]))
     assert s == pytest.approx(-1.0) and r2 == pytest.approx(1.0)

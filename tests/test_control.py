@@ -344,7 +344,7 @@ def test_particle_w2_falls_with_n():
     for N in (64, 256, 1024):
         w = []
         for r in range(4):
-            x0 = gaussian_cloud([N, r], m0, S0, N, exact_moments=True)
+            x0 = gaussian_cloud([N, r], N, m0, S0, exact_moments=True)
             assert cloud_w2_to_gaussian(x0, m0, S0, exact=False)["bures"] < 1e-6
             xs = transfer_particles(model, x0, t1=1.0, steps_per_piece=8)
             w.append(cloud_w2_to_gaussian(np.asarray(xs[-1]), m1, S1, exact=False)["bures"])

@@ -12,6 +12,7 @@ import yaml
 
 from jaxdyn import cli
 from jaxdyn.experiments import gaussian as G
+from jaxdyn.gaussian import bures_distance, relu_initial_rates
 
 STABLE = {
     "kind": "gaussian", "name": "tiny_stable", "study": "trajectory", "d": 2, "dtype": "float64",
@@ -81,7 +82,7 @@ def test_blowup_trajectory_runs_from_the_cli(tmp_path, capsys):
         assert np.all(np.isnan(ds["cov_closure"].sel(t=slice(0.8, None)).values))
         # the stored Bures error is the distance between the stored moments
         sel = dict(n=1, seed=1, activation=0, t=5)
-        w = G.bures(ds["mean_particles"].isel(sel).values, ds["cov_particles"].isel(sel).values,
+        w = bures_distance(ds["mean_particles"].isel(sel).values, ds["cov_particles"].isel(sel).values,
                     ds["mean_closure"].isel(sel).values, ds["cov_closure"].isel(sel).values)
         np.testing.assert_allclose(w, ds["bures"].isel(sel).values, rtol=1e-10)
         # ReLU and identity runs start from the same clouds, then differ
@@ -178,20 +179,20 @@ def test_relu_initial_rates_limits():
     """Stein rates of the ReLU field: the identity closure's rates far in the positive orthant,
     the attention-only rates (A = 0) far in the negative orthant."""
     p = G.parameters({**STABLE, "sweep": {}})
-    dm, dS = G.relu_initial_rates(p)
+    dm, dS = relu_initial_rates(**p)
     # Stein rates reduce to the identity closure's rates when the cloud is far in the
     # positive orthant (D = I, E relu(x) = m)
     q = {**p, "m0": np.array([30.0, 40.0])}
-    from jaxdyn.gaussian._solve import moment_rhs
+    from jaxdyn.gaussian import moment_rhs
     import jax.numpy as jnp
 
-    dmq, dSq = G.relu_initial_rates(q)
+    dmq, dSq = relu_initial_rates(**q)
     dmi, dSi = moment_rhs(*(jnp.asarray(q[k], jnp.float64) for k in ("m0", "S0", "A", "B", "V", "b")))
     np.testing.assert_allclose(dmq, np.asarray(dmi), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dSq, np.asarray(dSi), rtol=1e-12, atol=1e-12)
     # and to A·0 for the feed-forward part when it is far in the negative orthant
     r = {**p, "m0": np.array([-30.0, -40.0])}
-    dmr, dSr = G.relu_initial_rates(r)
+    dmr, dSr = relu_initial_rates(**r)
     dmi0, dSi0 = moment_rhs(*(jnp.asarray({**r, "A": np.zeros((2, 2))}[k], jnp.float64)
                               for k in ("m0", "S0", "A", "B", "V", "b")))
     np.testing.assert_allclose(dmr, np.asarray(dmi0), rtol=1e-12, atol=1e-12)

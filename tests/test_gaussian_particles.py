@@ -21,17 +21,14 @@ from conftest import tol
 
 from jaxdyn.gaussian._solve import MomentStatus, moment_rhs
 from jaxdyn.kernels._attention import interaction
-from jaxdyn.experiments.gaussian import (
-    bures,
-    closed_form,
-    closure,
+from jaxdyn.experiments.gaussian import closed_form, closure, make_model, run_particles
+from jaxdyn.gaussian import (
+    bures_distance as bures,
     fit_slope,
     gaussian_cloud,
-    make_model,
     parting_time,
     predicted_exponent,
     relu_initial_rates,
-    run_particles,
     tilt_index,
 )
 
@@ -52,7 +49,7 @@ PB = {k: np.asarray(v, np.float64) for k, v in dict(
 
 
 def _clouds(n, seeds, p, dtype, offset=0):
-    return jnp.stack([gaussian_cloud(jax.random.PRNGKey(offset + s), n, p["m0"], p["S0"], dtype)
+    return jnp.stack([gaussian_cloud(jax.random.PRNGKey(offset + s), n, p["m0"], p["S0"], dtype=dtype)
                       for s in range(seeds)])
 
 
@@ -155,7 +152,7 @@ def _rates(model, x):
 def test_relu_initial_rates_match_stein_formula(dtype):
     p = {**P, "m0": np.array([0.3, -0.5])}  # both coordinates straddle 0: ReLU matters
     model = make_model(p, "relu", dtype)
-    dm, dS = relu_initial_rates(p)
+    dm, dS = relu_initial_rates(**p)
     rates = jax.jit(jax.vmap(lambda x: _rates(model, x)))
     ref = _flat(dm, dS)
     # standard error: seed-to-seed sd at n_ref, scaled to N_BIG

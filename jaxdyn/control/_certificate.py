@@ -97,10 +97,6 @@ def _rotation_log(R):
     return 0.5 * (K - K.T)
 
 
-def _sqrt_host(S):
-    return np.asarray(sqrtm_psd(jnp.asarray(S)), dtype=np.float64)
-
-
 def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
                 rank_rtol: Optional[float] = None, verify: bool = True,
                 rtol: Optional[float] = None, atol: Optional[float] = None) -> Certificate:
@@ -142,9 +138,9 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
         construction = "monge"
         n = 1 if n_pieces is None else int(n_pieces)
         # Σ0^{1/2} by sqrtm_psd; its inverse from Σ0's eigenpairs (all kept: full rank).
-        R0 = _sqrt_host(S0h)
+        R0 = np.asarray(sqrtm_psd(jnp.asarray(S0h)), np.float64)
         R0i = (u0 / np.sqrt(w0)) @ u0.T
-        C = _sqrt_host(R0 @ S1h @ R0)
+        C = np.asarray(sqrtm_psd(jnp.asarray(R0 @ S1h @ R0)), np.float64)
         T = R0i @ C @ R0i
         T = 0.5 * (T + T.T)
         mu, v = np.linalg.eigh(T)

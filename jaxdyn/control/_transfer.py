@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..distances import bures_w2_squared, sqrtm_psd, w2_exact
+from ..distances import bures_w2_squared, w2_exact
+from ..gaussian._particles import gaussian_cloud
 from ..gaussian._solve import Control
 from ..integrators import INTEGRATORS
 from ..kernels._attention import HIGHEST, KERNELS, interaction
@@ -184,32 +185,6 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
     return _layers(model, x0, float(t1), int(n_layers))
 
 
-def _gaussian_sample(rng, m, S, n):
-    R = np.asarray(sqrtm_psd(jnp.asarray(S)), np.float64)
-    return np.asarray(m, np.float64) + rng.standard_normal((n, len(m))) @ R
-
-
-def gaussian_cloud(seed, m, S, n: int, *, exact_moments: bool = False, dtype=np.float64):
-    r"""n points ``x_i = m + S^{1/2} z_i`` with ``z_i`` i.i.d. N(0, I) (numpy, seeded).
-
-    ``exact_moments=True`` first whitens the z (``z ← (z − z̄) Ĉ_z^{-1/2}``, needs n > d), so
-    that the cloud's empirical mean and covariance (1/n) are exactly m and S: a start whose
-    only remaining error is in the shape of the law, which isolates the error the finite-N
-    dynamics add in a transfer study.
-    """
-    m = np.asarray(m, np.float64)
-    d = m.shape[0]
-    z = np.random.default_rng(seed).standard_normal((int(n), d))
-    if exact_moments:
-        if n <= d:
-            raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
-        z = z - z.mean(axis=0)
-        w, u = np.linalg.eigh(z.T @ z / n)
-        z = z @ (u / np.sqrt(w)) @ u.T
-    R = np.asarray(sqrtm_psd(jnp.asarray(np.asarray(S, np.float64))), np.float64)
-    return (m + z @ R).astype(dtype)
-
-
 def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
                          exact_max: int = 2000) -> dict:
     r"""Distance of a particle cloud ``x`` (N, d) to the Gaussian ``N(m1, S1)``.
@@ -240,8 +215,8 @@ def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
            "exact": math.nan, "floor": math.nan, "n": n}
     if exact and n <= exact_max and np.all(np.isfinite(x)):
         rng = np.random.default_rng([int(seed), 0x7A3C])  # a stream of its own
-        y = _gaussian_sample(rng, m1, S1, n)
-        y2 = _gaussian_sample(rng, m1, S1, n)
+        y = gaussian_cloud(rng, n, m1, S1)
+        y2 = gaussian_cloud(rng, n, m1, S1)
         out["exact"] = w2_exact(x, y)
         out["floor"] = w2_exact(y2, y)
     return out

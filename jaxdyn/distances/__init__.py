@@ -31,3 +31,4 @@ from ._bures import (
 from ._exact import w2_coupling as w2_coupling, w2_exact as w2_exact
 from ._sinkhorn import SinkhornW2 as SinkhornW2, w2_sinkhorn as w2_sinkhorn
 from ._w2 import w2 as w2
+from ._sinkhorn import default_batch_size as default_batch_size, default_multiscale as default_multiscale

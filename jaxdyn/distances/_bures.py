@@ -40,7 +40,8 @@ def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
     dimensions.
     """
     w, u = _eigh_psd(s)
-    return (u * jnp.sqrt(w)[..., None, :]) @ jnp.swapaxes(u, -1, -2)
+    return jnp.matmul(u * jnp.sqrt(w)[..., None, :], jnp.swapaxes(u, -1, -2),
+                      precision=jax.lax.Precision.HIGHEST)
 
 
 @sqrtm_psd.defjvp
@@ -49,7 +50,7 @@ def _sqrtm_psd_jvp(primals, tangents):
     w, u = _eigh_psd(s)
     r = jnp.sqrt(w)
     ut = jnp.swapaxes(u, -1, -2)
-    out = (u * r[..., None, :]) @ ut
+    out = jnp.matmul(u * r[..., None, :], ut, precision=jax.lax.Precision.HIGHEST)
     w = jnp.where(w > _zero_cut(w), w, 0.0)
     r = jnp.sqrt(w)
     den = r[..., :, None] + r[..., None, :]

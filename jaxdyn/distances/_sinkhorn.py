@@ -224,3 +224,15 @@ def w2_sinkhorn(
     return SinkhornW2(value, div, float(eps), converged, n_total, tuple(eps_list),
                       tuple(div_list), bool(floored), info.get("geometry", geometry_name),
                       info.get("kernel_density", 1.0))
+
+
+def default_multiscale(n: int, m: int, d: int) -> bool:
+    """Whether ``w2_sinkhorn(multiscale="auto")`` takes the block-sparse solver for clouds of
+    sizes n, m in dimension d (on this backend)."""
+    return _default_multiscale(n, m, d)
+
+
+def default_batch_size(n: int, m: int) -> Optional[int]:
+    """The online row block ``w2_sinkhorn(batch_size=None)`` uses for clouds of sizes n, m
+    (None: a dense cost matrix)."""
+    return _default_batch_size(n, m)

@@ -1,15 +1,22 @@
 """Experiment kinds and the engine that runs them.
 
-A kind is a module with:
+A kind is a package ``experiments/<kind>/`` split by role — ``schema`` (config fields, checks,
+memory estimates), ``run`` (``run_points``), ``summary`` (``summarize``) and ``figures``
+(``plot``) — whose ``__init__`` exposes:
 
 * ``SCHEMA``: ``{field: config.Field}`` of its top-level fields (sweepable ones marked);
 * ``BATCH_AXES``: sweep axes that may vary inside one vmapped chunk (others split chunks);
 * ``check(cfg) -> list[str]``: cross-field validation (raise ``ConfigError``) and warnings;
-* ``estimate_bytes(point_cfg) -> int``: memory of one grid point;
+* ``estimate_bytes(point_cfg) -> int``: memory of one grid point (and optionally
+  ``output_bytes(point_cfg)``: what it adds to the merged Dataset);
 * ``run_points(point_cfgs) -> (vars, coords)``: compute a chunk of points sharing every
   non-batch field; ``vars`` maps a name to ``(dims, array)`` with a leading point axis,
   ``coords`` maps a dim to its values; a boolean var ``finite`` is the per-point status;
 * ``summarize(cfg, ds) -> dict`` and ``plot(cfg, ds, out_dir) -> list[Path]``.
+
+Shared by the kinds: ``engine`` (the sweep: grid, chunks, resume, the merged Dataset),
+``segments`` (the one chunk integrator of the particle runs) and ``sphere_common`` (the config
+fields, models and initial clouds of the sphere kinds).
 """
 
 from __future__ import annotations

@@ -11,12 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..simulation._ensemble import FASTER_MAX_PARTICLES, METHODS as ENSEMBLE_METHODS, simulate_ensemble
-from ..kernels._attention import DEFAULT_BLOCKS, resolve_kernel
-from ..models._fields import SphereAttention
-from ..sphere import sample_initial
 from ..config import ConfigError, Field, at_least, positive
+from ..kernels import DEFAULT_BLOCKS, resolve_kernel
+from ..models import SphereAttention
+from ..simulation import ENSEMBLE_METHODS, FASTER_MAX_PARTICLES
+from ..sphere import sample_initial
 from ..weights import WeightsError, build_weights as _build_weights
+from . import segments
+from .segments import MAX_STEPS_PER_CALL
 
 # Fields a ``weights`` section may hold (each ensemble uses some of them).
 WEIGHTS_SCHEMA = {
@@ -75,17 +77,6 @@ SPHERE_FIELDS = {
     "ensemble": Field("bool", True, "integrate chunks of small systems (N <= 48, softmax or "
                       "unnormalised, fixed step) with simulate_ensemble; false: vmap(simulate)"),
 }
-
-
-def to_host(tree):
-    """Device results as NumPy arrays; across several processes (``jax.distributed``) the
-    sharded batch is gathered from all of them first."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        return jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True)),
-                            tree)
-    return jax.tree.map(np.asarray, tree)
 
 
 def np_dtype(cfg):
@@ -175,11 +166,7 @@ def initial_clouds(pcs):
 
 
 def save_times(pc):
-    from ..simulation._simulate import _plan, save_indices
-
-    t0, t1, dt, n = _plan(0.0, pc["t1"], pc["dt"])
-    idx = save_indices(n, pc["save_every"])
-    return np.asarray(idx) * dt
+    return segments.save_times(pc["t1"], pc["dt"], pc["save_every"])
 
 
 def output_bytes(pc, per_frame_values: int = 8, snapshots: int = 0) -> int:
@@ -201,40 +188,6 @@ def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
     return frames * (n * d * item + extra_per_frame) + 12 * n * d * item + work
 
 
-# XLA's CPU runtime with several host devices keeps memory that grows with the number of
-# loop iterations of one call (measured with jax 0.10.2: +225 MiB for a 4000-step scan on 2
-# host devices, +11 MiB on one). Chunks therefore integrate in segments of at most this
-# many steps per call; the state is carried between calls.
-MAX_STEPS_PER_CALL = 250
-
-
-# Compiled segment functions, reused by every chunk with the same static signature (frame
-# function, steps per call, dt, save_every, method): jit's own cache then skips
-# recompilation whenever the chunk's shapes repeat. Bounded: a run has a handful of keys.
-_SEGMENTS: dict = {}
-_SEGMENTS_MAX = 64
-
-
-def _segment_fn(frame_fn, steps, dt, se, method):
-    from ..simulation._sharding import sharded_vmap
-    from ..simulation._simulate import simulate
-
-    key = (frame_fn, steps, float(dt), int(se), method)
-    fn = _SEGMENTS.get(key)
-    if fn is None:
-        if steps == 0:
-            def seg(m, xx, *e):
-                return frame_fn(m, xx[None], *e)
-        else:
-            def seg(m, xx, *e):
-                tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=method)
-                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
-        if len(_SEGMENTS) >= _SEGMENTS_MAX:
-            _SEGMENTS.pop(next(iter(_SEGMENTS)))
-        fn = _SEGMENTS[key] = sharded_vmap(seg)
-    return fn
-
-
 def uses_ensemble(pc) -> bool:
     """Whether a chunk integrates with :func:`jaxdyn.simulate_ensemble` (systems on the
     vector lanes): softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where
@@ -244,58 +197,22 @@ def uses_ensemble(pc) -> bool:
             and pc["n"] <= FASTER_MAX_PARTICLES and pc["method"] in ENSEMBLE_METHODS)
 
 
-def _frames_of_stack(frame_fn):
-    """``frame_fn`` over a batch of saved stacks (P, S, N, d), sharded; cached per function."""
-    from ..simulation._sharding import sharded_vmap
-
-    key = (frame_fn, "stack")
-    fn = _SEGMENTS.get(key)
-    if fn is None:
-        fn = _SEGMENTS[key] = sharded_vmap(frame_fn)
-    return fn
-
-
 def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
-    """Integrate a chunk of points (sharing every static field) in segments.
+    """Integrate a chunk of sphere points (sharing every static field) with
+    :func:`segments.integrate_segments`: the chunk's stacked models (:func:`models_for`), its
+    initial clouds (:func:`initial_clouds`), ``simulate_ensemble`` when :func:`uses_ensemble`.
 
-    ``frame_fn(model, xs, *extra, *consts)`` maps the saved frames (S, N, d) of one system to
-    a tuple of per-frame arrays (S, ...). ``extra`` are arrays with a leading point axis
-    (per-system data such as Π(x0)); ``consts`` are arrays shared by all systems (passed to
-    every system, not closed over). Sphere models are autonomous, so every segment starts at
-    t = 0 and segments of equal length reuse one compiled program — across chunks too, when
-    ``frame_fn`` is the same function object (define it at module level, with its data in
-    ``extra``/``consts`` rather than in a closure).
+    ``frame_fn(model, xs, *extra, *consts)``: ``extra`` are arrays with a leading point axis
+    (per-system data such as Π(x0)); ``consts`` are arrays shared by all systems (broadcast
+    to every system, not closed over, so that chunks share the compiled programs).
 
     Returns (outputs, finite): outputs a tuple of NumPy arrays (P, S_total, ...) over all
     saved times (``save_times``), finite a (P,) bool array.
     """
-    from ..simulation._simulate import _plan, save_indices
-
     p0 = pcs[0]
-    _, _, dt, n = _plan(0.0, p0["t1"], p0["dt"])
-    se = p0["save_every"]
-    idx = list(save_indices(n, se))
-    per = max(1, max_steps_per_call // se)
-    bounds = idx[::per]
-    if bounds[-1] != idx[-1]:
-        bounds.append(idx[-1])
-    models = models_for(pcs)
-    x = initial_clouds(pcs)
     P = len(pcs)
     extra = tuple(extra) + tuple(jnp.broadcast_to(jnp.asarray(c), (P,) + jnp.shape(c)) for c in consts)
-    frames = _segment_fn(frame_fn, 0, dt, se, p0["method"])  # frames of given states
-    parts = [to_host(frames(models, x, *extra))]
-    finite = np.ones(P, bool)
-    ensemble = uses_ensemble(p0)
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        if ensemble:  # many small systems: jaxdyn.simulate_ensemble, then the frames
-            tr = simulate_ensemble(models, x, t1=(b - a) * dt, dt=dt, save_every=se,
-                                   method=p0["method"])
-            x, fin = tr.xs[:, -1], tr.finite
-            out = _frames_of_stack(frame_fn)(models, tr.xs[:, 1:], *extra)
-        else:
-            x, out, fin = _segment_fn(frame_fn, b - a, dt, se, p0["method"])(models, x, *extra)
-        parts.append(to_host(out))
-        finite &= np.asarray(to_host(fin), bool)
-    outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))
-    return outputs, finite
+    return segments.integrate_segments(
+        models_for(pcs), initial_clouds(pcs), frame_fn, extra, t1=p0["t1"], dt=p0["dt"],
+        save_every=p0["save_every"], method=p0["method"], ensemble=uses_ensemble(p0),
+        max_steps_per_call=max_steps_per_call)

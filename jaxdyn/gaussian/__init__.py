@@ -35,3 +35,21 @@ from ._regimes import (
     stationary_covariance as stationary_covariance,
     vi_grid as vi_grid,
 )
+from ._solve import DOMINANCE as DOMINANCE, POLE_FRACTION as POLE_FRACTION
+from ._particles import (
+    bures_distance as bures_distance,
+    cloud_stats as cloud_stats,
+    directions as directions,
+    fit_slope as fit_slope,
+    gaussian_cloud as gaussian_cloud,
+    parting_time as parting_time,
+)
+from ._theory import (
+    lyapunov_limit as lyapunov_limit,
+    phase_theory as phase_theory,
+    predicted_exponent as predicted_exponent,
+    relu_initial_rates as relu_initial_rates,
+    scalar_v as scalar_v,
+    tilt_index as tilt_index,
+    vi_closed_form as vi_closed_form,
+)

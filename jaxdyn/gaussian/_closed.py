@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..distances import sqrtm_psd
+
 __all__ = [
     "scalar_variance",
     "scalar_blowup_time",
@@ -84,16 +86,11 @@ def scalar_blowup_time(sigma0, a, c):
     return jnp.where(blows, ratio / (2.0 * cs_safe), jnp.inf)
 
 
-def _psd_sqrt(S):
-    w, U = jnp.linalg.eigh(0.5 * (S + S.T))
-    return _mm(U * jnp.sqrt(jnp.clip(w, 0.0, None)), U.T)
-
-
 def vi_blowup_time(S0, B, v):
     r"""``T* = 1 / λmax(R vS R)``, ``R = Σ0^{1/2}``, ``S = B + Bᵀ`` (``V = v I``, ``A = 0``);
     inf when ``λmax ≤ 0``. Valid for singular Σ0."""
     S0 = jnp.asarray(S0)
-    R = _psd_sqrt(S0)
+    R = sqrtm_psd(S0)
     K = v * (B + B.T)
     lam = jnp.linalg.eigvalsh(_mm(_mm(R, K), R))[-1]
     return jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf)
@@ -103,7 +100,7 @@ def vi_covariance(t, S0, B, v):
     r"""``Σ(t) = R (I − t R vS R)⁻¹ R`` for ``V = v I``, ``A = 0`` (before the blow-up)."""
     S0 = jnp.asarray(S0)
     d = S0.shape[0]
-    R = _psd_sqrt(S0)
+    R = sqrtm_psd(S0)
     K = v * (B + B.T)
     M = jnp.eye(d, dtype=S0.dtype) - t * _mm(_mm(R, K), R)
     X = _mm(R, jnp.linalg.solve(M, R))

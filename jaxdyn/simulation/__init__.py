@@ -8,7 +8,9 @@ from ._simulate import (
     save_indices as save_indices,
     simulate as simulate,
 )
+from ._simulate import plan_steps as plan_steps
 from ._ensemble import (
+    METHODS as ENSEMBLE_METHODS,
     FASTER_MAX_PARTICLES as FASTER_MAX_PARTICLES,
     MAX_PARTICLES as MAX_PARTICLES,
     simulate_ensemble as simulate_ensemble,

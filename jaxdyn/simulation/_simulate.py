@@ -102,6 +102,12 @@ def _check_x0(model, x0):
     return x0
 
 
+def plan_steps(t0, t1, dt):
+    """The fixed-step time grid of ``simulate``: ``(t0, t1, dt', n)`` with ``n`` steps of
+    ``dt' = (t1 − t0)/n`` (``dt`` rounded so that the steps land on t1)."""
+    return _plan(t0, t1, dt)
+
+
 def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
     """Static step indices at which states are saved (always includes 0 and n_steps)."""
     if saveat is not None and save_every is not None:

@@ -1,0 +1,44 @@
+"""Kind ``concentration``: figures (W2 against t, the fits, mass fractions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ... import plots
+from .summary import analyse, reduce_beta, rows
+
+
+def plot(cfg, ds, out_dir):
+    out_dir = Path(out_dir)
+    res = analyse(cfg, ds)
+    betas = np.asarray(res["beta"])
+    var = res["w2_variable"]
+    tdim = ds[var].dims[-1]
+    w2 = rows(reduce_beta(ds, var), len(betas))
+    label = {"w2_exact": "exact", "w2_sinkhorn": "Sinkhorn", "w2_coupling": "coupling bound"}[var]
+    figs = [plots.curves(ds[tdim].values, {f"β = {b:g}": r for b, r in zip(betas, w2)},
+                         out_dir / "w2_vs_t.png", xlabel="t (depth)",
+                         ylabel=f"W2(ρ_t, Π#ρ0) ({label})", logy=True,
+                         title=f"{cfg['name']}: distance to Π#ρ0")]
+    if len(betas) >= 2:
+        mins = np.asarray(res["min_w2"])
+        theory = np.sqrt(np.log(betas + 1) / betas)
+        scale = mins[0] / theory[0]
+        fit = res["fit_min_w2_vs_beta"]
+        figs.append(plots.scatter_fit(
+            betas, mins, out_dir / "min_w2_vs_beta.png", logx=True, logy=True, xlabel="β",
+            ylabel="min_t W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β)"),
+            title=f"slope {fit['loglog_slope']:.3f} (theory {fit['theory_slope_sqrt_logb_over_b']:.3f})"))
+        am = np.asarray(res["argmin_t"])
+        f2 = res["fit_argmin_t_vs_log_beta"]
+        figs.append(plots.scatter_fit(
+            np.log(betas), am, out_dir / "argmin_t_vs_log_beta.png", xlabel="log β",
+            ylabel="argmin_t W2", line=True,
+            title=f"argmin t vs log β: slope {f2['slope']:.3f}, R² {f2['r2']:.3f}"))
+    mE = rows(reduce_beta(ds, "mass_E"), len(betas))
+    mV = rows(reduce_beta(ds, "mass_V"), len(betas))
+    figs.append(plots.mass_fractions(ds["t"].values, betas, mE, mV, out_dir / "mass_fractions.png",
+                                     angle=cfg["near_angle_deg"], title=cfg["name"]))
+    return figs

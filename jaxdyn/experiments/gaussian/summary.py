@@ -1,0 +1,289 @@
+"""Kind ``gaussian``: the summary (error against N and its rate, parting times, the ReLU
+study, the phase diagram against theory)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...gaussian import (MomentStatus, bures_distance, fit_slope, lyapunov_limit, moment_rhs,
+                         parting_time, predicted_exponent, relu_initial_rates, status_name)
+from .schema import parameters
+
+
+def status_label(code):
+    try:
+        return status_name(int(code))
+    except ValueError:
+        return str(int(code))
+
+
+def finite_or_none(x):
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def axis_values(cfg, ds, name):
+    return [v.item() if hasattr(v, "item") else v for v in ds[name].values] if name in ds.dims \
+        else [cfg[name]]
+
+
+def select(ds, var, **sel):
+    da = ds[var]
+    return da.sel({k: v for k, v in sel.items() if k in da.dims})
+
+
+def error_time(cfg, ds):
+    if cfg["error_time"] is not None:
+        return float(cfg["error_time"])
+    T = float(np.nanmin(ds["closure_blowup_time"].values))
+    return 0.5 * T if T < cfg["t1"] else float(cfg["t1"])
+
+
+def t_index(ds, t):
+    return int(np.argmin(np.abs(ds["t"].values - t)))
+
+
+def rms_errors(cfg, ds, act):
+    """(ns, errs (len ns, T)): RMS over seeds of the Bures error against the closure."""
+    ns = axis_values(cfg, ds, "n")
+    errs = []
+    for n in ns:
+        w = np.asarray(select(ds, "bures", activation=act, n=n).values).reshape(-1, ds.sizes["t"])
+        with np.errstate(invalid="ignore"):
+            errs.append(np.sqrt(np.nanmean(np.square(w), axis=0)))
+    return np.asarray(ns), np.asarray(errs)
+
+
+def error_table(cfg, ds):
+    """{activation: (ns, rms Bures error over seeds at the error time)}."""
+    ti = t_index(ds, error_time(cfg, ds))
+    out = {}
+    for act in axis_values(cfg, ds, "activation"):
+        ns, errs = rms_errors(cfg, ds, act)
+        out[act] = (ns, errs[:, ti])
+    return out
+
+
+def slopes_over_time(cfg, ds, act="identity"):
+    """(ts, fitted log–log slope of the RMS error against N at each saved time t > 0)."""
+    ns, errs = rms_errors(cfg, ds, act)
+    ts = ds["t"].values
+    sl = np.array([fit_slope(ns, errs[:, i]) if ts[i] > 0 else np.nan for i in range(ts.size)])
+    return ts, sl
+
+
+def main_activation(cfg, ds):
+    acts = axis_values(cfg, ds, "activation")
+    return "identity" if "identity" in acts else acts[0]
+
+
+def closure_tilt(ds):
+    return np.asarray(ds["tilt_closure"].values).reshape(-1, ds.sizes["t"])[0]
+
+
+def zscores(cfg, ds, act, n, t):
+    """Deviations of the particles' moments (mean entries, upper covariance entries) from the
+    closure at time t, per seed, in units of the seed-to-seed standard deviation (needs ≥ 2
+    seeds): returns (z (seeds, k), labels)."""
+    ti = t_index(ds, t)
+    mp = select(ds, "mean_particles", activation=act, n=n).isel(t=ti).values
+    Cp = select(ds, "cov_particles", activation=act, n=n).isel(t=ti).values
+    mc = select(ds, "mean_closure", activation=act, n=n).isel(t=ti).values
+    Cc = select(ds, "cov_closure", activation=act, n=n).isel(t=ti).values
+    if mp.ndim == 1:
+        return None, None
+    d = mp.shape[-1]
+    iu = np.triu_indices(d)
+    vals = np.concatenate([mp, Cp[:, iu[0], iu[1]]], axis=1)
+    ref = np.concatenate([mc.reshape(-1, d)[0], Cc.reshape(-1, d, d)[0][iu]])
+    sd = vals.std(axis=0, ddof=1)
+    labels = [f"m[{i}]" for i in range(d)] + [f"S[{i},{j}]" for i, j in zip(*iu)]
+    return (vals - ref) / sd, labels
+
+
+def summarize(cfg, ds):
+    if cfg["study"] == "phase_diagram":
+        return _summarize_phase(cfg, ds)
+    out = {}
+    st = int(np.asarray(ds["closure_status"].values).reshape(-1)[0])
+    T = float(np.asarray(ds["closure_blowup_time"].values).reshape(-1)[0])
+    Tth = float(np.asarray(ds["theory_blowup_time"].values).reshape(-1)[0])
+    out["closure"] = {"status": status_label(st),
+                      "blowup_time": finite_or_none(T), "closed_form_blowup_time": finite_or_none(Tth),
+                      "blowup_time_relative_error": finite_or_none(abs(T - Tth) / Tth)
+                      if math.isfinite(T) and math.isfinite(Tth) else None}
+    tc = np.asarray(ds["trace_closure"].values).reshape(-1, ds.sizes["t"])[0]
+    tf = np.asarray(ds["trace_closed_form"].values).reshape(-1, ds.sizes["t"])[0]
+    ok = np.isfinite(tc) & np.isfinite(tf)
+    if ok.any():
+        out["closure"]["trace_vs_closed_form_max_relative_error"] = finite_or_none(
+            np.max(np.abs(tc[ok] - tf[ok]) / np.abs(tf[ok])))
+    te = error_time(cfg, ds)
+    table = error_table(cfg, ds)
+    err = {}
+    for act, (ns, errs) in table.items():
+        err[act] = {"n": [int(n) for n in ns], "rms_bures_to_closure": [finite_or_none(e) for e in errs],
+                    "fitted_loglog_slope": finite_or_none(fit_slope(ns, errs))}
+    tilt = closure_tilt(ds)
+    pred = predicted_exponent(tilt)
+    ti = t_index(ds, te)
+    over = []
+    if "identity" in axis_values(cfg, ds, "activation") and len(axis_values(cfg, ds, "n")) >= 2:
+        ts_, sl = slopes_over_time(cfg, ds)
+        for i in sorted({t_index(ds, t) for t in np.linspace(0, ts_[-1], 9)[1:]}):
+            over.append({"t": float(ts_[i]), "fitted_slope": finite_or_none(sl[i]), "tilt_index": finite_or_none(tilt[i]),
+                         "predicted_exponent": finite_or_none(pred[i])})
+    above = np.flatnonzero(np.nan_to_num(tilt, nan=np.inf) >= 1.0)
+    out["error_vs_n"] = {"time": te, "per_activation": err,
+                         "tilt_index_at_time": finite_or_none(tilt[ti]),
+                         "predicted_exponent_at_time": finite_or_none(pred[ti]),
+                         "identity_slope_over_time": over,
+                         "note": "RMS over seeds of the Bures W2 between N(m̂, Ŝ) of the particles "
+                                 "and the identity closure N(m, Σ). Expected slope for the identity "
+                                 "model: -min(1/2, 1/(1 + s²)), s = max over [0, t] of the tilt index "
+                                 "‖Σ^½ B Σ^½‖₂ of the closure (derived here; -1/2 while s < 1)"}
+    out["tilt_index"] = {"initial": finite_or_none(tilt[0]),
+                         "first_time_at_least_1": float(ds["t"].values[above[0]]) if above.size else None}
+    seeds = axis_values(cfg, ds, "seed")
+    if len(seeds) >= 2 and "seed" in ds.dims:
+        zs = {}
+        for act in axis_values(cfg, ds, "activation"):
+            nmax = max(axis_values(cfg, ds, "n"))
+            z, labels = zscores(cfg, ds, act, nmax, te)
+            if z is not None:
+                mz = np.abs(z.mean(axis=0)) * math.sqrt(z.shape[0])
+                zs[act] = {"n": int(nmax), "seeds": int(z.shape[0]),
+                           "bias_in_standard_errors": dict(zip(labels, [finite_or_none(x) for x in mz]))}
+        out["seed_mean_vs_closure"] = {
+            "time": te, "per_activation": zs,
+            "note": "|mean over seeds of (particle moment - closure)| / (seed sd / sqrt(seeds)): "
+                    "a bias test; values above ~3 mean the closure is not the particles' limit"}
+    if math.isfinite(T) and T < cfg["t1"]:
+        part = {}
+        act0 = main_activation(cfg, ds)
+        ts = ds["t"].values
+        for n in axis_values(cfg, ds, "n"):
+            tp = np.asarray(select(ds, "trace_particles", activation=act0, n=n).values)
+            tcl = np.asarray(select(ds, "trace_closure", activation=act0, n=n).values)
+            tp = tp.reshape(-1, ts.size)
+            tcl = tcl.reshape(-1, ts.size)
+            times = [parting_time(ts, a, c, cfg["parting_threshold"]) for a, c in zip(tp, tcl)]
+            rad = np.asarray(select(ds, "radius", activation=act0, n=n).values).reshape(-1, ts.size)
+            part[str(int(n))] = {"parting_time_mean": finite_or_none(np.nanmean(times)),
+                                 "parting_time_per_seed": [finite_or_none(x) for x in times],
+                                 "trace_ratio_at_blowup_detection": finite_or_none(np.nanmean(
+                                     tp[:, np.searchsorted(ts, T) - 1] / tcl[:, np.searchsorted(ts, T) - 1])),
+                                 "max_radius_at_t1": finite_or_none(np.nanmax(rad[:, -1]))}
+        out["parting"] = {"threshold": cfg["parting_threshold"], "closure_blowup_time": finite_or_none(T),
+                          "activation": act0, "per_n": part,
+                          "note": "first saved time with |tr Ŝ/tr Σ - 1| > threshold; the particles "
+                                  "stay finite past T*"}
+    acts = axis_values(cfg, ds, "activation")
+    if "relu" in acts:
+        out["relu"] = _relu_summary(cfg, ds)
+    fin = np.asarray(ds["finite"].values)
+    out["finite_points"] = int(fin.sum())
+    out["points"] = int(fin.size)
+    return out
+
+
+def relu_first_order(cfg, ds):
+    """Bures W2 between the identity closure and its first-order ReLU perturbation,
+    ``N(m(t) + t Δṁ, Σ(t) + t ΔΣ̇)``, Δ = ReLU initial rates − identity initial rates."""
+    p = parameters(cfg)
+    dm_r, dS_r = relu_initial_rates(**p)
+    with jax.enable_x64(True):
+        dm_i, dS_i = (np.asarray(x) for x in moment_rhs(*(jnp.asarray(p[k]) for k in
+                                                         ("m0", "S0", "A", "B", "V", "b"))))
+    ts = ds["t"].values
+    mc = np.asarray(ds["mean_closure"].values).reshape(-1, ts.size, cfg["d"])[0]
+    Cc = np.asarray(ds["cov_closure"].values).reshape(-1, ts.size, cfg["d"], cfg["d"])[0]
+    S1 = Cc + ts[:, None, None] * (dS_r - dS_i)
+    w = bures_distance(mc + ts[:, None] * (dm_r - dm_i), S1, mc, Cc)
+    with np.errstate(invalid="ignore"):
+        psd = np.all(np.linalg.eigvalsh(np.nan_to_num(S1)) >= 0, axis=-1)
+    # a first-order statement: kept on the first quarter of [0, t1] while Σ + tΔΣ̇ is PSD
+    w = np.where(psd & (ts <= 0.25 * ts[-1]), w, np.nan)
+    return w, (dm_r - dm_i, dS_r - dS_i)
+
+
+def _relu_summary(cfg, ds):
+    ts = ds["t"].values
+    nmax = max(axis_values(cfg, ds, "n"))
+    pred, (ddm, ddS) = relu_first_order(cfg, ds)
+    out = {"n": int(nmax), "initial_rate_difference_mean": [finite_or_none(x) for x in ddm],
+           "initial_rate_difference_cov_frobenius": finite_or_none(np.linalg.norm(ddS))}
+    picks = sorted({t_index(ds, t) for t in np.linspace(0, ts[-1], 5)} | {1, 2})
+    rows = []
+    for i in picks:
+        row = {"t": float(ts[i]), "first_order_prediction": finite_or_none(pred[i])}
+        for act in ("relu", "identity"):
+            if act not in axis_values(cfg, ds, "activation"):
+                continue
+            w = np.asarray(select(ds, "bures", activation=act, n=nmax).isel(t=i).values)
+            sk = np.asarray(select(ds, "skew", activation=act, n=nmax).isel(t=i).values)
+            ku = np.asarray(select(ds, "kurt", activation=act, n=nmax).isel(t=i).values)
+            row[f"{act}_bures_to_identity_closure"] = finite_or_none(np.nanmean(w))
+            row[f"{act}_max_abs_skewness"] = finite_or_none(np.nanmean(sk))
+            row[f"{act}_max_abs_excess_kurtosis"] = finite_or_none(np.nanmean(ku))
+        rows.append(row)
+    out["over_time"] = rows
+    out["note"] = ("bures_to_identity_closure: Bures W2 between the cloud's empirical moments and the "
+                   "identity closure (the identity cloud gives the Monte-Carlo floor); skewness and "
+                   "excess kurtosis: the largest |value| over the projections (mean over seeds); "
+                   "first_order_prediction: W2 between the closure and the closure moved by t times the "
+                   "difference of the exact initial rates (ReLU minus identity, Stein's lemma); a "
+                   "short-time statement, given on the first quarter of [0, t1]")
+    return out
+
+
+def _grid_spec(g):
+    return [float(g[0]), float(g[1]), int(g[2])]
+
+
+def _summarize_phase(cfg, ds):
+    st = np.asarray(ds["status"].values).reshape(-1).astype(int)
+    T = np.asarray(ds["blowup_time"].values).reshape(-1)
+    Tth = np.asarray(ds["theory_blowup_time"].values).reshape(-1)
+    t1 = cfg["t1"]
+    blow = st == MomentStatus.BLOWUP
+    both = blow & np.isfinite(Tth)
+    rel = np.abs(T[both] - Tth[both]) / Tth[both]
+    pred = Tth < t1
+    agree = blow == pred
+    # disagreements: how close to the boundary T* = t1 they are
+    dis = np.flatnonzero(~agree)
+    tr = np.asarray(ds["trace_final"].values).reshape(-1)
+    trth = np.asarray(ds["theory_trace"].values).reshape(-1)
+    okt = (st == MomentStatus.OK) & np.isfinite(trth)
+    trel = np.abs(tr[okt] - trth[okt]) / np.abs(trth[okt])
+    counts = {status_label(k): int(np.sum(st == k)) for k in np.unique(st)}
+    return {
+        "grid": {"a": _grid_spec(cfg["phase"]["a"]), "c": _grid_spec(cfg["phase"]["c"]),
+                 "v": cfg["phase"]["v"],
+                 "points": int(st.size)},
+        "status_counts": counts,
+        "stiff_members": int(np.sum(np.asarray(ds["stiff"].values))),
+        "blowup_classification_agreement": finite_or_none(np.mean(agree)),
+        "disagreements": int(dis.size),
+        "disagreements_theory_blowup_time_minus_t1": [finite_or_none(Tth[i] - t1) for i in dis[:20]],
+        "blowup_time_max_relative_error": finite_or_none(rel.max()) if rel.size else None,
+        "blowup_time_median_relative_error": finite_or_none(np.median(rel)) if rel.size else None,
+        "trace_t1_max_relative_error": finite_or_none(trel.max()) if trel.size else None,
+        "note": "theory: each eigenvalue of Σ follows σ' = 2aσ + 2vcσ²; T* = scalar_blowup_time("
+                "λmax(S0), a, vc); blow-up before t1 iff T* < t1",
+    }
+
+
+def equilibrium_trace(cfg):
+    """tr Σ* of the attracting equilibrium (:func:`jaxdyn.gaussian.lyapunov_limit`), or None."""
+    p = parameters(cfg)
+    eq = lyapunov_limit(p["A"], p["B"], p["V"])
+    return None if eq is None else float(np.trace(eq))

@@ -1,0 +1,42 @@
+"""Kind ``gaussianity``: the per-layer figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ... import plots
+from .schema import KEY_METRICS
+from .summary import select
+
+
+def plot(cfg, ds, out_dir):
+    plt = plots.pyplot()
+    models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
+    scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
+    names = [n for n in KEY_METRICS if n in ds]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6))
+    styles = ["-", "--", ":", "-."]
+    colors = {"pretrained": "C0", "random": "C1", "nongaussian": "C3"}
+    for ax, name in zip(np.atleast_1d(axes), names):
+        dim = ds[name].dims[-1]
+        x = ds[dim].values
+        for si, s in enumerate(scales):
+            for m in models:
+                d = select(ds, m, s)
+                ax.plot(x, d[name].values, styles[si % 4], color=colors.get(str(m), "k"), lw=1.4,
+                        label=f"{m}, s={s:g}")
+            d = select(ds, models[0], s)
+            fm, fs = d[name + "_floor_mean"].values, d[name + "_floor_std"].values
+            ax.fill_between(x, fm - 2 * fs, fm + 2 * fs, color="0.5", alpha=0.25 if si == 0 else 0.12,
+                            lw=0)
+        ax.set_title(name + (" (step l-1→l)" if dim == "step" else ""))
+        ax.set_xlabel(dim)
+        ax.grid(alpha=0.3)
+        if name in ("kurt", "skew", "sw2", "kurt_pc", "radial_w2"):
+            ax.set_yscale("symlog", linthresh=1e-2)
+    np.atleast_1d(axes)[0].legend(fontsize=6)
+    fig.suptitle(f"{cfg['name']}: distance from the moment-matched Gaussian per layer "
+                 "(grey: exact-Gaussian noise floor ± 2 sd)")
+    return [plots.save(fig, Path(out_dir) / "gaussianity.png")]

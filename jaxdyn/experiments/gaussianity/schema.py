@@ -1,0 +1,72 @@
+"""Kind ``gaussianity``: config fields, the model check, memory estimates, and the (cached)
+encoder weights."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+
+from ...config import ConfigError, Field, at_least, positive
+
+
+MODELS = ("pretrained", "random", "nongaussian")
+
+
+KEY_METRICS = ("sw2", "skew", "kurt", "kurt_pc", "radial_w2", "erank", "bures_rel")
+
+
+SCHEMA = {
+    "model": Field("str", "pretrained", "encoder weights", choices=MODELS, sweepable=True),
+    "model_path": Field("str", None, "folder with config.json + model.safetensors (default: the "
+                        "installed all-MiniLM-L6-v2 package)"),
+    "control_kind": Field("str", "cube", "non-Gaussian control map", choices=("cube", "relu", "split")),
+    "scale": Field("float", 1.0, "input scale s: h0 = s·Z", check=positive, sweepable=True),
+    "seed": Field("int", 0, "seed of inputs, random weights and directions", sweepable=True),
+    "batch": Field("int", 64, "sequences", check=at_least(1)),
+    "seq": Field("int", 128, "tokens per sequence", check=at_least(2)),
+    "n_dirs": Field("int", 128, "random directions for sliced statistics", check=at_least(1)),
+    "n_floor": Field("int", 8, "exact-Gaussian replicates for the noise floor", check=at_least(2)),
+    "n_pc": Field("int", 8, "principal axes for skewness/kurtosis", check=at_least(1)),
+}
+
+
+BATCH_AXES = ()
+
+
+def model_path(cfg):
+    from ...encoder import find_minilm
+
+    if cfg["model_path"]:
+        p = Path(cfg["model_path"])
+        if not (p / "config.json").exists():
+            raise ConfigError(f"config field 'model_path': {p} holds no config.json")
+        return p
+    try:
+        return find_minilm()
+    except Exception as e:  # FileNotFoundError / ImportError with the install command
+        raise ConfigError(f"config field 'model_path': no local model given and {e}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(path: str):
+    from ...encoder import load_bert
+
+    return load_bert(path, embeddings=False)
+
+
+def check(cfg):
+    models = cfg["sweep"].get("model", [cfg["model"]])
+    model_path(cfg)  # the architecture is needed for every model kind
+    return []
+
+
+def estimate_bytes(pc):
+    params, bcfg = load_model(str(model_path(pc)))
+    n = pc["batch"] * pc["seq"]
+    h = bcfg.hidden_size
+    layers = bcfg.num_hidden_layers + 1
+    param_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+    return 4 * (layers * n * h * 3 + n * bcfg.intermediate_size + pc["batch"] * pc["seq"] ** 2 *
+                bcfg.num_attention_heads) + 2 * param_bytes

@@ -1,0 +1,142 @@
+"""Kind ``reachability``: optimise the controls (:func:`jaxdyn.control.reach`), verify them,
+and transfer them to particles and to L layers."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from .schema import dtype_of, initial_mean, transferred
+
+
+def run_points(pcs):
+    # float64 runs inside jax.enable_x64(True), whatever the process-wide setting.
+    with jax.enable_x64(pcs[0]["dtype"] == "float64"):
+        return _run_points(pcs)
+
+
+def _run_points(pcs):
+    import jax.numpy as jnp
+
+    from ...control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
+                            controlled_moments, gaussian_cloud, mode_options, random_target,
+                            reach, transfer_particles, transformer_layers)
+    from ...gaussian import MomentStatus
+
+    rows = []
+    p0 = pcs[0]
+    ts = np.linspace(0.0, p0["t1"], p0["n_save"])
+    tr0 = p0["transfer"]
+    for pc in pcs:
+        dt = dtype_of(pc)
+        d = pc["d"]
+        tg = pc["target"]
+        m1, S1 = random_target(pc["seed"], d, mean_scale=tg["mean_scale"],
+                               eig_range=(tg["eig_min"], tg["eig_max"]), dtype=dt)
+        m0 = initial_mean(pc, d).astype(dt)
+        S0 = (pc["s0_scale"] * np.eye(d)).astype(dt)
+        opts = mode_options(pc["mode"], bound=pc["bound"], energy_weight=pc["energy_weight"])
+        res = reach(m0, S0, m1, S1, t1=pc["t1"], n_pieces=pc["n_pieces"], kind=pc["control_kind"],
+                    init=pc["init"], init_scale=pc["init_scale"], seed=pc["seed"],
+                    adam_steps=pc["adam_steps"], adam_lr=pc["adam_lr"],
+                    lbfgs_steps=pc["lbfgs_steps"], tol=pc["tol"], **opts)
+        sol = controlled_moments(res.controls, m0, S0, t1=pc["t1"], saveat=jnp.asarray(ts, dt))
+        cov_t = np.asarray(sol.cov, np.float64)
+        eig_t = np.linalg.eigvalsh(np.nan_to_num(cov_t))[:, ::-1]
+        eig_t[~np.all(np.isfinite(cov_t), axis=(1, 2))] = np.nan
+        cert = res.certificate
+        row = {
+            "w2": res.w2, "w2_mean": res.w2_mean, "w2_cov": res.w2_cov,
+            "w2_optimizer": res.w2_optimizer, "energy": res.energy, "reached": res.converged,
+            "iterations": res.iterations, "evaluations": res.evaluations,
+            "rejected": res.rejected, "seconds": res.seconds, "rank": res.rank,
+            "energy_weight_final": res.energy_weight_final,
+            "certificate_w2": np.nan if cert is None or cert.w2 is None else cert.w2,
+            "certificate_energy": np.nan if cert is None else cert.energy,
+            "finite": bool(res.status == MomentStatus.OK and math.isfinite(res.w2)
+                           and int(sol.status) == MomentStatus.OK),
+            "loss_history": res.loss_history, "w2_history": res.w2_history,
+            "mean_t": np.asarray(sol.mean, np.float64), "cov_t": cov_t, "eig_t": eig_t,
+            "target_mean": np.asarray(m1, np.float64), "target_cov": np.asarray(S1, np.float64),
+            "initial_mean": np.asarray(m0, np.float64),
+        }
+        for k in ("A", "B", "V", "b"):
+            row[f"control_{k}"] = np.asarray(res.controls[k].values, np.float64)
+        nN, nL = len(tr0["n_particles"]), len(tr0["layers"])
+        pw = {k: np.full(nN, np.nan)
+              for k in ("bures", "bures_exact_start", "exact", "floor", "initial")}
+        lw = {k: np.full(nL, np.nan) for k in ("bures", "exact", "gap")}
+        if transferred(pc) and row["finite"]:
+            tr = pc["transfer"]
+            model = ControlledEuclideanAttention.from_controls(res.controls)
+            for i, N in enumerate(tr["n_particles"]):
+                acc = {k: [] for k in pw}
+                for r in range(tr["repeats"]):
+                    x0 = gaussian_cloud([pc["seed"], N, r], N, m0, S0, dtype=dt)
+                    xs = transfer_particles(model, x0, t1=pc["t1"],
+                                            steps_per_piece=tr["steps_per_piece"])
+                    w = cloud_w2_to_gaussian(np.asarray(xs[-1]), m1, S1, seed=r,
+                                             exact_max=tr["exact_max"])
+                    w0 = cloud_w2_to_gaussian(x0, m0, S0, exact=False)
+                    for k in ("bures", "exact", "floor"):
+                        acc[k].append(w[k])
+                    acc["initial"].append(w0["bures"])
+                    if N > d:  # same draw with exact initial moments
+                        x0e = gaussian_cloud([pc["seed"], N, r], N, m0, S0, exact_moments=True,
+                                             dtype=dt)
+                        xe = transfer_particles(model, x0e, t1=pc["t1"],
+                                                steps_per_piece=tr["steps_per_piece"])
+                        acc["bures_exact_start"].append(
+                            cloud_w2_to_gaussian(np.asarray(xe[-1]), m1, S1, exact=False)["bures"])
+                for k in pw:
+                    pw[k][i] = float(np.mean(acc[k])) if acc[k] else np.nan
+            x0 = gaussian_cloud([pc["seed"], tr["layer_n"], 991], tr["layer_n"], m0, S0,
+                                exact_moments=tr["layer_n"] > d, dtype=dt)
+            # the continuous-time cloud from the same x0: the L → ∞ limit of the layers
+            xc = np.asarray(transfer_particles(model, x0, t1=pc["t1"],
+                                               steps_per_piece=tr["steps_per_piece"])[-1])
+            wc = cloud_w2_to_gaussian(xc, m1, S1, exact=False)
+            row["layer_limit_w2_bures"] = wc["bures"]
+            for j, L in enumerate(tr["layers"]):
+                x = np.asarray(transformer_layers(model, x0, t1=pc["t1"], n_layers=L))
+                w = cloud_w2_to_gaussian(x, m1, S1, seed=0, exact_max=tr["exact_max"])
+                lw["bures"][j], lw["exact"][j] = w["bures"], w["exact"]
+                lw["gap"][j] = float(np.sqrt(np.mean(np.sum((x - xc) ** 2, axis=-1))))
+        else:
+            row["layer_limit_w2_bures"] = np.nan
+        for k, v in pw.items():
+            row[f"particle_w2_{k}"] = v
+        for k, v in lw.items():
+            row[f"layer_w2_{k}"] = v
+        rows.append(row)
+
+    dims = {
+        "loss_history": ("iteration",), "w2_history": ("iteration",),
+        "mean_t": ("t", "component"), "cov_t": ("t", "component", "component_b"),
+        "eig_t": ("t", "component"), "target_mean": ("component",),
+        "target_cov": ("component", "component_b"), "initial_mean": ("component",),
+        "control_A": ("node", "component", "component_b"),
+        "control_B": ("node", "component", "component_b"),
+        "control_V": ("node", "component", "component_b"), "control_b": ("node", "component"),
+    }
+    for k in ("bures", "bures_exact_start", "exact", "floor", "initial"):
+        dims[f"particle_w2_{k}"] = ("n_particles",)
+    for k in ("bures", "exact", "gap"):
+        dims[f"layer_w2_{k}"] = ("layers",)
+    vars_ = {}
+    for name in rows[0]:
+        vals = [r[name] for r in rows]
+        dim = dims.get(name, ())
+        if dim and dim[0] == "iteration":
+            n = max(len(v) for v in vals)
+            arr = np.full((len(vals), n), np.nan)
+            for i, v in enumerate(vals):
+                arr[i, :len(v)] = v
+        else:
+            arr = np.asarray(vals)
+        vars_[name] = (dim, arr)
+    coords = {"t": ts, "n_particles": np.asarray(tr0["n_particles"]),
+              "layers": np.asarray(tr0["layers"])}
+    return vars_, coords

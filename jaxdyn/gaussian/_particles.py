@@ -1,0 +1,129 @@
+r"""Gaussian clouds of particles and their empirical statistics (Paper B's particle studies).
+
+* :func:`gaussian_cloud`: n i.i.d. samples ``m + z S^{1/2}`` of N(m, S), from a JAX key or a
+  NumPy seed, optionally with exactly the moments (m, S);
+* :func:`directions`, :func:`cloud_stats`: per-frame mean, covariance, radius and the largest
+  |skewness| / |excess kurtosis| over fixed projections;
+* :func:`bures_distance`: Bures–Wasserstein distance of moment pairs on the host, NaN-aware;
+* :func:`parting_time`, :func:`fit_slope`: when particles and closure part ways; log–log slopes.
+
+The one PSD square root of the package is :func:`jaxdyn.distances.sqrtm_psd`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..distances import bures_w2, sqrtm_psd
+
+__all__ = ["gaussian_cloud", "directions", "cloud_stats", "bures_distance", "parting_time",
+           "fit_slope"]
+
+
+def _sqrt64(S):
+    """``S^{1/2}`` of a PSD matrix as a float64 NumPy array (:func:`sqrtm_psd` in float64)."""
+    with jax.enable_x64(True):
+        return np.asarray(sqrtm_psd(jnp.asarray(np.asarray(S, np.float64))), np.float64)
+
+
+def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.float64):
+    r"""n points ``x_i = m + z_i S^{1/2}``, ``z_i`` i.i.d. N(0, I_d): a (n, d) sample of N(m, S).
+
+    ``key`` picks the random stream and the array type:
+
+    * a JAX PRNG key (a ``jax.Array``): ``z = jax.random.normal(key, (n, d), dtype)``, the
+      sum in ``dtype``; returns a JAX array;
+    * a NumPy seed (an int, a sequence of ints, or a ``np.random.Generator``, which is used
+      and advanced): ``z = np.random.default_rng(key).standard_normal((n, d))`` in float64,
+      cast to ``dtype`` at the end; returns a NumPy array.
+
+    ``exact_moments=True`` first whitens the z (``z ← (z − z̄) Ĉ_z^{-1/2}``, needs n > d), so
+    that the cloud's empirical mean and covariance (1/n) are exactly m and S: a start whose
+    only remaining error is in the shape of the law, which isolates the error the finite-N
+    dynamics add in a transfer study. ``S^{1/2}`` is :func:`jaxdyn.distances.sqrtm_psd`
+    (valid for singular S).
+    """
+    m = np.asarray(m, np.float64)
+    d = m.shape[0]
+    n = int(n)
+    if exact_moments and n <= d:
+        raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
+    R = _sqrt64(S)
+    if isinstance(key, jax.Array):
+        z = jax.random.normal(key, (n, d), dtype)
+        if exact_moments:
+            z = z - jnp.mean(z, axis=0)
+            w, u = jnp.linalg.eigh(z.T @ z / n)
+            z = z @ (u / jnp.sqrt(w)) @ u.T
+        return jnp.asarray(m, dtype) + z @ jnp.asarray(R, dtype)
+    z = np.random.default_rng(key).standard_normal((n, d))
+    if exact_moments:
+        z = z - z.mean(axis=0)
+        w, u = np.linalg.eigh(z.T @ z / n)
+        z = z @ (u / np.sqrt(w)) @ u.T
+    return (m + z @ R).astype(dtype)
+
+
+def directions(d: int, k: int, dtype=jnp.float64):
+    """(d, k) unit directions: evenly spaced angles on [0, π) in d = 2, (1,) in d = 1,
+    fixed Gaussian draws (key 0) normalised otherwise."""
+    if d == 1:
+        return jnp.ones((1, 1), dtype)
+    if d == 2:
+        th = np.pi * np.arange(k) / k
+        return jnp.asarray(np.stack([np.cos(th), np.sin(th)]), dtype)
+    g = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (d, k), jnp.float64))
+    return jnp.asarray(g / np.linalg.norm(g, axis=0, keepdims=True), dtype)
+
+
+def cloud_stats(xs, dirs):
+    """Per-frame statistics of clouds ``xs`` (S, N, d): mean (S, d), covariance (S, d, d)
+    with 1/N normalisation, max radius (S,), and the largest |skewness| and |excess
+    kurtosis| (S,) of the projections on the columns of ``dirs`` (d, K). Jittable."""
+    n = xs.shape[-2]
+    m = jnp.mean(xs, axis=-2)
+    xc = xs - m[..., None, :]
+    C = jnp.einsum("snk,snl->skl", xc, xc, precision=jax.lax.Precision.HIGHEST) / n
+    r = jnp.sqrt(jnp.max(jnp.sum(xs * xs, axis=-1), axis=-1))
+    p = jnp.einsum("snk,kj->snj", xc, dirs, precision=jax.lax.Precision.HIGHEST)
+    var = jnp.mean(p * p, axis=-2)
+    sd = jnp.sqrt(jnp.where(var > 0, var, 1.0))
+    z = p / sd[..., None, :]
+    g1 = jnp.where(var > 0, jnp.mean(z ** 3, axis=-2), 0.0)
+    g2 = jnp.where(var > 0, jnp.mean(z ** 4, axis=-2) - 3.0, 0.0)
+    return m, C, r, jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1)
+
+
+def bures_distance(m0, S0, m1, S1):
+    """Bures–Wasserstein distance between N(m0, S0) and N(m1, S1) (:func:`jaxdyn.distances.bures_w2`
+    in float64), broadcast over leading axes, as a NumPy array; NaN where an input is not
+    finite (a blown-up closure)."""
+    bad = ~(np.all(np.isfinite(S0), axis=(-2, -1)) & np.all(np.isfinite(S1), axis=(-2, -1))
+            & np.all(np.isfinite(m0), axis=-1) & np.all(np.isfinite(m1), axis=-1))
+    f = lambda a: np.nan_to_num(np.asarray(a, np.float64))  # noqa: E731
+    with jax.enable_x64(True):
+        w = np.asarray(bures_w2(f(m0), f(S0), f(m1), f(S1)), np.float64)
+    return np.where(bad, np.nan, w)
+
+
+def parting_time(ts, tr_particles, tr_closure, threshold):
+    """First saved time with ``|tr_particles/tr_closure − 1| > threshold``, or where the
+    closure is no longer finite (blown up) while the particles are; NaN if never."""
+    ts = np.asarray(ts)
+    tp, tc = np.asarray(tr_particles, np.float64), np.asarray(tr_closure, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        off = np.abs(tp / tc - 1.0) > threshold
+    off |= ~np.isfinite(tc) & np.isfinite(tp)
+    hit = np.flatnonzero(off)
+    return float(ts[hit[0]]) if hit.size else float("nan")
+
+
+def fit_slope(ns, errs):
+    """Least-squares slope of log err against log N (NaN with fewer than 2 usable points)."""
+    ns, errs = np.asarray(ns, float), np.asarray(errs, float)
+    ok = np.isfinite(errs) & (errs > 0)
+    if ok.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(ns[ok]), np.log(errs[ok]), 1)[0])
