@@ -16,6 +16,7 @@ from ..gaussian._solve import Control
 from ..integrators import INTEGRATORS
 from ..kernels._attention import HIGHEST, KERNELS, interaction
 from ..models._fields import AbstractParticleModel, EuclideanAttention
+from ..simulation._simulate import fixed_steps, saved_states
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,25 +111,33 @@ def _piece_info(model):
     return c.kind == "piecewise", (c.n if c.kind == "piecewise" else c.n - 1), c.t1
 
 
-@eqx.filter_jit
-def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
+def _piece_flow(model, x0, t1, n_pieces, steps_per_piece, piecewise, method, idx):
+    """The states after the pieces ``idx`` (static, in pieces) of ``[0, t1]`` cut into
+    ``n_pieces``: ``steps_per_piece`` steps of ``method`` (``jaxdyn.integrators``) in each
+    piece, starting at ``k h``, with the controls frozen at the piece's midpoint
+    (``piecewise``) or the time-dependent field. The loops are :func:`simulate`'s
+    (``saved_states`` over pieces, ``fixed_steps`` within one)."""
     integ = INTEGRATORS[method]()
     dtype = x0.dtype
-    h = jnp.asarray(t1, dtype) / n_intervals
-    dt = h / steps_per_interval
+    h = jnp.asarray(t1, dtype) / n_pieces
+    dt = h / steps_per_piece
 
-    def interval(x, k):
-        t0 = k.astype(dtype) * h
-        field = model.at(t0 + 0.5 * h) if piecewise else model
+    def advance(x, k_start, n):
+        def piece(x, k):
+            tk = k.astype(dtype) * h
+            field = model.at(tk + 0.5 * h) if piecewise else model
+            return fixed_steps(integ, field, x, tk, dt, steps_per_piece), None
 
-        def step(x, j):
-            return integ.step(field, t0 + j.astype(dtype) * dt, x, dt, None), None
+        x, _ = jax.lax.scan(piece, x, k_start + jnp.arange(n))
+        return x
 
-        x, _ = jax.lax.scan(step, x, jnp.arange(steps_per_interval))
-        return x, x
+    return saved_states(x0, idx, advance)
 
-    x, xs = jax.lax.scan(interval, x0, jnp.arange(n_intervals))
-    return jnp.concatenate([x0[None], xs], axis=0)
+
+@eqx.filter_jit
+def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
+    return _piece_flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method,
+                       tuple(range(n_intervals + 1)))
 
 
 def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str = "rk4"):
@@ -156,16 +165,9 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
 
 @eqx.filter_jit
 def _layers(model, x0, t1, n_layers):
-    dtype = x0.dtype
-    h = jnp.asarray(t1, dtype) / n_layers
-
-    def layer(x, l):
-        tl = l.astype(dtype) * h
-        field = model.at(tl + 0.5 * h)
-        return x + h * field(tl, x, None), None
-
-    x, _ = jax.lax.scan(layer, x0, jnp.arange(n_layers))
-    return x
+    # one projected-Euler step (the identity retraction in R^d) a layer, controls at the
+    # layer's midpoint
+    return _piece_flow(model, x0, t1, n_layers, 1, True, "euler", (0, n_layers))[-1]
 
 
 def transformer_layers(model, x0, *, t1, n_layers: int):

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..integrators.dopri8 import dopri8_step
+
 HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
@@ -261,30 +263,6 @@ def remaining_time(s, ell, q):
     return ratio / jnp.where(qs != 0, qs, 1.0)
 
 
-# Dormand–Prince 8(7) (diffrax's Dopri8 tableau), shared by the pole refinement here and the
-# batched solver's explicit stage.
-_TAB8 = diffrax.Dopri8.tableau
-RK8_C = [0.0] + [float(c) for c in np.asarray(_TAB8.c)]
-RK8_A = [[float(x) for x in np.asarray(row)] for row in _TAB8.a_lower]
-RK8_B = [float(x) for x in np.asarray(_TAB8.b_sol)]
-RK8_E = [float(x) for x in np.asarray(_TAB8.b_error)]
-
-
-def _rk8_step(f, y, h):
-    """One Dopri8 step of an autonomous ``f`` on a pytree: ``(y1, error estimate)``."""
-    tm = jax.tree_util.tree_map
-    ks = [f(y)]
-    for i in range(1, len(RK8_B)):
-        a = RK8_A[i - 1]
-        inc = tm(lambda *k: sum(a[j] * k[j] for j in range(i) if a[j] != 0.0), *ks)
-        yi = tm(lambda y_, d_: y_ + h * d_, y, inc)
-        if i < len(RK8_B) - 1:
-            ks.append(f(yi))
-    y1 = yi  # the last (FSAL) row of a equals b_sol
-    err = tm(lambda *k: h * sum(RK8_E[j] * k[j] for j in range(len(ks)) if RK8_E[j] != 0.0), *ks)
-    return y1, err
-
-
 def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400, active=True):
     r"""Refine a blow-up time from a state ``(t, Σ)`` near the pole: ``T* = lim_{τ→∞} t(τ)``.
 
@@ -335,7 +313,7 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
 
     def body(c):
         z, h, k, _ = c
-        z1, e = _rk8_step(f, z, h)
+        z1, e, _, _ = dopri8_step(f, z, h)
         sc = jax.tree_util.tree_map(lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), z, z1)
         tot = sum(jnp.sum((ee / ss) ** 2) for ee, ss in zip(jax.tree_util.tree_leaves(e),
                                                           jax.tree_util.tree_leaves(sc)))
