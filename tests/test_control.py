@@ -17,6 +17,7 @@ import pytest
 import scipy.linalg as sla
 from scipy.integrate import solve_ivp
 
+import jaxdyn
 from conftest import tol
 from jaxdyn.control import (
     Certificate,
@@ -407,3 +408,32 @@ def test_reachability_experiment_tiny(tmp_path):
     with pytest.raises(ConfigError, match="'m0'"):
         run_experiment({**raw, "m0": [1.0, 2.0, 3.0]}, tmp_path / "bad2", progress=False,
                        log=lambda *a: None)
+
+
+@pytest.mark.parametrize("method", ["rk4", "euler"])
+def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
+    """transfer_particles runs simulate's fixed-step loop: piece by piece, it equals simulate
+    on the field frozen at the piece's midpoint (EuclideanAttention.at), and
+    transformer_layers equals one projected-Euler step a layer."""
+    rng = np.random.default_rng(4)
+    d, n, S = 3, 3, 4
+    ctr = {k: Control(jnp.asarray(0.4 * rng.standard_normal((n, d, d))), 1.5) for k in "ABV"}
+    ctr["b"] = Control(jnp.asarray(rng.standard_normal((n, d))), 1.5)
+    model = EuclideanAttention.from_controls(ctr, kernel="dense")
+    assert ControlledEuclideanAttention is EuclideanAttention
+    x0 = jnp.asarray(rng.standard_normal((11, d)))
+    xs = transfer_particles(model, x0, t1=1.5, steps_per_piece=S, method=method)
+    h = 1.5 / n
+    x = x0
+    for k in range(n):
+        tr = jaxdyn.simulate(model.at((k + 0.5) * h), x, t0=k * h, t1=(k + 1) * h, dt=h / S,
+                             save_every=S, method=method)
+        x = tr.xs[-1]
+        np.testing.assert_allclose(np.asarray(xs[k + 1]), np.asarray(x), rtol=0, atol=1e-13)
+    L = 6
+    y = x0
+    for layer in range(L):
+        f = model.at((layer + 0.5) * 1.5 / L)
+        y = y + (1.5 / L) * f(0.0, y)
+    np.testing.assert_allclose(np.asarray(transformer_layers(model, x0, t1=1.5, n_layers=L)),
+                               np.asarray(y), rtol=0, atol=1e-13)

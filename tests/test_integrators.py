@@ -153,3 +153,116 @@ def test_euclidean_model_runs_without_retraction():
     tr = jaxdyn.simulate(model, x0, t1=1.0, dt=0.01, method="rk4")
     # ẋ = −x/2 + b ⇒ x(t) = 2 b (1 − e^{−t/2})
     np.testing.assert_allclose(np.asarray(tr.xs[-1, 0]), [2 * (1 - np.exp(-0.5)), 0], atol=1e-10)
+
+
+# ------------------------------------------------------------------ one integrator set
+
+
+@pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
+def test_ensemble_step_is_the_integrator_class(dtype, method):
+    """simulate_ensemble's batch-minor step is the integrator class on Sphere(axis=1): bitwise
+    equal to the class stepping each system in the (N, d) layout of simulate."""
+    from jaxdyn.integrators import INTEGRATORS, Sphere
+    from jaxdyn.simulation._ensemble import _field, _step
+
+    rng = np.random.default_rng(3)
+    n, d, c = 9, 3, 5
+    x = rng.standard_normal((n, d, c))
+    x = jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True), dtype)
+    B = jnp.asarray(rng.standard_normal((d, d, c)), dtype)
+    V = jnp.asarray(rng.standard_normal((d, d, c)), dtype)
+    beta = jnp.asarray(rng.uniform(0.5, 3.0, c), dtype)
+    dt = jnp.asarray(0.05, dtype)
+
+    def f(y):
+        return _field(y, B, V, beta, "softmax", 1e30)
+
+    got = jax.jit(lambda y: _step(method, y, dt, f))(x)
+    integ = INTEGRATORS[method]()
+    cls = jax.jit(lambda y: integ.step(lambda t, z, a: f(z), 0.0, y, dt, None,
+                                       geometry=Sphere(axis=1)))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(cls))
+
+    # the same scheme in simulate's layout, one system at a time (eager: op by op)
+    for s in range(c):
+        xs = x[..., s]
+        f_s = lambda t, y, a, s=s: f(jnp.where(jnp.arange(c) == s, y[..., None], x))[..., s]
+        one = integ.step(f_s, 0.0, xs, dt, None, geometry=Sphere())
+        np.testing.assert_allclose(np.asarray(one), np.asarray(got[..., s]),
+                                   rtol=0, atol=tol(dtype, 1e-6, 1e-15))
+
+
+def test_geometry_defaults_to_the_fields_manifold():
+    from jaxdyn.integrators import Euclidean, ProjectedEuler, Sphere, geometry_of
+
+    Q = jnp.eye(3)
+    assert geometry_of(jaxdyn.SphereAttention(Q, Q, Q, 1.0)) == Sphere()
+    assert geometry_of(jaxdyn.EuclideanAttention(Q, Q, Q)) == Euclidean()
+    assert geometry_of(lambda t, x, a: x) == Euclidean()
+    x = jnp.asarray([[3.0, 4.0]])
+    f = jaxdyn.EuclideanAttention(jnp.eye(2), 0 * jnp.eye(2), 0 * jnp.eye(2))
+    np.testing.assert_allclose(ProjectedEuler().step(f, 0.0, x, 0.5, None), 1.5 * x)
+    np.testing.assert_allclose(ProjectedEuler().step(f, 0.0, x, 0.5, None, geometry=Sphere()),
+                               [[0.6, 0.8]])
+
+
+def _pair_ode(y):
+    # u' = v, v' = -u (harmonic), w' = -w² : u = cos t, v = -sin t, w = 1/(1 + t)
+    (u, v), w = y
+    return (v, -u), -w * w
+
+
+def _pair_exact(t):
+    return np.array([np.cos(t), -np.sin(t), 1.0 / (1.0 + t)])
+
+
+def test_dopri8_order_and_error_estimate():
+    """The Dormand–Prince 8(7) step on a pytree: global error O(h^8) against the exact
+    solution; the embedded estimate is O(h^8) per step (a 7th-order companion)."""
+    from jaxdyn.integrators.dopri8 import DOPRI8, dopri8_step
+
+    assert len(DOPRI8.b) == 14 and DOPRI8.a[-1] == DOPRI8.b[:-1] and DOPRI8.e[-1] == 0.0
+    np.testing.assert_allclose(sum(DOPRI8.b), 1.0, rtol=1e-14)
+    np.testing.assert_allclose([sum(r) for r in DOPRI8.a], DOPRI8.c[1:], rtol=1e-13)
+    step = jax.jit(lambda y, h: dopri8_step(_pair_ode, y, h)[:2])
+    y0 = ((jnp.float64(1.0), jnp.float64(0.0)), jnp.float64(1.0))
+    errs, ests = [], []
+    T = 2.0
+    for n in (2, 4, 8):
+        h = jnp.asarray(T / n, jnp.float64)
+        y = y0
+        for k in range(n):
+            y, _ = step(y, h)
+        ests.append(max(abs(float(x)) for x in jax.tree.leaves(step(y0, h / 8)[1])))
+        got = np.array([float(a) for a in jax.tree.leaves(y)])
+        errs.append(np.max(np.abs(got - _pair_exact(T))))
+    slopes = np.diff(np.log(errs)) / np.log(0.5)
+    assert np.all(slopes > 7.3), (errs, slopes)
+    est_slopes = np.diff(np.log(ests)) / np.log(0.5)
+    assert np.all(est_slopes > 6.8), (ests, est_slopes)
+
+
+def test_rodas5_order_and_stiff_decay():
+    """Rodas5 on a linear system with a stiff mode: global error O(h^5) against expm, and
+    the stiffly accurate step kills an infinitely stiff mode (R(∞) = 0)."""
+    import scipy.linalg as sla
+
+    from jaxdyn.integrators.rodas5 import RODAS5, rodas5_step
+
+    assert RODAS5.a.shape == (8, 8) and RODAS5.gamma == 0.19
+    J = np.array([[-1.0, 2.0, 0.0], [-2.0, -1.0, 0.0], [0.0, 0.0, -0.5]])
+    y0 = np.array([1.0, 0.5, -1.0])
+    f = lambda y: jnp.asarray(J) @ y  # noqa: E731
+    step = jax.jit(lambda y, h: rodas5_step(f, y, h))
+    T = 2.0
+    exact = sla.expm(T * J) @ y0
+    errs = []
+    for n in (8, 16, 32):
+        y, h = jnp.asarray(y0), jnp.asarray(T / n)
+        for _ in range(n):
+            y, _, _ = step(y, h)
+        errs.append(np.max(np.abs(np.asarray(y) - exact)))
+    slopes = np.diff(np.log(errs)) / np.log(0.5)
+    assert np.all((slopes > 4.5) & (slopes < 6.0)), (errs, slopes)
+    y1, _, _ = rodas5_step(lambda y: -1e12 * y, jnp.asarray([1.0, -2.0]), jnp.asarray(1.0))
+    assert np.max(np.abs(np.asarray(y1))) < 1e-9

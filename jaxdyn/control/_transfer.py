@@ -4,7 +4,7 @@ Gaussian target."""
 from __future__ import annotations
 
 import math
-from typing import Mapping, Union
+from typing import Mapping
 
 import equinox as eqx
 import jax
@@ -13,10 +13,10 @@ import numpy as np
 
 from ..distances import bures_w2_squared, w2_exact
 from ..gaussian._particles import gaussian_cloud
-from ..gaussian._solve import Control
 from ..integrators import INTEGRATORS
-from ..kernels._attention import HIGHEST, KERNELS, interaction
-from ..models._fields import AbstractParticleModel, EuclideanAttention
+from ..models._control import Control
+from ..models._fields import EuclideanAttention
+from ..simulation._simulate import fixed_steps, saved_states
 
 
 # ---------------------------------------------------------------------------------------
@@ -24,78 +24,9 @@ from ..models._fields import AbstractParticleModel, EuclideanAttention
 # ---------------------------------------------------------------------------------------
 
 
-def _at(p, t):
-    return p(t) if isinstance(p, Control) else p
-
-
-class ControlledEuclideanAttention(AbstractParticleModel):
-    r"""Particle field of Paper B with time-varying controls:
-
-        ẋ_i = A(t) x_i + b(t) + V(t) Σ_j w_ij x_j,   w_ij = exp(x_jᵀ B(t) x_i) / Σ_k exp(x_kᵀ B(t) x_i)
-
-    ``A, B, V``: (d, d) arrays or :class:`Control`; ``b``: (d,) array, Control or None (0).
-    ``x``: (N, d). For a Gaussian cloud its moments follow the moment ODE of
-    :func:`solve_moments` with the same controls (up to Monte-Carlo error).
-    ``at(t)`` freezes the controls into an :class:`EuclideanAttention`.
-    """
-
-    A: Union[jax.Array, Control]
-    B: Union[jax.Array, Control]
-    V: Union[jax.Array, Control]
-    b: Union[jax.Array, Control]
-    kernel: str = eqx.field(static=True, default="auto")
-
-    def __init__(self, A, B, V, b=None, *, kernel: str = "auto"):
-        def shape_of(name, p):
-            if isinstance(p, Control):
-                return p, tuple(p.shape)
-            p = jnp.asarray(p)
-            return p, tuple(p.shape)
-
-        A, sA = shape_of("A", A)
-        if len(sA) != 2 or sA[0] != sA[1]:
-            raise ValueError(f"A must be a (d, d) array or a Control with (n, d, d) values, got "
-                             f"shape {sA}")
-        d = sA[0]
-        dt = A.dtype if not isinstance(A, Control) else A.values.dtype
-        B, sB = shape_of("B", B)
-        V, sV = shape_of("V", V)
-        for name, s in (("B", sB), ("V", sV)):
-            if s != (d, d):
-                raise ValueError(f"{name} must have shape ({d}, {d}) (or be a Control with values "
-                                 f"(n, {d}, {d})), got {s}")
-        if b is None:
-            b = jnp.zeros((d,), dt)
-        b, sb = shape_of("b", b)
-        if sb != (d,):
-            raise ValueError(f"b must have shape ({d},) (or be a Control with values (n, {d})), got {sb}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        self.A, self.B, self.V, self.b = A, B, V, b
-        self.kernel = kernel
-
-    @classmethod
-    def from_controls(cls, controls: Mapping, *, kernel: str = "auto"):
-        """From ``{"A", "B", "V", "b"}`` (e.g. ``ReachResult.controls``)."""
-        return cls(controls["A"], controls["B"], controls["V"], controls.get("b"), kernel=kernel)
-
-    @property
-    def dim(self) -> int:
-        return (self.A.shape if isinstance(self.A, Control) else self.A.shape)[0]
-
-    def params(self, t):
-        return _at(self.A, t), _at(self.B, t), _at(self.V, t), _at(self.b, t)
-
-    def at(self, t) -> EuclideanAttention:
-        """The frozen field at time t (an :class:`EuclideanAttention`)."""
-        A, B, V, b = self.params(t)
-        return EuclideanAttention(A, B, V, b, kernel=self.kernel)
-
-    def __call__(self, t, x, args=None):
-        A, B, V, b = self.params(t)
-        # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
-        m = interaction(x, x, B.T, 1.0, kernel=self.kernel)
-        return (jnp.matmul(x, A.T, precision=HIGHEST) + b + jnp.matmul(m, V.T, precision=HIGHEST))
+#: the controlled particle field of Paper B is :class:`jaxdyn.models.EuclideanAttention` with
+#: :class:`Control` parameters (the name users of ``jaxdyn.control`` know)
+ControlledEuclideanAttention = EuclideanAttention
 
 
 def _piece_info(model):
@@ -111,25 +42,33 @@ def _piece_info(model):
     return c.kind == "piecewise", (c.n if c.kind == "piecewise" else c.n - 1), c.t1
 
 
-@eqx.filter_jit
-def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
+def _piece_flow(model, x0, t1, n_pieces, steps_per_piece, piecewise, method, idx):
+    """The states after the pieces ``idx`` (static, in pieces) of ``[0, t1]`` cut into
+    ``n_pieces``: ``steps_per_piece`` steps of ``method`` (``jaxdyn.integrators``) in each
+    piece, starting at ``k h``, with the controls frozen at the piece's midpoint
+    (``piecewise``) or the time-dependent field. The loops are :func:`simulate`'s
+    (``saved_states`` over pieces, ``fixed_steps`` within one)."""
     integ = INTEGRATORS[method]()
     dtype = x0.dtype
-    h = jnp.asarray(t1, dtype) / n_intervals
-    dt = h / steps_per_interval
+    h = jnp.asarray(t1, dtype) / n_pieces
+    dt = h / steps_per_piece
 
-    def interval(x, k):
-        t0 = k.astype(dtype) * h
-        field = model.at(t0 + 0.5 * h) if piecewise else model
+    def advance(x, k_start, n):
+        def piece(x, k):
+            tk = k.astype(dtype) * h
+            field = model.at(tk + 0.5 * h) if piecewise else model
+            return fixed_steps(integ, field, x, tk, dt, steps_per_piece), None
 
-        def step(x, j):
-            return integ.step(field, t0 + j.astype(dtype) * dt, x, dt, None), None
+        x, _ = jax.lax.scan(piece, x, k_start + jnp.arange(n))
+        return x
 
-        x, _ = jax.lax.scan(step, x, jnp.arange(steps_per_interval))
-        return x, x
+    return saved_states(x0, idx, advance)
 
-    x, xs = jax.lax.scan(interval, x0, jnp.arange(n_intervals))
-    return jnp.concatenate([x0[None], xs], axis=0)
+
+@eqx.filter_jit
+def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
+    return _piece_flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method,
+                       tuple(range(n_intervals + 1)))
 
 
 def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str = "rk4"):
@@ -157,16 +96,9 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
 
 @eqx.filter_jit
 def _layers(model, x0, t1, n_layers):
-    dtype = x0.dtype
-    h = jnp.asarray(t1, dtype) / n_layers
-
-    def layer(x, l):
-        tl = l.astype(dtype) * h
-        field = model.at(tl + 0.5 * h)
-        return x + h * field(tl, x, None), None
-
-    x, _ = jax.lax.scan(layer, x0, jnp.arange(n_layers))
-    return x
+    # one projected-Euler step (the identity retraction in R^d) a layer, controls at the
+    # layer's midpoint
+    return _piece_flow(model, x0, t1, n_layers, 1, True, "euler", (0, n_layers))[-1]
 
 
 def transformer_layers(model, x0, *, t1, n_layers: int):

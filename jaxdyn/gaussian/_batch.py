@@ -65,7 +65,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._solve import (RK8_A, RK8_B, RK8_C, RK8_E, MomentStatus, _cov_tol, moment_rhs,
+from ..integrators.dopri8 import DOPRI8, dopri8_step
+from ..integrators.rodas5 import RODAS5, rodas5_step
+from ._solve import (MomentStatus, _cov_tol, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
@@ -73,44 +75,17 @@ __all__ = ["BatchSolution", "solve_moments_batch"]
 ACTIVE = -1  # internal: still integrating
 HANDOFF = -2  # internal: stiff (or out of explicit iterations), continue in the stiff stage
 
-# Dormand–Prince 8(7) coefficients (diffrax's Dopri8 tableau, via jaxdyn._gaussian).
-_C, _A, _BSOL, _BERR = RK8_C, RK8_A, RK8_B, RK8_E
-_NSTAGE = len(_BSOL)  # 14 = 13 stages + the FSAL stage (weight 0)
+# Dormand–Prince 8(7) (jaxdyn.integrators.dopri8).
+_NSTAGE = len(DOPRI8.b)  # 14 = 13 stages + the FSAL stage (weight 0)
 _STIFF_STAGE = 12  # stage with c = 1 compared with the FSAL derivative (stiffness test)
-_ERR_EXP = 1.0 / 8.0
+_ERR_EXP = 1.0 / DOPRI8.order
 # |R(z)| = 1 at z ≈ −5.15 on the negative real axis for this pair; a step is "stiff" when
 # the estimated h ρ passes 0.75 of that (Hairer's DOP853 uses 6.1 for its own pair).
 _STIFF_HRHO = 3.9
 
-# Rodas5 (Di Marzo 1993, as in Hairer & Wanner's RODAS family): L-stable, stiffly accurate
-# Rosenbrock method of order 5(4), 8 stages, γ = 0.19, transformed (A, C) form:
-#   (I/(hγ) − J) U_i = f(y + Σ_j a_ij U_j) + Σ_j (c_ij/h) U_j,
-#   y1 = y + Σ_{j<8} a_8j U_j + U_8,  error estimate U_8.
-# (Measured on the stiff members of the benchmark workload: 2.6–3× fewer steps than Rodas4
-# at rtol = 1e-10 for the same error.)
-_R_GAMMA = 0.19
-_R_A = np.zeros((8, 8))
-_R_A[1, :1] = [2.0]
-_R_A[2, :2] = [3.040894194418781, 1.041747909077569]
-_R_A[3, :3] = [2.576417536461461, 1.622083060776640, -0.9089668560264532]
-_R_A[4, :4] = [2.760842080225597, 1.446624659844071, -0.3036980084553738, 0.2877498600325443]
-_R_A[5, :5] = [-14.09640773051259, 6.925207756232704, -41.47510893210728, 2.343771018586405,
-               24.13215229196062]
-_R_A[6, :6] = [*_R_A[5, :5], 1.0]
-_R_A[7, :7] = [*_R_A[5, :5], 1.0, 1.0]
-_R_C = np.zeros((8, 8))
-_R_C[1, :1] = [-10.31323885133993]
-_R_C[2, :2] = [-21.04823117650003, -7.234992135176716]
-_R_C[3, :3] = [32.22751541853323, -4.943732386540191, 19.44922031041879]
-_R_C[4, :4] = [-20.69865579590063, -8.816374604402768, 1.260436877740897, -0.7495647613787146]
-_R_C[5, :5] = [-46.22004352711257, -17.49534862857472, -289.6389582892057, 93.60855400400906,
-               318.3822534212147]
-_R_C[6, :6] = [34.20013733472935, -14.15535402717690, 57.82335640988400, 25.83362985412365,
-               1.408950972071624, -6.551835421242162]
-_R_C[7, :7] = [42.57076742291101, -13.80770672017997, 93.98938432427124, 18.77919633714503,
-               -31.58359187223370, -6.685968952921985, -5.810979938412932]
-_R_NSTAGE = 8
-_R_ERR_EXP = 1.0 / 5.0
+# Rodas5 (jaxdyn.integrators.rodas5). Measured on the stiff members of the benchmark
+# workload: 2.6–3× fewer steps than Rodas4 at rtol = 1e-10 for the same error.
+_R_ERR_EXP = 1.0 / RODAS5.order
 
 
 class BatchSolution(eqx.Module):
@@ -225,27 +200,17 @@ def _explicit_round(carry, A, B, V, b, t1, thr, rtol, atol, max_iter, min_active
     ncomp = d + d * d
     vb = jnp.sqrt(jnp.sum(V * V, axis=(0, 1)) * jnp.sum(B * B, axis=(0, 1)))
 
-    def f(mm_, SS):
-        return _rhs_bl(mm_, SS, A, B, V, ApV, b)
+    def f_pair(y):
+        return _rhs_bl(*y, A, B, V, ApV, b)
 
     def body(state):
         c, it = state
         t, h, m, S, km, kS, status = (c[k] for k in ("t", "h", "m", "S", "km", "kS", "status"))
         active = status == ACTIVE
         hh = jnp.where(active, jnp.minimum(h, t1 - t), 0.0)
-        ks = [(km, kS)]
-        Y12 = None
-        for i in range(1, _NSTAGE):
-            a = _A[i - 1]
-            dm = sum(a[j] * ks[j][0] for j in range(i) if a[j] != 0.0)
-            dS = sum(a[j] * ks[j][1] for j in range(i) if a[j] != 0.0)
-            Ym, YS = m + hh * dm, S + hh * dS
-            if i == _STIFF_STAGE:
-                Y12 = (Ym, YS)
-            ks.append(f(Ym, YS))
-        m1, S1 = Ym, YS  # the FSAL stage is evaluated at y1 (its a-row is b_sol)
-        em = hh * sum(_BERR[j] * ks[j][0] for j in range(_NSTAGE) if _BERR[j] != 0.0)
-        eS = hh * sum(_BERR[j] * ks[j][1] for j in range(_NSTAGE) if _BERR[j] != 0.0)
+        (m1, S1), (em, eS), ks, ys = dopri8_step(f_pair, (m, S), hh, k0=(km, kS),
+                                                 last_stage=True)
+        Y12 = ys[_STIFF_STAGE]
         err = jnp.sqrt((_errnorm(em, m, m1, rtol, atol, 0)
                         + _errnorm(eS, S, S1, rtol, atol, (0, 1))) / ncomp)
         fin = jnp.all(jnp.isfinite(S1), (0, 1)) & jnp.all(jnp.isfinite(m1), 0)
@@ -304,19 +269,7 @@ def _rodas_step(t, h, y, A, B, V, b, d):
         dm, dS = moment_rhs(m, S, A, B, V, b)
         return jnp.concatenate([dm, dS.reshape(-1)])
 
-    f0 = f(y)
-    J = jax.jacfwd(f)(y)
-    W = jnp.eye(y.shape[0], dtype=y.dtype) / (h * _R_GAMMA) - J
-    lu = jax.scipy.linalg.lu_factor(W)
-    U = []
-    for i in range(_R_NSTAGE):
-        yi = y + sum(_R_A[i, j] * U[j] for j in range(i) if _R_A[i, j] != 0.0)
-        fi = f0 if i == 0 else f(yi)
-        rhs = fi + sum((_R_C[i, j] / h) * U[j] for j in range(i) if _R_C[i, j] != 0.0)
-        U.append(jax.scipy.linalg.lu_solve(lu, rhs))
-    last = _R_NSTAGE - 1
-    y1 = y + sum(_R_A[last, j] * U[j] for j in range(last)) + U[last]
-    return y1, U[last], f(y1)
+    return rodas5_step(f, y, h)
 
 
 @eqx.filter_jit

@@ -42,6 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..integrators.dopri8 import dopri8_step
+from ..models._control import Control
+
 HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
@@ -93,64 +96,6 @@ def status_name(code) -> str:
 # ---------------------------------------------------------------------------------------
 # Controls
 # ---------------------------------------------------------------------------------------
-
-
-class Control(eqx.Module):
-    r"""A time-dependent control on a uniform grid over ``[0, t1]``.
-
-    ``kind="piecewise"``: ``values`` has shape ``(n_pieces, *shape)`` and
-    ``u(t) = values[k]`` for ``t ∈ [k t1/n, (k+1) t1/n)`` (clamped outside ``[0, t1]``).
-    ``kind="linear"``: ``values`` has shape ``(n_nodes, *shape)`` at the nodes
-    ``t_k = k t1/(n_nodes − 1)``, linearly interpolated (clamped outside).
-
-    ``values`` and ``t1`` are array leaves (differentiable, vmappable); ``kind`` is static.
-    ``breakpoints()`` are the jump (piecewise) or kink (linear) times, which adaptive
-    solvers step to exactly.
-    """
-
-    values: jax.Array
-    t1: jax.Array
-    kind: str = eqx.field(static=True, default="piecewise")
-
-    def __init__(self, values, t1, kind: str = "piecewise"):
-        if kind not in ("piecewise", "linear"):
-            raise ValueError(f"Control kind must be 'piecewise' or 'linear', got {kind!r}")
-        values = jnp.asarray(values)
-        if values.ndim < 1 or values.shape[0] < (2 if kind == "linear" else 1):
-            raise ValueError(
-                "Control values must have shape (n_pieces, ...) with n_pieces >= 1 "
-                f"(n_nodes >= 2 for 'linear'), got shape {values.shape}")
-        self.values = values
-        self.t1 = jnp.asarray(t1, dtype=values.dtype)
-        self.kind = kind
-
-    @property
-    def n(self) -> int:
-        return self.values.shape[0]
-
-    @property
-    def shape(self):
-        return self.values.shape[1:]
-
-    @property
-    def dtype(self):
-        return self.values.dtype
-
-    def __call__(self, t):
-        n = self.n
-        if self.kind == "piecewise":
-            k = jnp.clip(jnp.floor(t / self.t1 * n), 0, n - 1).astype(jnp.int32)
-            return self.values[k]
-        s = jnp.clip(t / self.t1 * (n - 1), 0, n - 1)
-        k = jnp.clip(jnp.floor(s), 0, n - 2).astype(jnp.int32)
-        w = (s - k).astype(self.values.dtype)
-        return (1 - w) * self.values[k] + w * self.values[k + 1]
-
-    def breakpoints(self):
-        n = self.n
-        if self.kind == "piecewise":
-            return self.t1 * jnp.arange(1, n, dtype=self.values.dtype) / n
-        return self.t1 * jnp.arange(1, n - 1, dtype=self.values.dtype) / (n - 1)
 
 
 def _at(p, t):
@@ -261,30 +206,6 @@ def remaining_time(s, ell, q):
     return ratio / jnp.where(qs != 0, qs, 1.0)
 
 
-# Dormand–Prince 8(7) (diffrax's Dopri8 tableau), shared by the pole refinement here and the
-# batched solver's explicit stage.
-_TAB8 = diffrax.Dopri8.tableau
-RK8_C = [0.0] + [float(c) for c in np.asarray(_TAB8.c)]
-RK8_A = [[float(x) for x in np.asarray(row)] for row in _TAB8.a_lower]
-RK8_B = [float(x) for x in np.asarray(_TAB8.b_sol)]
-RK8_E = [float(x) for x in np.asarray(_TAB8.b_error)]
-
-
-def _rk8_step(f, y, h):
-    """One Dopri8 step of an autonomous ``f`` on a pytree: ``(y1, error estimate)``."""
-    tm = jax.tree_util.tree_map
-    ks = [f(y)]
-    for i in range(1, len(RK8_B)):
-        a = RK8_A[i - 1]
-        inc = tm(lambda *k: sum(a[j] * k[j] for j in range(i) if a[j] != 0.0), *ks)
-        yi = tm(lambda y_, d_: y_ + h * d_, y, inc)
-        if i < len(RK8_B) - 1:
-            ks.append(f(yi))
-    y1 = yi  # the last (FSAL) row of a equals b_sol
-    err = tm(lambda *k: h * sum(RK8_E[j] * k[j] for j in range(len(ks)) if RK8_E[j] != 0.0), *ks)
-    return y1, err
-
-
 def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400, active=True):
     r"""Refine a blow-up time from a state ``(t, Σ)`` near the pole: ``T* = lim_{τ→∞} t(τ)``.
 
@@ -335,7 +256,7 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
 
     def body(c):
         z, h, k, _ = c
-        z1, e = _rk8_step(f, z, h)
+        z1, e, _, _ = dopri8_step(f, z, h)
         sc = jax.tree_util.tree_map(lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), z, z1)
         tot = sum(jnp.sum((ee / ss) ** 2) for ee, ss in zip(jax.tree_util.tree_leaves(e),
                                                           jax.tree_util.tree_leaves(sc)))

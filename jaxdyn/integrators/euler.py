@@ -1,6 +1,6 @@
 from typing import ClassVar
 
-from ._base import AbstractIntegrator, retract
+from ._base import AbstractIntegrator, resolve
 
 
 class ProjectedEuler(AbstractIntegrator):
@@ -8,5 +8,5 @@ class ProjectedEuler(AbstractIntegrator):
 
     order: ClassVar[int] = 1
 
-    def step(self, field, t, x, dt, args):
-        return retract(field, x + dt * field(t, x, args))
+    def step(self, field, t, x, dt, args, geometry=None):
+        return resolve(field, geometry).retract(x + dt * field(t, x, args))

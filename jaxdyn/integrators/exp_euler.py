@@ -1,7 +1,6 @@
 from typing import ClassVar
 
-from ..sphere import exp_map
-from ._base import AbstractIntegrator
+from ._base import AbstractIntegrator, resolve
 
 
 class ExpEuler(AbstractIntegrator):
@@ -10,8 +9,5 @@ class ExpEuler(AbstractIntegrator):
 
     order: ClassVar[int] = 1
 
-    def step(self, field, t, x, dt, args):
-        v = dt * field(t, x, args)
-        if getattr(field, "manifold", "euclidean") == "sphere":
-            return exp_map(x, v)
-        return x + v
+    def step(self, field, t, x, dt, args, geometry=None):
+        return resolve(field, geometry).exp(x, dt * field(t, x, args))

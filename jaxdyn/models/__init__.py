@@ -1,8 +1,9 @@
 """Particle vector fields ``field(t, x, args) -> dx/dt`` as equinox Modules: softmax attention
 on the sphere (Paper A), its zero-temperature limit (Eq. 3), attention plus affine
-feed-forward in R^d (Paper B). Parameters are array leaves: ``vmap`` over a stack of models
-is a parameter sweep."""
+feed-forward in R^d (Paper B), whose parameters may be time-varying :class:`Control`s.
+Parameters are array leaves: ``vmap`` over a stack of models is a parameter sweep."""
 
+from ._control import Control as Control
 from ._fields import (
     AbstractParticleModel as AbstractParticleModel,
     AbstractQKVModel as AbstractQKVModel,

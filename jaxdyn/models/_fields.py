@@ -9,7 +9,7 @@ integrators whether to retract onto S^{d-1}.
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar, Mapping, Optional, Union
 
 import equinox as eqx
 import jax
@@ -18,6 +18,7 @@ import numpy as np
 
 from ..kernels._attention import KERNELS, NORMALIZATIONS, HIGHEST, interaction
 from ..sphere import tangent_project
+from ._control import Control, at
 
 
 def _is_concrete(a) -> bool:
@@ -144,49 +145,89 @@ class ZeroTemperature(AbstractQKVModel):
 
 
 class EuclideanAttention(AbstractParticleModel):
-    r"""Attention plus affine feed-forward in R^d (Paper B):
+    r"""Attention plus affine feed-forward in R^d (Paper B), with constant or time-varying
+    parameters:
 
-        ẋ_i = A σ(x_i) + b + V Σ_j w_ij x_j,   w_ij = exp(x_jᵀ B x_i) / Σ_k exp(x_kᵀ B x_i),
+        ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j,
+        w_ij = exp(x_jᵀ B(t) x_i) / Σ_k exp(x_kᵀ B(t) x_i),
 
     with σ = identity (Gaussians stay Gaussian) or ReLU. The inverse temperature is absorbed
     in B. In Q/K terms B = Kᵀ Q.
+
+    ``A, B, V``: (d, d) arrays or :class:`~jaxdyn.models.Control` (values (n, d, d));
+    ``b``: (d,) array, Control or None (0). With Controls it is the particle field of the
+    controlled moment system (:func:`jaxdyn.gaussian.solve_moments` with the same controls
+    follows a Gaussian cloud's moments up to Monte-Carlo error); ``at(t)`` freezes them.
+    ``jaxdyn.control.ControlledEuclideanAttention`` is this class.
     """
 
     manifold: ClassVar[str] = "euclidean"
-    A: jax.Array
-    B: jax.Array
-    V: jax.Array
-    b: jax.Array
+    A: Union[jax.Array, Control]
+    B: Union[jax.Array, Control]
+    V: Union[jax.Array, Control]
+    b: Union[jax.Array, Control]
     activation: str = eqx.field(static=True, default="identity")
     kernel: str = eqx.field(static=True, default="auto")
 
     def __init__(self, A, B, V, b=None, *, activation="identity", kernel="auto"):
         dt = _dtype_of(*(a for a in (A, B, V) if hasattr(a, "dtype")))
-        self.A, self.B, self.V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (A, B, V))
-        _check_square("A", self.A)
-        d = self.A.shape[0]
-        _check_square("B", self.B, d)
-        _check_square("V", self.V, d)
-        self.b = jnp.zeros((d,), self.A.dtype) if b is None else jnp.asarray(b, self.A.dtype)
-        if self.b.shape != (d,):
-            raise ValueError(f"b must have shape ({d},), got {self.b.shape}")
+
+        def conv(p):
+            if isinstance(p, Control):
+                return p
+            return _as_array(p, None if hasattr(p, "dtype") else dt)
+
+        A, B, V = conv(A), conv(B), conv(V)
+        sA = tuple(A.shape)
+        if len(sA) != 2 or sA[0] != sA[1]:
+            raise ValueError(f"A must be a square matrix of shape (d, d) (or a Control with values "
+                             f"(n, d, d)), got shape {sA}")
+        d = sA[0]
+        for name, p in (("B", B), ("V", V)):
+            if tuple(p.shape) != (d, d):
+                raise ValueError(f"{name} must have shape ({d}, {d}) (or be a Control with values "
+                                 f"(n, {d}, {d})), got shape {tuple(p.shape)}")
+        if b is None:
+            b = jnp.zeros((d,), A.dtype)
+        elif not isinstance(b, Control):
+            b = jnp.asarray(b, A.dtype)
+        if tuple(b.shape) != (d,):
+            raise ValueError(f"b must have shape ({d},) (or be a Control with values (n, {d})), "
+                             f"got {tuple(b.shape)}")
         if activation not in ("identity", "relu"):
             raise ValueError(f"activation must be 'identity' or 'relu', got {activation!r}")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.A, self.B, self.V, self.b = A, B, V, b
         self.activation = activation
         self.kernel = kernel
+
+    @classmethod
+    def from_controls(cls, controls: Mapping, *, activation="identity", kernel: str = "auto"):
+        """From ``{"A", "B", "V", "b"}`` (e.g. ``ReachResult.controls``)."""
+        return cls(controls["A"], controls["B"], controls["V"], controls.get("b"),
+                   activation=activation, kernel=kernel)
 
     @property
     def dim(self) -> int:
         return self.A.shape[0]
 
+    def params(self, t):
+        """``(A, B, V, b)`` at time t."""
+        return at(self.A, t), at(self.B, t), at(self.V, t), at(self.b, t)
+
+    def at(self, t) -> "EuclideanAttention":
+        """The field with its Controls frozen at time t (constant arrays)."""
+        A, B, V, b = self.params(t)
+        return EuclideanAttention(A, B, V, b, activation=self.activation, kernel=self.kernel)
+
     def __call__(self, t, x, args=None):
+        A, B, V, b = self.params(t)
         # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
-        m = interaction(x, x, self.B.T, 1.0, kernel=self.kernel)
+        m = interaction(x, x, B.T, 1.0, kernel=self.kernel)
         h = jax.nn.relu(x) if self.activation == "relu" else x
-        return (jnp.matmul(h, self.A.T, precision=HIGHEST) + self.b
-                + jnp.matmul(m, self.V.T, precision=HIGHEST))
+        return (jnp.matmul(h, A.T, precision=HIGHEST) + b
+                + jnp.matmul(m, V.T, precision=HIGHEST))
 
 
 def stack_models(models):

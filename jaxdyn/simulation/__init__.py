@@ -5,7 +5,9 @@ they share, and sharding (sweeps over devices, one large system split by queries
 from ._simulate import (
     METHODS as METHODS,
     Trajectory as Trajectory,
+    fixed_steps as fixed_steps,
     save_indices as save_indices,
+    saved_states as saved_states,
     simulate as simulate,
 )
 from ._simulate import plan_steps as plan_steps

@@ -58,9 +58,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
+from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
 from ._simulate import Trajectory, _plan, save_indices, saved_states
-from ..sphere import exp_map, normalize, tangent_project
+from ..sphere import tangent_project
 
 __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
 
@@ -118,17 +119,15 @@ def _field(x, B, V, beta, normalization, safe):
     return tangent_project(x, u, axis=1)
 
 
+#: the geometry of a batch-minor chunk: particle vectors along axis 1
+CHUNK_GEOMETRY = Sphere(axis=1)
+
+
 def _step(method, x, dt, f):
-    # the schemes of jaxdyn._integrators, with the particle vectors along axis 1
-    if method == "euler":
-        return normalize(x + dt * f(x), axis=1)
-    if method == "rk4":
-        k1 = f(x)
-        k2 = f(x + (dt / 2) * k1)
-        k3 = f(x + (dt / 2) * k2)
-        k4 = f(x + dt * k3)
-        return normalize(x + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4), axis=1)
-    return exp_map(x, dt * f(x), axis=1)
+    """One step of the ``jaxdyn.integrators`` scheme ``method`` on a batch-minor chunk (the
+    same class ``simulate`` uses; the field is autonomous, so its time is never read)."""
+    return INTEGRATORS[method]().step(lambda _t, y, _args: f(y), 0.0, x, dt, None,
+                                      geometry=CHUNK_GEOMETRY)
 
 
 def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):

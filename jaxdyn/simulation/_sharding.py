@@ -277,10 +277,11 @@ def _rows_field(model, t, xq, xk, args):
                         kernel=model.kernel, k_block=model.k_block, q_block=model.q_block)
         return tangent_project(xq, jnp.matmul(m, model.V.T, precision=HIGHEST))
     if isinstance(model, EuclideanAttention):
-        m = interaction(xq, xk, model.B.T, 1.0, kernel=model.kernel)
+        A, B, V, b = model.params(t)  # constant arrays or Controls at t
+        m = interaction(xq, xk, B.T, 1.0, kernel=model.kernel)
         h = jax.nn.relu(xq) if model.activation == "relu" else xq
-        return (jnp.matmul(h, model.A.T, precision=HIGHEST) + model.b
-                + jnp.matmul(m, model.V.T, precision=HIGHEST))
+        return (jnp.matmul(h, A.T, precision=HIGHEST) + b
+                + jnp.matmul(m, V.T, precision=HIGHEST))
     if isinstance(model, ZeroTemperature):  # local field: rows are independent
         return model(t, xq, args)
     raise ValueError("query sharding supports SphereAttention, EuclideanAttention and "

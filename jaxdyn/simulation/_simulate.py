@@ -191,6 +191,22 @@ def saved_states(x0, idx, advance):
     return jnp.concatenate(saved, axis=0)
 
 
+def fixed_steps(integ, field, x, t0, dt, n_steps: int, args=None, *, k_start=0,
+                geometry=None):
+    """``n_steps`` steps of the fixed-step scheme ``integ`` (a ``jaxdyn.integrators`` class
+    instance), steps ``k_start, k_start + 1, …``: step k starts at ``t0 + k dt`` (traced
+    ``k_start`` allowed; ``n_steps`` static). The one inner loop of every fixed-step driver
+    (:func:`simulate`, the transfer of controls to particles and layers)."""
+    dtype = x.dtype
+
+    def body(x, k):
+        t = t0 + k.astype(dtype) * dt
+        return integ.step(field, t, x, dt, args, geometry=geometry), None
+
+    x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
+    return x
+
+
 @eqx.filter_jit
 def _run_fixed(model, x0, args, t0, dt, idx, method):
     integ = INTEGRATORS[method]()
@@ -199,12 +215,7 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
     dt_a = jnp.asarray(dt, dtype)
 
     def advance(x, k_start, n_steps):
-        def body(x, k):
-            t = t0 + k.astype(dtype) * dt_a
-            return integ.step(model, t, x, dt_a, args), None
-
-        x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
-        return x
+        return fixed_steps(integ, model, x, t0, dt_a, n_steps, args, k_start=k_start)
 
     xs = saved_states(x0, idx, advance)
     ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a

@@ -1,0 +1,54 @@
+"""The spaces the fixed-step schemes move on: a small geometry object per space.
+
+A scheme takes its ambient steps (``x + dt·v``, Runge–Kutta combinations) and asks the
+geometry to bring the result back (``retract``) or to follow a tangent vector exactly
+(``exp``). Each geometry knows the axis along which a state stores its vectors, so the same
+scheme runs on a cloud (N, d) (``axis=-1``) and on the ensemble's batch-minor chunks
+(N, d, c) (``Sphere(axis=1)``): one definition of each scheme, whatever the layout (the
+jax-md way of passing the space to the integrator).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+
+from ..sphere import exp_map, normalize
+
+
+class Euclidean(eqx.Module):
+    """R^d: retraction is the identity and ``exp(x, v) = x + v``."""
+
+    axis: int = eqx.field(static=True, default=-1)
+
+    def retract(self, x):
+        return x
+
+    def exp(self, x, v):
+        return x + v
+
+
+class Sphere(eqx.Module):
+    """The unit sphere S^{d-1}, vectors along ``axis``: retraction x ↦ x/|x|, the exponential
+    map along great circles (:func:`jaxdyn.sphere.exp_map`)."""
+
+    axis: int = eqx.field(static=True, default=-1)
+
+    def retract(self, x):
+        return normalize(x, axis=self.axis)
+
+    def exp(self, x, v):
+        return exp_map(x, v, axis=self.axis)
+
+
+#: the geometry of each value a field's ``manifold`` attribute may take (vectors last)
+GEOMETRIES = {"euclidean": Euclidean(), "sphere": Sphere()}
+
+
+def geometry_of(field):
+    """The geometry a field lives on: its ``manifold`` ("euclidean" when it has none)."""
+    name = getattr(field, "manifold", "euclidean")
+    try:
+        return GEOMETRIES[name]
+    except KeyError:
+        raise ValueError(f"unknown manifold {name!r} of {type(field).__name__}; expected one of "
+                         f"{tuple(GEOMETRIES)}") from None
