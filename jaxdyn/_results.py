@@ -85,13 +85,18 @@ def _promote(result):
 
 def from_codes(codes):
     """A ``RESULTS`` item holding an int array of codes (any shape, one per member)."""
-    return eqx.tree_at(lambda r: r._value, RESULTS.successful, jnp.asarray(codes, jnp.int32))
+    if isinstance(codes, np.ndarray):  # host results (numpy fields) keep numpy codes
+        codes = codes.astype(np.int32)
+    else:
+        codes = jnp.asarray(codes, jnp.int32)
+    return eqx.tree_at(lambda r: r._value, RESULTS.successful, codes)
 
 
 def status_codes(result):
     """Int array of status codes (any batch shape) of a ``RESULTS`` item, a diffrax result
     (promoted) or a result object. Works under jit/vmap (then it is traced)."""
-    return jnp.asarray(_promote(result)._value)
+    value = _promote(result)._value
+    return value if isinstance(value, np.ndarray) else jnp.asarray(value)
 
 
 def is_successful(result):
