@@ -181,6 +181,11 @@ class ReachResult(Solution):
     message: str = eqx.field(static=True)
 
     @property
+    def converged(self) -> bool:
+        """``w2 < tol`` (the same as ``bool(self.ok)``)."""
+        return bool(self.ok)
+
+    @property
     def iterations(self) -> int:
         return self.stats["iterations"]
 

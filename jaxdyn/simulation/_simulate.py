@@ -56,6 +56,12 @@ class Trajectory(Solution):
     stats: dict
 
     @property
+    def finite(self):
+        """Bool array (one per run): every saved state is finite. (The status is ``result``;
+        this reads the states alone.)"""
+        return jnp.all(jnp.isfinite(self.xs), axis=(-3, -2, -1))
+
+    @property
     def n_steps(self):
         """Steps taken (accepted steps for diffrax methods): ``stats["num_accepted_steps"]``."""
         return self.stats["num_accepted_steps"]
