@@ -67,9 +67,10 @@ class SinkhornW2(Solution):
 
 def _result(value, div, eps, converged, n_iters, eps_list, div_list, floored,
             geometry="dense", kernel_density=1.0) -> SinkhornW2:
-    """A :class:`SinkhornW2` of arrays from the host values of the ε ladder (in the default
-    float dtype: float64 under jax_enable_x64, as the host values)."""
-    f = lambda v: jnp.asarray(v, jnp.result_type(float))  # noqa: E731
+    """A :class:`SinkhornW2` of arrays from the host values of the ε ladder: numpy float64
+    (the ladder's own host values, so the numbers are those the Python floats were; numpy
+    leaves go through jit/vmap like any array and compare with pytest.approx)."""
+    f = lambda v: np.asarray(v, np.float64)  # noqa: E731
     if not (np.isfinite(value) and np.isfinite(div)):
         status = code(RESULTS.nonfinite)
     elif converged:
@@ -80,8 +81,8 @@ def _result(value, div, eps, converged, n_iters, eps_list, div_list, floored,
         value=f(value), divergence=f(div), epsilon=f(eps),
         epsilons=f(np.asarray(eps_list, np.float64).reshape(-1)),
         divergences=f(np.asarray(div_list, np.float64).reshape(-1)),
-        epsilon_floored=jnp.asarray(bool(floored)), result=from_codes(jnp.asarray(status)),
-        stats={"n_iters": jnp.asarray(int(n_iters)),
+        epsilon_floored=np.asarray(bool(floored)), result=from_codes(np.asarray(status)),
+        stats={"n_iters": np.asarray(int(n_iters)),
                "kernel_density": f(kernel_density)},
         geometry=geometry)
 

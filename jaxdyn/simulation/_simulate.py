@@ -181,7 +181,7 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     t0, t1, dt, n = _plan(t0, t1, dt)
-    in_dtype = jnp.asarray(x0).dtype
+    in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     idx = save_indices(n, save_every, saveat, t0, dt)
     if method in DIFFRAX_METHODS:
