@@ -7,10 +7,21 @@ The top level holds the names the README uses; everything else lives in a subpac
 one role each: ``jaxdyn.sphere``, ``kernels``, ``models``, ``integrators``, ``simulation``,
 ``spectral``, ``gaussian``, ``distances``, ``control``, ``encoder``, ``weights`` (and the
 shell: ``config``, ``io``, ``plots``, ``experiments``, ``cli``).
+
+Every driver returns a :class:`Solution` pytree whose ``result`` is a :class:`RESULTS` code
+per member (diffrax's codes included): read it with ``.ok``, ``.status``, ``.messages``.
 """
 
 __version__ = "0.1.0"
 
+from ._results import (
+    RESULTS as RESULTS,
+    Solution as Solution,
+    is_successful as is_successful,
+    status_codes as status_codes,
+    status_messages as status_messages,
+    status_names as status_names,
+)
 from . import (  # noqa: F401  (the subpackages, for jaxdyn.<role>.<name>)
     control, distances, gaussian, integrators, kernels, models, simulation, spectral, sphere, weights,
 )

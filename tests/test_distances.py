@@ -15,8 +15,12 @@ import scipy.linalg
 import scipy.special
 from hypothesis import given, settings, strategies as st
 
+import equinox as eqx
+
+import jaxdyn
 from conftest import tol
 from jaxdyn.distances import (
+    SinkhornW2,
     bures_w2,
     bures_w2_squared,
     sqrtm_psd,
@@ -244,8 +248,8 @@ def test_sinkhorn_online_geometry_equals_dense():
     dense = w2_sinkhorn(x, y, batch_size=None)
     online = w2_sinkhorn(x, y, batch_size=32)  # 120 and 100 are not multiples of 32
     assert dense.converged and online.converged
-    assert online.epsilons == pytest.approx(dense.epsilons, rel=1e-10)
-    assert online.divergence == pytest.approx(dense.divergence, rel=1e-10)
+    assert np.asarray(online.epsilons) == pytest.approx(np.asarray(dense.epsilons), rel=1e-10)
+    assert float(online.divergence) == pytest.approx(float(dense.divergence), rel=1e-10)
 
 
 def test_w2_dispatch_and_nonconvergence_warning():
@@ -410,3 +414,34 @@ def test_bures_structural_errors():
         bures_w2(np.zeros(3), np.eye(2), np.zeros(3), np.eye(3))
     with pytest.raises(ValueError, match="same d"):
         bures_w2(np.zeros(3), np.eye(3), np.zeros(2), np.eye(2))
+
+
+def test_sinkhorn_result_is_a_pytree_for_jit_and_vmap():
+    """SinkhornW2 holds arrays: it passes through jax.jit (in and out), stacks and vmaps;
+    float(res.value) still works; throw=True raises with the status message."""
+    x, y = _case("spread", 100, np.float64, seed=3)
+    res = w2_sinkhorn(x, y)
+    assert isinstance(res, jaxdyn.Solution) and bool(res.ok) and res.names == "successful"
+    assert isinstance(float(res.value), float) and int(res.n_iters) > 0
+    out = jax.jit(lambda r: r)(res)
+    assert isinstance(out, SinkhornW2) and float(out.value) == float(res.value)
+    assert out.geometry == res.geometry
+    doubled = jax.jit(lambda r: 2.0 * r.value)(res)
+    assert float(doubled) == 2.0 * float(res.value)
+    # built inside jit: a SinkhornW2 returned from a jitted function
+    made = jax.jit(lambda v: eqx.tree_at(lambda r: r.value, res, v))(jnp.asarray(0.5))
+    assert float(made.value) == 0.5
+    # a batch of results: status per member
+    bad = w2_sinkhorn(x, y, max_iterations=20, max_rounds=2)
+    assert bad.names == "not_converged" and "tolerance" in bad.messages
+    # (results of equal ladder length stack; here res and a copy flagged not_converged)
+    other = eqx.tree_at(lambda r: r.result, res, jaxdyn.RESULTS.not_converged)
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), res, other)
+    assert list(stacked.names) == ["successful", "not_converged"]
+    vals = jax.vmap(lambda r: jnp.where(r.ok, r.value, jnp.nan))(stacked)
+    assert float(vals[0]) == float(res.value) and np.isnan(float(vals[1]))
+    with pytest.raises(RuntimeError, match="not_converged"):
+        w2_sinkhorn(x, y, max_iterations=20, max_rounds=2, throw=True)
+    xn = np.array(x)
+    xn[0, 0] = np.nan
+    assert w2_sinkhorn(xn, y).names == "nonfinite"

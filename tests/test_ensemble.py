@@ -47,7 +47,7 @@ def test_equals_vmapped_simulate(dtype, method):
     np.testing.assert_allclose(np.asarray(got.ts), np.asarray(ref.ts[0]), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs),
                                atol=tol(dtype, 2e-4, 1e-11), rtol=0)
-    assert np.all(np.asarray(got.finite))
+    assert np.all(np.asarray(got.ok))
     norms = np.linalg.norm(np.asarray(got.xs), axis=-1)
     np.testing.assert_allclose(norms, 1.0, atol=tol(dtype, 1e-6, 1e-13))
 
@@ -68,7 +68,7 @@ def test_each_shift_branch_alone_equals_the_reference(monkeypatch, branch, safe)
     # forcing the bound there loses them (so the switch between the branches is live)
     models, x0 = _systems(4, 8, 2, [2000.0], np.float32, seed=4)
     kw = dict(t1=0.05, dt=0.001, save_every=50, method="euler")
-    fin = np.asarray(simulate_ensemble(models, x0, **kw).finite)
+    fin = np.asarray(simulate_ensemble(models, x0, **kw).ok)
     assert fin.all() if branch == "maximum" else not fin.any()
 
 
@@ -76,7 +76,7 @@ def _assert_finite_and_matches(models, x0, atol, **kw):
     """Every system stays finite and equals the generic vmap(simulate) path to ``atol``."""
     got = simulate_ensemble(models, x0, **kw)
     ref = _reference(models, x0, **kw)
-    assert np.all(np.asarray(got.finite))
+    assert np.all(np.asarray(got.ok))
     np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=atol, rtol=0)
 
 
@@ -129,7 +129,15 @@ def test_nonfinite_is_a_status():
                                for i in range(3)])
     x0 = x0.at[1, 0].set(jnp.asarray([1.0, 0.0, 0.0], jnp.float32))
     got = simulate_ensemble(bad, x0, t1=0.2, dt=0.1, method="euler")
-    assert np.asarray(got.finite).tolist() == [True, True, False]
+    assert np.asarray(got.ok).tolist() == [True, True, False]
+    # one code and one message per system, as from vmap(simulate); throw=True names it
+    assert got.status.shape == (3,)
+    assert list(got.names) == ["successful", "successful", "nonfinite"]
+    assert "NaN" in got.messages[2]
+    ref = jax.vmap(lambda m, x: jaxdyn.simulate(m, x, t1=0.2, dt=0.1, method="euler"))(bad, x0)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(ref.status))
+    with pytest.raises(RuntimeError, match=r"member 2.*nonfinite"):
+        simulate_ensemble(bad, x0, t1=0.2, dt=0.1, method="euler", throw=True)
 
 
 def test_bad_input_is_named():

@@ -6,10 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jaxdyn
 from conftest import tol
 
-from jaxdyn.gaussian._solve import Control, MomentStatus, solve_moments, covariance_curves
-from jaxdyn.gaussian._batch import solve_moments_batch
+from jaxdyn.gaussian import (BatchSolution, Control, MomentStatus, solve_moments,
+                             covariance_curves, solve_moments_batch)
 from jaxdyn.gaussian._closed import (
     lyapunov_equilibrium,
     scalar_blowup_time,
@@ -54,6 +56,24 @@ def test_scalar_blowup_time_matches_closed_form(dtype, a, c, s0):
     got = np.asarray(sol.cov)[before, 0, 0]
     np.testing.assert_allclose(got, ref, rtol=tol(dtype, 1e-4, 1e-9))
     assert np.all(np.isnan(np.asarray(sol.cov)[~before]))
+
+
+def test_blowup_status_message_and_throw():
+    """A blow-up is a status with a message (``result``), per member under vmap;
+    ``throw=True`` raises with that message, also under jit."""
+    one = lambda x: jnp.full((1, 1), x, jnp.float64)  # noqa: E731
+    run = lambda c, **kw: solve_moments(None, one(1.0), A=one(0.0), B=one(c), V=one(1.0),  # noqa: E731
+                                        t1=2.0, **kw)
+    sols = jax.vmap(run)(jnp.array([1.0, -1.0]))  # T* = 0.5 for c = 1; decay for c = -1
+    assert list(sols.names) == ["blowup", "successful"]
+    assert np.asarray(sols.ok).tolist() == [False, True]
+    assert "blowup_time" in sols.messages[0]
+    assert int(sols.status[0]) == MomentStatus.BLOWUP == int(jaxdyn.RESULTS.blowup._value)
+    with pytest.raises(Exception, match="Finite-time blow-up"):
+        jax.block_until_ready(jax.jit(lambda c: run(c, throw=True).cov_final)(1.0))
+    assert bool(run(-1.0, throw=True).ok)
+    # diffrax's codes pass through: a step budget that runs out is max_steps_reached
+    assert run(-1.0, max_steps=2).names == "max_steps_reached"
 
 
 def test_scalar_no_blowup_cases():
@@ -335,7 +355,7 @@ def test_batch_stiff_stage_matches_explicit_stage():
     full = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, **kw)
     forced = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0,
                                  max_explicit_iterations=1, **kw)
-    assert forced.stiff.all() and forced.stiff_iterations > 0
+    assert forced.stiff.all() and int(forced.stats["stiff_iterations"]) > 0
     np.testing.assert_array_equal(full.status, forced.status)
     assert int(forced.status[0]) == MomentStatus.BLOWUP
     np.testing.assert_allclose(forced.blowup_time[0], 0.3125, rtol=1e-8)
@@ -345,6 +365,7 @@ def test_batch_stiff_stage_matches_explicit_stage():
     off = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, stiff=False,
                               max_explicit_iterations=1, **kw)
     assert np.all(off.status == MomentStatus.STIFF)
+    assert set(off.names) == {"stiff"} and "stiff=True" in off.messages[0]
 
 
 def test_batch_sweep_with_blowups_finishes_with_statuses():
@@ -353,14 +374,24 @@ def test_batch_sweep_with_blowups_finishes_with_statuses():
     sol = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, **KW64)
     st = np.asarray(sol.status)
     counts = sol.counts()
-    assert counts["blowup"] >= 10 and counts["ok"] >= n // 2
-    assert counts["max_steps"] == 0 and counts["nonfinite"] == 0
+    assert counts["blowup"] >= 10 and counts["successful"] >= n // 2
+    assert "max_steps_reached" not in counts and "nonfinite" not in counts
     assert sum(counts.values()) == n
     bu = st == MomentStatus.BLOWUP
     assert np.all(sol.blowup_time[bu] < 1.0) and np.all(sol.t_final[bu] <= sol.blowup_time[bu])
     assert np.all(sol.t_final[st == MomentStatus.OK] == 1.0)
     # compaction happened: later rounds are smaller than the batch
-    assert len(sol.rounds) >= 2 and sol.rounds[-1][0] < n
+    assert len(sol.stats["round_sizes"]) >= 2 and sol.stats["round_sizes"][-1] < n
+    # one status per member, with messages; the result is a pytree of arrays (timings are
+    # stats, not static fields); throw=True names the first member that is not successful
+    assert isinstance(sol, BatchSolution) and sol.status.shape == (n,)
+    assert all(sol.names[bu] == "blowup") and "blowup_time" in sol.messages[bu][0]
+    assert np.array_equal(sol.ok, st == MomentStatus.OK)
+    leaves = jax.tree.leaves(sol)
+    assert all(hasattr(x, "shape") for x in leaves)
+    first = int(np.flatnonzero(st != MomentStatus.OK)[0])
+    with pytest.raises(RuntimeError, match=f"member {first}; .*Finite-time blow-up|member {first}"):
+        solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, throw=True, **KW64)
 
 
 @pytest.mark.slow  # a second dtype's compilations of the batched solver

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import tol
 
-from jaxdyn.gaussian._solve import MomentStatus, moment_rhs
+from jaxdyn.gaussian import MomentStatus, moment_rhs
 from jaxdyn.kernels._attention import interaction
 from jaxdyn.experiments.gaussian import closed_form, closure, make_model, run_particles
 from jaxdyn.gaussian import (

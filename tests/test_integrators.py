@@ -21,7 +21,7 @@ def test_unit_norm_after_1e4_steps(dtype, method):
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(1), 64, 3, dtype)
     tr = jaxdyn.simulate(model, x0, t1=10.0, dt=1e-3, save_every=2500, method=method)
     assert int(tr.n_steps) == 10_000
-    assert tr.status == "ok"
+    assert bool(tr.ok) and tr.names == "successful"
     err = float(jnp.max(jnp.abs(jnp.linalg.norm(tr.xs, axis=-1) - 1.0)))
     assert err < tol(dtype, 1e-6, 1e-12), err
 
@@ -46,7 +46,7 @@ def test_convergence_order_against_diffrax(dtype, method, expected, dts32, dts64
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 12, 3, jnp.float64)
     ref = jaxdyn.simulate(model64, x0, t1=1.0, dt=0.01, method="dopri8", rtol=1e-13, atol=1e-13,
                           save_every=10**9)
-    assert ref.status == "ok"
+    assert bool(ref.ok), ref.messages
     model = jax.tree.map(lambda a: a.astype(dtype) if hasattr(a, "astype") else a, model64)
     slope, errs = _order(model, x0.astype(dtype), method,
                          dts32 if dtype == np.float32 else dts64, ref.xs[-1])
@@ -266,3 +266,60 @@ def test_rodas5_order_and_stiff_decay():
     assert np.all((slopes > 4.5) & (slopes < 6.0)), (errs, slopes)
     y1, _, _ = rodas5_step(lambda y: -1e12 * y, jnp.asarray([1.0, -2.0]), jnp.asarray(1.0))
     assert np.max(np.abs(np.asarray(y1))) < 1e-9
+
+
+# ------------------------------------------------------------------ status (jaxdyn.RESULTS)
+
+
+def _sphere_model(beta=1.0):
+    eye = jnp.eye(3)
+    return jaxdyn.SphereAttention(eye, eye, eye, beta)
+
+
+def test_dopri5_max_steps_reports_max_steps_reached():
+    """diffrax's own code passes through: a step budget that runs out is max_steps_reached,
+    not nonfinite."""
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
+    tr = jaxdyn.simulate(_sphere_model(), x0, t1=1.0, dt=0.01, method="dopri5", max_steps=3)
+    assert not bool(tr.ok)
+    assert int(tr.status) == int(jaxdyn.RESULTS.max_steps_reached._value)
+    assert tr.names == "max_steps_reached"
+    assert "max_steps" in tr.messages
+    with pytest.raises(Exception, match="maximum number of solver steps"):
+        jaxdyn.simulate(_sphere_model(), x0, t1=1.0, dt=0.01, method="dopri5", max_steps=3,
+                        throw=True)
+    # a successful run is successful and does not raise with throw=True
+    ok = jaxdyn.simulate(_sphere_model(), x0, t1=0.1, dt=0.01, method="dopri5", throw=True)
+    assert bool(ok.ok) and ok.messages == "successful"
+
+
+def test_vmapped_status_is_an_array_of_codes_with_messages():
+    """A batch with a NaN weight in one member: one code per member, a message per member,
+    no exception (the old str status raised on batched results)."""
+    eye = jnp.eye(3)
+    models = jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye.at[0, 0].set(v), b)
+                                  for b, v in ((1.0, 1.0), (1.5, jnp.nan), (2.0, 1.0))])
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
+    tr = jax.vmap(lambda m: jaxdyn.simulate(m, x0, t1=0.2, dt=0.02, method="rk4"))(models)
+    assert tr.status.shape == (3,)
+    assert np.asarray(tr.ok).tolist() == [True, False, True]
+    assert list(tr.names) == ["successful", "nonfinite", "successful"]
+    assert list(jaxdyn.status_names(tr.result)) == list(tr.names)
+    assert "NaN" in tr.messages[1] and tr.messages[0] == "successful"
+    np.testing.assert_array_equal(np.asarray(jaxdyn.status_codes(tr)), np.asarray(tr.status))
+    assert tr.counts() == {"successful": 2, "nonfinite": 1}
+
+
+def test_traced_bad_x0_is_flagged_and_concrete_raises():
+    model = _sphere_model()
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
+    bad = x0.at[0, 0].set(jnp.nan)
+    with pytest.raises(ValueError, match="finite"):
+        jaxdyn.simulate(model, bad, t1=0.1, dt=0.01)
+    run = jax.jit(lambda x: jaxdyn.simulate(model, x, t1=0.1, dt=0.01))
+    assert run(bad).names == "invalid_input"
+    assert run(2.0 * x0).names == "invalid_input"  # rows off the sphere
+    assert run(x0).names == "successful"
+    with pytest.raises(Exception, match="Invalid input"):
+        jax.block_until_ready(
+            jax.jit(lambda x: jaxdyn.simulate(model, x, t1=0.1, dt=0.01, throw=True).xs)(bad))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -16,7 +15,8 @@ import numpy as np
 import optax
 
 from ..distances import bures_w2_squared
-from ..gaussian._solve import Control, MomentStatus, solve_moments, status_name
+from .._results import RESULTS, Solution, code, from_codes, raise_if_failed, status_names
+from ..gaussian._solve import Control, MomentStatus, solve_moments
 from ._certificate import Certificate, certificate
 from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
 
@@ -138,9 +138,8 @@ def _tree_vdot(a, b):
     return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-@dataclasses.dataclass(frozen=True)
-class ReachResult:
-    r"""Result of :func:`reach`.
+class ReachResult(Solution):
+    r"""Result of :func:`reach` (a :class:`jaxdyn.Solution` pytree).
 
     Attributes:
       controls: ``{"A", "B", "V", "b"}`` → :class:`Control` (fixed ones included).
@@ -148,14 +147,19 @@ class ReachResult:
         rtol 1e-11 in float64) — the number to quote; NaN if that solve failed.
       w2_optimizer: W2 at the optimiser's own solve (its tolerances).
       w2_mean, w2_cov: ``|m(t1) − m1|`` and the Bures distance of the covariances alone.
-      converged: ``w2 < tol``. energy: ``∫ Σ_{free u} ‖u‖_F² dt``.
+      energy: ``∫ Σ_{free u} ‖u‖_F² dt``.
       loss_history, w2_history: per optimiser iteration (NaN for rejected trials).
-      status: :class:`MomentStatus` code of the verification solve.
+      result: :class:`jaxdyn.RESULTS`: ``successful`` (``w2 < tol``), ``not_converged``
+        (the verification solve succeeded but ``w2 >= tol``), or the verification solve's
+        own status (``blowup``, ``large``, ``nonfinite``, ``max_steps_reached``, ...; W2 is
+        then NaN). Read ``.ok``, ``.status``, ``.messages``.
       certificate: the :class:`Certificate` (None if not computed).
       rank: numerical rank of S0 and S1. free, bound, energy_weight: the mode's settings.
-      iterations: optimiser iterations; evaluations: loss evaluations; rejected: trials
-        whose solve failed (blow-up / non-finite / step budget), rejected and retreated.
-      seconds: wall time of the optimisation (compilation included). message: a summary.
+      stats: ``iterations`` (optimiser iterations), ``evaluations`` (loss evaluations),
+        ``rejected`` (trials whose solve failed: blow-up / non-finite / step budget,
+        rejected and retreated), ``seconds`` (wall time of the optimisation, compilation
+        included); also as attributes of the same names.
+      message: a summary of the run.
     """
 
     controls: dict
@@ -163,22 +167,39 @@ class ReachResult:
     w2_optimizer: float
     w2_mean: float
     w2_cov: float
-    converged: bool
     energy: float
     loss_history: np.ndarray
     w2_history: np.ndarray
-    status: int
+    result: RESULTS
     certificate: Optional[Certificate]
-    rank: int
-    free: tuple
     bound: Optional[dict]
-    energy_weight: float
-    energy_weight_final: float
-    iterations: int
-    evaluations: int
-    rejected: int
-    seconds: float
-    message: str
+    stats: dict
+    rank: int = eqx.field(static=True)
+    free: tuple = eqx.field(static=True)
+    energy_weight: float = eqx.field(static=True)
+    energy_weight_final: float = eqx.field(static=True)
+    message: str = eqx.field(static=True)
+
+    @property
+    def converged(self) -> bool:
+        """``w2 < tol`` (the same as ``bool(self.ok)``)."""
+        return bool(self.ok)
+
+    @property
+    def iterations(self) -> int:
+        return self.stats["iterations"]
+
+    @property
+    def evaluations(self) -> int:
+        return self.stats["evaluations"]
+
+    @property
+    def rejected(self) -> int:
+        return self.stats["rejected"]
+
+    @property
+    def seconds(self) -> float:
+        return self.stats["seconds"]
 
 
 def _as_values(u, n, shape, dtype, t1, kind):
@@ -210,7 +231,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
           energy_continuation: bool = True, max_energy_stages: int = 6,
           energy_stage_steps: int = 100,
           rank_rtol: Optional[float] = None, with_certificate: bool = True,
-          verify: bool = True, callback=None) -> ReachResult:
+          verify: bool = True, callback=None, throw: bool = False) -> ReachResult:
     r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
 
     Minimises ``W2²(N(m(t1), Σ(t1)), N(m1, S1)) + λ ∫ Σ_{free u} ‖u‖_F² dt`` over the free
@@ -243,6 +264,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       rank_rtol: numerical-rank cut (default sqrt(eps)). with_certificate: compute the
         :class:`Certificate` (A free or not) and return it.
       callback: ``callback(iteration, loss, w2)`` on the host after each iteration.
+      throw: if True, raise ``RuntimeError`` with the status message when the result is not
+        ``successful`` (target not reached, or the verification solve failed); default
+        False (read ``result.ok`` / ``result.message``).
 
     Returns: :class:`ReachResult`. Float64 is advised (``jax_enable_x64``): W2 < 1e-4 means
     W2² < 1e-8, near float32 resolution.
@@ -475,16 +499,24 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     converged = bool(math.isfinite(w2) and w2 < tol)
     if status != MomentStatus.OK:
         message += (f"; the verification solve of the final controls ended with status "
-                    f"{status_name(status)} (W2 reported as NaN)")
+                    f"{status_names(from_codes(np.asarray(status)))} (W2 reported as NaN)")
+    elif not converged:
+        status = code(RESULTS.not_converged)
     message += (f"; W2 = {w2:.3e} ({'reached' if converged else 'not reached'}, tol {tol:g}) "
                 f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
                 f"rejected")
     if cert_msg:
         message += f"; {cert_msg}"
-    return ReachResult(
+    out = ReachResult(
         controls=controls, w2=w2, w2_optimizer=w2_opt, w2_mean=w2_mean, w2_cov=w2_cov,
-        converged=converged, energy=float(energy), loss_history=np.asarray(losses),
-        w2_history=np.asarray(w2s), status=status, certificate=cert, rank=rank, free=free,
+        energy=float(energy), loss_history=np.asarray(losses),
+        w2_history=np.asarray(w2s), result=from_codes(np.asarray(status)), certificate=cert,
+        rank=rank, free=tuple(free),
         bound=None if bound is None else {k: c for k, c in bounds.items() if k in free},
-        energy_weight=lam, energy_weight_final=lam_now, iterations=it, evaluations=counters["evals"],
-        rejected=counters["rejected"], seconds=time.perf_counter() - t_start, message=message)
+        energy_weight=lam, energy_weight_final=lam_now,
+        stats={"iterations": it, "evaluations": counters["evals"],
+               "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start},
+        message=message)
+    if throw:
+        raise_if_failed(out, f"reach ({message})")
+    return out

@@ -28,7 +28,7 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    round's largest ε, and checked again with the final potentials at the final ε; a round
    whose check finds a needed block missing is rerun with the new selection. The final
    potentials are therefore a fixed point of a kernel that differs from the dense one by
-   less than the bound above (``SinkhornW2.converged`` is False if the check still fails).
+   less than the bound above (``SinkhornW2.result`` is ``not_converged`` if the check still fails).
 
 Used by :func:`jaxdyn.w2_sinkhorn` (``multiscale="auto"``: on for more than 2^24 cost
 entries in dimension <= 6).

@@ -2,49 +2,89 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import Optional, Union
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._results import RESULTS, Solution, code, from_codes, raise_if_failed
 
 from ._checks import _as_float_array, _check_pair
 from ._rounds import _debiased_round, _ladder, _anneal_length, _MAX_ROUND_RATIO
 
 
-class SinkhornW2(NamedTuple):
-    """Result of :func:`w2_sinkhorn`.
+class SinkhornW2(Solution):
+    """Result of :func:`w2_sinkhorn`: a :class:`jaxdyn.Solution` pytree of arrays (it can be
+    returned from ``jax.jit``, stacked and ``vmap``-ed over; ``float(res.value)`` works).
 
     Attributes:
       value: the W2 estimate ``sqrt(max(divergence, 0))`` (``nan`` if the solve produced NaN).
       divergence: the debiased Sinkhorn divergence S_ε at the final ε (≈ W2^2; may be
         slightly negative at large ε or before convergence).
       epsilon: the final ε (absolute, in units of the squared-Euclidean cost).
-      converged: all three entropic problems of the final round met ``threshold``.
-      n_iters: Sinkhorn iterations of the (x, y) problem, summed over all rounds.
-      epsilons: the ε of each round (the ε-scaling ladder).
-      divergences: S_ε of each round.
-      epsilon_floored: the rule ``ε = rel_epsilon · S_ε`` asked for an ε below the floor
-        (``epsilon_floor``), so the final ε is larger than the rule wanted and the bias may
-        exceed the usual one.
+      epsilons: (rounds,) the ε of each round (the ε-scaling ladder).
+      divergences: (rounds,) S_ε of each round.
+      epsilon_floored: bool; the rule ``ε = rel_epsilon · S_ε`` asked for an ε below the
+        floor (``epsilon_floor``), so the final ε is larger than the rule wanted and the bias
+        may exceed the usual one.
+      result: :class:`jaxdyn.RESULTS`: ``successful`` (all three entropic problems of the
+        final round met ``threshold``; ``converged`` is ``bool(ok)``), ``not_converged``, or
+        ``nonfinite`` (NaN/inf in the clouds or the solve).
+      stats: ``n_iters`` (Sinkhorn iterations of the (x, y) problem, summed over all
+        rounds) and ``kernel_density`` (for ``"multiscale"``, the fraction of the N x M cost
+        entries a kernel pass of the final round visited; 1.0 for the other geometries);
+        also attributes of the same names.
       geometry: ``"dense"``, ``"online"`` or ``"multiscale"`` (block-sparse, certified
-        truncation, :mod:`jaxdyn._multiscale`).
-      kernel_density: for ``"multiscale"``, the fraction of the N x M cost entries a kernel
-        pass of the final round visited (1.0 for the other geometries).
+        truncation, :mod:`jaxdyn.distances._multiscale`); static.
     """
 
-    value: float
-    divergence: float
-    epsilon: float
-    converged: bool
-    n_iters: int
-    epsilons: tuple
-    divergences: tuple
-    epsilon_floored: bool
-    geometry: str = "dense"
-    kernel_density: float = 1.0
+    value: Array
+    divergence: Array
+    epsilon: Array
+    epsilons: Array
+    divergences: Array
+    epsilon_floored: Array
+    result: RESULTS
+    stats: dict
+    geometry: str = eqx.field(static=True, default="dense")
+
+    @property
+    def converged(self) -> bool:
+        """All three problems of the final round met ``threshold`` (``bool(self.ok)``)."""
+        return bool(self.ok)
+
+    @property
+    def n_iters(self):
+        return self.stats["n_iters"]
+
+    @property
+    def kernel_density(self):
+        return self.stats["kernel_density"]
+
+
+def _result(value, div, eps, converged, n_iters, eps_list, div_list, floored,
+            geometry="dense", kernel_density=1.0) -> SinkhornW2:
+    """A :class:`SinkhornW2` of arrays from the host values of the ε ladder: numpy float64
+    (the ladder's own host values, so the numbers are those the Python floats were; numpy
+    leaves go through jit/vmap like any array and compare with pytest.approx)."""
+    f = lambda v: np.asarray(v, np.float64)  # noqa: E731
+    if not (np.isfinite(value) and np.isfinite(div)):
+        status = code(RESULTS.nonfinite)
+    elif converged:
+        status = code(RESULTS.successful)
+    else:
+        status = code(RESULTS.not_converged)
+    return SinkhornW2(
+        value=f(value), divergence=f(div), epsilon=f(eps),
+        epsilons=f(np.asarray(eps_list, np.float64).reshape(-1)),
+        divergences=f(np.asarray(div_list, np.float64).reshape(-1)),
+        epsilon_floored=np.asarray(bool(floored)), result=from_codes(np.asarray(status)),
+        stats={"n_iters": np.asarray(int(n_iters)),
+               "kernel_density": f(kernel_density)},
+        geometry=geometry)
 
 
 #: row block of the online geometry by platform: cache-sized tiles on CPU (measured: 1024
@@ -87,6 +127,7 @@ def w2_sinkhorn(
     decay: float = 0.9,
     batch_size: Union[int, None, str] = "auto",
     multiscale: Union[bool, str] = "auto",
+    throw: bool = False,
 ) -> SinkhornW2:
     r"""W2 from the debiased Sinkhorn divergence (ott-jax), with ε following the distance.
 
@@ -111,8 +152,8 @@ def w2_sinkhorn(
     nearly-concentrated clouds (``tests/test_distances.py``).
 
     Bias: S_ε is an entropic quantity; debiased, it still differs from W2^2 at finite ε
-    (usually below it). Report ``epsilon`` with the value. ``converged`` must be checked:
-    at small ε Sinkhorn may need many iterations.
+    (usually below it). Report ``epsilon`` with the value. ``result`` (``ok``) must be
+    checked: at small ε Sinkhorn may need many iterations (``not_converged``).
 
     Args:
       x, y: clouds (N, d) and (M, d), same d and dtype (the computation runs in x's dtype).
@@ -141,14 +182,17 @@ def w2_sinkhorn(
         CPU (not yet measured on accelerators, where the online kernel stays the default). On
         concentrated clouds at small ε the kernels touch a few % of the N x M entries,
         which makes N = 10^5 a matter of minutes on a laptop CPU instead of hours.
+      throw: if True, raise ``RuntimeError`` with the status message when the result is not
+        successful (``not_converged`` or ``nonfinite``); default False.
 
     Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
     spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at N = 1000, 10 000 at
     N = 30 000 on S^2), while concentrated clouds need a few hundred at any N.
 
     Returns:
-      :class:`SinkhornW2`. The outer ε loop is Python; each round is one jitted call whose
-      ε values are traced (no recompilation as ε changes).
+      :class:`SinkhornW2` (a pytree of arrays). The outer ε loop is Python
+      (so ``w2_sinkhorn`` itself is not jitted); each round is one jitted call whose ε
+      values are traced (no recompilation as ε changes).
     """
     _check_pair(x, y, same_size=False)
     x = _as_float_array(x)
@@ -177,11 +221,16 @@ def w2_sinkhorn(
     mx, my = xn.mean(0), yn.mean(0)
     mean_cost = float(((xn - mx) ** 2).sum(1).mean() + ((yn - my) ** 2).sum(1).mean()
                       + ((mx - my) ** 2).sum())
+    def done(res):
+        if throw:
+            raise_if_failed(res, "w2_sinkhorn")
+        return res
+
     if not np.isfinite(mean_cost):
         nan = float("nan")
-        return SinkhornW2(nan, nan, nan, False, 0, (), (), False)
+        return done(_result(nan, nan, nan, False, 0, (), (), False, geometry_name))
     if mean_cost == 0.0:  # identical single-point clouds
-        return SinkhornW2(0.0, 0.0, 0.0, True, 0, (), (), False)
+        return done(_result(0.0, 0.0, 0.0, True, 0, (), (), False, geometry_name))
     if epsilon_floor is None:
         epsilon_floor = mean_cost * (1e-7 if is64 else 2e-6)
     eps0 = 0.05 * mean_cost
@@ -221,9 +270,9 @@ def w2_sinkhorn(
     if epsilon is None and div_list and np.isfinite(div):
         floored = rel_epsilon * max(div, 0.0) < epsilon_floor and eps <= epsilon_floor * (1 + 1e-12)
     value = float(np.sqrt(max(div, 0.0))) if np.isfinite(div) else float("nan")
-    return SinkhornW2(value, div, float(eps), converged, n_total, tuple(eps_list),
-                      tuple(div_list), bool(floored), info.get("geometry", geometry_name),
-                      info.get("kernel_density", 1.0))
+    return done(_result(value, div, float(eps), converged, n_total, eps_list, div_list,
+                        bool(floored), info.get("geometry", geometry_name),
+                        info.get("kernel_density", 1.0)))
 
 
 def default_multiscale(n: int, m: int, d: int) -> bool:

@@ -20,8 +20,8 @@ def w2(x: Float[Array, "n d"], y: Float[Array, "m d"], method: str = "exact", **
 
     - ``"exact"``: optimal assignment, no bias, O(N^3); equal sizes only (:func:`w2_exact`).
     - ``"sinkhorn"``: debiased Sinkhorn divergence with ε following W2^2; biased at finite
-      ε, scales to large N (:func:`w2_sinkhorn`, which also returns ε and the convergence
-      flag; here a ``RuntimeWarning`` is raised when the solve did not converge).
+      ε, scales to large N (:func:`w2_sinkhorn`, which also returns ε and the status
+      ``result``; here a ``RuntimeWarning`` is raised when the solve did not converge).
     - ``"coupling"``: the cost of the pairing i -> i, an upper bound (:func:`w2_coupling`).
 
     ``opts`` go to the chosen function.
@@ -37,13 +37,14 @@ def w2(x: Float[Array, "n d"], y: Float[Array, "m d"], method: str = "exact", **
         return float(w2_coupling(x, y))
     if method == "sinkhorn":
         res = w2_sinkhorn(x, y, **opts)
-        if not res.converged:
+        if not bool(res.ok):
             warnings.warn(
-                f"w2(method='sinkhorn') did not converge (epsilon={res.epsilon:.3g}, "
-                f"{res.n_iters} iterations); the value {res.value:.6g} may be inaccurate. "
+                f"w2(method='sinkhorn') did not converge (status {res.names}, "
+                f"epsilon={float(res.epsilon):.3g}, {int(res.n_iters)} iterations); the value "
+                f"{float(res.value):.6g} may be inaccurate. {res.messages} "
                 "Use jaxdyn.w2_sinkhorn for the full result.",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return res.value
+        return float(res.value)
     raise ValueError(f"method must be 'exact', 'sinkhorn' or 'coupling', got {method!r}")

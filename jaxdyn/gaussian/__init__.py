@@ -10,7 +10,6 @@ from ._solve import (
     covariance_curves as covariance_curves,
     moment_rhs as moment_rhs,
     solve_moments as solve_moments,
-    status_name as status_name,
 )
 from ._batch import BatchSolution as BatchSolution, solve_moments_batch as solve_moments_batch
 from ._closed import (

@@ -49,8 +49,8 @@ The design, three stages:
    10⁷–10¹⁵ and the member then creeps along the stiff slow manifold); they end LARGE, not
    BLOWUP (with thresholds 10⁹–10¹², most of them reach t1 = 1 with a finite Σ).
 
-Each member returns a status (:class:`jaxdyn.MomentStatus`), its final time and state, its
-blow-up time and its step counts. This driver is a Python function around jitted loops (the gather between them has a data-dependent size): call it, do not ``jit`` it, and
+Each member returns a status (a :class:`jaxdyn.RESULTS` code; :class:`MomentStatus` names
+the codes), its final time and state, its blow-up time and its step counts. This driver is a Python function around jitted loops (the gather between them has a data-dependent size): call it, do not ``jit`` it, and
 for gradients use :func:`jaxdyn.solve_moments` (diffrax, differentiable).
 """
 
@@ -67,6 +67,7 @@ import numpy as np
 
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import RODAS5, rodas5_step
+from .._results import RESULTS, Solution, from_codes, raise_if_failed
 from ._solve import (MomentStatus, _cov_tol, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
 
@@ -88,36 +89,38 @@ _STIFF_HRHO = 3.9
 _R_ERR_EXP = 1.0 / RODAS5.order
 
 
-class BatchSolution(eqx.Module):
-    """Result of :func:`solve_moments_batch`, one entry per member (leading axis n).
+class BatchSolution(Solution):
+    """Result of :func:`solve_moments_batch`, one entry per member (leading axis n); a
+    :class:`jaxdyn.Solution` pytree of arrays (no static fields).
 
-    t_final: (n,) time reached (t1 when OK, the detection time after a blow-up).
+    t_final: (n,) time reached (t1 when successful, the detection time after a blow-up).
     mean: (n, d), cov: (n, d, d) — the state at ``t_final``. blowup_time: (n,) refined ``T*``
-    (inf unless status is BLOWUP). status: (n,) :class:`MomentStatus` codes. num_steps:
-    (n,) accepted + rejected steps over both stages. stiff: (n,) True where the member was
-    handed to the stiff (Rodas5) stage. explicit_iterations, stiff_iterations: loop counts.
-    rounds: ``(batch size, iterations, seconds)`` of each explicit round (compaction
-    schedule); stiff_seconds, pole_seconds: wall time of the stiff stage and of the T*
-    refinement (all include compilation on a first call).
+    (inf unless the status is ``blowup``). result: (n,) :class:`jaxdyn.RESULTS` codes
+    (``.status`` the ints, compare with :class:`MomentStatus`; ``.messages``, ``.ok``,
+    ``.counts()``). stats: a dict of arrays: ``num_steps`` (n,) accepted + rejected steps
+    over both stages; ``stiff`` (n,) True where the member was handed to the stiff (Rodas5)
+    stage; ``explicit_iterations``, ``stiff_iterations``: loop counts; ``round_sizes``,
+    ``round_iterations``, ``round_seconds``: each explicit round's batch size, iterations
+    and wall time (compaction schedule); ``stiff_seconds``, ``pole_seconds``: wall time of
+    the stiff stage and of the T* refinement (timings include compilation on a first call).
     """
 
     t_final: jax.Array
     mean: jax.Array
     cov: jax.Array
     blowup_time: jax.Array
-    status: jax.Array
-    num_steps: jax.Array
-    stiff: jax.Array
-    explicit_iterations: int = eqx.field(static=True)
-    stiff_iterations: int = eqx.field(static=True)
-    rounds: tuple = eqx.field(static=True, default=())
-    stiff_seconds: float = eqx.field(static=True, default=0.0)
-    pole_seconds: float = eqx.field(static=True, default=0.0)
+    result: RESULTS
+    stats: dict
 
-    def counts(self) -> dict:
-        """Number of members per status name."""
-        st = np.asarray(self.status)
-        return {s.name.lower(): int(np.sum(st == s)) for s in MomentStatus}
+    @property
+    def num_steps(self):
+        """Accepted + rejected steps per member: ``stats["num_steps"]``."""
+        return self.stats["num_steps"]
+
+    @property
+    def stiff(self):
+        """True where the member was handed to the stiff stage: ``stats["stiff"]``."""
+        return self.stats["stiff"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -351,7 +354,8 @@ def _batched(x, n, shape, name, dtype):
 def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, atol: float = 1e-12,
                         blowup_threshold: float = 1e6, max_explicit_iterations: int = 4096,
                         stiff: bool = True, max_stiff_iterations: int = 20000,
-                        hmin_rel: Optional[float] = None, min_bucket: int = 16) -> BatchSolution:
+                        hmin_rel: Optional[float] = None, min_bucket: int = 16,
+                        throw: bool = False) -> BatchSolution:
     r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not
     hold the batch hostage (two-stage design: see :mod:`jaxdyn._gaussian_batch`).
 
@@ -372,6 +376,8 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
       max_stiff_iterations: cap on the stiff loop (members left get MAX_STEPS).
       hmin_rel: a member whose step falls below ``hmin_rel · max(t, t1)`` ends NONFINITE
         (default ``100 eps``). min_bucket: smallest batch the explicit stage compacts to.
+      throw: if True, raise ``RuntimeError`` with the message of the first member that is not
+        successful (a blow-up included); default False (read ``result`` per member).
 
     Returns: :class:`BatchSolution` (numpy-convertible arrays with leading axis n).
     """
@@ -506,7 +512,14 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         todo, budget = todo[~conv], 400
     pole_seconds = time.perf_counter() - t_pole
     cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
-    return BatchSolution(t_final=t_fin, mean=mean, cov=cov, blowup_time=tstar, status=status,
-                         num_steps=nsteps, stiff=stiff_mask,
-                         explicit_iterations=it1, stiff_iterations=it2, rounds=tuple(rounds),
-                         stiff_seconds=stiff_seconds, pole_seconds=pole_seconds)
+    rounds = np.asarray(rounds, np.float64).reshape(-1, 3)
+    stats = {"num_steps": nsteps, "stiff": stiff_mask,
+             "explicit_iterations": np.asarray(it1), "stiff_iterations": np.asarray(it2),
+             "round_sizes": rounds[:, 0].astype(np.int64),
+             "round_iterations": rounds[:, 1].astype(np.int64), "round_seconds": rounds[:, 2],
+             "stiff_seconds": np.asarray(stiff_seconds), "pole_seconds": np.asarray(pole_seconds)}
+    out = BatchSolution(t_final=t_fin, mean=mean, cov=cov, blowup_time=tstar,
+                        result=from_codes(status), stats=stats)
+    if throw:
+        raise_if_failed(out, "solve_moments_batch")
+    return out

@@ -28,7 +28,12 @@ sweeps, ``s`` grows at an O(1) rate, so ``q ~ rate/s`` is 10⁻⁵ of that at ``
 though ``q s ≫ |ℓ|``). The blow-up time is then refined by the scalar Bernoulli law with
 the coefficients frozen at the detection point,
 ``T* = t + log(1 + ℓ/(q s)) / ℓ`` (``= t + 1/(q s)`` when ``ℓ = 0``), whose error is of
-order ``(T* − t)²``, i.e. ``1/s²``. Otherwise the status is ``LARGE`` and no T* is claimed.
+order ``(T* − t)²``, i.e. ``1/s²``. Otherwise the status is ``large`` and no T* is claimed.
+
+Status: ``MomentSolution.result`` is a :class:`jaxdyn.RESULTS` code (``successful``,
+``blowup``, ``large``, ``nonfinite``, ``max_steps_reached``, ``invalid_input``, or another
+of diffrax's codes), one per member under ``vmap``; :class:`MomentStatus` names the same
+int codes for comparisons with ``sol.status``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
+from .._results import RESULTS, Solution, code, error_if_failed, from_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -58,7 +64,6 @@ __all__ = [
     "DOMINANCE",
     "POLE_FRACTION",
     "pole_refine",
-    "status_name",
 ]
 
 # Pole signature required before a large ‖Σ‖ is called a blow-up (see module doc).
@@ -67,30 +72,28 @@ POLE_FRACTION = 1e-3
 
 
 class MomentStatus(enum.IntEnum):
-    """Outcome of a moment solve (an ``int`` array on results; compare with these values).
+    """The int codes of :class:`jaxdyn.RESULTS` that the moment solvers return, by name (for
+    comparisons with ``sol.status`` and numpy tables; the messages are ``sol.messages``).
 
-    OK: reached ``t1``. BLOWUP: ``‖Σ‖`` passed the threshold on a pole (quadratic
-    dominance): a finite-time blow-up, ``blowup_time`` is the refined ``T*``.
-    LARGE: ``‖Σ‖`` passed the threshold *without* the pole signature (e.g. growth along the
-    stiff slow manifold met in random sweeps); the solve stopped there and no ``T*`` is
-    claimed (``blowup_time`` stays inf). NONFINITE: NaN/inf appeared, or the step size
-    collapsed. MAX_STEPS: the step budget ran out before ``t1``. INVALID_INPUT: ``S0`` was
-    not a covariance (flagged when the check could not raise, i.e. under ``jit``/``vmap``).
-    STIFF: the batched solver found the member stiff and its stiff stage was switched off.
+    OK = ``successful``: reached ``t1``. BLOWUP = ``blowup``: ``‖Σ‖`` passed the threshold
+    on a pole (quadratic dominance): a finite-time blow-up, ``blowup_time`` is the refined
+    ``T*``. LARGE = ``large``: ``‖Σ‖`` passed the threshold *without* the pole signature
+    (e.g. growth along the stiff slow manifold met in random sweeps); the solve stopped
+    there and no ``T*`` is claimed (``blowup_time`` stays inf). NONFINITE = ``nonfinite``:
+    NaN/inf appeared, or the step size collapsed. MAX_STEPS = ``max_steps_reached``: the
+    step budget ran out before ``t1``. INVALID_INPUT = ``invalid_input``: ``S0`` was not a
+    covariance (flagged when the check could not raise, i.e. under ``jit``/``vmap``).
+    STIFF = ``stiff``: the batched solver found the member stiff and its stiff stage was
+    switched off.
     """
 
-    OK = 0
-    BLOWUP = 1
-    LARGE = 2
-    NONFINITE = 3
-    MAX_STEPS = 4
-    INVALID_INPUT = 5
-    STIFF = 6
-
-
-def status_name(code) -> str:
-    """Name of one status code (``int``) — for messages and tables."""
-    return MomentStatus(int(code)).name.lower()
+    OK = code(RESULTS.successful)
+    BLOWUP = code(RESULTS.blowup)
+    LARGE = code(RESULTS.large)
+    NONFINITE = code(RESULTS.nonfinite)
+    MAX_STEPS = code(RESULTS.max_steps_reached)
+    INVALID_INPUT = code(RESULTS.invalid_input)
+    STIFF = code(RESULTS.stiff)
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,7 +324,7 @@ def check_covariance(S, name: str = "S0"):
 
     Tolerances are relative, ``100 d eps(dtype) max(1, max|S|)``. Rank-deficient S is valid.
     Returns S symmetrised. Under tracing (``jit``/``vmap``/``grad``) the value checks are
-    skipped here; :func:`solve_moments` then reports ``MomentStatus.INVALID_INPUT``.
+    skipped here; :func:`solve_moments` then reports ``RESULTS.invalid_input``.
     """
     S = jnp.asarray(S)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
@@ -347,13 +350,15 @@ def check_covariance(S, name: str = "S0"):
 # ---------------------------------------------------------------------------------------
 
 
-class MomentSolution(eqx.Module):
-    r"""Result of :func:`solve_moments`.
+class MomentSolution(Solution):
+    r"""Result of :func:`solve_moments` (a :class:`jaxdyn.Solution`).
 
     ts: (n_save,) save times; mean: (n_save, d); cov: (n_save, d, d) — NaN at save times at
     or after a blow-up or failure. t_final: time reached (the detection time after a
     blow-up); mean_final, cov_final: the state there. blowup_time: refined ``T*`` (inf if
-    none before t1). status: :class:`MomentStatus` code. num_steps: accepted + rejected.
+    none before t1). result: :class:`jaxdyn.RESULTS` (``.status`` its int codes, compare
+    with :class:`MomentStatus`; ``.messages``, ``.ok``). stats: ``{"num_steps"`` (accepted
+    + rejected), ``"num_accepted_steps"}``.
     """
 
     ts: jax.Array
@@ -363,8 +368,13 @@ class MomentSolution(eqx.Module):
     mean_final: jax.Array
     cov_final: jax.Array
     blowup_time: jax.Array
-    status: jax.Array
-    num_steps: jax.Array
+    result: RESULTS
+    stats: dict
+
+    @property
+    def num_steps(self):
+        """Accepted + rejected steps: ``stats["num_steps"]``."""
+        return self.stats["num_steps"]
 
 
 def _save_times(saveat, t1, dtype):
@@ -381,7 +391,8 @@ def _save_times(saveat, t1, dtype):
 
 
 @eqx.filter_jit
-def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0):
+def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
+               throw=False):
     dtype = S0.dtype
     d = S0.shape[0]
     asym, lmin, scale = covariance_defects(S0)
@@ -415,11 +426,13 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     blew = big & on_pole(s, ell, q, vb_scale(V, B))
     ok = (sol.result == diffrax.RESULTS.successful) & finite
     maxed = sol.result == diffrax.RESULTS.max_steps_reached
+    # diffrax's other codes (dt_min_reached, ...) pass through; a non-finite end is nonfinite
+    other = jnp.where(finite & ~event, RESULTS.promote(sol.result)._value, MomentStatus.NONFINITE)
     status = jnp.where(ok, MomentStatus.OK,
                        jnp.where(blew, MomentStatus.BLOWUP,
                                  jnp.where(big, MomentStatus.LARGE,
                                            jnp.where(maxed & finite, MomentStatus.MAX_STEPS,
-                                                     MomentStatus.NONFINITE))))
+                                                     other))))
     # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
     # that does not converge there is downgraded to LARGE.
     # (T* is not differentiated: stop_gradient keeps the refinement loop out of JVP/VJP traces.)
@@ -435,15 +448,19 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     nan = jnp.asarray(jnp.nan, dtype)
     mean = jnp.where(good[:, None], m_all, nan)
     cov = jnp.where(good[:, None, None], S_all, nan)
-    return MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_end.astype(dtype), mean_final=m_end,
-                          cov_final=S_end, blowup_time=tstar, status=status,
-                          num_steps=sol.stats["num_steps"])
+    out = MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_end.astype(dtype),
+                         mean_final=m_end, cov_final=S_end, blowup_time=tstar,
+                         result=from_codes(status),
+                         stats={"num_steps": sol.stats["num_steps"],
+                                "num_accepted_steps": sol.stats["num_accepted_steps"]})
+    return error_if_failed(out, out.result) if throw else out
 
 
 def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-8,
                   atol: float = 1e-10, solver: Optional[diffrax.AbstractSolver] = None,
                   max_steps: int = 16384, blowup_threshold: float = 1e6,
-                  adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None) -> MomentSolution:
+                  adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None,
+                  throw: bool = False) -> MomentSolution:
     r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (MATH.md §B)
@@ -458,11 +475,14 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
       rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles).
       solver: a diffrax solver (default ``Dopri8()``, 8th order).
       blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
-        status BLOWUP with a refined ``T*`` on a pole, LARGE otherwise (module doc).
+        status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module doc).
+      throw: if True, a result other than ``successful`` (a blow-up included) raises with
+        its message (``eqx.error_if``: also under jit/vmap). Default False.
       adjoint: diffrax adjoint (default ``RecursiveCheckpointAdjoint``) — ``jax.grad``
         through this function with respect to the controls works.
 
-    Returns: :class:`MomentSolution`. Jit-compiled internally; vmappable over stacks of
+    Returns: :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`; an S0
+    that is not a covariance under jit/vmap is ``invalid_input``). Jit-compiled internally; vmappable over stacks of
     parameters, m0, S0 (``jax.vmap(lambda A: solve_moments(..., A=A, ...))``). Note that a
     vmapped adaptive solve runs until its slowest member ends; for large sweeps with
     blow-ups use :func:`jaxdyn.solve_moments_batch`.
@@ -485,13 +505,13 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
     return _solve_jit(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-                      adjoint, dt0)
+                      adjoint, dt0, bool(throw))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):
     """``(ts, trace, cov, mean)`` over a uniform grid of ``n_save`` times on [0, t1], for
     plotting ``tr Σ(t)``. Entries at or after a blow-up are NaN (matplotlib leaves a gap);
-    the solution object is returned last for its ``blowup_time`` and ``status``."""
+    the solution object is returned last for its ``blowup_time`` and ``result``."""
     sol = solve_moments(m0, S0, A=A, B=B, V=V, b=b, t1=t1, saveat=n_save, **kw)
     trace = jnp.trace(sol.cov, axis1=-2, axis2=-1)
     return sol.ts, trace, sol.cov, sol.mean, sol

@@ -3,7 +3,7 @@
     traj = simulate_ensemble(stack_models([SphereAttention(Q, K, V, b) for b in betas]),
                              x0,            # (B, N, d): one cloud per system
                              t1=30.0, dt=0.1, method="euler", save_every=300)
-    traj.xs      # (B, S, N, d),  traj.finite  # (B,)
+    traj.xs      # (B, S, N, d),  traj.result / traj.ok / traj.messages  # (B,)
 
 It computes what ``jax.vmap(lambda m, x: simulate(m, x, ...))(models, x0)`` computes (same
 schemes, same save times; equal up to float rounding, tested), but is built for thousands
@@ -31,8 +31,9 @@ cost of a dozen small kernels per step rather than in arithmetic:
   XLA's own loop fusions are 1.5–2.8× faster (measured on a 2-core AVX-512 EPYC). The option
   applies to this one program only; nothing global changes.
 
-Differences from ``vmap(simulate)``: ``ts`` is (S,) (shared) and ``n_steps`` a scalar,
-``finite`` is (B,) (so ``Trajectory.status`` does not apply; read ``finite``); the program is
+Differences from ``vmap(simulate)``: ``ts`` is (S,) (shared) and the step counts in
+``stats`` scalars; ``result`` holds one code per system (``successful`` or ``nonfinite``),
+as from ``vmap(simulate)``; the program is
 compiled ahead of time, so ``simulate_ensemble`` cannot run under ``jit``, ``grad`` or
 ``vmap`` (for gradients, use ``vmap(simulate)``). The shift (bound or maximum) is chosen per
 chunk, so a system's trajectory can differ from the same system run in another chunk, with
@@ -60,6 +61,7 @@ from jax.sharding import PartitionSpec as P
 from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
 from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
+from .._results import RESULTS, code, from_codes, raise_if_failed
 from ._simulate import Trajectory, _plan, save_indices, saved_states
 from ..sphere import tangent_project
 
@@ -179,7 +181,7 @@ def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, saf
 
 
 def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None,
-                      method="rk4", chunk=None, devices=None) -> Trajectory:
+                      method="rk4", chunk=None, devices=None, throw=False) -> Trajectory:
     """Integrate a batch of small sphere systems; equal to ``vmap(simulate)`` (see module doc).
 
     Args:
@@ -191,10 +193,12 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
       chunk: systems per chunk (default on CPU :func:`default_chunk`, 128 at N = 32; on
         accelerators each device's whole share, up to a 2^26-element logits tile).
       devices: the devices to split the systems over (default: all of ``jax.devices()``).
+      throw: if True, raise ``RuntimeError`` with the message of the first system that is
+        not successful; default False (read ``traj.result`` / ``traj.ok``, one per system).
 
     Returns:
-      :class:`Trajectory` with ``ts`` (S,), ``xs`` (B, S, N, d), ``finite`` (B,) and
-      ``n_steps`` (scalar).
+      :class:`Trajectory` with ``ts`` (S,), ``xs`` (B, S, N, d), ``result`` (B,) codes
+      (``successful`` or ``nonfinite``) and ``stats`` (scalar step counts).
 
     Raises:
       ValueError: not a stacked SphereAttention, hardmax weights, a diffrax method, shapes
@@ -272,4 +276,10 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     xs = fn(*arrays)[:nb]
     ts = t0 + jnp.asarray(np.asarray(idx), dtype) * jnp.asarray(dt, dtype)
     finite = jnp.all(jnp.isfinite(xs), axis=(1, 2, 3))
-    return Trajectory(ts, xs, finite, jnp.asarray(idx[-1]))
+    result = from_codes(jnp.where(finite, code(RESULTS.successful), code(RESULTS.nonfinite)))
+    steps = jnp.asarray(idx[-1])
+    traj = Trajectory(ts=ts, xs=xs, result=result,
+                      stats={"num_steps": steps, "num_accepted_steps": steps})
+    if throw:
+        raise_if_failed(traj, "simulate_ensemble")
+    return traj

@@ -3,7 +3,8 @@
     traj = simulate(model, x0, t1=10.0, dt=0.01, save_every=10, method="rk4")
     traj.ts  # (S,)        saved times
     traj.xs  # (S, N, d)   saved states
-    traj.finite  # bool: every saved state finite (a status, never an exception)
+    traj.result  # jaxdyn.RESULTS: successful, nonfinite, max_steps_reached, invalid_input
+    traj.ok, traj.status, traj.messages  # per member under vmap (never an exception)
 
 Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``) run as nested ``lax.scan``s
 (reverse-mode differentiable); the diffrax methods (``"tsit5"``, ``"dopri5"``,
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._results import RESULTS, Solution, error_if_failed
 from ..integrators import INTEGRATORS
 
 DIFFRAX_METHODS = {
@@ -33,26 +35,36 @@ DIFFRAX_METHODS = {
 METHODS = tuple(INTEGRATORS) + tuple(DIFFRAX_METHODS)
 
 
-class Trajectory(eqx.Module):
-    """Saved states of a particle simulation.
+class Trajectory(Solution):
+    """Saved states of a particle simulation (a :class:`jaxdyn.Solution`).
 
     Attributes:
       ts: (S,) saved times.
       xs: (S, N, d) saved particle positions.
-      finite: scalar bool, False if any saved state is NaN/inf (the run's status).
-      n_steps: number of steps taken (fixed-step methods: static count; diffrax: accepted
-        steps), an int array.
+      result: :class:`jaxdyn.RESULTS` item, one code per run (an array of codes under
+        ``vmap`` and from ``simulate_ensemble``): ``successful``; ``nonfinite`` (a saved
+        state is NaN/inf); diffrax's own codes for adaptive methods (``max_steps_reached``,
+        ``dt_min_reached``, ...); ``invalid_input`` (x0 non-finite or off the sphere, found
+        under jit/vmap). Read it with ``.ok``, ``.status``, ``.messages`` (any batch shape).
+      stats: ``{"num_steps", "num_accepted_steps"}`` int arrays (fixed-step methods: the
+        step count; diffrax: attempted and accepted steps).
     """
 
     ts: jax.Array
     xs: jax.Array
-    finite: jax.Array
-    n_steps: jax.Array
+    result: RESULTS
+    stats: dict
 
     @property
-    def status(self) -> str:
-        """``"ok"`` or ``"nonfinite"`` (unbatched, concrete trajectories only)."""
-        return "ok" if bool(self.finite) else "nonfinite"
+    def finite(self):
+        """Bool array (one per run): every saved state is finite. (The status is ``result``;
+        this reads the states alone.)"""
+        return jnp.all(jnp.isfinite(self.xs), axis=(-3, -2, -1))
+
+    @property
+    def n_steps(self):
+        """Steps taken (accepted steps for diffrax methods): ``stats["num_accepted_steps"]``."""
+        return self.stats["num_accepted_steps"]
 
 
 def _static_float(name, v):
@@ -93,6 +105,8 @@ def _check_x0(model, x0):
                          *[p.dtype for p in params])
     in_dtype = x0.dtype
     x0 = x0.astype(dt)
+    if not isinstance(x0, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(x0))):
+        raise ValueError("x0 must be finite (it holds NaN or inf)")
     if getattr(model, "manifold", "euclidean") == "sphere" and not isinstance(x0, jax.core.Tracer):
         err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
         if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
@@ -106,6 +120,17 @@ def plan_steps(t0, t1, dt):
     """The fixed-step time grid of ``simulate``: ``(t0, t1, dt', n)`` with ``n`` steps of
     ``dt' = (t1 − t0)/n`` (``dt`` rounded so that the steps land on t1)."""
     return _plan(t0, t1, dt)
+
+
+def _x0_invalid(model, x0, in_dtype):
+    """Traceable: True where x0 is non-finite or (sphere models) has rows off the sphere
+    (the checks of ``_check_x0`` that cannot raise under jit/vmap)."""
+    bad = ~jnp.all(jnp.isfinite(x0))
+    if getattr(model, "manifold", "euclidean") == "sphere":
+        tol = 1e-8 if in_dtype == jnp.float64 else 1e-4
+        err = jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0))
+        bad = bad | ~(err <= tol)
+    return bad
 
 
 def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
@@ -134,7 +159,7 @@ def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0
 
 
 def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method="rk4", args=None,
-             rtol=1e-8, atol=1e-10, max_steps=1_000_000):
+             rtol=1e-8, atol=1e-10, max_steps=1_000_000, throw=False):
     """Integrate a particle model from ``x0`` on [t0, t1].
 
     Args:
@@ -147,19 +172,37 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       method: ``"euler"`` (projected Euler), ``"rk4"`` (projected RK4), ``"exp_euler"``
         (exponential-map Euler), or a diffrax adaptive method ``"tsit5"``, ``"dopri5"``,
         ``"dopri8"`` (with ``rtol``, ``atol``, ``max_steps``; ``dt`` is the first step).
+      throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
+        so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.
 
     Returns:
-      :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``finite`` and ``n_steps``.
+      :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``result`` (the status:
+      ``successful``, ``nonfinite``, diffrax's codes such as ``max_steps_reached``,
+      ``invalid_input``) and ``stats``.
+
+    Raises:
+      ValueError: bad method/times/shapes, or a concrete x0 that is non-finite or off the
+        sphere (under jit/vmap these are flagged as ``RESULTS.invalid_input`` instead).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     t0, t1, dt, n = _plan(t0, t1, dt)
+    in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     idx = save_indices(n, save_every, saveat, t0, dt)
     if method in DIFFRAX_METHODS:
-        return _run_diffrax(model, x0, args, t0, t1, dt, idx, method, float(rtol), float(atol),
+        traj = _run_diffrax(model, x0, args, t0, t1, dt, idx, method, float(rtol), float(atol),
                             int(max_steps))
-    return _run_fixed(model, x0, args, t0, dt, idx, method)
+    else:
+        traj = _run_fixed(model, x0, args, t0, dt, idx, method)
+    if isinstance(x0, jax.core.Tracer):
+        # flagged, not raised: the concrete checks of _check_x0 cannot run under jit/vmap
+        result = RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
+                               traj.result)
+        traj = eqx.tree_at(lambda t: t.result, traj, result)
+    if throw:
+        traj = error_if_failed(traj, traj.result)
+    return traj
 
 
 def saved_states(x0, idx, advance):
@@ -219,8 +262,10 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
 
     xs = saved_states(x0, idx, advance)
     ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a
-    finite = jnp.all(jnp.isfinite(xs))
-    return Trajectory(ts, xs, finite, jnp.asarray(idx[-1]))
+    result = RESULTS.where(jnp.all(jnp.isfinite(xs)), RESULTS.successful, RESULTS.nonfinite)
+    steps = jnp.asarray(idx[-1])
+    return Trajectory(ts=ts, xs=xs, result=result,
+                      stats={"num_steps": steps, "num_accepted_steps": steps})
 
 
 @eqx.filter_jit
@@ -232,7 +277,12 @@ def _run_diffrax(model, x0, args, t0, t1, dt, idx, method, rtol, atol, max_steps
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         max_steps=max_steps, throw=False)
-    ok = sol.result == diffrax.RESULTS.successful
+    # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...); a
+    # successful solve with NaN/inf in it is nonfinite
+    result = RESULTS.promote(sol.result)
     xs = sol.ys
-    finite = jnp.all(jnp.isfinite(xs)) & ok
-    return Trajectory(ts, xs, finite, sol.stats["num_accepted_steps"])
+    result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(xs)),
+                           RESULTS.nonfinite, result)
+    return Trajectory(ts=ts, xs=xs, result=result,
+                      stats={"num_steps": sol.stats["num_steps"],
+                             "num_accepted_steps": sol.stats["num_accepted_steps"]})
