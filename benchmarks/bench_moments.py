@@ -242,8 +242,11 @@ def main():
     stiff = np.asarray(sol.stiff)
     print(f"jaxdyn: first call {first:.2f} s (compile + run), median {jx['seconds']:.3f} s "
           f"over {args.repeats}: {sol.counts()}; stiff-stage members {int(stiff.sum())}")
-    print(f"  rounds (size, iterations, s): {[(r[0], r[1], round(r[2], 3)) for r in sol.rounds]}, "
-          f"stiff stage {sol.stiff_iterations} it, {sol.stiff_seconds:.3f} s")
+    st = {k: np.asarray(v) for k, v in sol.stats.items()}
+    rounds = [(int(a), int(b), round(float(c), 3)) for a, b, c in
+              zip(st["round_sizes"], st["round_iterations"], st["round_seconds"])]
+    print(f"  rounds (size, iterations, s): {rounds}, "
+          f"stiff stage {int(st['stiff_iterations'])} it, {float(st['stiff_seconds']):.3f} s")
 
     print("scipy DOP853 loop (rtol 1e-8) ...", flush=True)
     sp = scipy_loop(A, B, V, b, m0, S0, t1, thr, 1e-8, 1e-10, label="scipy")
@@ -271,8 +274,8 @@ def main():
         method="solve_moments_batch (lock-step Dopri8 + compaction, Rodas5 stiff stage)",
         rtol=args.rtol, atol=args.rtol / 100, seconds_median=jx["seconds"], seconds_all=times,
         first_call_seconds=first, counts=sol.counts(), stiff_members=int(stiff.sum()),
-        explicit_iterations=sol.explicit_iterations, stiff_iterations=sol.stiff_iterations,
-        rounds=[list(r) for r in sol.rounds], errors=errors(jx, ref, stiff))
+        explicit_iterations=int(st["explicit_iterations"]), stiff_iterations=int(st["stiff_iterations"]),
+        rounds=[list(r) for r in rounds], errors=errors(jx, ref, stiff))
     res["methods"]["scipy_dop853"] = dict(
         method="scipy solve_ivp DOP853 loop, terminal event at the threshold", rtol=1e-8,
         atol=1e-10, seconds=sp["seconds"], slowest_sets=[(int(i), float(sp["per_set"][i]))

@@ -9,7 +9,7 @@ all controls (A, b, V, B) free, optimiser started from zero controls. In one inv
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
   steps first). The first call at each d (trace + compile + run) is reported as
   ``compile_s``; then every target is timed warm.
-- ``torch_scipy_lbfgsb`` (baseline, independent code): the moment ODE of MATH.md §B with
+- ``torch_scipy_lbfgsb`` (baseline, independent code): the moment ODE of docs/math.md §B.2 with
   fixed-step RK4 (16 steps a piece) in PyTorch float64, autograd gradients, scipy's
   L-BFGS-B, the same Bures loss (eigvalsh), same start, stopping at W2 < tol (budget 120 s
   a target).

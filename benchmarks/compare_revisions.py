@@ -10,7 +10,7 @@ more than 10 % slower. This script does that:
 ``--before`` and ``--after`` are two checkouts of jaxdyn, each with its own ``benchmarks/``.
 Each tree runs **its own** scripts as subprocesses with ``cwd`` = the tree and
 ``PYTHONPATH`` = the tree, so each imports its own ``jaxdyn`` (a probe subprocess prints
-``jaxdyn.__file__`` per tree first and the run stops if it is not inside that tree).
+the file of the imported ``jaxdyn`` package per tree first and the run stops if it is not inside that tree).
 
 Workloads (the jaxdyn side of ``run_all.sh``; the baselines PyTorch, NumPy and KeOps are
 not run, they did not change):
@@ -136,7 +136,7 @@ def tree_env(tree):
 
 def probe(tree):
     """Which jaxdyn and jax a subprocess in ``tree`` imports."""
-    code = ("import json, jax, jaxdyn; print(json.dumps({'jaxdyn_file': jaxdyn.__file__, "
+    code = ("import json, jax, jaxdyn; print(json.dumps({'jaxdyn_file': getattr(jaxdyn, '__file__'), "
             "'jax': jax.__version__}))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=tree_env(tree),
                           capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 r"""Spectral tools for Paper A: Assumption 1, the projection Π, the Lyapunov functional.
 
-Conventions (MATH.md §A): ``B = QᵀK``, ``M = V Bᵀ``. Assumption 1 asks B invertible and M
+Conventions (docs/math.md §A.1): ``B = QᵀK``, ``M = V Bᵀ``. Assumption 1 asks B invertible and M
 symmetric with a gap ``γ = μ1 - μ2 > 0`` between its two largest *distinct* eigenvalues
 (largest first by value, not magnitude). E is the eigenspace of μ1 (it may have dimension
 > 1), ``P_E`` its orthogonal projector, and
@@ -314,7 +314,7 @@ def subspace_angle(A, B) -> float:
 
 
 class Projection(eqx.Module):
-    r"""The map Π(x) = P_E x / |P_E x| onto the unit sphere of E (MATH.md §A).
+    r"""The map Π(x) = P_E x / |P_E x| onto the unit sphere of E (docs/math.md §A.4).
 
     Call it on points of shape (..., d). Undefined on E⊥: there ``P_E x = 0`` and the result
     is NaN (0/0), which is honest; such starts have measure zero under Assumption 2.
@@ -344,7 +344,7 @@ class Projection(eqx.Module):
 
 
 def projection(Q, K, V, *, force: bool = False, rtol: float = DEFAULT_RTOL) -> Projection:
-    r"""Build Π(x) = P_E x / |P_E x| for the weights (Q, K, V) (MATH.md §A).
+    r"""Build Π(x) = P_E x / |P_E x| for the weights (Q, K, V) (docs/math.md §A.4).
 
     E is the top eigenspace (largest eigenvalue by value, clusters within ``rtol`` merged)
     of M = V Bᵀ, B = QᵀK. Assumption 1 is checked first (:func:`check_assumptions`); if a
@@ -385,7 +385,7 @@ def _projector_of(P):
 def lyapunov(x: Float[Array, "... d"], P_E) -> Float[Array, "..."]:
     r"""Lyapunov functional ``L(x) = |P_{E⊥} x|^2 / |P_E x|^2`` (tan² of the angle to E).
 
-    Along the zero-temperature flow ``dL/dt <= -(2γ/‖B‖) L`` (MATH.md §A). ``P_E`` is the
+    Along the zero-temperature flow ``dL/dt <= -(2γ/‖B‖) L`` (docs/math.md §A.6). ``P_E`` is the
     (d, d) orthogonal projector (or a :class:`Projection`). Infinite on E⊥. Jittable.
     """
     P = _projector_of(P_E)
@@ -514,7 +514,7 @@ def spectral_weights(
     dtype=jnp.float32,
     rtol: float = DEFAULT_RTOL,
 ) -> SpectralWeights:
-    r"""Weights with a prescribed spectrum of M = V Bᵀ (MATH.md, "Choosing examples").
+    r"""Weights with a prescribed spectrum of M = V Bᵀ (docs/math.md §A.9, "Choosing examples").
 
         M = U diag(mu) Uᵀ,   Q = I,   K = B,   V = M B^{-T}    (so V Bᵀ = M exactly).
 

@@ -1,8 +1,8 @@
-"""Reachability (Paper B, MATH.md §B): certificate, optimiser, modes, rank, transfer.
+"""Reachability (Paper B, docs/math.md §B.9–B.10): certificate, optimiser, modes, rank, transfer.
 
 Independent checks: the certificate's algebra (``T Σ0 T = Σ1``, ``expm(A t1) = G``) against
 scipy; every optimised W2 is recomputed by a scipy DOP853 solve of the moment ODE, piece by
-piece, written here from MATH.md (not through jaxdyn); the particle transfer of an affine
+piece, written here from docs/math.md §B.2 (not through jaxdyn); the particle transfer of an affine
 flow against its exact map. Optimisation tests run in float64 (``W2 < 1e-4`` is
 ``W2² < 1e-8``). All optimisations in d = 2 share one grid (8 pieces) and so one compiled
 loss.
@@ -58,7 +58,7 @@ def _rhs(A, B, V, b):
 
 
 def scipy_moments(controls, m0, S0, t1):
-    """m(t1), S(t1) of MATH.md §B's moment ODE for piecewise-constant Controls (DOP853)."""
+    """m(t1), S(t1) of the moment ODE of docs/math.md §B.2 for piecewise-constant Controls (DOP853)."""
     vals = {k: np.asarray(controls[k].values, np.float64) for k in ("A", "B", "V", "b")}
     n = vals["A"].shape[0]
     y = np.concatenate([np.asarray(m0, np.float64), np.asarray(S0, np.float64).ravel()])

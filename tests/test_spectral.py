@@ -103,7 +103,7 @@ def test_check_assumptions_structural_errors():
 
 
 def _exact_flow(M, x0, s):
-    """Zero-temperature trajectories for symmetric M: e^{sM} x0 / |e^{sM} x0| (MATH.md)."""
+    """Zero-temperature trajectories for symmetric M: e^{sM} x0 / |e^{sM} x0| (docs/math.md §A.3)."""
     y = x0 @ scipy.linalg.expm(s * M).T
     return y / np.linalg.norm(y, axis=-1, keepdims=True)
 
@@ -298,7 +298,7 @@ def test_builder_angle_matches_closed_form(theta):
 
 @pytest.mark.parametrize("plane", [(0, 1), (0, 2)])
 def test_builder_reaches_a_requested_eigenspace_angle(plane):
-    target = math.radians(8.0)  # MATH.md: about 8° showed the metastable phase
+    target = math.radians(8.0)  # docs/math.md §A.9: about 8° showed the metastable phase
     w = spectral_weights([1.0, 0.4, -0.2], eigenspace_angle=target, plane=plane, seed=0, dtype=np.float64)
     assert w.angle == pytest.approx(target, abs=1e-10)
     # independent check of the reported angle

@@ -119,7 +119,7 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
         ``rtol``/``atol``, defaults 1e-11/1e-13 in float64) and report the Bures W2 at t1.
 
     Returns: :class:`Certificate`. Built on the host in float64 (square roots by
-    :func:`jaxdyn._distances.sqrtm_psd`), stored in the dtype of S0.
+    :func:`jaxdyn.distances.sqrtm_psd`), stored in the dtype of S0.
     """
     m0, S0, m1, S1 = _check_problem(m0, S0, m1, S1)
     if not float(t1) > 0:

@@ -1,6 +1,6 @@
 r"""Reachability (Paper B): steering Gaussians with optimised time-varying controls.
 
-The moment dynamics of MATH.md §B,
+The moment dynamics of docs/math.md §B.2,
 
     m' = (A + V) m + V Σ B m + b,   Σ' = M Σ + Σ Mᵀ,   M = A + V Σ B,
 
@@ -10,8 +10,8 @@ piecewise linear) on a uniform grid of ``[0, t1]``. :func:`reach` chooses them t
 
     L = W2²(N(m(t1), Σ(t1)), N(m1, Σ1)) + λ ∫_0^{t1} Σ_{free u} ‖u(t)‖_F² dt
 
-(Bures–Wasserstein W2², :func:`jaxdyn._distances.bures_w2_squared`) with gradients through
-:func:`jaxdyn._gaussian.solve_moments` (``diffrax.RecursiveCheckpointAdjoint``): L-BFGS
+(Bures–Wasserstein W2², :func:`jaxdyn.distances.bures_w2_squared`) with gradients through
+:func:`jaxdyn.gaussian._solve.solve_moments` (``diffrax.RecursiveCheckpointAdjoint``): L-BFGS
 directions (``optax.scale_by_lbfgs``) with a backtracking Armijo line search, optionally after
 some Adam steps (``optax.adam`` wrapped in ``optax.apply_if_finite``; off by default: on
 random targets L-BFGS alone reached W2 < 1e-4 in fewer iterations, see
@@ -151,7 +151,7 @@ def _ranks(S0, S1, rank_rtol):
         raise ValueError(
             f"S1 has numerical rank {r1} but S0 has rank {r0} (eigenvalues <= {rt:.2g} * "
             f"lambda_max treated as 0): the moment dynamics preserve rank, Sigma(t) = Phi(t) "
-            f"Sigma0 Phi(t)^T with Phi(t) invertible (MATH.md §B), so N(m1, S1) is not reachable "
+            f"Sigma0 Phi(t)^T with Phi(t) invertible (docs/math.md §B.3), so N(m1, S1) is not reachable "
             f"from N(m0, S0) with any controls; refusing to optimise towards it. (If the "
             f"difference is rounding, adjust rank_rtol.)")
     if r0 == 0:

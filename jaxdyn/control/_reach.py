@@ -235,7 +235,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
 
     Minimises ``W2²(N(m(t1), Σ(t1)), N(m1, S1)) + λ ∫ Σ_{free u} ‖u‖_F² dt`` over the free
-    controls (moment ODE of MATH.md §B, gradients through :func:`solve_moments`).
+    controls (moment ODE of docs/math.md §B.2, gradients through :func:`solve_moments`).
 
     Args:
       m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances. A target whose

@@ -127,7 +127,7 @@ def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
       target. It compares moments only (0 for any cloud with the target's moments) and
       its Monte-Carlo error decays like ``N^{-1/2}``.
     * ``exact``: W2 by optimal assignment between ``x`` and N i.i.d. samples of the target
-      (:func:`jaxdyn._distances.w2_exact`), for ``N ≤ exact_max``; it contains sampling noise.
+      (:func:`jaxdyn.distances.w2_exact`), for ``N ≤ exact_max``; it contains sampling noise.
     * ``floor``: the same between two independent N-samples of the target — the value
       ``exact`` would take for a perfect cloud (it decays slowly, like ``N^{-1/d}`` for d ≥ 3).
 

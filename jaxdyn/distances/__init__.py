@@ -2,7 +2,7 @@
 
 Wasserstein-2 distances between particle clouds and between Gaussians.
 
-Four ways to measure W2, each with its bias stated (MATH.md, "Wasserstein distances
+Four ways to measure W2, each with its bias stated (docs/math.md §D, "Wasserstein distances
 between particle clouds"):
 
 - :func:`w2_exact` -- optimal assignment (``scipy.optimize.linear_sum_assignment``) between
@@ -16,7 +16,7 @@ between particle clouds"):
   it): the relative error grows with ε / W2^2. The default ε therefore follows the scale
   of the distance being measured (ε-scaling, see :func:`w2_sinkhorn`). Scales to large N
   with an online (``batch_size``) geometry whose memory is O(N · batch_size).
-- :func:`bures_w2` -- the closed form between Gaussians (MATH.md §B),
+- :func:`bures_w2` -- the closed form between Gaussians (docs/math.md §B.11),
   ``W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})``, with an eigh-based
   PSD square root (ott-jax 0.6's Bures cost is inaccurate for ill-conditioned covariances).
 

@@ -122,7 +122,7 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
 def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
     r"""W2 between N(m0, S0) and N(m1, S1): the square root of :func:`bures_w2_squared`.
 
-        W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})   (MATH.md §B)
+        W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})   (docs/math.md §B.11)
 
     Exact up to rounding (no bias). The square root is made safe at 0 (gradient 0 where the
     two Gaussians coincide instead of NaN). Note that near coincidence W2 is not smooth; use

@@ -296,7 +296,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     """The multiscale ε ladder behind ``w2_sinkhorn(..., multiscale=True)``.
 
     ``rule(eps, div)`` is w2_sinkhorn's ε rule (next ε or None); ``kw`` the round options.
-    Returns what ``jaxdyn._distances._ladder`` returns."""
+    Returns what ``jaxdyn.distances._rounds._ladder`` returns."""
 
     dtype = x.dtype
     n, m = x.shape[0], y.shape[0]

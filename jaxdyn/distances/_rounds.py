@@ -72,7 +72,7 @@ def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, 
 
     ``a``, ``b``: weights (default uniform). ``sparse``: block neighbour lists
     ``(xy rows x, xy rows y, xx, yy)`` of the block-sparse geometry (clouds in leaf order,
-    see :mod:`jaxdyn._multiscale`), ``block`` its leaf size; else dense (``batch_size``
+    see :mod:`jaxdyn.distances._multiscale`), ``block`` its leaf size; else dense (``batch_size``
     None) or online (``batch_size`` rows)."""
     from ott.geometry import geometry
     from ott.problems.linear import linear_problem

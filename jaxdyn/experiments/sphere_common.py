@@ -105,7 +105,7 @@ def check_sphere(cfg) -> list:
                 warns.append(
                     f"N = {min(ns)} is too small to resolve β = {max(betas):g} on S^{dd - 1}: the "
                     f"particle system follows the mean-field equation only while "
-                    f"N ≳ β^((d-1)/2) ≈ {need} (MATH.md); results at the largest β reflect the "
+                    f"N ≳ β^((d-1)/2) ≈ {need} (docs/math.md §A.10); results at the largest β reflect the "
                     f"empirical measure, not ρ^β")
     steps = cfg["t1"] / cfg["dt"]
     if steps > 2e6:

@@ -19,7 +19,7 @@ The design, three stages:
    a power-of-two batch (host-side gather) and the loop resumes: the long tail of blow-up
    members costs in proportion to its size, not to the batch. A member stops when it
    reaches ``t1`` (OK), when ``‖Σ‖`` passes the threshold (a candidate blow-up if the pole
-   test of :mod:`jaxdyn._gaussian` passes, else LARGE), when its state is non-finite, or
+   test of :mod:`jaxdyn.gaussian._solve` passes, else LARGE), when its state is non-finite, or
    when it is found **stiff**: Hairer's DOP853 test
    ``h ‖f(y₁) − f(Y₁₂)‖ / ‖y₁ − Y₁₂‖ > 3.9`` (0.75 of this pair's real stability boundary
    5.15; the step is limited by stability, not accuracy) on 15 accepted steps.
@@ -40,7 +40,7 @@ The design, three stages:
 
 3. **Pole stage**: every member declared a blow-up has its ``T*`` refined past the detection
    point by integrating the bounded projective system in the reparametrised time
-   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn._gaussian.pole_refine`), vmapped.
+   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped.
    The local (Bernoulli) extrapolation from ``‖Σ‖ = 10⁶`` alone was off by up to 2.5e-5 on
    the benchmark workload (sub-leading singular parts of Σ); after refinement T* from the
    thresholds 10⁵, 10⁶ and 10⁸ agree to 1e-14. The refinement is also the final pole test:
@@ -357,9 +357,9 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
                         hmin_rel: Optional[float] = None, min_bucket: int = 16,
                         throw: bool = False) -> BatchSolution:
     r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not
-    hold the batch hostage (two-stage design: see :mod:`jaxdyn._gaussian_batch`).
+    hold the batch hostage (two-stage design: see :mod:`jaxdyn.gaussian._batch`).
 
-        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (MATH.md §B)
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
 
     Args:
       m0: (n, d) or (d,) (broadcast), or None (= 0). S0: (n, d, d) or (d, d) symmetric PSD
@@ -491,7 +491,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         status[hands] = MomentStatus.STIFF
     stiff_seconds = time.perf_counter() - t_stiff
     # Pole stage: refine T* of every blow-up past its detection point (projective system in
-    # reparametrised time, jaxdyn._gaussian.pole_refine), vmapped over the blow-up members.
+    # reparametrised time, jaxdyn.gaussian._solve.pole_refine), vmapped over the blow-up members.
     t_pole = time.perf_counter()
     bu = np.flatnonzero(status == MomentStatus.BLOWUP)
     # Two passes: most poles converge in a few dozen τ-steps; the rest (and the non-poles,

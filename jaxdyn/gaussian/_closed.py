@@ -1,4 +1,4 @@
-r"""Closed forms of the Gaussian moment ODE (MATH.md §B), for tests and reference curves.
+r"""Closed forms of the Gaussian moment ODE (docs/math.md §B.4), for tests and reference curves.
 
 Scalar case (d = 1, ``a = A``, ``c = V·B``): ``σ' = 2aσ + 2cσ²`` is a Bernoulli equation,
 
@@ -8,7 +8,7 @@ which blows up iff ``c > 0`` and ``cσ0 > −a`` (always when ``a ≥ 0``), at
 
     T* = log(1 + a/(cσ0)) / (2a)      (1/(2cσ0) when a = 0).
 
-(MATH.md states the ``c > 0`` case; when ``a < 0`` and ``cσ0 ≤ |a|`` there is no blow-up:
+(docs/math.md §B.4.1; when ``a < 0`` and ``cσ0 ≤ |a|`` there is no blow-up:
 σ decays, or stays at the equilibrium ``|a|/c`` when ``cσ0 = |a|``.) If ``c < 0 < a``,
 ``σ → a/|c|``.
 

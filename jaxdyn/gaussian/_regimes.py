@@ -22,9 +22,9 @@ Write ``X_s``, ``X_a`` for the symmetric and skew parts, ``x = tr Σ``. Then
   every nonzero Σ0 when α ≥ 0, and when ``κ x0 / r > −α`` otherwise → "blow-up".
 * *opposite* signs with the same κ > 0: ``x' ≤ 2β x − 2κ x²/d``, ``β = λmax(A_s)``, so
   ``tr Σ(t) ≤ max(x0, d β/κ)`` for all t → "stable" (bounded).
-* ``V = v I`` and ``A = 0`` exactly (MATH.md closed form): blow-up iff ``λmax(R vS R) > 0``,
+* ``V = v I`` and ``A = 0`` exactly (docs/math.md §B.4.2): blow-up iff ``λmax(R vS R) > 0``,
   at ``T* = 1/λmax``; otherwise ``Σ(t) ⪯ Σ0`` → "stable".
-* anything else → "other", with the numbers (MATH.md's "V and B of opposite definiteness →
+* anything else → "other", with the numbers (docs/math.md §B.6: "V and B of opposite definiteness →
   bounded; same → blow-up" needs the skew parts to be small, which is what κ > 0 says).
 """
 

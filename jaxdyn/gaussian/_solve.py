@@ -1,7 +1,7 @@
 r"""Gaussian moment dynamics of Paper B: the moment ODE, its adaptive solve, blow-up.
 
 For tokens ``ẋ = A x + b + V Σ_j w_ij x_j`` with ``w_ij ∝ exp(x_jᵀ B x_i)`` a Gaussian
-``N(m, Σ)`` stays Gaussian (MATH.md §B, exponential tilting gives the attention mean
+``N(m, Σ)`` stays Gaussian (docs/math.md §B.2, exponential tilting gives the attention mean
 ``m + Σ B x``), with
 
     m' = (A + V) m + V Σ B m + b
@@ -127,7 +127,7 @@ def moment_rhs(m, S, A, B, V, b):
 
 
 class MomentField(eqx.Module):
-    r"""The Gaussian moment vector field ``field(t, (m, Σ), args) -> (m', Σ')`` (MATH.md §B).
+    r"""The Gaussian moment vector field ``field(t, (m, Σ), args) -> (m', Σ')`` (docs/math.md §B.2).
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ.
 
@@ -463,7 +463,7 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
                   throw: bool = False) -> MomentSolution:
     r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
 
-        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (MATH.md §B)
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
 
     Args:
       m0: (d,) initial mean (``None`` = 0). S0: (d, d) symmetric PSD initial covariance

@@ -74,7 +74,7 @@ def _first_zero(P0, A, B, v, t_max, n_grid=511, n_sub=_BLOCK, rounds=12):
 
 
 def vi_closed_form(ts, S0, A, B, v):
-    r"""Closed form of the closure's covariance when ``V = v I`` (MATH.md §B):
+    r"""Closed form of the closure's covariance when ``V = v I`` (docs/math.md §B.4.2):
     ``Σ(t) = P(t)⁻¹``, ``P' = −PA − AᵀP − v(B + Bᵀ)``, ``P(0) = S0⁻¹`` (S0 invertible). T* is
     ``vi_blowup_time`` (A = 0) or the first zero of ``λmin P(t)`` on [0, ts[-1]]. Returns
     ``(cov (S, d, d) NaN from the blow-up on, T*)`` as float64 NumPy."""
@@ -98,7 +98,7 @@ def vi_closed_form(ts, S0, A, B, v):
 
 def lyapunov_limit(A, B, V):
     """The attracting equilibrium ``Σ* = P*⁻¹``, ``AᵀP* + P*A = −v(B + Bᵀ)``, when ``V = v I``,
-    spec(A) ⊂ {Re > 0} and ``v(B + Bᵀ) ≺ 0`` (MATH.md §B); else None. float64 NumPy."""
+    spec(A) ⊂ {Re > 0} and ``v(B + Bᵀ) ≺ 0`` (docs/math.md §B.4.3); else None. float64 NumPy."""
     v = scalar_v(V)
     A, B = np.asarray(A, np.float64), np.asarray(B, np.float64)
     if v is None or np.linalg.eigvals(A).real.min() <= 0 or np.linalg.eigvalsh(v * (B + B.T))[-1] >= 0:

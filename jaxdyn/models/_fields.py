@@ -132,7 +132,7 @@ class ZeroTemperature(AbstractQKVModel):
 
         X_∞(x) = P⊥(x) V Bᵀx / |Bᵀx| = P⊥(x) M x / |Bᵀx|,   M = V Bᵀ,  B = QᵀK.
 
-    Valid while ρ has full support (Assumption 3). Its flow converges to Π(x0) (MATH.md).
+    Valid while ρ has full support (Assumption 3). Its flow converges to Π(x0) (docs/math.md §A.4).
     """
 
     def __init__(self, Q, K, V):

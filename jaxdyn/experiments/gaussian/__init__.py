@@ -9,7 +9,7 @@ with fixed-step RK4 (``dt``). At the saved times it records the particles' empir
 ``m̂ = (1/N) Σ x_i`` and covariance ``Ŝ = (1/N) Σ (x_i − m̂)(x_i − m̂)ᵀ``, the largest radius
 ``max_i |x_i|``, and how non-Gaussian the cloud is (the largest |skewness| and |excess
 kurtosis| of its projections on ``n_directions`` fixed directions); beside them, the
-Gaussian closure of the *identity* model (MATH.md §B),
+Gaussian closure of the *identity* model (docs/math.md §B.2),
 
     m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ,
 

@@ -9,16 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import status_names
 from ...gaussian import (MomentStatus, bures_distance, fit_slope, lyapunov_limit, moment_rhs,
-                         parting_time, predicted_exponent, relu_initial_rates, status_name)
+                         parting_time, predicted_exponent, relu_initial_rates)
 from .schema import parameters
 
 
 def status_label(code):
-    try:
-        return status_name(int(code))
-    except ValueError:
-        return str(int(code))
+    """The RESULTS name of a stored status code (``jaxdyn.RESULTS``)."""
+    return str(status_names(np.asarray(int(code), np.int32)))
 
 
 def finite_or_none(x):

@@ -55,7 +55,7 @@ def _run_points(pcs):
             "energy_weight_final": res.energy_weight_final,
             "certificate_w2": np.nan if cert is None or cert.w2 is None else cert.w2,
             "certificate_energy": np.nan if cert is None else cert.energy,
-            "finite": bool(res.status == MomentStatus.OK and math.isfinite(res.w2)
+            "finite": bool(math.isfinite(res.w2)
                            and int(sol.status) == MomentStatus.OK),
             "loss_history": res.loss_history, "w2_history": res.w2_history,
             "mean_t": np.asarray(sol.mean, np.float64), "cov_t": cov_t, "eig_t": eig_t,
