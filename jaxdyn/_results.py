@@ -76,6 +76,9 @@ def code(item) -> int:
 def _promote(result):
     if isinstance(getattr(result, "result", None), eqx.Module):  # a result object
         result = result.result
+    if isinstance(result, (int, np.integer)) or (
+            isinstance(result, (np.ndarray, jax.Array)) and jnp.issubdtype(result.dtype, jnp.integer)):
+        return from_codes(np.asarray(result) if isinstance(result, (int, np.integer)) else result)
     if not hasattr(result, "_enumeration"):
         raise TypeError(f"expected a jaxdyn.RESULTS item or a result object, got {result!r}")
     if result._enumeration is RESULTS:
@@ -94,7 +97,8 @@ def from_codes(codes):
 
 def status_codes(result):
     """Int array of status codes (any batch shape) of a ``RESULTS`` item, a diffrax result
-    (promoted) or a result object. Works under jit/vmap (then it is traced)."""
+    (promoted), a result object, or stored integer codes (e.g. a ``status`` variable read
+    back from a results file). Works under jit/vmap (then it is traced)."""
     value = _promote(result)._value
     return value if isinstance(value, np.ndarray) else jnp.asarray(value)
 

@@ -17,7 +17,7 @@ from .schema import parameters
 
 def status_label(code):
     """The RESULTS name of a stored status code (``jaxdyn.RESULTS``)."""
-    return str(status_names(np.asarray(int(code), np.int32)))
+    return str(status_names(int(code)))
 
 
 def finite_or_none(x):
