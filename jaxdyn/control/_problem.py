@@ -1,4 +1,5 @@
-r"""Reachability (Paper B): steering Gaussians with optimised time-varying controls.
+r"""The reachability problem (Paper B): modes, ranks, random targets, the controlled moment flow
+and the control energy; the rest of the package docstring below describes the whole study.
 
 The moment dynamics of docs/math.md §B.2,
 

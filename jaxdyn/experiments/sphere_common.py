@@ -16,7 +16,7 @@ from ..kernels import DEFAULT_BLOCKS, resolve_kernel
 from ..models import SphereAttention
 from ..simulation import ENSEMBLE_METHODS, FASTER_MAX_PARTICLES
 from ..sphere import sample_initial
-from ..weights import WeightsError, build_weights as _build_weights
+from .. import weights as weight_ensembles
 from . import segments
 from .segments import MAX_STEPS_PER_CALL
 
@@ -42,8 +42,8 @@ WEIGHTS_SCHEMA = {
 def build_weights(spec, d):
     """(Q, K, V) of a validated ``weights`` section; a bad section is a :class:`ConfigError`."""
     try:
-        return _build_weights(spec, d)
-    except WeightsError as e:
+        return weight_ensembles.build_weights(spec, d)
+    except weight_ensembles.WeightsError as e:
         raise ConfigError(str(e)) from None
 
 

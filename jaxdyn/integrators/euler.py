@@ -1,3 +1,5 @@
+"""Projected (explicit) Euler: one step x ← retract(x + dt f(t, x)), order 1."""
+
 from typing import ClassVar
 
 from ._base import AbstractIntegrator, resolve

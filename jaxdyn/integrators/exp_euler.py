@@ -1,3 +1,5 @@
+"""Exponential-map (Lie–)Euler: x ← exp_x(dt f(t, x)); stays on the sphere by construction, order 1."""
+
 from typing import ClassVar
 
 from ._base import AbstractIntegrator, resolve

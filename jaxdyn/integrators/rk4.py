@@ -1,3 +1,5 @@
+"""Projected RK4: classical Runge–Kutta in the ambient space, then the retraction; order 4."""
+
 from typing import ClassVar
 
 from ._base import AbstractIntegrator, resolve
