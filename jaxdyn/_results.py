@@ -159,6 +159,11 @@ def error_if_failed(token, result):
     return result.error_if(token, result != RESULTS.successful)
 
 
+def stat(name: str, doc: str = ""):
+    """A read-only property of a result class that reads ``self.stats[name]``."""
+    return property(lambda self: self.stats[name], doc=doc or f"``stats[{name!r}]``.")
+
+
 class Solution(eqx.Module):
     """Base of every driver's result: a pytree with ``result`` (:class:`RESULTS`, one code
     per member) and ``stats`` (a dict of arrays: step counts, iterations, timings). Drivers
@@ -167,25 +172,15 @@ class Solution(eqx.Module):
     result: eqx.AbstractVar[RESULTS]
     stats: eqx.AbstractVar[dict]
 
-    @property
-    def status(self):
-        """Int array of status codes (any batch shape; never raises on a batched result)."""
-        return status_codes(self.result)
-
-    @property
-    def ok(self):
-        """Bool array: which members are successful."""
-        return is_successful(self.result)
-
-    @property
-    def messages(self):
-        """The status message of each member (``str``, or an object array for a batch)."""
-        return status_messages(self.result)
-
-    @property
-    def names(self):
-        """The status name of each member (``str``, or an object array for a batch)."""
-        return status_names(self.result)
+    # each reads the members' codes through the helper of the same meaning
+    status = property(lambda self: status_codes(self.result),
+                      doc="Int array of status codes (any batch shape; never raises on a batch).")
+    ok = property(lambda self: is_successful(self.result),
+                  doc="Bool array: which members are successful.")
+    messages = property(lambda self: status_messages(self.result),
+                        doc="Each member's status message (str, or an object array for a batch).")
+    names = property(lambda self: status_names(self.result),
+                     doc="Each member's status name (str, or an object array for a batch).")
 
     def counts(self) -> dict:
         """Number of members per status name (names with no member left out)."""

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from ..distances import bures_w2_squared
-from .._results import RESULTS, Solution, code, from_codes, raise_if_failed, status_names
+from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_names
 from ..gaussian._solve import Control, MomentStatus, solve_moments
 from ._certificate import Certificate, certificate
 from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
@@ -185,21 +185,13 @@ class ReachResult(Solution):
         """``w2 < tol`` (the same as ``bool(self.ok)``)."""
         return bool(self.ok)
 
-    @property
-    def iterations(self) -> int:
-        return self.stats["iterations"]
+    iterations = stat("iterations")
 
-    @property
-    def evaluations(self) -> int:
-        return self.stats["evaluations"]
+    evaluations = stat("evaluations")
 
-    @property
-    def rejected(self) -> int:
-        return self.stats["rejected"]
+    rejected = stat("rejected")
 
-    @property
-    def seconds(self) -> float:
-        return self.stats["seconds"]
+    seconds = stat("seconds")
 
 
 def _as_values(u, n, shape, dtype, t1, kind):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._results import RESULTS, Solution, code, from_codes, raise_if_failed
+from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed
 
 from ._checks import _as_float_array, _check_pair
 from ._rounds import _debiased_round, _ladder, _anneal_length, _MAX_ROUND_RATIO
@@ -56,13 +56,9 @@ class SinkhornW2(Solution):
         """All three problems of the final round met ``threshold`` (``bool(self.ok)``)."""
         return bool(self.ok)
 
-    @property
-    def n_iters(self):
-        return self.stats["n_iters"]
+    n_iters = stat("n_iters")
 
-    @property
-    def kernel_density(self):
-        return self.stats["kernel_density"]
+    kernel_density = stat("kernel_density")
 
 
 def _result(value, div, eps, converged, n_iters, eps_list, div_list, floored,

@@ -67,7 +67,7 @@ import numpy as np
 
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import RODAS5, rodas5_step
-from .._results import RESULTS, Solution, from_codes, raise_if_failed
+from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed
 from ._solve import (MomentStatus, _cov_tol, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
 
@@ -112,15 +112,9 @@ class BatchSolution(Solution):
     result: RESULTS
     stats: dict
 
-    @property
-    def num_steps(self):
-        """Accepted + rejected steps per member: ``stats["num_steps"]``."""
-        return self.stats["num_steps"]
+    num_steps = stat("num_steps", "Accepted + rejected steps per member: ``stats['num_steps']``.")
 
-    @property
-    def stiff(self):
-        """True where the member was handed to the stiff stage: ``stats["stiff"]``."""
-        return self.stats["stiff"]
+    stiff = stat("stiff", "True where the member was handed to the stiff stage: ``stats['stiff']``.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,6 +153,18 @@ def _big_status(status, big, s, ell, q, vb):
     """Status after passing the threshold: BLOWUP on a pole, LARGE otherwise."""
     pole = on_pole(s, ell, q, vb)
     return jnp.where(big, jnp.where(pole, MomentStatus.BLOWUP, MomentStatus.LARGE), status)
+
+
+def _outcomes(status, tstar, acc, active, t, t_new, h_new, t1, thr, hmin_rel, s, ell, q, vb):
+    """Member outcomes after a lock-step step (both stages): OK at t1, BLOWUP (with T*) or
+    LARGE past the threshold, NONFINITE when the step size collapsed."""
+    big = acc & (s >= thr)
+    done = acc & (t_new >= t1)
+    tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
+    status = jnp.where(done, MomentStatus.OK, status)
+    status = _big_status(status, big, s, ell, q, vb)
+    tstar = jnp.where(big & (status == MomentStatus.BLOWUP), t_new + remaining_time(s, ell, q), tstar)
+    return jnp.where(tiny, MomentStatus.NONFINITE, status), tstar
 
 
 def _errnorm(e, y0, y1, rtol, atol, axes):
@@ -239,14 +245,8 @@ def _explicit_round(carry, A, B, V, b, t1, thr, rtol, atol, max_iter, min_active
         nstiff = jnp.where(nonstiff >= 6, 0, nstiff)
         # Member outcomes.
         s, ell, q = _indicators_bl(S, kS, A)
-        big = acc & (s >= thr)
-        done = acc & (t_new >= t1)
-        tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
-        status = jnp.where(done, MomentStatus.OK, status)
-        status = _big_status(status, big, s, ell, q, vb)
-        tstar = jnp.where(big & (status == MomentStatus.BLOWUP),
-                          t_new + remaining_time(s, ell, q), c["tstar"])
-        status = jnp.where(tiny, MomentStatus.NONFINITE, status)
+        status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
+                                  hmin_rel, s, ell, q, vb)
         status = jnp.where((status == ACTIVE) & (nstiff >= 15), HANDOFF, status).astype(jnp.int32)
         c = dict(t=t_new, h=h_new, m=m, S=S, km=km, kS=kS, status=status, tstar=tstar,
                  nacc=c["nacc"] + acc, nrej=c["nrej"] + (active & ~acc), nstiff=nstiff,
@@ -309,14 +309,9 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
         tot = jnp.sum(S1 * dS, axis=(1, 2))
         ell = lin / safe**2
         q = (tot - lin) / safe**3
-        big = acc & (s >= thr)
-        done = acc & (t_new >= t1)
-        tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
-        status = jnp.where(done, MomentStatus.OK, status)
-        status = _big_status(status, big, s, ell, q, vb)
-        tstar = jnp.where(big & (status == MomentStatus.BLOWUP),
-                          t_new + remaining_time(s, ell, q), c["tstar"])
-        status = jnp.where(tiny, MomentStatus.NONFINITE, status).astype(jnp.int32)
+        status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
+                                  hmin_rel, s, ell, q, vb)
+        status = status.astype(jnp.int32)
         return dict(t=t_new, h=h_new, y=y, status=status, tstar=tstar,
                     nsteps=c["nsteps"] + active, it=c["it"] + 1)
 

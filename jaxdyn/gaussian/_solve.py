@@ -49,7 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
-from .._results import RESULTS, Solution, code, error_if_failed, from_codes
+from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -371,10 +371,7 @@ class MomentSolution(Solution):
     result: RESULTS
     stats: dict
 
-    @property
-    def num_steps(self):
-        """Accepted + rejected steps: ``stats["num_steps"]``."""
-        return self.stats["num_steps"]
+    num_steps = stat("num_steps", "Accepted + rejected steps: ``stats['num_steps']``.")
 
 
 def _save_times(saveat, t1, dtype):
