@@ -21,6 +21,22 @@ def dtype(request):
     return request.param
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.slow_dtype("f32")``: the f32 instances of a test (parametrized by the
+    ``dtype`` fixture) are marked ``slow`` (run with ``-m slow``); the others stay default.
+    Used where one dtype in the default suite checks the property and the other dtype's
+    compilations would double its cost."""
+    for item in items:
+        mark = item.get_closest_marker("slow_dtype")
+        if mark is None or not hasattr(item, "callspec"):
+            continue
+        dt = item.callspec.params.get("dtype")
+        if dt is not None and {np.dtype(np.float32): "f32",
+                               np.dtype(np.float64): "f64"}[np.dtype(dt)] in mark.args:
+            item.add_marker(pytest.mark.slow)
+
+
 def tol(dtype, f32, f64):
     """Pick a tolerance by dtype."""
     return f32 if np.dtype(dtype) == np.float32 else f64
