@@ -21,6 +21,48 @@ def dtype(request):
     return request.param
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.slow_dtype("f32")``: the f32 instances of a test (parametrized by the
+    ``dtype`` fixture) are marked ``slow`` (run with ``-m slow``); the others stay default.
+    Used where one dtype in the default suite checks the property and the other dtype's
+    compilations would double its cost."""
+    for item in items:
+        mark = item.get_closest_marker("slow_dtype")
+        if mark is None or not hasattr(item, "callspec"):
+            continue
+        dt = item.callspec.params.get("dtype")
+        if dt is not None and {np.dtype(np.float32): "f32",
+                               np.dtype(np.float64): "f64"}[np.dtype(dt)] in mark.args:
+            item.add_marker(pytest.mark.slow)
+
+
 def tol(dtype, f32, f64):
     """Pick a tolerance by dtype."""
     return f32 if np.dtype(dtype) == np.float32 else f64
+
+
+def run_once(tmp_path_factory, worker_id, key, compute):
+    """``compute()`` (JSON-able) once per test session, shared by the xdist workers.
+
+    Each worker of ``pytest -n`` has its own session (a module- or session-scoped fixture
+    runs once per worker); an expensive result, such as a subprocess, is computed by the
+    first worker that asks and read back from the shared base temporary directory by the
+    others (they wait on a lock meanwhile)."""
+    import fcntl
+    import json
+
+    if worker_id == "master":  # no xdist
+        return compute()
+    root = tmp_path_factory.getbasetemp().parent
+    path = root / f"{key}.json"
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if path.is_file():
+                return json.loads(path.read_text())
+            data = compute()
+            path.write_text(json.dumps(data))
+            return data
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

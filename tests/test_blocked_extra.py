@@ -39,6 +39,7 @@ def test_formulations_equal_dense(dtype, formulation, normalization):
                                    atol=tol(dtype, 1e-5, 1e-12) * scale)
 
 
+@pytest.mark.slow_dtype("f64")
 def test_default_blocks_and_auto_switch(dtype):
     n = AUTO_BLOCKED_MIN_KEYS + 37
     x, B, _ = _setup(dtype, n, beta=9.0)
@@ -64,6 +65,7 @@ def test_large_beta_float32_hits_are_exact():
                                    atol=1e-5)
 
 
+@pytest.mark.slow_dtype("f32")  # f32 compiles the same programs again (~6 s)
 def test_vmap_over_beta_and_grad_match_dense(dtype):
     x, B, _ = _setup(dtype, 80)
     betas = jnp.asarray([0.5, 3.0, 8.0], dtype)
@@ -80,6 +82,7 @@ def test_vmap_over_beta_and_grad_match_dense(dtype):
     np.testing.assert_allclose(float(g_b), float(g_d), rtol=tol(dtype, 1e-4, 1e-10))
 
 
+@pytest.mark.slow_dtype("f32")
 def test_mixed_query_key_sets(dtype):
     # n ≠ m, keys not the queries: both formulations still agree with dense.
     x, B, _ = _setup(dtype, 70, seed=1)

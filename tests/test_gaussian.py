@@ -41,6 +41,7 @@ def _tols(dtype):
 
 
 @pytest.mark.parametrize("a,c,s0", [(0.3, 0.5, 1.0), (0.0, 0.7, 0.5), (-0.4, 1.0, 2.0)])
+@pytest.mark.slow_dtype("f32")  # f32: a second set of solver compilations
 def test_scalar_blowup_time_matches_closed_form(dtype, a, c, s0):
     T = float(scalar_blowup_time(s0, a, c))
     assert np.isfinite(T)
@@ -86,6 +87,7 @@ def test_scalar_no_blowup_cases():
     np.testing.assert_allclose(float(sol.cov_final[0, 0]), 1.0, rtol=1e-9)
 
 
+@pytest.mark.slow_dtype("f32")
 def test_vi_blowup_time_matches_closed_form(dtype):
     rng = np.random.default_rng(1)
     for _ in range(2):
@@ -182,6 +184,7 @@ def test_invalid_S0_rejected_with_numbers():
 # ----------------------------------------------------------------------------- controls and grad
 
 
+@pytest.mark.slow  # ~10 s of compilation; piecewise controls also run in test_control
 def test_piecewise_control_equals_restarted_solves():
     rng = np.random.default_rng(6)
     A1, A2 = 0.4 * rng.standard_normal((2, D, D))
@@ -223,6 +226,7 @@ def test_grad_through_control_matches_finite_differences():
     np.testing.assert_allclose(g[1, 0, 2], fd, rtol=1e-5)
 
 
+@pytest.mark.slow  # ~7 s
 def test_vmap_over_parameter_stack_and_curves():
     rng = np.random.default_rng(8)
     vs = jnp.asarray([0.5, 1.0, 2.0])
@@ -411,6 +415,7 @@ def test_batch_float32_runs():
 # ----------------------------------------------------------------------------- grids
 
 
+@pytest.mark.slow  # ~6 s; the grids' closed forms are checked one by one above
 def test_scalar_and_vi_grids_match_theory():
     g = scalar_grid(np.linspace(-1, 1, 5), np.linspace(-1, 1, 6), 1.0, t1=1.0, **KW64)
     bu = g.status == MomentStatus.BLOWUP

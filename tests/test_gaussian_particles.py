@@ -81,6 +81,7 @@ def _ensemble(dtype):
     return _ENSEMBLE[key]
 
 
+@pytest.mark.slow_dtype("f64")  # f64 (N = 20 000): ~20 s
 def test_particles_match_closure_within_3_standard_errors(dtype):
     """N = 20 000 particles (float64; 5 000 in float32) from one seed against the float64
     closure at t = 0.25, 0.5: every mean and covariance entry within 3 standard errors."""
@@ -112,6 +113,7 @@ def test_particles_match_closure_within_3_standard_errors(dtype):
     assert np.all(tilt_index(Cc, P["B"]) < 0.85)
 
 
+@pytest.mark.slow_dtype("f64")  # the f64 ensemble is the 3-SE test's
 def test_error_against_n_has_slope_minus_half(dtype):
     ens = _ensemble(dtype)
     ts = ens[N_SMALL[0]]["ts"]
@@ -177,6 +179,7 @@ def test_relu_with_zero_A_is_the_identity_model(dtype):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow_dtype("f32")
 def test_blowup_particles_stay_finite_and_part_from_the_closure(dtype):
     model = make_model(PB, "identity", dtype)
     x0s = _clouds(400, 2, PB, dtype, offset=5)

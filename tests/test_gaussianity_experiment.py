@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("safetensors")
 
 
+@pytest.mark.slow  # the whole experiment (~16 s); the measurement on a small encoder is in test_gaussianity
 @pytest.mark.models
 def test_gaussianity_kind_flags_the_control(tmp_path):
     from jaxdyn.encoder._bert import find_minilm

@@ -61,6 +61,7 @@ def test_diffrax_reference_stays_on_sphere():
     assert float(jnp.max(jnp.abs(jnp.linalg.norm(tr.xs, axis=-1) - 1))) < 1e-8
 
 
+@pytest.mark.slow_dtype("f32")
 def test_rotation_equivariance_identity_weights(dtype):
     d = 3
     eye = jnp.eye(d, dtype=dtype)
@@ -73,6 +74,7 @@ def test_rotation_equivariance_identity_weights(dtype):
     np.testing.assert_allclose(np.asarray(a @ R.T), np.asarray(b), atol=tol(dtype, 2e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")
 def test_single_cluster_identity_weights(dtype):
     """GLPR: for Q = K = V = I, d = 3, almost every start collapses to one cluster."""
     eye = jnp.eye(3, dtype=dtype)
@@ -87,6 +89,7 @@ def test_single_cluster_identity_weights(dtype):
     assert bool(jnp.all(jnp.diff(mean_ip) > -1e-6))  # monotone approach
 
 
+@pytest.mark.slow_dtype("f32")
 def test_vmap_over_beta_equals_separate_runs(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     betas = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -100,6 +103,7 @@ def test_vmap_over_beta_equals_separate_runs(dtype):
                                    atol=tol(dtype, 1e-5, 1e-13), rtol=0)
 
 
+@pytest.mark.slow_dtype("f32")
 def test_vmap_over_initial_conditions(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)

@@ -54,7 +54,9 @@ def test_kernel_matches_double_loop(dtype, normalization, kernel):
     np.testing.assert_allclose(field, proj, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 2e-5, 1e-12))
 
 
-@pytest.mark.parametrize("n", [1, 5, 511, 513, 1030])
+# 511 and 1030 (more remainders of the same block layouts) under -m slow: ~40 s of compiles
+@pytest.mark.parametrize("n", [1, 5, pytest.param(511, marks=pytest.mark.slow), 513,
+                               pytest.param(1030, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
 def test_blocked_equals_dense(dtype, n, normalization):
     d = 3

@@ -182,8 +182,13 @@ def test_gauge_offset_in_warm_start_still_converges():
     assert bool(np.all(np.asarray(conv))), np.asarray(iters)
 
 
-def test_multiscale_equals_dense_solver(dtype):
-    x, y = _clusters(3000, seed=9)
+@pytest.mark.parametrize("dtype, n", [
+    pytest.param(np.float32, 1000, id="f32-1000"),  # the default suite's instance (~10 s)
+    pytest.param(np.float32, 3000, id="f32-3000", marks=pytest.mark.slow),  # ~50 s
+    pytest.param(np.float64, 3000, id="f64-3000", marks=pytest.mark.slow),  # ~90 s
+])
+def test_multiscale_equals_dense_solver(dtype, n):
+    x, y = _clusters(n, seed=9)
     x, y = x.astype(dtype), y.astype(dtype)
     dense = w2_sinkhorn(x, y, multiscale=False)
     ms = w2_sinkhorn(x, y, multiscale=True)
@@ -194,13 +199,14 @@ def test_multiscale_equals_dense_solver(dtype):
     assert ms.epsilon <= 0.005 * ms.divergence * 1.05
 
 
+@pytest.mark.parametrize("n", [500, pytest.param(2000, marks=pytest.mark.slow)])  # 2000: ~45 s
 @pytest.mark.parametrize("case", ["clusters", "spread"])
-def test_multiscale_within_1_percent_of_exact(case):
+def test_multiscale_within_1_percent_of_exact(case, n):
     if case == "clusters":
-        x, y = _clusters(2000, seed=10)
+        x, y = _clusters(n, seed=10)
     else:
         rng = np.random.default_rng(10)
-        x, y = _unit(rng.standard_normal((2000, 3))), _unit(rng.standard_normal((2000, 3)))
+        x, y = _unit(rng.standard_normal((n, 3))), _unit(rng.standard_normal((n, 3)))
     x, y = x.astype(np.float32), y.astype(np.float32)
     exact = w2_exact(x, y)
     res = w2_sinkhorn(x, y, multiscale=True)

@@ -27,7 +27,7 @@ from jaxdyn.simulation._sharding import (
     sharded_vmap,
     sweep_mesh,
 )
-from conftest import tol
+from conftest import run_once, tol
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def _run_worker(code, env_extra, timeout=240):
 
 
 SHARDED_WORKER = """
-import json, sys
+import json, os, sys
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
@@ -54,6 +54,8 @@ from jaxdyn.simulation._sharding import sharded_vmap, query_sharded_field, query
 
 out = {"devices": len(jax.devices())}
 for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
+    if name not in os.environ["SHARDED_DTYPES"].split(","):
+        continue
     r = {}
     rng = np.random.default_rng(0)
     d = 3
@@ -103,11 +105,22 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def four_devices():
-    return _run_worker(SHARDED_WORKER, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+def four_devices(request, tmp_path_factory, worker_id):
+    # one subprocess (about 20 s) for the whole session, for the dtypes of the selected tests
+    # (f64, whose tolerance is 1e-12, by default; f32 under -m slow: 1-device sharded_vmap
+    # in f32 is checked in-process below)
+    names = sorted({it.callspec.params["name"] for it in request.session.items
+                    if "four_devices" in getattr(it, "fixturenames", ())})
+    return run_once(tmp_path_factory, worker_id, "four_devices_" + "_".join(names),
+                    lambda: _run_worker(SHARDED_WORKER, {
+                        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                        "SHARDED_DTYPES": ",".join(names)}))
 
 
-@pytest.mark.parametrize("name", ["f32", "f64"])
+NAMES = ["f64", pytest.param("f32", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_sweep_sharded_over_four_devices_equals_unsharded(four_devices, name):
     assert four_devices["devices"] == 4
     r = four_devices[name]
@@ -119,7 +132,7 @@ def test_sweep_sharded_over_four_devices_equals_unsharded(four_devices, name):
         assert r[label]["maxdiff"] <= atol, (label, r[label])
 
 
-@pytest.mark.parametrize("name", ["f32", "f64"])
+@pytest.mark.parametrize("name", NAMES)
 def test_query_sharded_field_equals_unsharded(four_devices, name):
     rtol = tol(np.float32 if name == "f32" else np.float64, 1e-5, 1e-12)
     for label, (diff, scale) in four_devices[name]["fields"].items():
