@@ -293,6 +293,20 @@ def test_bures_matches_scipy_sqrtm(seed):
     assert got == pytest.approx(_bures_scipy(m0, S0, m1, S1), rel=1e-12)
 
 
+def _bures_sq_mpmath(S0, S1, dps=50):
+    """W2² between N(0, S0) and N(0, S1) in 50-digit arithmetic (the float64 matrices taken
+    exactly): an independent reference whose own error is far below float64's."""
+    import mpmath
+
+    with mpmath.workdps(dps):
+        A, B = mpmath.matrix(S0.tolist()), mpmath.matrix(S1.tolist())
+        w, U = mpmath.eigsy(B)
+        r1 = U * mpmath.diag([mpmath.sqrt(max(x, 0)) for x in w]) * U.T
+        c = mpmath.eigsy(r1 * A * r1, eigvals_only=True)
+        tr = sum(A[i, i] + B[i, i] for i in range(A.rows)) - 2 * sum(mpmath.sqrt(max(x, 0)) for x in c)
+        return float(tr)
+
+
 def test_bures_ill_conditioned_matches_scipy():
     # cond 1e8 and 1e6: ott-jax 0.6's Newton-Schulz Bures is off by ~1e-3 here
     rng = np.random.default_rng(7)
@@ -302,9 +316,12 @@ def test_bures_ill_conditioned_matches_scipy():
     ref = _bures_scipy(m, S0, m, S1)
     got = float(bures_w2(m, S0, m, S1))
     assert got == pytest.approx(ref, rel=1e-9)
-    # and W2^2 itself, absolutely, against the scale tr S0 + tr S1
+    # and W2^2 itself, absolutely, against the scale tr S0 + tr S1, with a 50-digit reference
+    # (scipy's sqrtm is itself off by 1.6e-12 here: the eigenvalues of S1^½ S0 S1^½ near 1e-14
+    # lose their digits under the square root; so did jaxdyn's before it took singular values)
     sq = float(bures_w2_squared(m, S0, m, S1))
-    assert abs(sq - ref**2) <= 1e-12 * (np.trace(S0) + np.trace(S1))
+    exact = _bures_sq_mpmath(S0, S1)
+    assert abs(sq - exact) <= 1e-12 * (np.trace(S0) + np.trace(S1))
 
 
 def test_bures_singular_covariances():

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ..distances import bures_w2
+from ..distances import bures_w2, sqrtm_psd
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -177,11 +177,6 @@ def _bures_pairs(m0, s0, m1, s1):
     return jax.lax.map(lambda a: bures_w2(*a), (m0, s0, m1, s1))
 
 
-def _half(cov):
-    lam, u = jnp.linalg.eigh(cov)
-    return jnp.matmul(u * jnp.sqrt(jnp.clip(lam, 0.0)), u.T, precision=_HIGHEST)
-
-
 @eqx.filter_jit
 def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
     """h: (L1, n, d). Returns (values, floors) dicts of arrays.
@@ -195,7 +190,7 @@ def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
     k_dirs, k_clouds = jax.random.split(key)
     dirs = random_directions(k_dirs, d, n_dirs, h.dtype)
     m_data, cov_data = jax.vmap(moments)(h)
-    half_data = jax.lax.map(_half, cov_data)  # not vmap: see _bures_pairs
+    half_data = jax.lax.map(sqrtm_psd, cov_data)  # not vmap: see _bures_pairs
 
     def one_cloud(args):
         layer, r, k = args
