@@ -73,3 +73,22 @@ def test_uniform_and_mixture_moments():
     assert abs(w.mean() - expect) < 4 * w.std() / np.sqrt(w.size)
     with pytest.raises(ValueError, match="weight"):
         jaxdyn.sample_mixture(jax.random.PRNGKey(3), 10, 4, weight=1.0)
+
+
+def test_traced_beta_is_checked_under_jit():
+    """A β computed inside jit cannot raise at construction; eqx.error_if raises at run time."""
+    import equinox as eqx
+
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
+
+    @jax.jit
+    def run(beta):
+        m = jaxdyn.SphereAttention(jnp.eye(3), jnp.eye(3), jnp.eye(3), beta)
+        return m(0.0, x0)
+
+    assert np.all(np.isfinite(np.asarray(run(2.0))))
+    # equinox raises EquinoxRuntimeError; through XLA:CPU's callback it can arrive wrapped in
+    # the runtime's ValueError — either way the message names the field
+    with pytest.raises((eqx.EquinoxRuntimeError, ValueError),
+                       match=r"beta \(inverse temperature\) must be > 0"):
+        jax.block_until_ready(run(-1.0))

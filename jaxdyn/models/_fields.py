@@ -110,8 +110,12 @@ class SphereAttention(AbstractQKVModel):
         if self.beta.ndim != 0:
             raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}; to sweep β, vmap "
                              "over a stack of models (jaxdyn.stack_models)")
-        if _is_concrete(self.beta) and not bool(self.beta > 0):
-            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
+        if _is_concrete(self.beta):
+            if not bool(self.beta > 0):
+                raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
+        else:  # built under jit/vmap (e.g. a β computed in a traced sweep): checked at run time
+            self.beta = eqx.error_if(self.beta, ~(self.beta > 0),
+                                     "SphereAttention: beta (inverse temperature) must be > 0")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if normalization not in NORMALIZATIONS:
