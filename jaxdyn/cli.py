@@ -75,7 +75,12 @@ def _cmd_run(args):
     _prepare_precision(raw)
     from .experiments import resolve_config, run_experiment
 
-    cfg = resolve_config(raw)  # errors before any compute
+    try:
+        cfg = resolve_config(raw)  # errors before any compute
+    except ConfigError as e:
+        if args.resume and args.config is None:
+            raise ConfigError(f"--resume {args.resume}: its {CONFIG_FILE}: {e}") from None
+        raise
     out = Path(args.resume or args.out or Path("runs") / f"{cfg['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir = out
     res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,

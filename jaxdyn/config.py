@@ -112,7 +112,11 @@ def _coerce(path: str, value, f: Field):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
             raise ConfigError(f"config field '{path}': expected an integer ({what}), got {value!r}")
         value = int(value)
-        if not -2**63 <= value < 2**63:
+        if path.split(".")[-1].split("[")[0] == "seed":
+            # PRNGKey(seed) keeps 32 bits without x64: 2**32 would silently equal 0.
+            if not 0 <= value < 2**32:
+                raise ConfigError(f"config field '{path}': a seed must be in [0, 2**32), got {value}")
+        elif not -2**63 <= value < 2**63:
             raise ConfigError(f"config field '{path}': {value} is out of range (a 64-bit integer, "
                               f"|value| < 2**63)")
     elif k == "float":
