@@ -662,3 +662,48 @@ def test_float16_after_normalize_is_accepted():
                           t1=0.1, dt=0.05)
     assert list(np.atleast_1d(sol.names)) == ["successful"]
     assert np.allclose(np.linalg.norm(np.asarray(sol.xs[-1], np.float64), axis=-1), 1, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- kill / resume
+
+
+def test_killed_during_the_merge_resumes(in_tmp, capsys, finished):
+    """SIGKILL during the merge leaves every chunk, summary 'running', no data.nc and perhaps
+    a temporary file: the resume recomputes nothing, removes the temporary, gives the same data."""
+    run = _copy_run(finished, in_tmp)
+    (run / "data.nc").unlink()
+    (run / ".data.nc.k1ll3d.tmp").write_bytes(b"\0" * 4096)
+    s = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**s, "status": "running"}))
+    before = _snapshot(in_tmp, run)
+    computed = []
+    res = run_experiment(TINY, run, resume=True, compute_hook=computed.append, **QUIET)
+    assert res.status == "ok" and computed == [] and res.chunks_skipped == 3
+    assert not (run / ".data.nc.k1ll3d.tmp").exists()
+    xr.testing.assert_identical(jio.open_results(run).drop_attrs(),
+                                jio.open_results(finished).drop_attrs())
+    assert _snapshot(in_tmp, run) == before
+
+
+def test_ctrl_c_mid_sweep_resumes(in_tmp, capsys, finished, monkeypatch):
+    """Ctrl-C after the first chunk: exit 130, status interrupted, the hint names the folder;
+    the resume computes only the two missing chunks and gives the uninterrupted data."""
+    out = in_tmp / "run"
+    real = engine.run_experiment
+
+    def interrupting(*a, **k):
+        def hook(ci):
+            if ci == 0:
+                raise KeyboardInterrupt
+        return real(*a, **{**k, "compute_hook": hook})
+
+    monkeypatch.setattr("jaxdyn.experiments.run_experiment", interrupting)
+    rc, _, err = _main(["run", _yaml(in_tmp, TINY), "--out", str(out), "--quiet"], capsys)
+    assert rc == 130 and f"resume with: jaxdyn run --resume {out}" in err, err
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    monkeypatch.undo()
+    computed = []
+    res = run_experiment(TINY, out, resume=True, compute_hook=computed.append, **QUIET)
+    assert computed == [1, 2] and res.status == "ok"
+    xr.testing.assert_identical(jio.open_results(out).drop_attrs(),
+                                jio.open_results(finished).drop_attrs())

@@ -304,7 +304,8 @@ def _prepare_folder(out: Path, h: str, *, resume: bool, force: bool):
             raise ConfigError(f"--resume {out}: the config differs from the one that wrote these "
                               "results; use another --out, or resume without a CONFIG")
         return
-    entries = sorted(p.name for p in out.iterdir() if p.name != jio.LOCK_FILE)
+    entries = sorted(p.name for p in out.iterdir()
+                     if p.name != jio.LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     if not entries:
         return
     chunk_dir = out / jio.CHUNK_DIR
@@ -329,6 +330,16 @@ def _prepare_folder(out: Path, h: str, *, resume: bool, force: bool):
     what = ("a run of another config" if old_hash is not None and old_hash != h
             else "not a run of this config")
     raise ConfigError(f"--out {out} is not empty and is {what} (it holds {listed}); {hint}")
+
+
+def _remove_stale_temporaries(out: Path):
+    """Temporary files of an earlier process killed mid-write (``.NAME.XXXX.tmp``, see
+    :mod:`jaxdyn.io`); safe under the lock: no other writer is in this folder."""
+    for d in (out, out / jio.CHUNK_DIR):
+        if d.is_dir():
+            for p in d.glob(".*.tmp"):
+                if p.is_file():
+                    p.unlink()
 
 
 def _read_text(path: Path) -> str:
@@ -429,6 +440,7 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     try:
         if writer:
             _prepare_folder(out, h, resume=resume, force=force)
+            _remove_stale_temporaries(out)
             jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
         return _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer,
                            peak_est, process_est, allowance, progress, log, compute_hook)
