@@ -233,7 +233,7 @@ def test_memory_check_uses_ulimit(monkeypatch):
 
 def test_device_memory_check(monkeypatch):
     monkeypatch.setattr(engine, "_device_memory_limit", lambda: 2**20)
-    with pytest.raises(ConfigError, match="on the device"):
+    with pytest.raises(ConfigError, match="on each device"):
         engine.check_memory({"n": 5}, 2**21, 2**21, 2**22)
 
 

@@ -96,14 +96,20 @@ def point_config(cfg, point) -> dict:
     return pc
 
 
-def _memory_budget(cfg) -> int:
+def _memory_budget(cfg, n_devices: int = 1) -> int:
+    """Bytes for one chunk: ``memory_budget_gb``, else a quarter of RAM, and at most half of
+    the accelerators' memory (one chunk is sharded over ``n_devices``)."""
     if cfg.get("memory_budget_gb"):
         return int(cfg["memory_budget_gb"] * 2**30)
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         total = 8 * 2**30
-    return total // 4
+    budget = total // 4
+    dev = _device_memory_limit()
+    if dev is not None:
+        budget = min(budget, n_devices * dev // 2)
+    return budget
 
 
 def plan_chunks(cfg, kind, points, n_devices: int = 1):
@@ -113,7 +119,7 @@ def plan_chunks(cfg, kind, points, n_devices: int = 1):
     for i, p in enumerate(points):
         key = json.dumps({k: v for k, v in p.items() if k not in batch}, sort_keys=True)
         groups.setdefault(key, []).append(i)
-    budget = _memory_budget(cfg)
+    budget = _memory_budget(cfg, n_devices)
     chunks, est = [], {}
     for idxs in groups.values():
         pc = point_config(cfg, points[idxs[0]])
@@ -264,7 +270,7 @@ def _device_memory_limit():
     return stats.get("bytes_limit")
 
 
-def check_memory(cfg, per_point: int, peak_chunk: int, process: int):
+def check_memory(cfg, per_point: int, peak_chunk: int, process: int, n_devices: int = 1):
     """Refuse (``ConfigError``) before any allocation a run whose memory estimate exceeds
     what the host (or one device) has, naming the field that drives it and the estimate."""
     avail, where = _host_memory_available()
@@ -280,8 +286,9 @@ def check_memory(cfg, per_point: int, peak_chunk: int, process: int):
         raise ConfigError(f"{field}: the run needs an estimated {mib(process)} of memory "
                           f"({mib(per_point)} per grid point), more than the {mib(avail)} {where}; "
                           "make it smaller")
-    if dev_limit is not None and peak_chunk > dev_limit:
-        raise ConfigError(f"{field}: a chunk needs an estimated {mib(peak_chunk)} on the device, "
+    per_device = max(per_point, -(-peak_chunk // max(n_devices, 1)))
+    if dev_limit is not None and per_device > dev_limit:
+        raise ConfigError(f"{field}: a chunk needs an estimated {mib(per_device)} on each device, "
                           f"more than its {mib(dev_limit)}; make it smaller (or set chunk_size)")
 
 
@@ -430,7 +437,7 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
                     for p in points)
     allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (n_dev - 1)
     process_est = base_rss + allowance + 2 * peak_est + 3 * out_bytes
-    check_memory(cfg, per_point, peak_est, process_est)
+    check_memory(cfg, per_point, peak_est, process_est, n_dev)
 
     cfg_file = out / jio.CONFIG_FILE
     lock = None
