@@ -191,6 +191,14 @@ def main(argv=None):
         hint = f"; finished chunks are kept, resume with: jaxdyn run --resume {where}" if where else ""
         print(f"jaxdyn: error: {type(e).__name__}: {what}{name}{hint}", file=sys.stderr)
         return EXIT_FAILED
+    except Exception as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise  # a bug: the traceback is the report (summary.json says failed)
+        where = getattr(args, "out_dir", None)
+        hint = f"; finished chunks are kept, resume with: jaxdyn run --resume {where}" if where else ""
+        print(f"jaxdyn: error: out of memory ({' '.join(str(e).split())[:160]}): lower n or set a "
+              f"smaller chunk_size / memory_budget_gb{hint}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         for sig, h in old_handlers.items():
             signal.signal(sig, h)

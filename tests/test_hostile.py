@@ -707,3 +707,16 @@ def test_ctrl_c_mid_sweep_resumes(in_tmp, capsys, finished, monkeypatch):
     assert computed == [1, 2] and res.status == "ok"
     xr.testing.assert_identical(jio.open_results(out).drop_attrs(),
                                 jio.open_results(finished).drop_attrs())
+
+
+def test_device_out_of_memory_is_one_line(in_tmp, capsys, monkeypatch):
+    from jaxdyn.experiments import sphere
+
+    def run_points(pcs):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.0TiB.")
+
+    monkeypatch.setattr(sphere, "run_points", run_points)
+    out = in_tmp / "run"
+    rc, _, err = _main(["run", _yaml(in_tmp, TINY), "--out", str(out), "--quiet"], capsys)
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "out of memory" in err, err
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
