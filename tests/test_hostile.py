@@ -720,3 +720,9 @@ def test_device_out_of_memory_is_one_line(in_tmp, capsys, monkeypatch):
     rc, _, err = _main(["run", _yaml(in_tmp, TINY), "--out", str(out), "--quiet"], capsys)
     assert rc == 1 and len(err.strip().splitlines()) == 1 and "out of memory" in err, err
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+
+
+def test_library_resume_of_nothing_makes_no_folder(tmp_path):
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        run_experiment(TINY, tmp_path / "nowhere", resume=True, **QUIET)
+    assert not (tmp_path / "nowhere").exists()

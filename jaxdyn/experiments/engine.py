@@ -418,6 +418,8 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     h = config_hash(cfg)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
+    if resume and not (out / jio.CONFIG_FILE).is_file():
+        raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
     import jax
 
     # With several processes (jax.distributed), all compute and process 0 writes; the
