@@ -35,6 +35,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` (flattened by PyYAML)
+                continue
             try:
                 key = self.construct_object(key_node, deep=True)
                 hash(key)
@@ -54,7 +56,7 @@ def parse_yaml(text: str, where: str):
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        msg = " ".join(str(e).split())
+        msg = " ".join(str(e).split()).replace(' in "<unicode string>"', "")
         raise ConfigError(f"{where} is not valid YAML: {msg}") from None
 
 
