@@ -1,7 +1,8 @@
 """The ``jaxdyn`` command line.
 
     jaxdyn run [CONFIG] [--out DIR] [--set KEY=VALUE ...]   run an experiment (no CONFIG: the
-                                                          embedded default)
+                                                          embedded default); --force to run
+                                                          into a non-empty foreign DIR
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR                                      redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
