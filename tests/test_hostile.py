@@ -648,10 +648,12 @@ def _write_tmp(text):
 
 
 @pytest.mark.parametrize("case,call,exc,needle", LIBRARY, ids=[c[0] for c in LIBRARY])
-def test_library_refusals(case, call, exc, needle):
+def test_library_refusals(in_tmp, case, call, exc, needle):
+    before = _snapshot(in_tmp, None)
     with pytest.raises(exc) as ei:
         call()
     assert needle in str(ei.value), str(ei.value)
+    assert _snapshot(in_tmp, None) == before  # nothing written in the working folder
     for d in _TMP:
         shutil.rmtree(d, ignore_errors=True)
     _TMP.clear()

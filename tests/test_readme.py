@@ -9,8 +9,8 @@ The rule, block by block (a block is a fenced ```python, ```bash or ```text bloc
   same config, smaller: the data have the same variables, dimensions and coordinates).
   A claim a block's comment makes is asserted on its namespace afterwards.
 * ```bash blocks are parsed by ``bash -n``. They install packages or run whole
-  experiments (minutes each), so they are checked, not run: every ``jaxdyn run CONFIG``
-  resolves (``jaxdyn config CONFIG`` exits 0, in-process); ``jaxdyn run`` without a
+  experiments (minutes each), so they are checked, not run: every ``jaxdyn …`` command line
+  parses with the CLI's own parser; every ``jaxdyn run CONFIG`` resolves (``jaxdyn config CONFIG`` exits 0, in-process); ``jaxdyn run`` without a
   CONFIG is the one run above (tiny override); every ``pip install -e ".[EXTRAS]"`` names
   extras that pyproject.toml declares; every ``benchmarks/…``/``configs/…`` path exists.
 * ```text blocks (the Layout tree) are not code: every ``jaxdyn/…`` path they name exists.
@@ -75,7 +75,13 @@ def test_bash_blocks(tmp_path, capsys):
         for path in re.findall(r"\b((?:configs|benchmarks)/[\w./-]+\.(?:yaml|py|sh))", code):
             assert (ROOT / path).exists(), (start, path)
         for args in _jaxdyn_commands(code):
-            assert args[0] == "run", (start, args)
+            try:  # every jaxdyn command line parses (report, config, … included)
+                cli.build_parser().parse_args(args)
+            except SystemExit:
+                pytest.fail(f"README.md:{start}: `jaxdyn {' '.join(args)}` does not parse: "
+                            f"{capsys.readouterr().err}")
+            if args[0] != "run":
+                continue
             config, rest = [], iter(args[1:])
             for a in rest:
                 if a in ("--out", "--resume", "--set"):
