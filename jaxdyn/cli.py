@@ -1,10 +1,16 @@
 """The ``jaxdyn`` command line.
 
     jaxdyn run [CONFIG] [--out DIR] [--set KEY=VALUE ...]   run an experiment (no CONFIG: the
-                                                          embedded default)
+                                                          embedded default); --force to run
+                                                          into a non-empty foreign DIR
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR                                      redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
+
+Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
+as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
+(the message names it); 3 finished with non-finite states; 4 another run holds the folder;
+128 + the signal number (130 Ctrl-C, 143 SIGTERM) when interrupted.
 
 On CPU the host cores are exposed as JAX devices (``--xla_force_host_platform_device_count``)
 before JAX starts, so sweeps shard over them; ``--no-host-devices`` or the environment
@@ -45,37 +51,48 @@ def _prepare_precision(raw):
         jax.config.update("jax_enable_x64", True)
 
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_LOCKED = 0, 1, 2, 3, 4
+
+
 def _cmd_run(args):
-    from .config import ConfigError
+    from .config import ConfigError, load_yaml
     from .io import CONFIG_FILE
 
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise ConfigError("give either --out DIR or --resume DIR, not both")
+    if args.resume and args.force:
+        raise ConfigError("--force overwrites a folder; it cannot be combined with --resume")
     if args.resume and args.config is None:
-        import yaml
-
         cfg_path = Path(args.resume) / CONFIG_FILE
+        if not Path(args.resume).is_dir():
+            raise ConfigError(f"--resume {args.resume}: no such folder")
         if not cfg_path.exists():
             raise ConfigError(f"--resume {args.resume}: no {CONFIG_FILE} there; nothing to resume")
-        raw = yaml.safe_load(cfg_path.read_text())
         if args.set:
             raise ConfigError("--set cannot change a run being resumed")
+        raw = load_yaml(cfg_path)
     else:
         raw = _load_raw(args.config, args.set)
     _prepare_precision(raw)
     from .experiments import resolve_config, run_experiment
 
-    cfg = resolve_config(raw)  # errors before any compute
+    try:
+        cfg = resolve_config(raw)  # errors before any compute
+    except ConfigError as e:
+        if args.resume and args.config is None:
+            raise ConfigError(f"--resume {args.resume}: its {CONFIG_FILE}: {e}") from None
+        raise
     out = Path(args.resume or args.out or Path("runs") / f"{cfg['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir = out
-    res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet)
+    res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,
+                         force=args.force)
     if res.status == "ok":
         print(f"jaxdyn: done in {res.summary['elapsed_seconds']:.1f}s; results in {out}/ "
               f"({', '.join(['config.yaml', 'summary.json', 'data.nc'] + [Path(f).name for f in res.figures])})")
         return 0
     print(f"jaxdyn: run finished with status '{res.status}': {res.summary.get('message', '')}; "
           f"see {out}/summary.json", file=sys.stderr)
-    return 3
+    return EXIT_NONFINITE
 
 
 def _cmd_report(args):
@@ -102,6 +119,9 @@ def _cmd_config(args):
 
 
 def _raise_interrupt(signum, frame):
+    from .io import PENDING_SIGNALS
+
+    PENDING_SIGNALS.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -116,6 +136,9 @@ def build_parser():
     r.add_argument("--resume", metavar="DIR", help="resume the run in DIR, skipping finished chunks")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field, e.g. --set n=512 --set sweep.beta=[1,10]")
+    r.add_argument("--force", action="store_true",
+                   help="run into a non-empty --out that is not a run of this config, replacing "
+                        "the results there (other files are left alone)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
@@ -135,19 +158,52 @@ def main(argv=None):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _host_devices(args.no_host_devices)
     # SIGTERM (a pre-empted job) ends the run like Ctrl-C: finished chunks stay on disk.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    from .io import PENDING_SIGNALS
+
+    PENDING_SIGNALS.clear()
+    old_handlers = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            old_handlers[sig] = signal.signal(sig, _raise_interrupt)
+        except ValueError:  # not the main thread: the caller handles signals
+            pass
     from .config import ConfigError
 
     try:
-        return args.func(args)
+        rc = args.func(args)
+        if PENDING_SIGNALS:  # a signal whose exception Python swallowed (a GC callback)
+            raise KeyboardInterrupt(f"signal {PENDING_SIGNALS[-1]}")
+        return rc
     except ConfigError as e:
+        from .experiments.engine import RunLockedError
+
         print(f"jaxdyn: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_LOCKED if isinstance(e, RunLockedError) else EXIT_BAD_INPUT
     except KeyboardInterrupt:
         where = getattr(args, "out_dir", None)
         hint = f"; resume with: jaxdyn run --resume {where}" if where else ""
         print(f"jaxdyn: interrupted; finished chunks are kept{hint}", file=sys.stderr)
-        return 130
+        signum = PENDING_SIGNALS[-1] if PENDING_SIGNALS else signal.SIGINT
+        return 128 + int(signum)
+    except OSError as e:  # a full disk, a permission lost mid-run: one line, status failed
+        where = getattr(args, "out_dir", None)
+        what = e.strerror or str(e)
+        name = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        hint = f"; finished chunks are kept, resume with: jaxdyn run --resume {where}" if where else ""
+        print(f"jaxdyn: error: {type(e).__name__}: {what}{name}{hint}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise  # a bug: the traceback is the report (summary.json says failed)
+        where = getattr(args, "out_dir", None)
+        hint = f"; finished chunks are kept, resume with: jaxdyn run --resume {where}" if where else ""
+        print(f"jaxdyn: error: out of memory ({' '.join(str(e).split())[:160]}): lower n or set a "
+              f"smaller chunk_size / memory_budget_gb{hint}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        PENDING_SIGNALS.clear()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,6 +28,38 @@ class ConfigError(ValueError):
     """A config field is wrong: the message names it and the expected form."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (tags such as ``!!python/...`` are refused, never executed) that
+    also refuses a key given twice in one mapping (YAML itself would keep the last value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` (flattened by PyYAML)
+                continue
+            try:
+                key = self.construct_object(key_node, deep=True)
+                hash(key)
+            except Exception:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; "
+                    f"first given on line {seen[key]})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, where: str):
+    """Parse YAML text safely (no tags executed, duplicate keys refused); a problem is a
+    :class:`ConfigError` naming ``where`` (a file or an override)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        msg = " ".join(str(e).split()).replace(' in "<unicode string>"', "")
+        raise ConfigError(f"{where} is not valid YAML: {msg}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One config field.
@@ -82,6 +114,13 @@ def _coerce(path: str, value, f: Field):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
             raise ConfigError(f"config field '{path}': expected an integer ({what}), got {value!r}")
         value = int(value)
+        if path.split(".")[-1].split("[")[0] == "seed":
+            # PRNGKey(seed) keeps 32 bits without x64: 2**32 would silently equal 0.
+            if not 0 <= value < 2**32:
+                raise ConfigError(f"config field '{path}': a seed must be in [0, 2**32), got {value}")
+        elif not -2**63 <= value < 2**63:
+            raise ConfigError(f"config field '{path}': {value} is out of range (a 64-bit integer, "
+                              f"|value| < 2**63)")
     elif k == "float":
         if isinstance(value, str):
             try:
@@ -214,10 +253,15 @@ def load_yaml(path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    data = parse_yaml(text, f"config file {path}")
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: expected a mapping at the top level")
     return dict(data)
@@ -229,7 +273,7 @@ def default_config_text() -> str:
 
 
 def default_config() -> dict:
-    return yaml.safe_load(default_config_text())
+    return parse_yaml(default_config_text(), "the embedded default config")
 
 
 def config_hash(cfg: Mapping) -> str:
@@ -246,10 +290,12 @@ def apply_overrides(raw: dict, overrides) -> dict:
             raise ConfigError(f"override {item!r}: expected KEY=VALUE (e.g. n=512 or sweep.beta=[1,10])")
         key, val = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty field name in {key!r}")
         node = raw
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: '{p}' is not a section")
-        node[parts[-1]] = yaml.safe_load(val)
+        node[parts[-1]] = parse_yaml(val, f"override {item!r}")
     return raw

@@ -1,8 +1,10 @@
 """Results on disk: atomic writes, chunk files, the merged xarray Dataset.
 
-Everything is written to a temporary name in the same folder and renamed into place
+Everything is written to a unique temporary name in the same folder and renamed into place
 (``os.replace`` is atomic on POSIX): a reader never sees a half-written file under its
-final name, and an interrupted run leaves only finished chunks.
+final name, an interrupted run leaves only finished chunks, and a failed write (a full
+disk) leaves no temporary file. Files get the ordinary mode (0666 less the umask: 0644
+by default), so colleagues on a shared file system can read every result.
 """
 
 from __future__ import annotations
@@ -19,6 +21,28 @@ DATA_FILE = "data.nc"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 CHUNK_DIR = "chunks"
+LOCK_FILE = ".jaxdyn.lock"
+
+# Signals seen by the CLI's handler. Its KeyboardInterrupt can be swallowed (Python ignores
+# exceptions raised in garbage-collection callbacks such as XLA's); the engine checks this
+# list between steps so that the run still ends as interrupted.
+PENDING_SIGNALS: list = []
+
+
+def file_mode() -> int:
+    """The mode of a newly created ordinary file: 0666 less the process umask."""
+    old = os.umask(0o022)
+    os.umask(old)
+    return 0o666 & ~old
+
+
+def temp_path(path) -> Path:
+    """A fresh, unique temporary name next to ``path`` (created empty, with :func:`file_mode`)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, file_mode())
+    os.close(fd)
+    return Path(tmp)
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
@@ -26,6 +50,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -88,19 +113,42 @@ def write_chunk(path, arrays: dict, meta: dict) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def read_chunk(path):
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(bytes(z["meta"]).decode())
-        arrays = {k[3:]: z[k] for k in z.files if k.startswith("a__")}
+class DamagedFileError(OSError):
+    """A results file cannot be read back (truncated, empty, not the expected format)."""
+
+
+def read_chunk(path, meta_only: bool = False):
+    """``(arrays, meta)`` of a chunk file; a damaged file is a :class:`DamagedFileError`
+    naming it (an empty or truncated file, a missing record)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            arrays = {} if meta_only else {k[3:]: z[k] for k in z.files if k.startswith("a__")}
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # BadZipFile, EOFError, KeyError, ValueError, zlib/CRC errors …
+        size = path.stat().st_size if path.exists() else 0
+        raise DamagedFileError(f"chunk file {path} is damaged ({size} bytes; "
+                               f"{type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise DamagedFileError(f"chunk file {path} is damaged (its meta record is not a mapping)")
     return arrays, meta
 
 
 def write_dataset(ds, path) -> Path:
-    """Write an xarray Dataset as netCDF-4 (h5netcdf engine), atomically."""
+    """Write an xarray Dataset as netCDF-4 (h5netcdf engine), atomically, through a unique
+    temporary name (removed if the write fails)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    ds.to_netcdf(tmp, engine="h5netcdf")
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf")
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
     return path
 
 
@@ -111,6 +159,11 @@ def open_results(run_dir):
     p = Path(run_dir) / DATA_FILE
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist: the run in {run_dir} has not finished "
-                                "(resume it with `jaxdyn run --resume DIR`)")
-    with xr.open_dataset(p, engine="h5netcdf") as ds:
-        return ds.load()
+                                f"(resume it with `jaxdyn run --resume {run_dir}`)")
+    try:
+        with xr.open_dataset(p, engine="h5netcdf") as ds:
+            return ds.load()
+    except Exception as e:
+        raise DamagedFileError(f"{p} is damaged ({p.stat().st_size} bytes; {type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:200]}); rebuild it from the chunks "
+                               f"with `jaxdyn run --resume {run_dir}`") from None

@@ -20,13 +20,16 @@ def pyplot():
 def save(fig, path):
     """Write ``fig`` to ``path`` (atomically: a temporary file, then a rename), close it and
     return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    import io
+
+    from .io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def sphere_snapshots(xs, ts, path, title=""):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -141,6 +142,9 @@ def _check_problem(m0, S0, m1, S1):
         raise ValueError(f"m0 must have shape ({d},), got {m0.shape}")
     if m1.shape != (d,):
         raise ValueError(f"m1 must have shape ({d},), got {m1.shape}")
+    for name, m in (("m0", m0), ("m1", m1)):
+        if not isinstance(m, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(m))):
+            raise ValueError(f"{name} must be finite (it holds NaN or inf)")
     return m0, S0, m1, S1
 
 

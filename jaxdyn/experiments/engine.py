@@ -25,17 +25,26 @@ import numpy as np
 import yaml
 
 from .. import io as jio
-from ..config import ConfigError, Field, config_hash, validate_section, validate_sweep
+from ..config import ConfigError, Field, config_hash, parse_yaml, validate_section, validate_sweep
 
 ENGINE_FIELDS = {
     "kind": Field("str", doc="experiment kind"),
-    "name": Field("str", None, "a name for the run"),
+    "name": Field("str", None, "a name for the run (a plain file name: it names the default "
+                  "folder runs/NAME-TIMESTAMP)", check=lambda v: _plain_name(v)),
     "sweep": Field("any", {}, "grid: {field: [values]}"),
     "chunk_size": Field("int", 0, "points per chunk (0 = automatic from the memory estimate)",
                         check=lambda v: None if v >= 0 else "must be >= 0"),
     "memory_budget_gb": Field("float", 0.0, "memory for one chunk in GiB (0 = a quarter of RAM)",
                               check=lambda v: None if v >= 0 else "must be >= 0"),
 }
+
+
+def _plain_name(v: str):
+    if not v or v in (".", "..") or v.startswith(".") or any(c in v for c in "/\\\0") \
+            or len(v) > 200:
+        return ("must be a plain file name (no '/', no leading '.', at most 200 characters): "
+                "it names the folder runs/NAME-TIMESTAMP")
+    return None
 
 
 # Memory the process needs beyond its arrays: XLA compilation, the CPU runtime's buffers
@@ -87,14 +96,20 @@ def point_config(cfg, point) -> dict:
     return pc
 
 
-def _memory_budget(cfg) -> int:
+def _memory_budget(cfg, n_devices: int = 1) -> int:
+    """Bytes for one chunk: ``memory_budget_gb``, else a quarter of RAM, and at most half of
+    the accelerators' memory (one chunk is sharded over ``n_devices``)."""
     if cfg.get("memory_budget_gb"):
         return int(cfg["memory_budget_gb"] * 2**30)
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         total = 8 * 2**30
-    return total // 4
+    budget = total // 4
+    dev = _device_memory_limit()
+    if dev is not None:
+        budget = min(budget, n_devices * dev // 2)
+    return budget
 
 
 def plan_chunks(cfg, kind, points, n_devices: int = 1):
@@ -104,7 +119,7 @@ def plan_chunks(cfg, kind, points, n_devices: int = 1):
     for i, p in enumerate(points):
         key = json.dumps({k: v for k, v in p.items() if k not in batch}, sort_keys=True)
         groups.setdefault(key, []).append(i)
-    budget = _memory_budget(cfg)
+    budget = _memory_budget(cfg, n_devices)
     chunks, est = [], {}
     for idxs in groups.values():
         pc = point_config(cfg, points[idxs[0]])
@@ -154,13 +169,243 @@ def _progress(total, initial, enabled):
                 leave=True)
 
 
+class RunLockedError(ConfigError):
+    """Another process holds the run folder's lock (the message names it)."""
+
+
+class RunLock:
+    """An exclusive lock on a run folder (``flock`` on ``DIR/.jaxdyn.lock``): one run at a
+    time writes into a folder. The kernel drops the lock when its process ends, however it
+    ends (SIGKILL included), so a stale lock never blocks a resume. The file records the
+    holder (pid, host, start time) for the refusal's message."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / jio.LOCK_FILE
+        self.fd = None
+
+    def acquire(self):
+        import fcntl
+        import socket
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, jio.file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "a process that is starting"
+            os.close(fd)
+            raise RunLockedError(f"{self.path.parent} is in use by another jaxdyn run ({holder}); "
+                                 "wait for it to end, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
+                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')}".encode())
+        self.fd = fd
+        return self
+
+    def release(self):
+        if self.fd is not None:
+            import fcntl
+
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError:  # pragma: no cover - e.g. the folder's file system went away
+                pass
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def check_interrupt():
+    """Raise ``KeyboardInterrupt`` if the CLI's signal handler saw SIGINT/SIGTERM whose own
+    exception was swallowed (Python ignores exceptions raised in garbage-collection
+    callbacks, such as XLA's, during the merge or the figures)."""
+    if jio.PENDING_SIGNALS:
+        raise KeyboardInterrupt(f"signal {jio.PENDING_SIGNALS[-1]}")
+
+
+def _host_memory_available() -> tuple[int, str]:
+    """Bytes this process may still use on the host, and where that bound comes from:
+    MemAvailable (plus what the process holds already), or ``ulimit -v`` if lower."""
+    avail, where = None, "available on this host"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024 + _current_rss()
+                break
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") + _current_rss()
+        except (ValueError, OSError, AttributeError):  # pragma: no cover
+            avail = None
+    try:
+        import resource
+
+        lim = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if lim != resource.RLIM_INFINITY and (avail is None or lim < avail):
+            avail, where = lim, "allowed by `ulimit -v`"
+    except (ImportError, ValueError, OSError):  # pragma: no cover
+        pass
+    return (avail if avail is not None else 2**62), where
+
+
+def _current_rss() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover
+        return 0
+
+
+def _device_memory_limit():
+    """Bytes on one accelerator (None on CPU or when the backend does not say)."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return None
+    try:
+        stats = dev.memory_stats() or {}
+    except Exception:  # pragma: no cover - backend without memory_stats
+        return None
+    return stats.get("bytes_limit")
+
+
+def check_memory(cfg, per_point: int, peak_chunk: int, process: int, n_devices: int = 1):
+    """Refuse (``ConfigError``) before any allocation a run whose memory estimate exceeds
+    what the host (or one device) has, naming the field that drives it and the estimate."""
+    avail, where = _host_memory_available()
+    dev_limit = _device_memory_limit()
+    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    if "n" in cfg and 2 * per_point > 0.5 * process:
+        field = f"config field 'n' (= {cfg['n']})"
+    elif cfg.get("sweep"):
+        field = f"config field 'sweep' ({', '.join(f'{k}: {len(v)} values' for k, v in cfg['sweep'].items())})"
+    else:
+        field = "this config"
+    if process > avail:
+        raise ConfigError(f"{field}: the run needs an estimated {mib(process)} of memory "
+                          f"({mib(per_point)} per grid point), more than the {mib(avail)} {where}; "
+                          "make it smaller")
+    per_device = max(per_point, -(-peak_chunk // max(n_devices, 1)))
+    if dev_limit is not None and per_device > dev_limit:
+        raise ConfigError(f"{field}: a chunk needs an estimated {mib(per_device)} on each device, "
+                          f"more than its {mib(dev_limit)}; make it smaller (or set chunk_size)")
+
+
+def _prepare_folder(out: Path, h: str, *, resume: bool, force: bool):
+    """Under the lock: refuse a folder that is not this config's run (module doc)."""
+    cfg_file = out / jio.CONFIG_FILE
+    old_hash = None
+    if cfg_file.exists():
+        old = parse_yaml(_read_text(cfg_file), f"{cfg_file}")
+        try:
+            old_hash = config_hash(resolve_config(old))
+        except ConfigError as e:
+            if resume:
+                raise ConfigError(f"--resume {out}: its {jio.CONFIG_FILE} is not a valid config: "
+                                  f"{e}") from None
+    if resume:
+        if not cfg_file.exists():
+            raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
+        if old_hash != h:
+            raise ConfigError(f"--resume {out}: the config differs from the one that wrote these "
+                              "results; use another --out, or resume without a CONFIG")
+        return
+    entries = sorted(p.name for p in out.iterdir()
+                     if p.name != jio.LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if not entries:
+        return
+    chunk_dir = out / jio.CHUNK_DIR
+    has_chunks = chunk_dir.is_dir() and any(chunk_dir.glob("chunk_*.npz"))
+    if force:
+        if has_chunks:
+            for p in chunk_dir.glob("chunk_*.npz"):
+                p.unlink()
+        if (out / jio.DATA_FILE).exists():
+            (out / jio.DATA_FILE).unlink()
+        return
+    hint = "choose another --out, or add --force to overwrite it"
+    if has_chunks:
+        raise ConfigError(f"{out} already holds results; resume them with --resume {out}, or "
+                          f"{hint}")
+    if old_hash == h and (out / jio.DATA_FILE).exists():
+        raise ConfigError(f"{out} already holds a finished run of this config ({jio.DATA_FILE}); "
+                          f"rebuild it with --resume {out}, or {hint}")
+    if old_hash == h and set(entries) <= {jio.CONFIG_FILE, jio.SUMMARY_FILE, jio.CHUNK_DIR}:
+        return  # a run of this config stopped before its first chunk: start again
+    listed = ", ".join(entries[:5]) + (", …" if len(entries) > 5 else "")
+    what = ("a run of another config" if old_hash is not None and old_hash != h
+            else "not a run of this config")
+    raise ConfigError(f"--out {out} is not empty and is {what} (it holds {listed}); {hint}")
+
+
+def _remove_stale_temporaries(out: Path):
+    """Temporary files of an earlier process killed mid-write (``.NAME.XXXX.tmp``, see
+    :mod:`jaxdyn.io`); safe under the lock: no other writer is in this folder."""
+    for d in (out, out / jio.CHUNK_DIR):
+        if d.is_dir():
+            for p in d.glob(".*.tmp"):
+                if p.is_file():
+                    p.unlink()
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _check_out(out: Path):
+    """An output path that cannot be a folder is a :class:`ConfigError` naming it."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: the folder is not writable")
+
+
+def _existing_chunks(out, chunks, h, log, warns):
+    """Indices of chunks already on disk for this config; a damaged chunk file is named,
+    removed and recomputed; a chunk of another config or plan is a refusal."""
+    done = []
+    for ci, idxs in enumerate(chunks):
+        path = jio.chunk_path(out, ci)
+        if not path.exists():
+            continue
+        try:
+            _, meta = jio.read_chunk(path, meta_only=True)
+        except jio.DamagedFileError as e:
+            msg = f"{e}; it is recomputed"
+            log(f"warning: {msg}")
+            warns.append(msg)
+            path.unlink()
+            continue
+        if meta.get("config_hash") != h or meta.get("points") != idxs:
+            raise ConfigError(f"{path} was written by another config or plan; use a fresh --out")
+        done.append(ci)
+    return done
+
+
 def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress: bool = True,
-                   log=print, compute_hook=None) -> RunResult:
+                   log=print, compute_hook=None, force: bool = False) -> RunResult:
     """Run (or resume) an experiment into ``out_dir``.
 
     Writes ``config.yaml`` (resolved), ``chunks/`` (one atomic file per finished chunk),
     ``data.nc`` (the merged Dataset, written last), ``summary.json`` (``status`` is
-    ``running`` until the end, then ``ok``, ``nonfinite`` or ``failed``) and PNG figures.
+    ``running`` until the end, then ``ok``, ``nonfinite``, ``interrupted`` or ``failed``) and
+    PNG figures.
+
+    Refused before any compute (:class:`ConfigError`, naming the problem): a memory estimate
+    above what the host or the device has; an ``out_dir`` that is a file or cannot be made;
+    a folder another run holds (:class:`RunLockedError`, naming the holder); without
+    ``resume``, a non-empty folder that is not a fresh run of this config (``force=True``
+    overwrites its results); with ``resume``, a folder of another config. A damaged chunk
+    file is named in a warning and recomputed; the merge re-checks that every chunk was
+    written by this config.
     """
     from . import get_kind
 
@@ -171,32 +416,22 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
         log(f"warning: {w}")
     out = Path(out_dir)
     h = config_hash(cfg)
-    cfg_file = out / jio.CONFIG_FILE
-    if resume:
-        if not cfg_file.exists():
-            raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
-        old = yaml.safe_load(cfg_file.read_text())
-        if config_hash(resolve_config(old)) != h:
-            raise ConfigError(f"--resume {out}: the config differs from the one that wrote these "
-                              "results; use another --out, or resume without a CONFIG")
-    elif (out / jio.CHUNK_DIR).exists() and any((out / jio.CHUNK_DIR).glob("chunk_*.npz")):
-        raise ConfigError(f"{out} already holds results; resume them with --resume {out} or choose "
-                          "another --out")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder")
+    if resume and not (out / jio.CONFIG_FILE).is_file():
+        raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
     import jax
 
     # With several processes (jax.distributed), all compute and process 0 writes; the
     # output folder must be on a filesystem they share.
     writer = jax.process_index() == 0
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-        jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
-
     n_dev = len(jax.devices())
     axes, points = grid_points(cfg)
     if not points:
         points = [{}]
     chunks, est = plan_chunks(cfg, kind, points, n_dev)
     peak_est = max(est.values())
+    per_point = max(est[i] // max(len(c), 1) for i, c in enumerate(chunks))
     # Whole-process estimate: what runs now (JAX runtime, imports) + the largest chunk
     # (device buffers plus their host copies) + the merged results at the end.
     base_rss = _max_rss()
@@ -204,6 +439,29 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
                     for p in points)
     allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (n_dev - 1)
     process_est = base_rss + allowance + 2 * peak_est + 3 * out_bytes
+    check_memory(cfg, per_point, peak_est, process_est, n_dev)
+
+    cfg_file = out / jio.CONFIG_FILE
+    lock = None
+    if writer:
+        _check_out(out)
+        lock = RunLock(out).acquire()
+    try:
+        if writer:
+            _prepare_folder(out, h, resume=resume, force=force)
+            _remove_stale_temporaries(out)
+            jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
+        return _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer,
+                           peak_est, process_est, allowance, progress, log, compute_hook)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, peak_est,
+                process_est, allowance, progress, log, compute_hook):
+    import jax
+
     log(f"jaxdyn: {cfg['kind']} '{cfg['name']}': {len(points)} grid point(s) in {len(chunks)} "
         f"chunk(s) on {n_dev} {jax.default_backend()} device(s); estimated memory: "
         f"≤ {peak_est / 2**20:.1f} MiB per chunk, ≤ {process_est / 2**20:.0f} MiB for the process")
@@ -215,17 +473,16 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     if writer:
         jio.write_json(out / jio.SUMMARY_FILE, base)
 
-    done = [i for i in range(len(chunks)) if jio.chunk_path(out, i).exists()]
-    bar = _progress(len(chunks), len(done), progress)
+    bar = None
     computed = 0
+    done: list = []
     try:
+        done = _existing_chunks(out, chunks, h, log, warns) if writer else []
+        bar = _progress(len(chunks), len(done), progress)
         for ci, idxs in enumerate(chunks):
+            check_interrupt()
             path = jio.chunk_path(out, ci)
-            if path.exists():
-                _, meta = jio.read_chunk(path)
-                if meta.get("config_hash") != h or meta.get("points") != idxs:
-                    raise ConfigError(f"{path} was written by another config or plan; "
-                                      "use a fresh --out")
+            if ci in done:
                 continue
             pcs = [point_config(cfg, points[i]) for i in idxs]
             t0 = time.time()
@@ -251,45 +508,57 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
                 elapsed = time.time() - t_start
                 bar.set_postfix_str(f"{computed} computed, {len(done)} resumed, "
                                     f"{elapsed:.0f}s")
+        check_interrupt()
+        if bar is not None:
+            bar.close()
+            bar = None
+        if not writer:
+            return RunResult(out, "ok", base, [], computed, len(done), warns)
+        ds = merge_chunks(cfg, out, axes, points, chunks, config_hash=h)
+        check_interrupt()
+        jio.write_dataset(ds, out / jio.DATA_FILE)
+        check_interrupt()
+        finite = np.asarray(ds["finite"].values) if "finite" in ds else np.array(True)
+        bad = int(np.size(finite) - np.count_nonzero(finite))
+        status = "ok" if bad == 0 else "nonfinite"
+        summary = dict(base)
+        summary.update({"status": status, "elapsed_seconds": time.time() - t_start,
+                        "chunks_computed": computed, "chunks_resumed": len(done),
+                        "measured_peak_rss_bytes": _max_rss(), "warnings": warns})
+        if bad:
+            bad_pts = [points[i] for i in np.flatnonzero(~finite.reshape(-1))][:20] if axes else [{}]
+            summary["nonfinite_points"] = bad_pts
+            summary["message"] = (f"non-finite states at {bad} of {len(points)} grid point(s), "
+                                  f"e.g. {bad_pts[0]}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            summary["results"] = kind.summarize(cfg, ds)
+        check_interrupt()
+        figures = [str(p) for p in kind.plot(cfg, ds, out)]
+        check_interrupt()
+        summary["figures"] = [Path(f).name for f in figures]
+        summary["data_file"] = jio.DATA_FILE
+        jio.write_json(out / jio.SUMMARY_FILE, summary)
     except BaseException as e:
         status = "interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
         if writer:
-            jio.write_json(out / jio.SUMMARY_FILE, {**base, "status": status,
-                                                    "chunks_done": len(done) + computed,
-                                                    "error": f"{type(e).__name__}: {e}"})
+            try:
+                jio.write_json(out / jio.SUMMARY_FILE, {
+                    **base, "status": status, "chunks_done": len(done) + computed,
+                    "error": f"{type(e).__name__}: {e}"})
+            except OSError:  # the disk is full: the summary keeps its last state
+                pass
         raise
     finally:
         if bar is not None:
             bar.close()
-
-    if not writer:
-        return RunResult(out, "ok", base, [], computed, len(done), warns)
-    ds = merge_chunks(cfg, out, axes, points, chunks)
-    jio.write_dataset(ds, out / jio.DATA_FILE)
-    finite = np.asarray(ds["finite"].values) if "finite" in ds else np.array(True)
-    bad = int(np.size(finite) - np.count_nonzero(finite))
-    status = "ok" if bad == 0 else "nonfinite"
-    summary = dict(base)
-    summary.update({"status": status, "elapsed_seconds": time.time() - t_start,
-                    "chunks_computed": computed, "chunks_resumed": len(done),
-                    "measured_peak_rss_bytes": _max_rss(), "warnings": warns})
-    if bad:
-        bad_pts = [points[i] for i in np.flatnonzero(~finite.reshape(-1))][:20] if axes else [{}]
-        summary["nonfinite_points"] = bad_pts
-        summary["message"] = (f"non-finite states at {bad} of {len(points)} grid point(s), "
-                              f"e.g. {bad_pts[0]}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        summary["results"] = kind.summarize(cfg, ds)
-    figures = [str(p) for p in kind.plot(cfg, ds, out)]
-    summary["figures"] = [Path(f).name for f in figures]
-    summary["data_file"] = jio.DATA_FILE
-    jio.write_json(out / jio.SUMMARY_FILE, summary)
     return RunResult(out, status, summary, figures, computed, len(done), warns)
 
 
-def merge_chunks(cfg, out, axes, points, chunks):
-    """Merge chunk files into one Dataset with the sweep axes as named dimensions."""
+def merge_chunks(cfg, out, axes, points, chunks, config_hash=None):
+    """Merge chunk files into one Dataset with the sweep axes as named dimensions. With
+    ``config_hash``, every chunk must carry it and its planned points (``ConfigError``
+    naming the chunk otherwise: it was written by another run into the same folder)."""
     import xarray as xr
 
     shape = tuple(len(cfg["sweep"][a]) for a in axes)
@@ -298,7 +567,17 @@ def merge_chunks(cfg, out, axes, points, chunks):
     dims: dict[str, list] = {}
     coord_vals: dict[str, list] = {}
     for ci, idxs in enumerate(chunks):
-        arrays, meta = jio.read_chunk(jio.chunk_path(out, ci))
+        path = jio.chunk_path(out, ci)
+        try:
+            arrays, meta = jio.read_chunk(path)
+        except jio.DamagedFileError as e:
+            raise ConfigError(f"{e}; delete it and run `jaxdyn run --resume {out}` to recompute "
+                              "it") from None
+        if config_hash is not None and (meta.get("config_hash") != config_hash
+                                        or meta.get("points") != idxs):
+            raise ConfigError(f"{path} was written by another config or plan "
+                              f"(config hash {meta.get('config_hash')}, this run's {config_hash}); "
+                              "its data are not merged: use a fresh --out")
         for name, d in meta["dims"].items():
             dims.setdefault(name, d)
             data.setdefault(name, {})
@@ -346,10 +625,17 @@ def report(run_dir, log=print) -> list:
     from . import get_kind
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"report {run_dir}: no such folder")
     cfg_file = run_dir / jio.CONFIG_FILE
     if not cfg_file.exists():
         raise ConfigError(f"{run_dir} holds no {jio.CONFIG_FILE}: not a jaxdyn run folder")
-    cfg = resolve_config(yaml.safe_load(cfg_file.read_text()))
-    ds = jio.open_results(run_dir)
+    cfg = resolve_config(parse_yaml(_read_text(cfg_file), str(cfg_file)))
+    try:
+        ds = jio.open_results(run_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    except jio.DamagedFileError as e:
+        raise ConfigError(str(e)) from None
     figs = [str(p) for p in get_kind(cfg["kind"]).plot(cfg, ds, run_dir)]
     return figs

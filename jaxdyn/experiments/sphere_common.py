@@ -50,7 +50,8 @@ def build_weights(spec, d):
 INIT_SCHEMA = {
     "dist": Field("str", "uniform", "initial law", choices=("uniform", "vmf", "mixture")),
     "kappa": Field("float", 4.0, "vMF concentration", check=positive),
-    "weight": Field("float", 0.5, "vMF weight of the mixture, in [0, 1)"),
+    "weight": Field("float", 0.5, "vMF weight of the mixture, in [0, 1)",
+                    check=lambda v: None if 0 <= v < 1 else "must be in [0, 1)"),
     "mu": Field("list", None, "mean direction (d numbers)", item="float"),
 }
 
@@ -94,6 +95,9 @@ def check_sphere(cfg) -> list:
     mu = cfg["init"].get("mu")
     if mu is not None and any(len(mu) != dd for dd in ds_):
         raise ConfigError(f"config field 'init.mu': expected {d} numbers (d = {d}), got {len(mu)}")
+    if mu is not None and not math.fsum(v * v for v in mu) > 0:
+        raise ConfigError(f"config field 'init.mu': the mean direction must be a non-zero vector "
+                          f"(it is normalised), got {mu}")
     for dd in ds_:
         build_weights(cfg["weights"], dd)  # raises on bad shapes
     betas = cfg["sweep"].get("beta", [cfg["beta"]])

@@ -68,7 +68,7 @@ import numpy as np
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import RODAS5, rodas5_step
 from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed
-from ._solve import (MomentStatus, _cov_tol, moment_rhs,
+from ._solve import (MomentStatus, _cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
@@ -157,14 +157,19 @@ def _big_status(status, big, s, ell, q, vb):
 
 def _outcomes(status, tstar, acc, active, t, t_new, h_new, t1, thr, hmin_rel, s, ell, q, vb):
     """Member outcomes after a lock-step step (both stages): OK at t1, BLOWUP (with T*) or
-    LARGE past the threshold, NONFINITE when the step size collapsed."""
+    LARGE past the threshold, NONFINITE when the step size collapsed — unless the state is
+    then on a pole with ``‖Σ‖ ≥ √thr``: a blow-up whose approach the dtype cannot resolve to
+    the threshold (float32: steps of ``T* − t ~ 1/(q ‖Σ‖)`` fall below ``100 eps t`` near
+    ``‖Σ‖ ~ 10⁵``) is a BLOWUP candidate, refined and re-tested by the pole stage."""
     big = acc & (s >= thr)
     done = acc & (t_new >= t1)
     tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
     status = jnp.where(done, MomentStatus.OK, status)
-    status = _big_status(status, big, s, ell, q, vb)
-    tstar = jnp.where(big & (status == MomentStatus.BLOWUP), t_new + remaining_time(s, ell, q), tstar)
-    return jnp.where(tiny, MomentStatus.NONFINITE, status), tstar
+    near_pole = tiny & jnp.isfinite(s) & (s * s >= thr) & on_pole(s, ell, q, vb)
+    status = _big_status(status, big | near_pole, s, ell, q, vb)
+    tstar = jnp.where((big | near_pole) & (status == MomentStatus.BLOWUP),
+                      t_new + remaining_time(s, ell, q), tstar)
+    return jnp.where(tiny & ~near_pole, MomentStatus.NONFINITE, status), tstar
 
 
 def _errnorm(e, y0, y1, rtol, atol, axes):
@@ -362,9 +367,12 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
       A, B, V: (n, d, d) or (d, d) constant parameters; b: (n, d), (d,) or None (= 0).
         The leading axis n is the batch. (Time-dependent controls: use
         :func:`jaxdyn.solve_moments`, vmapped.)
-      t1: final time (scalar). rtol, atol: per-member error tolerances (both stages).
+      t1: final time (scalar). rtol, atol: per-member error tolerances (both stages),
+        raised to what the dtype resolves (``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``:
+        :func:`jaxdyn.gaussian._solve.dtype_tolerances`).
       blowup_threshold: blow-up is declared when ``‖Σ‖_F ≥ blowup_threshold ·
-        max(‖Σ0‖_F, 1)`` on a pole (quadratic dominance); ``T*`` is then refined.
+        max(‖Σ0‖_F, 1)`` on a pole (quadratic dominance); ``T*`` is then refined. Capped at
+        what the dtype resolves, ``1e-3 / eps`` (float32: 8389).
       max_explicit_iterations: cap on the explicit lock-step loop; members still running
         are handed to the stiff stage. stiff: run the Rodas5 stage on stiff members (if
         False they end with status STIFF at the time reached).
@@ -392,6 +400,17 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
     n = leads.pop() if leads else 1
     S0 = _batched(S0, n, (d, d), "S0", dtype)
+    for name, x in (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)):
+        if x is None:
+            continue
+        x = np.asarray(x, dtype)
+        fin = np.isfinite(x)
+        if not fin.all():
+            where = ""
+            if x.ndim > 0 and x.shape[0] == n and (name == "S0" or x.ndim == (3 if name in
+                                                                              "ABV" else 2)):
+                where = f": member {int(np.argmin(fin.reshape(n, -1).all(axis=1)))}"
+            raise ValueError(f"{name} must be finite (it holds NaN or inf{where})")
     asym = np.abs(S0 - np.swapaxes(S0, -1, -2)).max(axis=(1, 2))
     lmin = np.linalg.eigvalsh(0.5 * (S0 + np.swapaxes(S0, -1, -2)))[:, 0]
     tol = _cov_tol(dtype, d) * np.maximum(np.abs(S0).max(axis=(1, 2)), 1.0)
@@ -415,6 +434,8 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     t1 = np.asarray(t1, dtype)
     if hmin_rel is None:
         hmin_rel = 100 * float(np.finfo(dtype).eps)
+    rtol, atol = dtype_tolerances(dtype, rtol, atol)
+    blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     thr = (blowup_threshold * np.maximum(np.sqrt(np.sum(S0 * S0, axis=(1, 2))), 1.0)).astype(dtype)
 
     bl = lambda X: np.ascontiguousarray(np.moveaxis(X, 0, -1))  # noqa: E731

@@ -150,6 +150,10 @@ class MomentField(eqx.Module):
             if want is not None and tuple(shape) != tuple(want):
                 raise ValueError(f"{name} must have shape {want} (or be a Control with values of "
                                  f"shape (n, *{want})), got {tuple(shape)}")
+            vals = p.values if isinstance(p, Control) else p
+            if (_is_concrete(vals) and jnp.issubdtype(jnp.asarray(vals).dtype, jnp.inexact)
+                    and not bool(jnp.all(jnp.isfinite(vals)))):
+                raise ValueError(f"{name} must be finite (it holds NaN or inf)")
             return p, shape
 
         A, sA = conv("A", A, None)
@@ -305,6 +309,36 @@ def vb_scale(V, B):
 
 def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
+
+
+# Error tolerances a dtype can honour: an rtol below ``RTOL_FLOOR_EPS · eps(dtype)`` (and
+# an atol below ``ATOL_FLOOR_EPS · eps``) asks for steps whose error is lost in the
+# rounding of the state itself; the PID controller then shrinks steps until max_steps
+# (the float32 example of issue 14: rtol = 1e-8 → max_steps at t = 0.768 instead of a
+# blow-up found in 82 steps at rtol = 1e-6).
+RTOL_FLOOR_EPS = 10.0
+ATOL_FLOOR_EPS = 0.1
+
+
+def dtype_tolerances(dtype, rtol, atol):
+    """``(rtol, atol)`` raised to what ``dtype`` can resolve: ``rtol ≥ 10 eps``,
+    ``atol ≥ 0.1 eps`` (float32: 1.19e-6 and 1.19e-8; float64 leaves any rtol ≥ 2.2e-15)."""
+    eps = float(jnp.finfo(dtype).eps)
+    return max(float(rtol), RTOL_FLOOR_EPS * eps), max(float(atol), ATOL_FLOOR_EPS * eps)
+
+
+# The blow-up threshold a dtype can reach: near a pole ``T* − t ≈ 1/(q ‖Σ‖)``, and adaptive
+# steps of a fraction of that stall (``t + h == t``) once it nears ``eps · t``. In float32 a
+# threshold of 10⁶ sits at that edge (the detection then fails erratically, ``max_steps``),
+# so the threshold is capped at ``BLOWUP_RESOLVE / eps`` (float32: 8389; float64: 4.5e12,
+# above any usual threshold). ``pole_refine`` continues past the detection point, so T*
+# keeps its accuracy.
+BLOWUP_RESOLVE = 1e-3
+
+
+def dtype_threshold(dtype, threshold):
+    """``min(threshold, 1e-3 / eps(dtype))``: the blow-up threshold ``dtype`` can resolve."""
+    return min(float(threshold), BLOWUP_RESOLVE / float(jnp.finfo(dtype).eps))
 
 
 def _cov_tol(dtype, d):
@@ -469,10 +503,13 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
       A, B, V: (d, d) arrays or :class:`Control`; b: (d,) array, Control or None (= 0).
       t1: final time. saveat: None (final time only), an int n (n uniform times on
         [0, t1]) or a 1-D array of times in [0, t1].
-      rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles).
+      rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles);
+        raised to what the dtype resolves, ``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``
+        (:func:`dtype_tolerances`; float32: 1.19e-6 and 1.19e-8).
       solver: a diffrax solver (default ``Dopri8()``, 8th order).
       blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
         status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module doc).
+        Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389; :func:`dtype_threshold`).
       throw: if True, a result other than ``successful`` (a blow-up included) raises with
         its message (``eqx.error_if``: also under jit/vmap). Default False.
       adjoint: diffrax adjoint (default ``RecursiveCheckpointAdjoint``) — ``jax.grad``
@@ -494,6 +531,8 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
     m0 = jnp.zeros((d,), dtype) if m0 is None else jnp.asarray(m0, dtype)
     if m0.shape != (d,):
         raise ValueError(f"m0 must have shape ({d},), got {m0.shape}")
+    if _is_concrete(m0) and not bool(jnp.all(jnp.isfinite(m0))):
+        raise ValueError("m0 must be finite (it holds NaN or inf)")
     if _is_concrete(t1) and not float(t1) > 0:
         raise ValueError(f"t1 must be > 0, got {t1}")
     t1 = jnp.asarray(t1, dtype)
@@ -501,6 +540,8 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
     solver = diffrax.Dopri8() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
+    rtol, atol = dtype_tolerances(dtype, rtol, atol)
+    blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     return _solve_jit(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
                       adjoint, dt0, bool(throw))
 

@@ -9,6 +9,7 @@ integrators whether to retract onto S^{d-1}.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, Mapping, Optional, Union
 
 import equinox as eqx
@@ -240,4 +241,24 @@ def stack_models(models):
     models = list(models)
     if not models:
         raise ValueError("stack_models needs at least one model")
+    first = jax.tree.structure(models[0])
+    for i, m in enumerate(models[1:], 1):
+        if type(m) is not type(models[0]):
+            raise ValueError(f"stack_models: model {i} is a {type(m).__name__}, model 0 a "
+                             f"{type(models[0]).__name__}; stack models of one type")
+        if jax.tree.structure(m) != first:
+            diff = [f.name for f in dataclasses.fields(m)
+                    if not _same_static(getattr(m, f.name, None), getattr(models[0], f.name, None))]
+            raise ValueError(f"stack_models: model {i} differs from model 0 in its static fields "
+                             f"({', '.join(diff) or 'structure'}: e.g. kernel='dense' vs 'blocked'); "
+                             "stack models that differ only in their arrays")
     return jax.tree.map(lambda *a: jnp.stack(a), *models)
+
+
+def _same_static(a, b):
+    if hasattr(a, "shape") or hasattr(b, "shape"):
+        return getattr(a, "shape", None) == getattr(b, "shape", None)
+    try:
+        return bool(a == b)
+    except Exception:  # pragma: no cover
+        return a is b

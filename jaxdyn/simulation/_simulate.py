@@ -109,7 +109,10 @@ def _check_x0(model, x0):
         raise ValueError("x0 must be finite (it holds NaN or inf)")
     if getattr(model, "manifold", "euclidean") == "sphere" and not isinstance(x0, jax.core.Tracer):
         err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
-        if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
+        # the tolerance follows the input's dtype (float16 rows normalised by
+        # jaxdyn.normalize are unit vectors to ~1e-3)
+        unit_tol = 1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
+        if not err <= unit_tol:
             raise ValueError(
                 f"x0 rows must be unit vectors on S^{d - 1} (max ||x_i| - 1| = {err:.3g}); "
                 "normalise them with jaxdyn.normalize or sample with jaxdyn.sample_sphere")

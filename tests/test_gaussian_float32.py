@@ -1,0 +1,46 @@
+"""Issue 14's Gaussian blow-up in float32 (JAX's default precision): tolerances and the
+blow-up threshold follow the dtype, and a blow-up is reported as ``blowup`` (with its T*)
+by both drivers in float32 as in float64 — not ``max_steps_reached`` or ``nonfinite``."""
+
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn.gaussian._solve import dtype_threshold, dtype_tolerances
+
+M0 = [0.5, 0.0]
+S0 = [[0.5, 0.15], [0.15, 0.3]]
+KW = dict(A=[[0.2, 0.5], [-0.5, 0.1]], B=[[1.0, 0.2], [-0.2, 0.5]], V=np.eye(2), b=[0.2, 0.0],
+          t1=1.0)
+
+
+def _cast(dtype):
+    return {k: (np.asarray(v, dtype) if k != "t1" else v) for k, v in KW.items()}
+
+
+def test_dtype_floors():
+    assert dtype_tolerances(np.float32, 1e-8, 1e-10) == pytest.approx((1.1920929e-6, 1.1920929e-8))
+    assert dtype_tolerances(np.float64, 1e-8, 1e-10) == (1e-8, 1e-10)  # float64 untouched
+    assert dtype_threshold(np.float32, 1e6) == pytest.approx(8388.608)
+    assert dtype_threshold(np.float64, 1e6) == 1e6
+
+
+def test_issue_example_blows_up_in_both_precisions():
+    ref = jaxdyn.solve_moments(np.asarray(M0), np.asarray(S0), **_cast(np.float64))
+    assert str(ref.names) == "blowup"
+    T = float(ref.blowup_time)
+    assert 0.76 < T < 0.77
+    # float32, default tolerances (rtol = 1e-8 asked; raised to what float32 resolves)
+    s32 = jaxdyn.solve_moments(np.asarray(M0, np.float32), np.asarray(S0, np.float32),
+                               **_cast(np.float32))
+    assert str(s32.names) == "blowup"
+    assert int(s32.num_steps) < 200  # not 16 384 steps to max_steps
+    assert abs(float(s32.blowup_time) - T) / T < 1e-5
+    # the batch driver: the same member, plus a decaying one that must stay successful
+    for dtype, tol in ((np.float32, 1e-5), (np.float64, 1e-9)):
+        kw = _cast(dtype)
+        kw["B"] = np.stack([kw["B"], -np.eye(2, dtype=dtype)])
+        b = jaxdyn.solve_moments_batch(np.asarray(M0, dtype), np.asarray(S0, dtype), **kw)
+        assert list(b.names) == ["blowup", "successful"], (dtype, list(b.names))
+        assert abs(float(b.blowup_time[0]) - T) / T < tol
+        assert np.isinf(float(b.blowup_time[1]))
