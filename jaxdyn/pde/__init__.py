@@ -1,0 +1,31 @@
+"""The mean-field equation itself: a solver for the density ρ(t) on S¹ (docs/math.md §C).
+
+``CircleDensity`` is the right-hand side on a grid of M cells (FFT convolutions, a
+positivity-preserving finite-volume flux, optional noise); ``solve_density`` integrates it with
+diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` are the linear
+stability of the uniform state; ``sample_density``, ``kde_circle`` and ``w1_circle`` compare
+the density with particles.
+"""
+
+from ._circle import (
+    CircleDensity as CircleDensity,
+    cfl_dt as cfl_dt,
+    circle_grid as circle_grid,
+    cos_mode as cos_mode,
+    mode_amplitude as mode_amplitude,
+    uniform_density as uniform_density,
+    velocity_bound as velocity_bound,
+)
+from ._solve import DensitySolution as DensitySolution, METHODS as METHODS, solve_density as solve_density
+from ._theory import (
+    growth_rate as growth_rate,
+    linear_rates as linear_rates,
+    most_unstable_mode as most_unstable_mode,
+)
+from ._particles import (
+    angles as angles,
+    kde_circle as kde_circle,
+    sample_density as sample_density,
+    w1_circle as w1_circle,
+    w1_circle_densities as w1_circle_densities,
+)
