@@ -29,3 +29,10 @@ from ._particles import (
     w1_circle as w1_circle,
     w1_circle_densities as w1_circle_densities,
 )
+from ._clusters import (
+    cluster_counts as cluster_counts,
+    clusters as clusters,
+    first_clusters as first_clusters,
+    merge_times as merge_times,
+    perturbed_uniform as perturbed_uniform,
+)

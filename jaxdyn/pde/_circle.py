@@ -114,7 +114,9 @@ class CircleDensity(eqx.Module):
 
     def __init__(self, Q, K, V, beta, m, *, sigma=0.0, kernel="auto", normalization="softmax",
                  diffusion="fd", limiter="mc", dtype=None):
-        dtype = dtype or jnp.result_type(jnp.asarray(Q).dtype, jnp.zeros(()).dtype)
+        if dtype is None:
+            qd = jnp.asarray(Q).dtype
+            dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
         Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
         for name, w in (("Q", Q), ("K", K), ("V", V)):
             if w.shape != (2, 2):
