@@ -117,11 +117,25 @@ def w1_circle(rho, x):
     return _circular_w1(seg, f_lo, f_hi)[0]
 
 
+def _cdf_at(rho, theta):
+    """Mass of the piecewise-constant density in [−h/2, θ] for any real θ (unwrapped: each
+    turn adds 1)."""
+    cdf, h = _cdf_nodes(rho)
+    m = len(cdf) - 1
+    u = np.asarray(theta) + h / 2
+    turns = np.floor(u / (2 * math.pi))
+    return turns + np.interp(u - turns * 2 * math.pi, np.arange(m + 1) * h, cdf)
+
+
 def w1_circle_densities(rho_a, rho_b):
-    """W1 on S¹ between two densities given by cell averages on the same grid (exact for the
-    piecewise-constant densities)."""
-    ca, h = _cdf_nodes(rho_a)
-    cb, _ = _cdf_nodes(rho_b)
-    d = ca - cb
-    seg = np.full(len(d) - 1, h)
-    return _circular_w1(seg, d[:-1], d[1:])[0]
+    """W1 on S¹ between two densities given by cell averages (piecewise constant on their
+    cells; the grids may differ, cells centred at jh): exact, the difference of the CDFs being
+    linear between the merged cell edges."""
+    ma, mb = np.shape(rho_a)[-1], np.shape(rho_b)[-1]
+    ha, hb = 2 * math.pi / ma, 2 * math.pi / mb
+    o = -ha / 2
+    eb = (np.arange(mb + 1) - 0.5) * hb
+    eb = np.mod(eb - o, 2 * math.pi) + o
+    knots = np.unique(np.concatenate([o + np.arange(ma + 1) * ha, eb, [o, o + 2 * math.pi]]))
+    d = (_cdf_at(rho_a, knots) - _cdf_at(rho_a, o)) - (_cdf_at(rho_b, knots) - _cdf_at(rho_b, o))
+    return _circular_w1(np.diff(knots), d[:-1], d[1:])[0]
