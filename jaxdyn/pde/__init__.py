@@ -1,10 +1,16 @@
-"""The mean-field equation itself: a solver for the density ρ(t) on S¹ (docs/math.md §C).
+"""The mean-field equation itself: a solver for the density ρ(t) on S¹ and S² (docs/math.md §C).
 
-``CircleDensity`` is the right-hand side on a grid of M cells (FFT convolutions, a
-positivity-preserving finite-volume flux, optional noise); ``solve_density`` integrates it with
-diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` are the linear
-stability of the uniform state; ``sample_density``, ``kde_circle`` and ``w1_circle`` compare
-the density with particles.
+``CircleDensity`` is the right-hand side on a grid of M cells of S¹ (FFT convolutions, a
+positivity-preserving finite-volume flux, optional noise); ``SphereDensity`` the same on a
+latitude–longitude grid of S² (dense kernel, second order); ``solve_density`` integrates either
+with diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` (S¹) and
+``zonal_growth_rate``/``sphere_rates`` (S²) are the linear stability of the uniform state;
+``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles;
+``perturbed_uniform``, ``cluster_counts``, ``first_clusters``, ``merge_times`` read clusters.
+
+Modules: ``_circle`` (S¹ grid, kernels, flux), ``_sphere2`` (S²), ``_solve`` (the diffrax
+driver and the result type), ``_theory`` (rates), ``_particles`` (sampling, KDE, W1),
+``_clusters`` (cluster analysis).
 """
 
 from ._circle import (
@@ -35,4 +41,11 @@ from ._clusters import (
     first_clusters as first_clusters,
     merge_times as merge_times,
     perturbed_uniform as perturbed_uniform,
+)
+from ._sphere2 import (
+    SphereDensity as SphereDensity,
+    sphere_cfl_dt as sphere_cfl_dt,
+    sphere_rates as sphere_rates,
+    zonal_growth_rate as zonal_growth_rate,
+    zonal_mode as zonal_mode,
 )

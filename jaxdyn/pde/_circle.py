@@ -158,6 +158,15 @@ class CircleDensity(eqx.Module):
     def h(self):
         return 2 * math.pi / self.m
 
+    @property
+    def shape(self):
+        return (self.m,)
+
+    @property
+    def cell_measure(self):
+        """The cell length h (mass = h Σ_j ρ_j)."""
+        return self.h
+
     # ---- spectral helpers -------------------------------------------------------------
     def _freqs(self, dtype):
         return jnp.arange(self.m // 2 + 1, dtype=dtype)

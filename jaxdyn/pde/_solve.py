@@ -12,6 +12,7 @@ import numpy as np
 
 from .._results import RESULTS, Solution, error_if_failed
 from ._circle import CircleDensity, cfl_dt
+from ._sphere2 import sphere_cfl_dt
 
 __all__ = ["DensitySolution", "solve_density", "METHODS"]
 
@@ -36,8 +37,8 @@ class DensitySolution(Solution):
 
     @property
     def mass(self):
-        """(S,) total mass h Σ_j ρ_j at each saved time."""
-        return jnp.sum(self.rho, axis=-1) * (2 * math.pi / self.rho.shape[-1])
+        """(S,) total mass at each saved time (S¹: h Σ_j ρ_j; S²: Σ A_i ρ_ij)."""
+        return self.stats["mass"]
 
 
 @eqx.filter_jit
@@ -54,21 +55,21 @@ def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
     result = RESULTS.promote(sol.result)
     result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(rho)),
                            RESULTS.nonfinite, result)
-    h = 2 * math.pi / rho0.shape[-1]
-    mass = jnp.sum(rho, axis=-1) * h
+    mass = jnp.sum(rho * model.cell_measure, axis=tuple(range(1, rho.ndim)))
     stats = {"num_steps": sol.stats["num_steps"], "num_accepted_steps": sol.stats["num_accepted_steps"],
              "dt": jnp.asarray(dt, rho0.dtype), "mass_error": jnp.max(jnp.abs(mass - mass[0])),
-             "min_rho": jnp.min(rho)}
+             "min_rho": jnp.min(rho), "mass": mass}
     return DensitySolution(ts=ts, rho=rho, result=result, stats=stats)
 
 
-def solve_density(model: CircleDensity, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
+def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
                   method="heun", max_steps=1_000_000, rtol=1e-8, atol=1e-12, throw=False):
     """Integrate ∂_t ρ = model(t, ρ) from the cell averages ``rho0`` on [0, t1].
 
     Args:
-      model: a :class:`CircleDensity` (a stack of them under ``jax.vmap`` sweeps β, σ).
-      rho0: (M,) cell averages (a probability density: h Σ ρ0 = 1 for the usual scaling).
+      model: a :class:`CircleDensity` or :class:`SphereDensity` (a stack of them under
+        ``jax.vmap`` sweeps β, σ).
+      rho0: (M,) (S¹) or (n_lat, n_lon) (S²) cell averages (a probability density: h Σ ρ0 = 1 for the usual scaling).
       ts: saved times (default: ``n_save`` times evenly spaced on [0, t1]).
       dt: the step; default the positivity (CFL) step ``cfl_dt(model, cfl)``, which keeps
         ρ ≥ 0 with ``method="heun"`` (SSPRK2) and cfl ≤ 1. May be traced (under vmap each
@@ -83,8 +84,8 @@ def solve_density(model: CircleDensity, rho0, *, t1, ts=None, n_save=101, dt=Non
     if method not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
     rho0 = jnp.asarray(rho0, model.beta.dtype)
-    if rho0.shape != (model.m,):
-        raise ValueError(f"rho0 must have shape ({model.m},) (the model's grid), got {rho0.shape}")
+    if rho0.shape != tuple(model.shape):
+        raise ValueError(f"rho0 must have shape {tuple(model.shape)} (the model's grid), got {rho0.shape}")
     if not isinstance(rho0, jax.core.Tracer):
         r = np.asarray(rho0)
         if not np.all(np.isfinite(r)) or np.any(r < 0):
@@ -95,7 +96,7 @@ def solve_density(model: CircleDensity, rho0, *, t1, ts=None, n_save=101, dt=Non
         ts = np.linspace(0.0, float(t1), int(n_save))
     ts = jnp.asarray(ts, rho0.dtype)
     if dt is None:
-        dt = cfl_dt(model, cfl)
+        dt = cfl_dt(model, cfl) if isinstance(model, CircleDensity) else sphere_cfl_dt(model, cfl)
     sol = _solve(model, rho0, ts, jnp.asarray(dt, rho0.dtype), method, int(max_steps), rtol, atol)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))

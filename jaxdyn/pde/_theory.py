@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,13 +31,23 @@ def most_unstable_mode(beta, k_max=None):
     return int(ks[np.argmax(linear_rates(beta, ks))])
 
 
-def growth_rate(model: CircleDensity, k: int):
+def growth_rate(model: CircleDensity, k):
     """The solver's growth rate of the k-th mode of the uniform state: the Jacobian of the
     discrete right-hand side at ρ = 1/(2π) applied to the cell averages of cos kθ (a
     forward-mode JVP, so exactly linear: no ε), projected on mode k. Because the face
     velocities are the exact band-limited ones and the finite-volume update is exact for cell
-    averages, this equals λ_k up to rounding."""
+    averages, this equals λ_k up to rounding. ``k`` an int, or a list (one rate each)."""
+    ks = np.atleast_1d(k)
+    cs = jnp.stack([cos_mode(model.m, int(j), model.beta.dtype) for j in ks])
+    rates = _rates(model, cs, jnp.asarray(ks))
+    return rates if np.ndim(k) else rates[0]
+
+
+@eqx.filter_jit
+def _rates(model, cs, ks):
     u = uniform_density(model.m, model.beta.dtype)
-    c = cos_mode(model.m, k, model.beta.dtype)
-    _, jv = jax.jvp(lambda r: model(0.0, r), (u,), (c,))
-    return jnp.real(mode_amplitude(jv, k) / mode_amplitude(c, k))
+    jv = jax.vmap(lambda c: jax.jvp(lambda r: model(0.0, r), (u,), (c,))[1])(cs)
+    amp = jnp.fft.rfft(jv, axis=-1)
+    amp0 = jnp.fft.rfft(cs, axis=-1)
+    idx = jnp.arange(cs.shape[0])
+    return jnp.real(amp[idx, ks] / amp0[idx, ks])

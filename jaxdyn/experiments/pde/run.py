@@ -52,7 +52,7 @@ def _one_point(pc):
     rho = np.asarray(jax.block_until_ready(sol.rho), float)
     seconds = time.perf_counter() - t0
     ks = np.arange(1, pc["growth_k"] + 1)
-    grow = np.array([float(pde.growth_rate(model, int(k))) for k in ks])
+    grow = np.asarray(pde.growth_rate(model, ks))
     theory = pde.linear_rates(pc["beta"], ks, sigma=pc["sigma"], normalization=pc["normalization"])
     counts = pde.cluster_counts(rho)
     t_first, n_first = pde.first_clusters(ts, rho)
