@@ -24,11 +24,12 @@ def linear_rates(beta, ks, sigma=0.0, normalization="softmax"):
     return core - sigma ** 2 * ks ** 2 / 2
 
 
-def most_unstable_mode(beta, k_max=None):
-    """k* = argmax_k k² I_k(β)/I_0(β) (the cluster count that first appears)."""
+def most_unstable_mode(beta, k_max=None, sigma=0.0):
+    """k* = argmax_k λ_k: argmax k² I_k(β)/I_0(β) without noise (the cluster count that first
+    appears), argmax (k²/β) I_k/I_0 − σ²k²/2 with noise σ."""
     k_max = k_max or int(10 + 4 * np.sqrt(2 * beta))
     ks = np.arange(1, k_max + 1)
-    return int(ks[np.argmax(linear_rates(beta, ks))])
+    return int(ks[np.argmax(linear_rates(beta, ks, sigma=sigma))])
 
 
 def growth_rate(model: CircleDensity, k):

@@ -62,7 +62,7 @@ def _one_point(pc):
         "cluster_count": (("t",), counts.astype(float)),
         "growth_measured": (("k",), grow),
         "growth_theory": (("k",), theory),
-        "k_star": ((), float(pde.most_unstable_mode(pc["beta"]))),
+        "k_star": ((), float(pde.most_unstable_mode(pc["beta"], sigma=pc["sigma"]))),
         "first_cluster_time": ((), t_first),
         "first_cluster_count": ((), float(n_first)),
         "first_merge_time": ((), merges[0][0] if merges else float("nan")),
