@@ -255,3 +255,25 @@ def test_particles_converge_to_density_at_rate_half():
         w.append(np.mean(vals))
     slope = np.polyfit(np.log(ns), np.log(w), 1)[0]
     assert abs(slope + 0.5) < 0.1, (w, slope)
+
+
+@pytest.mark.slow
+def test_pde_experiment_kind_end_to_end(tmp_path):
+    # both modes of the experiment kind on tiny grids, through the engine (as the CLI runs it)
+    from jaxdyn.experiments import report, run_experiment
+
+    clusters = {"kind": "pde", "mode": "clusters", "dtype": "float64", "m": 64, "t1": 60.0,
+                "n_save": 61, "eps": 1e-6, "growth_k": 4, "sweep": {"beta": [5.0]}}
+    res = run_experiment(clusters, tmp_path / "c", progress=False, log=lambda *a: None)
+    assert res.status == "ok"
+    pt = res.summary["results"]["points"][0]
+    assert pt["k_star"] == 3 and pt["first_cluster_count"] == 3
+    assert pt["growth_rate_max_rel_error"] < 1e-6 and pt["mass_error"] < 1e-12 and pt["min_rho"] >= 0
+    particles = {"kind": "pde", "mode": "particles", "dtype": "float64", "m": 64, "t1": 1.0,
+                 "n_save": 3, "particles": {"n": [20, 80], "repeats": [2], "times": [0.0, 1.0],
+                                            "timing_m": 64, "dt": 0.25}}
+    res = run_experiment(particles, tmp_path / "p", progress=False, log=lambda *a: None)
+    fit = res.summary["results"]["particles"][0]
+    assert set(fit["per_time"]) == {"t=0", "t=1"} and len(fit["particle_step_seconds"]) == 2
+    assert {p.rsplit("/", 1)[-1] for p in res.figures} >= {"spacetime.png", "particles_vs_density.png"}
+    assert len(report(tmp_path / "p", log=lambda *a: None)) == len(res.figures)

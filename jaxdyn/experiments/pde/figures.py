@@ -11,8 +11,9 @@ from ... import plots
 from .summary import grid_points
 
 
-def _label(lab):
-    return ", ".join(f"{'β' if k == 'beta' else 'σ' if k == 'sigma' else k} = {v:g}" for k, v in lab.items())
+def _label(lab, cfg=None):
+    text = ", ".join(f"{'β' if k == 'beta' else 'σ' if k == 'sigma' else k} = {v:g}" for k, v in lab.items())
+    return text or (f"β = {cfg['beta']:g}" if cfg else "")
 
 
 def plot(cfg, ds, out_dir):
@@ -37,7 +38,7 @@ def plot(cfg, ds, out_dir):
         rho = np.asarray(d["rho"].values) * 2 * np.pi
         im = ax.pcolormesh(theta, t, np.maximum(rho, 1e-3), norm=LogNorm(1e-3, max(rho.max(), 10)),
                            shading="auto", cmap="magma", rasterized=True)
-        ax.set_title(_label({k: v for k, v in lab.items() if k != "seed"}) +
+        ax.set_title(_label({k: v for k, v in lab.items() if k != "seed"}, cfg) +
                      f"\nk* = {int(d['k_star'])}, first clusters: {int(d['first_cluster_count'])}", fontsize=9)
         ax.set_xlabel("θ")
         if ax is axes[0][0]:
@@ -51,7 +52,7 @@ def plot(cfg, ds, out_dir):
     ks = np.asarray(ds["k"].values)
     for i, (lab, d) in enumerate(show):
         th, g = np.asarray(d["growth_theory"].values), np.asarray(d["growth_measured"].values)
-        ax.plot(ks, th, "-", color=f"C{i}", lw=1.2, label=_label({k: v for k, v in lab.items() if k != "seed"}))
+        ax.plot(ks, th, "-", color=f"C{i}", lw=1.2, label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         ax.plot(ks, g, "o", color=f"C{i}", ms=4, mfc="none")
     ax.set_xlabel("mode k")
     ax.set_ylabel("growth rate λ_k")
@@ -78,7 +79,7 @@ def plot(cfg, ds, out_dir):
         a1.grid(alpha=0.3)
         for i, (lab, d) in enumerate(show):
             a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
-                    label=_label({k: v for k, v in lab.items() if k != "seed"}))
+                    label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         a2.set_xlabel("t")
         a2.set_ylabel("cluster count (0: not yet broken up)")
         a2.set_title("clusters appear, then merge", fontsize=9)
