@@ -189,6 +189,21 @@ def test_sphere_s2_zonal_rates_converge_at_second_order(grids, last):
     assert np.all(errs[1, 1:] / errs[2, 1:] > 3.5) and np.all(errs[0, 1:] / errs[1, 1:] > 3.5), errs
 
 
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized"])
+def test_sphere_s2_longitude_fft_matches_dense(normalization):
+    rng = np.random.default_rng(0)
+    R = np.array([[0.8, -0.3, 0.0], [0.3, 0.8, 0.0], [0.0, 0.0, 1.3]])  # axial B = Rᵀ
+    V = rng.standard_normal((3, 3))
+    rho = jnp.asarray(rng.random((12, 24)) + 0.5)
+    fft = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization)
+    dense = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization, kernel="dense")
+    assert fft.kernel == "fft"
+    a, b = np.asarray(fft(0.0, rho)), np.asarray(dense(0.0, rho))
+    np.testing.assert_allclose(a, b, atol=1e-12 * np.abs(b).max())
+    with pytest.raises(ValueError, match="kernel='fft' needs B"):
+        pde.SphereDensity(np.diag([1.0, 0.5, 1.0]), np.eye(3), V, 1.0, 8, 16, kernel="fft")
+
+
 def test_sphere_s2_mass_and_positivity():
     model = pde.SphereDensity(np.eye(3), np.eye(3), np.diag([1.0, 0.5, -0.2]), 6.0, 8, 16, sigma=0.2)
     rng = np.random.default_rng(0)

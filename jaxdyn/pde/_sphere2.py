@@ -8,9 +8,13 @@ averages ρ_ij; areas A_i = Δφ (cos ϑ_i − cos ϑ_{i+1}). The two kernel int
 are evaluated at the face midpoints by a dense (faces × cells) kernel matrix against ρ_ij A_i
 (midpoint quadrature: second order), row-shifted by its max (a softmax): O(F·C) time and
 memory a step, F ≈ 2C faces, C = n_lat·n_lon cells (C = 2048: 8.4 M entries, 67 MB in float64;
-C = 8192: 134 M entries, 1 GB, which is where this version stops on a small machine). For
-Q = K = I the kernel depends on the longitude difference only, so an FFT in longitude would cut
-this to O(n_lat² n_lon log n_lon); not done here.
+C = 8192: 134 M entries, 1 GB, which is where the dense path stops on a small machine)
+(``kernel="dense"``). When B = QᵀK is invariant under rotations about the z axis
+([[a, −b, 0], [b, a, 0], [0, 0, c]], e.g. Q = K = I) the logit depends on the longitude
+difference only, and ``kernel="fft"`` (chosen by ``"auto"``) evaluates every pair of latitude
+rows as a circular convolution by FFT in longitude: O(n_lat² n_lon) a quantity plus the FFTs,
+with the kernel shifted by its global bound β(√(a²+b²) + |c|) instead of a per-row max (as on S¹;
+|m| ≤ 1 is enforced).
 
 Transport: normal velocity X·e_ϑ on ϑ-faces and X·e_φ on φ-faces, upwind flux with a MUSCL-MC
 reconstruction in each direction (face values between neighbouring averages); the pole faces
@@ -57,8 +61,10 @@ class SphereDensity(eqx.Module):
     n_lat: int = eqx.field(static=True)
     n_lon: int = eqx.field(static=True)
     normalization: str = eqx.field(static=True, default="softmax")
+    kernel: str = eqx.field(static=True, default="dense")
 
-    def __init__(self, Q, K, V, beta, n_lat, n_lon, *, sigma=0.0, normalization="softmax", dtype=None):
+    def __init__(self, Q, K, V, beta, n_lat, n_lon, *, sigma=0.0, normalization="softmax",
+                 kernel="auto", dtype=None):
         if dtype is None:
             qd = jnp.asarray(Q).dtype
             dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
@@ -79,6 +85,19 @@ class SphereDensity(eqx.Module):
             raise ValueError(f"sigma (noise) must be >= 0, got {float(self.sigma)}")
         self.n_lat, self.n_lon = int(n_lat), int(n_lon)
         self.normalization = normalization
+        if kernel not in ("auto", "dense", "fft"):
+            raise ValueError(f"kernel must be 'auto', 'dense' or 'fft', got {kernel!r}")
+        if kernel != "dense" and not isinstance(Q, jax.core.Tracer):
+            Bn = np.asarray(Q).T @ np.asarray(K)
+            axial = (abs(Bn[0, 0] - Bn[1, 1]) + abs(Bn[0, 1] + Bn[1, 0]) + np.abs(Bn[:2, 2]).sum()
+                     + np.abs(Bn[2, :2]).sum()) <= 1e-12 * (np.abs(Bn).max() + 1e-300)
+            if kernel == "fft" and not axial:
+                raise ValueError("kernel='fft' needs B = QᵀK invariant under rotations about the "
+                                 "z axis ([[a, −b, 0], [b, a, 0], [0, 0, c]]); use kernel='dense'")
+            kernel = "fft" if axial else "dense"
+        elif kernel == "auto":
+            raise ValueError("kernel='auto' needs concrete Q, K; pass kernel='fft' or 'dense'")
+        self.kernel = kernel
 
     @property
     def shape(self):
@@ -117,6 +136,36 @@ class SphereDensity(eqx.Module):
         X = mvec @ self.V.T
         return X - jnp.sum(X * pts, -1, keepdims=True) * pts
 
+    def _field_fft(self, rho, g, t_rows, offset):
+        """X at points (t_rows[i], pc_j + offset) by FFTs in longitude: for B axial the logit
+        β[sinϑ sinϑ' (a cos Δφ + b sin Δφ) + c cosϑ cosϑ'] depends on Δφ only, so every pair of
+        latitude rows is a circular convolution: O(n_lat² n_lon) a quantity instead of
+        O(n_lat² n_lon²)."""
+        B = self.Q.T @ self.K
+        a, b, c = (B[0, 0] + B[1, 1]) / 2, (B[1, 0] - B[0, 1]) / 2, B[2, 2]
+        shift = self.beta * (jnp.sqrt(a * a + b * b) + jnp.abs(c))
+        dm = jnp.arange(self.n_lon, dtype=rho.dtype) * g["dph"] + offset
+        st, ct = jnp.sin(t_rows)[:, None, None], jnp.cos(t_rows)[:, None, None]
+        ss, cs = jnp.sin(g["tc"])[None, :, None], jnp.cos(g["tc"])[None, :, None]
+        kern = jnp.exp(self.beta * (st * ss * (a * jnp.cos(dm) + b * jnp.sin(dm)) + c * ct * cs) - shift)
+        khat = jnp.fft.fft(kern, axis=-1)                                   # (T, S, n_lon)
+        w = rho * g["area"][:, None]
+        pc = g["pc"][None, :]
+        qs = [w * jnp.sin(g["tc"])[:, None] * jnp.exp(1j * pc), w * jnp.cos(g["tc"])[:, None], w]
+        outs = [jnp.fft.ifft(jnp.einsum("tsm,sm->tm", khat, jnp.fft.fft(q, axis=-1)), axis=-1) for q in qs]
+        nxy, nz, d = outs[0], jnp.real(outs[1]), jnp.real(outs[2])
+        num = jnp.stack([jnp.real(nxy), jnp.imag(nxy), nz], -1)
+        if self.normalization == "softmax":
+            mvec = num / jnp.maximum(d, jnp.finfo(rho.dtype).tiny)[..., None]
+            r = jnp.linalg.norm(mvec, axis=-1, keepdims=True)
+            mvec = jnp.where(r > 1, mvec / jnp.maximum(r, 1), mvec) * (d > 0)[..., None]
+        else:
+            mvec = num * jnp.exp(shift)
+        T, P = jnp.meshgrid(t_rows, g["pc"] + offset, indexing="ij")
+        pts = self._xyz(T, P)
+        X = mvec @ self.V.T
+        return (X - jnp.sum(X * pts, -1, keepdims=True) * pts).reshape(-1, 3)
+
     def __call__(self, t, rho, args=None):
         g = self.geometry(rho.dtype)
         nl, nn = self.n_lat, self.n_lon
@@ -127,8 +176,12 @@ class SphereDensity(eqx.Module):
         Tt, Pt = jnp.meshgrid(g["te"][1:-1], g["pc"], indexing="ij")
         Tp, Pp = jnp.meshgrid(g["tc"], g["pe"], indexing="ij")
         xt, xp = self._xyz(Tt, Pt).reshape(-1, 3), self._xyz(Tp, Pp).reshape(-1, 3)
-        X = self._field(jnp.concatenate([xt, xp]), y, w)
-        Xt, Xp = X[: xt.shape[0]], X[xt.shape[0]:]
+        if self.kernel == "fft":
+            Xt = self._field_fft(rho, g, g["te"][1:-1], 0.0)
+            Xp = self._field_fft(rho, g, g["tc"], -g["dph"] / 2)
+        else:
+            X = self._field(jnp.concatenate([xt, xp]), y, w)
+            Xt, Xp = X[: xt.shape[0]], X[xt.shape[0]:]
         e_t = jnp.stack([jnp.cos(Tt) * jnp.cos(Pt), jnp.cos(Tt) * jnp.sin(Pt), -jnp.sin(Tt)], -1).reshape(-1, 3)
         e_p = jnp.stack([-jnp.sin(Pp), jnp.cos(Pp), jnp.zeros_like(Pp)], -1).reshape(-1, 3)
         vt = jnp.sum(Xt * e_t, -1).reshape(nl - 1, nn)   # southward velocity at ϑ-faces
