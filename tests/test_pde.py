@@ -128,6 +128,15 @@ def test_vmap_over_beta_and_sigma():
         np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one), rtol=1e-12, atol=1e-14)
 
 
+def test_status_on_the_result_and_throw():
+    model = pde.CircleDensity(I2, I2, I2, 5.0, 32)
+    rho0 = pde.uniform_density(32, jnp.float64)
+    sol = pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5)
+    assert sol.names == "max_steps_reached" and not bool(sol.ok)
+    with pytest.raises(Exception, match="max_steps"):
+        jax.block_until_ready(pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5, throw=True).rho)
+
+
 def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="beta"):
         pde.CircleDensity(I2, I2, I2, -1.0, 64)
