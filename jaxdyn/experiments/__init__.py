@@ -31,6 +31,7 @@ KINDS = {
     "gaussian": "jaxdyn.experiments.gaussian",
     "reachability": "jaxdyn.experiments.reachability",
     "gaussianity": "jaxdyn.experiments.gaussianity",
+    "pde": "jaxdyn.experiments.pde",
 }
 
 

@@ -1,0 +1,119 @@
+"""Kind ``pde``: figures (ρ(θ, t) space–time images across β, growth rates against the
+formula, first cluster count against k*, particles against the density)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ... import plots
+from .summary import grid_points
+
+
+def _label(lab, cfg=None):
+    text = ", ".join(f"{'β' if k == 'beta' else 'σ' if k == 'sigma' else k} = {v:g}" for k, v in lab.items())
+    return text or (f"β = {cfg['beta']:g}" if cfg else "")
+
+
+def plot(cfg, ds, out_dir):
+    plt = plots.pyplot()
+    from matplotlib.colors import LogNorm
+
+    out_dir = Path(out_dir)
+    figs = []
+    pts = grid_points(ds)
+    # one point per β (the first seed / σ) for the space–time images
+    seen, show = set(), []
+    for lab, d in pts:
+        b = lab.get("beta", cfg["beta"])
+        if b in seen or (cfg["figure_betas"] and not any(abs(b - fb) < 1e-9 for fb in cfg["figure_betas"])):
+            continue
+        seen.add(b)
+        show.append((lab, d))
+    theta = np.asarray(ds["theta"].values)
+    t = np.asarray(ds["t"].values)
+    fig, axes = plt.subplots(1, len(show), figsize=(3.4 * len(show), 3.6), squeeze=False)
+    for ax, (lab, d) in zip(axes[0], show):
+        rho = np.asarray(d["rho"].values) * 2 * np.pi
+        im = ax.pcolormesh(theta, t, np.maximum(rho, 1e-3), norm=LogNorm(1e-3, max(rho.max(), 10)),
+                           shading="auto", cmap="magma", rasterized=True)
+        ax.set_title(_label({k: v for k, v in lab.items() if k != "seed"}, cfg) +
+                     f"\nk* = {int(d['k_star'])}, first clusters: {int(d['first_cluster_count'])}", fontsize=9)
+        ax.set_xlabel("θ")
+        if ax is axes[0][0]:
+            ax.set_ylabel("t")
+    fig.colorbar(im, ax=axes[0].tolist(), label="2π ρ(θ, t)", shrink=0.8)
+    fig.suptitle(f"{cfg['name']}: the density ρ(θ, t) on S¹ ({cfg['mode']})", fontsize=10, y=1.06)
+    figs.append(plots.save(fig, out_dir / "spacetime.png"))
+
+    # growth rates against the formula
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    ks = np.asarray(ds["k"].values)
+    for i, (lab, d) in enumerate(show):
+        th, g = np.asarray(d["growth_theory"].values), np.asarray(d["growth_measured"].values)
+        ax.plot(ks, th, "-", color=f"C{i}", lw=1.2, label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
+        ax.plot(ks, g, "o", color=f"C{i}", ms=4, mfc="none")
+    ax.set_xlabel("mode k")
+    ax.set_ylabel("growth rate λ_k")
+    ax.set_title("solver (circles) against (k²/β) I_k(β)/I_0(β) − σ²k²/2 (lines)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    figs.append(plots.save(fig, out_dir / "growth_rates.png"))
+
+    if cfg["mode"] == "clusters":
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        bs = np.array([lab.get("beta", cfg["beta"]) for lab, _ in pts])
+        counts = np.array([int(d["first_cluster_count"]) for _, d in pts])
+        kst = np.array([int(d["k_star"]) for _, d in pts])
+        jitter = np.linspace(-0.04, 0.04, max(1, len(pts)))[np.arange(len(pts)) % max(1, len(pts))]
+        a1.plot(bs * (1 + 0 * jitter), counts, "o", mfc="none", label="first clusters (solver, each seed)")
+        order = np.argsort(bs)
+        a1.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k/I_0")
+        bb = np.geomspace(bs.min(), bs.max(), 100)
+        a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
+        a1.set_xscale("log")
+        a1.set_xlabel("β")
+        a1.set_ylabel("clusters")
+        a1.legend(fontsize=7)
+        a1.grid(alpha=0.3)
+        for i, (lab, d) in enumerate(show):
+            a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
+                    label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
+        a2.set_xlabel("t")
+        a2.set_ylabel("cluster count (0: not yet broken up)")
+        a2.set_title("clusters appear, then merge", fontsize=9)
+        a2.legend(fontsize=7)
+        a2.grid(alpha=0.3)
+        figs.append(plots.save(fig, out_dir / "cluster_counts.png"))
+
+    if "w1" in ds:
+        lab, d = pts[0]
+        ns = np.asarray(ds["n"].values, float)
+        tc = np.asarray(ds["t_compare"].values)
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.5, 3.9))
+        for j, tt in enumerate(tc):
+            w = np.asarray(d["w1"].values)[:, j]
+            e = np.asarray(d["w1_sem"].values)[:, j]
+            slope = np.polyfit(np.log(ns), np.log(w), 1)[0]
+            a1.errorbar(ns, w, yerr=e, fmt="o-", ms=4, capsize=2, label=f"t = {tt:g} (slope {slope:.2f})")
+        a1.plot(ns, np.asarray(d["w1"].values)[0, 0] * np.sqrt(ns[0] / ns), "k:", label="N^{-1/2}")
+        a1.set_xscale("log")
+        a1.set_yscale("log")
+        a1.set_xlabel("particles N")
+        a1.set_ylabel("W1(particles, ρ(t)) on S¹")
+        a1.legend(fontsize=7)
+        a1.grid(alpha=0.3, which="both")
+        for j, tt in enumerate(tc):
+            a2.plot(theta, np.asarray(d["rho_compare"].values)[j] * 2 * np.pi, "-", color=f"C{j}", lw=1.2,
+                    label=f"density, t = {tt:g}")
+            a2.plot(theta, np.asarray(d["kde_compare"].values)[j] * 2 * np.pi, "--", color=f"C{j}", lw=0.9)
+        a2.set_yscale("log")
+        a2.set_ylim(1e-2, None)
+        a2.set_xlabel("θ")
+        a2.set_ylabel("2π ρ")
+        a2.set_title(f"density (solid) vs kernel density of N = {int(ns.max())} particles (dashed)",
+                     fontsize=9)
+        a2.legend(fontsize=7)
+        figs.append(plots.save(fig, out_dir / "particles_vs_density.png"))
+    return figs

@@ -1,0 +1,147 @@
+"""Kind ``pde``: solve the density on S¹; clusters, growth rates, particles against the density."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ... import pde
+from ...models import SphereAttention
+from ...simulation import simulate
+
+
+def _dtype(pc):
+    return jnp.float64 if pc["dtype"] == "float64" else jnp.float32
+
+
+def _model(pc, m=None):
+    I2 = np.eye(2)
+    return pde.CircleDensity(I2, I2, I2, pc["beta"], m or pc["m"], sigma=pc["sigma"],
+                             normalization=pc["normalization"], diffusion=pc["diffusion"],
+                             dtype=_dtype(pc))
+
+
+def _rho0(pc):
+    m = pc["m"]
+    if pc["mode"] == "clusters":
+        return pde.perturbed_uniform(m, pc["eps"], jax.random.PRNGKey(pc["seed"]))
+    k, a = pc["init_k"], pc["init_amp"]
+    return (1 + a * np.asarray(pde.cos_mode(m, k, jnp.float64))) / (2 * math.pi)
+
+
+def _median_seconds(fn, x, reps=5):
+    jax.block_until_ready(fn(x))
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        out.append(time.perf_counter() - t0)
+    return float(np.median(out))
+
+
+def _one_point(pc):
+    model = _model(pc)
+    rho0 = _rho0(pc)
+    ts = np.linspace(0.0, pc["t1"], pc["n_save"])
+    t0 = time.perf_counter()
+    sol = pde.solve_density(model, rho0, t1=pc["t1"], ts=ts, cfl=pc["cfl"])
+    rho = np.asarray(jax.block_until_ready(sol.rho), float)
+    seconds = time.perf_counter() - t0
+    ks = np.arange(1, pc["growth_k"] + 1)
+    grow = np.asarray(pde.growth_rate(model, ks))
+    theory = pde.linear_rates(pc["beta"], ks, sigma=pc["sigma"], normalization=pc["normalization"])
+    counts = pde.cluster_counts(rho)
+    t_first, n_first = pde.first_clusters(ts, rho)
+    merges = pde.merge_times(ts, rho)
+    out = {
+        "rho": (("t", "theta"), rho),
+        "cluster_count": (("t",), counts.astype(float)),
+        "growth_measured": (("k",), grow),
+        "growth_theory": (("k",), theory),
+        "k_star": ((), float(pde.most_unstable_mode(pc["beta"], sigma=pc["sigma"]))),
+        "first_cluster_time": ((), t_first),
+        "first_cluster_count": ((), float(n_first)),
+        "first_merge_time": ((), merges[0][0] if merges else float("nan")),
+        "mass_error": ((), float(sol.stats["mass_error"])),
+        "min_rho": ((), float(sol.stats["min_rho"])),
+        "num_steps": ((), float(sol.stats["num_steps"])),
+        "solve_seconds": ((), seconds),
+        "finite": ((), bool(np.all(sol.ok)) and bool(np.all(np.isfinite(rho)))),
+    }
+    coords = {"t": ts, "theta": np.asarray(pde.circle_grid(pc["m"])[0]), "k": ks}
+    if pc["mode"] == "particles":
+        pv, pcoords = _particles(pc, model, rho0)
+        out.update(pv)
+        coords.update(pcoords)
+    return out, coords
+
+
+def _particles(pc, model, rho0):
+    p = pc["particles"]
+    times = np.asarray(p["times"], float)
+    ref = pde.solve_density(model, rho0, t1=pc["t1"], ts=np.unique(np.concatenate([[0.0], times, [pc["t1"]]])),
+                            cfl=pc["cfl"])
+    ref_ts = np.asarray(ref.ts)
+    ref_rho = np.asarray(ref.rho, float)
+    rho_at = [ref_rho[int(np.argmin(np.abs(ref_ts - t)))] for t in times]
+    reps = p["repeats"] * len(p["n"]) if len(p["repeats"]) == 1 else p["repeats"]
+    pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
+    I2 = jnp.eye(2, dtype=pdt)
+    field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"],
+                            normalization=pc["normalization"])
+    w_mean, w_std, step_s = [], [], []
+    kde = None
+    for n, r in zip(p["n"], reps):
+        vals = []
+        for s in range(r):
+            x0 = pde.sample_density(jax.random.PRNGKey(1000 * pc["seed"] + s), rho0, n)
+            tr = simulate(field, jnp.asarray(x0, pdt), t1=float(times.max()) if times.max() > 0 else p["dt"],
+                          dt=p["dt"], saveat=[float(t) for t in times] if times.max() > 0 else None,
+                          method="rk4")
+            xs = np.asarray(tr.xs, float)
+            vals.append([pde.w1_circle(rho_at[i], xs[i]) for i in range(len(times))])
+            if s == 0 and n == max(p["n"]):
+                kde = np.stack([pde.kde_circle(xs[i], pc["m"], p["kde_bandwidth"]) for i in range(len(times))])
+        vals = np.asarray(vals)
+        w_mean.append(vals.mean(0))
+        w_std.append(vals.std(0, ddof=1) / math.sqrt(len(vals)) if len(vals) > 1 else np.full(len(times), np.nan))
+        # one RK4 step = 4 field evaluations
+        x = jnp.asarray(pde.sample_density(jax.random.PRNGKey(7), rho0, n), pdt)
+        step_s.append(4 * _median_seconds(jax.jit(lambda y: field(0.0, y)), x, reps=3))
+    # one Heun step of the density = 2 right-hand sides, at M = timing_m
+    big = _model(pc, p["timing_m"])
+    rb = jnp.asarray(pde.uniform_density(p["timing_m"], _dtype(pc)))
+    pde_step = 2 * _median_seconds(jax.jit(lambda y: big(0.0, y)), rb)
+    # the density's own W1 error at M: against M·4 (the same run, a finer grid)
+    fine_pc = dict(pc, m=4 * pc["m"])
+    fine = pde.solve_density(_model(fine_pc), (1 + pc["init_amp"] * np.asarray(
+        pde.cos_mode(4 * pc["m"], pc["init_k"], jnp.float64))) / (2 * math.pi), t1=float(max(times.max(), 1e-9)),
+        ts=np.unique(np.concatenate([[0.0], times])), cfl=pc["cfl"])
+    fine_rho = np.asarray(fine.rho, float)
+    fts = np.asarray(fine.ts)
+    grid_w1 = [pde.w1_circle_densities(rho_at[i], fine_rho[int(np.argmin(np.abs(fts - t)))])
+               for i, t in enumerate(times)]
+    out = {
+        "w1": (("n", "t_compare"), np.asarray(w_mean)),
+        "w1_sem": (("n", "t_compare"), np.asarray(w_std)),
+        "rho_compare": (("t_compare", "theta"), np.stack(rho_at)),
+        "kde_compare": (("t_compare", "theta"), kde),
+        "particle_step_seconds": (("n",), np.asarray(step_s)),
+        "density_step_seconds": ((), pde_step),
+        "density_w1_grid_error": (("t_compare",), np.asarray(grid_w1)),
+    }
+    return out, {"n": np.asarray(p["n"]), "t_compare": times}
+
+
+def run_points(pcs):
+    rows, coords = [], None
+    for pc in pcs:
+        v, coords = _one_point(pc)
+        rows.append(v)
+    vars_ = {name: (rows[0][name][0], np.stack([np.asarray(r[name][1]) for r in rows]))
+             for name in rows[0]}
+    return vars_, coords

@@ -1,0 +1,77 @@
+"""Kind ``pde``: config fields, checks and memory estimates."""
+
+from __future__ import annotations
+
+import jax
+
+from ...config import ConfigError, Field, all_positive, at_least, nonnegative, positive
+
+MODES = ("clusters", "particles")
+
+PARTICLE_FIELDS = {
+    "n": Field("list", [100, 1000], "particle counts N", item="int", check=all_positive),
+    "repeats": Field("list", [4], "seeds per N (one value for all, or one per N)", item="int",
+                     check=all_positive),
+    "dt": Field("float", 0.1, "particle step (projected RK4)", check=positive),
+    "times": Field("list", [0.0, 2.0, 4.0], "times at which W1(particles, ρ) is measured", item="float"),
+    "kernel": Field("str", "auto", "attention kernel of the particle field",
+                    choices=("auto", "dense", "blocked")),
+    "dtype": Field("str", "float32", "particle floating type", choices=("float32", "float64")),
+    "kde_bandwidth": Field("float", 0.03, "bandwidth of the figure's kernel density", check=positive),
+    "timing_m": Field("int", 4096, "grid size M of the timed density step", check=at_least(8)),
+}
+
+SCHEMA = {
+    "mode": Field("str", "clusters", "what the run measures", choices=MODES),
+    "beta": Field("float", 5.0, "inverse temperature β", check=positive, sweepable=True),
+    "sigma": Field("float", 0.0, "noise σ (the equation gets (σ²/2)Δρ)", check=nonnegative, sweepable=True),
+    "seed": Field("int", 0, "seed of the perturbation (clusters) or of the particles", sweepable=True),
+    "m": Field("int", 512, "grid cells M on S¹", check=at_least(8)),
+    "t1": Field("float", 100.0, "final time", check=positive),
+    "n_save": Field("int", 401, "saved times (evenly spaced on [0, t1])", check=at_least(2)),
+    "cfl": Field("float", 0.9, "step as a fraction of the positivity step", check=positive),
+    "normalization": Field("str", "softmax", "attention normalisation", choices=("softmax", "unnormalized")),
+    "diffusion": Field("str", "fd", "noise discretisation", choices=("fd", "spectral")),
+    "dtype": Field("str", "float64", "floating type", choices=("float32", "float64")),
+    "eps": Field("float", 1.0e-8, "clusters: amplitude ε of the perturbation", check=positive),
+    "init_k": Field("int", 3, "particles: ρ0 = (1 + a cos kθ)/(2π), the mode k", check=at_least(1)),
+    "init_amp": Field("float", 0.5, "particles: the amplitude a (|a| < 1)"),
+    "growth_k": Field("int", 12, "modes k = 1..K whose linear growth rates are measured", check=at_least(1)),
+    "particles": Field("section", {}, "particle runs (mode: particles)", schema=PARTICLE_FIELDS),
+    "figure_betas": Field("list", [], "β values shown in the space–time figure (default: all)", item="float"),
+}
+
+BATCH_AXES = ()
+
+
+def check(cfg):
+    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
+        raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set JAX_ENABLE_X64=1 "
+                          "(the CLI does this for float64 configs)")
+    if abs(cfg["init_amp"]) >= 1:
+        raise ConfigError(f"config field 'init_amp': must satisfy |a| < 1 (ρ0 ≥ 0), got {cfg['init_amp']}")
+    p = cfg["particles"]
+    if len(p["repeats"]) not in (1, len(p["n"])):
+        raise ConfigError(f"config field 'particles.repeats': one value or one per N ({len(p['n'])}), "
+                          f"got {p['repeats']}")
+    if cfg["mode"] == "particles" and any(not 0 <= t <= cfg["t1"] for t in p["times"]):
+        raise ConfigError(f"config field 'particles.times': every time must lie in [0, t1 = {cfg['t1']}]")
+    warns = []
+    if cfg["mode"] == "particles" and max(p["n"]) > 30000:
+        warns.append(f"N = {max(p['n'])}: each particle step costs O(N²) kernel evaluations "
+                     "(blocked kernel); on a few CPU cores this takes hours")
+    return warns
+
+
+def estimate_bytes(pc):
+    item = 8 if pc["dtype"] == "float64" else 4
+    m = pc["m"]
+    est = item * (pc["n_save"] * m + 40 * m)
+    if pc["mode"] == "particles":
+        n = max(pc["particles"]["n"])
+        est += 4 * (min(n, 1024) * n + 16 * n)
+    return est
+
+
+def output_bytes(pc):
+    return 8 * (pc["n_save"] * pc["m"] + 4 * pc["m"] + 64)

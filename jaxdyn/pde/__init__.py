@@ -1,0 +1,51 @@
+"""The mean-field equation itself: a solver for the density ρ(t) on S¹ and S² (docs/math.md §C).
+
+``CircleDensity`` is the right-hand side on a grid of M cells of S¹ (FFT convolutions, a
+positivity-preserving finite-volume flux, optional noise); ``SphereDensity`` the same on a
+latitude–longitude grid of S² (dense kernel, second order); ``solve_density`` integrates either
+with diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` (S¹) and
+``zonal_growth_rate``/``sphere_rates`` (S²) are the linear stability of the uniform state;
+``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles;
+``perturbed_uniform``, ``cluster_counts``, ``first_clusters``, ``merge_times`` read clusters.
+
+Modules: ``_circle`` (S¹ grid, kernels, flux), ``_sphere2`` (S²), ``_solve`` (the diffrax
+driver and the result type), ``_theory`` (rates), ``_particles`` (sampling, KDE, W1),
+``_clusters`` (cluster analysis).
+"""
+
+from ._circle import (
+    CircleDensity as CircleDensity,
+    cfl_dt as cfl_dt,
+    circle_grid as circle_grid,
+    cos_mode as cos_mode,
+    mode_amplitude as mode_amplitude,
+    uniform_density as uniform_density,
+    velocity_bound as velocity_bound,
+)
+from ._solve import DensitySolution as DensitySolution, METHODS as METHODS, solve_density as solve_density
+from ._theory import (
+    growth_rate as growth_rate,
+    linear_rates as linear_rates,
+    most_unstable_mode as most_unstable_mode,
+)
+from ._particles import (
+    angles as angles,
+    kde_circle as kde_circle,
+    sample_density as sample_density,
+    w1_circle as w1_circle,
+    w1_circle_densities as w1_circle_densities,
+)
+from ._clusters import (
+    cluster_counts as cluster_counts,
+    clusters as clusters,
+    first_clusters as first_clusters,
+    merge_times as merge_times,
+    perturbed_uniform as perturbed_uniform,
+)
+from ._sphere2 import (
+    SphereDensity as SphereDensity,
+    sphere_cfl_dt as sphere_cfl_dt,
+    sphere_rates as sphere_rates,
+    zonal_growth_rate as zonal_growth_rate,
+    zonal_mode as zonal_mode,
+)

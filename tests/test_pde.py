@@ -1,0 +1,303 @@
+"""The mean-field density solver on S¹ (jaxdyn.pde; docs/math.md §C): linear stability of the
+uniform state against the Bessel formula, the dense kernel against a direct quadrature, mass and
+positivity, vmap over (β, σ), the exact circular W1; slow: the first cluster count k*, the
+grid-refinement order of a cluster profile, particles → density at rate N^{-1/2}."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn import pde
+
+I2 = np.eye(2)
+
+
+def _cell_averages(f, m, q=64):
+    """Cell averages of f on the M cells centred at jh (Gauss–Legendre, q nodes a cell)."""
+    x, w = np.polynomial.legendre.leggauss(q)
+    h = 2 * math.pi / m
+    c = np.arange(m) * h
+    return sum(wi / 2 * f(c + xi * h / 2) for xi, wi in zip(x, w))
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized"])
+@pytest.mark.parametrize("beta", [1.0, 5.0, 20.0, 100.0])
+def test_growth_rates_match_bessel_formula(beta, normalization):
+    # The JVP of the discrete right-hand side at the uniform state, on the cell averages of
+    # cos kθ, projected on mode k. Exact in exact arithmetic (spectral face velocity, FV exact
+    # for cell averages), so only rounding separates it from λ_k.
+    model = pde.CircleDensity(I2, I2, I2, beta, 1024, normalization=normalization)
+    ks = np.arange(1, 11)
+    lam = pde.linear_rates(beta, ks, normalization=normalization)
+    got = np.asarray(pde.growth_rate(model, ks))
+    np.testing.assert_allclose(got, lam, rtol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [1.0, 5.0, 20.0, 100.0])
+def test_growth_rates_with_noise(beta):
+    sigma = 0.3
+    ks = np.arange(1, 11)
+    spec = pde.CircleDensity(I2, I2, I2, beta, 1024, sigma=sigma, diffusion="spectral")
+    got = np.asarray(pde.growth_rate(spec, ks))
+    lam = pde.linear_rates(beta, ks, sigma=sigma)
+    scale = pde.linear_rates(beta, ks) + sigma ** 2 * ks ** 2 / 2  # the two parts' size
+    assert np.max(np.abs(got - lam) / scale) < 1e-6
+    # the positivity-preserving finite-difference noise: its exact discrete symbol
+    fd = pde.CircleDensity(I2, I2, I2, beta, 1024, sigma=sigma, diffusion="fd")
+    got = np.asarray(pde.growth_rate(fd, ks))
+    h = 2 * math.pi / 1024
+    sym = pde.linear_rates(beta, ks) - sigma ** 2 / 2 * (2 * np.sin(ks * h / 2) / h) ** 2
+    assert np.max(np.abs(got - sym) / scale) < 1e-6
+
+
+def test_growth_rate_by_time_integration():
+    # the same rate read off a nonlinear solve: log of the mode-3 amplitude over t ∈ [0, 2]
+    # from ε = 1e-7 (the nonlinearity touches mode k at O(ε²) relative), Tsit5 at rtol 1e-12
+    beta, k, m = 5.0, 3, 256
+    model = pde.CircleDensity(I2, I2, I2, beta, m, kernel="fft")
+    rho0 = pde.uniform_density(m, jnp.float64) + 1e-7 * pde.cos_mode(m, k, jnp.float64) / (2 * math.pi)
+    sol = pde.solve_density(model, rho0, t1=2.0, n_save=2, method="tsit5", dt=0.01, rtol=1e-12, atol=1e-20)
+    a = np.abs(np.asarray(pde.mode_amplitude(sol.rho, k)))
+    rate = math.log(a[1] / a[0]) / 2.0
+    assert abs(rate / pde.linear_rates(beta, [k])[0] - 1) < 1e-6
+
+
+def test_dense_kernel_matches_quadrature_general_weights():
+    # B = QᵀK with a cos(θ+φ) part (not a function of θ − φ): the dense path against a
+    # direct trapezoid quadrature of the analytic density (spectrally accurate on 4096 nodes)
+    rng = np.random.default_rng(1)
+    Q, K, V = (rng.standard_normal((2, 2)) for _ in range(3))
+    beta, m = 3.0, 256
+    f = lambda th: np.exp(1.5 * np.cos(th - 0.4) + 0.3 * np.sin(2 * th))
+    rho = _cell_averages(f, m)
+    model = pde.CircleDensity(Q, K, V, beta, m)
+    assert model.kernel == "dense"
+    v = np.asarray(model.velocity(jnp.asarray(rho)))
+    faces = (np.arange(m) + 0.5) * 2 * math.pi / m
+    phi = np.arange(4096) * 2 * math.pi / 4096
+    B = Q.T @ K
+    ef = np.stack([np.cos(faces), np.sin(faces)], -1)
+    ep = np.stack([np.cos(phi), np.sin(phi)], -1)
+    w = np.exp(beta * ef @ B @ ep.T) * f(phi)
+    mvec = (w @ ep) / w.sum(1, keepdims=True)
+    ref = np.einsum("fi,fi->f", np.stack([-np.sin(faces), np.cos(faces)], -1), mvec @ V.T)
+    np.testing.assert_allclose(v, ref, atol=1e-10)
+
+
+def test_fft_and_dense_agree_and_auto_choice():
+    rho = _cell_averages(lambda th: np.exp(2 * np.cos(th)) * (1.2 + np.sin(3 * th)), 128)
+    R = np.array([[0.8, -0.3], [0.3, 0.8]])  # B = RᵀI = aI + bJ: a kernel in θ − φ
+    V = np.array([[1.0, 0.4], [-0.2, 0.7]])
+    fft = pde.CircleDensity(R, I2, V, 30.0, 128)
+    dense = pde.CircleDensity(R, I2, V, 30.0, 128, kernel="dense")
+    assert fft.kernel == "fft"
+    np.testing.assert_allclose(np.asarray(fft.velocity(jnp.asarray(rho))),
+                               np.asarray(dense.velocity(jnp.asarray(rho))), atol=1e-12)
+    with pytest.raises(ValueError, match="kernel='fft' needs B"):
+        pde.CircleDensity(np.diag([1.0, 0.5]), I2, I2, 1.0, 64, kernel="fft")
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.2])
+def test_mass_conserved_and_positive(sigma):
+    m = 256
+    rng = np.random.default_rng(0)
+    rho0 = np.where(rng.random(m) < 0.3, 0.0, rng.random(m))  # rough, with empty cells
+    rho0 /= rho0.sum() * 2 * math.pi / m
+    model = pde.CircleDensity(I2, I2, I2, 20.0, m, sigma=sigma)
+    sol = pde.solve_density(model, rho0, t1=3.0, n_save=7)
+    assert sol.names == "successful"
+    assert float(sol.stats["mass_error"]) < 1e-12
+    assert float(jnp.min(sol.rho)) >= 0.0
+    np.testing.assert_allclose(np.asarray(sol.mass), 1.0, atol=1e-12)
+
+
+def test_vmap_over_beta_and_sigma():
+    m = 64
+    rho0 = _cell_averages(lambda th: 1 + 0.3 * np.cos(2 * th), m) / (2 * math.pi)
+    params = [(2.0, 0.0), (8.0, 0.1)]
+    models = [pde.CircleDensity(I2, I2, I2, b, m, sigma=s) for b, s in params]
+    stack = jax.tree.map(lambda *a: jnp.stack(a), *models)
+    dt = min(float(pde.cfl_dt(mm)) for mm in models)
+    batched = jax.vmap(lambda mm: pde.solve_density(mm, rho0, t1=1.0, n_save=3, dt=dt).rho)(stack)
+    for i, mm in enumerate(models):
+        one = pde.solve_density(mm, rho0, t1=1.0, n_save=3, dt=dt).rho
+        np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one), rtol=1e-12, atol=1e-14)
+
+
+def test_status_on_the_result_and_throw():
+    model = pde.CircleDensity(I2, I2, I2, 5.0, 32)
+    rho0 = pde.uniform_density(32, jnp.float64)
+    sol = pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5)
+    assert sol.names == "max_steps_reached" and not bool(sol.ok)
+    with pytest.raises(Exception, match="max_steps"):
+        jax.block_until_ready(pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5, throw=True).rho)
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="beta"):
+        pde.CircleDensity(I2, I2, I2, -1.0, 64)
+    with pytest.raises(ValueError, match="2x2"):
+        pde.CircleDensity(np.eye(3), I2, I2, 1.0, 64)
+    with pytest.raises(ValueError, match="rho0"):
+        pde.solve_density(pde.CircleDensity(I2, I2, I2, 1.0, 64), -np.ones(64), t1=1.0)
+
+
+def test_w1_circle_exact():
+    m = 64
+    u = np.full(m, 1 / (2 * math.pi))
+    # one particle against the uniform law: ∫ |θ| dθ/2π over [−π, π] = π/2
+    assert abs(pde.w1_circle(u, np.array([[1.0, 0.0]])) - math.pi / 2) < 1e-12
+    # two antipodal half-masses against uniform: π/4
+    assert abs(pde.w1_circle(u, np.array([[1.0, 0.0], [-1.0, 0.0]])) - math.pi / 4) < 1e-12
+    # against a brute-force min over the offset on a fine grid
+    rho = _cell_averages(lambda th: np.exp(np.cos(th)), m)
+    x = pde.sample_density(jax.random.PRNGKey(3), rho, 50)
+    h = 2 * math.pi / m
+    g = (np.arange(400000) + 0.5) * 2 * math.pi / 400000
+    cdf = np.concatenate([[0], np.cumsum(rho)]) / rho.sum()
+    F = np.interp(g, np.arange(m + 1) * h, cdf)
+    G = np.searchsorted(np.sort(np.mod(pde.angles(x) + h / 2, 2 * math.pi)), g) / 50
+    d = F - G
+    brute = np.mean(np.abs(d - np.median(d))) * 2 * math.pi
+    assert abs(pde.w1_circle(rho, x) - brute) < 1e-5
+    # two densities: against the same brute force, and W1 ≤ the rotation angle
+    rho_b = np.roll(rho, 3)
+    Fb = np.interp(g, np.arange(m + 1) * h, np.concatenate([[0], np.cumsum(rho_b)]) / rho_b.sum())
+    d = F - Fb
+    brute = np.mean(np.abs(d - np.median(d))) * 2 * math.pi
+    w = pde.w1_circle_densities(rho, rho_b)
+    assert abs(w - brute) < 1e-8 and w <= 3 * h + 1e-15
+
+
+def test_kde_mass_and_limit():
+    m = 128
+    x = pde.sample_density(jax.random.PRNGKey(0), np.full(m, 1.0), 200)
+    k = pde.kde_circle(x, m, 0.1)
+    assert abs(k.sum() * 2 * math.pi / m - 1) < 1e-12
+    assert k.min() > -1e-12
+
+
+@pytest.mark.parametrize("grids,last", [((8, 16, 32), 7e-3),
+                                        pytest.param((16, 32, 64), 2e-3, marks=pytest.mark.slow)])
+def test_sphere_s2_zonal_rates_converge_at_second_order(grids, last):
+    # S² (lat–lon finite volumes, midpoint-quadrature kernel): the growth rate of the zonal
+    # harmonic P_l(cos ϑ) approaches λ_l = (l(l+1)/β) i_l(β)/i_0(β) as h² (measured ratio ≈ 4)
+    ls = np.arange(1, 5)
+    lam = pde.sphere_rates(5.0, ls)
+    errs = []
+    for nl in grids:
+        model = pde.SphereDensity(np.eye(3), np.eye(3), np.eye(3), 5.0, nl, 2 * nl)
+        got = np.asarray(pde.zonal_growth_rate(model, ls))
+        errs.append(np.abs(got / lam - 1))
+    errs = np.array(errs)
+    assert np.all(errs[-1] < last), errs
+    assert np.all(errs[1, 1:] / errs[2, 1:] > 3.5) and np.all(errs[0, 1:] / errs[1, 1:] > 3.5), errs
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "unnormalized"])
+def test_sphere_s2_longitude_fft_matches_dense(normalization):
+    rng = np.random.default_rng(0)
+    R = np.array([[0.8, -0.3, 0.0], [0.3, 0.8, 0.0], [0.0, 0.0, 1.3]])  # axial B = Rᵀ
+    V = rng.standard_normal((3, 3))
+    rho = jnp.asarray(rng.random((12, 24)) + 0.5)
+    fft = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization)
+    dense = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization, kernel="dense")
+    assert fft.kernel == "fft"
+    a, b = np.asarray(fft(0.0, rho)), np.asarray(dense(0.0, rho))
+    np.testing.assert_allclose(a, b, atol=1e-12 * np.abs(b).max())
+    with pytest.raises(ValueError, match="kernel='fft' needs B"):
+        pde.SphereDensity(np.diag([1.0, 0.5, 1.0]), np.eye(3), V, 1.0, 8, 16, kernel="fft")
+
+
+def test_sphere_s2_mass_and_positivity():
+    model = pde.SphereDensity(np.eye(3), np.eye(3), np.diag([1.0, 0.5, -0.2]), 6.0, 8, 16, sigma=0.2)
+    rng = np.random.default_rng(0)
+    r0 = np.where(rng.random((8, 16)) < 0.3, 0.0, rng.random((8, 16)))
+    r0 /= float(jnp.sum(r0 * model.cell_measure))
+    sol = pde.solve_density(model, r0, t1=0.5, n_save=3)
+    assert sol.names == "successful"
+    assert float(sol.stats["mass_error"]) < 1e-12
+    assert float(jnp.min(sol.rho)) >= 0.0
+
+
+# ---- slow: the nonlinear checks ----------------------------------------------------------
+
+def _first_cluster_count(beta, seed, m=512, eps=1e-8, t1=80.0):
+    return pde.first_clusters(*_near_uniform_run(beta, seed, m, eps, t1))
+
+
+def _near_uniform_run(beta, seed, m, eps, t1):
+    rho0 = pde.perturbed_uniform(m, eps, jax.random.PRNGKey(seed))
+    sol = pde.solve_density(pde.CircleDensity(I2, I2, I2, beta, m), rho0, t1=t1, n_save=321)
+    return np.asarray(sol.ts), np.asarray(sol.rho)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beta,kstar", [(5.0, 3), (20.0, 6), (100.0, 14)])
+def test_first_cluster_count_is_most_unstable_mode(beta, kstar):
+    assert pde.most_unstable_mode(beta) == kstar
+    counts = [_first_cluster_count(beta, s)[1] for s in range(3)]
+    assert counts == [kstar] * 3, counts
+
+
+@pytest.mark.slow
+def test_cluster_profile_grid_refinement_second_order():
+    # a cluster forming from e^{2cos θ} at β = 5 (σ = 0), t = 2: successive L1 differences
+    # between grids M and 2M (the fine one averaged onto the coarse cells) fall as h²
+    def coarsen(r):
+        return (0.5 * np.roll(r, 1)[::2] + r[::2] + 0.5 * np.roll(r, -1)[::2]) / 2
+
+    sols = {}
+    for m in (128, 256, 512, 1024):
+        r0 = _cell_averages(lambda th: np.exp(2 * np.cos(th)), m)
+        r0 /= r0.sum() * 2 * math.pi / m
+        sols[m] = np.asarray(pde.solve_density(pde.CircleDensity(I2, I2, I2, 5.0, m), r0, t1=2.0,
+                                               n_save=2).rho[-1])
+    errs = [np.abs(coarsen(sols[2 * m]) - sols[m]).sum() * 2 * math.pi / m for m in (128, 256, 512)]
+    orders = np.log2(np.array(errs[:-1]) / errs[1:])
+    assert orders[-1] > 1.85, (errs, orders)
+
+
+@pytest.mark.slow
+def test_particles_converge_to_density_at_rate_half():
+    beta, m, t = 5.0, 1024, 4.0
+    rho0 = _cell_averages(lambda th: 1 + 0.5 * np.cos(3 * th), m) / (2 * math.pi)
+    sol = pde.solve_density(pde.CircleDensity(I2, I2, I2, beta, m), rho0, t1=t, n_save=2)
+    model = jaxdyn.SphereAttention(I2, I2, I2, beta)
+    ns, reps = [100, 316, 1000, 3162], [32, 24, 16, 12]
+    w = []
+    for n, r in zip(ns, reps):
+        vals = []
+        for s in range(r):
+            x0 = pde.sample_density(jax.random.PRNGKey(s), rho0, n)
+            tr = jaxdyn.simulate(model, jnp.asarray(x0), t1=t, dt=0.1, saveat=[t], method="rk4")
+            vals.append(pde.w1_circle(sol.rho[-1], np.asarray(tr.xs[-1])))
+        w.append(np.mean(vals))
+    slope = np.polyfit(np.log(ns), np.log(w), 1)[0]
+    assert abs(slope + 0.5) < 0.1, (w, slope)
+
+
+@pytest.mark.slow
+def test_pde_experiment_kind_end_to_end(tmp_path):
+    # both modes of the experiment kind on tiny grids, through the engine (as the CLI runs it)
+    from jaxdyn.experiments import report, run_experiment
+
+    clusters = {"kind": "pde", "mode": "clusters", "dtype": "float64", "m": 64, "t1": 60.0,
+                "n_save": 61, "eps": 1e-6, "growth_k": 4, "sweep": {"beta": [5.0]}}
+    res = run_experiment(clusters, tmp_path / "c", progress=False, log=lambda *a: None)
+    assert res.status == "ok"
+    pt = res.summary["results"]["points"][0]
+    assert pt["k_star"] == 3 and pt["first_cluster_count"] == 3
+    assert pt["growth_rate_max_rel_error"] < 1e-6 and pt["mass_error"] < 1e-12 and pt["min_rho"] >= 0
+    particles = {"kind": "pde", "mode": "particles", "dtype": "float64", "m": 64, "t1": 1.0,
+                 "n_save": 3, "particles": {"n": [20, 80], "repeats": [2], "times": [0.0, 1.0],
+                                            "timing_m": 64, "dt": 0.25}}
+    res = run_experiment(particles, tmp_path / "p", progress=False, log=lambda *a: None)
+    fit = res.summary["results"]["particles"][0]
+    assert set(fit["per_time"]) == {"t=0", "t=1"} and len(fit["particle_step_seconds"]) == 2
+    assert {p.rsplit("/", 1)[-1] for p in res.figures} >= {"spacetime.png", "particles_vs_density.png"}
+    assert len(report(tmp_path / "p", log=lambda *a: None)) == len(res.figures)
