@@ -301,3 +301,31 @@ def test_euler_renormalise_needs_an_ambient_field():
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 4, 2, dtype=jnp.float64)
     with pytest.raises(ValueError, match="ambient"):
         jaxdyn.simulate(m, x0, t1=0.1, dt=0.1, method="euler_renormalise")
+
+
+def test_euler_renormalise_is_projected_euler_with_a_rescaled_step():
+    """x + h a = (1 + h s)(x + h/(1 + h s) P⊥a), s = ⟨x, a⟩ (docs/math.md §F.4)."""
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 20, 3, dtype=jnp.float64)
+    rng = np.random.default_rng(8)
+    m = jaxdyn.SphereAttention(*(rng.normal(size=(3, 3)) for _ in range(3)), 3.0)
+    h = 0.1
+    a = m.ambient(0.0, x)
+    s = jnp.sum(x * a, axis=-1, keepdims=True)
+    p = m(0.0, x)
+    np.testing.assert_allclose(np.asarray(p), np.asarray(a - s * x), atol=1e-15)
+    hi = h / (1 + h * s)
+    ref = jaxdyn.normalize(x + hi * p)
+    got = jaxdyn.integrators.EulerRenormalise().step(m, 0.0, x, h, None)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0, atol=2e-15)
+
+
+def test_component_count_above_the_closure_size_uses_label_propagation():
+    """N > CLOSURE_MAX_PARTICLES takes the while-loop labelling: same answer as brute force."""
+    rng = np.random.default_rng(9)
+    n = C.CLOSURE_MAX_PARTICLES + 44
+    x = clustered(rng, n, 3, 7, spread=0.02)
+    comps = bf_components(x, 2e-3)
+    assert int(C.cluster_count(x, 2e-3)) == len(comps)
+    lab = np.asarray(C.cluster_labels(x, 2e-3))
+    for c in comps:
+        assert np.all(lab[c] == min(c))
