@@ -129,20 +129,28 @@ def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
     return save(fig, path)
 
 
-def heatmaps(x, y, panels: dict, path, *, xlabel="", ylabel="", title="", cbar_labels=None):
+def heatmaps(x, y, panels: dict, path, *, xlabel="", ylabel="", title="", cbar_labels=None,
+             log_panels=()):
     """One heat map a panel, side by side: ``panels`` maps a panel title to a (len(y), len(x))
     array drawn with ``pcolormesh`` on the grid (x, y) (e.g. t across, β up, as the rotf
-    phase diagrams); ``cbar_labels`` names each panel's colour bar."""
+    phase diagrams); ``cbar_labels`` names each panel's colour bar; panels whose index is in
+    ``log_panels`` use a logarithmic colour scale (positive data)."""
+    from matplotlib.colors import LogNorm
+
     k = len(panels)
     fig, axes = plt.subplots(1, k, figsize=(5.2 * k, 4.0), squeeze=False)
     for i, (name, z) in enumerate(panels.items()):
         ax = axes[0, i]
-        mesh = ax.pcolormesh(np.asarray(x), np.asarray(y), np.asarray(z), shading="nearest",
-                             cmap="viridis")
+        z = np.asarray(z)
+        norm = LogNorm(vmin=np.nanmin(z), vmax=np.nanmax(z)) if i in log_panels else None
+        mesh = ax.pcolormesh(np.asarray(x), np.asarray(y), z, shading="nearest",
+                             cmap="viridis", norm=norm)
+        ax.grid(False)
         cb = fig.colorbar(mesh, ax=ax)
         if cbar_labels:
             cb.set_label(cbar_labels[i])
         _style(ax, xlabel=xlabel, ylabel=ylabel, title=name, logx=False, logy=False)
+        ax.grid(False)
     if title:
         fig.suptitle(title)
     return save(fig, path)

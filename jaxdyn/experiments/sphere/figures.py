@@ -39,7 +39,7 @@ def plot(cfg, ds, out_dir):
                  pf.transpose("beta", "t").values,
              f"mean cluster count (components, δ = {cfg['cluster_delta']:g})":
                  cc.transpose("beta", "t").values},
-            out_dir / "phase_diagram.png", xlabel="t (depth)", ylabel="β",
+            out_dir / "phase_diagram.png", xlabel="t (depth)", ylabel="β", log_panels=(1,),
             title=f"{cfg['name']}: β × t phase diagram (mean over the other sweep axes)"))
     return figs
 

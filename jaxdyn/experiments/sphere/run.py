@@ -3,6 +3,7 @@ particle snapshots and (``cluster_stats``) the cluster statistics of every saved
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -19,27 +20,49 @@ def _frames(model, xs):
     return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
 
 
-def _frames_clusters(model, xs, pair_threshold, delta, gram_threshold):
-    """``_frames`` plus the cluster statistics of every saved frame (jaxdyn.clusters): pair
-    fraction, component count, Gram rank, interaction energy E_β. Thresholds arrive as
-    arrays (not closed over), so chunks share one compiled program."""
-    ip, xs_ = _frames(model, xs)
-    return (ip, xs_, clusters.pair_fraction(xs, pair_threshold),
-            clusters.cluster_count(xs, delta), clusters.gram_rank(xs, gram_threshold),
-            clusters.interaction_energy(xs, model.beta, model.B))
+@jax.jit
+def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
+    """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d): pair fraction,
+    component count, Gram rank, E_β (β per system, shared B)."""
+    return (clusters.pair_fraction(xs, pair_threshold), clusters.cluster_count(xs, delta),
+            clusters.gram_rank(xs, gram_threshold),
+            clusters.interaction_energy(xs, beta[:, None], B))
+
+
+#: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
+STATS_BLOCK = 128
+
+
+def cluster_stats_of(xs, pcs):
+    """The cluster statistics of a chunk's saved frames (host array (P, S, N, d)), in blocks
+    of ``STATS_BLOCK`` systems on the default device. Computed after the integration rather
+    than in the sharded frame function: there, with thousands of systems on 2 host CPU
+    devices, the XLA runtime (jax 0.10.2) stalled with every thread waiting."""
+    p0 = pcs[0]
+    dtype = sc.np_dtype(p0)
+    Q, K, _ = sc.weights_for(p0)
+    B = jnp.matmul(Q.T, K, precision=jax.lax.Precision.HIGHEST)
+    thr = tuple(jnp.asarray(p0[k], dtype) for k in ("pair_threshold", "cluster_delta",
+                                                    "gram_threshold"))
+    betas = np.array([p["beta"] for p in pcs], dtype)
+    P = xs.shape[0]
+    parts = []
+    for i in range(0, P, STATS_BLOCK):
+        xb, bb = xs[i:i + STATS_BLOCK], betas[i:i + STATS_BLOCK]
+        k = xb.shape[0]
+        if k < STATS_BLOCK:  # pad with copies of the first system: one compiled shape
+            xb = np.concatenate([xb, np.repeat(xb[:1], STATS_BLOCK - k, axis=0)])
+            bb = np.concatenate([bb, np.repeat(bb[:1], STATS_BLOCK - k)])
+        out = _cluster_stats(jnp.asarray(xb, dtype), jnp.asarray(bb), B, *thr)
+        parts.append([np.asarray(o)[:k] for o in out])
+    return tuple(np.concatenate([p[j] for p in parts]) for j in range(4))
 
 
 def run_points(pcs):
     p0 = pcs[0]
     snap = np.asarray(snapshot_index(p0))
 
-    if p0["cluster_stats"]:
-        consts = tuple(np.asarray(p0[k], sc.np_dtype(p0))
-                       for k in ("pair_threshold", "cluster_delta", "gram_threshold"))
-        (ip, xs, pf, cc, gr, en), finite = sc.integrate_chunk(pcs, _frames_clusters,
-                                                              consts=consts)
-    else:
-        (ip, xs), finite = sc.integrate_chunk(pcs, _frames)
+    (ip, xs), finite = sc.integrate_chunk(pcs, _frames)
     ts = sc.save_times(p0)
     vars_ = {
         "mean_inner_product": (("t",), ip),
@@ -47,6 +70,7 @@ def run_points(pcs):
         "finite": ((), finite),
     }
     if p0["cluster_stats"]:
+        pf, cc, gr, en = cluster_stats_of(xs, pcs)
         vars_.update({
             "pair_fraction": (("t",), pf),
             "cluster_count": (("t",), cc),

@@ -37,6 +37,6 @@ def summarize(cfg, ds):
                 "final_pair_fraction": float(row(pf)[-1]),
                 "final_mean_cluster_count": float(row(cc)[-1]),
                 "final_mean_gram_rank": float(row(gr)[-1]),
-                "fraction_count_equals_gram_rank": float(np.mean(row(agree))),
+                "fraction_of_saved_frames_count_equals_gram_rank": float(np.mean(row(agree))),
             })
     return {"per_beta": out}
