@@ -127,31 +127,39 @@ CHUNK_GEOMETRY = Sphere(axis=1)
 
 class _ChunkField:
     """A chunk's autonomous field for the integrator classes: ``__call__`` the projected
-    field, ``ambient`` the field before the projection (``euler_renormalise``)."""
+    field ``f(y)``, ``ambient`` the field before the projection (``euler_renormalise``)."""
 
-    def __init__(self, **kw):
-        self._f = functools.partial(_field, **kw)
+    manifold = "sphere"
+
+    def __init__(self, f, ambient=None):
+        self._f, self._ambient = f, ambient
 
     def __call__(self, _t, y, _args):
         return self._f(y)
 
-    def ambient(self, _t, y, _args):
-        return self._f(y, project=False)
+    def __getattr__(self, name):
+        if name == "ambient" and self.__dict__.get("_ambient") is not None:
+            amb = self.__dict__["_ambient"]
+            return lambda _t, y, _args: amb(y)
+        raise AttributeError(name)
 
 
-def _step(method, x, dt, f):
+def _step(method, x, dt, f, ambient=None):
     """One step of the ``jaxdyn.integrators`` scheme ``method`` on a batch-minor chunk (the
-    same class ``simulate`` uses; the field is autonomous, so its time is never read)."""
-    return INTEGRATORS[method]().step(f, 0.0, x, dt, None, geometry=CHUNK_GEOMETRY)
+    same class ``simulate`` uses; the field is autonomous, so its time is never read).
+    ``f(y)``: the projected field; ``ambient(y)``: the field before the projection."""
+    return INTEGRATORS[method]().step(_ChunkField(f, ambient), 0.0, x, dt, None,
+                                      geometry=CHUNK_GEOMETRY)
 
 
 def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
     """One chunk, batch-minor: x (N, d, c) → saved frames (S, N, d, c)."""
-    f = _ChunkField(B=B, V=V, beta=beta, normalization=normalization, safe=safe)
+    f = functools.partial(_field, B=B, V=V, beta=beta, normalization=normalization, safe=safe)
+    amb = functools.partial(f, project=False)
     dt = jnp.asarray(dt, x.dtype)
 
     def advance(x, _start, steps):
-        return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f), x)
+        return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f, amb), x)
 
     return saved_states(x, idx, advance)
 
