@@ -329,3 +329,30 @@ def test_component_count_above_the_closure_size_uses_label_propagation():
     lab = np.asarray(C.cluster_labels(x, 2e-3))
     for c in comps:
         assert np.all(lab[c] == min(c))
+
+
+def test_sphere_kind_records_cluster_statistics_and_writes_a_movie(tmp_path):
+    """``cluster_stats: true`` writes the per-frame statistics (equal to jaxdyn.clusters on
+    the saved snapshots), the heat maps, and ``jaxdyn report --movie`` an animation."""
+    from jaxdyn import cli
+
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(
+        "kind: sphere\nname: pd\nd: 2\nn: 8\nt1: 2.0\ndt: 0.1\nmethod: euler_renormalise\n"
+        "save_every: 5\ndtype: float64\nweights: {ensemble: identity}\n"
+        "snapshots: [0.0, 0.5, 1.0, 1.5, 2.0]\ncluster_stats: true\n"
+        "sweep:\n  beta: [1.0, 5.0]\n  seed: {range: [0, 3]}\n")
+    out = tmp_path / "out"
+    assert cli.main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    ds = jaxdyn.open_results(out)
+    for v in ("pair_fraction", "cluster_count", "gram_rank", "energy"):
+        assert ds[v].dims == ("beta", "seed", "t")
+    xs = ds["x_snapshot"].values  # (beta, seed, S, N, d): every saved frame here
+    np.testing.assert_array_equal(ds["cluster_count"].values, np.asarray(C.cluster_count(xs, 1e-4)))
+    np.testing.assert_array_equal(ds["pair_fraction"].values, np.asarray(C.pair_fraction(xs, 0.999)))
+    beta = ds["beta"].values[:, None, None]
+    np.testing.assert_allclose(ds["energy"].values, np.asarray(C.interaction_energy(xs, beta)),
+                               rtol=1e-13)
+    assert (out / "phase_diagram.png").exists()
+    assert cli.main(["report", str(out), "--movie"]) == 0
+    assert (out / "movie.gif").stat().st_size > 0
