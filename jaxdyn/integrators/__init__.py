@@ -16,4 +16,5 @@ INTEGRATORS = {
 }
 
 __all__ = ["AbstractIntegrator", "ProjectedEuler", "EulerRenormalise", "ambient_field",
-           "ProjectedRK4", "ExpEuler", "INTEGRATORS", "Euclidean", "Sphere", "GEOMETRIES", "geometry_of"]
+           "ProjectedRK4", "ExpEuler", "INTEGRATORS", "Euclidean", "Sphere", "GEOMETRIES",
+           "geometry_of"]

@@ -25,10 +25,11 @@ class EulerRenormalise(AbstractIntegrator):
     (:func:`ambient_field`). For attention with Q = K = V = I this is
     x ← normalise(x + h·softmax(β x xᵀ) x), the published phase-diagram step.
 
-    It differs from projected Euler (x ← retract(x + dt·P⊥(x) a)) by O(dt²) per step: the
-    normal part ⟨x, a⟩x only rescales x + dt·P⊥a by 1 + dt⟨x, a⟩ to first order and changes
-    its direction at second order (docs/math.md §F.5). Order 1; |x| = 1 after each step on
-    the sphere. In R^d it is plain Euler."""
+    On the sphere it is exactly projected Euler with the per-particle step
+    dt/(1 + dt⟨x, a⟩): x + dt·a = (1 + dt s)(x + dt/(1 + dt s)·P⊥(x)a), s = ⟨x, a⟩
+    (docs/math.md §F.4). So it differs from projected Euler by O(dt²) per step, is order 1,
+    and runs a slower clock where s > 0 (inside clusters). |x| = 1 after each step on the
+    sphere. In R^d it is plain Euler."""
 
     order: ClassVar[int] = 1
 
