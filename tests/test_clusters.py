@@ -356,3 +356,16 @@ def test_sphere_kind_records_cluster_statistics_and_writes_a_movie(tmp_path):
     assert (out / "phase_diagram.png").exists()
     assert cli.main(["report", str(out), "--movie"]) == 0
     assert (out / "movie.gif").stat().st_size > 0
+
+
+def test_particle_movie_on_s2_and_the_mp4_fallback(tmp_path):
+    from jaxdyn import plots
+
+    x = np.random.default_rng(0).normal(size=(3, 20, 3))
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    p = plots.particle_movie(x, np.arange(3.0), tmp_path / "s2.gif")
+    assert p.suffix == ".gif" and p.stat().st_size > 0
+    p = plots.particle_movie(x, np.arange(3.0), tmp_path / "s2.mp4")  # gif without ffmpeg
+    assert p.exists() and p.suffix in (".mp4", ".gif")
+    with pytest.raises(ValueError, match="shape"):
+        plots.particle_movie(x[0], np.arange(3.0), tmp_path / "bad.gif")
