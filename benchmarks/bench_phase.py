@@ -1,13 +1,17 @@
 """Phase-diagram workload: jaxdyn against PyTorch eager, same initial points, same answer.
 
-Workload (the published PyTorch phase-diagram scripts): 16 β in [0.1, 9] × 512 independent
-systems × n = 32 particles on S¹ (d = 2), Q = K = V = I, 300 projected-Euler steps of
-h = 0.1,
+Workload (the published PyTorch phase-diagram script of borjanG/2023-transformers-rotf):
+16 β in [0.1, 9] × 512 independent systems × n = 32 particles on S¹ (d = 2), Q = K = V = I,
+300 steps of h = 0.1 of the published scheme (Euler on the unprojected field, then
+renormalise; jaxdyn's ``method="euler_renormalise"``, docs/math.md §F.4),
 
-    x_i ← normalize(x_i + h P⊥(x_i) Σ_j softmax_j(β⟨x_i, x_j⟩) x_j),
+    x_i ← normalize(x_i + h Σ_j softmax_j(β⟨x_i, x_j⟩) x_j),
 
 then, per β, the fraction of pairs i < j with ⟨x_i, x_j⟩ > 0.999 (averaged over systems).
-Initial points: uniform angles from NumPy's default_rng(seed), float32, shared by both.
+Initial points: uniform angles from NumPy's default_rng(seed), float32, shared by all.
+The PyTorch baseline (``torch_eager``) is a re-implementation of that loop (the published
+script cannot be fetched here); ``--torch-scheme projected`` times instead the projected step
+x_i ← normalize(x_i + h P⊥(x_i) Σ_j …) that earlier versions of this benchmark used.
 
 Implementations timed in one invocation:
 
@@ -23,6 +27,11 @@ Implementations timed in one invocation:
 * ``jaxdyn_ensemble``: :func:`jaxdyn.simulate_ensemble`, jaxdyn's path for many small
   systems (systems on the vector lanes, chunks split over all devices): the one the target
   is measured on.
+* ``jaxdyn_ensemble_projected``: the same with jaxdyn's own projected Euler step
+  (``method="euler"``): a second row, not the same answer — its pair fractions differ from
+  the published scheme's by the step difference of docs/math.md §F.4 (about 9 % of clock).
+
+Every ``jax*`` variant except the last runs the published scheme (``--jax-method`` to change).
 
 All implementations are first called once (JAX: compilation), then timed in interleaved
 rounds (torch, jax, jaxdyn, torch, ...) so that they share the machine's load drift; we
@@ -55,7 +64,13 @@ P.add_argument("--skip-torch", action="store_true")
 P.add_argument("--torch-threads", default="1,0",
                help="PyTorch intra-op thread counts to try (0: its default); the fastest is "
                     "the baseline (PyTorch's threads spin badly when other work shares the cores)")
-P.add_argument("--variants", default="jax_vmap,jaxdyn_sharded,jaxdyn_sharded_nochunk,jaxdyn_ensemble")
+P.add_argument("--variants", default="jax_vmap,jaxdyn_sharded,jaxdyn_sharded_nochunk,jaxdyn_ensemble,"
+                                     "jaxdyn_ensemble_projected")
+P.add_argument("--torch-scheme", choices=("published", "projected"), default="published",
+               help="the baseline's step: the published one (no tangent projection, then "
+                    "renormalise) or the projected step")
+P.add_argument("--jax-method", default="euler_renormalise",
+               help="jaxdyn method of the jax* variants (the published step by default)")
 add_common_args(P)
 
 
@@ -83,7 +98,9 @@ def cluster_fractions(x, thr=0.999):
     return (g[..., iu[0], iu[1]] > thr).mean(axis=(1, 2))
 
 
-def torch_run(x0, betas, steps, h, device):
+def torch_run(x0, betas, steps, h, device, scheme="published"):
+    """The baseline loop: ``published`` x ← normalise(x + h softmax(βxxᵀ)x) (rotf's step);
+    ``projected`` with P⊥(x) applied to the increment first."""
     import torch
 
     out = []
@@ -92,7 +109,7 @@ def torch_run(x0, betas, steps, h, device):
         for _ in range(steps):
             a = torch.softmax(float(b) * torch.bmm(x, x.transpose(1, 2)), dim=-1)
             m = torch.bmm(a, x)
-            v = m - (m * x).sum(-1, keepdim=True) * x
+            v = m if scheme == "published" else m - (m * x).sum(-1, keepdim=True) * x
             x = x + h * v
             x = x / x.norm(dim=-1, keepdim=True)
         out.append(x)
@@ -135,11 +152,11 @@ def main(argv=None):
     t1 = args.steps * args.h
 
     def sim(model, x):
-        return jaxdyn.simulate(model, x, t1=t1, dt=args.h, method="euler",
+        return jaxdyn.simulate(model, x, t1=t1, dt=args.h, method=args.jax_method,
                                save_every=args.steps).xs[-1]
 
-    def ensemble(models, x):
-        return jaxdyn.simulate_ensemble(models, x, t1=t1, dt=args.h, method="euler",
+    def ensemble(models, x, method=args.jax_method):
+        return jaxdyn.simulate_ensemble(models, x, t1=t1, dt=args.h, method=method,
                                         save_every=args.steps).xs[:, -1]
 
     jax_variants = {
@@ -147,7 +164,11 @@ def main(argv=None):
         "jaxdyn_sharded": sharded_vmap(sim, batch_size=bs),
         "jaxdyn_sharded_nochunk": sharded_vmap(sim),
         "jaxdyn_ensemble": ensemble,
+        "jaxdyn_ensemble_projected": lambda m, x: ensemble(m, x, method="euler"),
     }
+    result["schemes"] = {"torch_eager": args.torch_scheme, "jaxdyn_ensemble_projected": "euler",
+                         **{k: args.jax_method for k in jax_variants
+                            if k != "jaxdyn_ensemble_projected"}}
     impls = {}
     if not args.skip_torch:
         import torch
@@ -159,7 +180,8 @@ def main(argv=None):
             counts = counts[:1]  # threads do not matter on a GPU
         for k in dict.fromkeys(k or default_threads for k in counts):
             impls[f"torch_eager@{k}"] = {
-                "fn": lambda: torch_run(x0, betas, args.steps, args.h, args.torch_device),
+                "fn": lambda: torch_run(x0, betas, args.steps, args.h, args.torch_device,
+                                        args.torch_scheme),
                 "sync": sync, "setup": (lambda k=k: torch.set_num_threads(k))}
     for name in [v for v in args.variants.split(",") if v]:
         impls[name] = {"fn": (lambda f=jax_variants[name]: f(models, xs0))}
@@ -214,12 +236,14 @@ def plot(result, name):
     fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
     betas = np.asarray(result["betas"])
     markers = {"torch_eager": "o", "jax_vmap": "s", "jaxdyn_sharded": "x", "jaxdyn_sharded_nochunk": "+",
-               "jaxdyn_ensemble": "D"}
+               "jaxdyn_ensemble": "D", "jaxdyn_ensemble_projected": "v"}
     for k, v in result["impl"].items():
-        a1.plot(betas, v["fractions"], marker=markers.get(k, "."), label=k, alpha=0.8)
+        scheme = result.get("schemes", {}).get(k, "")
+        a1.plot(betas, v["fractions"], marker=markers.get(k, "."), label=f"{k} ({scheme})",
+                alpha=0.8)
     a1.set_xlabel("β")
     a1.set_ylabel("fraction of pairs with ⟨x_i, x_j⟩ > 0.999")
-    a1.set_title("phase-diagram workload: same answer")
+    a1.set_title("phase-diagram workload (the same scheme gives the same answer)")
     a1.legend(fontsize=8)
     base = result["impl"].get("torch_eager")
     names = list(result["impl"])

@@ -5,7 +5,7 @@ dynamics in R^d (Paper B), Wasserstein measurement and optax-driven control.
 
 The top level holds the names the README uses; everything else lives in a subpackage with
 one role each: ``jaxdyn.sphere``, ``kernels``, ``models``, ``integrators``, ``simulation``,
-``spectral``, ``gaussian``, ``distances``, ``control``, ``encoder``, ``weights`` (and the
+``spectral``, ``clusters``, ``gaussian``, ``distances``, ``control``, ``encoder``, ``weights`` (and the
 shell: ``config``, ``io``, ``plots``, ``experiments``, ``cli``).
 
 Every driver returns a :class:`Solution` pytree whose ``result`` is a :class:`RESULTS` code
@@ -23,7 +23,8 @@ from ._results import (
     status_names as status_names,
 )
 from . import (  # noqa: F401  (the subpackages, for jaxdyn.<role>.<name>)
-    control, distances, gaussian, integrators, kernels, models, simulation, spectral, sphere, weights,
+    clusters, control, distances, gaussian, integrators, kernels, models, simulation, spectral,
+    sphere, weights,
 )
 from .models import (
     EuclideanAttention as EuclideanAttention,
@@ -58,4 +59,10 @@ from .distances import (
 )
 from .gaussian import solve_moments as solve_moments, solve_moments_batch as solve_moments_batch
 from .control import certificate as certificate, reach as reach
+from .clusters import (
+    cluster_count as cluster_count,
+    interaction_energy as interaction_energy,
+    merge_events as merge_events,
+    pair_fraction as pair_fraction,
+)
 from .io import open_results as open_results

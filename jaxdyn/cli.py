@@ -4,7 +4,7 @@
                                                           embedded default); --force to run
                                                           into a non-empty foreign DIR
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
-    jaxdyn report DIR                                      redraw the figures from saved results
+    jaxdyn report DIR [--movie]                            redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
 
 Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
@@ -98,7 +98,7 @@ def _cmd_run(args):
 def _cmd_report(args):
     from .experiments import report
 
-    figs = report(args.dir)
+    figs = report(args.dir, movie=args.movie)
     print(f"jaxdyn: redrew {len(figs)} figure(s) in {args.dir}/: {', '.join(Path(f).name for f in figs)}")
     return 0
 
@@ -143,6 +143,7 @@ def build_parser():
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
     rep.add_argument("dir")
+    rep.add_argument("--movie", action="store_true", help="also write an animation of the particles")
     rep.set_defaults(func=_cmd_report)
     c = sub.add_parser("config", help="print the resolved config (defaults filled in)")
     c.add_argument("config", nargs="?")

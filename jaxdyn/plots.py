@@ -130,3 +130,95 @@ def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return save(fig, path)
+
+
+def heatmaps(x, y, panels: dict, path, *, xlabel="", ylabel="", title="", cbar_labels=None,
+             log_panels=()):
+    """One heat map a panel, side by side: ``panels`` maps a panel title to a (len(y), len(x))
+    array drawn with ``pcolormesh`` on the grid (x, y) (e.g. t across, β up, as the rotf
+    phase diagrams); ``cbar_labels`` names each panel's colour bar; panels whose index is in
+    ``log_panels`` use a logarithmic colour scale (positive data)."""
+    from matplotlib.colors import LogNorm
+
+    k = len(panels)
+    fig, axes = plt.subplots(1, k, figsize=(5.2 * k, 4.0), squeeze=False)
+    for i, (name, z) in enumerate(panels.items()):
+        ax = axes[0, i]
+        z = np.asarray(z)
+        norm = LogNorm(vmin=np.nanmin(z), vmax=np.nanmax(z)) if i in log_panels else None
+        mesh = ax.pcolormesh(np.asarray(x), np.asarray(y), z, shading="nearest",
+                             cmap="viridis", norm=norm)
+        ax.grid(False)
+        cb = fig.colorbar(mesh, ax=ax)
+        if cbar_labels:
+            cb.set_label(cbar_labels[i])
+        _style(ax, xlabel=xlabel, ylabel=ylabel, title=name, logx=False, logy=False)
+        ax.grid(False)
+    if title:
+        fig.suptitle(title)
+    return save(fig, path)
+
+
+def particle_movie(xs, ts, path, *, title="", fps=8, colors=None):
+    """An animation of saved particles: ``xs`` (S, N, d), one frame per saved time ``ts``.
+
+    S¹ (d = 2) is drawn as the unit circle with the particles on it; S² (d = 3) as a
+    wire-frame sphere (d > 3: the first three coordinates). The format follows the suffix of
+    ``path``: ``.gif`` (pillow, always available with matplotlib) or ``.mp4`` (needs the
+    ``ffmpeg`` program; without it a ``.gif`` is written beside and its path returned).
+    Returns the path written.
+    """
+    from matplotlib import animation
+
+    xs = np.asarray(xs)
+    ts = np.asarray(ts)
+    if xs.ndim != 3 or xs.shape[0] != ts.shape[0] or xs.shape[-1] < 2:
+        raise ValueError(f"particle_movie needs xs of shape (S, N, d >= 2) and ts of shape (S,), "
+                         f"got {xs.shape} and {ts.shape}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = xs.shape[-1]
+    c = colors if colors is not None else np.linspace(0, 1, xs.shape[1])
+    if d == 2:
+        fig, ax = plt.subplots(figsize=(4.2, 4.4))
+        th = np.linspace(0, 2 * np.pi, 200)
+        ax.plot(np.cos(th), np.sin(th), color="0.8", lw=1)
+        sc = ax.scatter(xs[0, :, 0], xs[0, :, 1], s=18, c=c, cmap="viridis", vmin=0, vmax=1,
+                        zorder=3)
+        ax.set_xlim(-1.15, 1.15)
+        ax.set_ylim(-1.15, 1.15)
+        ax.set_aspect("equal")
+        ax.set_axis_off()
+
+        def draw(k):
+            sc.set_offsets(xs[k, :, :2])
+            ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
+            return (sc,)
+    else:
+        fig = plt.figure(figsize=(4.6, 4.6))
+        ax = fig.add_subplot(projection="3d")
+        u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
+        ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85",
+                          linewidth=0.3)
+        x0 = xs[0]
+        sc = ax.scatter(x0[:, 0], x0[:, 1], x0[:, 2], s=4, c=c, cmap="viridis", vmin=0, vmax=1,
+                        depthshade=False)
+        ax.set_box_aspect((1, 1, 1))
+        ax.set_axis_off()
+
+        def draw(k):
+            sc._offsets3d = (xs[k, :, 0], xs[k, :, 1], xs[k, :, 2])
+            ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
+            return (sc,)
+
+    anim = animation.FuncAnimation(fig, draw, frames=len(ts), blit=False)
+    if path.suffix == ".mp4" and animation.writers.is_available("ffmpeg"):
+        writer = animation.FFMpegWriter(fps=fps)
+    else:
+        path = path.with_suffix(".gif")
+        writer = animation.PillowWriter(fps=fps)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    anim.save(tmp, writer=writer)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

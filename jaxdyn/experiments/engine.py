@@ -620,8 +620,9 @@ def merge_chunks(cfg, out, axes, points, chunks, config_hash=None):
     return ds
 
 
-def report(run_dir, log=print) -> list:
-    """Redraw every figure of a finished run from its saved results (no recomputation)."""
+def report(run_dir, log=print, movie=False) -> list:
+    """Redraw every figure of a finished run from its saved results (no recomputation);
+    ``movie=True`` also writes the kind's particle animation (kinds with a ``movie``)."""
     from . import get_kind
 
     run_dir = Path(run_dir)
@@ -638,4 +639,8 @@ def report(run_dir, log=print) -> list:
     except jio.DamagedFileError as e:
         raise ConfigError(str(e)) from None
     figs = [str(p) for p in get_kind(cfg["kind"]).plot(cfg, ds, run_dir)]
+    if movie:
+        if not hasattr(get_kind(cfg["kind"]), "movie"):
+            raise ConfigError(f"kind {cfg['kind']!r} has no particle movie")
+        figs.append(str(get_kind(cfg["kind"]).movie(cfg, ds, run_dir)))
     return figs

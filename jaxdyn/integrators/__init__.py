@@ -4,6 +4,7 @@ the tableaus of the adaptive pairs (Dormand–Prince 8(7), Rodas5) with their st
 from ._base import AbstractIntegrator
 from ._geometry import GEOMETRIES, Euclidean, Sphere, geometry_of
 from .euler import ProjectedEuler
+from .euler_renormalise import EulerRenormalise, ambient_field
 from .exp_euler import ExpEuler
 from .rk4 import ProjectedRK4
 
@@ -11,7 +12,9 @@ INTEGRATORS = {
     "euler": ProjectedEuler,
     "rk4": ProjectedRK4,
     "exp_euler": ExpEuler,
+    "euler_renormalise": EulerRenormalise,
 }
 
-__all__ = ["AbstractIntegrator", "ProjectedEuler", "ProjectedRK4", "ExpEuler", "INTEGRATORS",
-           "Euclidean", "Sphere", "GEOMETRIES", "geometry_of"]
+__all__ = ["AbstractIntegrator", "ProjectedEuler", "EulerRenormalise", "ambient_field",
+           "ProjectedRK4", "ExpEuler", "INTEGRATORS", "Euclidean", "Sphere", "GEOMETRIES",
+           "geometry_of"]

@@ -126,10 +126,15 @@ class SphereAttention(AbstractQKVModel):
         self.k_block = None if k_block is None else int(k_block)
         self.q_block = None if q_block is None else int(q_block)
 
-    def __call__(self, t, x, args=None):
+    def ambient(self, t, x, args=None):
+        """The field before the tangent projection: a_i = V Σ_j w_ij x_j (so that
+        ``__call__ = P⊥(x) ambient``); the step of ``method="euler_renormalise"``."""
         m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
                         kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
-        return tangent_project(x, jnp.matmul(m, self.V.T, precision=HIGHEST))
+        return jnp.matmul(m, self.V.T, precision=HIGHEST)
+
+    def __call__(self, t, x, args=None):
+        return tangent_project(x, self.ambient(t, x, args))
 
 
 class ZeroTemperature(AbstractQKVModel):
@@ -143,10 +148,14 @@ class ZeroTemperature(AbstractQKVModel):
     def __init__(self, Q, K, V):
         self.Q, self.K, self.V = _qkv(Q, K, V)
 
-    def __call__(self, t, x, args=None):
+    def ambient(self, t, x, args=None):
+        """The field before the tangent projection: V Bᵀx / |Bᵀx|."""
         bx = jnp.matmul(x, self.B, precision=HIGHEST)  # rows: (Bᵀ x_i)ᵀ
         y = bx / jnp.linalg.norm(bx, axis=-1, keepdims=True)
-        return tangent_project(x, jnp.matmul(y, self.V.T, precision=HIGHEST))
+        return jnp.matmul(y, self.V.T, precision=HIGHEST)
+
+    def __call__(self, t, x, args=None):
+        return tangent_project(x, self.ambient(t, x, args))
 
 
 class EuclideanAttention(AbstractParticleModel):

@@ -43,8 +43,8 @@ bitwise equal when the chunks are the same).
 Scope: :class:`~jaxdyn.SphereAttention` models (softmax or unnormalised weights; the
 kernel choice is irrelevant here) with N up to ``MAX_PARTICLES``, faster than the generic
 path up to ``FASTER_MAX_PARTICLES`` (48) on CPU; fixed-step methods
-``"euler"``, ``"rk4"``, ``"exp_euler"``. For larger N use :func:`jaxdyn.simulate` (blocked
-kernel) with :func:`jaxdyn.sharded_vmap`.
+``"euler"``, ``"rk4"``, ``"exp_euler"``, ``"euler_renormalise"``. For larger N use
+:func:`jaxdyn.simulate` (blocked kernel) with :func:`jaxdyn.sharded_vmap`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ FASTER_MAX_PARTICLES = 48
 TILE_ELEMENTS = 128 * 32 * 32
 #: on accelerators, the largest logits tile of one chunk (elements; 256 MiB in float32)
 ACCEL_TILE_ELEMENTS = 2**26
-METHODS = ("euler", "rk4", "exp_euler")
+METHODS = ("euler", "rk4", "exp_euler", "euler_renormalise")
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -92,7 +92,7 @@ def default_chunk(n: int) -> int:
 # of the particles; the last axis runs over the c systems of a chunk.
 
 
-def _field(x, B, V, beta, normalization, safe):
+def _field(x, B, V, beta, normalization, safe, project=True):
     d = x.shape[1]
     # qx_i = β Bᵀ x_i:  qx[i, a, s] = β_s Σ_b x[i, b, s] B[b, a, s]
     qx = sum(x[:, b:b + 1, :] * B[None, b, :, :] for b in range(d)) * beta
@@ -116,29 +116,50 @@ def _field(x, B, V, beta, normalization, safe):
         m = m / n  # w_ij = exp(l_ij) / N, as jaxdyn.interaction
     else:
         m = m / jnp.sum(e, axis=1)[:, None, :]
-    # u = V m, then the tangent projection P⊥(x) u
+    # u = V m, then the tangent projection P⊥(x) u (project=False: the ambient field u)
     u = sum(m[:, b:b + 1, :] * V[None, :, b, :] for b in range(d))
-    return tangent_project(x, u, axis=1)
+    return tangent_project(x, u, axis=1) if project else u
 
 
 #: the geometry of a batch-minor chunk: particle vectors along axis 1
 CHUNK_GEOMETRY = Sphere(axis=1)
 
 
-def _step(method, x, dt, f):
+class _ChunkField:
+    """A chunk's autonomous field for the integrator classes: ``__call__`` the projected
+    field ``f(y)``, ``ambient`` the field before the projection (``euler_renormalise``)."""
+
+    manifold = "sphere"
+
+    def __init__(self, f, ambient=None):
+        self._f, self._ambient = f, ambient
+
+    def __call__(self, _t, y, _args):
+        return self._f(y)
+
+    def __getattr__(self, name):
+        if name == "ambient" and self.__dict__.get("_ambient") is not None:
+            amb = self.__dict__["_ambient"]
+            return lambda _t, y, _args: amb(y)
+        raise AttributeError(name)
+
+
+def _step(method, x, dt, f, ambient=None):
     """One step of the ``jaxdyn.integrators`` scheme ``method`` on a batch-minor chunk (the
-    same class ``simulate`` uses; the field is autonomous, so its time is never read)."""
-    return INTEGRATORS[method]().step(lambda _t, y, _args: f(y), 0.0, x, dt, None,
+    same class ``simulate`` uses; the field is autonomous, so its time is never read).
+    ``f(y)``: the projected field; ``ambient(y)``: the field before the projection."""
+    return INTEGRATORS[method]().step(_ChunkField(f, ambient), 0.0, x, dt, None,
                                       geometry=CHUNK_GEOMETRY)
 
 
 def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
     """One chunk, batch-minor: x (N, d, c) → saved frames (S, N, d, c)."""
     f = functools.partial(_field, B=B, V=V, beta=beta, normalization=normalization, safe=safe)
+    amb = functools.partial(f, project=False)
     dt = jnp.asarray(dt, x.dtype)
 
     def advance(x, _start, steps):
-        return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f), x)
+        return jax.lax.fori_loop(0, steps, lambda _, y: _step(method, y, dt, f, amb), x)
 
     return saved_states(x, idx, advance)
 
@@ -189,7 +210,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
         shape (B, d, d), beta of shape (B,); softmax or unnormalised weights.
       x0: (B, N, d) initial clouds, unit rows, N <= ``MAX_PARTICLES``.
       t1, dt, t0, save_every, saveat, method: as :func:`jaxdyn.simulate` (fixed-step methods
-        ``"euler"``, ``"rk4"``, ``"exp_euler"``).
+        ``"euler"``, ``"rk4"``, ``"exp_euler"``, ``"euler_renormalise"``).
       chunk: systems per chunk (default on CPU :func:`default_chunk`, 128 at N = 32; on
         accelerators each device's whole share, up to a 2^26-element logits tile).
       devices: the devices to split the systems over (default: all of ``jax.devices()``).

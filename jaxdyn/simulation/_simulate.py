@@ -6,9 +6,9 @@
     traj.result  # jaxdyn.RESULTS: successful, nonfinite, max_steps_reached, invalid_input
     traj.ok, traj.status, traj.messages  # per member under vmap (never an exception)
 
-Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``) run as nested ``lax.scan``s
-(reverse-mode differentiable); the diffrax methods (``"tsit5"``, ``"dopri5"``,
-``"dopri8"``) take adaptive steps for accuracy references. ``simulate`` works under
+Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``, ``"euler_renormalise"``) run as
+nested ``lax.scan``s (reverse-mode differentiable); the diffrax methods (``"tsit5"``,
+``"dopri5"``, ``"dopri8"``) take adaptive steps for accuracy references. ``simulate`` works under
 ``jax.vmap`` over a stack of models (a β sweep) and over initial conditions (seeds).
 Step counts and save indices are static: ``t0``, ``t1``, ``dt`` must be Python numbers.
 """
@@ -173,7 +173,9 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       save_every: save every k steps (default: about 100 frames). Or ``saveat``: times on
         the step grid.
       method: ``"euler"`` (projected Euler), ``"rk4"`` (projected RK4), ``"exp_euler"``
-        (exponential-map Euler), or a diffrax adaptive method ``"tsit5"``, ``"dopri5"``,
+        (exponential-map Euler), ``"euler_renormalise"`` (Euler on the unprojected field,
+        then x/|x|: the published rotf step; needs the model's ``ambient``), or a diffrax
+        adaptive method ``"tsit5"``, ``"dopri5"``,
         ``"dopri8"`` (with ``rtol``, ``atol``, ``max_steps``; ``dt`` is the first step).
       throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
         so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.

@@ -1,4 +1,5 @@
-"""Kind ``sphere``: figures (particles on the sphere, mean inner product against t)."""
+"""Kind ``sphere``: figures (particles on the sphere, mean inner product against t, the β × t
+heat maps of the cluster statistics) and the particle movie."""
 
 from __future__ import annotations
 
@@ -29,4 +30,30 @@ def plot(cfg, ds, out_dir):
     figs.append(plots.curves(ds["t"].values, curves, out_dir / "mean_inner_product.png",
                              xlabel="t (depth)", ylabel="mean pairwise ⟨x_i, x_j⟩",
                              title=f"{cfg['name']}: clustering against time"))
+    if "pair_fraction" in ds and "beta" in ds.dims and ds.sizes["beta"] > 1:
+        pf = per_beta(ds, "pair_fraction")
+        cc = per_beta(ds, "cluster_count")
+        figs.append(plots.heatmaps(
+            ds["t"].values, np.asarray(betas),
+            {f"fraction of pairs with ⟨x_i, x_j⟩ > {cfg['pair_threshold']:g}":
+                 pf.transpose("beta", "t").values,
+             f"mean cluster count (components, δ = {cfg['cluster_delta']:g})":
+                 cc.transpose("beta", "t").values},
+            out_dir / "phase_diagram.png", xlabel="t (depth)", ylabel="β", log_panels=(1,),
+            title=f"{cfg['name']}: β × t phase diagram (mean over the other sweep axes)"))
     return figs
+
+
+def movie(cfg, ds, out_dir, fmt="gif"):
+    """An animation of the saved snapshots (``snapshots`` times) at ``figure_beta`` and the
+    first value of every other sweep axis: S¹ as a circle, S² as a sphere."""
+    betas = list(ds["beta"].values) if "beta" in ds.dims else [cfg["beta"]]
+    fb = cfg["figure_beta"] if cfg["figure_beta"] is not None else betas[len(betas) // 2]
+    bi = int(np.argmin(np.abs(np.asarray(betas) - fb)))
+    sel = {d: 0 for d in ds["x_snapshot"].dims if d in ds.coords and d not in
+           ("beta", "t_snapshot", "particle", "component")}
+    if "beta" in ds["x_snapshot"].dims:
+        sel["beta"] = bi
+    xs = ds["x_snapshot"].isel(sel).values
+    return plots.particle_movie(xs, ds["t_snapshot"].values, Path(out_dir) / f"movie.{fmt}",
+                                title=f"β = {betas[bi]:.3g}")

@@ -1,11 +1,13 @@
-"""Kind ``sphere``: integrate a chunk of points and record the mean pairwise inner product
-and particle snapshots."""
+"""Kind ``sphere``: integrate a chunk of points and record the mean pairwise inner product,
+particle snapshots and (``cluster_stats``) the cluster statistics of every saved frame."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import clusters
 from .. import sphere_common as sc
 from .schema import snapshot_index
 
@@ -16,6 +18,44 @@ def _frames(model, xs):
     n = xs.shape[1]
     xbar = jnp.mean(xs, axis=1)
     return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
+
+
+@jax.jit
+def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
+    """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d): pair fraction,
+    component count, Gram rank, E_β (β per system, shared B)."""
+    return (clusters.pair_fraction(xs, pair_threshold), clusters.cluster_count(xs, delta),
+            clusters.gram_rank(xs, gram_threshold),
+            clusters.interaction_energy(xs, beta[:, None], B))
+
+
+#: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
+STATS_BLOCK = 128
+
+
+def cluster_stats_of(xs, pcs):
+    """The cluster statistics of a chunk's saved frames (host array (P, S, N, d)), in blocks
+    of ``STATS_BLOCK`` systems on the default device. Computed after the integration rather
+    than in the sharded frame function: there, with thousands of systems on 2 host CPU
+    devices, the XLA runtime (jax 0.10.2) stalled with every thread waiting."""
+    p0 = pcs[0]
+    dtype = sc.np_dtype(p0)
+    Q, K, _ = sc.weights_for(p0)
+    B = jnp.matmul(Q.T, K, precision=jax.lax.Precision.HIGHEST)
+    thr = tuple(jnp.asarray(p0[k], dtype) for k in ("pair_threshold", "cluster_delta",
+                                                    "gram_threshold"))
+    betas = np.array([p["beta"] for p in pcs], dtype)
+    P = xs.shape[0]
+    parts = []
+    for i in range(0, P, STATS_BLOCK):
+        xb, bb = xs[i:i + STATS_BLOCK], betas[i:i + STATS_BLOCK]
+        k = xb.shape[0]
+        if k < STATS_BLOCK:  # pad with copies of the first system: one compiled shape
+            xb = np.concatenate([xb, np.repeat(xb[:1], STATS_BLOCK - k, axis=0)])
+            bb = np.concatenate([bb, np.repeat(bb[:1], STATS_BLOCK - k)])
+        out = _cluster_stats(jnp.asarray(xb, dtype), jnp.asarray(bb), B, *thr)
+        parts.append([np.asarray(o)[:k] for o in out])
+    return tuple(np.concatenate([p[j] for p in parts]) for j in range(4))
 
 
 def run_points(pcs):
@@ -29,5 +69,13 @@ def run_points(pcs):
         "x_snapshot": (("t_snapshot", "particle", "component"), xs[:, snap]),
         "finite": ((), finite),
     }
+    if p0["cluster_stats"]:
+        pf, cc, gr, en = cluster_stats_of(xs, pcs)
+        vars_.update({
+            "pair_fraction": (("t",), pf),
+            "cluster_count": (("t",), cc),
+            "gram_rank": (("t",), gr),
+            "energy": (("t",), en),
+        })
     coords = {"t": ts, "t_snapshot": ts[snap]}
     return vars_, coords

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...config import Field
+from ...config import Field, positive
 from .. import sphere_common as sc
 
 
@@ -13,6 +13,13 @@ SCHEMA = {
     "snapshots": Field("list", [0.0, 1.0, 3.0, 10.0], "times of particle snapshots (clipped to t1)",
                        item="float"),
     "figure_beta": Field("float", None, "β of the snapshot figure (default: the middle of the sweep)"),
+    "cluster_stats": Field("bool", False, "record per frame the pair fraction, the cluster count, "
+                           "the Gram rank and E_β (jaxdyn.clusters; an N×N Gram matrix a frame) "
+                           "and draw the β × t heat maps"),
+    "pair_threshold": Field("float", 0.999, "pair fraction: pairs i < j with ⟨x_i, x_j⟩ above this"),
+    "cluster_delta": Field("float", 1e-4, "cluster count: components of ⟨x_i, x_j⟩ > 1 − δ",
+                           check=positive),
+    "gram_threshold": Field("float", 0.9999, "Gram rank: rank of 1[⟨x_i, x_j⟩ > this]"),
 }
 
 
@@ -24,11 +31,14 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    # cluster statistics run afterwards in blocks of a fixed number of systems (run.py):
+    # a constant working set, not a per-point cost
     return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
-    return sc.output_bytes(pc, per_frame_values=1, snapshots=len(pc["snapshots"]))
+    return sc.output_bytes(pc, per_frame_values=5 if pc["cluster_stats"] else 1,
+                           snapshots=len(pc["snapshots"]))
 
 
 def snapshot_index(pc):

@@ -25,4 +25,18 @@ def summarize(cfg, ds):
             "final_mean_inner_product": float(row[-1]),
             "time_to_mean_inner_product_0.99": float(t[above[0]]) if above.size else None,
         }
+    if "pair_fraction" in ds:
+        pf, cc, gr = (per_beta(ds, v) for v in ("pair_fraction", "cluster_count", "gram_rank"))
+        agree = per_beta(ds.assign(_agree=(ds["cluster_count"] == ds["gram_rank"]).astype(float)),
+                         "_agree")
+        for i, b in enumerate(betas):
+            def row(da):
+                return da.isel(beta=i).values if "beta" in da.dims else da.values
+
+            out[f"beta={b:g}"].update({
+                "final_pair_fraction": float(row(pf)[-1]),
+                "final_mean_cluster_count": float(row(cc)[-1]),
+                "final_mean_gram_rank": float(row(gr)[-1]),
+                "fraction_of_saved_frames_count_equals_gram_rank": float(np.mean(row(agree))),
+            })
     return {"per_beta": out}

@@ -1,0 +1,339 @@
+"""Cluster statistics and interaction energies of particle clouds (docs/math.md §F).
+
+Every function takes clouds ``xs`` of shape (..., N, d) — one cloud, a trajectory's saved
+frames (S, N, d), an ensemble (B, S, N, d) — and returns one value per cloud (shape ``...``,
+or ``(..., N)`` / ``(..., N, d)`` for per-cluster arrays). Parameters (``beta``, ``B``,
+thresholds) broadcast against the leading axes: a β per system is ``beta`` of shape (B, 1)
+against frames (B, S, N, d). Everything is jit- and vmap-able (fixed shapes; the component
+labelling is a ``lax.while_loop`` to a fixed point).
+
+Graph and pair conventions (stated once, used everywhere):
+
+* **pair fraction** ``pair_fraction(xs, threshold)``: the fraction of *unordered* pairs
+  {i, j}, i < j, with ⟨x_i, x_j⟩ > threshold, i.e. #{i < j : ⟨x_i, x_j⟩ > threshold} /
+  (N(N−1)/2). Because ⟨x_i, x_j⟩ = ⟨x_j, x_i⟩ this is also the fraction of ordered pairs
+  i ≠ j. ``include_self=True`` counts the N diagonal pairs too, over N² ordered pairs
+  (``(2·count + N)/N²``), the convention of a plain ``mean(G > threshold)``.
+* **cluster count** ``cluster_count(xs, delta)``: the number of connected components of the
+  graph on the particles with an edge i ~ j when ⟨x_i, x_j⟩ > 1 − δ (each particle is in its
+  own component at least). On a cloud made of tight, well-separated clusters this is the
+  number of clusters; it is invariant to permuting the particles.
+* **Gram rank** ``gram_rank(xs, threshold)``: the numerical rank of the 0/1 matrix
+  A_ij = 1[⟨x_i, x_j⟩ > threshold] (the published count of the rotf scripts, threshold
+  0.9999). When the graph is a disjoint union of cliques (after a permutation A is
+  block-diagonal with all-ones blocks) the rank equals the number of components; otherwise
+  it may differ (a chain i ~ j ~ k with i ≁ k is one component of rank up to 3).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .kernels import HIGHEST
+
+__all__ = [
+    "gram", "pair_fraction", "cluster_labels", "cluster_count", "gram_rank", "cluster_masses",
+    "cluster_centres", "span_dimension", "interaction_energy", "log_partition_energy",
+    "hitting_times", "merge_events", "MergeEvents",
+]
+
+
+# ------------------------------------------------------------------ batching over leading axes
+
+def _batched(core, xs, params, core_ndims):
+    """Apply ``core(x, *params)`` (x one cloud (N, d)) over the leading axes of ``xs``;
+    each param broadcasts against the leading shape (its trailing ``core_ndims`` axes are its
+    own)."""
+    xs = jnp.asarray(xs)
+    if xs.ndim < 2:
+        raise ValueError(f"xs must have shape (..., N, d), got {xs.shape}")
+    lead = xs.shape[:-2]
+    ps = []
+    for p, k in zip(params, core_ndims):
+        p = jnp.asarray(p)
+        plead = p.shape[:p.ndim - k] if k else p.shape
+        full = jnp.broadcast_shapes(lead, plead)
+        if full != lead:
+            raise ValueError(f"a parameter of leading shape {plead} does not broadcast against "
+                             f"the clouds' leading shape {lead}")
+        ps.append(jnp.broadcast_to(p, lead + p.shape[p.ndim - k:]).reshape(
+            (-1,) + p.shape[p.ndim - k:]))
+    flat = xs.reshape((-1,) + xs.shape[-2:])
+    out = jax.vmap(core)(flat, *ps)
+    return jax.tree.map(lambda a: a.reshape(lead + a.shape[1:]), out)
+
+
+def _gram(x):
+    return jnp.matmul(x, x.T, precision=HIGHEST)
+
+
+def gram(xs):
+    """Gram matrices ⟨x_i, x_j⟩: (..., N, d) → (..., N, N)."""
+    xs = jnp.asarray(xs)
+    return jnp.matmul(xs, jnp.swapaxes(xs, -1, -2), precision=HIGHEST)
+
+
+# ------------------------------------------------------------------ pair fraction
+
+def _pair_fraction(x, thr, include_self):
+    n = x.shape[0]
+    g = _gram(x)
+    iu = jnp.triu(jnp.ones((n, n), bool), k=1)
+    count = jnp.sum(iu & (g > thr)).astype(x.dtype)
+    if include_self:
+        return (2.0 * count + n) / (n * n)
+    return count / max(n * (n - 1) // 2, 1)
+
+
+@functools.partial(jax.jit, static_argnames=("include_self",))
+def pair_fraction(xs, threshold=0.999, *, include_self=False):
+    """Fraction of unordered pairs i < j with ⟨x_i, x_j⟩ > ``threshold`` (module doc).
+
+    ``include_self=True``: over all N² ordered pairs, the diagonal counted (each
+    ⟨x_i, x_i⟩ = 1 > threshold). N = 1 gives 0 (no pair) without ``include_self``.
+    Returns shape ``xs.shape[:-2]``.
+    """
+    return _batched(lambda x, t: _pair_fraction(x, t, include_self), xs, (threshold,), (0,))
+
+
+# ------------------------------------------------------------------ components
+
+#: up to this N the components come from the transitive closure by repeated squaring (a
+#: fixed number of matmuls, no data-dependent loop); above it, by min-label propagation
+CLOSURE_MAX_PARTICLES = 256
+
+
+def _labels(x, delta):
+    """Component labels: each particle gets the smallest index of its component.
+
+    N <= ``CLOSURE_MAX_PARTICLES``: the reachability matrix R = (I ∨ A)^(2^k) by ⌈log₂ N⌉
+    boolean squarings (O(N³ log N), fixed trip count); label_i = min{j : R_ij}. Larger N:
+    min-label propagation with pointer jumping in a ``lax.while_loop`` to the fixed point
+    (O(N²) a round). Both give the same labels (docs/math.md §F.1)."""
+    n = x.shape[0]
+    adj = _gram(x) > 1.0 - delta
+    adj = adj | jnp.eye(n, dtype=bool)
+    if n <= CLOSURE_MAX_PARTICLES:
+        r = adj.astype(x.dtype)
+        rounds = max(1, int(np.ceil(np.log2(max(n, 2)))))
+        r = jax.lax.fori_loop(0, rounds, lambda _, r: (jnp.matmul(r, r, precision=HIGHEST) > 0)
+                              .astype(r.dtype), r)
+        idx = jnp.arange(n, dtype=jnp.int32)
+        return jnp.min(jnp.where(r > 0, idx[None, :], n), axis=1).astype(jnp.int32)
+    big = jnp.asarray(n, jnp.int32)
+    lab0 = jnp.arange(n, dtype=jnp.int32)
+
+    def body(state):
+        lab, _ = state
+        new = jnp.min(jnp.where(adj, lab[None, :], big), axis=1)
+        new = jnp.minimum(new, lab)
+        new = new[new]  # pointer jumping: follow the label's own label
+        return new, jnp.any(new != lab)
+
+    lab, _ = jax.lax.while_loop(lambda s: s[1], body, (lab0, jnp.asarray(True)))
+    return lab
+
+
+@jax.jit
+def cluster_labels(xs, delta=1e-3):
+    """Connected-component labels of the graph ⟨x_i, x_j⟩ > 1 − δ: (..., N) int32, each
+    particle labelled by the smallest particle index in its component."""
+    return _batched(_labels, xs, (delta,), (0,))
+
+
+@jax.jit
+def cluster_count(xs, delta=1e-3):
+    """Number of connected components of the graph ⟨x_i, x_j⟩ > 1 − δ (module doc);
+    shape ``xs.shape[:-2]``, int32."""
+    def core(x, d):
+        lab = _labels(x, d)
+        return jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
+
+    return _batched(core, xs, (delta,), (0,))
+
+
+@jax.jit
+def gram_rank(xs, threshold=0.9999, *, rtol=None):
+    """Numerical rank of the 0/1 matrix 1[⟨x_i, x_j⟩ > threshold] (the rotf count; module
+    doc). ``rtol``: singular values below ``rtol·σ_max`` are zero (default N·eps)."""
+    def core(x, t):
+        n = x.shape[0]
+        a = (_gram(x) > t).astype(x.dtype)
+        s = jnp.linalg.svd(a, compute_uv=False)
+        tol = (n * jnp.finfo(x.dtype).eps if rtol is None else rtol) * s[0]
+        return jnp.sum(s > tol).astype(jnp.int32)
+
+    return _batched(core, xs, (threshold,), (0,))
+
+
+def _masses_centres(x, delta):
+    n = x.shape[0]
+    lab = _labels(x, delta)
+    onehot = (lab[:, None] == jnp.arange(n, dtype=lab.dtype)[None, :]).astype(x.dtype)  # (i, k)
+    mass = jnp.sum(onehot, axis=0) / n  # (k,)
+    s = jnp.matmul(onehot.T, x, precision=HIGHEST)  # Σ_{i in k} x_i
+    norm = jnp.linalg.norm(s, axis=-1, keepdims=True)
+    centre = jnp.where(norm > 0, s / jnp.where(norm > 0, norm, 1.0), 0.0)
+    order = jnp.argsort(-mass, stable=True)
+    return mass[order], centre[order]
+
+
+@jax.jit
+def cluster_masses(xs, delta=1e-3):
+    """Cluster masses (fractions of the N particles), largest first, padded with zeros to N
+    entries: (..., N). Their number of non-zero entries is :func:`cluster_count`."""
+    return _batched(lambda x, d: _masses_centres(x, d)[0], xs, (delta,), (0,))
+
+
+@jax.jit
+def cluster_centres(xs, delta=1e-3):
+    """Cluster centres Σ_{i∈C} x_i / |Σ_{i∈C} x_i| (a point of the sphere), in the order of
+    :func:`cluster_masses`, zero rows as padding: (..., N, d)."""
+    return _batched(lambda x, d: _masses_centres(x, d)[1], xs, (delta,), (0,))
+
+
+@jax.jit
+def span_dimension(xs, rtol=1e-3):
+    """Dimension of the linear span of the cloud: the number of singular values of the
+    (N, d) matrix of particles above ``rtol·σ_max`` (1 for one cluster, 2 for two distinct
+    non-antipodal clusters, …; ``rtol`` sets what counts as flat). Int32, shape ``...``."""
+    def core(x, r):
+        s = jnp.linalg.svd(x, compute_uv=False)
+        return jnp.sum(s > r * s[0]).astype(jnp.int32)
+
+    return _batched(core, xs, (rtol,), (0,))
+
+
+# ------------------------------------------------------------------ energies
+
+def _logits(x, beta, B):
+    return beta * jnp.matmul(jnp.matmul(x, B, precision=HIGHEST), x.T, precision=HIGHEST)
+
+
+@jax.jit
+def interaction_energy(xs, beta, B=None):
+    r"""The interaction energy E_β = (1/(2β N²)) Σ_{i,j} exp(β ⟨Q x_i, K x_j⟩),
+    ⟨Q x_i, K x_j⟩ = x_iᵀ B x_j with B = QᵀK (default B = I: Q = K = I).
+
+    Along USA (``normalization="unnormalized"``) and SA (softmax) with V = B symmetric, E_β
+    is nondecreasing: USA is N times its gradient flow in the product metric, SA its flow in
+    the metric weighted by Z_i/N² (Z_i = Σ_j exp(β x_iᵀBx_j)) — docs/math.md §F.3.
+
+    Args:
+      xs: (..., N, d) clouds. beta: scalar or broadcastable to ``xs.shape[:-2]``.
+      B: (d, d) or (..., d, d) bilinear form QᵀK.
+    """
+    xs = jnp.asarray(xs)
+    d = xs.shape[-1]
+    B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
+
+    def core(x, b, Bm):
+        n = x.shape[0]
+        return jnp.sum(jnp.exp(_logits(x, b, Bm))) / (2.0 * b * n * n)
+
+    return _batched(core, xs, (jnp.asarray(beta, xs.dtype), B), (0, 2))
+
+
+@jax.jit
+def log_partition_energy(xs, beta, B=None):
+    r"""The softmax (SA) variant: F_β = (1/(β N)) Σ_i log((1/N) Σ_j exp(β x_iᵀ B x_j)), the
+    mean of the particles' log-partition functions (the log of the normalisation of their
+    attention rows); F_β ≤ (1/β) log(2β E_β) by Jensen, with equality when all rows have the
+    same partition function (one cluster). Computed with log-sum-exp (no overflow)."""
+    xs = jnp.asarray(xs)
+    d = xs.shape[-1]
+    B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
+
+    def core(x, b, Bm):
+        n = x.shape[0]
+        lse = jax.scipy.special.logsumexp(_logits(x, b, Bm), axis=1) - jnp.log(n)
+        return jnp.mean(lse) / b
+
+    return _batched(core, xs, (jnp.asarray(beta, xs.dtype), B), (0, 2))
+
+
+# ------------------------------------------------------------------ merges and plateaus
+
+@jax.jit
+def hitting_times(ts, counts, levels):
+    r"""The first saved time at which the cluster count is ≤ each level: (..., L) for counts
+    (..., S) and ``levels`` (L,) ints; +inf where never. Jittable and batched.
+
+    With saves at t_0 < t_1 < …, a merge from above ``k`` to ≤ ``k`` that happens at time τ
+    is reported as the first saved t_s ≥ τ: τ ∈ (t_{s−1}, t_s] — within one save interval.
+    The length of the plateau at exactly k clusters is
+    ``hitting(k − 1) − hitting(k)`` (inf when the count never falls below k)."""
+    ts = jnp.asarray(ts)
+    counts = jnp.asarray(counts)
+    levels = jnp.asarray(levels)
+    below = counts[..., None, :] <= levels[:, None]  # (..., L, S)
+    first = jnp.argmax(below, axis=-1)
+    hit = jnp.any(below, axis=-1)
+    dtype = ts.dtype if jnp.issubdtype(ts.dtype, jnp.floating) else jnp.float32
+    return jnp.where(hit, ts.astype(dtype)[first], jnp.asarray(jnp.inf, dtype))
+
+
+class MergeEvents:
+    """Merges and plateaus of one trajectory (:func:`merge_events`).
+
+    Attributes (NumPy):
+      times: (M,) first saved time after each drop of the count (the drop happened in
+        (``before[m]``, ``times[m]``]).
+      before: (M,) the saved time just before each drop.
+      from_count, to_count: (M,) the count before and after each drop.
+      plateau_counts: (M + 1,) the count on each plateau (first: the initial count).
+      plateau_start, plateau_end: (M + 1,) the plateau's saved start and the next drop's
+        time (the last plateau ends at the last saved time, ``open_end`` True).
+      plateau_length: ``plateau_end − plateau_start``.
+    """
+
+    def __init__(self, times, before, from_count, to_count, plateau_counts, plateau_start,
+                 plateau_end):
+        self.times, self.before = times, before
+        self.from_count, self.to_count = from_count, to_count
+        self.plateau_counts = plateau_counts
+        self.plateau_start, self.plateau_end = plateau_start, plateau_end
+        self.plateau_length = plateau_end - plateau_start
+        self.open_end = True
+
+    def __repr__(self):
+        ev = ", ".join(f"{a}→{b} at t∈({s:.4g}, {t:.4g}]" for a, b, s, t in
+                       zip(self.from_count, self.to_count, self.before, self.times))
+        return f"MergeEvents({ev or 'no merge'})"
+
+
+def merge_events(ts, counts, *, monotone=True):
+    """Merge times and plateaus of one trajectory (NumPy; variable-length output).
+
+    Args:
+      ts: (S,) increasing saved times. counts: (S,) cluster counts at those times
+        (:func:`cluster_count` of the saved frames).
+      monotone: count a drop only when the running minimum of the count drops (a count that
+        flickers up for a frame, a pair near the threshold, is not a split then a merge).
+        False: every decrease of the raw count is a drop.
+
+    Returns:
+      :class:`MergeEvents`. Because only the saved frames are seen, each merge time is known
+      to within the save interval that contains it; the plateaus' lengths are exact up to
+      one save interval at each end, whatever the saving frequency.
+    """
+    ts = np.asarray(ts, float)
+    c = np.asarray(counts)
+    if ts.ndim != 1 or c.shape != ts.shape or ts.size == 0:
+        raise ValueError(f"ts and counts must be 1-D arrays of the same non-zero length, got "
+                         f"{ts.shape} and {c.shape}")
+    if np.any(np.diff(ts) <= 0):
+        raise ValueError("ts must be strictly increasing")
+    if monotone:
+        c = np.minimum.accumulate(c)
+    drop = np.flatnonzero(c[1:] < c[:-1]) + 1
+    times, before = ts[drop], ts[drop - 1]
+    from_c, to_c = c[drop - 1], c[drop]
+    p_counts = np.concatenate([[c[0]], to_c])
+    p_start = np.concatenate([[ts[0]], times])
+    p_end = np.concatenate([times, [ts[-1]]])
+    return MergeEvents(times, before, from_c, to_c, p_counts, p_start, p_end)
