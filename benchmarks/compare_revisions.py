@@ -78,6 +78,12 @@ def parse_args(argv=None):
                    help="output path without suffix (.json and .png are written)")
     p.add_argument("--threshold", type=float, default=THRESHOLD)
     p.add_argument("--large-n-impls", default=LARGE_N_IMPLS)
+    p.add_argument("--before-phase-args", default="",
+                   help="extra bench_phase.py arguments for the BEFORE tree only (space-separated)")
+    p.add_argument("--after-phase-args", default="",
+                   help="extra bench_phase.py arguments for the AFTER tree only, e.g. to select "
+                        "the same step as the before tree when the default changed "
+                        "('--jax-method euler --variants jax_vmap,jaxdyn_sharded,...')")
     p.add_argument("--fixed-order", action="store_true",
                    help="before → after in every round (default: alternate the order)")
     p.add_argument("--timeout", type=float, default=None,
@@ -153,8 +159,10 @@ def script_runs(args, tag, tree):
     """name → (argv after the interpreter, result JSON path) of one tree's workloads."""
     results = Path(tree) / "benchmarks" / "results"
     tiny = ["--tiny"] if args.tiny else []
+    side = args.after_phase_args if Path(tree).resolve() == Path(args.after).resolve() else args.before_phase_args
     runs = {
-        "phase": (["benchmarks/bench_phase.py", "--skip-torch", "--tag", tag, "--no-plot", *tiny],
+        "phase": (["benchmarks/bench_phase.py", "--skip-torch", "--tag", tag, "--no-plot", *tiny,
+                   *side.split()],
                   results / f"phase{tag}.json"),
         "large_n": (["benchmarks/bench_large_n.py", "--impls", args.large_n_impls, "--tag", tag,
                      "--no-plot", *tiny], results / f"large_n{tag}.json"),
