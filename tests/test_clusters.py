@@ -331,6 +331,7 @@ def test_component_count_above_the_closure_size_uses_label_propagation():
         assert np.all(lab[c] == min(c))
 
 
+@pytest.mark.slow  # a whole CLI experiment with a movie; the statistics themselves are tested by default
 def test_sphere_kind_records_cluster_statistics_and_writes_a_movie(tmp_path):
     """``cluster_stats: true`` writes the per-frame statistics (equal to jaxdyn.clusters on
     the saved snapshots), the heat maps, and ``jaxdyn report --movie`` an animation."""

@@ -34,6 +34,7 @@ def test_spectral_ensemble_builds_assumption_1():
         build_weights(validate_section("weights", {**SPEC, "mu": [1.0, 0.5]}, WEIGHTS_SCHEMA), 3)
 
 
+@pytest.mark.slow  # a whole experiment; tests/test_readme.py runs the default concentration config from the CLI by default
 def test_concentration_run(tmp_path):
     out = tmp_path / "run"
     res = run_experiment(TINY, out, progress=False, log=lambda *_: None)

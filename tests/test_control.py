@@ -185,6 +185,7 @@ def _check_reached(res, m0, S0, m1, S1, bound=1e-4):
     return w2_ref
 
 
+@pytest.mark.slow  # 12 s; reach by default: attention-only, bounded and energy modes
 @pytest.mark.parametrize("d,seed", [(2, 1), (2, 2),
                                     pytest.param(4, 3, marks=pytest.mark.slow)])
 def test_reach_all_free_from_zero(d, seed):

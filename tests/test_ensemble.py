@@ -162,6 +162,7 @@ def test_bad_input_is_named():
         jax.jit(lambda x: simulate_ensemble(models, x, t1=1.0, dt=0.1).xs)(x0)
 
 
+@pytest.mark.slow  # 5 s; several devices by default: tests/test_sharding.py and test_sweeps.py
 def test_split_over_three_devices_equals_one(tmp_path):
     # in a subprocess with 3 host devices: 10 systems (padded to 3 x 4) give the same
     # trajectories as on one device

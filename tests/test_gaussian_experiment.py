@@ -52,6 +52,7 @@ def _run(tmp_path, cfg, capsys):
     return out, json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow  # a whole CLI experiment (20 s); the kind's other tests run in the default suite
 def test_blowup_trajectory_runs_from_the_cli(tmp_path, capsys):
     """The default end-to-end test: blow-up of the closure, identity and ReLU particles."""
     cfg = {**BLOWUP, "sweep": {**BLOWUP["sweep"], "activation": ["identity", "relu"]}}

@@ -200,7 +200,7 @@ def test_multiscale_equals_dense_solver(dtype, n):
 
 
 @pytest.mark.parametrize("n", [500, pytest.param(2000, marks=pytest.mark.slow)])  # 2000: ~45 s
-@pytest.mark.parametrize("case", ["clusters", "spread"])
+@pytest.mark.parametrize("case", ["clusters", pytest.param("spread", marks=pytest.mark.slow)])  # spread at 500: 4 s
 def test_multiscale_within_1_percent_of_exact(case, n):
     if case == "clusters":
         x, y = _clusters(n, seed=10)

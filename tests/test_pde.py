@@ -181,6 +181,7 @@ def test_kde_mass_and_limit():
     assert k.min() > -1e-12
 
 
+@pytest.mark.slow  # 8 s; S² by default: mass/positivity and the longitude FFT against the dense kernel
 @pytest.mark.parametrize("grids,last", [((8, 16, 32), 7e-3),
                                         pytest.param((16, 32, 64), 2e-3, marks=pytest.mark.slow)])
 def test_sphere_s2_zonal_rates_converge_at_second_order(grids, last):
@@ -198,7 +199,7 @@ def test_sphere_s2_zonal_rates_converge_at_second_order(grids, last):
     assert np.all(errs[1, 1:] / errs[2, 1:] > 3.5) and np.all(errs[0, 1:] / errs[1, 1:] > 3.5), errs
 
 
-@pytest.mark.parametrize("normalization", ["softmax", "unnormalized"])
+@pytest.mark.parametrize("normalization", [pytest.param("softmax", marks=pytest.mark.slow), "unnormalized"])
 def test_sphere_s2_longitude_fft_matches_dense(normalization):
     rng = np.random.default_rng(0)
     R = np.array([[0.8, -0.3, 0.0], [0.3, 0.8, 0.0], [0.0, 0.0, 1.3]])  # axial B = Rᵀ
