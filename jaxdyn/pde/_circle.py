@@ -86,6 +86,19 @@ def _rotation_part(B):
     return a, b, c, d
 
 
+
+def check_weights(Q, K, V, d, dtype, what):
+    """Q, K, V as (d, d) arrays of one floating dtype (default: Q's, else JAX's default),
+    each shape checked; returns (Q, K, V, dtype). Shared by the S¹ and S² densities."""
+    if dtype is None:
+        qd = jnp.asarray(Q).dtype
+        dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
+    Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
+    for name, w in (("Q", Q), ("K", K), ("V", V)):
+        if w.shape != (d, d):
+            raise ValueError(f"{name} must be a {d}x{d} matrix {what}, got shape {w.shape}")
+    return Q, K, V, dtype
+
 class CircleDensity(eqx.Module):
     r"""The right-hand side of the mean-field equation on S¹ for the cell averages ρ (shape (M,)):
     a vector field ``field(t, rho, args) -> dρ/dt``, usable as a ``diffrax.ODETerm``.
@@ -114,14 +127,7 @@ class CircleDensity(eqx.Module):
 
     def __init__(self, Q, K, V, beta, m, *, sigma=0.0, kernel="auto", normalization="softmax",
                  diffusion="fd", limiter="mc", dtype=None):
-        if dtype is None:
-            qd = jnp.asarray(Q).dtype
-            dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
-        Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
-        for name, w in (("Q", Q), ("K", K), ("V", V)):
-            if w.shape != (2, 2):
-                raise ValueError(f"{name} must be a 2x2 matrix (the weights on the plane of S¹), "
-                                 f"got shape {w.shape}")
+        Q, K, V, dtype = check_weights(Q, K, V, 2, dtype, "(the weights on the plane of S¹)")
         if int(m) != m or m < 8:
             raise ValueError(f"m (grid size) must be an integer >= 8, got {m!r}")
         for name, v, opts in (("kernel", kernel, KERNELS), ("normalization", normalization, NORMALIZATIONS),

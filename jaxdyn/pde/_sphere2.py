@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._circle import check_weights
+
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
 
 
@@ -65,13 +67,7 @@ class SphereDensity(eqx.Module):
 
     def __init__(self, Q, K, V, beta, n_lat, n_lon, *, sigma=0.0, normalization="softmax",
                  kernel="auto", dtype=None):
-        if dtype is None:
-            qd = jnp.asarray(Q).dtype
-            dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
-        Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
-        for name, w in (("Q", Q), ("K", K), ("V", V)):
-            if w.shape != (3, 3):
-                raise ValueError(f"{name} must be a 3x3 matrix on S², got shape {w.shape}")
+        Q, K, V, dtype = check_weights(Q, K, V, 3, dtype, "on S²")
         if n_lat < 4 or n_lon < 8:
             raise ValueError(f"grid too small: n_lat >= 4 and n_lon >= 8 needed, got {n_lat}, {n_lon}")
         if normalization not in ("softmax", "unnormalized"):

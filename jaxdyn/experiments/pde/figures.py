@@ -11,6 +11,16 @@ from ... import plots
 from .summary import grid_points
 
 
+
+def _style(ax, xlabel, ylabel, title=None):
+    """Axis labels, an optional small title, a light grid and a small legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
 def _label(lab, cfg=None):
     text = ", ".join(f"{'β' if k == 'beta' else 'σ' if k == 'sigma' else k} = {v:g}" for k, v in lab.items())
     return text or (f"β = {cfg['beta']:g}" if cfg else "")
@@ -54,11 +64,8 @@ def plot(cfg, ds, out_dir):
         th, g = np.asarray(d["growth_theory"].values), np.asarray(d["growth_measured"].values)
         ax.plot(ks, th, "-", color=f"C{i}", lw=1.2, label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         ax.plot(ks, g, "o", color=f"C{i}", ms=4, mfc="none")
-    ax.set_xlabel("mode k")
-    ax.set_ylabel("growth rate λ_k")
-    ax.set_title("solver (circles) against (k²/β) I_k(β)/I_0(β) − σ²k²/2 (lines)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _style(ax, "mode k", "growth rate λ_k",
+           "solver (circles) against (k²/β) I_k(β)/I_0(β) − σ²k²/2 (lines)")
     figs.append(plots.save(fig, out_dir / "growth_rates.png"))
 
     if cfg["mode"] == "clusters":
@@ -73,18 +80,11 @@ def plot(cfg, ds, out_dir):
         bb = np.geomspace(bs.min(), bs.max(), 100)
         a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
         a1.set_xscale("log")
-        a1.set_xlabel("β")
-        a1.set_ylabel("clusters")
-        a1.legend(fontsize=7)
-        a1.grid(alpha=0.3)
+        _style(a1, "β", "clusters")
         for i, (lab, d) in enumerate(show):
             a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
                     label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
-        a2.set_xlabel("t")
-        a2.set_ylabel("cluster count (0: not yet broken up)")
-        a2.set_title("clusters appear, then merge", fontsize=9)
-        a2.legend(fontsize=7)
-        a2.grid(alpha=0.3)
+        _style(a2, "t", "cluster count (0: not yet broken up)", "clusters appear, then merge")
         figs.append(plots.save(fig, out_dir / "cluster_counts.png"))
 
     if "w1" in ds:

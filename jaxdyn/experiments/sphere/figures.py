@@ -11,9 +11,8 @@ from ... import plots
 from .summary import per_beta
 
 
-def plot(cfg, ds, out_dir):
-    out_dir = Path(out_dir)
-    figs = []
+def _snapshots(cfg, ds):
+    """(betas, index of figure_beta, snapshots there at the first value of the other axes)."""
     betas = list(ds["beta"].values) if "beta" in ds.dims else [cfg["beta"]]
     fb = cfg["figure_beta"] if cfg["figure_beta"] is not None else betas[len(betas) // 2]
     bi = int(np.argmin(np.abs(np.asarray(betas) - fb)))
@@ -21,7 +20,13 @@ def plot(cfg, ds, out_dir):
            ("beta", "t_snapshot", "particle", "component")}
     if "beta" in ds["x_snapshot"].dims:
         sel["beta"] = bi
-    xs = ds["x_snapshot"].isel(sel).values
+    return betas, bi, ds["x_snapshot"].isel(sel).values
+
+
+def plot(cfg, ds, out_dir):
+    out_dir = Path(out_dir)
+    figs = []
+    betas, bi, xs = _snapshots(cfg, ds)
     figs.append(plots.sphere_snapshots(xs, ds["t_snapshot"].values, out_dir / "particles.png",
                                        title=f"{cfg['name']}: particles at β = {betas[bi]:.3g}"))
     ip = per_beta(ds, "mean_inner_product")
@@ -47,13 +52,6 @@ def plot(cfg, ds, out_dir):
 def movie(cfg, ds, out_dir, fmt="gif"):
     """An animation of the saved snapshots (``snapshots`` times) at ``figure_beta`` and the
     first value of every other sweep axis: S¹ as a circle, S² as a sphere."""
-    betas = list(ds["beta"].values) if "beta" in ds.dims else [cfg["beta"]]
-    fb = cfg["figure_beta"] if cfg["figure_beta"] is not None else betas[len(betas) // 2]
-    bi = int(np.argmin(np.abs(np.asarray(betas) - fb)))
-    sel = {d: 0 for d in ds["x_snapshot"].dims if d in ds.coords and d not in
-           ("beta", "t_snapshot", "particle", "component")}
-    if "beta" in ds["x_snapshot"].dims:
-        sel["beta"] = bi
-    xs = ds["x_snapshot"].isel(sel).values
+    betas, bi, xs = _snapshots(cfg, ds)
     return plots.particle_movie(xs, ds["t_snapshot"].values, Path(out_dir) / f"movie.{fmt}",
                                 title=f"β = {betas[bi]:.3g}")
