@@ -58,6 +58,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import fmt_s  # the benchmarks' one time formatter (stdlib only at import)
+
 HERE = Path(__file__).resolve().parent
 
 THRESHOLD = 1.10
@@ -310,16 +312,6 @@ def table(rounds, threshold):
                 row["verdict"] += " (noisy)"
         rows.append(row)
     return rows
-
-
-def fmt_s(s):
-    if s is None:
-        return "-"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f}µs"
-    if s < 1:
-        return f"{s * 1e3:.2f}ms"
-    return f"{s:.2f}s"
 
 
 def fmt_r(r):
