@@ -14,55 +14,97 @@ per member (diffrax's codes included): read it with ``.ok``, ``.status``, ``.mes
 
 __version__ = "0.1.0"
 
-from ._results import (
-    RESULTS as RESULTS,
-    Solution as Solution,
-    is_successful as is_successful,
-    status_codes as status_codes,
-    status_messages as status_messages,
-    status_names as status_names,
-)
-from . import (  # noqa: F401  (the subpackages, for jaxdyn.<role>.<name>)
-    clusters, control, distances, gaussian, integrators, kernels, models, simulation, spectral,
-    sphere, weights,
-)
-from .models import (
-    EuclideanAttention as EuclideanAttention,
-    SphereAttention as SphereAttention,
-    ZeroTemperature as ZeroTemperature,
-    stack_models as stack_models,
-)
-from .sphere import (
-    normalize as normalize,
-    sample_mixture as sample_mixture,
-    sample_sphere as sample_sphere,
-    sample_vmf as sample_vmf,
-)
-from .simulation import (
-    Trajectory as Trajectory,
-    sharded_vmap as sharded_vmap,
-    simulate as simulate,
-    simulate_ensemble as simulate_ensemble,
-)
-from .spectral import (
-    check_assumptions as check_assumptions,
-    lyapunov as lyapunov,
-    mass_near as mass_near,
-    projection as projection,
-    spectral_weights as spectral_weights,
-)
-from .distances import (
-    bures_w2 as bures_w2,
-    w2 as w2,
-    w2_exact as w2_exact,
-    w2_sinkhorn as w2_sinkhorn,
-)
-from .gaussian import solve_moments as solve_moments, solve_moments_batch as solve_moments_batch
-from .control import certificate as certificate, reach as reach
-from .clusters import (
-    cluster_count as cluster_count,
-    interaction_energy as interaction_energy,
-    merge_events as merge_events,
-    pair_fraction as pair_fraction,
-)
-from .io import open_results as open_results
+# Lazy: ``import jaxdyn`` (and the CLI's ``jaxdyn --help``) loads no JAX; each name below is
+# imported on first use (PEP 562). The imports are spelled out for readers and type checkers.
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from ._results import (
+        RESULTS as RESULTS,
+        Solution as Solution,
+        is_successful as is_successful,
+        status_codes as status_codes,
+        status_messages as status_messages,
+        status_names as status_names,
+    )
+    from . import (  # noqa: F401  (the subpackages, for jaxdyn.<role>.<name>)
+        clusters, control, distances, gaussian, integrators, kernels, models, simulation, spectral,
+        sphere, weights,
+    )
+    from .models import (
+        EuclideanAttention as EuclideanAttention,
+        SphereAttention as SphereAttention,
+        ZeroTemperature as ZeroTemperature,
+        stack_models as stack_models,
+    )
+    from .sphere import (
+        normalize as normalize,
+        sample_mixture as sample_mixture,
+        sample_sphere as sample_sphere,
+        sample_vmf as sample_vmf,
+    )
+    from .simulation import (
+        Trajectory as Trajectory,
+        sharded_vmap as sharded_vmap,
+        simulate as simulate,
+        simulate_ensemble as simulate_ensemble,
+    )
+    from .spectral import (
+        check_assumptions as check_assumptions,
+        lyapunov as lyapunov,
+        mass_near as mass_near,
+        projection as projection,
+        spectral_weights as spectral_weights,
+    )
+    from .distances import (
+        bures_w2 as bures_w2,
+        w2 as w2,
+        w2_exact as w2_exact,
+        w2_sinkhorn as w2_sinkhorn,
+    )
+    from .gaussian import solve_moments as solve_moments, solve_moments_batch as solve_moments_batch
+    from .control import certificate as certificate, reach as reach
+    from .clusters import (
+        cluster_count as cluster_count,
+        interaction_energy as interaction_energy,
+        merge_events as merge_events,
+        pair_fraction as pair_fraction,
+    )
+    from .io import open_results as open_results
+    from ._cache import (
+        compile_stats as compile_stats,
+        enable_compilation_cache as enable_compilation_cache,
+    )
+
+_SUBPACKAGES = ("clusters", "control", "distances", "gaussian", "integrators", "kernels", "models",
+                "simulation", "spectral", "sphere", "weights")
+_NAMES = {
+    "._results": ("RESULTS", "Solution", "is_successful", "status_codes", "status_messages",
+                  "status_names"),
+    ".models": ("EuclideanAttention", "SphereAttention", "ZeroTemperature", "stack_models"),
+    ".sphere": ("normalize", "sample_mixture", "sample_sphere", "sample_vmf"),
+    ".simulation": ("Trajectory", "sharded_vmap", "simulate", "simulate_ensemble"),
+    ".spectral": ("check_assumptions", "lyapunov", "mass_near", "projection", "spectral_weights"),
+    ".distances": ("bures_w2", "w2", "w2_exact", "w2_sinkhorn"),
+    ".gaussian": ("solve_moments", "solve_moments_batch"),
+    ".control": ("certificate", "reach"),
+    ".clusters": ("cluster_count", "interaction_energy", "merge_events", "pair_fraction"),
+    ".io": ("open_results",),
+    "._cache": ("compile_stats", "enable_compilation_cache"),
+}
+_WHERE = {name: mod for mod, names in _NAMES.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f".{name}", __name__)
+    if name in _WHERE:
+        value = getattr(_importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxdyn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBPACKAGES) | set(_WHERE))

@@ -15,6 +15,14 @@ as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before
 On CPU the host cores are exposed as JAX devices (``--xla_force_host_platform_device_count``)
 before JAX starts, so sweeps shard over them; ``--no-host-devices`` or the environment
 variable ``JAXDYN_NO_HOST_DEVICES=1`` turns that off.
+
+``jaxdyn run`` keeps compiled programs in JAX's persistent compilation cache
+(:func:`jaxdyn.enable_compilation_cache`: ``$XDG_CACHE_HOME/jaxdyn/jax`` or
+``~/.cache/jaxdyn/jax``, or ``$JAXDYN_CACHE_DIR``), so a second run compiles almost nothing;
+``--no-cache`` or ``JAXDYN_NO_CACHE=1`` turns that off.
+
+Only the standard library and the config reader load before a command runs: ``jaxdyn
+--help``, ``jaxdyn run --help`` import no JAX.
 """
 
 from __future__ import annotations
@@ -34,6 +42,15 @@ def _host_devices(disable: bool):
     from .simulation._sharding import configure_host_devices
 
     configure_host_devices()
+
+
+def _compilation_cache(disable: bool):
+    """The persistent compilation cache, unless ``--no-cache`` or ``JAXDYN_NO_CACHE=1``."""
+    if disable or os.environ.get("JAXDYN_NO_CACHE", "").strip() not in ("", "0"):
+        return None
+    from ._cache import enable_compilation_cache
+
+    return enable_compilation_cache()
 
 
 def _load_raw(config, overrides):
@@ -74,6 +91,7 @@ def _cmd_run(args):
     else:
         raw = _load_raw(args.config, args.set)
     _prepare_precision(raw)
+    _compilation_cache(args.no_cache)
     from .experiments import resolve_config, run_experiment
 
     try:
@@ -87,7 +105,9 @@ def _cmd_run(args):
     res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,
                          force=args.force)
     if res.status == "ok":
-        print(f"jaxdyn: done in {res.summary['elapsed_seconds']:.1f}s; results in {out}/ "
+        sm = res.summary
+        print(f"jaxdyn: done in {sm['elapsed_seconds']:.1f}s ({sm['compile_seconds']:.1f}s "
+              f"compiling, {sm['compute_seconds']:.1f}s computing); results in {out}/ "
               f"({', '.join(['config.yaml', 'summary.json', 'data.nc'] + [Path(f).name for f in res.figures])})")
         return 0
     print(f"jaxdyn: run finished with status '{res.status}': {res.summary.get('message', '')}; "
@@ -140,6 +160,9 @@ def build_parser():
                    help="run into a non-empty --out that is not a run of this config, replacing "
                         "the results there (other files are left alone)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--no-cache", action="store_true",
+                   help="do not use the persistent compilation cache (~/.cache/jaxdyn/jax; "
+                        "also JAXDYN_NO_CACHE=1)")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
     rep.add_argument("dir")

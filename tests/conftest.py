@@ -6,6 +6,9 @@ import os
 
 # SciPy's OpenBLAS threads fight XLA's on a 2-core machine; set before SciPy loads LAPACK.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# The CLI's persistent compilation cache stays off in tests (the user's cache folder is never
+# written; tests/test_startup.py turns it on in a temporary folder).
+os.environ.setdefault("JAXDYN_NO_CACHE", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

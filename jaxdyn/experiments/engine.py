@@ -25,6 +25,7 @@ import numpy as np
 import yaml
 
 from .. import io as jio
+from . import progress as jprogress
 from ..config import ConfigError, Field, config_hash, parse_yaml, validate_section, validate_sweep
 
 ENGINE_FIELDS = {
@@ -161,12 +162,25 @@ def _versions():
 
 
 def _progress(total, initial, enabled):
+    """A bar in chunks that moves within a chunk too (fractions reported by the kind's loops
+    through :mod:`.progress`), with tqdm's elapsed time and ETA."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit="chunk", desc="jaxdyn", dynamic_ncols=True,
-                leave=True)
+                leave=True, bar_format="{l_bar}{bar}| {n:.2f}/{total} chunks "
+                "[{elapsed}<{remaining}{postfix}]")
+
+
+def _compile_seconds() -> float:
+    return _compile_stats()["compile_seconds"]
+
+
+def _compile_stats() -> dict:
+    from .. import compile_stats
+
+    return compile_stats()
 
 
 class RunLockedError(ConfigError):
@@ -409,6 +423,7 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     """
     from . import get_kind
 
+    compile0 = _compile_stats()
     cfg = resolve_config(raw_or_cfg)
     kind = get_kind(cfg["kind"])
     warns = list(kind.check(cfg) or [])
@@ -452,14 +467,14 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
             _remove_stale_temporaries(out)
             jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
         return _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer,
-                           peak_est, process_est, allowance, progress, log, compute_hook)
+                           peak_est, process_est, allowance, progress, log, compute_hook, compile0)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, peak_est,
-                process_est, allowance, progress, log, compute_hook):
+                process_est, allowance, progress, log, compute_hook, compile0=None):
     import jax
 
     log(f"jaxdyn: {cfg['kind']} '{cfg['name']}': {len(points)} grid point(s) in {len(chunks)} "
@@ -475,6 +490,7 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
 
     bar = None
     computed = 0
+    compute_s = 0.0  # chunk seconds less the compilation inside them
     done: list = []
     try:
         done = _existing_chunks(out, chunks, h, log, warns) if writer else []
@@ -486,7 +502,9 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
                 continue
             pcs = [point_config(cfg, points[i]) for i in idxs]
             t0 = time.time()
-            vars_, coords = kind.run_points(pcs)
+            c0 = _compile_seconds()
+            with jprogress.within_chunk(_bar_sink(bar, ci, len(done) + computed)):
+                vars_, coords = kind.run_points(pcs)
             arrays, dims = {}, {}
             for name, (d, a) in vars_.items():
                 a = np.asarray(a)
@@ -501,10 +519,12 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
                 jio.write_chunk(path, arrays, {"config_hash": h, "points": idxs, "dims": dims,
                                                "seconds": time.time() - t0})
             computed += 1
+            compute_s += (time.time() - t0) - (_compile_seconds() - c0)
             if compute_hook is not None:
                 compute_hook(ci)
             if bar is not None:
-                bar.update(1)
+                bar.n = len(done) + computed
+                bar.refresh()
                 elapsed = time.time() - t_start
                 bar.set_postfix_str(f"{computed} computed, {len(done)} resumed, "
                                     f"{elapsed:.0f}s")
@@ -534,8 +554,20 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
             warnings.simplefilter("ignore")
             summary["results"] = kind.summarize(cfg, ds)
         check_interrupt()
+        t_fig = time.time()
         figures = [str(p) for p in kind.plot(cfg, ds, out)]
         check_interrupt()
+        summary["figures_seconds"] = time.time() - t_fig
+        c1 = _compile_stats()
+        c0 = compile0 or dict.fromkeys(c1, 0)
+        # compile_seconds: tracing, lowering and XLA compilation (or loading from the
+        # persistent cache) over the whole run; compute_seconds: the chunks' time without it.
+        summary["compile_seconds"] = c1["compile_seconds"] - c0["compile_seconds"]
+        summary["compute_seconds"] = compute_s
+        summary["compiled_programs"] = c1["compiles"] - c0["compiles"]
+        summary["compile_cache_hits"] = c1["cache_hits"] - c0["cache_hits"]
+        summary["elapsed_seconds"] = time.time() - t_start
+        summary["compilation_cache"] = jax.config.jax_compilation_cache_dir
         summary["figures"] = [Path(f).name for f in figures]
         summary["data_file"] = jio.DATA_FILE
         jio.write_json(out / jio.SUMMARY_FILE, summary)
@@ -553,6 +585,22 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
         if bar is not None:
             bar.close()
     return RunResult(out, status, summary, figures, computed, len(done), warns)
+
+
+def _bar_sink(bar, ci, base):
+    """Moves ``bar`` to ``base`` + the fraction of chunk ``ci`` done (at most every 0.2 s)."""
+    if bar is None:
+        return lambda frac: None
+    last = [0.0]
+
+    def sink(frac):
+        now = time.time()
+        if now - last[0] >= 0.2 or frac >= 1.0:
+            last[0] = now
+            bar.n = base + frac
+            bar.refresh()
+
+    return sink
 
 
 def merge_chunks(cfg, out, axes, points, chunks, config_hash=None):

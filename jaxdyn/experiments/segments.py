@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from . import progress
 from ..simulation import plan_steps, save_indices, sharded_vmap, simulate, simulate_ensemble
 
 # XLA's CPU runtime with several host devices keeps memory that grows with the number of
@@ -109,5 +110,6 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
             x, out, fin = segment_fn(frame_fn, b - a, dt, se, method)(models, x, *extra)
         parts.append(to_host(out))
         finite &= np.asarray(to_host(fin), bool)
+        progress.advance(b, bounds[-1])  # the engine's bar moves within the chunk
     outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))
     return outputs, finite

@@ -1,0 +1,154 @@
+"""Issue 18's first experience: an instant CLI (what `--help` imports), the persistent
+compilation cache (in a temporary folder: the user's cache is never written), the timings in
+summary.json, the progress bar within a chunk, and stack_models on the host.
+Speed itself is measured in benchmarks/bench_startup.py, not here."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn.experiments import progress, run_experiment, segments
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("jax", "jaxlib", "diffrax", "equinox", "ott", "optax", "scipy", "matplotlib", "xarray")
+
+
+def test_help_imports_no_jax():
+    """`jaxdyn --help` and `jaxdyn run --help` load neither JAX nor the numerical stack (the
+    modules imported are checked, not the time)."""
+    code = (
+        "import sys\n"
+        "from jaxdyn.cli import main\n"
+        "for argv in (['--help'], ['run', '--help'], ['report', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--no-cache" in out.stdout  # run --help names the cache switch
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_lazy_top_level_names_match_their_imports():
+    """jaxdyn/__init__.py: the lazily loaded names are exactly those its (type-checking)
+    imports name, and each resolves to the object of its module."""
+    tree = ast.parse((ROOT / "jaxdyn" / "__init__.py").read_text())
+    declared = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for a in node.names:
+                declared[a.asname or a.name] = "." + node.module
+    where = {n: m for m, names in jaxdyn._NAMES.items() for n in names}
+    assert declared == where
+    assert jaxdyn.stack_models is jaxdyn.models.stack_models
+    assert "simulate" in dir(jaxdyn) and "sphere" in dir(jaxdyn)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        jaxdyn.nope
+
+
+def test_cache_folder_is_keyed_by_versions_and_cpu(monkeypatch, tmp_path):
+    from jaxdyn import _cache
+
+    key = _cache.cache_key_folder()
+    assert f"jax{jax.__version__}" in key and "cpu" in key
+    monkeypatch.setattr(_cache, "_cpu_signature", lambda: "another CPU\navx2 fma")
+    assert _cache.cache_key_folder() != key
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("JAXDYN_CACHE_DIR", raising=False)
+    assert _cache.default_cache_dir() == tmp_path / "jaxdyn" / "jax"
+    monkeypatch.setenv("JAXDYN_CACHE_DIR", str(tmp_path / "c"))
+    assert _cache.default_cache_dir() == tmp_path / "c"
+    # an unwritable place leaves the cache off instead of failing
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert jaxdyn.enable_compilation_cache(blocker / "sub") is None
+
+
+TINY = {"kind": "sphere", "name": "tiny", "d": 3, "n": 16, "t1": 0.4, "dt": 0.1, "save_every": 2,
+        "snapshots": [0.0, 0.4], "sweep": {"beta": [1.0]}}
+
+
+def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
+    """A run writes its compiled programs to the persistent cache (even sub-second ones);
+    after the in-memory caches are dropped, the same run loads them back (cache hits), and
+    summary.json reports compile and compute seconds apart."""
+    from jaxdyn import _cache
+
+    folder = jaxdyn.enable_compilation_cache(tmp_path / "cache")
+    try:
+        assert folder is not None and folder.parent == tmp_path / "cache"
+        quiet = dict(progress=False, log=lambda *_: None)
+        first = run_experiment(TINY, tmp_path / "a", **quiet).summary
+        assert first["compiled_programs"] > 0 and first["compile_seconds"] > 0
+        assert first["compute_seconds"] >= 0 and first["compilation_cache"] == str(folder)
+        assert len(list(folder.iterdir())) >= first["compiled_programs"] - first["compile_cache_hits"]
+        jax.clear_caches()
+        segments.SEGMENTS.clear()
+        second = run_experiment(TINY, tmp_path / "b", **quiet).summary
+        assert second["compile_cache_hits"] > 0
+        saved = json.loads((tmp_path / "b" / "summary.json").read_text())
+        assert {"compile_seconds", "compute_seconds", "compile_cache_hits"} <= set(saved)
+    finally:
+        _cache.disable_compilation_cache()
+    assert jax.config.jax_compilation_cache_dir is None
+
+
+def test_progress_moves_within_a_chunk():
+    """The segment loop reports after every segment: the engine's sink sees fractions rising
+    strictly inside the chunk; stages split the chunk by their shares."""
+    seen = []
+    I3 = jnp.eye(3, dtype=jnp.float32)
+    models = jaxdyn.stack_models([jaxdyn.SphereAttention(I3, I3, I3, 1.0)] * 2)
+    x0 = jnp.stack([jaxdyn.sample_sphere(jax.random.PRNGKey(i), 8, 3, dtype=jnp.float32)
+                    for i in range(2)])
+    with progress.within_chunk(seen.append):
+        progress.plan(integrate=3, w2=1)
+        progress.stage("integrate")
+        (xs,), fin = segments.integrate_segments(models, x0, _frames, t1=0.8, dt=0.1, save_every=1,
+                                                 method="euler", max_steps_per_call=2)
+        progress.stage("w2")
+        for j in range(4):
+            progress.advance(j + 1, 4)
+    assert xs.shape == (2, 9, 8, 3) and fin.all()
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    inside = [f for f in seen if 0 < f < 0.75]
+    assert len(inside) >= 3 and seen[-1] == pytest.approx(1.0)
+    assert 0.75 in [pytest.approx(f) for f in seen]  # the integration's end: 3 of 4 shares
+    progress.advance(1, 2)  # no chunk in flight: a no-op
+
+
+def _frames(model, xs):
+    return (xs,)
+
+
+def test_stack_models_on_the_host_equals_jnp_stack():
+    """Concrete leaves are stacked on the host; traced and weakly typed leaves keep
+    jnp.stack's result (values, dtype, weak type)."""
+    rng = np.random.default_rng(0)
+    mats = [jnp.asarray(rng.standard_normal((3, 3)), jnp.float64) for _ in range(3)]
+    ms = [jaxdyn.SphereAttention(m, m.T, m, b) for m, b in zip(mats, (0.5, 2.0, 8.0))]
+    ref = jax.tree.map(lambda *a: jnp.stack(a), *ms)
+    got = jaxdyn.stack_models(ms)
+
+    def same(a, b):
+        return (a.dtype == b.dtype and a.shape == b.shape and a.weak_type == b.weak_type
+                and bool(jnp.all(a == b)))
+
+    assert jax.tree.all(jax.tree.map(same, ref, got))
+    assert type(got.beta) is type(ref.beta) and got.beta.dtype == jnp.float64
+    traced = jax.jit(lambda b: jaxdyn.stack_models(
+        [jaxdyn.SphereAttention(mats[0], mats[0], mats[0], bb) for bb in (b, 2 * b)]).beta)(1.5)
+    np.testing.assert_array_equal(traced, [1.5, 3.0])
+    weak = jaxdyn.models.stack_models.__globals__["_stack_leaves"]([jnp.asarray(1.0), jnp.asarray(2.0)])
+    assert weak.weak_type
