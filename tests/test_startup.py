@@ -152,3 +152,31 @@ def test_stack_models_on_the_host_equals_jnp_stack():
     np.testing.assert_array_equal(traced, [1.5, 3.0])
     weak = jaxdyn.models.stack_models.__globals__["_stack_leaves"]([jnp.asarray(1.0), jnp.asarray(2.0)])
     assert weak.weak_type
+
+
+def test_w2_to_two_atoms_equals_the_optimal_assignment():
+    """The default run's exact W2 to Π#ρ0 (two atoms ±u when dim E = 1) by a partial sort
+    equals the N × N assignment (jaxdyn.w2_exact): exactly two atoms, atoms rounded within
+    64 ulps (difference ≤ the rounding, the triangle inequality), one atom; a spread cloud
+    is not taken for two atoms."""
+    from jaxdyn.experiments.concentration import run as crun
+
+    rng = np.random.default_rng(3)
+    n, d = 96, 3
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    xs = rng.standard_normal((4, n, d))
+    xs /= np.linalg.norm(xs, axis=-1, keepdims=True)
+    for m_a in (0, 1, 37, n):
+        tg = np.where((np.arange(n) < m_a)[:, None], u, -u)[rng.permutation(n)]
+        got = crun._w2_exact_frames(xs, tg)
+        want = [jaxdyn.w2_exact(x, tg) for x in xs]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    rounded = (tg + 1e-7 * rng.standard_normal(tg.shape)).astype(np.float32)
+    assert crun.two_atoms(rounded) is not None
+    got = crun._w2_exact_frames(xs, rounded)
+    want = [jaxdyn.w2_exact(x, rounded) for x in xs]
+    np.testing.assert_allclose(got, want, rtol=0, atol=64 * np.finfo(np.float32).eps)
+    assert crun.two_atoms(xs[0]) is None
+    np.testing.assert_allclose(crun._w2_exact_frames(xs[:2], xs[0]),
+                               [0.0, jaxdyn.w2_exact(xs[1], xs[0])], atol=1e-12)

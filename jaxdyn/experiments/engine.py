@@ -564,6 +564,8 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
         # persistent cache) over the whole run; compute_seconds: the chunks' time without it.
         summary["compile_seconds"] = c1["compile_seconds"] - c0["compile_seconds"]
         summary["compute_seconds"] = compute_s
+        summary["compile_seconds_parts"] = {
+            part: c1[f"{part}_seconds"] - c0[f"{part}_seconds"] for part in ("trace", "lower", "backend")}
         summary["compiled_programs"] = c1["compiles"] - c0["compiles"]
         summary["compile_cache_hits"] = c1["cache_hits"] - c0["cache_hits"]
         summary["elapsed_seconds"] = time.time() - t_start

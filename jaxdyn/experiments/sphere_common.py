@@ -39,12 +39,27 @@ WEIGHTS_SCHEMA = {
     "extra": Field("section", {}, "ensemble-specific options"),
 }
 
+_WEIGHTS: dict = {}  # (section, d, float64 mode) -> (Q, K, V): a run asks several times
+
+
 def build_weights(spec, d):
-    """(Q, K, V) of a validated ``weights`` section; a bad section is a :class:`ConfigError`."""
-    try:
-        return weight_ensembles.build_weights(spec, d)
-    except weight_ensembles.WeightsError as e:
-        raise ConfigError(str(e)) from None
+    """(Q, K, V) of a validated ``weights`` section; a bad section is a :class:`ConfigError`.
+    Remembered per section, d and x64 mode (callers get copies): the check, the models and
+    the summary of one run build the same weights (the spectral ensemble's angle search
+    costs about a second)."""
+    import json
+
+    key = (json.dumps(spec, sort_keys=True, default=repr), int(d),
+           str(jax.dtypes.canonicalize_dtype(np.float64)))
+    if key not in _WEIGHTS:
+        try:
+            qkv = weight_ensembles.build_weights(spec, d)
+        except weight_ensembles.WeightsError as e:
+            raise ConfigError(str(e)) from None
+        if len(_WEIGHTS) >= 32:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+        _WEIGHTS[key] = qkv
+    return tuple(a.copy() if isinstance(a, np.ndarray) else a for a in _WEIGHTS[key])
 
 
 INIT_SCHEMA = {
