@@ -31,26 +31,43 @@ _EVENTS = {
 }
 _HITS = "/jax/compilation_cache/cache_hits"
 _lock = threading.Lock()
-_stats = {"trace_seconds": 0.0, "lower_seconds": 0.0, "backend_seconds": 0.0, "compiles": 0,
-          "cache_hits": 0}
+# Time spans (start, end) per part: a jit traced inside another's trace reports its own span
+# inside the outer one, so the seconds are the length of the spans' union, not their sum.
+_spans: dict = {k: [] for k in _EVENTS.values()}
+_counts = {"compiles": 0, "cache_hits": 0}
 
 
-def _on_duration(event, duration_secs, **kwargs):
+def _union(spans):
+    """Merge overlapping spans in place (sorted); return their total length."""
+    spans.sort()
+    merged = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    spans[:] = [tuple(m) for m in merged]
+    return sum(b - a for a, b in merged)
+
+
+def _on_span(event, start_time, end_time, **kwargs):
     key = _EVENTS.get(event)
     if key is not None:
         with _lock:
-            _stats[key] += float(duration_secs)
+            _spans[key].append((float(start_time), float(end_time)))
+            if len(_spans[key]) > 4096:
+                _union(_spans[key])
             if key == "backend_seconds":
-                _stats["compiles"] += 1
+                _counts["compiles"] += 1
 
 
 def _on_event(event, **kwargs):
     if event == _HITS:
         with _lock:
-            _stats["cache_hits"] += 1
+            _counts["cache_hits"] += 1
 
 
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_time_span_listener(_on_span)
 jax.monitoring.register_event_listener(_on_event)
 
 
@@ -58,10 +75,12 @@ def compile_stats() -> dict:
     """Cumulative compilation counters of this process (since jaxdyn's cache module loaded):
     ``compile_seconds`` (tracing + lowering + XLA compilation or loading from the persistent
     cache), its three parts, ``compiles`` (programs compiled or loaded) and ``cache_hits``
-    (of those, loaded from the persistent cache). Differences of two calls time a section."""
+    (of those, loaded from the persistent cache); nested traces count once. Differences of
+    two calls time a section."""
     with _lock:
-        s = dict(_stats)
-    s["compile_seconds"] = s["trace_seconds"] + s["lower_seconds"] + s["backend_seconds"]
+        s = {k: _union(v) for k, v in _spans.items()}
+        s["compile_seconds"] = _union([sp for v in _spans.values() for sp in v])
+        s.update(_counts)
     return s
 
 
