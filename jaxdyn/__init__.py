@@ -66,3 +66,5 @@ from .clusters import (
     pair_fraction as pair_fraction,
 )
 from .io import open_results as open_results
+from .models import DepthAttention as DepthAttention, layer_norm as layer_norm
+from .simulation import simulate_sde as simulate_sde

@@ -1,0 +1,281 @@
+"""Transformer variants in the particle engine (issue 15, items 3–5): the noisy dynamics
+(geodesic Euler–Maruyama and diffrax's Stratonovich solvers), the LayerNorm placements
+against independent NumPy steps, depth-varying weights and MiniLM's trained heads."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+import jaxdyn
+from jaxdyn.models import DepthAttention, EuclideanAttention, layer_norm, redrawn_weights
+from jaxdyn.simulation import simulate_sde
+
+# ---------------------------------------------------------------------------------------
+# Noise: Brownian motion on S^{d-1} (β plays no role: one particle, V = I, so the drift
+# P⊥(x) V x is 0)
+
+
+def _pure_noise_means(d, sigma, t1, dt, n_paths, seed=0, method="geodesic_em"):
+    eye = jnp.eye(d, dtype=jnp.float64)
+    model = jaxdyn.SphereAttention(eye, eye, eye, 1.0)
+    x0 = jnp.zeros((1, d)).at[0, -1].set(1.0)
+    keys = jax.random.split(jax.random.PRNGKey(seed), n_paths)
+    run = jax.vmap(lambda k: simulate_sde(model, x0, k, sigma=sigma, t1=t1, dt=dt,
+                                          method=method, save_every=10**6).xs[-1, 0])
+    return np.asarray(run(keys))
+
+
+def _gem_step_mean(d, a2):
+    """E cos(a χ_{d−1}) (a² = σ² dt): the exact one-step contraction of the geodesic E–M mean
+    (E[exp_x(v)] = E[cos|v|] x for v ~ N(0, a² P⊥(x)), the sine part averaging out)."""
+    k = d - 1
+
+    def dens(r):  # χ_k density
+        return r ** (k - 1) * np.exp(-r * r / 2) / (2 ** (k / 2 - 1) * special.gamma(k / 2))
+
+    return integrate.quad(lambda r: np.cos(math.sqrt(a2) * r) * dens(r), 0, np.inf)[0]
+
+
+def test_brownian_mean_on_sphere_and_unit_norm():
+    """β = 0, 10⁴ paths: E[x(t)] = x0 exp(−σ²(d−1)t/2) within 3 standard errors; |x| = 1."""
+    d, sigma, t1, dt, n = 3, 1.0, 1.0, 0.02, 10_000
+    xs = _pure_noise_means(d, sigma, t1, dt, n)
+    np.testing.assert_allclose(np.linalg.norm(xs, axis=-1), 1.0, atol=1e-14)
+    exact = math.exp(-sigma**2 * (d - 1) * t1 / 2)
+    z = xs[:, -1]
+    se = z.std(ddof=1) / math.sqrt(n)
+    assert abs(z.mean() - exact) < 3 * se, (z.mean(), exact, se)
+    # transverse components have mean 0 (the sine part of the step averages out)
+    for c in range(d - 1):
+        assert abs(xs[:, c].mean()) < 3 * xs[:, c].std(ddof=1) / math.sqrt(n)
+
+
+def test_geodesic_em_weak_order_one():
+    """The scheme's mean is exactly x0 c(dt)^n with c = E cos(σ√dt χ_{d−1}) (10⁴·4 Monte-Carlo
+    paths at a coarse step follow c^n, not the exact law); its weak error |c^n − e^{−σ²(d−1)t/2}|
+    then has order 1 (slope of log error vs log dt)."""
+    d, sigma, t1 = 3, 1.0, 1.0
+    exact = math.exp(-sigma**2 * (d - 1) * t1 / 2)
+    dt, n = 0.25, 40_000
+    z = _pure_noise_means(d, sigma, t1, dt, n, seed=1)[:, -1]
+    se = z.std(ddof=1) / math.sqrt(n)
+    scheme = _gem_step_mean(d, sigma**2 * dt) ** round(t1 / dt)
+    assert abs(z.mean() - scheme) < 3 * se, (z.mean(), scheme, se)
+    assert abs(scheme - exact) > 5 * se  # the check discriminates the bias
+    for dd in (3, 5):
+        ex = math.exp(-sigma**2 * (dd - 1) * t1 / 2)
+        dts = np.array([0.1, 0.05, 0.025, 0.0125])
+        err = [abs(_gem_step_mean(dd, sigma**2 * h) ** round(t1 / h) - ex) for h in dts]
+        slope = np.polyfit(np.log(dts), np.log(err), 1)[0]
+        assert abs(slope - 1.0) < 0.05, (dd, slope, err)
+
+
+def test_sde_keys_reproducible_and_independent():
+    eye = jnp.eye(3, dtype=jnp.float64)
+    model = jaxdyn.SphereAttention(eye, eye, 0.5 * eye, 4.0)
+    x0 = jaxdyn.normalize(jaxdyn.sample_sphere(jax.random.PRNGKey(3), 5, 3).astype(jnp.float64))
+    key = jax.random.PRNGKey(7)
+    a = simulate_sde(model, x0, key, sigma=0.3, t1=1.0, dt=0.05, save_every=5)
+    b = simulate_sde(model, x0, key, sigma=0.3, t1=1.0, dt=0.05, save_every=20)
+    assert bool(a.ok)
+    # a run is a function of its key alone (not of how often it is saved)
+    np.testing.assert_array_equal(a.xs[-1], b.xs[-1])
+    c = simulate_sde(model, x0, jax.random.fold_in(key, 1), sigma=0.3, t1=1.0, dt=0.05,
+                     save_every=20)
+    assert float(jnp.max(jnp.abs(c.xs[-1] - a.xs[-1]))) > 1e-3
+    # σ = 0 is the deterministic exponential-map Euler run
+    e = jaxdyn.simulate(model, x0, t1=1.0, dt=0.05, method="exp_euler", save_every=20)
+    f = simulate_sde(model, x0, key, sigma=0.0, t1=1.0, dt=0.05, save_every=20)
+    np.testing.assert_allclose(f.xs[-1], e.xs[-1], atol=1e-14)
+    with pytest.raises(ValueError, match="sigma"):
+        simulate_sde(model, x0, key, sigma=-1.0, t1=1.0, dt=0.05)
+    with pytest.raises(ValueError, match="method"):
+        simulate_sde(model, x0, key, sigma=1.0, t1=1.0, dt=0.05, method="milstein")
+
+
+@pytest.mark.slow
+def test_diffrax_stratonovich_brownian_mean():
+    """diffrax Heun on a VirtualBrownianTree, 10⁴ paths: E[x(t)] within 3 standard errors
+    (default-suite counterpart: test_diffrax_sde_runs_and_is_reproducible)."""
+    d, sigma, t1, n = 3, 1.0, 1.0, 10_000
+    xs = _pure_noise_means(d, sigma, t1, 0.005, n, method="heun")
+    z = xs[:, -1]
+    se = z.std(ddof=1) / math.sqrt(n)
+    assert abs(z.mean() - math.exp(-sigma**2 * (d - 1) * t1 / 2)) < 3 * se
+
+
+def test_diffrax_sde_runs_and_is_reproducible():
+    eye = jnp.eye(3, dtype=jnp.float64)
+    model = jaxdyn.SphereAttention(eye, eye, eye, 2.0)
+    x0 = jaxdyn.normalize(jaxdyn.sample_sphere(jax.random.PRNGKey(0), 4, 3).astype(jnp.float64))
+    key = jax.random.PRNGKey(2)
+    a = simulate_sde(model, x0, key, sigma=0.5, t1=0.5, dt=0.01, method="heun", save_every=10)
+    b = simulate_sde(model, x0, key, sigma=0.5, t1=0.5, dt=0.01, method="heun", save_every=10)
+    assert bool(a.ok)
+    np.testing.assert_array_equal(a.xs, b.xs)
+    # the exact Stratonovich flow keeps |x| = 1; Heun's error is O(dt)
+    assert float(jnp.max(jnp.abs(jnp.linalg.norm(a.xs, axis=-1) - 1))) < 0.05
+
+
+# ---------------------------------------------------------------------------------------
+# LayerNorm placements against an independent NumPy computation
+
+
+def _np_attention(x, Q, K, V, beta):
+    s = beta * (x @ Q.T) @ (x @ K.T).T
+    s = s - s.max(axis=1, keepdims=True)
+    w = np.exp(s)
+    w /= w.sum(axis=1, keepdims=True)
+    return (w @ x) @ V.T
+
+
+def _np_unit(v):
+    return v / np.sqrt((v * v).sum(axis=1, keepdims=True))
+
+
+def _np_proj(x, v):
+    return v - (x * v).sum(axis=1, keepdims=True) * x
+
+
+def _np_field(placement, z, Q, K, V, beta, alpha=0.2):
+    x = _np_unit(z)
+    A = _np_attention(x, Q, K, V, beta)
+    return {"postln": _np_proj(x, A), "preln": A, "periln": _np_unit(A),
+            "ngpt": alpha * _np_proj(x, _np_unit(A))}[placement]
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    rng = np.random.default_rng(0)
+    d = 4
+    Q, K, V = (rng.normal(size=(d, d)) for _ in range(3))
+    z = rng.normal(size=(7, d)) * rng.uniform(0.5, 2.0, size=(7, 1))
+    return Q, K, V, 1.7, z
+
+
+@pytest.mark.parametrize("placement", ["postln", "preln", "periln", "ngpt"])
+def test_layernorm_placement_against_numpy(placement, qkv):
+    Q, K, V, beta, z = qkv
+    field = jaxdyn.SphereAttention(Q, K, V, beta, kernel="dense")
+    model = layer_norm(field, placement)
+    sphere = model.manifold == "sphere"
+    state = _np_unit(z) if sphere else z
+    ours = np.asarray(model(0.0, jnp.asarray(state)))
+    ref = _np_field(placement, state, Q, K, V, beta)
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-13)
+    # one projected-Euler step through simulate against the NumPy step
+    dt = 0.1
+    step = np.asarray(jaxdyn.simulate(model, jnp.asarray(state), t1=dt, dt=dt, method="euler").xs[-1])
+    ref_step = state + dt * ref
+    if sphere:
+        ref_step = _np_unit(ref_step)
+    np.testing.assert_allclose(step, ref_step, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("placement", ["preln", "periln"])
+def test_prenorm_polar_form(placement, qkv):
+    """ż = F(z/|z|) in polar coordinates: ṙ = ⟨x, F⟩, ẋ = P⊥(x) F / r (simuformer's form)."""
+    Q, K, V, beta, z = qkv
+    model = layer_norm(jaxdyn.SphereAttention(Q, K, V, beta, kernel="dense"), placement)
+    zj = jnp.asarray(z)
+    zdot = model(0.0, zj)
+    r, rdot = jax.jvp(model.radius, (zj,), (zdot,))
+    x, xdot = jax.jvp(model.direction, (zj,), (zdot,))
+    F = _np_field(placement, z, Q, K, V, beta)
+    xn, rn = _np_unit(z), np.linalg.norm(z, axis=1)
+    np.testing.assert_allclose(rdot, (xn * F).sum(axis=1), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(xdot, _np_proj(xn, F) / rn[:, None], rtol=1e-12, atol=1e-13)
+
+
+def test_prenorm_accepts_euclidean_models(qkv):
+    Q, K, V, beta, z = qkv
+    rng = np.random.default_rng(1)
+    A, b = rng.normal(size=(4, 4)), rng.normal(size=4)
+    model = layer_norm(EuclideanAttention(A, K.T @ Q, V, b), "preln")
+    x = _np_unit(z)
+    s = (x @ Q.T) @ (x @ K.T).T  # logits x_jᵀ B x_i with B = KᵀQ: ⟨Q x_i, K x_j⟩
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    ref = x @ A.T + b + (w @ x) @ V.T
+    np.testing.assert_allclose(model(0.0, jnp.asarray(z)), ref, rtol=1e-12, atol=1e-13)
+    with pytest.raises(ValueError, match="placement"):
+        layer_norm(model.field, "sandwich")
+
+
+# ---------------------------------------------------------------------------------------
+# Depth-varying weights
+
+
+def test_depth_attention_reduces_and_switches_layers(qkv):
+    Q, K, V, beta, z = qkv
+    x0 = jnp.asarray(_np_unit(z))
+    one = DepthAttention(Q[None], K[None], V[None], beta)
+    ref = jaxdyn.SphereAttention(Q, K, V, beta, kernel="dense")
+    np.testing.assert_allclose(one(0.3, x0), ref(0.3, x0), rtol=1e-12, atol=1e-13)
+    # H identical heads with V/H are one head
+    H = 3
+    heads = DepthAttention(np.stack([Q] * H)[None], np.stack([K] * H)[None],
+                           np.stack([V / H] * H)[None], beta)
+    np.testing.assert_allclose(heads(0.0, x0), ref(0.0, x0), rtol=1e-12, atol=1e-13)
+    # two layers of period τ: the run equals layer 0 on [0, τ] then layer 1 on [τ, 2τ]
+    Qs, Ks, Vs = redrawn_weights({"ensemble": "gaussian", "scale": 1.0, "seed": 4}, 4, 2)
+    assert Qs.shape == (2, 1, 4, 4) and not np.allclose(Qs[0], Qs[1])
+    np.testing.assert_array_equal(
+        Qs, redrawn_weights({"ensemble": "gaussian", "scale": 1.0, "seed": 4}, 4, 2)[0])
+    tau, dt = 0.5, 0.05
+    deep = DepthAttention(Qs, Ks, Vs, beta, tau)
+    full = jaxdyn.simulate(deep, x0, t1=2 * tau, dt=dt, method="euler").xs[-1]
+    m0, m1 = (jaxdyn.SphereAttention(Qs[l, 0], Ks[l, 0], Vs[l, 0], beta, kernel="dense")
+              for l in (0, 1))
+    half = jaxdyn.simulate(m0, x0, t1=tau, dt=dt, method="euler").xs[-1]
+    two = jaxdyn.simulate(m1, half, t0=tau, t1=2 * tau, dt=dt, method="euler").xs[-1]
+    np.testing.assert_allclose(full, two, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(deep.layer_model(1)(0.0, x0), m1(0.0, x0), rtol=1e-12, atol=1e-13)
+    with pytest.raises(ValueError, match="V must have shape"):
+        DepthAttention(Qs, Ks, Vs[:, :, :3], beta)
+
+
+# ---------------------------------------------------------------------------------------
+# MiniLM's trained heads
+
+
+@pytest.fixture(scope="module")
+def minilm_f64():
+    pytest.importorskip("safetensors")
+    from jaxdyn.encoder import find_minilm, load_bert
+
+    try:
+        path = find_minilm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return load_bert(path, dtype=np.float64)
+
+
+@pytest.mark.models
+def test_minilm_heads_equal_the_encoders_attention(minilm_f64):
+    """Per layer l: the encoder's attention sublayer a = concat_h(A_h v_h) Wo + bo on hidden
+    states equals Σ_h V_h Σ_j softmax(β(⟨Q_h x_i, K_h x_j⟩ + ⟨u_h, x_j⟩)) x_j + c with the
+    extracted weights at β = 1/√32 (1e-10, f64); the residual, LayerNorms and feed-forward
+    block are what the particle dynamics leaves out."""
+    from jaxdyn.encoder import attention_heads, encode, self_attention
+
+    params, cfg = minilm_f64
+    heads = attention_heads(params, cfg)
+    assert heads["Q"].shape == (6, 12, 32, 384) and heads["V"].shape == (6, 12, 384, 384)
+    model = DepthAttention.from_heads(heads)
+    rng = np.random.default_rng(0)
+    h0 = jnp.asarray(rng.normal(size=(2, 9, 384)))
+    hs = encode(params, cfg, h0)
+    for l in range(cfg.num_hidden_layers):
+        lp = jax.tree.map(lambda a: a[l], params.layers)
+        a = self_attention(lp, cfg, hs[l])
+        for b in range(2):
+            ours = model.layer_ambient(l, hs[l][b])
+            np.testing.assert_allclose(ours, a[b], rtol=1e-10, atol=1e-10 * float(jnp.abs(a).max()))
+        # the layer is selected by time: layer l acts on [l, l+1)
+        np.testing.assert_allclose(model.ambient(l + 0.5, hs[l][0]), a[0], rtol=1e-10,
+                                   atol=1e-10 * float(jnp.abs(a).max()))
