@@ -18,11 +18,30 @@ from .schema import n_layers, segment_steps
 
 
 @functools.lru_cache(maxsize=2)
-def _minilm_heads(dtype_name):
+def _minilm(dtype_name):
+    """MiniLM's (params, cfg, heads) (jaxdyn.encoder), loaded once per dtype."""
     from ...encoder import attention_heads, find_minilm, load_bert
 
     params, cfg = load_bert(find_minilm(), dtype=np.dtype(dtype_name))
-    return attention_heads(params, cfg)
+    return params, cfg, attention_heads(params, cfg)
+
+
+def token_clouds(pcs):
+    """(P, N, 384) initial particles: MiniLM's embeddings (word + position + token type, then
+    the embedding LayerNorm) of N token ids drawn uniformly from PRNGKey(seed), normalised."""
+    from ...encoder import embed
+
+    p0 = pcs[0]
+    params, cfg, _ = _minilm(np.dtype(sc.np_dtype(p0)).name)
+    if p0["n"] > cfg.max_position_embeddings:
+        raise ValueError(f"init_tokens: n = {p0['n']} tokens exceed MiniLM's "
+                         f"{cfg.max_position_embeddings} positions")
+    out = []
+    for p in pcs:
+        ids = jax.random.randint(jax.random.PRNGKey(p["seed"]), (1, p["n"]), 1000, cfg.vocab_size)
+        h = embed(params, cfg, ids)[0]
+        out.append(h / jnp.linalg.norm(h, axis=-1, keepdims=True))
+    return jnp.stack(out)
 
 
 def depth_model(pc):
@@ -30,7 +49,7 @@ def depth_model(pc):
     dtype = sc.np_dtype(pc)
     depth, beta = pc["depth"], pc["beta"]
     if depth["source"] == "minilm":
-        heads = _minilm_heads(np.dtype(dtype).name)
+        heads = _minilm(np.dtype(dtype).name)[2]
         return DepthAttention.from_heads(heads, beta=beta, period=depth["period"],
                                          biases=depth["biases"])
     H = depth["heads"]
@@ -97,7 +116,7 @@ def run_point(pc, x0):
 
 
 def run_points(pcs):
-    x0s = np.asarray(sc.initial_clouds(pcs))
+    x0s = np.asarray(token_clouds(pcs) if pcs[0]["init_tokens"] else sc.initial_clouds(pcs))
     rows = [run_point(pc, jnp.asarray(x0)) for pc, x0 in zip(pcs, x0s)]
     ts = sc.save_times(pcs[0])
     vars_ = {

@@ -30,6 +30,8 @@ SCHEMA = {
     "depth": Field("section", {}, "per-layer weights", schema=DEPTH_SCHEMA),
     "head": Field("int", -1, "-1: all heads; h >= 0: only head h of every layer",
                   check=at_least(-1), sweepable=True),
+    "init_tokens": Field("bool", False, "depth.source minilm: start from MiniLM's embeddings of "
+                         "n random token ids (normalised) instead of the init section"),
     "single_cluster_ip": Field("float", 0.9, "a single cluster: mean pairwise inner product "
                                "above this", check=lambda v: None if 0 < v < 1 else
                                "must be in (0, 1)"),
@@ -68,6 +70,8 @@ def check(cfg):
             raise ConfigError("config fields 'depth.period'/'dt'/'save_every': a layer must be a "
                               f"whole number of saved steps (period/dt = {r:g}, save_every = "
                               f"{cfg['save_every']})")
+    if cfg["init_tokens"] and depth["source"] != "minilm":
+        raise ConfigError("config field 'init_tokens': needs depth.source minilm")
     heads = cfg["sweep"].get("head", [cfg["head"]])
     nh = 12 if depth["source"] == "minilm" else depth["heads"]
     if any(h >= nh for h in heads):
