@@ -87,7 +87,9 @@ def estimate_bytes(pc):
     n, d = pc["n"], pc["d"]
     frames = len(sc.save_times(pc))
     heads = 12 if pc["depth"]["source"] == "minilm" else pc["depth"]["heads"]
-    weights = n_layers(pc) * heads * 3 * d * d * item
+    # points run one after another, one layer's model at a time (MiniLM's 6 layers, 50 MB in
+    # float32, are loaded once per process, not per point)
+    weights = heads * 3 * d * d * item
     return frames * n * d * item + 12 * n * d * item + 3 * heads * n * n * item + weights
 
 
