@@ -136,11 +136,11 @@ class DepthAttention(AbstractParticleModel):
         return tangent_project(x, self.ambient(t, x, args))
 
 
-def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=np.float64):
+def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=None):
     """(Q, K, V) of shape (n_periods, n_heads, d, d): a fresh draw of the ensemble ``spec``
     (a ``weights`` section: ``{"ensemble": "gaussian", "scale": 1.0, "seed": 0}``, see
     :mod:`jaxdyn.weights`) for every period and head, seeded by (seed, period, head), so
-    the draws are reproducible and independent. With ``DepthAttention(Q, K, V, β, period)``
+    the draws are reproducible and independent (``dtype`` None: JAX's default float). With ``DepthAttention(Q, K, V, β, period)``
     this is rotf's ``--regen_period`` (simuformer's integer-time redraws: period 1)."""
     from ..weights import build_weights
 
@@ -151,4 +151,4 @@ def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=
     for p in range(n_periods):
         for h in range(n_heads):
             out[:, p, h] = build_weights({**spec, "seed": [int(seed), p, h]}, d)
-    return tuple(jnp.asarray(a, dtype) for a in out)
+    return tuple(jnp.asarray(a) if dtype is None else jnp.asarray(a, dtype) for a in out)
