@@ -72,6 +72,8 @@ if _typing.TYPE_CHECKING:
         pair_fraction as pair_fraction,
     )
     from .io import open_results as open_results
+    from .models import DepthAttention as DepthAttention, layer_norm as layer_norm
+    from .simulation import simulate_sde as simulate_sde
     from ._cache import (
         compile_stats as compile_stats,
         enable_compilation_cache as enable_compilation_cache,
@@ -82,9 +84,10 @@ _SUBPACKAGES = ("clusters", "control", "distances", "gaussian", "integrators", "
 _NAMES = {
     "._results": ("RESULTS", "Solution", "is_successful", "status_codes", "status_messages",
                   "status_names"),
-    ".models": ("EuclideanAttention", "SphereAttention", "ZeroTemperature", "stack_models"),
+    ".models": ("EuclideanAttention", "SphereAttention", "ZeroTemperature", "stack_models",
+                "DepthAttention", "layer_norm"),
     ".sphere": ("normalize", "sample_mixture", "sample_sphere", "sample_vmf"),
-    ".simulation": ("Trajectory", "sharded_vmap", "simulate", "simulate_ensemble"),
+    ".simulation": ("Trajectory", "sharded_vmap", "simulate", "simulate_ensemble", "simulate_sde"),
     ".spectral": ("check_assumptions", "lyapunov", "mass_near", "projection", "spectral_weights"),
     ".distances": ("bures_w2", "w2", "w2_exact", "w2_sinkhorn"),
     ".gaussian": ("solve_moments", "solve_moments_batch"),
@@ -97,7 +100,7 @@ _WHERE = {name: mod for mod, names in _NAMES.items() for name in names}
 
 
 def __getattr__(name):
-    if name in _SUBPACKAGES:
+    if name in _SUBPACKAGES or name == "io":  # (io: open_results's module, as before)
         return _importlib.import_module(f".{name}", __name__)
     if name in _WHERE:
         value = getattr(_importlib.import_module(_WHERE[name], __name__), name)

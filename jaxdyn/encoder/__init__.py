@@ -10,7 +10,9 @@ from ._bert import (
     init_bert as init_bert,
     load_bert as load_bert,
     random_like as random_like,
+    self_attention as self_attention,
 )
+from ._heads import attention_heads as attention_heads
 from ._gaussianity import (
     GaussianityProfile as GaussianityProfile,
     gaussian_tokens as gaussian_tokens,

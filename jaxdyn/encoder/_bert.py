@@ -391,12 +391,9 @@ def _dense(x, w, b):
     return jnp.matmul(x, w, precision=_HIGHEST) + b
 
 
-def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
-    """One post-LN BERT layer (the equations in the module docstring).
-
-    ``lp``: one layer's weights (no leading layer axis); ``x``: (batch, seq, d);
-    ``mask``: None or bool (batch, seq), True for tokens that may be attended to.
-    """
+def self_attention(lp: LayerParams, cfg: BertConfig, x, mask=None):
+    """The attention sublayer of one layer, ``a = concat_h(A_h v_h) Wo + bo`` (before the
+    residual and LayerNorm1); arguments as in :func:`encoder_layer`."""
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
     q = _dense(x, lp.wq, lp.bq).reshape(b, s, H, dh)
@@ -407,7 +404,17 @@ def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
     w = jax.nn.softmax(logits, axis=-1)
     a = jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, d)
-    y = layer_norm(x + _dense(a, lp.wo, lp.bo), lp.ln1_g, lp.ln1_b, cfg.layer_norm_eps)
+    return _dense(a, lp.wo, lp.bo)
+
+
+def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
+    """One post-LN BERT layer (the equations in the module docstring).
+
+    ``lp``: one layer's weights (no leading layer axis); ``x``: (batch, seq, d);
+    ``mask``: None or bool (batch, seq), True for tokens that may be attended to.
+    """
+    y = layer_norm(x + self_attention(lp, cfg, x, mask), lp.ln1_g, lp.ln1_b,
+                   cfg.layer_norm_eps)
     act = _ACTIVATIONS[cfg.hidden_act]
     ff = _dense(act(_dense(y, lp.wi, lp.bi)), lp.wf, lp.bf)
     return layer_norm(y + ff, lp.ln2_g, lp.ln2_b, cfg.layer_norm_eps)

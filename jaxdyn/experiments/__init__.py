@@ -32,6 +32,7 @@ KINDS = {
     "reachability": "jaxdyn.experiments.reachability",
     "gaussianity": "jaxdyn.experiments.gaussianity",
     "pde": "jaxdyn.experiments.pde",
+    "variants": "jaxdyn.experiments.variants",
 }
 
 

@@ -12,3 +12,14 @@ from ._fields import (
     ZeroTemperature as ZeroTemperature,
     stack_models as stack_models,
 )
+from ._layernorm import (
+    NGPT as NGPT,
+    PLACEMENTS as PLACEMENTS,
+    AbstractNormPlacement as AbstractNormPlacement,
+    PeriLN as PeriLN,
+    PostLN as PostLN,
+    PreLN as PreLN,
+    attention_output as attention_output,
+    layer_norm as layer_norm,
+)
+from ._schedule import DepthAttention as DepthAttention, redrawn_weights as redrawn_weights

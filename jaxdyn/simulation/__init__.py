@@ -26,3 +26,4 @@ from ._sharding import (
     sharded_vmap as sharded_vmap,
     sweep_mesh as sweep_mesh,
 )
+from ._noise import SDE_METHODS as SDE_METHODS, gem_step as gem_step, simulate_sde as simulate_sde
