@@ -106,8 +106,9 @@ def _cmd_run(args):
                          force=args.force)
     if res.status == "ok":
         sm = res.summary
-        print(f"jaxdyn: done in {sm['elapsed_seconds']:.1f}s ({sm['compile_seconds']:.1f}s "
-              f"compiling, {sm['compute_seconds']:.1f}s computing); results in {out}/ "
+        timing = (f" ({sm['compile_seconds']:.1f}s compiling, {sm['compute_seconds']:.1f}s "
+                  "computing)" if "compile_seconds" in sm else "")
+        print(f"jaxdyn: done in {sm['elapsed_seconds']:.1f}s{timing}; results in {out}/ "
               f"({', '.join(['config.yaml', 'summary.json', 'data.nc'] + [Path(f).name for f in res.figures])})")
         return 0
     print(f"jaxdyn: run finished with status '{res.status}': {res.summary.get('message', '')}; "
