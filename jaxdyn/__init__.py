@@ -32,6 +32,7 @@ from .models import (
     ZeroTemperature as ZeroTemperature,
     stack_models as stack_models,
 )
+from .models import MultiHeadAttention as MultiHeadAttention  # issue 15: attention variants
 from .sphere import (
     normalize as normalize,
     sample_mixture as sample_mixture,

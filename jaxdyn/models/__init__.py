@@ -12,3 +12,4 @@ from ._fields import (
     ZeroTemperature as ZeroTemperature,
     stack_models as stack_models,
 )
+from ._heads import ATTENTIONS as ATTENTIONS, MultiHeadAttention as MultiHeadAttention

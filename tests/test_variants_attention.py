@@ -1,0 +1,207 @@
+"""Attention variants (issue 15, items 1, 2, 6): multi-head, causal masks, ALiBi, RoPE,
+L2 and Sinkhorn attention: exact identities in float64, dense against blocked kernels."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn as jd
+from jaxdyn.kernels import attention_weights, heads_interaction, rope
+
+D, N, H = 3, 37, 4
+BLOCKS = dict(k_block=8, q_block=16)  # several key and query blocks, ragged last blocks
+
+
+def _cloud(n=N, d=D, seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def _mats(k=3, shape=(D, D), seed=1):
+    r = np.random.default_rng(seed)
+    return [jnp.asarray(r.normal(size=shape)) for _ in range(k)]
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    return _mats()
+
+
+# ---------------------------------------------------------------- 1. multi-head
+
+
+@pytest.mark.parametrize("kernel", ["dense", "blocked"])
+def test_identical_heads_equal_single_head(qkv, kernel):
+    Q, K, V = qkv
+    x = _cloud()
+    one = jd.SphereAttention(Q, K, V, 2.0, kernel="dense")(0.0, x)
+    multi = jd.MultiHeadAttention(jnp.stack([Q] * H), jnp.stack([K] * H), jnp.stack([V / H] * H),
+                                  2.0, kernel=kernel, **BLOCKS)
+    np.testing.assert_allclose(multi(0.0, x), one, rtol=0, atol=1e-12)
+
+
+def test_heads_with_disjoint_supports_add(qkv):
+    """castin's split: Q_h, K_h the rows of block h (head dimension p = d/H), V_h = E_hᵀ V_h
+    writes only block h. The H-head field is the sum of the H one-head fields, and block h
+    of the ambient field is head h's alone."""
+    d, Hh = 6, 3
+    p = d // Hh
+    Q, K, V = _mats(shape=(d, d), seed=2)
+    x = _cloud(d=d)
+    Qh = Q.reshape(Hh, p, d)
+    Kh = K.reshape(Hh, p, d)
+    E = jnp.eye(d).reshape(Hh, p, d)
+    Vh = jnp.einsum("hpd,hpe->hde", E, V.reshape(Hh, p, d))  # (H, d, d), rows in block h only
+    multi = jd.MultiHeadAttention(Qh, Kh, Vh, 0.7, kernel="blocked", **BLOCKS)
+    singles = [jd.MultiHeadAttention(Qh[h], Kh[h], Vh[h], 0.7, kernel="dense") for h in range(Hh)]
+    np.testing.assert_allclose(multi(0.0, x), sum(s(0.0, x) for s in singles), rtol=0, atol=1e-12)
+    amb = multi.ambient(0.0, x)
+    for h in range(Hh):
+        np.testing.assert_allclose(amb[:, h * p:(h + 1) * p],
+                                   singles[h].ambient(0.0, x)[:, h * p:(h + 1) * p],
+                                   rtol=0, atol=1e-12)
+
+
+def test_one_head_equals_sphere_attention_in_simulate(qkv):
+    Q, K, V = qkv
+    x0 = _cloud(n=12)
+    a = jd.simulate(jd.SphereAttention(Q, K, V, 1.5), x0, t1=0.5, dt=0.05)
+    b = jd.simulate(jd.MultiHeadAttention(Q, K, V, 1.5), x0, t1=0.5, dt=0.05)
+    np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- 2. masks and positions
+
+
+@pytest.mark.parametrize("kernel", ["dense", "blocked"])
+def test_causal_prefix_invariance_exact(qkv, kernel):
+    """Particles 0..k−1 never see k..N−1: their trajectory is bitwise unchanged when the
+    later particles are perturbed (the particle index is the position through simulate)."""
+    Q, K, V = qkv
+    m = jd.MultiHeadAttention(jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, V.T]) / 2, 3.0,
+                              mask="causal", alibi=0.2, rope=True, kernel=kernel, k_block=4,
+                              q_block=8)
+    x0 = _cloud(n=20)
+    k = 9
+    x1 = x0.at[k:].set(_cloud(n=20 - k, seed=5))
+    a = jd.simulate(m, x0, t1=0.4, dt=0.05)
+    b = jd.simulate(m, x1, t1=0.4, dt=0.05)
+    assert np.array_equal(np.asarray(a.xs[:, :k]), np.asarray(b.xs[:, :k]))
+    assert not np.allclose(a.xs[-1, k:], b.xs[-1, k:])
+
+
+def test_causal_first_particle_stays_put():
+    x0 = _cloud(n=10)
+    Q, K, _ = _mats(seed=3)
+    m = jd.MultiHeadAttention(Q, K, jnp.eye(D), 4.0, mask="causal")
+    traj = jd.simulate(m, x0, t1=2.0, dt=0.05)
+    np.testing.assert_allclose(traj.xs[:, 0], jnp.broadcast_to(x0[0], traj.xs[:, 0].shape),
+                               rtol=0, atol=1e-14)
+    assert float(jnp.max(jnp.abs(traj.xs[-1, 1:] - x0[1:]))) > 1e-2
+
+
+@pytest.mark.parametrize("opts", [dict(mask="causal"), dict(mask="causal", alibi=[0.1, 0.5]),
+                                  dict(mask="causal", rope=True), dict(alibi=[0.3, 0.0])],
+                         ids=["causal", "causal-alibi", "causal-rope", "alibi"])
+def test_blocked_equals_dense_masked(qkv, opts):
+    Q, K, V = qkv
+    x = _cloud()
+    args = (jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, jnp.eye(D)]), 2.5)
+    a = jd.MultiHeadAttention(*args, kernel="dense", **opts)(0.0, x)
+    b = jd.MultiHeadAttention(*args, kernel="blocked", **BLOCKS, **opts)(0.0, x)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+def test_alibi_zero_and_rope_zero_are_unmasked(qkv):
+    Q, K, V = qkv
+    x = _cloud()
+    plain = jd.SphereAttention(Q, K, V, 2.0, kernel="dense")(0.0, x)
+    for kernel in ("dense", "blocked"):
+        a = jd.MultiHeadAttention(Q, K, V, 2.0, alibi=0.0, kernel=kernel, **BLOCKS)(0.0, x)
+        r = jd.MultiHeadAttention(Q, K, V, 2.0, rope=jnp.zeros(1), kernel=kernel, **BLOCKS)(0.0, x)
+        np.testing.assert_allclose(a, plain, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(r, plain, rtol=0, atol=1e-12)
+
+
+def test_rope_logits_depend_on_offset_only():
+    """One query vector and one key vector at every position: ⟨R_i q, R_j k⟩ is Toeplitz."""
+    p, n = 6, 11
+    q, k = _mats(2, shape=(p,), seed=4)
+    freqs = jnp.asarray([0.3, 1.1, 2.9])
+    rq = rope(jnp.broadcast_to(q, (n, p)), freqs)
+    rk = rope(jnp.broadcast_to(k, (n, p)), freqs)
+    G = rq @ rk.T
+    np.testing.assert_allclose(G[1:, 1:], G[:-1, :-1], rtol=0, atol=1e-12)
+    assert float(jnp.std(jnp.diag(G, 3) - G[0, 0])) < 1e-12 < float(jnp.abs(G[3, 0] - G[0, 3]))
+    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=1), jnp.linalg.norm(q), rtol=1e-14)
+
+
+def test_alibi_bias_and_causal_weights():
+    """The dense weights: causal rows vanish above the diagonal, and ALiBi's factor
+    exp(−α|i − j|) is exactly the ratio of biased to unbiased weights (up to row sums)."""
+    q = _cloud(n=9)[None]
+    w = attention_weights(q, q, 2.0, causal=True)[0]
+    assert float(jnp.max(jnp.abs(jnp.triu(w, 1)))) == 0.0
+    np.testing.assert_allclose(jnp.sum(w, axis=1), 1.0, rtol=0, atol=1e-14)
+    wa = attention_weights(q, q, 2.0, alibi=jnp.asarray([0.4]))[0]
+    w0 = attention_weights(q, q, 2.0)[0]
+    i = jnp.arange(9)
+    ratio = wa / w0 / jnp.exp(-0.4 * jnp.abs(i[:, None] - i[None, :]))
+    np.testing.assert_allclose(ratio, jnp.broadcast_to(ratio[:, :1], ratio.shape), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- 6. L2 and Sinkhorn attention
+
+
+def test_l2_is_softmax_at_2beta_with_key_shift(qkv):
+    Q, K, _ = qkv
+    x = _cloud()
+    q, k = (x @ Q.T)[None], (x @ K.T)[None]
+    beta = 1.3
+    l2 = attention_weights(q, k, beta, logits="l2")
+    shifted = attention_weights(q, k, 2 * beta, key_bias=-beta * jnp.sum(k * k, axis=-1))
+    np.testing.assert_allclose(l2, shifted, rtol=0, atol=1e-12)
+
+
+def test_l2_with_orthogonal_keys_on_sphere_is_softmax_at_2beta(qkv):
+    Q, _, V = qkv
+    K = jnp.linalg.qr(_mats(1, seed=6)[0])[0]
+    x = _cloud()
+    want = jd.SphereAttention(Q, K, V, 2 * 1.3, kernel="dense")(0.0, x)
+    for kernel in ("dense", "blocked"):
+        got = jd.MultiHeadAttention(Q, K, V, 1.3, attention="l2", kernel=kernel, **BLOCKS)(0.0, x)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_sinkhorn_weights_doubly_stochastic(qkv):
+    Q, K, V = qkv
+    x = _cloud()
+    q, k = (x @ Q.T)[None], (x @ K.T)[None]
+    w = attention_weights(q, k, 1.0, sinkhorn_iters=300)[0]
+    np.testing.assert_allclose(jnp.sum(w, axis=1), 1.0, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(jnp.sum(w, axis=0), 1.0, rtol=0, atol=1e-10)
+    w1 = attention_weights(q, k, 1.0, sinkhorn_iters=1)[0]  # one sweep: columns off
+    assert float(jnp.max(jnp.abs(jnp.sum(w1, axis=0) - 1))) > 1e-3
+    args = (jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, V]), 1.0)
+    a = jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
+                              kernel="dense")(0.0, x)
+    b = jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
+                              kernel="blocked", **BLOCKS)(0.0, x)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+def test_variant_errors(qkv):
+    Q, K, V = qkv
+    with pytest.raises(ValueError, match="sinkhorn.*causal"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, attention="sinkhorn", mask="causal")
+    with pytest.raises(ValueError, match="mask must be one of"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, mask="future")
+    with pytest.raises(ValueError, match="V must have shape"):
+        jd.MultiHeadAttention(jnp.stack([Q, Q]), jnp.stack([K, K]), V[None], 1.0)
+    with pytest.raises(ValueError, match="alibi slopes must be >= 0"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, alibi=-1.0)
+    with pytest.raises(ValueError, match="rope must hold"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, rope=jnp.zeros(3))
+    with pytest.raises(ValueError, match="causal mask needs as many queries"):
+        heads_interaction(Q[None], K[None, :2], V[:2], 1.0, causal=True)
