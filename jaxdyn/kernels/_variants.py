@@ -98,12 +98,13 @@ def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
 
 def _sinkhorn_dense(l, iters):
     n, m = l.shape
-    g = jnp.zeros((m,), l.dtype)
     shift = jnp.log(jnp.asarray(m / n, l.dtype))
-    for _ in range(iters):
+
+    def sweep(_, g):
         f = -jax.nn.logsumexp(l + g[None, :], axis=1)
-        g = -jax.nn.logsumexp(l + f[:, None], axis=0) + shift
-    return g
+        return -jax.nn.logsumexp(l + f[:, None], axis=0) + shift
+
+    return jax.lax.fori_loop(0, iters, sweep, jnp.zeros((m,), l.dtype))
 
 
 def _dense_weights_one(q, k, beta, key_bias, alibi, causal, logits, sinkhorn_iters):
@@ -226,12 +227,13 @@ def _sinkhorn_blocked(qs, k, bias, alibi, use_alibi, iters, kb, qb):
     """The column potential g of ``iters`` Sinkhorn sweeps (module doc), streamed: row sums
     over key blocks, column sums with the roles of queries and keys swapped."""
     n, m = qs.shape[0], k.shape[0]
-    g = jnp.zeros((m,), qs.dtype)
     shift = jnp.log(jnp.asarray(m / n, qs.dtype))
-    for _ in range(iters):
+
+    def sweep(_, g):
         f = -_row_lse(qs, k, bias + g, alibi, use_alibi, kb, qb)
-        g = -(_row_lse(k, qs, f, alibi, use_alibi, kb, qb) + bias) + shift
-    return g
+        return -(_row_lse(k, qs, f, alibi, use_alibi, kb, qb) + bias) + shift
+
+    return jax.lax.fori_loop(0, iters, sweep, jnp.zeros((m,), qs.dtype))
 
 
 def _blocked_core(qs, k, v, bias, alibi, causal, use_alibi, k_block, q_block):
