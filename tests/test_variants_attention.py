@@ -221,3 +221,25 @@ def test_variant_errors(qkv):
         jd.MultiHeadAttention(Q, K, V, 1.0, rope=jnp.zeros(3))
     with pytest.raises(ValueError, match="causal mask needs as many queries"):
         heads_interaction(Q[None], K[None, :2], V[:2], 1.0, causal=True)
+
+
+def test_sphere_kind_variant_fields():
+    """The sphere kind's variant fields: defaults keep SphereAttention (and the ensemble
+    driver); any variant builds MultiHeadAttention; bad combinations are config errors."""
+    from jaxdyn.config import ConfigError
+    from jaxdyn.experiments import sphere_common as sc
+
+    base = {"heads": 1, "heads_spread": 0.0, "mask": "none", "positions": "none",
+            "attention": "softmax", "normalization": "softmax", "sweep": {}}
+    assert not sc.is_variant(base)
+    assert sc.is_variant(dict(base, heads=4)) and sc.is_variant(dict(base, heads_spread=0.5))
+    with pytest.raises(ConfigError, match="normalization: softmax"):
+        sc.check_variants(dict(base, normalization="hardmax", sweep={"mask": ["none", "causal"]}))
+    with pytest.raises(ConfigError, match="no causal"):
+        sc.check_variants(dict(base, attention="sinkhorn", mask="causal"))
+    pc = dict(base, heads=3, d=D, beta=2.0, positions="alibi", alibi_slope=0.4, rope_base=1e4,
+              sinkhorn_iters=5, kernel="dense", k_block=None, q_block=None, weights={"seed": 0})
+    Q, K, V = _mats()
+    m = sc.variant_model(pc, Q, K, V)
+    assert m.heads == 3 and m.alibi.shape == (3,) and float(m.alibi[0]) == 0.4
+    np.testing.assert_allclose(jnp.sum(m.V, axis=0), V, rtol=1e-15)
