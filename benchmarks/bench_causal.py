@@ -83,7 +83,8 @@ def main(argv=None):
             # the last row attends to everything: causal and full agree there
             "last_row_max_abs_diff": float(np.max(np.abs(full[-1] - causal[-1]))),
         }
-        print(f"  causal/full {row['causal_over_full']:.3f} (CPU {row['causal_over_full_cpu']:.3f}; "
+        print(f"  causal/full {row['causal_over_full']:.3f} "
+              f"(CPU {row['causal_over_full_cpu']:.3f}; "
               f"blocks visited {row['key_blocks_visited_fraction']:.3f}); full "
               f"{fmt_s(res['full']['median_s'])}, full/SphereAttention "
               f"{row['full_over_sphere_attention']:.3f}")

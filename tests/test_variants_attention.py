@@ -56,8 +56,8 @@ def test_identical_heads_equal_single_head(qkv, kernel):
 
 def test_heads_with_disjoint_supports_add(qkv):
     """castin's split: Q_h, K_h the rows of block h (head dimension p = d/H), V_h = E_hᵀ V_h
-    writes only block h. The H-head field is the sum of the H one-head fields, and block h
-    of the ambient field is head h's alone."""
+    writes only block h. The H-head ambient field is the sum of the H one-head ones (so is
+    the field, P⊥(x) times it), and its block h is head h's alone."""
     d, Hh = 6, 3
     p = d // Hh
     Q, K, V = _mats(shape=(d, d), seed=2)
@@ -68,9 +68,8 @@ def test_heads_with_disjoint_supports_add(qkv):
     Vh = jnp.einsum("hpd,hpe->hde", E, V.reshape(Hh, p, d))  # (H, d, d), rows in block h only
     multi = jd.MultiHeadAttention(Qh, Kh, Vh, 0.7, kernel="dense")
     singles = [jd.MultiHeadAttention(Qh[h], Kh[h], Vh[h], 0.7, kernel="dense") for h in range(Hh)]
-    np.testing.assert_allclose(_field(multi, x), sum(_field(s, x) for s in singles), rtol=0,
-                               atol=1e-12)
     amb = _ambient(multi, x)
+    np.testing.assert_allclose(amb, sum(_ambient(s, x) for s in singles), rtol=0, atol=1e-12)
     for h in range(Hh):
         np.testing.assert_allclose(amb[:, h * p:(h + 1) * p],
                                    _ambient(singles[h], x)[:, h * p:(h + 1) * p],
@@ -106,6 +105,15 @@ def test_causal_prefix_invariance_exact(qkv, kernel):
     assert not np.allclose(a.xs[-1, k:], b.xs[-1, k:])
 
 
+def test_causal_first_particle_does_not_move():
+    """V = I: particle 0 attends only to itself, ẋ_0 = P⊥(x_0) x_0 = 0."""
+    x = _cloud()
+    Q, K, _ = _mats(seed=3)
+    v = _field(jd.MultiHeadAttention(Q, K, jnp.eye(D), 4.0, mask="causal", kernel="dense"), x)
+    assert float(jnp.max(jnp.abs(v[0]))) < 1e-15 < float(jnp.min(jnp.abs(v[1:, 0])))
+
+
+@pytest.mark.slow  # default-suite counterpart: test_causal_first_particle_does_not_move
 def test_causal_first_particle_stays_put():
     x0 = _cloud(n=10)
     Q, K, _ = _mats(seed=3)
@@ -117,7 +125,8 @@ def test_causal_first_particle_stays_put():
 
 
 @pytest.mark.parametrize("opts", [dict(mask="causal", alibi=[0.1, 0.5], rope=True),
-                                  dict(alibi=[0.3, 0.0])], ids=["causal-alibi-rope", "alibi"])
+                                  pytest.param(dict(alibi=[0.3, 0.0]), marks=pytest.mark.slow)],
+                         ids=["causal-alibi-rope", "alibi"])  # counterpart: causal-alibi-rope
 def test_blocked_equals_dense_masked(qkv, opts):
     Q, K, V = qkv
     x = _cloud()
@@ -184,10 +193,8 @@ def test_l2_with_orthogonal_keys_on_sphere_is_softmax_at_2beta(qkv):
     K = jnp.linalg.qr(_mats(1, seed=6)[0])[0]
     x = _cloud()
     want = _field(jd.SphereAttention(Q, K, V, 2 * 1.3, kernel="dense"), x)
-    for kernel in ("dense", "blocked"):
-        got = _field(jd.MultiHeadAttention(Q, K, V, 1.3, attention="l2", kernel=kernel,
-                                           **BLOCKS), x)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    got = _field(jd.MultiHeadAttention(Q, K, V, 1.3, attention="l2", kernel="blocked", **BLOCKS), x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
 def test_sinkhorn_weights_doubly_stochastic(qkv):
@@ -199,11 +206,18 @@ def test_sinkhorn_weights_doubly_stochastic(qkv):
     np.testing.assert_allclose(jnp.sum(w, axis=0), 1.0, rtol=0, atol=1e-10)
     w1 = _weights(q, k, 1.0, sinkhorn_iters=1)[0]  # one sweep: columns off
     assert float(jnp.max(jnp.abs(jnp.sum(w1, axis=0) - 1))) > 1e-3
+
+
+@pytest.mark.slow  # default-suite counterparts: test_sinkhorn_weights_doubly_stochastic (dense
+# Sinkhorn) and test_blocked_equals_dense_masked (the blocked pass that the bias g feeds)
+def test_sinkhorn_blocked_equals_dense(qkv):
+    Q, K, V = qkv
+    x = _cloud()
     args = (jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, V]), 1.0)
     a = _field(jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
-                              kernel="dense"), x)
+                                     kernel="dense"), x)
     b = _field(jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
-                              kernel="blocked", **BLOCKS), x)
+                                     kernel="blocked", **BLOCKS), x)
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
 
 

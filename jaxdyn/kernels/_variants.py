@@ -40,12 +40,12 @@ a causal pass costs about half a full one (``benchmarks/bench_causal.py``).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
-from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _check_choice, pad_rows, resolve_kernel
+from ._attention import (DEFAULT_BLOCKS, HIGHEST, _check_block, _check_choice, pad_rows,
+                         resolve_kernel)
 
 LOGITS = ("dot", "l2")
 MASKS = ("none", "causal")
@@ -143,7 +143,8 @@ def _check_variant(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters):
     if key_bias is not None and key_bias.shape != (H, m):
         raise ValueError(f"key_bias must have shape ({H}, {m}), got {key_bias.shape}")
     if alibi is not None and jnp.shape(alibi) != (H,):
-        raise ValueError(f"alibi must hold one slope per head, shape ({H},), got {jnp.shape(alibi)}")
+        raise ValueError(f"alibi must hold one slope per head, shape ({H},), got "
+                         f"{jnp.shape(alibi)}")
     if causal and n != m:
         raise ValueError(f"a causal mask needs as many queries as keys (self-attention); got "
                          f"{n} queries and {m} keys")
