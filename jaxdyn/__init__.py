@@ -73,6 +73,7 @@ if _typing.TYPE_CHECKING:
     )
     from .io import open_results as open_results
     from .models import DepthAttention as DepthAttention, layer_norm as layer_norm
+    from .models import MultiHeadAttention as MultiHeadAttention
     from .simulation import simulate_sde as simulate_sde
     from ._cache import (
         compile_stats as compile_stats,
@@ -85,7 +86,7 @@ _NAMES = {
     "._results": ("RESULTS", "Solution", "is_successful", "status_codes", "status_messages",
                   "status_names"),
     ".models": ("EuclideanAttention", "SphereAttention", "ZeroTemperature", "stack_models",
-                "DepthAttention", "layer_norm"),
+                "DepthAttention", "layer_norm", "MultiHeadAttention"),
     ".sphere": ("normalize", "sample_mixture", "sample_sphere", "sample_vmf"),
     ".simulation": ("Trajectory", "sharded_vmap", "simulate", "simulate_ensemble", "simulate_sde"),
     ".spectral": ("check_assumptions", "lyapunov", "mass_near", "projection", "spectral_weights"),

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ConfigError, Field, at_least, positive
-from ..kernels import DEFAULT_BLOCKS, resolve_kernel
-from ..models import SphereAttention
+from ..config import ConfigError, Field, at_least, nonnegative, positive
+from ..kernels import DEFAULT_BLOCKS, MASKS, resolve_kernel
+from ..models import ATTENTIONS, MultiHeadAttention, SphereAttention
 from ..simulation import ENSEMBLE_METHODS, FASTER_MAX_PARTICLES
 from ..sphere import sample_initial
 from .. import weights as weight_ensembles
@@ -96,6 +96,77 @@ SPHERE_FIELDS = {
 }
 
 
+# ---- attention variants (issue 15: heads, masks, positions, attention weights) ----------
+# Fields of the sphere kind (not of concentration); a point with their defaults runs the
+# plain SphereAttention exactly as before, any other value a MultiHeadAttention.
+POSITIONS = ("none", "alibi", "rope")
+VARIANT_FIELDS = {
+    "heads": Field("int", 1, "attention heads H >= 1, V_h = V/H (so H identical heads = one head)",
+                   check=at_least(1), sweepable=True),
+    "heads_spread": Field("float", 0.0, "per-head weights Q_h = Q + s G_h/sqrt(d), K_h = K + s "
+                          "G'_h/sqrt(d), G i.i.d. N(0, 1) seeded by (weights.seed, h); 0: "
+                          "identical heads", check=nonnegative),
+    "mask": Field("str", "none", "attention mask: none | causal (particle i attends to j <= i; "
+                  "the particle index is the position)", choices=MASKS, sweepable=True),
+    "positions": Field("str", "none", "positions: none | alibi (logit bias -m_h |i - j|) | rope "
+                       "(rotary embedding of Q x_i, K x_j)", choices=POSITIONS, sweepable=True),
+    "alibi_slope": Field("float", 0.1, "ALiBi: the slope of head h is alibi_slope * 2^(-8h/H)",
+                         check=nonnegative),
+    "rope_base": Field("float", 10000.0, "RoPE: frequencies rope_base^(-2c/d)", check=positive),
+    "attention": Field("str", "softmax", "attention weights: softmax | l2 (logits -β|Qx_i - "
+                       "Kx_j|^2) | sinkhorn (doubly stochastic)", choices=ATTENTIONS,
+                       sweepable=True),
+    "sinkhorn_iters": Field("int", 5, "Sinkhorn sweeps a field evaluation (attention: sinkhorn)",
+                            check=at_least(1)),
+}
+_VARIANT_DEFAULTS = {"heads": 1, "heads_spread": 0.0, "mask": "none", "positions": "none",
+                     "attention": "softmax"}
+
+
+def is_variant(pc) -> bool:
+    """Whether a point needs :class:`~jaxdyn.MultiHeadAttention` (any variant field set)."""
+    return any(pc.get(k, v) != v for k, v in _VARIANT_DEFAULTS.items())
+
+
+def check_variants(cfg):
+    """Cross-field checks of the attention-variant fields (config errors)."""
+    pts = [dict(cfg, **{k: v}) for k, vals in cfg["sweep"].items() if k in _VARIANT_DEFAULTS
+           for v in vals] + [cfg]
+    if any(is_variant(p) for p in pts) and cfg["normalization"] != "softmax":
+        raise ConfigError("config field 'normalization': the attention variants (heads, mask, "
+                          "positions, attention) take normalization: softmax")
+    masks = set(cfg["sweep"].get("mask", [cfg["mask"]]))
+    if "causal" in masks and "sinkhorn" in cfg["sweep"].get("attention", [cfg["attention"]]):
+        raise ConfigError("config fields 'mask'/'attention': Sinkhorn attention takes no causal "
+                          "mask (a lower-triangular doubly stochastic matrix is the identity)")
+
+
+def variant_model(pc, Q, K, V):
+    """The :class:`~jaxdyn.MultiHeadAttention` of a point from its (Q, K, V) (module doc of
+    the fields above)."""
+    H, d = pc["heads"], pc["d"]
+    dtype = Q.dtype
+    Qs, Ks = [], []
+    for h in range(H):
+        if pc["heads_spread"] > 0:
+            g = np.random.default_rng([int(pc["weights"].get("seed", 0)), h]).normal(size=(2, d, d))
+            g = jnp.asarray(g * pc["heads_spread"] / math.sqrt(d), dtype)
+            Qs.append(Q + g[0])
+            Ks.append(K + g[1])
+        else:
+            Qs.append(Q)
+            Ks.append(K)
+    alibi = None
+    if pc["positions"] == "alibi":
+        alibi = jnp.asarray([pc["alibi_slope"] * 2.0 ** (-8.0 * h / H) for h in range(H)], dtype)
+    return MultiHeadAttention(
+        jnp.stack(Qs), jnp.stack(Ks), jnp.broadcast_to(V / H, (H, d, d)), pc["beta"],
+        mask=pc["mask"], alibi=alibi, rope=True if pc["positions"] == "rope" else None,
+        rope_base=pc["rope_base"], attention=pc["attention"],
+        sinkhorn_iters=pc["sinkhorn_iters"], kernel=pc["kernel"], k_block=pc["k_block"],
+        q_block=pc["q_block"])
+
+
 def np_dtype(cfg):
     if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
         raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set the environment "
@@ -151,8 +222,12 @@ def models_for(pcs):
 
     Q, K, V = weights_for(pcs[0])
     p0 = pcs[0]
-    m = SphereAttention(Q, K, V, p0["beta"], kernel=p0["kernel"], normalization=p0["normalization"],
-                        k_block=p0["k_block"], q_block=p0["q_block"])
+    if is_variant(p0):
+        m = variant_model(p0, Q, K, V)
+    else:
+        m = SphereAttention(Q, K, V, p0["beta"], kernel=p0["kernel"],
+                            normalization=p0["normalization"], k_block=p0["k_block"],
+                            q_block=p0["q_block"])
     P = len(pcs)
     stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (P,) + a.shape) if eqx.is_array(a) else a, m)
     betas = jnp.asarray(np.array([p["beta"] for p in pcs]), m.beta.dtype)
@@ -204,7 +279,7 @@ def estimate_bytes(pc, extra_per_frame: int = 0) -> int:
     kb = min(pc["k_block"] or dkb, n)
     qb = min(pc["q_block"] or dqb, n)
     dense = resolve_kernel(pc["kernel"], n) == "dense"
-    work = (n * n if dense else qb * kb) * item * 3
+    work = (n * n if dense else qb * kb) * item * 3 * pc.get("heads", 1)
     return frames * (n * d * item + extra_per_frame) + 12 * n * d * item + work
 
 
@@ -213,7 +288,8 @@ def uses_ensemble(pc) -> bool:
     vector lanes): softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where
     it was measured faster than vmap(simulate)), a fixed-step method, and not switched off
     with ``ensemble: false``."""
-    return (bool(pc.get("ensemble", True)) and pc["normalization"] in ("softmax", "unnormalized")
+    return (bool(pc.get("ensemble", True)) and not is_variant(pc)
+            and pc["normalization"] in ("softmax", "unnormalized")
             and pc["n"] <= FASTER_MAX_PARTICLES and pc["method"] in ENSEMBLE_METHODS)
 
 

@@ -52,3 +52,7 @@ from ._theory import (
     tilt_index as tilt_index,
     vi_closed_form as vi_closed_form,
 )
+from ._variants import (  # issue 15: attention variants
+    conditional_mean_map as conditional_mean_map,
+    covariance_rhs as covariance_rhs,
+)

@@ -14,3 +14,10 @@ from ._attention import (
     resolve_kernel as resolve_kernel,
 )
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
+from ._variants import (
+    MASKS as MASKS,
+    attention_weights as attention_weights,
+    default_rope_freqs as default_rope_freqs,
+    heads_interaction as heads_interaction,
+    rope as rope,
+)

@@ -3,6 +3,7 @@ heat maps of the cluster statistics) and the particle movie."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,62 @@ def plot(cfg, ds, out_dir):
                  cc.transpose("beta", "t").values},
             out_dir / "phase_diagram.png", xlabel="t (depth)", ylabel="β", log_panels=(1,),
             title=f"{cfg['name']}: β × t phase diagram (mean over the other sweep axes)"))
+    if "cluster_count" in ds and variant_axes(ds):
+        figs.append(variants_figure(cfg, ds, out_dir / "variants_cluster_count.png"))
     return figs
+
+
+#: sweep axes of the attention variants (issue 15), drawn as curves of one panel per β
+VARIANT_AXES = ("heads", "mask", "positions", "attention")
+
+
+def variant_axes(ds):
+    return [a for a in VARIANT_AXES if a in ds.dims]
+
+
+def variant_curves(ds, var="cluster_count"):
+    """{β: {label: values against t}}: ``var`` for every combination of the variant sweep
+    axes, averaged over the remaining axes (seeds)."""
+    axes = variant_axes(ds)
+    betas = list(ds["beta"].values) if "beta" in ds.dims else [None]
+    out = {}
+    for b in betas:
+        da = ds[var] if b is None else ds[var].sel(beta=b)
+        curves = {}
+        for combo in itertools.product(*(list(ds[a].values) for a in axes)):
+            sel = da.sel(dict(zip(axes, combo)))
+            rest = [d for d in sel.dims if d != "t"]
+            label = ", ".join(f"{a} {v}" for a, v in zip(axes, combo))
+            curves[label] = (sel.mean(rest) if rest else sel).values
+        out[b] = curves
+    return out
+
+
+def variants_figure(cfg, ds, path):
+    """Mean cluster count against depth, one panel per β, one curve per combination of the
+    variant axes (heads, mask, positions, attention): solid for full attention, dashed for
+    a causal mask."""
+    plt = plots.pyplot()
+    per_beta_curves = variant_curves(ds)
+    t = ds["t"].values
+    fig, axs = plt.subplots(1, len(per_beta_curves), figsize=(4.2 * len(per_beta_curves), 3.6),
+                            squeeze=False, sharey=True)
+    for ax, (b, curves) in zip(axs[0], per_beta_curves.items()):
+        labels = list(curves)
+        full = [lab for lab in labels if "mask causal" not in lab]
+        colors = {lab: f"C{i}" for i, lab in enumerate(full)}
+        for lab in labels:
+            base = lab.replace("mask causal", "mask none")
+            ax.plot(t, curves[lab], color=colors.get(base, colors.get(lab, "k")),
+                    ls="--" if "mask causal" in lab else "-", lw=1.5, label=lab)
+        ax.set_yscale("log")
+        ax.set_xlabel("t (depth)")
+        ax.set_title("" if b is None else f"β = {b:g}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axs[0][0].set_ylabel(f"mean cluster count (δ = {cfg['cluster_delta']:g})")
+    axs[0][-1].legend(fontsize=7)
+    fig.suptitle(f"{cfg['name']}: clusters against depth", fontsize=11)
+    return plots.save(fig, path)
 
 
 def movie(cfg, ds, out_dir, fmt="gif"):

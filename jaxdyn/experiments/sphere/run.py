@@ -31,11 +31,19 @@ def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
 
 #: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
 STATS_BLOCK = 128
+#: at most this many Gram entries (systems × frames × N²) per call: at N = 512 a block of
+#: 128 systems of 41 frames would hold 1.4·10⁹ (measured: 17 GB resident before it was cut)
+STATS_ENTRIES = 2 ** 25
+
+
+def stats_block(frames: int, n: int) -> int:
+    """Systems per call of ``_cluster_stats``: ``STATS_BLOCK``, fewer at large N."""
+    return int(max(1, min(STATS_BLOCK, STATS_ENTRIES // max(frames * n * n, 1))))
 
 
 def cluster_stats_of(xs, pcs):
     """The cluster statistics of a chunk's saved frames (host array (P, S, N, d)), in blocks
-    of ``STATS_BLOCK`` systems on the default device. Computed after the integration rather
+    of ``stats_block(S, N)`` systems on the default device. Computed after the integration rather
     than in the sharded frame function: there, with thousands of systems on 2 host CPU
     devices, the XLA runtime (jax 0.10.2) stalled with every thread waiting."""
     p0 = pcs[0]
@@ -46,13 +54,14 @@ def cluster_stats_of(xs, pcs):
                                                     "gram_threshold"))
     betas = np.array([p["beta"] for p in pcs], dtype)
     P = xs.shape[0]
+    blk = stats_block(xs.shape[1], xs.shape[2])
     parts = []
-    for i in range(0, P, STATS_BLOCK):
-        xb, bb = xs[i:i + STATS_BLOCK], betas[i:i + STATS_BLOCK]
+    for i in range(0, P, blk):
+        xb, bb = xs[i:i + blk], betas[i:i + blk]
         k = xb.shape[0]
-        if k < STATS_BLOCK:  # pad with copies of the first system: one compiled shape
-            xb = np.concatenate([xb, np.repeat(xb[:1], STATS_BLOCK - k, axis=0)])
-            bb = np.concatenate([bb, np.repeat(bb[:1], STATS_BLOCK - k)])
+        if k < blk:  # pad with copies of the first system: one compiled shape
+            xb = np.concatenate([xb, np.repeat(xb[:1], blk - k, axis=0)])
+            bb = np.concatenate([bb, np.repeat(bb[:1], blk - k)])
         out = _cluster_stats(jnp.asarray(xb, dtype), jnp.asarray(bb), B, *thr)
         parts.append([np.asarray(o)[:k] for o in out])
     return tuple(np.concatenate([p[j] for p in parts]) for j in range(4))

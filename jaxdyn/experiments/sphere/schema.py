@@ -10,6 +10,7 @@ from .. import sphere_common as sc
 
 SCHEMA = {
     **sc.SPHERE_FIELDS,
+    **sc.VARIANT_FIELDS,
     "snapshots": Field("list", [0.0, 1.0, 3.0, 10.0], "times of particle snapshots (clipped to t1)",
                        item="float"),
     "figure_beta": Field("float", None, "β of the snapshot figure (default: the middle of the sweep)"),
@@ -27,6 +28,7 @@ BATCH_AXES = ("beta", "seed")
 
 
 def check(cfg):
+    sc.check_variants(cfg)
     return sc.check_sphere(cfg)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -39,4 +41,24 @@ def summarize(cfg, ds):
                 "final_mean_gram_rank": float(row(gr)[-1]),
                 "fraction_of_saved_frames_count_equals_gram_rank": float(np.mean(row(agree))),
             })
-    return {"per_beta": out}
+    res = {"per_beta": out}
+    axes = [a for a in ("heads", "mask", "positions", "attention") if a in ds.dims]
+    if "cluster_count" in ds and axes:  # attention variants: per combination and β
+        t = ds["t"].values
+        var = {}
+        for i, b in enumerate(betas):
+            da = ds["cluster_count"].isel(beta=i) if "beta" in ds.dims else ds["cluster_count"]
+            for combo in itertools.product(*(list(ds[a].values) for a in axes)):
+                sel = da.sel(dict(zip(axes, combo)))
+                rest = [d for d in sel.dims if d != "t"]
+                row = (sel.mean(rest) if rest else sel).values
+                key = f"beta={b:g}, " + ", ".join(f"{a}={v}" for a, v in zip(axes, combo))
+                few = np.flatnonzero(row <= 2)
+                var[key] = {
+                    "final_mean_cluster_count": float(row[-1]),
+                    "mean_cluster_count_at": {f"t={t[j]:g}": float(row[j])
+                                              for j in np.linspace(0, len(t) - 1, 5).astype(int)},
+                    "time_to_at_most_2_clusters": float(t[few[0]]) if few.size else None,
+                }
+        res["per_variant"] = var
+    return res

@@ -1,0 +1,83 @@
+"""Closed covariance right-hand sides of the attention variants (issue 15, item 6; the
+covariance ODEs of vcastin/2025-transformers-PDEs, derived in docs/math.md §G.5).
+
+A centred Gaussian cloud N(0, S) in R^d under ``ẋ = Σ_h V_h E_{w^h}[y | x]`` (the particle
+field of :class:`jaxdyn.MultiHeadAttention` without the sphere projection; the values are
+the particles) moves by a linear field ``ẋ = M(S) x``, so it stays a centred Gaussian with
+
+    Ṡ = M(S) S + S M(S)ᵀ,   M(S) = Σ_h V_h T_h(S),
+
+where ``E_{w^h}[y | x] = T_h(S) x`` with A_h = β K_hᵀ Q_h:
+
+* softmax:  T = S A                                  (exp(xᵀA ᵀy) tilts N(0, S))
+* L2:       T = 2 S (I + 2β K_hᵀK_h S)^{-1} A          (logits −β|Q_h x − K_h y|²)
+* Sinkhorn: T = S^{1/2} Z S^{1/2} A,  Z = 2 (I + (I + 4 N)^{1/2})^{-1},
+            N = S^{1/2} A S Aᵀ S^{1/2}               (entropic plan, ε = 1/β)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..kernels._attention import HIGHEST
+
+COVARIANCE_ATTENTIONS = ("softmax", "l2", "sinkhorn")
+
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def _sym_sqrt(S):
+    w, U = jnp.linalg.eigh(S)
+    return _mm(U * jnp.sqrt(jnp.clip(w, 0.0)), U.T)
+
+
+def _heads(Q, K, V):
+    Q, K, V = (jnp.asarray(a) for a in (Q, K, V))
+    Q, K, V = (a[None] if a.ndim == 2 else a for a in (Q, K, V))
+    if Q.ndim != 3 or K.shape != Q.shape or V.shape != (Q.shape[0], Q.shape[2], Q.shape[2]):
+        raise ValueError(f"expected Q, K (H, p, d) and V (H, d, d) (or one head without the H "
+                         f"axis); got {Q.shape}, {K.shape}, {V.shape}")
+    return Q, K, V
+
+
+def conditional_mean_map(S, Q, K, beta=1.0, *, attention="softmax"):
+    """``T`` (d, d) with ``E_w[y | x] = T x`` for one head (Q, K of shape (p, d)) on N(0, S)."""
+    if attention not in COVARIANCE_ATTENTIONS:
+        raise ValueError(f"attention must be one of {COVARIANCE_ATTENTIONS}, got {attention!r}")
+    d = S.shape[0]
+    A = beta * _mm(K.T, Q)
+    if attention == "softmax":
+        return _mm(S, A)
+    if attention == "l2":
+        eye = jnp.eye(d, dtype=S.dtype)
+        return 2.0 * _mm(S, jnp.linalg.solve(eye + 2.0 * beta * _mm(_mm(K.T, K), S), A))
+    R = _sym_sqrt(S)
+    N = _mm(_mm(R, _mm(_mm(A, S), A.T)), R)
+    N = 0.5 * (N + N.T)
+    eye = jnp.eye(d, dtype=S.dtype)
+    Z = 2.0 * jnp.linalg.inv(eye + _sym_sqrt(eye + 4.0 * N))
+    return _mm(_mm(_mm(R, Z), R), A)
+
+
+def covariance_rhs(S, Q, K, V, beta=1.0, *, attention="softmax"):
+    r"""``Ṡ = M S + S Mᵀ`` with ``M = Σ_h V_h T_h(S)`` (module doc) for a centred Gaussian
+    N(0, S): the closed covariance right-hand side of multi-head softmax, L2 or Sinkhorn
+    attention in R^d.
+
+    Args:
+      S: (d, d) covariance (symmetric positive definite).
+      Q, K: (H, p, d) per-head weights (or (p, d)); V: (H, d, d) (or (d, d)).
+      beta: inverse temperature (logits β⟨Q_h x, K_h y⟩, or −β|Q_h x − K_h y|²).
+      attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β).
+
+    Returns:
+      (d, d) symmetric.
+    """
+    Q, K, V = _heads(Q, K, V)
+    S = jnp.asarray(S)
+    M = sum(_mm(V[h], conditional_mean_map(S, Q[h], K[h], beta, attention=attention))
+            for h in range(Q.shape[0]))
+    MS = _mm(M, S)
+    return MS + MS.T

@@ -1,0 +1,363 @@
+"""Attention variants (issue 15, items 1, 2, 6): multi-head, causal masks, ALiBi, RoPE,
+L2 and Sinkhorn attention: exact identities in float64, dense against blocked kernels."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn as jd
+from jaxdyn.kernels import attention_weights, heads_interaction, rope
+
+_weights = jax.jit(attention_weights, static_argnames=("causal", "logits", "sinkhorn_iters"))
+
+D, N, H = 3, 37, 4
+BLOCKS = dict(k_block=8, q_block=16)  # several key and query blocks, ragged last blocks
+
+
+def _cloud(n=N, d=D, seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def _mats(k=3, shape=(D, D), seed=1):
+    r = np.random.default_rng(seed)
+    return [jnp.asarray(r.normal(size=shape)) for _ in range(k)]
+
+
+@eqx.filter_jit
+def _field(model, x):
+    return model(0.0, x)
+
+
+@eqx.filter_jit
+def _ambient(model, x):
+    return model.ambient(0.0, x)
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    return _mats()
+
+
+# ---------------------------------------------------------------- 1. multi-head
+
+
+@pytest.mark.parametrize("kernel", ["dense", "blocked"])
+def test_identical_heads_equal_single_head(qkv, kernel):
+    Q, K, V = qkv
+    x = _cloud()
+    one = _field(jd.SphereAttention(Q, K, V, 2.0, kernel="dense"), x)
+    multi = jd.MultiHeadAttention(jnp.stack([Q] * H), jnp.stack([K] * H), jnp.stack([V / H] * H),
+                                  2.0, kernel=kernel, **BLOCKS)
+    np.testing.assert_allclose(_field(multi, x), one, rtol=0, atol=1e-12)
+
+
+def test_heads_with_disjoint_supports_add(qkv):
+    """castin's split: Q_h, K_h the rows of block h (head dimension p = d/H), V_h = E_hᵀ V_h
+    writes only block h. The H-head ambient field is the sum of the H one-head ones (so is
+    the field, P⊥(x) times it), and its block h is head h's alone."""
+    d, Hh = 6, 3
+    p = d // Hh
+    Q, K, V = _mats(shape=(d, d), seed=2)
+    x = _cloud(d=d)
+    Qh = Q.reshape(Hh, p, d)
+    Kh = K.reshape(Hh, p, d)
+    E = jnp.eye(d).reshape(Hh, p, d)
+    Vh = jnp.einsum("hpd,hpe->hde", E, V.reshape(Hh, p, d))  # (H, d, d), rows in block h only
+    multi = jd.MultiHeadAttention(Qh, Kh, Vh, 0.7, kernel="dense")
+    singles = [jd.MultiHeadAttention(Qh[h], Kh[h], Vh[h], 0.7, kernel="dense") for h in range(Hh)]
+    amb = _ambient(multi, x)
+    np.testing.assert_allclose(amb, sum(_ambient(s, x) for s in singles), rtol=0, atol=1e-12)
+    for h in range(Hh):
+        np.testing.assert_allclose(amb[:, h * p:(h + 1) * p],
+                                   _ambient(singles[h], x)[:, h * p:(h + 1) * p],
+                                   rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow  # default-suite counterpart: test_identical_heads_equal_single_head
+def test_one_head_equals_sphere_attention_in_simulate(qkv):
+    Q, K, V = qkv
+    x0 = _cloud(n=12)
+    a = jd.simulate(jd.SphereAttention(Q, K, V, 1.5), x0, t1=0.5, dt=0.05)
+    b = jd.simulate(jd.MultiHeadAttention(Q, K, V, 1.5), x0, t1=0.5, dt=0.05)
+    np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- 2. masks and positions
+
+
+@pytest.mark.parametrize("kernel", ["dense", pytest.param("blocked", marks=pytest.mark.slow)])
+def test_causal_prefix_invariance_exact(qkv, kernel):
+    """Particles 0..k−1 never see k..N−1: their trajectory is bitwise unchanged when the
+    later particles are perturbed (the particle index is the position through simulate)."""
+    Q, K, V = qkv
+    m = jd.MultiHeadAttention(jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, V.T]) / 2, 3.0,
+                              mask="causal", alibi=0.2, rope=True, kernel=kernel, k_block=4,
+                              q_block=8)
+    x0 = _cloud(n=20)
+    k = 9
+    x1 = x0.at[k:].set(_cloud(n=20 - k, seed=5))
+    a = jd.simulate(m, x0, t1=0.4, dt=0.05)
+    b = jd.simulate(m, x1, t1=0.4, dt=0.05)
+    assert np.array_equal(np.asarray(a.xs[:, :k]), np.asarray(b.xs[:, :k]))
+    assert not np.allclose(a.xs[-1, k:], b.xs[-1, k:])
+
+
+def test_causal_first_particle_does_not_move():
+    """V = I: particle 0 attends only to itself, ẋ_0 = P⊥(x_0) x_0 = 0."""
+    x = _cloud()
+    Q, K, _ = _mats(seed=3)
+    v = _field(jd.MultiHeadAttention(Q, K, jnp.eye(D), 4.0, mask="causal", kernel="dense"), x)
+    assert float(jnp.max(jnp.abs(v[0]))) < 1e-15 < float(jnp.min(jnp.abs(v[1:, 0])))
+
+
+@pytest.mark.slow  # default-suite counterpart: test_causal_first_particle_does_not_move
+def test_causal_first_particle_stays_put():
+    x0 = _cloud(n=10)
+    Q, K, _ = _mats(seed=3)
+    m = jd.MultiHeadAttention(Q, K, jnp.eye(D), 4.0, mask="causal")
+    traj = jd.simulate(m, x0, t1=2.0, dt=0.05)
+    np.testing.assert_allclose(traj.xs[:, 0], jnp.broadcast_to(x0[0], traj.xs[:, 0].shape),
+                               rtol=0, atol=1e-14)
+    assert float(jnp.max(jnp.abs(traj.xs[-1, 1:] - x0[1:]))) > 1e-2
+
+
+@pytest.mark.parametrize("opts", [dict(mask="causal", alibi=[0.1, 0.5], rope=True),
+                                  pytest.param(dict(alibi=[0.3, 0.0]), marks=pytest.mark.slow)],
+                         ids=["causal-alibi-rope", "alibi"])  # counterpart: causal-alibi-rope
+def test_blocked_equals_dense_masked(qkv, opts):
+    Q, K, V = qkv
+    x = _cloud()
+    args = (jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, jnp.eye(D)]), 2.5)
+    a = _field(jd.MultiHeadAttention(*args, kernel="dense", **opts), x)
+    b = _field(jd.MultiHeadAttention(*args, kernel="blocked", **BLOCKS, **opts), x)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+def test_alibi_zero_and_rope_zero_are_unmasked(qkv):
+    Q, K, V = qkv
+    x = _cloud()
+    plain = _field(jd.SphereAttention(Q, K, V, 2.0, kernel="dense"), x)
+    a = _field(jd.MultiHeadAttention(Q, K, V, 2.0, alibi=0.0, kernel="dense"), x)
+    r = _field(jd.MultiHeadAttention(Q, K, V, 2.0, rope=jnp.zeros(1), kernel="dense"), x)
+    b = _field(jd.MultiHeadAttention(Q, K, V, 2.0, alibi=0.0, rope=jnp.zeros(1), kernel="blocked",
+                                     **BLOCKS), x)
+    for got in (a, r, b):
+        np.testing.assert_allclose(got, plain, rtol=0, atol=1e-12)
+
+
+def test_rope_logits_depend_on_offset_only():
+    """One query vector and one key vector at every position: ⟨R_i q, R_j k⟩ is Toeplitz."""
+    p, n = 6, 11
+    q, k = _mats(2, shape=(p,), seed=4)
+    freqs = jnp.asarray([0.3, 1.1, 2.9])
+    rq = rope(jnp.broadcast_to(q, (n, p)), freqs)
+    rk = rope(jnp.broadcast_to(k, (n, p)), freqs)
+    G = rq @ rk.T
+    np.testing.assert_allclose(G[1:, 1:], G[:-1, :-1], rtol=0, atol=1e-12)
+    assert float(jnp.std(jnp.diag(G, 3) - G[0, 0])) < 1e-12 < float(jnp.abs(G[3, 0] - G[0, 3]))
+    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=1), jnp.linalg.norm(q), rtol=1e-14)
+
+
+def test_alibi_bias_and_causal_weights():
+    """The dense weights: causal rows vanish above the diagonal, and ALiBi's factor
+    exp(−α|i − j|) is exactly the ratio of biased to unbiased weights (up to row sums)."""
+    q = _cloud(n=9)[None]
+    w = _weights(q, q, 2.0, causal=True)[0]
+    assert float(jnp.max(jnp.abs(jnp.triu(w, 1)))) == 0.0
+    np.testing.assert_allclose(jnp.sum(w, axis=1), 1.0, rtol=0, atol=1e-14)
+    wa = _weights(q, q, 2.0, alibi=jnp.asarray([0.4]))[0]
+    w0 = _weights(q, q, 2.0)[0]
+    i = jnp.arange(9)
+    ratio = wa / w0 / jnp.exp(-0.4 * jnp.abs(i[:, None] - i[None, :]))
+    np.testing.assert_allclose(ratio, jnp.broadcast_to(ratio[:, :1], ratio.shape), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- 6. L2 and Sinkhorn attention
+
+
+def test_l2_is_softmax_at_2beta_with_key_shift(qkv):
+    Q, K, _ = qkv
+    x = _cloud()
+    q, k = (x @ Q.T)[None], (x @ K.T)[None]
+    beta = 1.3
+    l2 = _weights(q, k, beta, logits="l2")
+    shifted = _weights(q, k, 2 * beta, key_bias=-beta * jnp.sum(k * k, axis=-1))
+    np.testing.assert_allclose(l2, shifted, rtol=0, atol=1e-12)
+
+
+def test_l2_with_orthogonal_keys_on_sphere_is_softmax_at_2beta(qkv):
+    Q, _, V = qkv
+    K = jnp.linalg.qr(_mats(1, seed=6)[0])[0]
+    x = _cloud()
+    want = _field(jd.SphereAttention(Q, K, V, 2 * 1.3, kernel="dense"), x)
+    got = _field(jd.MultiHeadAttention(Q, K, V, 1.3, attention="l2", kernel="blocked", **BLOCKS), x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_sinkhorn_weights_doubly_stochastic(qkv):
+    Q, K, V = qkv
+    x = _cloud()
+    q, k = (x @ Q.T)[None], (x @ K.T)[None]
+    w = _weights(q, k, 1.0, sinkhorn_iters=300)[0]
+    np.testing.assert_allclose(jnp.sum(w, axis=1), 1.0, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(jnp.sum(w, axis=0), 1.0, rtol=0, atol=1e-10)
+    w1 = _weights(q, k, 1.0, sinkhorn_iters=1)[0]  # one sweep: columns off
+    assert float(jnp.max(jnp.abs(jnp.sum(w1, axis=0) - 1))) > 1e-3
+
+
+@pytest.mark.slow  # default-suite counterparts: test_sinkhorn_weights_doubly_stochastic (dense
+# Sinkhorn) and test_blocked_equals_dense_masked (the blocked pass that the bias g feeds)
+def test_sinkhorn_blocked_equals_dense(qkv):
+    Q, K, V = qkv
+    x = _cloud()
+    args = (jnp.stack([Q, K]), jnp.stack([K, Q]), jnp.stack([V, V]), 1.0)
+    a = _field(jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
+                                     kernel="dense"), x)
+    b = _field(jd.MultiHeadAttention(*args, attention="sinkhorn", sinkhorn_iters=4, alibi=0.1,
+                                     kernel="blocked", **BLOCKS), x)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+def test_variant_errors(qkv):
+    Q, K, V = qkv
+    with pytest.raises(ValueError, match="sinkhorn.*causal"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, attention="sinkhorn", mask="causal")
+    with pytest.raises(ValueError, match="mask must be one of"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, mask="future")
+    with pytest.raises(ValueError, match="V must have shape"):
+        jd.MultiHeadAttention(jnp.stack([Q, Q]), jnp.stack([K, K]), V[None], 1.0)
+    with pytest.raises(ValueError, match="alibi slopes must be >= 0"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, alibi=-1.0)
+    with pytest.raises(ValueError, match="rope must hold"):
+        jd.MultiHeadAttention(Q, K, V, 1.0, rope=jnp.zeros(3))
+    with pytest.raises(ValueError, match="causal mask needs as many queries"):
+        heads_interaction(Q[None], K[None, :2], V[:2], 1.0, causal=True)
+
+
+def test_sphere_kind_variant_fields():
+    """The sphere kind's variant fields: defaults keep SphereAttention (and the ensemble
+    driver); any variant builds MultiHeadAttention; bad combinations are config errors."""
+    from jaxdyn.config import ConfigError
+    from jaxdyn.experiments import sphere_common as sc
+
+    base = {"heads": 1, "heads_spread": 0.0, "mask": "none", "positions": "none",
+            "attention": "softmax", "normalization": "softmax", "sweep": {}}
+    assert not sc.is_variant(base)
+    assert sc.is_variant(dict(base, heads=4)) and sc.is_variant(dict(base, heads_spread=0.5))
+    with pytest.raises(ConfigError, match="normalization: softmax"):
+        sc.check_variants(dict(base, normalization="hardmax", sweep={"mask": ["none", "causal"]}))
+    with pytest.raises(ConfigError, match="no causal"):
+        sc.check_variants(dict(base, attention="sinkhorn", mask="causal"))
+    pc = dict(base, heads=3, d=D, beta=2.0, positions="alibi", alibi_slope=0.4, rope_base=1e4,
+              sinkhorn_iters=5, kernel="dense", k_block=None, q_block=None, weights={"seed": 0})
+    Q, K, V = _mats()
+    m = sc.variant_model(pc, Q, K, V)
+    assert m.heads == 3 and m.alibi.shape == (3,) and float(m.alibi[0]) == 0.4
+    np.testing.assert_allclose(jnp.sum(m.V, axis=0), V, rtol=1e-15)
+
+
+# ---------------------------------------------------------------- 6. covariance right-hand sides
+
+_S = np.array([[1.0, 0.3], [0.3, 0.6]])
+
+
+def test_conditional_means_against_quadrature():
+    """E_w[y | x] on N(0, S) by an 80 × 80 Gauss–Hermite rule against the closed maps T x
+    (softmax and L2, two β, two x): 1e−12."""
+    from jaxdyn.gaussian import conditional_mean_map
+
+    r = np.random.default_rng(0)
+    Q, K = r.normal(size=(2, 2, 2)) * 0.7
+    R = np.linalg.cholesky(_S)
+    z, wz = np.polynomial.hermite_e.hermegauss(80)
+    Y = np.stack(np.meshgrid(z, z, indexing="ij"), -1).reshape(-1, 2) @ R.T
+    W = np.outer(wz, wz).reshape(-1)
+    for attention in ("softmax", "l2"):
+        for beta in (0.3, 0.8):
+            T = np.asarray(conditional_mean_map(jnp.asarray(_S), jnp.asarray(Q), jnp.asarray(K),
+                                                beta, attention=attention))
+            for x in (np.array([0.5, -1.0]), np.array([2.0, 1.0])):
+                if attention == "softmax":
+                    logit = beta * (Y @ (K.T @ Q @ x))
+                else:
+                    logit = -beta * np.sum((Q @ x - Y @ K.T) ** 2, axis=1)
+                w = W * np.exp(logit - logit.max())
+                np.testing.assert_allclose(T @ x, (w[:, None] * Y).sum(0) / w.sum(), rtol=0,
+                                           atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def particle_dS():
+    from jaxdyn.gaussian import gaussian_cloud
+
+    @jax.jit
+    def dS(x, Q, K, V, beta, iters_l2):
+        q = jnp.einsum("hpd,nd->hnp", Q, x, precision="highest")
+        k = jnp.einsum("hpd,nd->hnp", K, x, precision="highest")
+        out = []
+        for logits, iters in (("dot", 0), ("l2", 0), ("dot", 40)):
+            m = heads_interaction(q, k, x, beta, kernel="dense", logits=logits,
+                                  sinkhorn_iters=iters)
+            u = jnp.einsum("hne,hde->nd", m, V, precision="highest")
+            out.append((u.T @ x + x.T @ u) / x.shape[0])
+        return out
+
+    r = np.random.default_rng(0)
+    Q, K = (jnp.asarray(a) for a in r.normal(size=(2, 2, 2, 2)) * 0.7)
+    V = jnp.asarray(r.normal(size=(2, 2, 2)))
+    x = jnp.asarray(gaussian_cloud(jax.random.PRNGKey(1), 1000, jnp.zeros(2), jnp.asarray(_S),
+                                   exact_moments=True))
+    return Q, K, V, dict(zip(("softmax", "l2", "sinkhorn"), dS(x, Q, K, V, 0.3, 0)))
+
+
+@pytest.mark.parametrize("attention,tol", [("softmax", 0.03), ("l2", 0.03), ("sinkhorn", 2e-3)])
+def test_covariance_rhs_against_particles(particle_dS, attention, tol):
+    """Ṡ of two heads from 1000 particles (exact sample moments, β = 0.3) against the closed
+    right-hand side: measured relative errors 1.4 % (softmax), 1.1 % (L2; both Monte Carlo,
+    decreasing with N, and exact against quadrature above), 5e−4 (Sinkhorn, 40 sweeps)."""
+    from jaxdyn.gaussian import covariance_rhs
+
+    Q, K, V, got = particle_dS
+    want = covariance_rhs(jnp.asarray(_S), Q, K, V, 0.3, attention=attention)
+    assert float(jnp.linalg.norm(got[attention] - want) / jnp.linalg.norm(want)) < tol
+
+
+def test_sinkhorn_covariance_is_softmax_to_second_order():
+    """Z = 2(I + (I + 4N)^{1/2})^{-1} = I − N + O(β⁴): the Sinkhorn right-hand side differs
+    from softmax's by O(β³) (halving β divides the difference by 8)."""
+    from jaxdyn.gaussian import covariance_rhs
+
+    Q, K, V = _mats(seed=7, shape=(2, 2))
+    S = jnp.asarray(_S)
+
+    def diff(b):
+        return float(jnp.linalg.norm(covariance_rhs(S, Q, K, V, b, attention="sinkhorn")
+                                     - covariance_rhs(S, Q, K, V, b, attention="softmax")))
+
+    assert abs(diff(0.02) / diff(0.01) - 8.0) < 0.01
+
+
+@pytest.mark.slow  # default-suite counterpart: test_blocked_equals_dense_masked (forward values)
+def test_gradients_blocked_equal_dense_causal(qkv):
+    """Reverse mode through the masked kernels (−∞ logits, skipped key blocks): d/dβ and
+    d/dQ of a loss agree between dense and blocked (1e−10, float64) and are finite."""
+    Q, K, V = qkv
+    x = _cloud()
+    Qh = jnp.stack([Q, K])
+
+    def grads(kernel):
+        def loss(beta, Qh):
+            m = jd.MultiHeadAttention(Qh, jnp.stack([K, Q]), jnp.stack([V, V]), beta,
+                                      mask="causal", alibi=[0.1, 0.3], rope=True, kernel=kernel,
+                                      **BLOCKS)
+            return jnp.sum(m(0.0, x) ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))(jnp.asarray(5.0), Qh)
+
+    (ga, gqa), (gb, gqb) = grads("dense"), grads("blocked")
+    assert bool(jnp.isfinite(gb)) and bool(jnp.all(jnp.isfinite(gqb)))
+    np.testing.assert_allclose(gb, ga, rtol=1e-10)
+    np.testing.assert_allclose(gqb, gqa, rtol=0, atol=1e-10 * float(jnp.max(jnp.abs(gqa))))
