@@ -49,3 +49,8 @@ from ._sphere2 import (
     zonal_growth_rate as zonal_growth_rate,
     zonal_mode as zonal_mode,
 )
+from ._fourier import (
+    CircleAttention as CircleAttention,
+    bessel_ive as bessel_ive,
+    fourier_modes as fourier_modes,
+)

@@ -91,8 +91,11 @@ def _particles(pc, model, rho0):
     reps = p["repeats"] * len(p["n"]) if len(p["repeats"]) == 1 else p["repeats"]
     pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
     I2 = jnp.eye(2, dtype=pdt)
-    field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"],
-                            normalization=pc["normalization"])
+    if p["kernel"] == "fourier":  # O(N K), equal to the dense field to rounding on S¹
+        field = pde.CircleAttention(I2, I2, I2, pc["beta"], normalization=pc["normalization"])
+    else:
+        field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"],
+                                normalization=pc["normalization"])
     w_mean, w_std, step_s = [], [], []
     kde = None
     for n, r in zip(p["n"], reps):

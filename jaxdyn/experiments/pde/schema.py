@@ -14,8 +14,9 @@ PARTICLE_FIELDS = {
                      check=all_positive),
     "dt": Field("float", 0.1, "particle step (projected RK4)", check=positive),
     "times": Field("list", [0.0, 2.0, 4.0], "times at which W1(particles, ρ) is measured", item="float"),
-    "kernel": Field("str", "auto", "attention kernel of the particle field",
-                    choices=("auto", "dense", "blocked")),
+    "kernel": Field("str", "auto", "attention kernel of the particle field (fourier: "
+                    "jaxdyn.pde.CircleAttention, O(N K), equal to dense to rounding)",
+                    choices=("auto", "dense", "blocked", "fourier")),
     "dtype": Field("str", "float32", "particle floating type", choices=("float32", "float64")),
     "kde_bandwidth": Field("float", 0.03, "bandwidth of the figure's kernel density", check=positive),
     "timing_m": Field("int", 4096, "grid size M of the timed density step", check=at_least(8)),
@@ -57,7 +58,7 @@ def check(cfg):
     if cfg["mode"] == "particles" and any(not 0 <= t <= cfg["t1"] for t in p["times"]):
         raise ConfigError(f"config field 'particles.times': every time must lie in [0, t1 = {cfg['t1']}]")
     warns = []
-    if cfg["mode"] == "particles" and max(p["n"]) > 30000:
+    if cfg["mode"] == "particles" and max(p["n"]) > 30000 and p["kernel"] != "fourier":
         warns.append(f"N = {max(p['n'])}: each particle step costs O(N²) kernel evaluations "
                      "(blocked kernel); on a few CPU cores this takes hours")
     return warns
@@ -69,7 +70,7 @@ def estimate_bytes(pc):
     est = item * (pc["n_save"] * m + 40 * m)
     if pc["mode"] == "particles":
         n = max(pc["particles"]["n"])
-        est += 4 * (min(n, 1024) * n + 16 * n)
+        est += 8 * 256 * n if pc["particles"]["kernel"] == "fourier" else 4 * (min(n, 1024) * n + 16 * n)
     return est
 
 

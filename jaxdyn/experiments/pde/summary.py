@@ -64,16 +64,18 @@ def summarize(cfg, ds):
                                      "w1": [float(v) for v in w[:, j]],
                                      "density_grid_w1_error": float(d["density_w1_grid_error"].values[j])}
             ps = np.asarray(d["particle_step_seconds"].values)
+            power = 1 if cfg["particles"]["kernel"] == "fourier" else 2
             for key, entry in per_t.items():
                 # the N whose particle W1 (prefactor·N^{-1/2}, fitted) equals the density's own
-                # W1 error at this M, and the particle step there (extrapolated ∝ N² from the
-                # largest N timed; only meaningful when M equals timing_m)
+                # W1 error at this M, and the particle step there (extrapolated from the largest
+                # N timed, ∝ N² for the dense/blocked kernels, ∝ N for the Fourier one, whose K
+                # does not depend on N; only meaningful when M equals timing_m)
                 err = entry["density_grid_w1_error"]
                 if err > 0:
                     n_eq = (entry["prefactor"] / err) ** 2
                     entry["n_equivalent"] = float(f"{n_eq:.3g}")
                     entry["particle_step_seconds_at_n_equivalent"] = float(
-                        f"{ps[-1] * (n_eq / ns[-1]) ** 2:.3g}")
+                        f"{ps[-1] * (n_eq / ns[-1]) ** power:.3g}")
             fits.append({**label, "per_time": per_t, "n": [int(v) for v in ns],
                          "particle_step_seconds": [float(v) for v in ps],
                          "density_step_seconds": float(d["density_step_seconds"]),
