@@ -54,3 +54,10 @@ from ._fourier import (
     bessel_ive as bessel_ive,
     fourier_modes as fourier_modes,
 )
+from ._particles_s2 import (
+    kde_sphere as kde_sphere,
+    sample_sphere_density as sample_sphere_density,
+    sphere_cell_averages as sphere_cell_averages,
+    sphere_cell_centres as sphere_cell_centres,
+    w2_sphere_check as w2_sphere_check,
+)
