@@ -34,7 +34,8 @@ def _plot_s2(cfg, ds, out_dir, plt):
     lon, lat = np.asarray(ds["lon"].values), np.asarray(ds["lat"].values)
     ns = np.asarray(ds["n"].values, float)
     figs = []
-    fig, axes = plt.subplots(2, len(tc), figsize=(3.3 * len(tc), 4.6), squeeze=False)
+    fig, axes = plt.subplots(2, len(tc), figsize=(3.3 * len(tc), 5.6), squeeze=False,
+                             gridspec_kw={"hspace": 0.45})
     top = 4 * np.pi * max(float(np.asarray(d["rho_compare"].values).max()),
                           float(np.asarray(d["kde_compare"].values).max()))
     for j, t in enumerate(tc):
