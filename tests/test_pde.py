@@ -302,3 +302,74 @@ def test_pde_experiment_kind_end_to_end(tmp_path):
     assert set(fit["per_time"]) == {"t=0", "t=1"} and len(fit["particle_step_seconds"]) == 2
     assert {p.rsplit("/", 1)[-1] for p in res.figures} >= {"spacetime.png", "particles_vs_density.png"}
     assert len(report(tmp_path / "p", log=lambda *a: None)) == len(res.figures)
+
+
+# ---- the Fourier (Bessel) particle field on S¹ (jaxdyn.pde.CircleAttention) ------------------
+
+
+def test_fourier_truncation_bound_holds_and_k_is_minimal():
+    # T(K, r) ≥ 2 Σ_{k>K} I_k(r) (scipy, exact tail), and K = fourier_modes(r, tol) is the
+    # smallest K whose bound times e^r is ≤ tol; the backward continued fraction gives I_k e^{-r}
+    from scipy.special import ive
+
+    from jaxdyn.pde._fourier import _log_tail_bound
+
+    rs = np.array([0.3, 1.0, 5.0, 20.0, 60.0])
+    for r in rs:
+        vals = ive(np.arange(0, 400), r)  # I_k(r) e^{-r}
+        for K in (2, 10, 30, 80):
+            lb = _log_tail_bound(K, r)
+            tail = 2 * vals[K + 1:].sum()
+            if math.isfinite(lb) and tail > 0:
+                assert math.log(tail) <= lb - r + 1e-12, (r, K)
+        K = pde.fourier_modes(r, 1e-16)
+        assert _log_tail_bound(K, r) + r <= math.log(1e-16) < _log_tail_bound(K - 1, r) + r
+    kmax = pde.fourier_modes(rs.max(), 1e-16)
+    got = np.asarray(pde.bessel_ive(jnp.asarray(rs), kmax))
+    want = ive(np.arange(kmax + 1)[None, :], rs[:, None])
+    # relative 1e-13 where the weight matters (Σ_k I_k e^{-r} over ℤ is 1), absolute 2 ulp(1) on all
+    keep = want > 1e-30
+    np.testing.assert_allclose(got[keep], want[keep], rtol=1e-13)
+    np.testing.assert_allclose(got, want, rtol=0, atol=4.5e-16)
+
+
+@pytest.mark.parametrize("beta,general", [(5.0, False), (5.0, True)] + [
+    pytest.param(b, g, marks=pytest.mark.slow) for b, g in ((1.0, False), (20.0, False), (20.0, True))])
+def test_fourier_particle_field_equals_dense(beta, general):
+    # On random clouds of S¹, Q = K = V = I or random Q, K, V (B any 2×2), softmax and
+    # unnormalised: the O(N K) field equals the dense O(N²) one to rounding (K from the bound)
+    rng = np.random.default_rng(int(beta))
+    th = rng.uniform(0, 2 * np.pi, 400)
+    x = jnp.asarray(np.stack([np.cos(th), np.sin(th)], -1))
+    Q, K, V = tuple(rng.normal(size=(3, 2, 2))) if general else (I2, I2, I2)
+    for norm in ("softmax", "unnormalized"):
+        f = pde.CircleAttention(Q, K, V, beta, normalization=norm)
+        d = jaxdyn.SphereAttention(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), beta,
+                                   kernel="dense", normalization=norm)
+        a, b = np.asarray(jax.jit(f.__call__)(0.0, x)), np.asarray(d(0.0, x))
+        assert np.max(np.abs(a - b)) <= 1e-13 * np.max(np.abs(b)), (norm, f.n_modes)
+
+
+@pytest.mark.slow  # 4 RK4 compiles; default-suite counterpart: test_fourier_particle_field_equals_dense
+def test_fourier_particle_trajectories_match_dense_at_fourth_order():
+    # Off the circle (RK4's stages) the Fourier field takes the keys at x/|x|: another extension
+    # of the same tangent field, so the two projected-RK4 trajectories differ by O(dt⁴)
+    rho0 = (1 + 0.5 * np.asarray(pde.cos_mode(256, 3, jnp.float64))) / (2 * math.pi)
+    x0 = jnp.asarray(pde.sample_density(jax.random.PRNGKey(0), rho0, 200))
+    f = pde.CircleAttention(I2, I2, I2, 5.0)
+    d = jaxdyn.SphereAttention(I2, I2, I2, 5.0, kernel="dense")
+    diffs = [float(jnp.max(jnp.abs(jaxdyn.simulate(f, x0, t1=4.0, dt=dt, method="rk4").xs[-1]
+                                   - jaxdyn.simulate(d, x0, t1=4.0, dt=dt, method="rk4").xs[-1])))
+             for dt in (0.2, 0.1)]
+    assert diffs[1] < 1e-6 and math.log2(diffs[0] / diffs[1]) > 3.5, diffs
+
+
+def test_fourier_particle_field_bad_inputs():
+    with pytest.raises(ValueError, match="2x2"):
+        pde.CircleAttention(np.eye(3), np.eye(3), np.eye(3), 1.0)
+    with pytest.raises(ValueError, match="beta"):
+        pde.CircleAttention(I2, I2, I2, -1.0)
+    with pytest.raises(ValueError, match="n_modes"):
+        pde.CircleAttention(I2, I2, I2, 1.0, n_modes=-2)
+    with pytest.raises(ValueError, match="tol"):
+        pde.fourier_modes(1.0, 2.0)

@@ -5,12 +5,15 @@ positivity-preserving finite-volume flux, optional noise); ``SphereDensity`` the
 latitude–longitude grid of S² (dense kernel, second order); ``solve_density`` integrates either
 with diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` (S¹) and
 ``zonal_growth_rate``/``sphere_rates`` (S²) are the linear stability of the uniform state;
-``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles;
+``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles on S¹,
+``sample_sphere_density``, ``kde_sphere`` and ``w2_sphere_check`` on S²; ``CircleAttention`` is the
+particle field on S¹ in O(N K) (the kernel's Bessel series, K from a certified tail bound);
 ``perturbed_uniform``, ``cluster_counts``, ``first_clusters``, ``merge_times`` read clusters.
 
 Modules: ``_circle`` (S¹ grid, kernels, flux), ``_sphere2`` (S²), ``_solve`` (the diffrax
 driver and the result type), ``_theory`` (rates), ``_particles`` (sampling, KDE, W1),
-``_clusters`` (cluster analysis).
+``_clusters`` (cluster analysis), ``_fourier`` (the O(N K) particle field on S¹), ``_particles_s2``
+(particles ↔ density on S²).
 """
 
 from ._circle import (
@@ -48,4 +51,16 @@ from ._sphere2 import (
     sphere_rates as sphere_rates,
     zonal_growth_rate as zonal_growth_rate,
     zonal_mode as zonal_mode,
+)
+from ._fourier import (
+    CircleAttention as CircleAttention,
+    bessel_ive as bessel_ive,
+    fourier_modes as fourier_modes,
+)
+from ._particles_s2 import (
+    kde_sphere as kde_sphere,
+    sample_sphere_density as sample_sphere_density,
+    sphere_cell_averages as sphere_cell_averages,
+    sphere_cell_centres as sphere_cell_centres,
+    w2_sphere_check as w2_sphere_check,
 )

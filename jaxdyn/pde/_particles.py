@@ -46,19 +46,19 @@ def kde_circle(x, m: int, bandwidth: float):
     sinc factor)."""
     th = angles(x)
     n = np.arange(m // 2 + 1)
-    emp = np.exp(-1j * np.outer(n, th)).mean(axis=1) if th.size * n.size <= 5e7 else \
-        _emp_hist(th, m)
+    emp = _emp_coefficients(th, n)
     spec = emp * np.exp(-0.5 * (n * bandwidth) ** 2) * np.sinc(n / m)
     return np.fft.irfft(spec * m, n=m) / (2 * math.pi)
 
 
-def _emp_hist(th, m):
-    # the same coefficients through a fine histogram (used when n·M is large); the
-    # discretisation error is below the Gaussian factor for bandwidth ≥ 4 grid cells
-    fine = 64 * m
-    hist = np.bincount(np.floor(th / (2 * math.pi) * fine).astype(int) % fine, minlength=fine)
-    centres = (np.arange(fine) + 0.5) * 2 * math.pi / fine
-    return (hist * np.exp(-1j * np.outer(np.arange(m // 2 + 1), centres))).sum(1) / th.size
+def _emp_coefficients(th, n, chunk_elems=2 ** 22):
+    """(1/N) Σ_j e^{−i n θ_j} for the modes n, exactly, in chunks of particles (memory
+    O(chunk_elems), not N × len(n))."""
+    out = np.zeros(len(n), complex)
+    step = max(1, chunk_elems // max(1, len(n)))
+    for s in range(0, th.size, step):
+        out += np.exp(-1j * np.outer(n, th[s:s + step])).sum(axis=1)
+    return out / th.size
 
 
 def _circular_w1(seg_len, f_lo, f_hi):

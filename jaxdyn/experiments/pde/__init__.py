@@ -7,9 +7,15 @@ phases), a sweep over β (and σ, seeds): ρ(θ, t), the cluster count against t
 rates against λ_k; mass and positivity.
 
 ``mode: particles``: ρ0 = (1 + a cos kθ)/(2π); N particles sampled from ρ0 (inverse CDF) run by
-``jaxdyn.simulate`` (SphereAttention, d = 2) and compared with ρ(t) in W1 on S¹ (exact, by
-CDFs) at a few times, for N over a range and several seeds; one cloud's kernel density for the
-figure; the cost of a density step and of a particle step.
+``jaxdyn.simulate`` (SphereAttention, d = 2, or with ``particles.kernel: fourier`` the O(N K)
+field ``jaxdyn.pde.CircleAttention``, equal to it to rounding) and compared with ρ(t) in W1 on S¹
+(exact, by CDFs) at a few times, for N over a range and several seeds; one cloud's kernel density
+for the figure; the cost of a density step and of a particle step.
+
+``mode: s2``: the density on S² (``SphereDensity``, n_lat × 2n_lat cells) from two bumps; N
+particles sampled from ρ0 run by ``jaxdyn.simulate`` (d = 3); W2 (exact assignment) from the
+particles to N samples of ρ(t) against the null level of two samples of ρ(t) (docs/math.md §C.5);
+one cloud's kernel density on the grid for the figure; the zonal growth rates.
 """
 
 from .figures import plot

@@ -26,8 +26,47 @@ def _label(lab, cfg=None):
     return text or (f"β = {cfg['beta']:g}" if cfg else "")
 
 
+def _plot_s2(cfg, ds, out_dir, plt):
+    """S²: the density against the kernel density of the largest cloud (lat–lon maps) at the
+    compared times; W2 of the particles to ρ(t) against the null level of two samples."""
+    lab, d = grid_points(ds)[0]
+    tc = np.asarray(ds["t_compare"].values)
+    lon, lat = np.asarray(ds["lon"].values), np.asarray(ds["lat"].values)
+    ns = np.asarray(ds["n"].values, float)
+    figs = []
+    fig, axes = plt.subplots(2, len(tc), figsize=(3.3 * len(tc), 5.6), squeeze=False,
+                             gridspec_kw={"hspace": 0.45})
+    top = 4 * np.pi * max(float(np.asarray(d["rho_compare"].values).max()),
+                          float(np.asarray(d["kde_compare"].values).max()))
+    for j, t in enumerate(tc):
+        for row, (name, what) in enumerate((("rho_compare", "density"), ("kde_compare", f"KDE, N = {int(ns.max())}"))):
+            ax = axes[row][j]
+            im = ax.pcolormesh(np.degrees(lon), 90 - np.degrees(lat), 4 * np.pi * np.asarray(d[name].values)[j],
+                               vmin=0, vmax=top, shading="auto", cmap="magma", rasterized=True)
+            ax.set_title(f"{what}, t = {t:g}", fontsize=9)
+            ax.set_xlabel("longitude (°)" if row else "")
+            if j == 0:
+                ax.set_ylabel("latitude (°)")
+    fig.colorbar(im, ax=axes.ravel().tolist(), label="4π ρ", shrink=0.8)
+    figs.append(plots.save(fig, out_dir / "s2_density_vs_kde.png"))
+    fig, ax = plt.subplots(figsize=(5.4, 4.0))
+    for j, t in enumerate(tc):
+        ax.errorbar(ns, np.asarray(d["w2_particles"].values)[:, j], yerr=np.asarray(d["w2_particles_sem"].values)[:, j],
+                    fmt="o-", color=f"C{j}", ms=4, capsize=2, label=f"particles vs ρ(t), t = {t:g}")
+        ax.errorbar(ns, np.asarray(d["w2_null"].values)[:, j], yerr=np.asarray(d["w2_null_sem"].values)[:, j],
+                    fmt="s--", color=f"C{j}", ms=3, mfc="none", capsize=2, label=f"two samples of ρ(t), t = {t:g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _style(ax, "particles N", "W2 (exact assignment)",
+           f"S², β = {cfg['beta']:g}, {cfg['n_lat']}×{2 * cfg['n_lat']} cells")
+    figs.append(plots.save(fig, out_dir / "s2_w2.png"))
+    return figs
+
+
 def plot(cfg, ds, out_dir):
     plt = plots.pyplot()
+    if cfg["mode"] == "s2":
+        return _plot_s2(cfg, ds, Path(out_dir), plt)
     from matplotlib.colors import LogNorm
 
     out_dir = Path(out_dir)

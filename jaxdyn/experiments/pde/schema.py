@@ -6,7 +6,7 @@ import jax
 
 from ...config import ConfigError, Field, all_positive, at_least, nonnegative, positive
 
-MODES = ("clusters", "particles")
+MODES = ("clusters", "particles", "s2")
 
 PARTICLE_FIELDS = {
     "n": Field("list", [100, 1000], "particle counts N", item="int", check=all_positive),
@@ -14,8 +14,9 @@ PARTICLE_FIELDS = {
                      check=all_positive),
     "dt": Field("float", 0.1, "particle step (projected RK4)", check=positive),
     "times": Field("list", [0.0, 2.0, 4.0], "times at which W1(particles, ρ) is measured", item="float"),
-    "kernel": Field("str", "auto", "attention kernel of the particle field",
-                    choices=("auto", "dense", "blocked")),
+    "kernel": Field("str", "auto", "attention kernel of the particle field (fourier: "
+                    "jaxdyn.pde.CircleAttention, O(N K), equal to dense to rounding)",
+                    choices=("auto", "dense", "blocked", "fourier")),
     "dtype": Field("str", "float32", "particle floating type", choices=("float32", "float64")),
     "kde_bandwidth": Field("float", 0.03, "bandwidth of the figure's kernel density", check=positive),
     "timing_m": Field("int", 4096, "grid size M of the timed density step", check=at_least(8)),
@@ -38,6 +39,9 @@ SCHEMA = {
     "init_amp": Field("float", 0.5, "particles: the amplitude a (|a| < 1)"),
     "growth_k": Field("int", 12, "modes k = 1..K whose linear growth rates are measured", check=at_least(1)),
     "particles": Field("section", {}, "particle runs (mode: particles)", schema=PARTICLE_FIELDS),
+    "n_lat": Field("int", 24, "s2: latitude cells (n_lon = 2 n_lat)", check=at_least(4)),
+    "s2_kappa": Field("float", 3.0, "s2: ρ0 ∝ e^{κ(⟨x,e1⟩−1)} + e^{κ(⟨x,(0,1,1)/√2⟩−1)}, the κ",
+                      check=positive),
     "figure_betas": Field("list", [], "β values shown in the space–time figure (default: all)", item="float"),
 }
 
@@ -54,10 +58,12 @@ def check(cfg):
     if len(p["repeats"]) not in (1, len(p["n"])):
         raise ConfigError(f"config field 'particles.repeats': one value or one per N ({len(p['n'])}), "
                           f"got {p['repeats']}")
-    if cfg["mode"] == "particles" and any(not 0 <= t <= cfg["t1"] for t in p["times"]):
+    if cfg["mode"] in ("particles", "s2") and any(not 0 <= t <= cfg["t1"] for t in p["times"]):
         raise ConfigError(f"config field 'particles.times': every time must lie in [0, t1 = {cfg['t1']}]")
     warns = []
-    if cfg["mode"] == "particles" and max(p["n"]) > 30000:
+    if cfg["mode"] == "s2" and max(p["n"]) > 3000:
+        warns.append(f"s2: N = {max(p['n'])}: W2 by exact assignment costs O(N³) a pair")
+    if cfg["mode"] == "particles" and max(p["n"]) > 30000 and p["kernel"] != "fourier":
         warns.append(f"N = {max(p['n'])}: each particle step costs O(N²) kernel evaluations "
                      "(blocked kernel); on a few CPU cores this takes hours")
     return warns
@@ -65,13 +71,17 @@ def check(cfg):
 
 def estimate_bytes(pc):
     item = 8 if pc["dtype"] == "float64" else 4
-    m = pc["m"]
+    m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
     est = item * (pc["n_save"] * m + 40 * m)
+    if pc["mode"] == "s2":  # the longitude-FFT kernel (n_lat² n_lon complex) and W2's N×N costs
+        n = max(pc["particles"]["n"])
+        return est + 16 * 8 * pc["n_lat"] ** 2 * 2 * pc["n_lat"] + 8 * 4 * n * n
     if pc["mode"] == "particles":
         n = max(pc["particles"]["n"])
-        est += 4 * (min(n, 1024) * n + 16 * n)
+        est += 8 * 256 * n if pc["particles"]["kernel"] == "fourier" else 4 * (min(n, 1024) * n + 16 * n)
     return est
 
 
 def output_bytes(pc):
-    return 8 * (pc["n_save"] * pc["m"] + 4 * pc["m"] + 64)
+    m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
+    return 8 * ((pc["n_save"] + 8) * m + 4 * m + 64)

@@ -24,7 +24,37 @@ def _f(x):
     return None if not np.isfinite(x) else x
 
 
+def _slope(ns, w):
+    return round(float(np.polyfit(np.log(ns), np.log(w), 1)[0]), 3)
+
+
+def _summarize_s2(cfg, ds):
+    """S²: W2 of the particles to samples of ρ(t) against the null level of two samples, per N
+    and t (means over seeds, fitted slopes), the excess √(d_pρ² − d_ρρ²), mass, positivity,
+    zonal growth rates against λ_l."""
+    rows = []
+    for label, d in grid_points(ds):
+        ns = np.asarray(ds["n"].values, float)
+        g, th = np.asarray(d["growth_measured"].values), np.asarray(d["growth_theory"].values)
+        per_t = {}
+        for j, t in enumerate(np.asarray(ds["t_compare"].values)):
+            dp = np.asarray(d["w2_particles"].values)[:, j]
+            dd = np.asarray(d["w2_null"].values)[:, j]
+            per_t[f"t={t:g}"] = {"w2_particles": [float(v) for v in dp], "w2_null": [float(v) for v in dd],
+                                 "ratio": [round(float(a / b), 3) for a, b in zip(dp, dd)],
+                                 "excess": [float(np.sqrt(max(a * a - b * b, 0.0))) for a, b in zip(dp, dd)],
+                                 "slope_particles": _slope(ns, dp), "slope_null": _slope(ns, dd)}
+        rows.append({**label, "n": [int(v) for v in ns], "per_time": per_t,
+                     "growth_rate_max_rel_error": float(np.max(np.abs(g / th - 1))),
+                     "mass_error": float(d["mass_error"]), "min_rho": float(d["min_rho"]),
+                     "solve_seconds": round(float(d["solve_seconds"]), 2), "steps": int(d["num_steps"])})
+    return {"points": rows, "max_mass_error": max(r["mass_error"] for r in rows),
+            "min_rho": min(r["min_rho"] for r in rows)}
+
+
 def summarize(cfg, ds):
+    if cfg["mode"] == "s2":
+        return _summarize_s2(cfg, ds)
     rows = []
     worst_growth = 0.0
     for label, d in grid_points(ds):
@@ -64,16 +94,18 @@ def summarize(cfg, ds):
                                      "w1": [float(v) for v in w[:, j]],
                                      "density_grid_w1_error": float(d["density_w1_grid_error"].values[j])}
             ps = np.asarray(d["particle_step_seconds"].values)
+            power = 1 if cfg["particles"]["kernel"] == "fourier" else 2
             for key, entry in per_t.items():
                 # the N whose particle W1 (prefactor·N^{-1/2}, fitted) equals the density's own
-                # W1 error at this M, and the particle step there (extrapolated ∝ N² from the
-                # largest N timed; only meaningful when M equals timing_m)
+                # W1 error at this M, and the particle step there (extrapolated from the largest
+                # N timed, ∝ N² for the dense/blocked kernels, ∝ N for the Fourier one, whose K
+                # does not depend on N; only meaningful when M equals timing_m)
                 err = entry["density_grid_w1_error"]
                 if err > 0:
                     n_eq = (entry["prefactor"] / err) ** 2
                     entry["n_equivalent"] = float(f"{n_eq:.3g}")
                     entry["particle_step_seconds_at_n_equivalent"] = float(
-                        f"{ps[-1] * (n_eq / ns[-1]) ** 2:.3g}")
+                        f"{ps[-1] * (n_eq / ns[-1]) ** power:.3g}")
             fits.append({**label, "per_time": per_t, "n": [int(v) for v in ns],
                          "particle_step_seconds": [float(v) for v in ps],
                          "density_step_seconds": float(d["density_step_seconds"]),
