@@ -110,10 +110,12 @@ def main(argv=None):
         jax.vmap(jax.random.PRNGKey)(jnp.arange(nsys)))
     eye = np.eye(2)
     Ds = [np.diag([dd, 1.0]) for dd in ds]
-    models = jaxdyn.stack_models([
+    per_dd = jaxdyn.stack_models([
         jaxdyn.SphereAttention(jnp.asarray(eye, dtype), jnp.asarray(D, dtype),
                                jnp.asarray(D, dtype), args.beta, normalization="unnormalized")
-        for D in Ds for _ in range(args.runs)])
+        for D in Ds])
+    # each dd's model repeated for its runs (one stack of num_ds, not of num_ds × runs, models)
+    models = jax.tree.map(lambda a: jnp.repeat(a, args.runs, axis=0), per_dd)
     t1 = args.steps * args.tau
     print(f"tfdy split: {args.num_ds} dd × {args.runs} runs × n = {args.n}, {args.steps} steps "
           f"of τ = {args.tau} ({args.dtype})", flush=True)
