@@ -6,6 +6,7 @@
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR [--movie]                            redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
+    jaxdyn run CONFIG --out DIR --distributed              one process of several (jax.distributed)
 
 Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
 as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
@@ -58,6 +59,14 @@ def _cmd_run(args):
     from .config import ConfigError, load_yaml
     from .io import CONFIG_FILE
 
+    if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
+        from .simulation import DistributedSetupError, initialize_distributed
+
+        try:
+            initialize_distributed()
+        except DistributedSetupError as e:
+            raise ConfigError(f"--distributed: {e}") from None
+
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise ConfigError("give either --out DIR or --resume DIR, not both")
     if args.resume and args.force:
@@ -86,6 +95,8 @@ def _cmd_run(args):
     args.out_dir = out
     res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,
                          force=args.force)
+    if not res.writer:  # another process of a --distributed run: its one line is printed
+        return 0
     if res.status == "ok":
         print(f"jaxdyn: done in {res.summary['elapsed_seconds']:.1f}s; results in {out}/ "
               f"({', '.join(['config.yaml', 'summary.json', 'data.nc'] + [Path(f).name for f in res.figures])})")
@@ -140,6 +151,10 @@ def build_parser():
                    help="run into a non-empty --out that is not a run of this config, replacing "
                         "the results there (other files are left alone)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--distributed", action="store_true",
+                   help="one of several processes (jax.distributed) running this config into the "
+                        "same --out: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, "
+                        "or a cluster JAX detects (SLURM); process 0 writes")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
     rep.add_argument("dir")

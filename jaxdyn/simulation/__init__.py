@@ -26,3 +26,11 @@ from ._sharding import (
     sharded_vmap as sharded_vmap,
     sweep_mesh as sweep_mesh,
 )
+from ._distributed import (
+    DistributedSetupError as DistributedSetupError,
+    abandon_cluster as abandon_cluster,
+    all_gather_rows as all_gather_rows,
+    cluster_from_env as cluster_from_env,
+    initialize_distributed as initialize_distributed,
+    is_lost_process_error as is_lost_process_error,
+)
