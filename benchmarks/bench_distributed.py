@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, add_common_args, machine_info, plt, save_figure, write_json
+from common import RESULTS, ROOT, add_common_args, machine_info, plt, save_figure, write_json
 
 CONFIG = ROOT / "configs" / "sweep_large.yaml"
 TINY = ["--set", "sweep.n=[64]", "--set", "sweep.seed=[0,1]", "--set", "t1=1.0"]
@@ -117,7 +117,11 @@ def main():
     p = add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--rounds", type=int, default=1, help="rounds (each runs both layouts)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before giving up")
+    p.add_argument("--replot", action="store_true", help="redraw the figure from the saved JSON")
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads((RESULTS / f"distributed{args.tag}.json").read_text()), args.tag)
+        return
     extra = TINY if args.tiny else []
     runs = {"1x2": [], "2x1": []}
     with tempfile.TemporaryDirectory(prefix="bench_distributed_") as tmp:
@@ -148,19 +152,24 @@ def main():
     print("2x1 / 1x2: " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items())
           + f"; data.nc identical: {identical}")
     if not args.no_plot:
-        fig, ax = plt().subplots(figsize=(6.4, 3.2))
-        labels = ["whole command", "engine", "chunk compute", "CPU (all processes)"]
-        xs = range(len(keys))
-        w = 0.38
-        for j, lay in enumerate(("1x2", "2x1")):
-            ax.bar([x + (j - 0.5) * w for x in xs], [med(lay, k) for k in keys], w,
-                   label=data["layouts"][lay])
-        ax.set_xticks(list(xs), labels)
-        ax.set_ylabel("seconds")
-        ax.set_title("sweep_large: one process x 2 devices vs two processes x 1 device")
-        ax.legend(fontsize=8)
-        save_figure(fig, "distributed" + args.tag)
+        plot(data, args.tag)
 
+
+def plot(data, tag=""):
+    keys = ("wall_s", "engine_s", "chunks_s", "cpu_s")
+    fig, ax = plt().subplots(figsize=(6.4, 3.4))
+    labels = ["whole command", "engine", "chunk\ncompute", "CPU\n(all processes)"]
+    w = 0.38
+    for j, lay in enumerate(("1x2", "2x1")):
+        ax.bar([x + (j - 0.5) * w for x in range(len(keys))],
+               [data["median"][lay][k] for k in keys], w, label=data["layouts"][lay])
+    ax.set_xticks(list(range(len(keys))), labels)
+    ax.set_ylabel("seconds")
+    r = data["ratio_2x1_over_1x2"]
+    ax.set_title(f"sweep_large: 2 processes x 1 device / 1 process x 2 devices = "
+                 f"{r['wall_s']:.2f} (wall), {r['cpu_s']:.2f} (CPU)", fontsize=9)
+    ax.legend(fontsize=8)
+    save_figure(fig, "distributed" + tag)
 
 if __name__ == "__main__":
     main()

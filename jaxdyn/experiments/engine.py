@@ -430,10 +430,16 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
         log(f"warning: {w}")
     out = Path(out_dir)
     h = config_hash(cfg)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a folder")
-    if resume and not (out / jio.CONFIG_FILE).is_file():
-        raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
+    failure = None  # with several processes, a refusal on any of them is shared (below)
+    try:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} exists and is not a folder")
+        if resume and not (out / jio.CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
+    except ConfigError as e:
+        if not multi:
+            raise
+        failure = e
     import jax
 
     # With several processes (jax.distributed), all compute and process 0 writes; the
@@ -457,9 +463,9 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     try:
         # With several processes a refusal on any of them is shared (every process stops),
         # and they agree on the config before process 0 touches the folder.
-        failure = None
         try:
-            check_memory(cfg, per_point, peak_est, process_est, n_dev)
+            if failure is None:
+                check_memory(cfg, per_point, peak_est, process_est, n_dev)
         except ConfigError as e:
             if not multi:
                 raise
@@ -605,13 +611,24 @@ def _hash_row(h: str) -> list:
     return [int(h[i:i + 4], 16) for i in range(0, 16, 4)]  # 16 hex digits in int32s
 
 
+def _gather(row):
+    """``all_gather_rows(row)``; a process lost meanwhile is a :class:`ProcessLostError`."""
+    from ..simulation import all_gather_rows
+
+    try:
+        return all_gather_rows(row)
+    except Exception as e:
+        lost = _lost_process(e)
+        if lost is None:
+            raise
+        raise lost from None
+
+
 def _agree_on_run(h, resume, n_chunks, failure):
     """Several processes: all of them start the run, or all refuse it. Every process shares
     its refusal (memory; on process 0 the folder checks) and its config hash, resume flag and
     chunk count; a difference from process 0 is a refusal on every process, naming it."""
-    from ..simulation import all_gather_rows
-
-    rows = all_gather_rows([failure is not None, bool(resume), n_chunks] + _hash_row(h))
+    rows = _gather([failure is not None, bool(resume), n_chunks] + _hash_row(h))
     _raise_refusals(rows[:, 0], failure)
     for i in range(1, rows.shape[0]):
         if rows[i, 1] != rows[0, 1]:
@@ -634,6 +651,8 @@ def _lost_process(e):
 
     from ..simulation import abandon_cluster, is_lost_process_error
 
+    if isinstance(e, ProcessLostError):
+        return e
     if isinstance(e, (KeyboardInterrupt, SystemExit)) or not is_lost_process_error(e):
         return None
     abandon_cluster()
@@ -645,9 +664,7 @@ def _lost_process(e):
 def _share_refusal(failure):
     """Several processes: raise ``failure`` here, or a refusal naming the process that
     refused, if any process refused."""
-    from ..simulation import all_gather_rows
-
-    _raise_refusals(all_gather_rows([failure is not None])[:, 0], failure)
+    _raise_refusals(_gather([failure is not None])[:, 0], failure)
 
 
 def _raise_refusals(flags, failure):
@@ -670,8 +687,6 @@ def _process_index():
 def _shared_done(out, chunks, h, log, warns, writer):
     """Several processes: the chunks on disk, as process 0 finds them (it alone reads and
     cleans the folder), so that every process skips the same ones."""
-    from ..simulation import all_gather_rows
-
     done, err = [], None
     if writer:
         try:
@@ -681,7 +696,7 @@ def _shared_done(out, chunks, h, log, warns, writer):
     mask = np.zeros(len(chunks) + 1, np.int32)
     mask[0] = err is not None
     mask[[1 + ci for ci in done]] = 1
-    rows = all_gather_rows(mask)
+    rows = _gather(mask)
     _raise_refusals(rows[:1, 0], err)
     return [int(ci) for ci in np.flatnonzero(rows[0, 1:])]
 

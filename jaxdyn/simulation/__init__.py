@@ -1,6 +1,7 @@
 """Drivers of the particle integrators: ``simulate`` (one system, jitted; vmap it for sweeps),
 ``simulate_ensemble`` (thousands of small sphere systems on the vector lanes), the time grid
-they share, and sharding (sweeps over devices, one large system split by queries)."""
+they share, sharding (sweeps over devices, one large system split by queries) and several
+processes (``jax.distributed``)."""
 
 from ._simulate import (
     METHODS as METHODS,
