@@ -62,6 +62,9 @@ def _cmd_run(args):
     if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
         from .simulation import DistributedSetupError, initialize_distributed
 
+        if not (args.out or args.resume):
+            raise ConfigError("--distributed needs --out DIR (or --resume DIR): the same folder "
+                              "for every process")
         try:
             initialize_distributed()
         except DistributedSetupError as e:

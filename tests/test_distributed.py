@@ -307,3 +307,24 @@ def test_cluster_from_env_names_what_is_wrong():
     assert is_lost_process_error(ValueError("UNKNOWN: Gloo all-to-all failed: Read error: "
                                             "Connection reset by peer"))
     assert not is_lost_process_error(ValueError("shapes do not match"))
+
+
+def test_cli_distributed_refusals_name_the_problem(tmp_path, monkeypatch, capsys):
+    from jaxdyn.cli import main
+
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    for k in [k for k in os.environ if k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))]:
+        monkeypatch.delenv(k)
+    assert main(["run", str(cfg), "--distributed", "--quiet"]) == 2
+    assert "--distributed needs --out DIR" in capsys.readouterr().err
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
+    assert "--distributed: JAX_NUM_PROCESSES, JAX_PROCESS_ID not set" in capsys.readouterr().err
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    import jax
+
+    jax.devices()  # JAX runs in this process: too late to join a cluster
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
+    assert "--distributed: JAX has already started in this process" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
