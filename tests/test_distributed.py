@@ -289,6 +289,40 @@ def test_killed_coordinator_stops_the_other(tmp_path):
         "chunk_00000.npz", "chunk_00001.npz"]
 
 
+TERM_WORKER = """
+import os, signal, sys
+from jaxdyn.experiments import engine
+from jaxdyn.cli import main
+
+def hook(ci):  # a preemption notice to process 1 only, once it has computed its second chunk
+    if ci == 1 and os.environ["JAX_PROCESS_ID"] == "1":
+        os.kill(os.getpid(), signal.SIGTERM)
+
+run = engine.run_experiment
+engine.run_experiment = lambda *a, **k: run(*a, **k, compute_hook=hook)
+import jaxdyn.experiments
+jaxdyn.experiments.run_experiment = engine.run_experiment
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--quiet"]))
+"""
+
+
+@pytest.mark.slow  # default-suite counterpart: test_killed_process_stops_the_other_cleanly
+def test_sigterm_to_one_process_stops_all_at_one_chunk(tmp_path):
+    """SIGTERM to process 1 (JAX's preemption service catches it): both processes stop at the
+    same chunk boundary as interrupted (exit 143, status interrupted, chunks kept)."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump({**SWEEP, "t1": 10.0,
+                                   "sweep": {"beta": [0.5 * (i + 1) for i in range(20)], "seed": [0]}}))
+    out = tmp_path / "term"
+    cmd = [sys.executable, "-c", textwrap.dedent(TERM_WORKER), str(cfg), str(out)]
+    (rc0, _, err0), (rc1, _, err1) = _finish(_launch([cmd, cmd], _free_port()))
+    assert rc0 == rc1 == 128 + signal.SIGTERM, (err0[-2000:], err1[-2000:])
+    assert "interrupted; finished chunks are kept" in err0
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    assert not (out / "data.nc").exists()
+    assert 2 <= len(list((out / "chunks").glob("chunk_*.npz"))) < 10
+
+
 def test_cluster_from_env_names_what_is_wrong():
     assert cluster_from_env({}) == {}
     assert cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1234", "JAX_NUM_PROCESSES": "4",

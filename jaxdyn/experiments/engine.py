@@ -521,6 +521,8 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
             path = jio.chunk_path(out, ci)
             if ci in done:
                 continue
+            if multi:
+                _stop_if_preempted()
             pcs = [point_config(cfg, points[i]) for i in idxs]
             t0 = time.time()
             vars_, coords = kind.run_points(pcs)
@@ -581,6 +583,10 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
         lost = _lost_process(e) if multi else None
         if lost is not None:
             e = lost
+        elif multi:  # this process stops on its own: leave now, so that the others stop too
+            from ..simulation import abandon_cluster
+
+            abandon_cluster(_exit_status(e))
         if writer:
             try:
                 jio.write_json(out / jio.SUMMARY_FILE, {
@@ -676,6 +682,37 @@ def _raise_refusals(flags, failure):
     if bad.size:
         raise ConfigError(f"process {int(bad[0])} refused the run (its message says why); every "
                           "process stops")
+
+
+_SYNC_STEPS = itertools.count()  # chunk boundaries, counted alike by every process
+
+
+def _stop_if_preempted():
+    """Several processes: SIGTERM to any of them (a preemption notice; JAX's preemption
+    service catches it) stops all of them at the same chunk boundary, as an interrupt."""
+    import signal
+
+    from jax.experimental import multihost_utils
+
+    try:
+        stop = multihost_utils.reached_preemption_sync_point(next(_SYNC_STEPS))
+    except RuntimeError:  # the preemption service is off: signals reach the CLI's handler
+        return
+    if stop:
+        jio.PENDING_SIGNALS.append(int(signal.SIGTERM))
+        raise KeyboardInterrupt(f"signal {int(signal.SIGTERM)} (a preemption notice: every "
+                                "process stops at this chunk)")
+
+
+def _exit_status(e) -> int:
+    """The CLI's exit status for ``e`` (README, "What `jaxdyn run` writes")."""
+    if isinstance(e, ConfigError):
+        return 4 if isinstance(e, RunLockedError) else 2
+    if isinstance(e, KeyboardInterrupt):
+        return 128 + int(jio.PENDING_SIGNALS[-1] if jio.PENDING_SIGNALS else 2)
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else 1
+    return 1
 
 
 def _process_index():

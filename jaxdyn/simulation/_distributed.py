@@ -128,11 +128,14 @@ def is_lost_process_error(e: BaseException) -> bool:
                                    "heartbeat", "coordination service", "nccl", "socket closed"))
 
 
-def abandon_cluster():
-    """Mark this process's cluster as broken (another process died). At exit the process
-    then ends at once with :data:`LOST_EXIT_STATUS`, skipping JAX's shutdown barrier, which
-    would wait for the dead process until its heartbeat times out and then abort."""
-    _LOST.append(True)
+def abandon_cluster(status: int = LOST_EXIT_STATUS):
+    """Mark this process's part in the cluster as over: another process died, or this one
+    stops mid-run on its own (an error, a signal). At exit the process then ends at once with
+    ``status`` (the last one given), skipping JAX's shutdown barrier: that barrier would wait
+    for a dead process until its heartbeat times out and then abort, and while this process
+    waits in it, a process still in a collective with it would wait too. Leaving closes the
+    connections, so the others' collectives fail at once."""
+    _LOST.append(int(status))
 
 
 def _exit_if_abandoned():
@@ -142,4 +145,4 @@ def _exit_if_abandoned():
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
                 pass
-        os._exit(LOST_EXIT_STATUS)
+        os._exit(_LOST[-1])
