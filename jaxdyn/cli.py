@@ -6,6 +6,7 @@
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR [--movie]                            redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
+    jaxdyn run CONFIG --out DIR --distributed              one process of several (jax.distributed)
 
 Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
 as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
@@ -75,6 +76,17 @@ def _cmd_run(args):
     from .config import ConfigError, load_yaml
     from .io import CONFIG_FILE
 
+    if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
+        from .simulation import DistributedSetupError, initialize_distributed
+
+        if not (args.out or args.resume):
+            raise ConfigError("--distributed needs --out DIR (or --resume DIR): the same folder "
+                              "for every process")
+        try:
+            initialize_distributed()
+        except DistributedSetupError as e:
+            raise ConfigError(f"--distributed: {e}") from None
+
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise ConfigError("give either --out DIR or --resume DIR, not both")
     if args.resume and args.force:
@@ -104,6 +116,8 @@ def _cmd_run(args):
     args.out_dir = out
     res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,
                          force=args.force)
+    if not res.writer:  # another process of a --distributed run: its one line is printed
+        return 0
     if res.status == "ok":
         sm = res.summary
         timing = (f" ({sm['compile_seconds']:.1f}s compiling, {sm['compute_seconds']:.1f}s "
@@ -164,6 +178,10 @@ def build_parser():
     r.add_argument("--no-cache", action="store_true",
                    help="do not use the persistent compilation cache (~/.cache/jaxdyn/jax; "
                         "also JAXDYN_NO_CACHE=1)")
+    r.add_argument("--distributed", action="store_true",
+                   help="one of several processes (jax.distributed) running this config into the "
+                        "same --out: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, "
+                        "or a cluster JAX detects (SLURM); process 0 writes")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
     rep.add_argument("dir")

@@ -65,6 +65,7 @@ class RunResult:
     chunks_computed: int
     chunks_skipped: int
     warnings: list
+    writer: bool = True  # False on the processes other than 0 of a jax.distributed run
 
 
 def resolve_config(raw: dict) -> dict:
@@ -185,6 +186,11 @@ def _compile_stats() -> dict:
 
 class RunLockedError(ConfigError):
     """Another process holds the run folder's lock (the message names it)."""
+
+
+class ProcessLostError(ConnectionError):
+    """Another process of a ``jax.distributed`` run stopped mid-run; this one stops too
+    (finished chunks are kept: ``--resume`` with any number of processes)."""
 
 
 class RunLock:
@@ -426,20 +432,33 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     compile0 = _compile_stats()
     cfg = resolve_config(raw_or_cfg)
     kind = get_kind(cfg["kind"])
+    multi, writer = _process_role()
+    if not writer:  # one line, then silence: process 0 reports
+        import jax
+
+        log(f"jaxdyn: process {jax.process_index()} of {jax.process_count()} on "
+            f"{platform.node()} ({jax.local_device_count()} {jax.default_backend()} device(s)): "
+            f"computing its share of every chunk of '{cfg['name']}'; process 0 writes {out_dir}")
+        log, progress = (lambda *_: None), False
     warns = list(kind.check(cfg) or [])
     for w in warns:
         log(f"warning: {w}")
     out = Path(out_dir)
     h = config_hash(cfg)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a folder")
-    if resume and not (out / jio.CONFIG_FILE).is_file():
-        raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
+    failure = None  # with several processes, a refusal on any of them is shared (below)
+    try:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} exists and is not a folder")
+        if resume and not (out / jio.CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {out}: no {jio.CONFIG_FILE} there; nothing to resume")
+    except ConfigError as e:
+        if not multi:
+            raise
+        failure = e
     import jax
 
     # With several processes (jax.distributed), all compute and process 0 writes; the
     # output folder must be on a filesystem they share.
-    writer = jax.process_index() == 0
     n_dev = len(jax.devices())
     axes, points = grid_points(cfg)
     if not points:
@@ -452,29 +471,46 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     base_rss = _max_rss()
     out_bytes = sum(int(getattr(kind, "output_bytes", lambda pc: 0)(point_config(cfg, p)))
                     for p in points)
-    allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (n_dev - 1)
+    allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (jax.local_device_count() - 1)
     process_est = base_rss + allowance + 2 * peak_est + 3 * out_bytes
-    check_memory(cfg, per_point, peak_est, process_est, n_dev)
-
     cfg_file = out / jio.CONFIG_FILE
     lock = None
-    if writer:
-        _check_out(out)
-        lock = RunLock(out).acquire()
     try:
-        if writer:
-            _prepare_folder(out, h, resume=resume, force=force)
-            _remove_stale_temporaries(out)
-            jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
+        # With several processes a refusal on any of them is shared (every process stops),
+        # and they agree on the config before process 0 touches the folder.
+        try:
+            if failure is None:
+                check_memory(cfg, per_point, peak_est, process_est, n_dev)
+        except ConfigError as e:
+            if not multi:
+                raise
+            failure = e
+        if multi:
+            _agree_on_run(h, resume, len(chunks), failure)
+        try:
+            if writer:
+                _check_out(out)
+                lock = RunLock(out).acquire()
+                _prepare_folder(out, h, resume=resume, force=force)
+                _remove_stale_temporaries(out)
+                jio.atomic_write_text(cfg_file, yaml.safe_dump(cfg, sort_keys=False))
+        except ConfigError as e:
+            if not multi:
+                raise
+            failure = e
+        if multi:
+            _share_refusal(failure)
         return _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer,
-                           peak_est, process_est, allowance, progress, log, compute_hook, compile0)
+                           peak_est, process_est, allowance, progress, log, compute_hook, compile0,
+                           multi)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, peak_est,
-                process_est, allowance, progress, log, compute_hook, compile0=None):
+                process_est, allowance, progress, log, compute_hook, compile0=None,
+                multi=False):
     import jax
 
     log(f"jaxdyn: {cfg['kind']} '{cfg['name']}': {len(points)} grid point(s) in {len(chunks)} "
@@ -493,13 +529,18 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
     compute_s = 0.0  # chunk seconds less the compilation inside them
     done: list = []
     try:
-        done = _existing_chunks(out, chunks, h, log, warns) if writer else []
+        if multi:
+            done = _shared_done(out, chunks, h, log, warns, writer)
+        else:
+            done = _existing_chunks(out, chunks, h, log, warns)
         bar = _progress(len(chunks), len(done), progress)
         for ci, idxs in enumerate(chunks):
             check_interrupt()
             path = jio.chunk_path(out, ci)
             if ci in done:
                 continue
+            if multi:
+                _stop_if_preempted()
             pcs = [point_config(cfg, points[i]) for i in idxs]
             t0 = time.time()
             c0 = _compile_seconds()
@@ -533,7 +574,7 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
             bar.close()
             bar = None
         if not writer:
-            return RunResult(out, "ok", base, [], computed, len(done), warns)
+            return RunResult(out, "ok", base, [], computed, len(done), warns, writer=False)
         ds = merge_chunks(cfg, out, axes, points, chunks, config_hash=h)
         check_interrupt()
         jio.write_dataset(ds, out / jio.DATA_FILE)
@@ -575,6 +616,13 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
         jio.write_json(out / jio.SUMMARY_FILE, summary)
     except BaseException as e:
         status = "interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
+        lost = _lost_process(e) if multi else None
+        if lost is not None:
+            e = lost
+        elif multi:  # this process stops on its own: leave now, so that the others stop too
+            from ..simulation import abandon_cluster
+
+            abandon_cluster(_exit_status(e))
         if writer:
             try:
                 jio.write_json(out / jio.SUMMARY_FILE, {
@@ -582,6 +630,8 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
                     "error": f"{type(e).__name__}: {e}"})
             except OSError:  # the disk is full: the summary keeps its last state
                 pass
+        if lost is not None:
+            raise lost from None
         raise
     finally:
         if bar is not None:
@@ -603,6 +653,141 @@ def _bar_sink(bar, ci, base):
             bar.refresh()
 
     return sink
+
+
+def _process_role() -> tuple[bool, bool]:
+    """(several processes?, is this process the writer?) — without starting JAX when this
+    process has not joined a ``jax.distributed`` cluster."""
+    import jax
+
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+        return False, True
+    return True, jax.process_index() == 0
+
+
+def _hash_row(h: str) -> list:
+    return [int(h[i:i + 4], 16) for i in range(0, 16, 4)]  # 16 hex digits in int32s
+
+
+def _gather(row):
+    """``all_gather_rows(row)``; a process lost meanwhile is a :class:`ProcessLostError`."""
+    from ..simulation import all_gather_rows
+
+    try:
+        return all_gather_rows(row)
+    except Exception as e:
+        lost = _lost_process(e)
+        if lost is None:
+            raise
+        raise lost from None
+
+
+def _agree_on_run(h, resume, n_chunks, failure):
+    """Several processes: all of them start the run, or all refuse it. Every process shares
+    its refusal (memory; on process 0 the folder checks) and its config hash, resume flag and
+    chunk count; a difference from process 0 is a refusal on every process, naming it."""
+    rows = _gather([failure is not None, bool(resume), n_chunks] + _hash_row(h))
+    _raise_refusals(rows[:, 0], failure)
+    for i in range(1, rows.shape[0]):
+        if rows[i, 1] != rows[0, 1]:
+            raise ConfigError(f"process {i} was started {'with' if rows[i, 1] else 'without'} "
+                              f"--resume and process 0 {'with' if rows[0, 1] else 'without'}; "
+                              "every process must be started with the same arguments")
+        if list(rows[i, 2:]) != list(rows[0, 2:]):
+            which = "this process" if i == _process_index() else f"process {i}"
+            raise ConfigError(f"{which}'s config differs from process 0's (config hash "
+                              f"{''.join(f'{v:04x}' for v in rows[i, 3:])} vs "
+                              f"{''.join(f'{v:04x}' for v in rows[0, 3:])}, {rows[i, 2]} vs "
+                              f"{rows[0, 2]} chunks): every process must run the same config "
+                              "(same file, --set and dtype)")
+
+
+def _lost_process(e):
+    """A :class:`ProcessLostError` if ``e`` says another process went away, else None; the
+    cluster is then marked abandoned (this process exits without JAX's shutdown barrier)."""
+    import jax
+
+    from ..simulation import abandon_cluster, is_lost_process_error
+
+    if isinstance(e, ProcessLostError):
+        return e
+    if isinstance(e, (KeyboardInterrupt, SystemExit)) or not is_lost_process_error(e):
+        return None
+    abandon_cluster()
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return ProcessLostError(f"process {jax.process_index()} of {jax.process_count()}: another "
+                            f"process of this run stopped ({first}); this one stops too")
+
+
+def _share_refusal(failure):
+    """Several processes: raise ``failure`` here, or a refusal naming the process that
+    refused, if any process refused."""
+    _raise_refusals(_gather([failure is not None])[:, 0], failure)
+
+
+def _raise_refusals(flags, failure):
+    """This process's ``failure`` if any, else a refusal naming the first process whose flag
+    is set (its own message says why)."""
+    if failure is not None:
+        raise failure
+    bad = np.flatnonzero(flags)
+    if bad.size:
+        raise ConfigError(f"process {int(bad[0])} refused the run (its message says why); every "
+                          "process stops")
+
+
+_SYNC_STEPS = itertools.count()  # chunk boundaries, counted alike by every process
+
+
+def _stop_if_preempted():
+    """Several processes: SIGTERM to any of them (a preemption notice; JAX's preemption
+    service catches it) stops all of them at the same chunk boundary, as an interrupt."""
+    import signal
+
+    from jax.experimental import multihost_utils
+
+    try:
+        stop = multihost_utils.reached_preemption_sync_point(next(_SYNC_STEPS))
+    except RuntimeError:  # the preemption service is off: signals reach the CLI's handler
+        return
+    if stop:
+        jio.PENDING_SIGNALS.append(int(signal.SIGTERM))
+        raise KeyboardInterrupt(f"signal {int(signal.SIGTERM)} (a preemption notice: every "
+                                "process stops at this chunk)")
+
+
+def _exit_status(e) -> int:
+    """The CLI's exit status for ``e`` (README, "What `jaxdyn run` writes")."""
+    if isinstance(e, ConfigError):
+        return 4 if isinstance(e, RunLockedError) else 2
+    if isinstance(e, KeyboardInterrupt):
+        return 128 + int(jio.PENDING_SIGNALS[-1] if jio.PENDING_SIGNALS else 2)
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else 1
+    return 1
+
+
+def _process_index():
+    import jax
+
+    return jax.process_index()
+
+
+def _shared_done(out, chunks, h, log, warns, writer):
+    """Several processes: the chunks on disk, as process 0 finds them (it alone reads and
+    cleans the folder), so that every process skips the same ones."""
+    done, err = [], None
+    if writer:
+        try:
+            done = _existing_chunks(out, chunks, h, log, warns)
+        except ConfigError as e:
+            err = e
+    mask = np.zeros(len(chunks) + 1, np.int32)
+    mask[0] = err is not None
+    mask[[1 + ci for ci in done]] = 1
+    rows = _gather(mask)
+    _raise_refusals(rows[:1, 0], err)
+    return [int(ci) for ci in np.flatnonzero(rows[0, 1:])]
 
 
 def merge_chunks(cfg, out, axes, points, chunks, config_hash=None):

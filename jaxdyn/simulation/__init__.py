@@ -1,6 +1,7 @@
 """Drivers of the particle integrators: ``simulate`` (one system, jitted; vmap it for sweeps),
 ``simulate_ensemble`` (thousands of small sphere systems on the vector lanes), the time grid
-they share, and sharding (sweeps over devices, one large system split by queries)."""
+they share, sharding (sweeps over devices, one large system split by queries) and several
+processes (``jax.distributed``)."""
 
 from ._simulate import (
     METHODS as METHODS,
@@ -27,3 +28,11 @@ from ._sharding import (
     sweep_mesh as sweep_mesh,
 )
 from ._noise import SDE_METHODS as SDE_METHODS, gem_step as gem_step, simulate_sde as simulate_sde
+from ._distributed import (
+    DistributedSetupError as DistributedSetupError,
+    abandon_cluster as abandon_cluster,
+    all_gather_rows as all_gather_rows,
+    cluster_from_env as cluster_from_env,
+    initialize_distributed as initialize_distributed,
+    is_lost_process_error as is_lost_process_error,
+)

@@ -23,7 +23,9 @@ or the cluster's auto-detection) before anything else; ``jax.devices()`` then li
 devices of all processes and :func:`sweep_mesh` spans them, so the same ``shard_map`` code
 runs across hosts. Every process runs the same program and passes the same (global)
 arguments; for inputs too large to build everywhere, make global arrays with
-``jax.make_array_from_process_local_data``. (Tested here on one host only: CPU devices.)
+``jax.make_array_from_process_local_data``. :func:`jaxdyn.simulation.initialize_distributed`
+joins the cluster from the environment (tested here with two processes on one host over gloo:
+``tests/test_distributed.py``).
 
 ``shard_map`` is called with ``check_vma=False``: the kernels' scans start from fresh
 carries that the replication checker would otherwise reject.

@@ -1,0 +1,364 @@
+"""Several processes, one JAX cluster (``jax.distributed`` over gloo on CPU): two processes
+on localhost, a free port chosen at run time, one CPU device each.
+
+* The CLI form (``jaxdyn run CONFIG --out DIR --distributed``): a process started with another
+  config is refused on every process; a sweep whose chunks are split over both processes'
+  devices gives the Dataset of one process with two devices (the rule of the 4-devices-vs-1
+  test in ``tests/test_sweeps.py``: float32 config, ``atol = 1e-6``); only process 0 writes,
+  process 1 prints one line naming itself.
+* ``query_sharded_field`` with the queries split over both processes equals the field of one
+  process (float64, ``1e-12`` relative: the rule of ``tests/test_sharding.py``).
+* A process killed mid-run (SIGKILL after its second chunk): the other stops with a
+  ``ProcessLostError`` message and status 1, leaves no ``data.nc`` and a ``failed`` summary;
+  ``--resume`` on one process (two devices) finishes the run with the Dataset of an
+  uninterrupted run on that process, identical (the same device count: every device runs the
+  same program; across device counts the 1e-6 rule above applies).
+
+Every process is started with a hard timeout; ``JAXDYN_NO_HOST_DEVICES=1`` and single-threaded
+XLA keep each on one core.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from jaxdyn.experiments import run_experiment
+from jaxdyn.simulation import DistributedSetupError, cluster_from_env, is_lost_process_error
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 240  # seconds: a hang guard for each process, never reached when things work
+
+# 3 chunks of 2 systems (on 2 devices: one system of each chunk per process)
+SWEEP = {
+    "kind": "sphere", "name": "dist", "d": 3, "n": 32, "t1": 1.0, "dt": 0.05, "save_every": 10,
+    "snapshots": [0.0, 1.0], "chunk_size": 2,
+    "sweep": {"beta": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0], "seed": [0]},
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(port, pid, nproc=2):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))}
+    env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+               XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
+               JAX_PROCESS_ID=str(pid), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return env
+
+
+def _launch(cmds, port):
+    return [subprocess.Popen(cmd, env=_env(port, i), cwd=str(ROOT), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i, cmd in enumerate(cmds)]
+
+
+def _finish(procs, timeout=TIMEOUT):
+    """Wait for every process (killing all of them past ``timeout``); (rc, out, err) each."""
+    deadline = time.time() + timeout
+    res = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            pytest.fail(f"a process hung past {timeout}s:\n{out}\n{err[-3000:]}")
+        res.append((p.returncode, out, err))
+    return res
+
+
+def _load(d):
+    with xr.open_dataset(Path(d) / "data.nc", engine="h5netcdf") as ds:
+        return ds.load().drop_attrs()
+
+
+WORKER = """
+import json, os, sys
+import numpy as np
+from jaxdyn.cli import main
+good, bad, out_bad, out = sys.argv[1:5]
+pid = int(os.environ["JAX_PROCESS_ID"])
+res = {}
+print("--- mismatch", flush=True)
+res["rc_mismatch"] = main(["run", bad if pid == 1 else good, "--out", out_bad, "--distributed", "--quiet"])
+print("--- run", flush=True)
+res["rc_run"] = main(["run", good, "--out", out, "--distributed", "--quiet"])
+print("--- field", flush=True)
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import jaxdyn
+from jaxdyn.simulation import query_sharded_field, sweep_mesh
+res["devices"] = [len(jax.devices()), len(jax.local_devices())]
+res["mesh_processes"] = len({d.process_index for d in sweep_mesh().devices.flat})
+rng = np.random.default_rng(0)
+d = 3
+Q, K, V = (jnp.asarray(rng.normal(size=(d, d)) * 0.5 + np.eye(d), jnp.float64) for _ in range(3))
+x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, jnp.float64)  # 103: padding exercised
+fields = {}
+m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16, q_block=8)
+a, b = np.asarray(query_sharded_field(m)(0.0, x)), np.asarray(m(0.0, x))
+fields["field"] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
+m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
+t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=0.5, dt=0.1, method="euler").xs)
+t_un = np.asarray(jaxdyn.simulate(m, x, t1=0.5, dt=0.1, method="euler").xs)
+fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), float(np.max(np.abs(t_un[-1] - t_un[0])))]
+res["fields"] = fields
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist")
+    good, bad = tmp / "good.yaml", tmp / "bad.yaml"
+    good.write_text(yaml.safe_dump(SWEEP))
+    bad.write_text(yaml.safe_dump({**SWEEP, "n": 24}))
+    cmd = [sys.executable, "-c", textwrap.dedent(WORKER), str(good), str(bad),
+           str(tmp / "refused"), str(tmp / "run")]
+    res = _finish(_launch([cmd, cmd], _free_port()))
+    for rc, out, err in res:
+        assert rc == 0 and "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
+    results = [json.loads(out.split("RESULT ", 1)[1]) for _, out, _ in res]
+    return {"tmp": tmp, "procs": res, "results": results}
+
+
+def _section(out, name):
+    return out.split(f"--- {name}\n", 1)[1].split("\n--- ", 1)[0]
+
+
+def test_mismatched_config_is_refused_on_every_process(two_processes):
+    (_, out0, err0), (_, out1, err1) = two_processes["procs"]
+    r0, r1 = two_processes["results"]
+    assert r0["rc_mismatch"] == r1["rc_mismatch"] == 2
+    assert "process 1's config differs from process 0's" in err0
+    assert "this process's config differs from process 0's" in err1
+    # refused before process 0 touched the folder
+    refused = two_processes["tmp"] / "refused"
+    assert not refused.exists() or not any(refused.iterdir())
+
+
+def test_sweep_over_two_processes_equals_one_process(two_processes, killed):
+    r0, r1 = two_processes["results"]
+    assert r0["rc_run"] == r1["rc_run"] == 0
+    assert r0["devices"] == r1["devices"] == [2, 1]  # one cluster: 2 devices, 1 per process
+    assert r0["mesh_processes"] == 2
+    run = two_processes["tmp"] / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["versions"]["devices"] == 2
+    got, reference = _load(run), _load(killed["single"])
+    assert got.sizes == reference.sizes
+    for v in reference.data_vars:  # the 4-devices-vs-1 rule (float32 config)
+        np.testing.assert_allclose(got[v].values, reference[v].values, rtol=0, atol=1e-6,
+                                   err_msg=v)
+    moved = reference["mean_inner_product"].values
+    assert np.max(np.abs(moved[..., -1] - moved[..., 0])) > 1e-2  # the dynamics did something
+
+
+def test_only_process_0_writes_and_the_other_names_itself(two_processes):
+    (_, out0, _), (_, out1, _) = two_processes["procs"]
+    lines1 = [ln for ln in _section(out1, "run").splitlines() if ln.strip()]
+    assert len(lines1) == 1, lines1
+    assert lines1[0].startswith("jaxdyn: process 1 of 2 on ")
+    assert "process 0 writes" in lines1[0]
+    assert "jaxdyn: done" in _section(out0, "run")
+    assert len(list((two_processes["tmp"] / "run" / "chunks").glob("chunk_*.npz"))) == 3
+
+
+def test_query_sharded_field_over_two_processes_equals_one_process(two_processes):
+    for r in two_processes["results"]:
+        for label, (diff, scale) in r["fields"].items():
+            assert diff <= 1e-12 * max(scale, 1.0), (label, diff, scale)
+        assert r["fields"]["simulate"][1] > 1e-2  # the particles moved
+
+
+KILLED_WORKER = """
+import os, signal, sys
+from jaxdyn.simulation import initialize_distributed
+initialize_distributed()
+from jaxdyn.experiments import run_experiment
+import yaml
+
+def hook(ci):  # SIGKILL this process once it has computed its share of its second chunk
+    if ci == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+run_experiment(yaml.safe_load(open(sys.argv[1])), sys.argv[2], progress=False, compute_hook=hook)
+"""
+
+# One process with two (host) devices: resumes the killed run, then runs the sweep
+# uninterrupted (the single-process reference).
+SINGLE_WORKER = """
+import json, sys
+import jax
+import yaml
+from jaxdyn.experiments import run_experiment
+assert len(jax.devices()) == 2 and jax.process_count() == 1
+killed, ref, cfg = sys.argv[1:4]
+computed = []
+r = run_experiment(yaml.safe_load(open(killed + "/config.yaml")), killed, resume=True,
+                   progress=False, log=lambda *_: None, compute_hook=computed.append)
+r2 = run_experiment(yaml.safe_load(open(cfg)), ref, progress=False, log=lambda *_: None)
+print("RESULT " + json.dumps({"computed": computed, "status": [r.status, r2.status]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """Process 1 SIGKILLs itself after its second chunk; then one process resumes the run."""
+    tmp = tmp_path_factory.mktemp("killed")
+    cfg = tmp / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    out = tmp / "killed"
+    procs = _launch([[sys.executable, "-m", "jaxdyn.cli", "run", str(cfg), "--out", str(out),
+                      "--distributed", "--quiet"],
+                     [sys.executable, "-c", textwrap.dedent(KILLED_WORKER), str(cfg), str(out)]],
+                    _free_port())
+    t0 = time.time()
+    (rc0, _, err0), (rc1, _, _) = _finish(procs)
+    after_kill = {"rc": [rc0, rc1], "err0": err0, "seconds": time.time() - t0,
+                  "data_nc": (out / "data.nc").exists(),
+                  "summary": json.loads((out / "summary.json").read_text()),
+                  "chunks": sorted(p.name for p in (out / "chunks").glob("chunk_*.npz"))}
+    env = {k: v for k, v in _env(0, 0).items() if not k.startswith("JAX_")}
+    env.update(JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false")
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(SINGLE_WORKER), str(out),
+                        str(tmp / "single"), str(cfg)], env=env, cwd=str(ROOT), capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert p.returncode == 0 and "RESULT " in p.stdout, p.stderr[-4000:]
+    return {"after_kill": after_kill, "resumed": json.loads(p.stdout.split("RESULT ", 1)[1]),
+            "out": out, "single": tmp / "single"}
+
+
+def test_killed_process_stops_the_other_cleanly(killed):
+    k = killed["after_kill"]
+    rc0, rc1 = k["rc"]
+    assert rc1 == -signal.SIGKILL
+    assert rc0 == 1, k["err0"][-3000:]
+    err0 = k["err0"]
+    assert "ProcessLostError" in err0 and "another process of this run stopped" in err0, err0[-3000:]
+    assert "resume with: jaxdyn run --resume" in err0
+    assert "Check failure stack trace" not in err0  # ended by us, not by JAX's shutdown abort
+    assert not k["data_nc"]
+    assert k["summary"]["status"] == "failed" and "ProcessLostError" in k["summary"]["error"]
+    assert k["chunks"] == ["chunk_00000.npz", "chunk_00001.npz"]
+
+
+def test_resume_with_another_process_count_gives_the_identical_dataset(killed):
+    r = killed["resumed"]
+    assert r["status"] == ["ok", "ok"] and r["computed"] == [2]
+    xr.testing.assert_identical(_load(killed["out"]), _load(killed["single"]))
+
+
+@pytest.mark.slow  # default-suite counterpart: test_killed_process_stops_the_other_cleanly
+def test_killed_coordinator_stops_the_other(tmp_path):
+    """Process 0 (the coordinator and the writer) SIGKILLed after writing two chunks: process 1
+    ends within the hang guard with a failure status (our ProcessLostError, or JAX's own
+    termination when its coordination service notices first), and no data.nc exists."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    out = tmp_path / "killed"
+    procs = _launch([[sys.executable, "-c", textwrap.dedent(KILLED_WORKER), str(cfg), str(out)],
+                     [sys.executable, "-m", "jaxdyn.cli", "run", str(cfg), "--out", str(out),
+                      "--distributed", "--quiet"]], _free_port())
+    (rc0, _, _), (rc1, _, err1) = _finish(procs)
+    assert rc0 == -signal.SIGKILL
+    assert rc1 != 0, err1[-3000:]
+    assert ("another process of this run stopped" in err1
+            or "JAX distributed service detected fatal errors" in err1), err1[-3000:]
+    assert not (out / "data.nc").exists()
+    assert sorted(p.name for p in (out / "chunks").glob("chunk_*.npz")) == [
+        "chunk_00000.npz", "chunk_00001.npz"]
+
+
+TERM_WORKER = """
+import os, signal, sys
+from jaxdyn.experiments import engine
+from jaxdyn.cli import main
+
+def hook(ci):  # a preemption notice to process 1 only, once it has computed its second chunk
+    if ci == 1 and os.environ["JAX_PROCESS_ID"] == "1":
+        os.kill(os.getpid(), signal.SIGTERM)
+
+run = engine.run_experiment
+engine.run_experiment = lambda *a, **k: run(*a, **k, compute_hook=hook)
+import jaxdyn.experiments
+jaxdyn.experiments.run_experiment = engine.run_experiment
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--quiet"]))
+"""
+
+
+@pytest.mark.slow  # default-suite counterpart: test_killed_process_stops_the_other_cleanly
+def test_sigterm_to_one_process_stops_all_at_one_chunk(tmp_path):
+    """SIGTERM to process 1 (JAX's preemption service catches it): both processes stop at the
+    same chunk boundary as interrupted (exit 143, status interrupted, chunks kept)."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump({**SWEEP, "t1": 10.0,
+                                   "sweep": {"beta": [0.5 * (i + 1) for i in range(20)], "seed": [0]}}))
+    out = tmp_path / "term"
+    cmd = [sys.executable, "-c", textwrap.dedent(TERM_WORKER), str(cfg), str(out)]
+    (rc0, _, err0), (rc1, _, err1) = _finish(_launch([cmd, cmd], _free_port()))
+    assert rc0 == rc1 == 128 + signal.SIGTERM, (err0[-2000:], err1[-2000:])
+    assert "interrupted; finished chunks are kept" in err0
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    assert not (out / "data.nc").exists()
+    assert 2 <= len(list((out / "chunks").glob("chunk_*.npz"))) < 10
+
+
+def test_cluster_from_env_names_what_is_wrong():
+    assert cluster_from_env({}) == {}
+    assert cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1234", "JAX_NUM_PROCESSES": "4",
+                             "JAX_PROCESS_ID": "3"}) == {
+        "coordinator_address": "h:1234", "num_processes": 4, "process_id": 3}
+    cases = [({"JAX_COORDINATOR_ADDRESS": "h:1"}, "JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"),
+             ({"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
+              "must be HOST:PORT"),
+             ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
+              "JAX_NUM_PROCESSES='two' is not an integer"),
+             ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
+              "JAX_PROCESS_ID=2 must be below JAX_NUM_PROCESSES=2")]
+    for env, msg in cases:
+        with pytest.raises(DistributedSetupError, match=msg):
+            cluster_from_env(env)
+    assert is_lost_process_error(ValueError("UNKNOWN: Gloo all-to-all failed: Read error: "
+                                            "Connection reset by peer"))
+    assert not is_lost_process_error(ValueError("shapes do not match"))
+
+
+def test_cli_distributed_refusals_name_the_problem(tmp_path, monkeypatch, capsys):
+    from jaxdyn.cli import main
+
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    for k in [k for k in os.environ if k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))]:
+        monkeypatch.delenv(k)
+    assert main(["run", str(cfg), "--distributed", "--quiet"]) == 2
+    assert "--distributed needs --out DIR" in capsys.readouterr().err
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
+    assert "--distributed: JAX_NUM_PROCESSES, JAX_PROCESS_ID not set" in capsys.readouterr().err
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    import jax
+
+    jax.devices()  # JAX runs in this process: too late to join a cluster
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
+    assert "--distributed: JAX has already started in this process" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
