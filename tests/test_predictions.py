@@ -6,6 +6,7 @@ Config-only checks and summaries of constructed arrays: no dynamics run here."""
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -130,7 +131,7 @@ def test_summary_flags_two_betas_and_an_overtake_without_metastable_phase():
     assert tp["beta=10"]["phases_separate"] is False and tp["beta=1000"]["phases_separate"] is True
     assert res["fit_argmin_t_vs_log_beta"]["r2"] is None
     assert res["fit_min_w2_vs_beta"]["r2"] is None and "upper bound" in res["fit_min_w2_vs_beta"]["note"]
-    # The overtake fit keeps only β = 1000 (metastable, separable): one point, no fit.
+    # The overtake fit keeps only β = 1000 (a metastable phase): one point, no fit.
     assert res["fit_overtake_t_vs_log_beta"]["n_points"] == 1
     assert res["fit_overtake_t_vs_log_beta"]["slope"] is None
     w = " | ".join(res["warnings"])
@@ -150,3 +151,134 @@ def test_summary_reports_which_reading_holds_the_mass():
     assert r["final_mass_V_magnitude"] == 0.0
     f = res["fit_overtake_t_vs_log_beta"]
     assert f["n_points"] == 4 and f["slope"] == pytest.approx(0.0) and "warning" not in f
+
+
+# ---------------------------------------------------------------- Paper B's architectures
+
+from jaxdyn.config import ConfigError  # noqa: E402
+from jaxdyn.encoder import (DeitConfig, ModernBertConfig, embed_deit, encode_deit,  # noqa: E402
+                            encode_modernbert, init_deit, init_modernbert)
+from jaxdyn.encoder._archs import rope  # noqa: E402
+
+
+def _np_ln(x, g, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(var + eps) * g
+    return y if b is None else y + b
+
+
+def _np_attn(q, k, v, allowed):
+    """Loops over heads and queries: q, k, v (s, H, dh); allowed(i, j) -> bool."""
+    s, H, dh = q.shape
+    out = np.zeros((s, H, dh))
+    for h in range(H):
+        for i in range(s):
+            js = [j for j in range(s) if allowed(i, j)]
+            z = np.array([q[i, h] @ k[j, h] for j in js]) / math.sqrt(dh)
+            w = np.exp(z - z.max())
+            out[i, h] = sum(wj * v[j, h] for wj, j in zip(w / w.sum(), js))
+    return out.reshape(s, H * dh)
+
+
+def _np_rope(x, theta):  # x (s, H, dh): pairs (i, i + dh/2) rotated by p·θ^(-2i/dh)
+    s, H, dh = x.shape
+    out = x.copy()
+    for p in range(s):
+        for i in range(dh // 2):
+            a = p * theta ** (-2 * i / dh)
+            c, sn = math.cos(a), math.sin(a)
+            out[p, :, i] = c * x[p, :, i] - sn * x[p, :, i + dh // 2]
+            out[p, :, i + dh // 2] = sn * x[p, :, i] + c * x[p, :, i + dh // 2]
+    return out
+
+
+def _gelu_np(x):
+    from scipy.special import erf
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def test_modernbert_matches_a_loop_reference_and_its_windows():
+    import jax
+    with jax.enable_x64(True):
+        cfg = ModernBertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=6,
+                               num_hidden_layers=3, local_attention=4)
+        p = init_modernbert(cfg, jax.random.PRNGKey(0), dtype=np.float64)
+        # non-trivial norms, so that γ enters the comparison
+        p = p.__class__(**{**{f: getattr(p, f) for f in p.__dataclass_fields__},
+                           "attn_norm": 1 + 0.1 * jax.random.normal(jax.random.PRNGKey(1), (3, 8), np.float64),
+                           "mlp_norm": 1 + 0.1 * jax.random.normal(jax.random.PRNGKey(2), (3, 8), np.float64)})
+        h0 = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (1, 7, 8), np.float64))
+        hs = encode_modernbert(p, cfg, h0)
+        x = h0[0]
+        for l in range(3):
+            P = {f: np.asarray(getattr(p, f))[l] for f in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
+            u = x if l == 0 else _np_ln(x, P["attn_norm"], None, 1e-5)
+            qkv = (u @ P["wqkv"]).reshape(7, 3, 2, 4)
+            glob = l % 3 == 0
+            th = 160000.0 if glob else 10000.0
+            allowed = (lambda i, j: True) if glob else (lambda i, j: abs(i - j) <= 2)
+            x = x + _np_attn(_np_rope(qkv[:, 0], th), _np_rope(qkv[:, 1], th), qkv[:, 2], allowed) @ P["wo"]
+            y = _np_ln(x, P["mlp_norm"], None, 1e-5) @ P["wi"]
+            x = x + (_gelu_np(y[:, :6]) * y[:, 6:]) @ P["wf"]
+            np.testing.assert_allclose(np.asarray(hs[l + 1])[0], x, rtol=1e-12, atol=1e-13)
+        # RoPE: scores depend on relative position only, norms are kept.
+        v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), (2, 1, 1, 8), np.float64))
+        q = np.asarray(rope(np.broadcast_to(v[0], (1, 9, 1, 8)), 10000.0))[0, :, 0]
+        k = np.asarray(rope(np.broadcast_to(v[1], (1, 9, 1, 8)), 10000.0))[0, :, 0]
+        np.testing.assert_allclose(q[5] @ k[2], q[6] @ k[3], rtol=1e-13)
+        np.testing.assert_allclose(np.linalg.norm(q, axis=-1), np.linalg.norm(v[0]), rtol=1e-13)
+
+
+def test_published_initialisations():
+    import jax
+    from scipy.stats import truncnorm
+    sd2 = truncnorm.std(-2, 2)  # std of N(0,1) truncated at ±2: 0.8796
+    # the published shapes, without drawing them
+    base = jax.eval_shape(lambda k: init_modernbert(ModernBertConfig(), k), jax.random.PRNGKey(0))
+    assert base.wqkv.shape == (22, 768, 3 * 768) and base.wi.shape == (22, 768, 2 * 1152)
+    tiny = jax.eval_shape(lambda k: init_deit(DeitConfig(), k), jax.random.PRNGKey(0))
+    assert tiny.wqkv.shape == (12, 192, 576) and tiny.pos_embed.shape == (197, 192)
+    # the laws, on narrower widths (σ_out = 0.02 / sqrt(2·2 layers))
+    p = init_modernbert(ModernBertConfig(hidden_size=128, num_attention_heads=2, intermediate_size=96,
+                                         num_hidden_layers=2), jax.random.PRNGKey(0))
+    for w, s in ((p.wqkv, 0.02), (p.wi, 0.02), (p.wo, 0.02 / 2), (p.wf, 0.02 / 2)):
+        w = np.asarray(w)
+        assert np.abs(w).max() <= 2 * s * (1 + 1e-6)
+        assert w.std() == pytest.approx(s * sd2, rel=0.03)
+    d = init_deit(DeitConfig(hidden_size=96, num_attention_heads=3, intermediate_size=128,
+                             num_hidden_layers=2), jax.random.PRNGKey(0))
+    assert np.asarray(d.w1).std() == pytest.approx(0.02, rel=0.03)
+    bound = 1 / math.sqrt(768)  # the patch convolution's fan-in 3·16·16
+    pw = np.asarray(d.patch_w)
+    assert np.abs(pw).max() <= bound and pw.std() == pytest.approx(bound / math.sqrt(3), rel=0.03)
+    assert float(np.abs(np.asarray(d.cls_token)).max()) < 1e-5
+
+
+def test_deit_patch_embedding_is_the_convolution_and_the_layers_run():
+    import jax
+    cfg = DeitConfig(hidden_size=12, num_attention_heads=3, intermediate_size=24, num_hidden_layers=2,
+                     image_size=48)
+    p = init_deit(cfg, jax.random.PRNGKey(0))
+    img = jax.random.normal(jax.random.PRNGKey(1), (2, 48, 48, 3))
+    tok = np.asarray(embed_deit(p, cfg, img))
+    assert tok.shape == (2, 10, 12)  # 3×3 patches and the class token
+    # the same map as a 16x16 stride-16 convolution (weight (out, C, P, P) from patch_w's rows)
+    w = np.asarray(p.patch_w).T.reshape(12, 3, 16, 16)
+    conv = jax.lax.conv_general_dilated(jnp.moveaxis(img, -1, 1), jnp.asarray(w, img.dtype), (16, 16), "VALID",
+                                        precision=jax.lax.Precision.HIGHEST)  # (b, 12, 3, 3)
+    ref = np.asarray(conv).reshape(2, 12, 9).transpose(0, 2, 1) + np.asarray(p.patch_b)
+    np.testing.assert_allclose(tok[:, 1:] - np.asarray(p.pos_embed)[1:], ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tok[:, 0], np.broadcast_to(np.asarray(p.cls_token + p.pos_embed[0]), (2, 12)),
+                               atol=1e-7)
+    hs = encode_deit(p, cfg, jnp.asarray(tok))
+    assert len(hs) == 3 and all(np.isfinite(np.asarray(h)).all() for h in hs)
+
+
+def test_gaussianity_refuses_a_pretrained_modernbert():
+    from jaxdyn.experiments import gaussianity
+
+    with pytest.raises(ConfigError, match="no offline pretrained checkpoint"):
+        gaussianity.check(resolve_config({"kind": "gaussianity", "name": "g", "architecture": "modernbert"}))
+    for path in ("configs/gaussianity_modernbert_random.yaml", "configs/gaussianity_deit_random.yaml"):
+        assert gaussianity.check(_cfg(path)) == []

@@ -43,8 +43,7 @@ def plot(cfg, ds, out_dir):
             ylabel="argmin_t W2", line=True,
             title=f"argmin t vs log β: slope {f2['slope']:.3f}, R² {_r2(f2)}"))
         f3 = res["fit_overtake_t_vs_log_beta"]
-        ot = np.array([r["overtake_time"] if r["overtake_time"] is not None and r["metastable"]
-                       and r.get("phases_separate", True) else np.nan
+        ot = np.array([r["overtake_time"] if r["overtake_time"] is not None and r["metastable"] else np.nan
                        for r in res["terminal_phase"].values()], float)
         if np.isfinite(ot).sum() >= 2:
             figs.append(plots.scatter_fit(

@@ -48,7 +48,7 @@ def run_points(pcs):
         "finite": ((), finite),
     }
     bM = magnitude_basis(p0)  # Conjecture 1's second reading, recorded where it differs
-    if bM.shape != basis_V.shape or subspace_angle(bM, basis_V) > 1e-9:
+    if bM.shape != basis_V.shape or subspace_angle(bM, basis_V) > 1e-6:  # arccos: ~1e-8 for equal spaces
         vars_["mass_V_magnitude"] = (("t",), np.asarray(mass_near(jnp.asarray(xs_np), jnp.asarray(bM, dtype), near)))
     if "coupling" in p0["w2_methods"]:
         vars_["w2_coupling"] = (("t",), coup)

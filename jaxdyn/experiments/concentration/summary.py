@@ -115,15 +115,16 @@ def analyse(cfg, ds, angle_rad=None):
             warns.append(f"β = {b:g}: an overtake time {ot:g} is reported but the mass near E never "
                          f"exceeded metastable_mass = {thr:g} (max {peak:.3g}): no metastable phase "
                          f"before the terminal one")
-        if ot is not None and r["metastable"] and r.get("phases_separate", True):
+        if ot is not None and r["metastable"]:
             over[i] = ot
         tp[f"beta={b:g}"] = r
     res["terminal_phase"] = tp
     if len(betas) >= 2:
         # The observable of Theorem 1's log β time scale: when the mass near E(V) overtakes the
-        # mass near E, over the β with a metastable phase whose phases can separate.
+        # mass near E, over the β with a metastable phase (phases_separate says where the
+        # softmax width also lies well below the angle between E and E(V)).
         res["fit_overtake_t_vs_log_beta"] = fit_report(
-            "fit_overtake_t_vs_log_beta (β with a metastable phase whose phases separate)",
+            "fit_overtake_t_vs_log_beta (β with a metastable phase)",
             np.log(betas), over, warns)
     if "mass_V_magnitude" in ds:
         mM = rows(reduce_beta(ds, "mass_V_magnitude"), len(betas))
