@@ -201,21 +201,22 @@ def _gelu_np(x):
 def test_modernbert_matches_a_loop_reference_and_its_windows():
     import jax
     with jax.enable_x64(True):
+        # layer 0 global (no attention norm), layer 1 local (window ±2)
         cfg = ModernBertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=6,
-                               num_hidden_layers=3, local_attention=4)
+                               num_hidden_layers=2, local_attention=4, global_attn_every_n_layers=2)
         p = init_modernbert(cfg, jax.random.PRNGKey(0), dtype=np.float64)
         # non-trivial norms, so that γ enters the comparison
         p = p.__class__(**{**{f: getattr(p, f) for f in p.__dataclass_fields__},
-                           "attn_norm": 1 + 0.1 * jax.random.normal(jax.random.PRNGKey(1), (3, 8), np.float64),
-                           "mlp_norm": 1 + 0.1 * jax.random.normal(jax.random.PRNGKey(2), (3, 8), np.float64)})
-        h0 = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (1, 7, 8), np.float64))
+                           "attn_norm": 1 + 0.1 * np.random.default_rng(1).normal(size=(2, 8)),
+                           "mlp_norm": 1 + 0.1 * np.random.default_rng(2).normal(size=(2, 8))})
+        h0 = np.random.default_rng(3).normal(size=(1, 7, 8))
         hs = encode_modernbert(p, cfg, h0)
         x = h0[0]
-        for l in range(3):
+        for l in range(2):
             P = {f: np.asarray(getattr(p, f))[l] for f in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
             u = x if l == 0 else _np_ln(x, P["attn_norm"], None, 1e-5)
             qkv = (u @ P["wqkv"]).reshape(7, 3, 2, 4)
-            glob = l % 3 == 0
+            glob = l == 0
             th = 160000.0 if glob else 10000.0
             allowed = (lambda i, j: True) if glob else (lambda i, j: abs(i - j) <= 2)
             x = x + _np_attn(_np_rope(qkv[:, 0], th), _np_rope(qkv[:, 1], th), qkv[:, 2], allowed) @ P["wo"]
@@ -223,22 +224,30 @@ def test_modernbert_matches_a_loop_reference_and_its_windows():
             x = x + (_gelu_np(y[:, :6]) * y[:, 6:]) @ P["wf"]
             np.testing.assert_allclose(np.asarray(hs[l + 1])[0], x, rtol=1e-12, atol=1e-13)
         # RoPE: scores depend on relative position only, norms are kept.
-        v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), (2, 1, 1, 8), np.float64))
+        v = np.random.default_rng(4).normal(size=(2, 1, 1, 8))
         q = np.asarray(rope(np.broadcast_to(v[0], (1, 9, 1, 8)), 10000.0))[0, :, 0]
         k = np.asarray(rope(np.broadcast_to(v[1], (1, 9, 1, 8)), 10000.0))[0, :, 0]
         np.testing.assert_allclose(q[5] @ k[2], q[6] @ k[3], rtol=1e-13)
         np.testing.assert_allclose(np.linalg.norm(q, axis=-1), np.linalg.norm(v[0]), rtol=1e-13)
 
 
-def test_published_initialisations():
+def test_published_shapes():
+    import jax
+    # the published sizes, traced without drawing them
+    base = jax.eval_shape(lambda k: init_modernbert(ModernBertConfig(), k), jax.random.PRNGKey(0))
+    assert base.wqkv.shape == (22, 768, 3 * 768) and base.wi.shape == (22, 768, 2 * 1152)
+    assert base.wf.shape == (22, 1152, 768)
+    assert [ModernBertConfig().is_global(l) for l in range(7)] == [True, False, False, True, False, False, True]
+    tiny = jax.eval_shape(lambda k: init_deit(DeitConfig(), k), jax.random.PRNGKey(0))
+    assert tiny.wqkv.shape == (12, 192, 576) and tiny.pos_embed.shape == (197, 192)
+    assert tiny.patch_w.shape == (768, 192) and DeitConfig().num_tokens == 197
+
+
+@pytest.mark.slow  # draws ~10⁵ weights per law; default-suite counterpart: test_published_shapes
+def test_published_initialisation_laws():
     import jax
     from scipy.stats import truncnorm
     sd2 = truncnorm.std(-2, 2)  # std of N(0,1) truncated at ±2: 0.8796
-    # the published shapes, without drawing them
-    base = jax.eval_shape(lambda k: init_modernbert(ModernBertConfig(), k), jax.random.PRNGKey(0))
-    assert base.wqkv.shape == (22, 768, 3 * 768) and base.wi.shape == (22, 768, 2 * 1152)
-    tiny = jax.eval_shape(lambda k: init_deit(DeitConfig(), k), jax.random.PRNGKey(0))
-    assert tiny.wqkv.shape == (12, 192, 576) and tiny.pos_embed.shape == (197, 192)
     # the laws, on narrower widths (σ_out = 0.02 / sqrt(2·2 layers))
     p = init_modernbert(ModernBertConfig(hidden_size=128, num_attention_heads=2, intermediate_size=96,
                                          num_hidden_layers=2), jax.random.PRNGKey(0))
@@ -255,6 +264,8 @@ def test_published_initialisations():
     assert float(np.abs(np.asarray(d.cls_token)).max()) < 1e-5
 
 
+@pytest.mark.slow  # default-suite counterparts: test_published_shapes (DeiT's sizes) and the ModernBERT
+# loop reference (the shared attention and LayerNorm code)
 def test_deit_patch_embedding_is_the_convolution_and_the_layers_run():
     import jax
     cfg = DeitConfig(hidden_size=12, num_attention_heads=3, intermediate_size=24, num_hidden_layers=2,
@@ -282,3 +293,18 @@ def test_gaussianity_refuses_a_pretrained_modernbert():
         gaussianity.check(resolve_config({"kind": "gaussianity", "name": "g", "architecture": "modernbert"}))
     for path in ("configs/gaussianity_modernbert_random.yaml", "configs/gaussianity_deit_random.yaml"):
         assert gaussianity.check(_cfg(path)) == []
+
+
+@pytest.mark.slow  # a whole (tiny) experiment; default-suite counterpart: the ModernBERT loop reference
+def test_gaussianity_runs_on_modernbert_and_says_which_model(tmp_path):
+    import json
+
+    from jaxdyn.experiments import run_experiment
+
+    cfg = {"kind": "gaussianity", "name": "tiny", "architecture": "modernbert", "layers": 3, "batch": 4,
+           "seq": 32, "n_dirs": 16, "n_floor": 2, "n_pc": 2, "model": "random"}
+    res = run_experiment(cfg, tmp_path / "g", progress=False, log=lambda *_: None)
+    assert res.status == "ok"
+    r = json.loads((tmp_path / "g" / "summary.json").read_text())["results"]
+    assert r["encoder"].startswith("ModernBERT-base's architecture") and "3 layers" in r["encoder"]
+    assert len(r["random, scale=1"]["sw2"]["value"]) == 4  # h_0 … h_3

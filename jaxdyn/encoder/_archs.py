@@ -133,8 +133,9 @@ class ModernBertParams(eqx.Module):
     final_norm: Float[Array, " d"]
 
 
+@eqx.filter_jit
 def init_modernbert(cfg: ModernBertConfig, key, *, dtype=jnp.float32) -> ModernBertParams:
-    """ModernBERT's published random initialisation (module docstring)."""
+    """ModernBERT's published random initialisation (module docstring). Jitted."""
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     std = cfg.initializer_range
     std_out = std / math.sqrt(2.0 * L)
@@ -257,8 +258,9 @@ class DeitParams(eqx.Module):
     pos_embed: Float[Array, "t d"]
 
 
+@eqx.filter_jit
 def init_deit(cfg: DeitConfig, key, *, dtype=jnp.float32) -> DeitParams:
-    """timm's ViT initialisation for DeiT (module docstring)."""
+    """timm's ViT initialisation for DeiT (module docstring). Jitted."""
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     fan_in = cfg.channels * cfg.patch_size ** 2
     k = jax.random.split(key, 8)
@@ -291,6 +293,11 @@ def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W 
     want = (cfg.image_size, cfg.image_size, cfg.channels)
     if images.ndim != 4 or tuple(images.shape[1:]) != want:
         raise ValueError(f"images must have shape (batch, {want[0]}, {want[1]}, {want[2]}), got {tuple(images.shape)}")
+    return _embed_deit(params, cfg, images)
+
+
+@eqx.filter_jit
+def _embed_deit(params, cfg, images):
     tok = _mm(patchify(images, cfg.patch_size), params.patch_w) + params.patch_b
     cls = jnp.broadcast_to(params.cls_token, (images.shape[0], 1, cfg.hidden_size))
     return jnp.concatenate([cls, tok], axis=1) + params.pos_embed
