@@ -66,6 +66,7 @@ def fit_report(name, x, y, warns):
     elif n < MIN_FIT_POINTS:
         out["warning"] = (f"{n} points: fewer than {MIN_FIT_POINTS}, the fit is indicative only"
                           + (" (R² is not reported on 2 points)" if n == 2 else ""))
+    if "warning" in out:
         warns.append(f"{name}: {out['warning']}")
     return out
 
