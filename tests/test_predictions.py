@@ -308,3 +308,23 @@ def test_gaussianity_runs_on_modernbert_and_says_which_model(tmp_path):
     r = json.loads((tmp_path / "g" / "summary.json").read_text())["results"]
     assert r["encoder"].startswith("ModernBERT-base's architecture") and "3 layers" in r["encoder"]
     assert len(r["random, scale=1"]["sw2"]["value"]) == 4  # h_0 … h_3
+
+
+@pytest.mark.slow  # a whole (small) run; default-suite counterparts: test_summary_reports_which_reading_holds_the_mass
+# and test_conjecture_readings_config_separates_the_readings
+def test_particles_choose_the_real_part_reading(tmp_path):
+    import json
+
+    from jaxdyn.experiments import run_experiment
+
+    cfg = {**load_yaml(ROOT / "configs/terminal_phase_readings.yaml"), "n": 256, "t1": 25.0, "dt": 0.05,
+           "save_every": 20, "sweep": {"beta": [300.0]}}
+    res = run_experiment(cfg, tmp_path / "r", progress=False, log=lambda *_: None)
+    assert res.status == "ok"
+    ds = xr.open_dataset(tmp_path / "r" / "data.nc", engine="h5netcdf").load()
+    assert "mass_V_magnitude" in ds
+    r = json.loads((tmp_path / "r" / "summary.json").read_text())["results"]
+    assert r["angle_E_EV_magnitude_deg"] == pytest.approx(90.0, abs=1e-6)
+    read = r["conjecture_1_readings"]["beta=300"]
+    assert read["chosen"] == "real part" and read["final_mass_V_real_part"] > 0.9
+    assert read["max_mass_V_magnitude"] < 0.05
