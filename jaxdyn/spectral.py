@@ -249,7 +249,8 @@ class Eigenspace(NamedTuple):
         return int(self.basis.shape[1])
 
 
-def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL) -> Eigenspace:
+def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL,
+                   by: str = "real") -> Eigenspace:
     r"""Eigenspace of the largest eigenvalue (by value) of M.
 
     ``symmetric=True`` (for M = V Bᵀ): uses the symmetric part (M + Mᵀ)/2 and ``eigh``; the
@@ -263,12 +264,21 @@ def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL) -> 
     spanned by Re v and Im v. For a defective eigenvalue only the eigenvectors (not the
     generalised ones) are spanned.
 
+    ``by="magnitude"`` (only with ``symmetric=False``): the other reading of Paper A's
+    Conjecture 1, the eigenvalues of largest modulus |λ| (within ``rtol · max|λ|``; they
+    dominate the power iteration Vᵏx, not the flow e^{tV}x). The two readings differ when
+    V has a dominant negative eigenvalue. ``value`` is then the modulus.
+
     Returns:
       :class:`Eigenspace` (basis, projector, value, eigenvalues), float64 numpy.
     """
     m = _square64("M", M)
     if not rtol > 0:
         raise ValueError(f"rtol must be positive, got {rtol}")
+    if by not in ("real", "magnitude"):
+        raise ValueError(f"by must be 'real' or 'magnitude', got {by!r}")
+    if by == "magnitude" and symmetric:
+        raise ValueError("by='magnitude' needs symmetric=False (the ordering of a general V)")
     if symmetric:
         w, u = np.linalg.eigh(_sym(m))
         w, u = w[::-1], u[:, ::-1]
@@ -279,10 +289,15 @@ def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL) -> 
     order = np.argsort(-w.real, kind="stable")
     w, u = w[order], u[:, order]
     scale = max(float(np.max(np.abs(w))), np.finfo(np.float64).tiny)
-    top = (w.real[0] - w.real) <= rtol * scale
+    if by == "magnitude":
+        top = (scale - np.abs(w)) <= rtol * scale
+        value = scale
+    else:
+        top = (w.real[0] - w.real) <= rtol * scale
+        value = float(w.real[0])
     vecs = u[:, top]
     basis = _orthonormal_basis(np.concatenate([vecs.real, vecs.imag], axis=1), 1e-9)
-    return Eigenspace(basis, basis @ basis.T, float(w.real[0]), w)
+    return Eigenspace(basis, basis @ basis.T, value, w)
 
 
 def subspace_angle(A, B) -> float:

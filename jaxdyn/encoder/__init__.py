@@ -1,5 +1,6 @@
 """A small JAX BERT-family encoder (loads local safetensors checkpoints such as the pretrained
-all-MiniLM-L6-v2) and the layer-by-layer Gaussianity measurements of Paper B's experiment."""
+all-MiniLM-L6-v2), Paper B's own architectures (ModernBERT-base, DeiT-tiny) with their published
+random initialisation, and the layer-by-layer Gaussianity measurements of Paper B's experiment."""
 
 from ._bert import (
     BertConfig as BertConfig,
@@ -19,4 +20,15 @@ from ._gaussianity import (
     gaussianity_profile as gaussianity_profile,
     measure_gaussianity as measure_gaussianity,
     nongaussian_stack as nongaussian_stack,
+)
+from ._archs import (
+    DeitConfig as DeitConfig,
+    DeitParams as DeitParams,
+    ModernBertConfig as ModernBertConfig,
+    ModernBertParams as ModernBertParams,
+    embed_deit as embed_deit,
+    encode_deit as encode_deit,
+    encode_modernbert as encode_modernbert,
+    init_deit as init_deit,
+    init_modernbert as init_modernbert,
 )

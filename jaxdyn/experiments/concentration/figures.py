@@ -10,6 +10,10 @@ from ... import plots
 from .summary import analyse, reduce_beta, rows
 
 
+def _r2(f):
+    return "n/a" if f["r2"] is None else f"{f['r2']:.3f}"
+
+
 def plot(cfg, ds, out_dir):
     out_dir = Path(out_dir)
     res = analyse(cfg, ds)
@@ -29,16 +33,35 @@ def plot(cfg, ds, out_dir):
         fit = res["fit_min_w2_vs_beta"]
         figs.append(plots.scatter_fit(
             betas, mins, out_dir / "min_w2_vs_beta.png", logx=True, logy=True, xlabel="β",
-            ylabel="min_t W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β)"),
-            title=f"slope {fit['loglog_slope']:.3f} (theory {fit['theory_slope_sqrt_logb_over_b']:.3f})"))
+            ylabel="min_t W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β) (a bound's scale)"),
+            title=f"slope {fit['loglog_slope']:.3f}; sqrt(log(β+1)/β): {fit['theory_slope_sqrt_logb_over_b']:.3f}"
+                  " (Theorem 1 bounds, does not predict)"))
         am = np.asarray(res["argmin_t"])
         f2 = res["fit_argmin_t_vs_log_beta"]
         figs.append(plots.scatter_fit(
             np.log(betas), am, out_dir / "argmin_t_vs_log_beta.png", xlabel="log β",
             ylabel="argmin_t W2", line=True,
-            title=f"argmin t vs log β: slope {f2['slope']:.3f}, R² {f2['r2']:.3f}"))
+            title=f"argmin t vs log β: slope {f2['slope']:.3f}, R² {_r2(f2)}"))
+        f3 = res["fit_overtake_t_vs_log_beta"]
+        ot = np.array([r["overtake_time"] if r["overtake_time"] is not None and r["metastable"] else np.nan
+                       for r in res["terminal_phase"].values()], float)
+        if np.isfinite(ot).sum() >= 2:
+            figs.append(plots.scatter_fit(
+                np.log(betas), ot, out_dir / "overtake_t_vs_log_beta.png", xlabel="log β",
+                ylabel="t: mass near E(V) overtakes mass near E", line=True,
+                title=f"overtake t vs log β: slope {f3['slope'] if f3['slope'] is None else round(f3['slope'], 3)}, "
+                      f"R² {_r2(f3)} ({f3['n_points']} metastable β)"))
     mE = rows(reduce_beta(ds, "mass_E"), len(betas))
     mV = rows(reduce_beta(ds, "mass_V"), len(betas))
     figs.append(plots.mass_fractions(ds["t"].values, betas, mE, mV, out_dir / "mass_fractions.png",
                                      angle=cfg["near_angle_deg"], title=cfg["name"]))
+    if "mass_V_magnitude" in ds:  # Conjecture 1's two readings of "the top eigenspace of V"
+        mM = rows(reduce_beta(ds, "mass_V_magnitude"), len(betas))
+        ys = {}
+        for b, v, m in zip(betas, mV, mM):
+            ys[f"β = {b:g}, top by real part"] = v
+            ys[f"β = {b:g}, dominant in magnitude"] = m
+        figs.append(plots.curves(ds["t"].values, ys, out_dir / "conjecture_readings.png", xlabel="t (depth)",
+                                 ylabel=f"mass within {cfg['near_angle_deg']:g}° of E(V)",
+                                 title=f"{cfg['name']}: Conjecture 1's two readings"))
     return figs

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...distances import w2_coupling, w2_exact, w2_sinkhorn
-from ...spectral import lyapunov, mass_near
+from ...spectral import lyapunov, mass_near, subspace_angle
 from .. import progress
 from .. import sphere_common as sc
-from .schema import spectral_info
+from .schema import magnitude_basis, spectral_info
 
 
 def _frames(model, xs, target, P_E, bE, bV, near):
@@ -100,6 +100,9 @@ def run_points(pcs):
         "mass_V": (("t",), mV),
         "finite": ((), finite),
     }
+    bM = magnitude_basis(p0)  # Conjecture 1's second reading, recorded where it differs
+    if bM.shape != basis_V.shape or subspace_angle(bM, basis_V) > 1e-6:  # arccos: ~1e-8 for equal spaces
+        vars_["mass_V_magnitude"] = (("t",), np.asarray(mass_near(jnp.asarray(xs_np), jnp.asarray(bM, dtype), near)))
     if "coupling" in p0["w2_methods"]:
         vars_["w2_coupling"] = (("t",), coup)
     P = len(pcs)

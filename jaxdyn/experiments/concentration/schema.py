@@ -24,7 +24,51 @@ SCHEMA = {
     "exact_max_n": Field("int", 4096, "largest N for the O(N³) exact assignment", check=at_least(1)),
     "near_angle_deg": Field("float", 8.0, "angle (degrees) defining 'near' a subspace", check=positive),
     "force": Field("bool", False, "run even when Assumption 1 fails (the conjecture regime)"),
+    "metastable_mass": Field("float", 0.1, "a metastable phase counts only where the mass within "
+                             "near_angle_deg of E exceeded this fraction (else overtake times are "
+                             "flagged)", check=positive),
 }
+
+# The regime conditions of docs/math.md §A.7–A.10 that the checker and the summary share.
+MIN_FIT_POINTS = 4      # a fit against β (or log β) on fewer points is indicative only
+SEPARATION = 2.0        # the phases separate only where β^{-1/2} < angle(E, E(V)) / SEPARATION
+
+
+def softmax_width(beta):
+    """β^{-1/2} (radians): the angular radius of the softmax cap of one query (§A.10)."""
+    return float(beta) ** -0.5
+
+
+def regime_warnings(betas, d, angle_rad, near_deg):
+    """Warnings for a β list (config or run): too few β values for a fit, β where the softmax
+    width β^{-1/2} is not well below the angle between E and E(V) (the metastable and terminal
+    phases cannot separate), β where it exceeds near_angle_deg (little mass can count as near
+    E even in a metastable phase). The N ≳ β^{(d-1)/2} warning is sphere_common's."""
+    warns = []
+    betas = sorted(set(float(b) for b in betas))
+    if 2 <= len(betas) < MIN_FIT_POINTS:
+        warns.append(f"only {len(betas)} β values: the fits against β (min_t W2, argmin_t W2, the "
+                     f"overtake time) need at least {MIN_FIT_POINTS} to mean anything"
+                     + (" (on 2 points R² = 1 by construction)" if len(betas) == 2 else ""))
+    if angle_rad > 0:
+        bad = [b for b in betas if softmax_width(b) >= angle_rad / SEPARATION]
+        if bad:
+            need = (SEPARATION / angle_rad) ** 2
+            warns.append(
+                f"at β ∈ {{{', '.join(f'{b:g}' for b in bad)}}} (d = {d}) the softmax width β^(-1/2) = "
+                f"{math.degrees(softmax_width(bad[0])):.2f}°" + (f"…{math.degrees(softmax_width(bad[-1])):.2f}°"
+                                                              if len(bad) > 1 else "")
+                + f" is not well below the angle {math.degrees(angle_rad):.2f}° between E and E(V) "
+                f"(needs β > {need:.0f}): the concentration on E and the drift to E(V) overlap there, so "
+                f"the phases cannot separate and an overtake time mixes the two (docs/math.md §A.9)")
+    near = math.radians(near_deg)
+    wide = [b for b in betas if softmax_width(b) > near]
+    if wide:
+        warns.append(
+            f"at β ∈ {{{', '.join(f'{b:g}' for b in wide)}}} the softmax width β^(-1/2) exceeds "
+            f"near_angle_deg = {near_deg:g}° (needs β > {near ** -2:.0f}): the concentration is wider "
+            f"than the 'near E' cap, so mass_E undercounts it and may never reach metastable_mass")
+    return warns
 
 
 BATCH_AXES = ("beta", "seed")
@@ -53,6 +97,9 @@ def check(cfg):
         if 0 < ang < 2 * cfg["near_angle_deg"]:
             warns.append(f"E(VBᵀ) and E(V) are {ang:.2f}° apart, less than twice near_angle_deg = "
                          f"{cfg['near_angle_deg']}°: the two 'near' regions overlap")
+        if cfg["normalization"] != "hardmax":
+            warns += regime_warnings(cfg["sweep"].get("beta", [cfg["beta"]]), d,
+                                     math.radians(ang), cfg["near_angle_deg"])
     return warns
 
 
@@ -72,3 +119,10 @@ def spectral_info(pc):
         pi = projection(Q, K, V, force=True)
         ev = top_eigenspace(V, symmetric=False)
         return pi, np.asarray(ev.basis)
+
+
+def magnitude_basis(pc):
+    """A basis of the eigenspace of V dominant in magnitude (Conjecture 1's second reading;
+    :func:`jaxdyn.spectral.top_eigenspace` with ``by="magnitude"``), float64."""
+    _, _, V = sc.build_weights(pc["weights"], pc["d"])
+    return np.asarray(top_eigenspace(V, symmetric=False, by="magnitude").basis)

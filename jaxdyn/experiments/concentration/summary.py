@@ -1,5 +1,6 @@
 """Kind ``concentration``: the fits of the summary (min W2 against β, argmin t against log β,
-the time mass_V overtakes mass_E) and the Assumption 1 report."""
+the time mass_V overtakes mass_E against log β), the Assumption 1 report, and the regime
+warnings (too few β for a fit, no metastable phase, phases that cannot separate)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import numpy as np
 
 from ...spectral import check_assumptions, subspace_angle
 from .. import sphere_common as sc
-from .schema import spectral_info
+from .schema import MIN_FIT_POINTS, SEPARATION, magnitude_basis, regime_warnings, softmax_width, spectral_info
+
+BOUND_NOTE = ("Theorem 1 is an upper bound with unknown constants: it gives min_t W2 ≤ "
+              "const·(log β/β)^{c/(2(C1+c))}, any exponent in (0, 1/2), so any negative slope is "
+              "consistent with it and the slope of sqrt(log(β+1)/β) is no prediction (docs/math.md §A.7)")
 
 
 def primary_w2(ds):
@@ -34,15 +39,36 @@ def rows(da, nb):
 
 
 def fit(x, y):
+    """Least-squares slope and R² over the finite points; R² is None on 2 points (where it is
+    1 by construction) and both are None on fewer."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 2:
         return None, None
     slope, icpt = np.polyfit(x[ok], y[ok], 1)
+    if ok.sum() == 2:
+        return float(slope), None
     pred = slope * x[ok] + icpt
     ss = np.sum((y[ok] - y[ok].mean()) ** 2)
     r2 = 1 - np.sum((y[ok] - pred) ** 2) / ss if ss > 0 else float("nan")
     return float(slope), float(r2)
+
+
+def fit_report(name, x, y, warns):
+    """``fit`` with its point count, and a warning (appended to ``warns``) when the points are
+    fewer than MIN_FIT_POINTS."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = int(np.sum(np.isfinite(x) & np.isfinite(y)))
+    s, r2 = fit(x, y)
+    out = {"slope": s, "r2": r2, "n_points": n}
+    if n < 2:
+        out["warning"] = f"{n} usable point(s): no fit"
+    elif n < MIN_FIT_POINTS:
+        out["warning"] = (f"{n} points: fewer than {MIN_FIT_POINTS}, the fit is indicative only"
+                          + (" (R² is not reported on 2 points)" if n == 2 else ""))
+    if "warning" in out:
+        warns.append(f"{name}: {out['warning']}")
+    return out
 
 
 def crossing(t, mE, mV):
@@ -54,7 +80,10 @@ def crossing(t, mE, mV):
     return float(t[after[0]]) if after.size else None
 
 
-def analyse(cfg, ds):
+def analyse(cfg, ds, angle_rad=None):
+    """The fits and per-β readings of a run. ``angle_rad`` (the angle between E and E(V)),
+    when given, adds whether the phases can separate at each β."""
+    warns = []
     var = primary_w2(ds)
     tdim = ds[var].dims[-1]
     t = ds[tdim].values
@@ -66,21 +95,51 @@ def analyse(cfg, ds):
     res = {"w2_variable": var, "beta": betas.tolist(), "min_w2": mins.tolist(),
            "argmin_t": argmins.tolist()}
     if len(betas) >= 2:
-        s, r2 = fit(np.log(betas), np.log(mins))
+        f1 = fit_report("fit_min_w2_vs_beta", np.log(betas), np.log(mins), warns)
         st, _ = fit(np.log(betas), np.log(theory))
-        res["fit_min_w2_vs_beta"] = {"loglog_slope": s, "r2": r2, "theory_slope_sqrt_logb_over_b": st}
-        s2, r22 = fit(np.log(betas), argmins)
-        res["fit_argmin_t_vs_log_beta"] = {"slope": s2, "r2": r22}
+        res["fit_min_w2_vs_beta"] = {"loglog_slope": f1.pop("slope"), **f1,
+                                     "theory_slope_sqrt_logb_over_b": st, "note": BOUND_NOTE}
+        res["fit_argmin_t_vs_log_beta"] = fit_report("fit_argmin_t_vs_log_beta", np.log(betas),
+                                                     argmins, warns)
     tt = ds["t"].values
     mE, mV = rows(reduce_beta(ds, "mass_E"), len(betas)), rows(reduce_beta(ds, "mass_V"), len(betas))
-    res["terminal_phase"] = {
-        f"beta={b:g}": {"overtake_time": crossing(tt, e, v), "max_mass_E": float(np.nanmax(e)),
-                        "final_mass_E": float(e[-1]), "final_mass_V": float(v[-1])}
-        for b, e, v in zip(betas, mE, mV)}
+    thr = float(cfg.get("metastable_mass", 0.1))
+    tp, over = {}, np.full(len(betas), np.nan)
+    for i, (b, e, v) in enumerate(zip(betas, mE, mV)):
+        ot = crossing(tt, e, v)
+        peak = float(np.nanmax(e))
+        r = {"overtake_time": ot, "max_mass_E": peak, "metastable": peak >= thr,
+             "final_mass_E": float(e[-1]), "final_mass_V": float(v[-1])}
+        if angle_rad is not None and angle_rad > 0:
+            r["phases_separate"] = softmax_width(b) < angle_rad / SEPARATION
+        if ot is not None and not r["metastable"]:
+            warns.append(f"β = {b:g}: an overtake time {ot:g} is reported but the mass near E never "
+                         f"exceeded metastable_mass = {thr:g} (max {peak:.3g}): no metastable phase "
+                         f"before the terminal one")
+        if ot is not None and r["metastable"]:
+            over[i] = ot
+        tp[f"beta={b:g}"] = r
+    res["terminal_phase"] = tp
+    if len(betas) >= 2:
+        # The observable of Theorem 1's log β time scale: when the mass near E(V) overtakes the
+        # mass near E, over the β with a metastable phase (phases_separate says where the
+        # softmax width also lies well below the angle between E and E(V)).
+        res["fit_overtake_t_vs_log_beta"] = fit_report(
+            "fit_overtake_t_vs_log_beta (β with a metastable phase)",
+            np.log(betas), over, warns)
+    if "mass_V_magnitude" in ds:
+        mM = rows(reduce_beta(ds, "mass_V_magnitude"), len(betas))
+        res["conjecture_1_readings"] = {
+            f"beta={b:g}": {"final_mass_V_real_part": float(v[-1]), "final_mass_V_magnitude": float(m[-1]),
+                            "max_mass_V_magnitude": float(np.nanmax(m)),
+                            "chosen": ("real part" if v[-1] > m[-1] else "magnitude" if m[-1] > v[-1]
+                                       else "neither")}
+            for b, v, m in zip(betas, mV, mM)}
     if "w2_exact" in ds and "w2_sinkhorn" in ds:
         a, s_ = ds["w2_exact"].values, ds["w2_sinkhorn"].values
         ok = np.isfinite(a) & np.isfinite(s_) & (a > 0)
         res["sinkhorn_vs_exact_max_rel_error"] = float(np.max(np.abs(s_[ok] - a[ok]) / a[ok])) if ok.any() else None
+    res["warnings"] = warns
     return res
 
 
@@ -93,5 +152,10 @@ def summarize(cfg, ds):
                             "eigenvalues": list(rep.eigenvalues), "gap": rep.gap, "dim_E": rep.dim_E,
                             "failures": list(rep.failures)},
            "angle_E_EV_deg": math.degrees(subspace_angle(bE, bV))}
-    out.update(analyse(cfg, ds))
+    if "mass_V_magnitude" in ds:
+        out["angle_E_EV_magnitude_deg"] = math.degrees(subspace_angle(bE, magnitude_basis(cfg)))
+    ang = math.radians(out["angle_E_EV_deg"])
+    res = analyse(cfg, ds, ang)
+    res["warnings"] = regime_warnings(res["beta"], cfg["d"], ang, cfg["near_angle_deg"]) + res["warnings"]
+    out.update(res)
     return out

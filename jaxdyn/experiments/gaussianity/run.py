@@ -6,16 +6,29 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from .schema import load_model, model_path
+from .schema import arch_config, load_model, model_path
 
 
 def run_points(pcs):
-    from ...encoder import encode, gaussian_tokens, gaussianity_profile, nongaussian_stack, random_like
+    from ...encoder import (encode, encode_deit, encode_modernbert, gaussian_tokens, gaussianity_profile,
+                            init_deit, init_modernbert, nongaussian_stack, random_like)
 
     rows = []
     for pc in pcs:
-        params, bcfg = load_model(str(model_path(pc)))
         k_in, k_w, k_c, k_p = jax.random.split(jax.random.PRNGKey(pc["seed"]), 4)
+        if pc["architecture"] != "bert":  # Paper B's own architectures: random weights only
+            bcfg = arch_config(pc)
+            h0 = gaussian_tokens(k_in, pc["batch"], pc["seq"], bcfg.hidden_size, pc["scale"])
+            if pc["model"] == "random":
+                init, enc = ((init_modernbert, encode_modernbert) if pc["architecture"] == "modernbert"
+                             else (init_deit, encode_deit))
+                hs = enc(init(bcfg, k_w), bcfg, h0)
+            else:
+                hs = nongaussian_stack(h0, k_c, n_layers=bcfg.num_hidden_layers, kind=pc["control_kind"])
+            rows.append(gaussianity_profile(hs, k_p, n_dirs=pc["n_dirs"], n_floor=pc["n_floor"],
+                                            n_pc=pc["n_pc"]))
+            continue
+        params, bcfg = load_model(str(model_path(pc)))
         h0 = gaussian_tokens(k_in, pc["batch"], pc["seq"], bcfg.hidden_size, pc["scale"])
         if pc["model"] == "pretrained":
             hs = encode(params, bcfg, h0)

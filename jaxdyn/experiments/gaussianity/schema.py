@@ -17,7 +17,16 @@ MODELS = ("pretrained", "random", "nongaussian")
 KEY_METRICS = ("sw2", "skew", "kurt", "kurt_pc", "radial_w2", "erank", "bures_rel")
 
 
+ARCHITECTURES = ("bert", "modernbert", "deit")
+
+
 SCHEMA = {
+    "architecture": Field("str", "bert", "encoder: 'bert' (a local BERT-family checkpoint, default "
+                          "all-MiniLM-L6-v2) or Paper B's own 'modernbert' (ModernBERT-base) and "
+                          "'deit' (DeiT-tiny), which have no offline checkpoint: random weights only",
+                          choices=ARCHITECTURES),
+    "layers": Field("int", None, "number of layers of modernbert/deit (default: the published 22 / 12)",
+                    check=at_least(1)),
     "model": Field("str", "pretrained", "encoder weights", choices=MODELS, sweepable=True),
     "model_path": Field("str", None, "folder with config.json + model.safetensors (default: the "
                         "installed all-MiniLM-L6-v2 package)"),
@@ -56,13 +65,41 @@ def load_model(path: str):
     return load_bert(path, embeddings=False)
 
 
+def arch_config(cfg):
+    """The ModernBertConfig / DeitConfig of a 'modernbert' / 'deit' config (published sizes,
+    ``layers`` overriding the depth)."""
+    from ...encoder import DeitConfig, ModernBertConfig
+
+    cls = ModernBertConfig if cfg["architecture"] == "modernbert" else DeitConfig
+    return cls() if cfg["layers"] is None else cls(num_hidden_layers=cfg["layers"])
+
+
 def check(cfg):
     models = cfg["sweep"].get("model", [cfg["model"]])
+    if cfg["architecture"] != "bert":
+        if "pretrained" in models:
+            raise ConfigError(f"config field 'model': architecture '{cfg['architecture']}' has no offline "
+                              "pretrained checkpoint here (no package ships one); use model: random "
+                              "(its published initialisation) or nongaussian — the pretrained "
+                              "comparison is all-MiniLM-L6-v2's (architecture: bert)")
+        if cfg["model_path"]:
+            raise ConfigError(f"config field 'model_path': architecture '{cfg['architecture']}' loads no "
+                              "checkpoint; remove model_path")
+        return []
+    if cfg["layers"] is not None:
+        raise ConfigError("config field 'layers': only for architecture modernbert or deit")
     model_path(cfg)  # the architecture is needed for every model kind
     return []
 
 
 def estimate_bytes(pc):
+    if pc["architecture"] != "bert":
+        a = arch_config(pc)
+        n = pc["batch"] * pc["seq"]
+        L, h, f = a.num_hidden_layers, a.hidden_size, a.intermediate_size
+        params = L * (4 * h * h + 3 * h * f)
+        return 4 * ((L + 1) * n * h * 3 + n * (3 * h + 2 * f) + pc["batch"] * pc["seq"] ** 2 *
+                    a.num_attention_heads * 2) + 8 * params
     params, bcfg = load_model(str(model_path(pc)))
     n = pc["batch"] * pc["seq"]
     h = bcfg.hidden_size

@@ -21,7 +21,14 @@ def select(ds, model, scale):
 def summarize(cfg, ds):
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
-    out = {}
+    arch = cfg.get("architecture", "bert")
+    out = {"encoder": {"bert": "a BERT-family checkpoint (default: the pretrained all-MiniLM-L6-v2); "
+                               "'random' = the same architecture with BERT's random initialisation",
+                       "modernbert": "ModernBERT-base's architecture with its published random "
+                                     "initialisation (no pretrained checkpoint offline)",
+                       "deit": "DeiT-tiny's architecture with timm's ViT random initialisation "
+                               "(no pretrained checkpoint offline)"}[arch]
+           + (f", {cfg['layers']} layers" if cfg.get("layers") else "")}
     for m in models:
         for s in scales:
             d = select(ds, m, s)

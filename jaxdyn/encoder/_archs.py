@@ -1,0 +1,335 @@
+"""Paper B's two encoders, ModernBERT-base and DeiT-tiny, as random-weight architectures.
+
+Paper B measured Gaussianity through pretrained ModernBERT and Tiny-DeiT. No package of the
+registries this project uses ships either checkpoint for offline use (all-MiniLM-L6-v2 is
+the one pretrained encoder jaxdyn loads, ``find_minilm``), so this module implements the
+two architectures with their published sizes and their published random initialisation;
+the Gaussianity experiment runs them as random-weight controls (``architecture:
+modernbert`` / ``deit`` in a ``gaussianity`` config).
+
+**ModernBERT** (Warner et al. 2024; ``ModernBertConfig`` defaults = ModernBERT-base: 22
+layers, hidden 768, 12 heads, GeGLU width 1152). Pre-LN, no biases, LayerNorm without β;
+layer l (x of shape (batch, seq, d), heads of size dh):
+
+    u     = x                      if l = 0 (the embedding norm precedes layer 0)
+          = LN_attn(x)             otherwise
+    q, k, v = split(u W_qkv);  q, k ← RoPE(q), RoPE(k)   (θ = 160 000 global, 10 000 local)
+    A     = softmax(q kᵀ / sqrt(dh) + window mask)       (local layers: |i − j| ≤ w/2, w = 128;
+                                                          every third layer, l ≡ 0 mod 3, global)
+    x     ← x + concat_h(A v) W_o
+    g, a  = split(LN_mlp(x) W_i)                          (W_i: d → 2·1152)
+    x     ← x + (GELU(g) ⊙ a) W_f
+
+RoPE rotates the pairs (e_i, e_{i+dh/2}) of each head by the angle p·θ^{−2i/dh} at position
+p (the "rotate half" convention). Initialisation (the reference ``_init_weights``): weights
+~ N(0, σ²) truncated at ±2σ, σ = 0.02 for W_qkv and W_i and the embeddings, σ = 0.02 /
+sqrt(2·n_layers) for the output projections W_o and W_f; LayerNorm γ = 1.
+
+**DeiT-tiny** (Touvron et al. 2021, ``deit_tiny_patch16_224``; ``DeitConfig`` defaults: 12
+layers, hidden 192, 3 heads, MLP 768, LayerNorm eps 1e-6). A ViT: ``embed_deit`` cuts a
+224×224×3 image into 14×14 patches of 16×16, maps each by a linear patch embedding (the
+16×16 stride-16 convolution), prepends a class token and adds position embeddings (197
+tokens). Layer (pre-LN, with biases):
+
+    x ← x + Attn(LN1(x)),   x ← x + W2 GELU(W1 LN2(x) + b1) + b2.
+
+Initialisation (timm's ViT): linear weights ~ N(0, 0.02²) truncated at ±2 (absolute),
+biases 0; position embedding ~ N(0, 0.02²) truncated; class token ~ N(0, 10⁻¹²); the patch
+convolution keeps PyTorch's default U(±1/sqrt(fan_in)) for weight and bias, fan_in = 768.
+
+``encode_modernbert`` / ``encode_deit`` feed token embeddings h0 straight into layer 0 and
+return ``[h_0, …, h_L]`` (the residual stream after each layer, before any final norm), like
+:func:`jaxdyn.encoder.encode` does for BERT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _mm(x, w):
+    return jnp.matmul(x, w, precision=_HIGHEST)
+
+
+def _ln(x, g, b, eps):
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    y = (x - mu) * jax.lax.rsqrt(var + eps) * g
+    return y if b is None else y + b
+
+
+def _gelu(x):
+    return jax.nn.gelu(x, approximate=False)
+
+
+def _trunc(key, shape, std, cutoff, dtype):
+    """N(0, std²) truncated to [−cutoff, cutoff] (cutoff absolute)."""
+    return std * jax.random.truncated_normal(key, -cutoff / std, cutoff / std, shape, dtype)
+
+
+def _attention(q, k, v, bias):
+    """q, k, v: (b, s, H, dh); bias: None or (s, s) additive. Returns (b, s, H·dh)."""
+    b, s, H, dh = q.shape
+    logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
+    if bias is not None:
+        logits = logits + bias
+    w = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, H * dh)
+
+
+# ---------------------------------------------------------------------------------------
+# ModernBERT
+
+
+@dataclasses.dataclass(frozen=True)
+class ModernBertConfig:
+    """ModernBERT's static architecture; the defaults are ModernBERT-base's published ones."""
+
+    hidden_size: int = 768
+    num_attention_heads: int = 12
+    intermediate_size: int = 1152
+    num_hidden_layers: int = 22
+    local_attention: int = 128
+    global_attn_every_n_layers: int = 3
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    initializer_cutoff_factor: float = 2.0
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} "
+                             "heads of even size (RoPE rotates pairs)")
+        if self.num_hidden_layers < 1 or self.local_attention < 2 or self.global_attn_every_n_layers < 1:
+            raise ValueError("num_hidden_layers >= 1, local_attention >= 2, global_attn_every_n_layers >= 1")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def is_global(self, layer: int) -> bool:
+        return layer % self.global_attn_every_n_layers == 0
+
+
+class ModernBertParams(eqx.Module):
+    """Stacked layer weights (leading axis: layer), stored (in, out)."""
+
+    wqkv: Float[Array, "L d 3d"]
+    wo: Float[Array, "L d d"]
+    wi: Float[Array, "L d 2f"]
+    wf: Float[Array, "L f d"]
+    attn_norm: Float[Array, "L d"]   # layer 0's is unused (identity)
+    mlp_norm: Float[Array, "L d"]
+    final_norm: Float[Array, " d"]
+
+
+@eqx.filter_jit
+def init_modernbert(cfg: ModernBertConfig, key, *, dtype=jnp.float32) -> ModernBertParams:
+    """ModernBERT's published random initialisation (module docstring). Jitted."""
+    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    std = cfg.initializer_range
+    std_out = std / math.sqrt(2.0 * L)
+    c = cfg.initializer_cutoff_factor
+    k = jax.random.split(key, 4)
+    return ModernBertParams(
+        wqkv=_trunc(k[0], (L, d, 3 * d), std, c * std, dtype),
+        wo=_trunc(k[1], (L, d, d), std_out, c * std_out, dtype),
+        wi=_trunc(k[2], (L, d, 2 * f), std, c * std, dtype),
+        wf=_trunc(k[3], (L, f, d), std_out, c * std_out, dtype),
+        attn_norm=jnp.ones((L, d), dtype), mlp_norm=jnp.ones((L, d), dtype),
+        final_norm=jnp.ones((d,), dtype))
+
+
+def rope(x, theta: float):
+    """Rotary position embedding of (b, s, H, dh) along the sequence axis ("rotate half")."""
+    s, dh = x.shape[1], x.shape[-1]
+    inv = 1.0 / (theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
+    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]          # (s, dh/2)
+    cos = jnp.asarray(np.concatenate([np.cos(ang)] * 2, -1), x.dtype)[None, :, None, :]
+    sin = jnp.asarray(np.concatenate([np.sin(ang)] * 2, -1), x.dtype)[None, :, None, :]
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+    return x * cos + jnp.concatenate([-x2, x1], -1) * sin
+
+
+def window_bias(s: int, window: int, dtype):
+    """Additive mask of a local layer: 0 where |i − j| ≤ window/2, −inf-like elsewhere."""
+    i = np.arange(s)
+    ok = np.abs(i[:, None] - i[None, :]) <= window // 2
+    return jnp.where(jnp.asarray(ok), 0.0, jnp.finfo(dtype).min).astype(dtype)
+
+
+def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
+    """Layer ``layer`` of ModernBERT (weights ``p`` without the layer axis)."""
+    b, s, d = x.shape
+    H, dh = cfg.num_attention_heads, cfg.head_size
+    u = x if layer == 0 else _ln(x, p["attn_norm"], None, cfg.norm_eps)
+    qkv = _mm(u, p["wqkv"]).reshape(b, s, 3, H, dh)
+    glob = cfg.is_global(layer)
+    theta = cfg.global_rope_theta if glob else cfg.local_rope_theta
+    q, k = rope(qkv[:, :, 0], theta), rope(qkv[:, :, 1], theta)
+    bias = None if glob else window_bias(s, cfg.local_attention, x.dtype)
+    x = x + _mm(_attention(q, k, qkv[:, :, 2], bias), p["wo"])
+    g, a = jnp.split(_mm(_ln(x, p["mlp_norm"], None, cfg.norm_eps), p["wi"]), 2, axis=-1)
+    return x + _mm(_gelu(g) * a, p["wf"])
+
+
+@eqx.filter_jit
+def _encode_modernbert(params, cfg, h0):
+    hs, h = [h0], h0
+    layers = {n: getattr(params, n) for n in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
+    for l in range(cfg.num_hidden_layers):  # unrolled: global and local layers differ statically
+        h = modernbert_layer({n: a[l] for n, a in layers.items()}, cfg, l, h)
+        hs.append(h)
+    return jnp.stack(hs)
+
+
+def encode_modernbert(params: ModernBertParams, cfg: ModernBertConfig,
+                      h0: Float[Array, "batch seq d"]) -> list:
+    """``[h_0, …, h_L]``: h0 through every ModernBERT layer (residual stream, no final norm)."""
+    h0 = jnp.asarray(h0)
+    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
+        raise ValueError(f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}")
+    if params.wqkv.shape[0] != cfg.num_hidden_layers:
+        raise ValueError(f"params have {params.wqkv.shape[0]} layers, cfg {cfg.num_hidden_layers}")
+    return list(_encode_modernbert(params, cfg, h0.astype(params.wqkv.dtype)))
+
+
+# ---------------------------------------------------------------------------------------
+# DeiT
+
+
+@dataclasses.dataclass(frozen=True)
+class DeitConfig:
+    """DeiT's static architecture; the defaults are deit_tiny_patch16_224's."""
+
+    hidden_size: int = 192
+    num_attention_heads: int = 3
+    intermediate_size: int = 768
+    num_hidden_layers: int = 12
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} heads")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 + 1  # patches + the class token
+
+
+class DeitParams(eqx.Module):
+    """Stacked layer weights (leading axis: layer), stored (in, out); the patch embedding
+    ``patch_w`` is (C·P·P, d) with rows in (channel, row, column) order."""
+
+    wqkv: Float[Array, "L d 3d"]
+    bqkv: Float[Array, "L 3d"]
+    wo: Float[Array, "L d d"]
+    bo: Float[Array, "L d"]
+    w1: Float[Array, "L d f"]
+    b1: Float[Array, "L f"]
+    w2: Float[Array, "L f d"]
+    b2: Float[Array, "L d"]
+    ln1_g: Float[Array, "L d"]
+    ln1_b: Float[Array, "L d"]
+    ln2_g: Float[Array, "L d"]
+    ln2_b: Float[Array, "L d"]
+    patch_w: Float[Array, "cpp d"]
+    patch_b: Float[Array, " d"]
+    cls_token: Float[Array, " d"]
+    pos_embed: Float[Array, "t d"]
+
+
+@eqx.filter_jit
+def init_deit(cfg: DeitConfig, key, *, dtype=jnp.float32) -> DeitParams:
+    """timm's ViT initialisation for DeiT (module docstring). Jitted."""
+    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    fan_in = cfg.channels * cfg.patch_size ** 2
+    k = jax.random.split(key, 8)
+    z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
+    bound = 1.0 / math.sqrt(fan_in)
+    return DeitParams(
+        wqkv=_trunc(k[0], (L, d, 3 * d), 0.02, 2.0, dtype), bqkv=z(L, 3 * d),
+        wo=_trunc(k[1], (L, d, d), 0.02, 2.0, dtype), bo=z(L, d),
+        w1=_trunc(k[2], (L, d, f), 0.02, 2.0, dtype), b1=z(L, f),
+        w2=_trunc(k[3], (L, f, d), 0.02, 2.0, dtype), b2=z(L, d),
+        ln1_g=jnp.ones((L, d), dtype), ln1_b=z(L, d), ln2_g=jnp.ones((L, d), dtype), ln2_b=z(L, d),
+        patch_w=jax.random.uniform(k[4], (fan_in, d), dtype, -bound, bound),
+        patch_b=jax.random.uniform(k[5], (d,), dtype, -bound, bound),
+        cls_token=1e-6 * jax.random.normal(k[6], (d,), dtype),
+        pos_embed=_trunc(k[7], (cfg.num_tokens, d), 0.02, 2.0, dtype))
+
+
+def patchify(images, patch: int):
+    """(b, H, W, C) images -> (b, H/P · W/P, C·P·P) patches, rows in row-major patch order and
+    each patch flattened in (channel, row, column) order (a convolution weight's layout)."""
+    b, Hh, Ww, C = images.shape
+    x = images.reshape(b, Hh // patch, patch, Ww // patch, patch, C)
+    return x.transpose(0, 1, 3, 5, 2, 4).reshape(b, (Hh // patch) * (Ww // patch), C * patch * patch)
+
+
+def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W C"]):
+    """DeiT's input: patch embedding of (b, 224, 224, 3) images, class token first, plus the
+    position embeddings -> (b, 197, d) tokens."""
+    images = jnp.asarray(images)
+    want = (cfg.image_size, cfg.image_size, cfg.channels)
+    if images.ndim != 4 or tuple(images.shape[1:]) != want:
+        raise ValueError(f"images must have shape (batch, {want[0]}, {want[1]}, {want[2]}), got {tuple(images.shape)}")
+    return _embed_deit(params, cfg, images)
+
+
+@eqx.filter_jit
+def _embed_deit(params, cfg, images):
+    tok = _mm(patchify(images, cfg.patch_size), params.patch_w) + params.patch_b
+    cls = jnp.broadcast_to(params.cls_token, (images.shape[0], 1, cfg.hidden_size))
+    return jnp.concatenate([cls, tok], axis=1) + params.pos_embed
+
+
+def deit_layer(p, cfg: DeitConfig, x):
+    b, s, d = x.shape
+    H, dh = cfg.num_attention_heads, cfg.head_size
+    qkv = (_mm(_ln(x, p["ln1_g"], p["ln1_b"], cfg.norm_eps), p["wqkv"]) + p["bqkv"]).reshape(b, s, 3, H, dh)
+    x = x + _mm(_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None), p["wo"]) + p["bo"]
+    y = _gelu(_mm(_ln(x, p["ln2_g"], p["ln2_b"], cfg.norm_eps), p["w1"]) + p["b1"])
+    return x + _mm(y, p["w2"]) + p["b2"]
+
+
+_DEIT_LAYER = ("wqkv", "bqkv", "wo", "bo", "w1", "b1", "w2", "b2", "ln1_g", "ln1_b", "ln2_g", "ln2_b")
+
+
+@eqx.filter_jit
+def _encode_deit(params, cfg, h0):
+    def step(h, p):
+        h = deit_layer(p, cfg, h)
+        return h, h
+
+    _, hs = jax.lax.scan(step, h0, {n: getattr(params, n) for n in _DEIT_LAYER})
+    return jnp.concatenate([h0[None], hs], axis=0)
+
+
+def encode_deit(params: DeitParams, cfg: DeitConfig, h0: Float[Array, "batch seq d"]) -> list:
+    """``[h_0, …, h_L]``: tokens h0 through every DeiT layer (residual stream, no final norm)."""
+    h0 = jnp.asarray(h0)
+    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
+        raise ValueError(f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}")
+    if params.wqkv.shape[0] != cfg.num_hidden_layers:
+        raise ValueError(f"params have {params.wqkv.shape[0]} layers, cfg {cfg.num_hidden_layers}")
+    return list(_encode_deit(params, cfg, h0.astype(params.wqkv.dtype)))
