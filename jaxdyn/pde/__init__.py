@@ -37,6 +37,9 @@ from ._particles import (
     sample_density as sample_density,
     w1_circle as w1_circle,
     w1_circle_densities as w1_circle_densities,
+    quantile_points as quantile_points,
+    empirical_modes as empirical_modes,
+    histogram_circle as histogram_circle,
 )
 from ._clusters import (
     cluster_counts as cluster_counts,
