@@ -258,6 +258,22 @@ def test_histogram_and_modes_of_clouds_exact():
     assert np.allclose(np.sort(masses), [1 / 6, 1 / 3, 1 / 2], rtol=1e-13)
 
 
+def test_cluster_particles_config_errors_name_the_field():
+    from jaxdyn.config import ConfigError
+    from jaxdyn.experiments.engine import resolve_config
+    from jaxdyn.experiments.pde import check
+
+    def cfg(**p):
+        return resolve_config({"kind": "pde", "mode": "clusters", "particles": p})
+
+    with pytest.raises(ConfigError, match="particles.starts"):
+        check(cfg(starts=["grid"]))
+    with pytest.raises(ConfigError, match="particles.dtype"):  # float32 rounding hides ε = 1e-8
+        check(cfg(cluster_n=10, starts=["quantile"], dtype="float32"))
+    assert any("O(N²)" in w for w in check(cfg(cluster_n=50_000, dtype="float64")))
+    assert check(cfg(cluster_n=50_000, dtype="float64", kernel="fourier")) == []
+
+
 # ---- slow: the nonlinear checks ----------------------------------------------------------
 
 def _first_cluster_count(beta, seed, m=512, eps=1e-8, t1=80.0):
