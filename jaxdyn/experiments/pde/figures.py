@@ -75,7 +75,7 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
     ax.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k(β)/I_0(β)")
     ax.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
     ax.plot(bs * 0.94, [int(d["first_cluster_count"]) for _, d in pts], "o", mfc="none", color="C0",
-            label="solver: first cluster count")
+            label="solver: first cluster count (each seed)")
     marks = {"quantile": ("s", "D"), "iid": ("^", "v")}
     for i, st in enumerate(starts):
         c = np.array([float(np.asarray(d["p_first_cluster_count"].values)[i]) for _, d in pts])
