@@ -5,7 +5,9 @@ positivity-preserving finite-volume flux, optional noise); ``SphereDensity`` the
 latitude–longitude grid of S² (dense kernel, second order); ``solve_density`` integrates either
 with diffrax and returns a :class:`DensitySolution`; ``growth_rate``/``linear_rates`` (S¹) and
 ``zonal_growth_rate``/``sphere_rates`` (S²) are the linear stability of the uniform state;
-``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles on S¹,
+``sample_density``, ``kde_circle`` and ``w1_circle`` compare the density with particles on S¹
+(``quantile_points``: a stratified cloud that keeps a small perturbation; ``histogram_circle``,
+``empirical_modes``: a cloud's cell averages and Fourier modes),
 ``sample_sphere_density``, ``kde_sphere`` and ``w2_sphere_check`` on S²; ``CircleAttention`` is the
 particle field on S¹ in O(N K) (the kernel's Bessel series, K from a certified tail bound);
 ``perturbed_uniform``, ``cluster_counts``, ``first_clusters``, ``merge_times`` read clusters.
@@ -37,6 +39,9 @@ from ._particles import (
     sample_density as sample_density,
     w1_circle as w1_circle,
     w1_circle_densities as w1_circle_densities,
+    quantile_points as quantile_points,
+    empirical_modes as empirical_modes,
+    histogram_circle as histogram_circle,
 )
 from ._clusters import (
     cluster_counts as cluster_counts,

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["sample_density", "angles", "kde_circle", "w1_circle", "w1_circle_densities"]
+__all__ = ["sample_density", "quantile_points", "angles", "kde_circle", "w1_circle", "w1_circle_densities",
+           "empirical_modes", "histogram_circle"]
 
 
 def _cdf_nodes(rho):
@@ -31,6 +32,42 @@ def sample_density(key, rho, n: int):
     frac = (u - cdf[j]) / np.maximum(cdf[j + 1] - cdf[j], 1e-300)
     theta = (j + np.clip(frac, 0, 1) - 0.5) * h
     return np.stack([np.cos(theta), np.sin(theta)], -1)
+
+
+def quantile_points(rho, n: int):
+    """n stratified points on S¹ (shape (n, 2)) for the density with cell averages ``rho``:
+    θ_j = F⁻¹((j + ½)/n), F the exact piecewise-linear CDF (from θ = −h/2). Their empirical
+    measure carries the density's own Fourier modes (up to O(1/n) and aliasing at k ≥ n − k_max),
+    not the O(n^{-1/2}) noise of i.i.d. samples: a perturbation of size ε ≪ n^{-1/2} survives."""
+    cdf, h = _cdf_nodes(rho)
+    u = (np.arange(n) + 0.5) / n
+    j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
+    frac = (u - cdf[j]) / np.maximum(cdf[j + 1] - cdf[j], 1e-300)
+    theta = (j + np.clip(frac, 0, 1) - 0.5) * h
+    return np.stack([np.cos(theta), np.sin(theta)], -1)
+
+
+def empirical_modes(x, ks):
+    """|(1/N) Σ_j e^{ikθ_j}| for the modes ``ks`` of a cloud (…, N, 2) on S¹ (leading axes kept):
+    the amplitude of mode k of the empirical measure (1 for every k on one point; for a density,
+    the same quantity is |∫ e^{ikθ} ρ dθ|)."""
+    x = np.asarray(x, float)
+    th = angles(x.reshape(-1, x.shape[-2], 2))
+    ks = np.asarray(ks)
+    out = np.stack([np.abs(_emp_coefficients(t, ks)) for t in th])
+    return out.reshape(x.shape[:-2] + (len(ks),))
+
+
+def histogram_circle(x, m: int):
+    """Cell averages of the empirical measure of a cloud (…, N, 2) on the M-cell grid (cells
+    [θ_j − h/2, θ_j + h/2]): counts/(N h), no smoothing, so ``cluster_counts`` reads it with the
+    same thresholds as a solver density (a kernel density would move mass out of the arcs)."""
+    x = np.asarray(x, float)
+    h = 2 * math.pi / m
+    th = angles(x.reshape(-1, x.shape[-2], 2))
+    j = np.floor(np.mod(th + h / 2, 2 * math.pi) / h).astype(int) % m
+    out = np.stack([np.bincount(r, minlength=m) for r in j]) / (x.shape[-2] * h)
+    return out.reshape(x.shape[:-2] + (m,))
 
 
 def angles(x):

@@ -4,7 +4,10 @@ S¹ (:mod:`jaxdyn.pde`).
 ``mode: clusters``: a near-uniform start (every mode up to M/4 with amplitude ε and random
 phases), a sweep over β (and σ, seeds): ρ(θ, t), the cluster count against t, the first clusters
 (count and time) against k* = argmax k² I_k(β)/I_0(β), the merges; the solver's linear growth
-rates against λ_k; mass and positivity.
+rates against λ_k; mass and positivity. With ``particles.cluster_n`` > 0, N particles from the same
+ρ0 (``starts``: quantile, keeping the ε-perturbation, or iid) run with the configured field to the
+solver's first clusters; their histogram on the same grid is read by the same cluster count, and
+their dominant Fourier mode when it first reaches ``mode_threshold`` (figure k_star_particles.png).
 
 ``mode: particles``: ρ0 = (1 + a cos kθ)/(2π); N particles sampled from ρ0 (inverse CDF) run by
 ``jaxdyn.simulate`` (SphereAttention, d = 2, or with ``particles.kernel: fourier`` the O(N K)

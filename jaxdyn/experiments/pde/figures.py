@@ -63,6 +63,36 @@ def _plot_s2(cfg, ds, out_dir, plt):
     return figs
 
 
+def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
+    """clusters with particles: β against k*, the solver's first cluster count, and each particle
+    start's first cluster count and dominant mode (small horizontal offsets keep markers apart)."""
+    starts = list(cfg["particles"]["starts"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    bs = np.array([lab.get("beta", cfg["beta"]) for lab, _ in pts])
+    kst = np.array([int(d["k_star"]) for _, d in pts])
+    order = np.argsort(bs)
+    bb = np.geomspace(bs.min(), bs.max(), 100)
+    ax.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k(β)/I_0(β)")
+    ax.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
+    ax.plot(bs * 0.94, [int(d["first_cluster_count"]) for _, d in pts], "o", mfc="none", color="C0",
+            label="solver: first cluster count (each seed)")
+    marks = {"quantile": ("s", "D"), "iid": ("^", "v")}
+    for i, st in enumerate(starts):
+        c = np.array([float(np.asarray(d["p_first_cluster_count"].values)[i]) for _, d in pts])
+        k = np.array([float(np.asarray(d["p_first_mode"].values)[i]) for _, d in pts])
+        ran = np.isfinite(np.array([float(np.asarray(d["p_seconds"].values)[i]) for _, d in pts]))
+        fc, fk = marks.get(st, ("s", "D"))
+        ax.plot(bs[ran] * (1.0 + 0.06 * i), c[ran], fc, ms=5, mfc="none", color=f"C{1 + 2 * i}",
+                label=f"particles ({st} start): first cluster count")
+        ax.plot(bs[ran] * (1.03 + 0.06 * i), k[ran], fk, ms=3, color=f"C{2 + 2 * i}",
+                label=f"particles ({st} start): dominant mode")
+    ax.set_xscale("log")
+    _style(ax, "β", "clusters / mode",
+           f"first clusters from a near-uniform start: solver (M = {cfg['m']}) and "
+           f"N = {cfg['particles']['cluster_n']:,} particles")
+    return plots.save(fig, out_dir / "k_star_particles.png")
+
+
 def plot(cfg, ds, out_dir):
     plt = plots.pyplot()
     if cfg["mode"] == "s2":
@@ -125,6 +155,9 @@ def plot(cfg, ds, out_dir):
                     label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         _style(a2, "t", "cluster count (0: not yet broken up)", "clusters appear, then merge")
         figs.append(plots.save(fig, out_dir / "cluster_counts.png"))
+
+    if cfg["mode"] == "clusters" and "start" in ds.dims:
+        figs.append(_plot_k_star_particles(cfg, ds, pts, out_dir, plt))
 
     if "w1" in ds:
         lab, d = pts[0]

@@ -73,11 +73,82 @@ def _one_point(pc):
         "finite": ((), bool(np.all(sol.ok)) and bool(np.all(np.isfinite(rho)))),
     }
     coords = {"t": ts, "theta": np.asarray(pde.circle_grid(pc["m"])[0]), "k": ks}
+    if pc["mode"] == "clusters":
+        t_mode, k_mode = _dominant_mode(ts, _density_modes(rho, ks), ks, pc["particles"]["mode_threshold"])
+        out["first_mode_time"], out["first_mode"] = ((), t_mode), ((), float(k_mode))
+        if pc["particles"]["cluster_n"]:
+            pv, pcoords = _cluster_particles(pc, rho0, ts, t_first, ks)
+            out.update(pv)
+            coords.update(pcoords)
     if pc["mode"] == "particles":
         pv, pcoords = _particles(pc, model, rho0)
         out.update(pv)
         coords.update(pcoords)
     return out, coords
+
+
+def _density_modes(rho, ks):
+    """|∫ e^{ikθ} ρ dθ| for cell averages ρ (…, M): the cell-average spectrum (the empirical
+    measure's modes of a cloud are on the same scale: 1 for a point mass)."""
+    m = rho.shape[-1]
+    return np.abs(np.fft.rfft(rho, axis=-1)[..., ks]) * 2 * math.pi / m
+
+
+def _dominant_mode(ts, amps, ks, threshold):
+    """(time, k) at the first saved time at which max_k amps reaches ``threshold``; (nan, 0) if never."""
+    hit = np.flatnonzero(amps.max(-1) >= threshold)
+    if not hit.size:
+        return float("nan"), 0
+    return float(ts[hit[0]]), int(ks[np.argmax(amps[hit[0]])])
+
+
+def _cluster_particles(pc, rho0, ts, t_first, ks):
+    """clusters: N particles from the solver's own start ρ0 (``starts``: quantile or iid), run by
+    jaxdyn.simulate with the configured field to the solver's first-cluster time + t_extra; at
+    every saved time of the solver the cloud's cell-average histogram on the same grid, read by
+    the same ``pde.cluster_counts``, and its Fourier modes k = 1..growth_k."""
+    p = pc["particles"]
+    starts = list(p["starts"])
+    n_t = len(ts)
+    nan = np.full(len(starts), np.nan)
+    vals = {"p_first_cluster_time": nan.copy(), "p_first_cluster_count": nan.copy(),
+            "p_count_at_solver_time": nan.copy(), "p_first_mode_time": nan.copy(),
+            "p_first_mode": nan.copy(), "p_seconds": nan.copy()}
+    counts = np.full((len(starts), n_t), np.nan)
+    amps = np.full((len(starts), n_t, len(ks)), np.nan)
+    if not p["seeds"] or pc["seed"] in p["seeds"]:
+        pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
+        I2 = jnp.eye(2, dtype=pdt)
+        if p["kernel"] == "fourier":
+            field = pde.CircleAttention(I2, I2, I2, pc["beta"], normalization=pc["normalization"])
+        else:
+            field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"], normalization=pc["normalization"])
+        t_stop = pc["t1"] if not np.isfinite(t_first) else min(pc["t1"], t_first + p["t_extra"])
+        save = ts[ts <= t_stop + 1e-9]
+        for i, start in enumerate(starts):
+            n = p["cluster_n"]
+            x0 = (pde.quantile_points(rho0, n) if start == "quantile"
+                  else pde.sample_density(jax.random.PRNGKey(1000 * pc["seed"] + 17), rho0, n))
+            t0 = time.perf_counter()
+            tr = simulate(field, jnp.asarray(x0, pdt), t1=float(max(save[-1], p["dt"])), dt=p["dt"],
+                          saveat=[float(t) for t in save], method="rk4")
+            xs = np.asarray(jax.block_until_ready(tr.xs), float)
+            vals["p_seconds"][i] = time.perf_counter() - t0
+            hist = pde.histogram_circle(xs, pc["m"])
+            c = pde.cluster_counts(hist)
+            counts[i, :len(save)] = c
+            amps[i, :len(save)] = pde.empirical_modes(xs, ks)
+            hit = np.flatnonzero(c > 0)
+            if hit.size:
+                vals["p_first_cluster_time"][i], vals["p_first_cluster_count"][i] = save[hit[0]], c[hit[0]]
+            if np.isfinite(t_first):
+                vals["p_count_at_solver_time"][i] = c[int(np.argmin(np.abs(save - t_first)))]
+            tm, km = _dominant_mode(save, amps[i, :len(save)], ks, p["mode_threshold"])
+            vals["p_first_mode_time"][i], vals["p_first_mode"][i] = tm, km
+    out = {name: (("start",), v) for name, v in vals.items()}
+    out["p_cluster_count"] = (("start", "t"), counts)
+    out["p_modes"] = (("start", "t", "k"), amps)
+    return out, {"start": np.arange(len(starts))}  # index into particles.starts
 
 
 def _particles(pc, model, rho0):

@@ -20,6 +20,16 @@ PARTICLE_FIELDS = {
     "dtype": Field("str", "float32", "particle floating type", choices=("float32", "float64")),
     "kde_bandwidth": Field("float", 0.03, "bandwidth of the figure's kernel density", check=positive),
     "timing_m": Field("int", 4096, "grid size M of the timed density step", check=at_least(8)),
+    "cluster_n": Field("int", 0, "clusters: N particles run from the solver's start, their first "
+                       "clusters against the solver's and k* (0: no particle runs)", check=nonnegative),
+    "starts": Field("list", ["quantile"], "clusters: particle starts (quantile: θ_j = F⁻¹((j+½)/N) of the "
+                    "solver's ρ0, which keeps its ε-perturbation; iid: samples of ρ0, whose O(N^{-1/2}) "
+                    "noise in every mode outweighs ε)", item="str"),
+    "seeds": Field("list", [], "clusters: the sweep's seeds at which particles run (empty: all)", item="int"),
+    "t_extra": Field("float", 5.0, "clusters: particles run to the solver's first-cluster time plus this",
+                     check=nonnegative),
+    "mode_threshold": Field("float", 0.1, "clusters: the dominant mode is read when the largest "
+                            "|∫ e^{ikθ} dμ| (k = 1..growth_k) first reaches this", check=positive),
 }
 
 SCHEMA = {
@@ -60,11 +70,19 @@ def check(cfg):
                           f"got {p['repeats']}")
     if cfg["mode"] in ("particles", "s2") and any(not 0 <= t <= cfg["t1"] for t in p["times"]):
         raise ConfigError(f"config field 'particles.times': every time must lie in [0, t1 = {cfg['t1']}]")
+    bad = [s for s in p["starts"] if s not in ("quantile", "iid")]
+    if bad or not p["starts"]:
+        raise ConfigError(f"config field 'particles.starts': each must be 'quantile' or 'iid', got {p['starts']}")
+    if (cfg["mode"] == "clusters" and p["cluster_n"] and "quantile" in p["starts"] and p["dtype"] == "float32"
+            and cfg["eps"] < 1e-5):
+        raise ConfigError(f"config field 'particles.dtype': float32 rounding (6e-8) hides the perturbation "
+                          f"ε = {cfg['eps']:g} of the quantile start; use float64")
     warns = []
     if cfg["mode"] == "s2" and max(p["n"]) > 3000:
         warns.append(f"s2: N = {max(p['n'])}: W2 by exact assignment costs O(N³) a pair")
-    if cfg["mode"] == "particles" and max(p["n"]) > 30000 and p["kernel"] != "fourier":
-        warns.append(f"N = {max(p['n'])}: each particle step costs O(N²) kernel evaluations "
+    big = max(p["n"]) if cfg["mode"] == "particles" else p["cluster_n"] if cfg["mode"] == "clusters" else 0
+    if big > 30000 and p["kernel"] != "fourier":
+        warns.append(f"N = {big}: each particle step costs O(N²) kernel evaluations "
                      "(blocked kernel); on a few CPU cores this takes hours")
     return warns
 
@@ -76,8 +94,10 @@ def estimate_bytes(pc):
     if pc["mode"] == "s2":  # the longitude-FFT kernel (n_lat² n_lon complex) and W2's N×N costs
         n = max(pc["particles"]["n"])
         return est + 16 * 8 * pc["n_lat"] ** 2 * 2 * pc["n_lat"] + 8 * 4 * n * n
-    if pc["mode"] == "particles":
-        n = max(pc["particles"]["n"])
+    if pc["mode"] in ("particles", "clusters"):
+        n = max(pc["particles"]["n"]) if pc["mode"] == "particles" else pc["particles"]["cluster_n"]
+        # clusters: the saved clouds, up to n_save frames of (N, 2)
+        est += 16 * n * pc["n_save"] if pc["mode"] == "clusters" else 0
         est += 8 * 256 * n if pc["particles"]["kernel"] == "fourier" else 4 * (min(n, 1024) * n + 16 * n)
     return est
 

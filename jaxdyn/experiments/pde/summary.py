@@ -52,6 +52,30 @@ def _summarize_s2(cfg, ds):
             "min_rho": min(r["min_rho"] for r in rows)}
 
 
+def _int_or_none(x):
+    x = float(x)
+    return int(x) if np.isfinite(x) else None
+
+
+def _particle_entry(cfg, ds, d):
+    """clusters: the solver's dominant mode at the threshold, and per particle start its first
+    clusters (time, count), its count at the solver's first-cluster time, its dominant mode."""
+    out = {"first_mode": _int_or_none(d["first_mode"]) if "first_mode" in d else None,
+           "first_mode_time": _f(d["first_mode_time"]) if "first_mode_time" in d else None}
+    if "start" not in ds.dims:
+        return out
+    per = {}
+    for i, st in enumerate(list(cfg["particles"]["starts"])):
+        g = lambda name: np.asarray(d[name].values)[i]  # noqa: E731
+        per[st] = {"first_cluster_count": _int_or_none(g("p_first_cluster_count")),
+                   "first_cluster_time": _f(g("p_first_cluster_time")),
+                   "count_at_solver_time": _int_or_none(g("p_count_at_solver_time")),
+                   "first_mode": _int_or_none(g("p_first_mode")), "first_mode_time": _f(g("p_first_mode_time")),
+                   "seconds": None if not np.isfinite(g("p_seconds")) else round(float(g("p_seconds")), 1)}
+    out["particles"] = per
+    return out
+
+
 def summarize(cfg, ds):
     if cfg["mode"] == "s2":
         return _summarize_s2(cfg, ds)
@@ -73,6 +97,7 @@ def summarize(cfg, ds):
                      "first_cluster_time": _f(d["first_cluster_time"]),
                      "first_merge_time": _f(d["first_merge_time"]),
                      "final_cluster_count": int(np.asarray(d["cluster_count"].values)[-1]),
+                     **_particle_entry(cfg, ds, d),
                      "growth_rate_max_rel_error": rel, "growth_rate_max_abs_error": absolute, "mass_error": float(d["mass_error"]),
                      "min_rho": float(d["min_rho"]), "solve_seconds": round(float(d["solve_seconds"]), 2),
                      "steps": int(d["num_steps"])})
@@ -82,6 +107,23 @@ def summarize(cfg, ds):
     if cfg["mode"] == "clusters":
         agree = [r["first_cluster_count"] == r["k_star"] for r in rows]
         out["first_count_equals_k_star"] = f"{sum(agree)} of {len(agree)}"
+        agree = [r["first_mode"] == r["k_star"] for r in rows]
+        out["solver_first_mode_equals_k_star"] = f"{sum(agree)} of {len(agree)}"
+        if "start" in ds.dims:
+            per = {}
+            for st in list(cfg["particles"]["starts"]):
+                ran = [(r, r["particles"][st]) for r in rows if r["particles"][st]["seconds"] is not None]
+
+                def frac(ok):
+                    return f"{sum(ok)} of {len(ran)}"
+
+                per[st] = {"n": int(cfg["particles"]["cluster_n"]),
+                           "first_count_equals_k_star": frac([q["first_cluster_count"] == r["k_star"] for r, q in ran]),
+                           "first_count_equals_solver": frac([q["first_cluster_count"] == r["first_cluster_count"]
+                                                              for r, q in ran]),
+                           "first_mode_equals_k_star": frac([q["first_mode"] == r["k_star"] for r, q in ran]),
+                           "particle_seconds": round(sum(q["seconds"] for _, q in ran), 1)}
+            out["particles_k_star"] = per
     if "w1" in ds:
         fits = []
         for label, d in grid_points(ds):
