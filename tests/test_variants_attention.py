@@ -464,3 +464,31 @@ def test_solve_moments_attention_against_particles_large(attention, n, iters, to
     RK4 h = 0.05, t = 1, two heads, A, b ≠ 0, m ≠ 0)."""
     err_S, err_m = _moments_vs_particles(attention, n, max(iters, 1), "blocked", 0.05)
     assert err_S < tol_S and err_m < tol_m
+
+
+def test_sphere_energy_statistic_is_per_head():
+    """The sphere kind's ``energy`` of a variant point is (1/H) Σ_h E_β(Q_hᵀK_h) with each
+    head's own weights (an independent NumPy sum, 1e−12); H identical heads report the one
+    head's E_β (the plain point's QᵀK)."""
+    from jaxdyn.experiments import sphere_common as sc
+    from jaxdyn.experiments.sphere.run import cluster_stats_of
+
+    pc = {"heads": 3, "heads_spread": 0.7, "mask": "none", "positions": "none",
+          "attention": "softmax", "normalization": "softmax", "sweep": {}, "d": D, "beta": 2.0,
+          "rope_base": 1e4, "sinkhorn_iters": 5, "kernel": "dense", "k_block": None,
+          "q_block": None, "dtype": "float64", "pair_threshold": 0.99, "cluster_delta": 0.1,
+          "gram_threshold": 0.9999, "weights": {"ensemble": "gaussian", "scale": 1.0, "seed": 0}}
+    xs = np.stack([_cloud(12, seed=s) for s in range(2)])[None]  # (P=1, S=2, N, d)
+    en = cluster_stats_of(xs, [pc])[3]
+    Q, K, V = sc.weights_for(pc)
+    m = sc.variant_model(pc, Q, K, V)
+    want = np.zeros(2)
+    for s in range(2):
+        x = np.asarray(xs[0, s])
+        for h in range(3):
+            Bh = np.asarray(m.Q[h]).T @ np.asarray(m.K[h])
+            want[s] += np.exp(2.0 * x @ Bh @ x.T).sum() / (2 * 2.0 * 12 ** 2) / 3
+    np.testing.assert_allclose(en[0], want, rtol=1e-12)
+    same = [cluster_stats_of(xs, [dict(pc, heads=h, heads_spread=0.0)])[3] for h in (1, 3)]
+    np.testing.assert_allclose(same[1], same[0], rtol=1e-12)
+    assert not np.allclose(same[0], en)
