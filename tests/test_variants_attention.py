@@ -457,12 +457,19 @@ def test_solve_moments_attention_against_particles():
 
 
 @pytest.mark.slow  # default-suite counterpart: test_solve_moments_attention_against_particles
-@pytest.mark.parametrize("attention,n,iters,tol_S,tol_m", [
-    ("softmax", 8000, 0, 0.01, 0.01), ("l2", 8000, 0, 0.01, 0.03), ("sinkhorn", 2000, 30, 2e-3, 1e-8)])
-def test_solve_moments_attention_against_particles_large(attention, n, iters, tol_S, tol_m):
+@pytest.mark.parametrize("attention,n,iters,dt,tol_S,tol_m", [
+    ("softmax", 8000, 0, 0.05, 0.005, 0.01),
+    ("l2", 8000, 0, 0.05, 0.01, 0.1),
+    ("sinkhorn", 1000, 20, 0.1, 1e-3, 1e-7)])
+def test_solve_moments_attention_against_particles_large(attention, n, iters, dt, tol_S, tol_m):
     """The moment ODE of each closed right-hand side against N particles (blocked kernel,
-    RK4 h = 0.05, t = 1, two heads, A, b ≠ 0, m ≠ 0)."""
-    err_S, err_m = _moments_vs_particles(attention, n, max(iters, 1), "blocked", 0.05)
+    RK4, t = 1, two heads, A, b ≠ 0, m ≠ 0). Measured errors (Σ, m), relative to their
+    changes: softmax (N = 8000, h = 0.05) 0.12 %, 0.19 %; L2 (8000) 0.23 %, 4.3 %; Sinkhorn
+    (N = 1000, 20 sweeps, h = 0.1) 1.8e−4, 6e−9. L2's mean
+    has a large Monte Carlo error (its instantaneous rate: 3.9 % at N = 4000, 0.19 % at
+    16000; c itself is exact against quadrature above); Sinkhorn's mean moves by A m + b +
+    Σ_h V_h m exactly (doubly stochastic weights), up to the Sinkhorn error."""
+    err_S, err_m = _moments_vs_particles(attention, n, max(iters, 1), "blocked", dt)
     assert err_S < tol_S and err_m < tol_m
 
 
