@@ -267,6 +267,38 @@ def test_depth_attention_reduces_and_switches_layers(qkv):
         DepthAttention(Qs, Ks, Vs[:, :, :3], beta)
 
 
+def _old_layer_ambient(m, l, x):
+    """DepthAttention's former per-layer field (its own dense softmax), in NumPy."""
+    Q, K, V, u, c = (np.asarray(a)[l] for a in (m.Q, m.K, m.V, m.u, m.c))
+    out = np.asarray(c)[None, :].copy()
+    for h in range(Q.shape[0]):
+        s = float(m.beta) * ((x @ Q[h].T) @ (x @ K[h].T).T + (x @ u[h])[None, :])
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        out = out + (w / w.sum(axis=1, keepdims=True)) @ x @ V[h].T
+    return out
+
+
+def test_depth_attention_through_the_heads_kernel():
+    """DepthAttention's layer field now runs on MultiHeadAttention's kernel (heads vmapped,
+    the bias β⟨u, x_j⟩ a key bias): dense and blocked (ragged blocks) equal the former dense
+    softmax on random weights with biases u, c, every layer (1e−12, float64)."""
+    r = np.random.default_rng(3)
+    L, H, k, d, n = 2, 3, 2, 4, 37
+    Q, K = r.normal(size=(2, L, H, k, d))
+    V = r.normal(size=(L, H, d, d))
+    u, c = r.normal(size=(L, H, d)), r.normal(size=(L, d))
+    x = r.normal(size=(n, d)) * 1.5  # any radius (pre-LN states)
+    ev = eqx.filter_jit(lambda m, l, x: m.layer_ambient(l, x))
+    for kernel in ("dense", "blocked"):
+        m = DepthAttention(Q, K, V, 2.0, 0.5, u=u, c=c, kernel=kernel, k_block=8, q_block=16)
+        for l in range(L):
+            np.testing.assert_allclose(ev(m, jnp.asarray(l), jnp.asarray(x)),
+                                       _old_layer_ambient(m, l, x), rtol=0, atol=1e-12)
+    assert m.layer_model(1).kernel == "blocked" and m.layer_model(1).k_block == 8
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        DepthAttention(Q, K, V, 2.0, kernel="flash")
+
+
 # ---------------------------------------------------------------------------------------
 # MiniLM's trained heads
 

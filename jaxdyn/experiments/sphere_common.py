@@ -215,6 +215,18 @@ def weights_for(pc):
     return tuple(jnp.asarray(m, dtype) for m in (Q, K, V))
 
 
+def energy_forms(pc):
+    """The bilinear forms B_h = Q_hᵀK_h (H, d, d) of a point's heads, for the ``energy``
+    statistic E = (1/H) Σ_h E_β(B_h) (each head weighted by its value share V_h = V/H, so H
+    identical heads report the one head's E_β; masks and positions are not part of it: it is
+    a statistic of the cloud). A plain point: QᵀK, H = 1."""
+    Q, K, V = weights_for(pc)
+    if not is_variant(pc):
+        return jnp.matmul(Q.T, K, precision=jax.lax.Precision.HIGHEST)[None]
+    m = variant_model(pc, Q, K, V)
+    return jnp.einsum("hpd,hpe->hde", m.Q, m.K, precision=jax.lax.Precision.HIGHEST)
+
+
 def models_for(pcs):
     """Stacked SphereAttention models (one per point) for a chunk sharing static fields:
     the chunk's weights broadcast, β per point (one model built, not one per point)."""

@@ -55,4 +55,7 @@ from ._theory import (
 from ._variants import (  # issue 15: attention variants
     conditional_mean_map as conditional_mean_map,
     covariance_rhs as covariance_rhs,
+    conditional_mean_affine as conditional_mean_affine,
+    variant_moment_rhs as variant_moment_rhs,
 )
+from ._solve import VariantMomentField as VariantMomentField  # issue 15: solve_moments(attention=)

@@ -56,6 +56,7 @@ HIGHEST = jax.lax.Precision.HIGHEST
 __all__ = [
     "Control",
     "MomentField",
+    "VariantMomentField",
     "MomentSolution",
     "MomentStatus",
     "solve_moments",
@@ -185,6 +186,70 @@ class MomentField(eqx.Module):
     def __call__(self, t, y, args=None):
         m, S = y
         return moment_rhs(m, S, *self.params(t))
+
+
+class VariantMomentField(eqx.Module):
+    r"""The moment field of multi-head softmax, L2 or Sinkhorn attention (docs/math.md §G.5):
+    ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]``, whose conditional means on N(m, Σ) are affine,
+    ``c_h + T_h(Σ) x`` (:func:`jaxdyn.gaussian.variant_moment_rhs`):
+
+        m' = A m + b + Σ_h V_h (c_h + T_h m),   Σ' = M Σ + Σ Mᵀ,   M = A + Σ_h V_h T_h(Σ).
+
+    ``A``: (d, d) array or :class:`Control`; ``b``: (d,) array, Control or None; ``Q, K``:
+    (H, p, d) (or (p, d)); ``V``: (H, d, d) (or (d, d)); ``beta`` > 0; ``attention``:
+    ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β, the converged plan).
+    """
+
+    A: Union[jax.Array, Control]
+    b: Union[jax.Array, Control]
+    Q: jax.Array
+    K: jax.Array
+    V: jax.Array
+    beta: jax.Array
+    attention: str = eqx.field(static=True, default="softmax")
+
+    def __init__(self, A, Q, K, V, b=None, *, beta=1.0, attention="softmax"):
+        from ._variants import COVARIANCE_ATTENTIONS, _heads
+
+        if attention not in COVARIANCE_ATTENTIONS:
+            raise ValueError(f"attention must be one of {COVARIANCE_ATTENTIONS}, got "
+                             f"{attention!r}")
+        Q, K, V = _heads(Q, K, V)
+        d = Q.shape[2]
+        if A is None:
+            A = jnp.zeros((d, d), Q.dtype)
+        sA = _shape_of(A) if isinstance(A, Control) else jnp.shape(A)
+        if tuple(sA) != (d, d):
+            raise ValueError(f"A must have shape ({d}, {d}) to match Q, K, V, got {tuple(sA)}")
+        if b is None:
+            b = jnp.zeros((d,), Q.dtype)
+        if tuple(_shape_of(b)) != (d,):
+            raise ValueError(f"b must have shape ({d},), got {tuple(_shape_of(b))}")
+        self.A = A if isinstance(A, Control) else jnp.asarray(A)
+        self.b = b if isinstance(b, Control) else jnp.asarray(b)
+        self.Q, self.K, self.V = Q, K, V
+        self.beta = jnp.asarray(beta, Q.dtype)
+        if self.beta.ndim != 0:
+            raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}")
+        if _is_concrete(self.beta) and not bool(self.beta > 0):
+            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
+        self.attention = attention
+
+    @property
+    def dim(self) -> int:
+        return self.Q.shape[2]
+
+    def breakpoints(self):
+        bps = [p.breakpoints() for p in (self.A, self.b) if isinstance(p, Control)]
+        bps = [x for x in bps if x.shape[0] > 0]
+        return jnp.concatenate(bps) if bps else None
+
+    def __call__(self, t, y, args=None):
+        from ._variants import variant_moment_rhs
+
+        m, S = y
+        return variant_moment_rhs(m, S, _at(self.A, t), _at(self.b, t), self.Q, self.K, self.V,
+                                  self.beta, attention=self.attention)
 
 
 # ---------------------------------------------------------------------------------------
@@ -487,11 +552,62 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     return error_if_failed(out, out.result) if throw else out
 
 
-def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-8,
+@eqx.filter_jit
+def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint,
+                       dt0, throw=False):
+    """:func:`_solve_jit` for a :class:`VariantMomentField`: the same event at the threshold,
+    reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
+    sides have no single (V, B) quadratic part)."""
+    dtype = S0.dtype
+    d = S0.shape[0]
+    asym, lmin, scale = covariance_defects(S0)
+    tol = _cov_tol(dtype, d) * scale
+    invalid = ~((asym <= tol) & (lmin >= -tol))
+    S0 = 0.5 * (S0 + S0.T)
+    thr = threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+
+    def cond_fn(t, y, args, **kwargs):
+        m, S = y
+        bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
+        return (jnp.sqrt(jnp.sum(S * S)) >= thr) | bad
+
+    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field), solver, jnp.zeros((), dtype), t1, dt0, (m0, S0),
+        saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
+        stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
+        throw=False, adjoint=adjoint)
+    (m_all, S_all), (m_end, S_end) = sol.ys
+    t_end = sol.ts[1][0]
+    m_end, S_end = m_end[0], S_end[0]
+    s = jnp.sqrt(jnp.sum(S_end * S_end))
+    finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
+    event = sol.result == diffrax.RESULTS.event_occurred
+    big = event & finite & (s >= thr)
+    ok = (sol.result == diffrax.RESULTS.successful) & finite
+    maxed = sol.result == diffrax.RESULTS.max_steps_reached
+    other = jnp.where(finite & ~event, RESULTS.promote(sol.result)._value, MomentStatus.NONFINITE)
+    status = jnp.where(ok, MomentStatus.OK,
+                       jnp.where(big, MomentStatus.LARGE,
+                                 jnp.where(maxed & finite, MomentStatus.MAX_STEPS, other)))
+    status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
+    good = (ts < t_end) | (status == MomentStatus.OK)
+    nan = jnp.asarray(jnp.nan, dtype)
+    out = MomentSolution(ts=ts, mean=jnp.where(good[:, None], m_all, nan),
+                         cov=jnp.where(good[:, None, None], S_all, nan),
+                         t_final=t_end.astype(dtype), mean_final=m_end, cov_final=S_end,
+                         blowup_time=jnp.full((), jnp.inf, dtype), result=from_codes(status),
+                         stats={"num_steps": sol.stats["num_steps"],
+                                "num_accepted_steps": sol.stats["num_accepted_steps"]})
+    return error_if_failed(out, out.result) if throw else out
+
+
+def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: float = 1e-8,
                   atol: float = 1e-10, solver: Optional[diffrax.AbstractSolver] = None,
                   max_steps: int = 16384, blowup_threshold: float = 1e6,
                   adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None,
-                  throw: bool = False) -> MomentSolution:
+                  throw: bool = False, attention: Optional[str] = None, Q=None, K=None,
+                  beta=1.0) -> MomentSolution:
     r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
@@ -514,6 +630,14 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
         its message (``eqx.error_if``: also under jit/vmap). Default False.
       adjoint: diffrax adjoint (default ``RecursiveCheckpointAdjoint``) — ``jax.grad``
         through this function with respect to the controls works.
+      attention: None (default: Paper B's system above, ``A`` and ``B`` required) or
+        ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``: the closed moment ODE of multi-head
+        attention in R^d (:class:`VariantMomentField`, docs/math.md §G.5),
+        ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]`` with logits β⟨Q_h x, K_h y⟩ (softmax, and
+        Sinkhorn's doubly stochastic plan at ε = 1/β) or −β|Q_h x − K_h y|² (L2). Then
+        ``Q, K``: (H, p, d) (or (p, d)), ``V``: (H, d, d) (or (d, d)), ``beta`` > 0, ``A``
+        None (0), an array or a Control, and ``B`` must be None. Passing ``‖Σ‖`` over the
+        threshold is reported ``large`` (no pole test, no T*).
 
     Returns: :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`; an S0
     that is not a covariance under jit/vmap is ``invalid_input``). Jit-compiled internally; vmappable over stacks of
@@ -521,7 +645,16 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
     vmapped adaptive solve runs until its slowest member ends; for large sweeps with
     blow-ups use :func:`jaxdyn.solve_moments_batch`.
     """
-    field = MomentField(A, B, V, b)
+    if attention is None:
+        if A is None or B is None or Q is not None or K is not None:
+            raise ValueError("solve_moments: A and B are required (and Q, K not taken) "
+                             "unless attention= selects a variant right-hand side")
+        field = MomentField(A, B, V, b)
+    else:
+        if B is not None or Q is None or K is None:
+            raise ValueError(f"solve_moments(attention={attention!r}) takes Q, K (per-head "
+                             f"weights) and beta instead of B")
+        field = VariantMomentField(A, Q, K, V, b, beta=beta, attention=attention)
     d = field.dim
     S0 = jnp.asarray(S0)
     check_covariance(S0, "S0")
@@ -542,8 +675,9 @@ def solve_moments(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
-    return _solve_jit(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-                      adjoint, dt0, bool(throw))
+    run = _solve_jit if attention is None else _solve_variant_jit
+    return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+               adjoint, dt0, bool(throw))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

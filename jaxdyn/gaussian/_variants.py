@@ -13,10 +13,17 @@ where ``E_{w^h}[y | x] = T_h(S) x`` with A_h = β K_hᵀ Q_h:
 * L2:       T = 2 S (I + 2β K_hᵀK_h S)^{-1} A          (logits −β|Q_h x − K_h y|²)
 * Sinkhorn: T = S^{1/2} Z S^{1/2} A,  Z = 2 (I + (I + 4 N)^{1/2})^{-1},
             N = S^{1/2} A S Aᵀ S^{1/2}               (entropic plan, ε = 1/β)
+
+On a cloud N(m, S) with a mean the conditional mean is affine, ``E_{w^h}[y | x] = c_h + T_h x``
+with the same T_h and c_h = m (softmax), (I + 2β S K_hᵀK_h)^{-1} m (L2), (I − T_h) m
+(Sinkhorn: the plan is translation-equivariant); :func:`variant_moment_rhs` is the moment
+ODE of ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]`` that :func:`jaxdyn.solve_moments` integrates
+with ``attention=...`` (docs/math.md §G.5).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ..kernels._attention import HIGHEST
@@ -81,3 +88,33 @@ def covariance_rhs(S, Q, K, V, beta=1.0, *, attention="softmax"):
             for h in range(Q.shape[0]))
     MS = _mm(M, S)
     return MS + MS.T
+
+
+def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
+    """``(c, T)`` with ``E_w[y | x] = c + T x`` for one head on N(m, S) (module doc)."""
+    T = conditional_mean_map(S, Q, K, beta, attention=attention)
+    if attention == "softmax":
+        c = m
+    elif attention == "l2":
+        eye = jnp.eye(S.shape[0], dtype=S.dtype)
+        c = jnp.linalg.solve(eye + 2.0 * beta * _mm(S, _mm(K.T, K)), m)
+    else:
+        c = m - _mm(T, m)
+    return c, T
+
+
+def variant_moment_rhs(m, S, A, b, Q, K, V, beta=1.0, *, attention="softmax"):
+    r"""``(m', S')`` of a Gaussian N(m, S) under ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]``:
+
+        m' = A m + b + Σ_h V_h (c_h + T_h m),   S' = M S + S Mᵀ,   M = A + Σ_h V_h T_h(S),
+
+    heads vmapped (Q, K (H, p, d), V (H, d, d)); ``S'`` is formed as ``G + Gᵀ`` (exactly
+    symmetric). With one softmax head and ``β K ᵀQ = B`` this is Paper B's moment ODE."""
+    Q, K, V = _heads(Q, K, V)
+    c, T = jax.vmap(lambda q, k: conditional_mean_affine(m, S, q, k, beta,
+                                                         attention=attention))(Q, K)
+    M = A + jnp.sum(jnp.matmul(V, T, precision=HIGHEST), axis=0)
+    dm = _mm(A, m) + b + jnp.sum(jnp.einsum("hde,he->hd", V, c + _mm(T, m[:, None])[..., 0],
+                                            precision=HIGHEST), axis=0)
+    G = _mm(M, S)
+    return dm, G + G.T

@@ -17,19 +17,17 @@ redraws do (:func:`redrawn_weights`), and a trained checkpoint's heads
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels._attention import HIGHEST
+from ..kernels._attention import KERNELS, HIGHEST
+from ..kernels._variants import heads_interaction
 from ..sphere import tangent_project
 from ._fields import AbstractParticleModel
-
-
-def _mm(a, b):
-    return jnp.matmul(a, b, precision=HIGHEST)
 
 
 class DepthAttention(AbstractParticleModel):
@@ -41,6 +39,10 @@ class DepthAttention(AbstractParticleModel):
       beta: inverse temperature β > 0 (scalar array leaf).
       period: τ > 0, the time each layer acts (scalar array leaf).
       u: (L, H, d) key-side logit biases or None (0); c: (L, d) drifts or None (0).
+      kernel, k_block, q_block: the kernel of :class:`~jaxdyn.MultiHeadAttention`
+        (``jaxdyn.kernels.heads_interaction``, the key-side bias β⟨u, x_j⟩ its ``key_bias``):
+        ``"dense"`` | ``"blocked"`` (one pass over the key blocks for all heads) |
+        ``"auto"``; block sizes as :class:`~jaxdyn.SphereAttention`.
     """
 
     manifold: ClassVar[str] = "sphere"
@@ -51,8 +53,12 @@ class DepthAttention(AbstractParticleModel):
     c: jax.Array
     beta: jax.Array
     period: jax.Array
+    kernel: str = eqx.field(static=True, default="auto")
+    k_block: Optional[int] = eqx.field(static=True, default=None)
+    q_block: Optional[int] = eqx.field(static=True, default=None)
 
-    def __init__(self, Q, K, V, beta, period=1.0, *, u=None, c=None):
+    def __init__(self, Q, K, V, beta, period=1.0, *, u=None, c=None, kernel="auto", k_block=None,
+                 q_block=None):
         arrs = [a for a in (Q, K, V) if hasattr(a, "dtype")]
         dt = jnp.result_type(*[a.dtype for a in arrs]) if arrs else jnp.float32
         Q, K, V = (jnp.asarray(a, dt) for a in (Q, K, V))
@@ -82,14 +88,20 @@ class DepthAttention(AbstractParticleModel):
                 raise ValueError(f"{name} must be a scalar, got shape {v.shape}")
             if not isinstance(v, jax.core.Tracer) and not bool(v > 0):
                 raise ValueError(f"{name} must be > 0, got {float(v)}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.kernel = kernel
+        self.k_block = None if k_block is None else int(k_block)
+        self.q_block = None if q_block is None else int(q_block)
 
     @classmethod
-    def from_heads(cls, heads, *, beta=None, period=1.0, biases=True):
+    def from_heads(cls, heads, *, beta=None, period=1.0, biases=True, **kernel):
         """From ``jaxdyn.encoder.attention_heads(params, cfg)`` (a dict of Q, K, V, u, c and
         the encoder's own scale ``beta`` = 1/√d_h, used when ``beta`` is None). ``biases=False``
-        drops u and c (the pure bilinear heads)."""
+        drops u and c (the pure bilinear heads); ``kernel``: ``kernel``, ``k_block``, ``q_block``."""
         return cls(heads["Q"], heads["K"], heads["V"], heads["beta"] if beta is None else beta,
-                   period, u=heads["u"] if biases else None, c=heads["c"] if biases else None)
+                   period, u=heads["u"] if biases else None, c=heads["c"] if biases else None,
+                   **kernel)
 
     @property
     def dim(self) -> int:
@@ -115,18 +127,19 @@ class DepthAttention(AbstractParticleModel):
         layer-by-layer runs with schemes that evaluate at a step's end (RK4's last stage at
         t = (l+1)τ sees layer l + 1 in the full model; Euler and exp-Euler never do)."""
         return DepthAttention(self.Q[l:l + 1], self.K[l:l + 1], self.V[l:l + 1], self.beta,
-                              self.period, u=self.u[l:l + 1], c=self.c[l:l + 1])
+                              self.period, u=self.u[l:l + 1], c=self.c[l:l + 1],
+                              kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
 
     def layer_ambient(self, l, x):
-        """Σ_h V_{l,h} Σ_j w^{l,h}_ij x_j + c_l for layer l (x: (N, d), any radius)."""
-        def head(Qh, Kh, Vh, uh):
-            q, k = _mm(x, Qh.T), _mm(x, Kh.T)
-            s = self.beta * (_mm(q, k.T) + _mm(x, uh)[None, :])
-            w = jax.nn.softmax(s, axis=-1)
-            return _mm(_mm(w, x), Vh.T)
-
-        out = jax.vmap(head)(self.Q[l], self.K[l], self.V[l], self.u[l])
-        return jnp.sum(out, axis=0) + self.c[l]
+        """Σ_h V_{l,h} Σ_j w^{l,h}_ij x_j + c_l for layer l (x: (N, d), any radius): the heads
+        of :class:`~jaxdyn.MultiHeadAttention`'s kernel (dense or blocked), with the key bias
+        β⟨u_{l,h}, x_j⟩."""
+        q = jnp.einsum("hpd,nd->hnp", self.Q[l], x, precision=HIGHEST)
+        k = jnp.einsum("hpd,nd->hnp", self.K[l], x, precision=HIGHEST)
+        bias = self.beta * jnp.einsum("hd,nd->hn", self.u[l], x, precision=HIGHEST)
+        m = heads_interaction(q, k, x, self.beta, key_bias=bias, kernel=self.kernel,
+                              k_block=self.k_block, q_block=self.q_block)
+        return jnp.einsum("hne,hde->nd", m, self.V[l], precision=HIGHEST) + self.c[l]
 
     def ambient(self, t, x, args=None):
         """The field before the tangent projection (``__call__ = P⊥(x) ambient``)."""

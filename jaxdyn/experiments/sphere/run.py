@@ -23,10 +23,15 @@ def _frames(model, xs):
 @jax.jit
 def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
     """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d): pair fraction,
-    component count, Gram rank, E_β (β per system, shared B)."""
+    component count, Gram rank, E_β (β per system; B (H, d, d) the heads' shared forms,
+    E = (1/H) Σ_h E_β(B_h), one head at a time)."""
+    if B.shape[0] == 1:
+        en = clusters.interaction_energy(xs, beta[:, None], B[0])
+    else:
+        en = jnp.mean(jax.lax.map(lambda b: clusters.interaction_energy(xs, beta[:, None], b),
+                                  B), axis=0)
     return (clusters.pair_fraction(xs, pair_threshold), clusters.cluster_count(xs, delta),
-            clusters.gram_rank(xs, gram_threshold),
-            clusters.interaction_energy(xs, beta[:, None], B))
+            clusters.gram_rank(xs, gram_threshold), en)
 
 
 #: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
@@ -48,8 +53,7 @@ def cluster_stats_of(xs, pcs):
     devices, the XLA runtime (jax 0.10.2) stalled with every thread waiting."""
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
-    Q, K, _ = sc.weights_for(p0)
-    B = jnp.matmul(Q.T, K, precision=jax.lax.Precision.HIGHEST)
+    B = sc.energy_forms(p0)  # (H, d, d): B_h = Q_hᵀK_h of the point's heads
     thr = tuple(jnp.asarray(p0[k], dtype) for k in ("pair_threshold", "cluster_delta",
                                                     "gram_threshold"))
     betas = np.array([p["beta"] for p in pcs], dtype)

@@ -61,4 +61,7 @@ def summarize(cfg, ds):
                     "time_to_at_most_2_clusters": float(t[few[0]]) if few.size else None,
                 }
         res["per_variant"] = var
+        if "energy" in ds:
+            res["energy_definition"] = ("(1/H) sum_h E_beta(B_h), B_h = Q_h^T K_h of each "
+                                        "head (masks and positions not included)")
     return res
