@@ -29,8 +29,9 @@ sys.path.insert(0, tree); sys.path.insert(0, os.path.join(tree, "benchmarks"))
 import jax
 jax.config.update("jax_enable_x64", True)
 import numpy as np
-import jaxdyn
-assert os.path.realpath(jaxdyn.__file__).startswith(os.path.realpath(tree)), jaxdyn.__file__
+import importlib.util
+origin = importlib.util.find_spec("jaxdyn").origin
+assert os.path.realpath(origin).startswith(os.path.realpath(tree)), origin
 if which == "moments":
     from jaxdyn.gaussian import solve_moments_batch
     from bench_moments import workload
