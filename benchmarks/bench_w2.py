@@ -169,16 +169,18 @@ def run(args, save):
             else:  # minutes per call: the one call is the figure (compilation included)
                 med, times = row["jaxdyn_first_call_s"], [row["jaxdyn_first_call_s"]]
                 row["single_call"] = True
+            # the result's fields are numpy arrays: plain floats for the JSON file
             row.update(
-                jaxdyn_s=med, jaxdyn_times_s=times, jaxdyn_w2=res.value, epsilon=res.epsilon,
-                converged=res.converged, n_iters=res.n_iters, epsilons=list(res.epsilons),
-                epsilon_floored=res.epsilon_floored, geometry=res.geometry,
-                kernel_density=res.kernel_density,
+                jaxdyn_s=med, jaxdyn_times_s=times, jaxdyn_w2=float(res.value),
+                epsilon=float(res.epsilon), converged=bool(res.converged),
+                n_iters=int(res.n_iters), epsilons=[float(e) for e in np.asarray(res.epsilons)],
+                epsilon_floored=bool(res.epsilon_floored), geometry=res.geometry,
+                kernel_density=float(res.kernel_density),
                 batch_size=(None if multiscale else default_batch_size(n, n) or "dense"),
             )
             if case == "affine":
                 row["closed_form_w2"] = affine_w2(x)
-                row["closed_form_rel_err"] = res.value / row["closed_form_w2"] - 1.0
+                row["closed_form_rel_err"] = float(res.value) / row["closed_form_w2"] - 1.0
             row["coupling_upper_bound"] = float(w2_coupling(xj, yj))
 
             if n <= args.exact_max:
@@ -186,7 +188,7 @@ def run(args, save):
                 ex = w2_exact(x.astype(dtype), y.astype(dtype))
                 row["exact_s"] = time.perf_counter() - t0
                 row["exact_w2"] = ex
-                row["rel_err"] = res.value / ex - 1.0
+                row["rel_err"] = float(res.value) / ex - 1.0
                 row["speedup_vs_exact"] = row["exact_s"] / med
             if n <= args.ott_max:
                 t0 = time.perf_counter()

@@ -228,3 +228,21 @@ def test_multiscale_option_is_checked():
     x, y = _clusters(50)
     with pytest.raises(ValueError, match="multiscale"):
         w2_sinkhorn(x, y, multiscale="yes")
+
+
+def test_list_lengths_are_bucketed_and_padding_is_empty():
+    """The neighbour lists of successive rounds share a few lengths (one compilation each);
+    the padding entries are the empty block ``nk`` and every kept block is listed."""
+    from jaxdyn.distances._multiscale import _bucket, _neighbours
+
+    sizes = [_bucket(k, 8) for k in range(1, 400)]
+    assert all(s >= k and s % 8 == 0 for k, s in zip(range(1, 400), sizes))
+    assert sorted(set(sizes)) == [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    rng = np.random.default_rng(0)
+    keep = rng.random((5, 40)) < 0.3
+    nbr = _neighbours(keep, rng.random((5, 40)))
+    assert nbr.shape[1] == _bucket(int(keep.sum(1).max()), 8)
+    for i in range(5):
+        listed = nbr[i][nbr[i] < 40]
+        assert sorted(listed.tolist()) == np.flatnonzero(keep[i]).tolist()
+        assert np.all(nbr[i][len(listed):] == 40)

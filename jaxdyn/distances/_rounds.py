@@ -44,6 +44,35 @@ def _annealed_epsilon_class():
 _ANNEALED_EPSILON = None
 
 
+def _anderson_class():
+    """ott's ``AndersonAcceleration`` keeping the potentials' dtype (ott's own history
+    buffers and mixing weights take the default float dtype: float64 potentials under
+    ``jax_enable_x64`` with float32 clouds break Sinkhorn's loop)."""
+    from ott import utils
+    from ott.solvers.linear import acceleration
+
+    @utils.register_pytree_node
+    class Anderson(acceleration.AndersonAcceleration):
+        def extrapolation(self, xs, fxs):
+            return super().extrapolation(xs, fxs).astype(fxs.dtype)
+
+        def init_maps(self, pb, state):
+            fus = jnp.full((pb.geom.shape[0], self.memory), jnp.nan, dtype=state.fu.dtype)
+            return state.set(old_fus=fus, old_mapped_fus=fus)
+
+    return Anderson
+
+
+_ANDERSON = None
+
+
+def _anderson(memory):
+    global _ANDERSON
+    if _ANDERSON is None:
+        _ANDERSON = _anderson_class()
+    return _ANDERSON(memory=memory)
+
+
 def _annealed_epsilon(target, init, decay):
     global _ANNEALED_EPSILON
     if _ANNEALED_EPSILON is None:
@@ -63,10 +92,10 @@ def _anneal_length(decay: float) -> int:
 @functools.partial(
     jax.jit,
     static_argnames=("threshold", "max_iterations", "batch_size", "decay", "momentum_start",
-                     "block"),
+                     "block", "anderson"),
 )
 def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
-                    max_iterations, batch_size, decay, momentum_start, block=None):
+                    max_iterations, batch_size, decay, momentum_start, block=None, anderson=0):
     """One round: the three entropic problems at ``eps``, annealed from ``eps_start`` and
     warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
 
@@ -111,11 +140,16 @@ def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, 
     half = np.asarray(0.5, dtype)
     # (x, y): alternate updates, adaptive over-relaxation (Lehmann et al.) measured once the
     # annealing is over; it cuts the iterations at small ε by 10x on spread clouds.
-    solver_xy = sinkhorn.Sinkhorn(
-        threshold=threshold,
-        max_iterations=max_iterations,
-        momentum=acceleration.Momentum(start=momentum_start, value=one),
-    )
+    if anderson:
+        solver_xy = sinkhorn.Sinkhorn(
+            threshold=threshold, max_iterations=max_iterations,
+            anderson=_anderson(anderson))
+    else:
+        solver_xy = sinkhorn.Sinkhorn(
+            threshold=threshold,
+            max_iterations=max_iterations,
+            momentum=acceleration.Momentum(start=momentum_start, value=one),
+        )
     # (x, x), (y, y): symmetric updates averaged with weight 1/2, as ott's divergence does.
     solver_sym = sinkhorn.Sinkhorn(
         threshold=threshold,

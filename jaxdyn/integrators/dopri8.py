@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import diffrax
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -42,8 +43,24 @@ DOPRI8 = ButcherTableau(
 del _T
 
 
+def _combo(row, K, n):
+    """``Σ_{j<n} row[j] K[j]`` summed in the order j = 0, 1, ... (``row`` traced or static)."""
+    acc = row[0] * K[0]
+    for j in range(1, n):
+        acc = acc + row[j] * K[j]
+    return acc
+
+
 def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: bool = False):
     """One step of the explicit FSAL ``tableau`` for the autonomous ``y' = f(y)`` on a pytree.
+
+    The stages run in one ``lax.fori_loop`` whose body evaluates ``f`` once (the row of the
+    tableau is read from a constant array by the stage index), so the compiled program holds
+    one copy of ``f``, not one per stage: a 13-stage Dopri8 step compiles several times
+    faster than its unrolled form. The stage sums add the terms in the order j = 0, 1, ...
+    over the whole row (zero coefficients included): the same floating-point sums as the
+    unrolled form, which skips the zero terms (``x + 0·k = x``), whenever the stages are
+    finite.
 
     Args:
       f: ``y -> y'`` (same pytree structure).
@@ -58,18 +75,40 @@ def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: b
       ``ys`` (``ys[i]`` is stage i's argument, ``ys[0] = y``).
     """
     tm = jax.tree_util.tree_map
-    a_rows, e = tableau.a, tableau.e
     ns = len(tableau.b)
-    ks = [f(y) if k0 is None else k0]
-    ys = [y]
+    coef = np.zeros((ns, ns))
     for i in range(1, ns):
-        a = a_rows[i - 1]
-        inc = tm(lambda *k: sum(a[j] * k[j] for j in range(i) if a[j] != 0.0), *ks)
-        yi = tm(lambda y_, d_: y_ + h * d_, y, inc)
-        ys.append(yi)
-        if i < ns - 1 or last_stage:
-            ks.append(f(yi))
-    y1 = yi  # the last (FSAL) row of a equals b
+        coef[i, :i] = tableau.a[i - 1]
+    nk = ns if last_stage else ns - 1  # derivatives evaluated: k_0 .. k_{nk-1}
+    k_first = f(y) if k0 is None else k0
+    K = tm(lambda k: jnp.zeros((nk,) + jnp.shape(k), jnp.result_type(k)).at[0].set(k), k_first)
+    Y = tm(lambda v: jnp.zeros((ns,) + jnp.shape(v), jnp.result_type(v)).at[0].set(v), y)
+
+    def stage_arg(row, K, n):
+        if hasattr(row, "astype"):  # traced row: one contraction over the stage axis
+            inc = tm(lambda Kl: jnp.tensordot(row[:n].astype(Kl.dtype), Kl, axes=1,
+                                              precision=jax.lax.Precision.HIGHEST), K)
+        else:
+            inc = tm(lambda Kl: _combo(row, Kl, n), K)
+        return tm(lambda y_, d_: y_ + h * d_, y, inc)
+
+    table = jnp.asarray(coef)
+
+    def body(i, carry):
+        K, Y = carry
+        yi = stage_arg(table[i], K, nk)
+        Y = tm(lambda Yl, v: Yl.at[i].set(v), Y, yi)
+        K = tm(lambda Kl, k: Kl.at[i].set(k), K, f(yi))
+        return K, Y
+
+    K, Y = jax.lax.fori_loop(1, nk, body, (K, Y))
+    if not last_stage:  # the FSAL row: y1 without its derivative
+        y1 = stage_arg([float(c) for c in coef[ns - 1]], K, nk)
+        Y = tm(lambda Yl, v: Yl.at[ns - 1].set(v), Y, y1)
+    ks = [tm(lambda Kl: Kl[j], K) for j in range(nk)]
+    ys = [tm(lambda Yl: Yl[i], Y) for i in range(ns)]
+    y1 = ys[-1]  # the last (FSAL) row of a equals b
+    e = tableau.e
     err = tm(lambda *k: h * sum(e[j] * k[j] for j in range(len(ks)) if e[j] != 0.0), *ks)
     return y1, err, ks, ys
 
