@@ -16,6 +16,46 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+# One persistent compilation cache per test session, in a temporary folder shared by the xdist
+# workers and the subprocesses of the tests (created by the controller before the workers start; they inherit the variable), so
+# that a program compiled by one worker (the same step of the same model in several test files)
+# is loaded, not compiled again, by the other. Removed when the session ends. The user's cache
+# folder is never touched (JAXDYN_NO_CACHE above keeps the CLI's own cache off).
+_SESSION_CACHE = "JAXDYN_TEST_SESSION_JIT_CACHE"
+if not os.environ.get(_SESSION_CACHE):
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="jaxdyn-tests-jit-")
+    atexit.register(shutil.rmtree, os.environ[_SESSION_CACHE], True)
+    # the subprocesses that tests start (the CLI, the 4-device and the multi-process runs) read
+    # JAX's options from the environment: they share the session's cache too
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
+
+def _use_session_cache():
+    jax.config.update("jax_compilation_cache_dir", os.environ[_SESSION_CACHE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+_use_session_cache()
+
+
+@pytest.fixture(autouse=True)
+def _session_cache_back():
+    """A test that turns the persistent cache elsewhere or off (tests/test_startup.py) gets
+    the session's back afterwards."""
+    yield
+    if jax.config.jax_compilation_cache_dir != os.environ[_SESSION_CACHE]:
+        from jax.experimental.compilation_cache import compilation_cache as cc
+
+        cc.reset_cache()
+        _use_session_cache()
+
 DTYPES = [np.float32, np.float64]
 
 

@@ -105,6 +105,7 @@ def test_bad_blocks_and_formulation():
 
 @pytest.mark.parametrize("self_keys", [True, False])
 @pytest.mark.parametrize("branch,safe", [("maximum", -1.0), ("bound", 1e30)])
+@pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
 def test_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, dtype, self_keys, branch,
                                                           safe):
     # the CPU block step shifts softmax weights by the Cauchy–Schwarz bound where that is

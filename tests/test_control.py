@@ -92,6 +92,7 @@ def _start(d, mean=0.0):
 
 
 @pytest.mark.parametrize("d", [2, 4])
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_certificate_full_rank_monge(d, dtype):
     m1, S1 = random_target(10 + d, d, dtype=dtype)
     m0, S0 = (a.astype(dtype) for a in _start(d, 0.5))
@@ -185,7 +186,7 @@ def _check_reached(res, m0, S0, m1, S1, bound=1e-4):
     return w2_ref
 
 
-@pytest.mark.slow  # 12 s; reach by default: attention-only, bounded and energy modes
+@pytest.mark.slow  # 12 s; reach by default: bounded and energy modes (attention-only under -m slow)
 @pytest.mark.parametrize("d,seed", [(2, 1), (2, 2),
                                     pytest.param(4, 3, marks=pytest.mark.slow)])
 def test_reach_all_free_from_zero(d, seed):
@@ -207,6 +208,7 @@ def test_reach_all_free_from_zero(d, seed):
     assert all(c.values.shape[0] == N_PIECES for c in res.controls.values())
 
 
+@pytest.mark.slow  # ~12 s (two reach solves); reach by default: the bounded and energy modes
 def test_attention_only():
     """A = b = 0. From m0 = 0 the mean cannot move (m' = V(I + ΣB) m keeps m = 0): the
     covariance is reached, W2 stays |m1|. From m0 = e1 the target is reached."""
@@ -295,6 +297,7 @@ def test_reach_input_errors():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_controlled_field_matches_euclidean(dtype):
     rng = np.random.default_rng(1)
     d, n = 3, 4
@@ -315,6 +318,7 @@ def test_controlled_field_matches_euclidean(dtype):
         ControlledEuclideanAttention(np.eye(2), np.eye(3), np.eye(2))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_transfer_affine_flow_is_exact(dtype):
     """With V = B = 0 the particle flow is the affine map x ↦ G x + c of the certificate:
     RK4 (A constant per piece) reproduces it; L Euler layers converge to it at order 1."""

@@ -90,6 +90,7 @@ def test_coupling_bounds_exact_from_above(n, d, seed, scale):
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_coupling_bounds_exact_on_sphere_clouds(seed, dtype):
     rng = np.random.default_rng(seed)
     x = _unit(rng.standard_normal((300, 3))).astype(dtype)
@@ -341,6 +342,7 @@ def test_bures_singular_covariances():
     assert float(bures_w2(m, S0, m, S0)) == pytest.approx(0.0, abs=1e-7)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_bures_commuting_closed_form(dtype):
     # diagonal (commuting) covariances: W2^2 = |Δm|^2 + Σ (sqrt a_i - sqrt b_i)^2
     a = np.array([0.5, 2.0, 3.0, 1e-3], dtype=dtype)
@@ -356,6 +358,7 @@ def test_bures_commuting_closed_form(dtype):
     assert float(got) == pytest.approx(ref, rel=tol(dtype, 1e-4, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_bures_is_symmetric_and_jit_vmap(dtype):
     rng = np.random.default_rng(10)
     d, k = 3, 4

@@ -94,6 +94,7 @@ def _np_encoder(params, cfg, h0, mask=None):
     return out
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_encoder_matches_numpy_reference(dtype):
     key = jax.random.PRNGKey(0)
     params = _rich_params(TINY, key, dtype)
@@ -109,6 +110,7 @@ def test_encoder_matches_numpy_reference(dtype):
             np.testing.assert_allclose(np.asarray(a), r, rtol=0, atol=tol(dtype, 2e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_post_ln_outputs_are_normalised(dtype):
     params = _rich_params(TINY, jax.random.PRNGKey(2), dtype)
     h0 = 3.0 * np.random.default_rng(3).normal(size=(3, 5, 16)).astype(dtype)
@@ -121,6 +123,7 @@ def test_post_ln_outputs_are_normalised(dtype):
         np.testing.assert_allclose((u**2).mean(-1), 1.0, atol=tol(dtype, 1e-4, 1e-10))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_token_permutation_equivariance(dtype):
     # No position embeddings enter encode: permuting tokens permutes the outputs.
     params = _rich_params(TINY, jax.random.PRNGKey(4), dtype)
@@ -131,6 +134,7 @@ def test_token_permutation_equivariance(dtype):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a)[:, perm], atol=tol(dtype, 1e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_padding_is_invisible(dtype):
     params = _rich_params(TINY, jax.random.PRNGKey(7), dtype)
     rng = np.random.default_rng(8)
@@ -145,6 +149,7 @@ def test_padding_is_invisible(dtype):
     np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=tol(dtype, 1e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_random_like_is_bert_init(dtype):
     cfg = BertConfig(
         hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2, vocab_size=500
@@ -199,6 +204,7 @@ def test_structural_errors():
         embed(params, TINY, jnp.zeros((1, 21), jnp.int32))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_input_layernorm_option(dtype):
     params = _rich_params(TINY, jax.random.PRNGKey(9), dtype)
     h0 = jnp.asarray(np.random.default_rng(9).normal(size=(2, 4, 16)).astype(dtype))
@@ -353,6 +359,7 @@ def _torch_stack(model, h0, mask, torch_dtype):
 
 
 @pytest.mark.models
+@pytest.mark.slow_dtype("f64")  # the model's own dtype (f32) in the default suite, f64 under -m slow
 def test_minilm_encoder_stack_matches_transformers(minilm, dtype):
     import torch
 

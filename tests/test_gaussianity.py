@@ -35,6 +35,7 @@ KW = dict(n_dirs=64, n_floor=16, n_pc=3)
 # Building blocks
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_sort_columns_is_a_sort(dtype):
     rng = np.random.default_rng(0)
     a = rng.normal(size=(257, 5)).astype(dtype) * np.array([1e-30, 1e-3, 1.0, 1e3, 1e30], dtype)
@@ -42,6 +43,7 @@ def test_sort_columns_is_a_sort(dtype):
     np.testing.assert_array_equal(np.asarray(sort_columns(jnp.asarray(a))), np.sort(a, axis=0))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_sliced_w2_of_a_translation(dtype):
     # Every projection is shifted by θ·c, so SW2² = mean_k (θ_k·c)² exactly.
     rng = np.random.default_rng(1)
@@ -58,6 +60,7 @@ def test_sliced_w2_of_a_translation(dtype):
     np.testing.assert_allclose(np.linalg.norm(np.asarray(dirs), axis=0), 1.0, rtol=tol(dtype, 1e-6, 1e-14))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_sliced_w2_one_dimensional_closed_form(dtype):
     # d = 1: directions are ±1 and SW2 is the 1-D W2 of sorted samples.
     x = np.array([[0.0], [1.0], [5.0]], dtype)
@@ -67,6 +70,7 @@ def test_sliced_w2_one_dimensional_closed_form(dtype):
     np.testing.assert_allclose(float(sliced_w2(jnp.asarray(x), jnp.asarray(y), dirs)), expected, rtol=1e-6)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_projected_moments_closed_forms(dtype):
     # Two atoms ±a along e1 (and anything symmetric elsewhere): g1 = 0, g2 = 1 − 3 = −2.
     x = np.array([[2.0, 1.0], [-2.0, -1.0], [2.0, -1.0], [-2.0, 1.0]], dtype)
@@ -83,6 +87,7 @@ def test_projected_moments_closed_forms(dtype):
     np.testing.assert_allclose(float(g2[0]), (1 - 6 * p * q) / (p * q), rtol=tol(dtype, 1e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_effective_rank_closed_forms(dtype):
     def er(lam):
         a, b = effective_rank(jnp.asarray(np.array(lam, dtype)))
@@ -96,6 +101,7 @@ def test_effective_rank_closed_forms(dtype):
     np.testing.assert_allclose(er([1.0, -1e-7, 1.0]), [2.0, 2.0], rtol=r)  # rounding negatives
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_moments_match_numpy(dtype):
     x = np.random.default_rng(2).normal(size=(500, 4)) @ np.diag([1.0, 2.0, 3.0, 0.1])
     x = x.astype(dtype)
@@ -129,6 +135,7 @@ def gauss_profiles():
     }
 
 
+@pytest.mark.slow_dtype("f64")  # the model's own dtype (f32) in the default suite, f64 under -m slow
 def test_profile_structure(gauss_profiles, dtype):
     prof = gauss_profiles[dtype]
     assert set(prof.values) == set(METRICS) == set(prof.floors)
@@ -147,6 +154,7 @@ def test_profile_structure(gauss_profiles, dtype):
         prof.zscore("nope")
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_exact_gaussians_sit_at_the_floor(gauss_profiles, dtype):
     prof = gauss_profiles[dtype]
     for k in GAUSSIANITY_METRICS:
@@ -155,6 +163,7 @@ def test_exact_gaussians_sit_at_the_floor(gauss_profiles, dtype):
 
 
 @pytest.mark.filterwarnings("ignore::scipy.linalg.LinAlgWarning")  # singular Σ on purpose
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_profile_descriptors_and_bures_are_exact(gauss_profiles, dtype):
     # scale, erank, pr and the consecutive-layer Bures distance, recomputed in float64 with
     # NumPy/SciPy from the same clouds (scipy.linalg.sqrtm, an independent square root).
@@ -181,6 +190,7 @@ def test_profile_descriptors_and_bures_are_exact(gauss_profiles, dtype):
     assert np.all(np.asarray(prof.zscore("bures")) > 10)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_profile_is_affine_invariant(dtype):
     # Scaling and translating every point leaves the normalised metrics unchanged (the
     # Gaussian reference and floor samples scale with the cloud for a fixed key).

@@ -163,6 +163,7 @@ def test_euclidean_model_runs_without_retraction():
 
 
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
+@pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
 def test_ensemble_step_is_the_integrator_class(dtype, method):
     """simulate_ensemble's batch-minor step is the integrator class on Sphere(axis=1): bitwise
     equal to the class stepping each system in the (N, d) layout of simulate."""

@@ -188,6 +188,7 @@ def _models(dtype, betas):
     return jaxdyn.stack_models([jaxdyn.SphereAttention(eye, eye, eye, b) for b in betas])
 
 
+@pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
 def test_sharded_vmap_equals_vmap_on_present_devices(dtype):
     betas = [0.5, 2.0, 9.0]
     models = _models(dtype, betas)

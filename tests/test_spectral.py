@@ -32,6 +32,7 @@ def _unit(a):
 # ------------------------------------------------------------------- check_assumptions
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_assumptions_hold_for_a_built_example(dtype):
     w = spectral_weights([1.0, 0.4, -0.2], rotation=0.6, seed=0, dtype=dtype)
     r = check_assumptions(w.Q, w.K, w.V)
@@ -44,6 +45,7 @@ def test_assumptions_hold_for_a_built_example(dtype):
     assert "holds" in str(r)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_singular_B_fails_only_invertibility(dtype):
     Q = np.eye(3, dtype=dtype)
     K = np.diag([1.0, 2.0, 0.0]).astype(dtype)  # B = K singular
@@ -57,6 +59,7 @@ def test_singular_B_fails_only_invertibility(dtype):
     assert "FAILS (1 of 3 parts)" in str(r)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_asymmetric_M_fails_only_symmetry_and_reports_the_norm(dtype):
     Q = K = np.eye(3, dtype=dtype)
     V = np.array([[1.0, 1.0, 0.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.1]], dtype=dtype)
@@ -71,6 +74,7 @@ def test_asymmetric_M_fails_only_symmetry_and_reports_the_norm(dtype):
     assert r.eigenvalues == pytest.approx(tuple(ref), abs=1e-6)
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_missing_gap_fails_only_the_gap(dtype):
     Q = K = np.eye(3, dtype=dtype)
     V = 2.0 * np.eye(3, dtype=dtype)
@@ -202,6 +206,7 @@ def test_lyapunov_closed_form(dtype):
     assert np.allclose(L, np.tan(th.astype(np.float64)) ** 2, rtol=tol(dtype, 1e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_angle_to_subspace_and_mass_near(dtype):
     # points at known angles to the plane E = span(e1, e2) in R^3
     th = np.array([0.0, 0.05, 0.1, 0.3, 0.6, 1.0, 1.5, math.pi / 2], dtype=np.float64)
@@ -258,6 +263,7 @@ def test_rotation_matrix():
         rotation_matrix(3, 0.1, (1, 1))
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_builder_gives_requested_spectrum(dtype):
     mu = [1.0, 0.4, -0.2, 0.1]
     w = spectral_weights(mu, rotation=0.5, key=jax.random.PRNGKey(0), dtype=dtype)
