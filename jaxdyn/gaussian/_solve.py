@@ -486,16 +486,23 @@ def _save_times(saveat, t1, dtype):
     return ts
 
 
+
+def _prepared_start(S0, threshold):
+    """(S0 symmetrised, whether it is not a covariance to its dtype's tolerance, the event
+    threshold on ‖S‖_F relative to max(‖S0‖_F, 1)), as both solve paths use them."""
+    asym, lmin, scale = covariance_defects(S0)
+    tol = _cov_tol(S0.dtype, S0.shape[0]) * scale
+    invalid = ~((asym <= tol) & (lmin >= -tol))
+    S0 = 0.5 * (S0 + S0.T)
+    return S0, invalid, threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+
+
 @eqx.filter_jit
 def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
                throw=False):
     dtype = S0.dtype
     d = S0.shape[0]
-    asym, lmin, scale = covariance_defects(S0)
-    tol = _cov_tol(dtype, d) * scale
-    invalid = ~((asym <= tol) & (lmin >= -tol))
-    S0 = 0.5 * (S0 + S0.T)
-    thr = threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+    S0, invalid, thr = _prepared_start(S0, threshold)
 
     def cond_fn(t, y, args, **kwargs):
         m, S = y
@@ -559,12 +566,7 @@ def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max
     reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
     sides have no single (V, B) quadratic part)."""
     dtype = S0.dtype
-    d = S0.shape[0]
-    asym, lmin, scale = covariance_defects(S0)
-    tol = _cov_tol(dtype, d) * scale
-    invalid = ~((asym <= tol) & (lmin >= -tol))
-    S0 = 0.5 * (S0 + S0.T)
-    thr = threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+    S0, invalid, thr = _prepared_start(S0, threshold)
 
     def cond_fn(t, y, args, **kwargs):
         m, S = y

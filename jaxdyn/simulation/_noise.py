@@ -36,7 +36,7 @@ import numpy as np
 from .._results import RESULTS, error_if_failed
 from ..integrators import geometry_of
 from ..sphere import tangent_project
-from ._simulate import Trajectory, _check_x0, _plan, save_indices, saved_states
+from ._simulate import Trajectory, _check_x0, _plan, fixed_step_trajectory, save_indices
 
 SDE_METHODS = ("geodesic_em", "heun", "midpoint")
 _DIFFRAX_SDE = {"heun": diffrax.Heun, "midpoint": diffrax.Midpoint}
@@ -121,12 +121,7 @@ def _run_gem(model, x0, key, sigma, args, t0, dt, idx):
         x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
         return x
 
-    xs = saved_states(x0, idx, advance)
-    ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a
-    result = RESULTS.where(jnp.all(jnp.isfinite(xs)), RESULTS.successful, RESULTS.nonfinite)
-    steps = jnp.asarray(idx[-1])
-    return Trajectory(ts=ts, xs=xs, result=result,
-                      stats={"num_steps": steps, "num_accepted_steps": steps})
+    return fixed_step_trajectory(x0, idx, advance, t0, dt_a)
 
 
 @eqx.filter_jit

@@ -265,8 +265,16 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
     def advance(x, k_start, n_steps):
         return fixed_steps(integ, model, x, t0, dt_a, n_steps, args, k_start=k_start)
 
+    return fixed_step_trajectory(x0, idx, advance, t0, dt_a)
+
+
+def fixed_step_trajectory(x0, idx, advance, t0, dt):
+    """The :class:`Trajectory` of a fixed-step run (deterministic or stochastic): the states at
+    the static step indices ``idx`` (:func:`saved_states` with ``advance``), their times
+    ``t0 + idx·dt`` (``t0``, ``dt`` arrays of the state's dtype), ``nonfinite`` if any saved
+    state is not finite, and the step counts."""
     xs = saved_states(x0, idx, advance)
-    ts = t0 + jnp.asarray(np.asarray(idx), dtype) * dt_a
+    ts = t0 + jnp.asarray(np.asarray(idx), t0.dtype) * dt
     result = RESULTS.where(jnp.all(jnp.isfinite(xs)), RESULTS.successful, RESULTS.nonfinite)
     steps = jnp.asarray(idx[-1])
     return Trajectory(ts=ts, xs=xs, result=result,
