@@ -497,6 +497,21 @@ def _prepared_start(S0, threshold):
     return S0, invalid, threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
 
 
+
+def _solve_until(field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint):
+    """One adaptive diffrax solve of ``field`` from (m0, S0) on [0, t1], saved at ``ts`` and at
+    its end, stopped by the event ``cond_fn`` (PID steps, the field's breakpoints as jump
+    times): (the solution, (means, covariances) at ts, (mean, covariance, time) at the end)."""
+    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field), solver, jnp.zeros((), S0.dtype), t1, dt0, (m0, S0),
+        saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
+        stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
+        throw=False, adjoint=adjoint)
+    (m_all, S_all), (m_end, S_end) = sol.ys
+    return sol, (m_all, S_all), (m_end[0], S_end[0], sol.ts[1][0])
+
+
 @eqx.filter_jit
 def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
                throw=False):
@@ -511,16 +526,8 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
         bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
         return (s >= thr) | bad
 
-    bps = field.breakpoints()
-    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=bps)
-    sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), solver, jnp.zeros((), dtype), t1, dt0, (m0, S0),
-        saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
-        stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
-        throw=False, adjoint=adjoint)
-    (m_all, S_all), (m_end, S_end) = sol.ys
-    t_end = sol.ts[1][0]
-    m_end, S_end = m_end[0], S_end[0]
+    sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
+        field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
     A, B, V, _ = field.params(t_end)
     s, ell, q = blowup_indicators(S_end, A, B, V)
     finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
@@ -573,15 +580,8 @@ def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max
         bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
         return (jnp.sqrt(jnp.sum(S * S)) >= thr) | bad
 
-    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
-    sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), solver, jnp.zeros((), dtype), t1, dt0, (m0, S0),
-        saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
-        stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
-        throw=False, adjoint=adjoint)
-    (m_all, S_all), (m_end, S_end) = sol.ys
-    t_end = sol.ts[1][0]
-    m_end, S_end = m_end[0], S_end[0]
+    sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
+        field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
     s = jnp.sqrt(jnp.sum(S_end * S_end))
     finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
     event = sol.result == diffrax.RESULTS.event_occurred

@@ -36,7 +36,8 @@ import numpy as np
 from .._results import RESULTS, error_if_failed
 from ..integrators import geometry_of
 from ..sphere import tangent_project
-from ._simulate import Trajectory, _check_x0, _plan, fixed_step_trajectory, save_indices
+from ._simulate import (Trajectory, _check_x0, _plan, diffrax_trajectory, fixed_step_trajectory,
+                        save_indices)
 
 SDE_METHODS = ("geodesic_em", "heun", "midpoint")
 _DIFFRAX_SDE = {"heun": diffrax.Heun, "midpoint": diffrax.Midpoint}
@@ -140,10 +141,4 @@ def _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method):
                               saveat=diffrax.SaveAt(ts=ts),
                               stepsize_controller=diffrax.ConstantStepSize(),
                               max_steps=idx[-1] + 1, throw=False)
-    result = RESULTS.promote(sol.result)
-    xs = sol.ys
-    result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(xs)),
-                           RESULTS.nonfinite, result)
-    return Trajectory(ts=ts, xs=xs, result=result,
-                      stats={"num_steps": sol.stats["num_steps"],
-                             "num_accepted_steps": sol.stats["num_accepted_steps"]})
+    return diffrax_trajectory(sol, ts)

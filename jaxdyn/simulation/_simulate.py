@@ -290,8 +290,13 @@ def _run_diffrax(model, x0, args, t0, t1, dt, idx, method, rtol, atol, max_steps
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         max_steps=max_steps, throw=False)
-    # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...); a
-    # successful solve with NaN/inf in it is nonfinite
+    # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...)
+    return diffrax_trajectory(sol, ts)
+
+
+def diffrax_trajectory(sol, ts):
+    """The :class:`Trajectory` of a diffrax solve saved at ``ts`` (ODE or SDE): diffrax's code
+    passes through; a successful solve with NaN/inf in it is ``nonfinite``."""
     result = RESULTS.promote(sol.result)
     xs = sol.ys
     result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(xs)),
