@@ -5,6 +5,7 @@ Speed itself is measured in benchmarks/bench_startup.py, not here."""
 
 import ast
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -90,8 +91,10 @@ def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
         assert folder is not None and folder.parent == tmp_path / "cache"
         quiet = dict(progress=False, log=lambda *_: None)
         first = run_experiment(TINY, tmp_path / "a", **quiet).summary
-        assert first["compiled_programs"] > 0 and first["compile_seconds"] > 0
-        assert first["compute_seconds"] >= 0 and first["compilation_cache"] == str(folder)
+        # the split is reported (what the timings are worth is benchmarks/bench_startup.py's)
+        assert first["compiled_programs"] > 0 and first["compilation_cache"] == str(folder)
+        assert all(isinstance(first[k], float) and math.isfinite(first[k])
+                   for k in ("compile_seconds", "compute_seconds"))
         assert len(list(folder.iterdir())) >= first["compiled_programs"] - first["compile_cache_hits"]
         jax.clear_caches()
         segments.SEGMENTS.clear()
