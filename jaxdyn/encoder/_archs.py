@@ -53,18 +53,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._bert import attend, layer_norm
+
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _mm(x, w):
     return jnp.matmul(x, w, precision=_HIGHEST)
-
-
-def _ln(x, g, b, eps):
-    mu = jnp.mean(x, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
-    y = (x - mu) * jax.lax.rsqrt(var + eps) * g
-    return y if b is None else y + b
 
 
 def _gelu(x):
@@ -74,16 +69,6 @@ def _gelu(x):
 def _trunc(key, shape, std, cutoff, dtype):
     """N(0, std²) truncated to [−cutoff, cutoff] (cutoff absolute)."""
     return std * jax.random.truncated_normal(key, -cutoff / std, cutoff / std, shape, dtype)
-
-
-def _attention(q, k, v, bias):
-    """q, k, v: (b, s, H, dh); bias: None or (s, s) additive. Returns (b, s, H·dh)."""
-    b, s, H, dh = q.shape
-    logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
-    if bias is not None:
-        logits = logits + bias
-    w = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, H * dh)
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,14 +157,14 @@ def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
     """Layer ``layer`` of ModernBERT (weights ``p`` without the layer axis)."""
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
-    u = x if layer == 0 else _ln(x, p["attn_norm"], None, cfg.norm_eps)
+    u = x if layer == 0 else layer_norm(x, p["attn_norm"], None, cfg.norm_eps)
     qkv = _mm(u, p["wqkv"]).reshape(b, s, 3, H, dh)
     glob = cfg.is_global(layer)
     theta = cfg.global_rope_theta if glob else cfg.local_rope_theta
     q, k = rope(qkv[:, :, 0], theta), rope(qkv[:, :, 1], theta)
     bias = None if glob else window_bias(s, cfg.local_attention, x.dtype)
-    x = x + _mm(_attention(q, k, qkv[:, :, 2], bias), p["wo"])
-    g, a = jnp.split(_mm(_ln(x, p["mlp_norm"], None, cfg.norm_eps), p["wi"]), 2, axis=-1)
+    x = x + _mm(attend(q, k, qkv[:, :, 2], bias), p["wo"])
+    g, a = jnp.split(_mm(layer_norm(x, p["mlp_norm"], None, cfg.norm_eps), p["wi"]), 2, axis=-1)
     return x + _mm(_gelu(g) * a, p["wf"])
 
 
@@ -306,9 +291,9 @@ def _embed_deit(params, cfg, images):
 def deit_layer(p, cfg: DeitConfig, x):
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
-    qkv = (_mm(_ln(x, p["ln1_g"], p["ln1_b"], cfg.norm_eps), p["wqkv"]) + p["bqkv"]).reshape(b, s, 3, H, dh)
-    x = x + _mm(_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None), p["wo"]) + p["bo"]
-    y = _gelu(_mm(_ln(x, p["ln2_g"], p["ln2_b"], cfg.norm_eps), p["w1"]) + p["b1"])
+    qkv = (_mm(layer_norm(x, p["ln1_g"], p["ln1_b"], cfg.norm_eps), p["wqkv"]) + p["bqkv"]).reshape(b, s, 3, H, dh)
+    x = x + _mm(attend(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None), p["wo"]) + p["bo"]
+    y = _gelu(_mm(layer_norm(x, p["ln2_g"], p["ln2_b"], cfg.norm_eps), p["w1"]) + p["b1"])
     return x + _mm(y, p["w2"]) + p["b2"]
 
 

@@ -381,10 +381,26 @@ def init_bert(
 
 
 def layer_norm(x, g, b, eps):
-    """``γ ⊙ (x − mean) / sqrt(var + eps) + β`` over the last axis (biased variance)."""
+    """``γ ⊙ (x − mean) / sqrt(var + eps) + β`` over the last axis (biased variance); ``b``
+    None: no bias (ModernBERT's LayerNorms)."""
     mu = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
-    return (x - mu) * jax.lax.rsqrt(var + eps) * g + b
+    y = (x - mu) * jax.lax.rsqrt(var + eps) * g
+    return y if b is None else y + b
+
+
+def attend(q, k, v, bias=None, key_mask=None):
+    """Scaled dot-product attention of every head: q, k, v (b, s, H, dh) → (b, s, H·dh);
+    ``bias`` an additive (s, s) logit bias, ``key_mask`` (b, s) the keys that may be attended
+    (the others get the dtype's lowest logit)."""
+    b, s, H, dh = q.shape
+    logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
+    if bias is not None:
+        logits = logits + bias
+    if key_mask is not None:
+        logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
+    w = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, H * dh)
 
 
 def _dense(x, w, b):
@@ -399,12 +415,7 @@ def self_attention(lp: LayerParams, cfg: BertConfig, x, mask=None):
     q = _dense(x, lp.wq, lp.bq).reshape(b, s, H, dh)
     k = _dense(x, lp.wk, lp.bk).reshape(b, s, H, dh)
     v = _dense(x, lp.wv, lp.bv).reshape(b, s, H, dh)
-    logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
-    if mask is not None:
-        logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
-    w = jax.nn.softmax(logits, axis=-1)
-    a = jnp.einsum("bhqk,bkhe->bqhe", w, v, precision=_HIGHEST).reshape(b, s, d)
-    return _dense(a, lp.wo, lp.bo)
+    return _dense(attend(q, k, v, key_mask=mask), lp.wo, lp.bo)
 
 
 def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
