@@ -166,7 +166,103 @@ def torch_sync(device):
     return sync
 
 
-def machine_info():
+#: XLA:CPU's ISA levels in order (the values of ``--xla_cpu_max_isa``).
+XLA_ISAS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
+_ISA_FLAGS = {"SSE4_2": "sse4_2", "AVX": "avx", "AVX2": "avx2", "AVX512": "avx512f",
+              "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16", "AMX": "amx_tile",
+              "AMX_FP16": "amx_fp16"}
+
+
+def _xla_flag(flags, name):
+    """The value of ``--name=value`` in an XLA_FLAGS string (the last one wins), or None."""
+    val = None
+    for tok in flags.split():
+        if tok.startswith(f"--{name}="):
+            val = tok.split("=", 1)[1]
+    return val
+
+
+def cpu_isa(flags=None, cpu_flags=None):
+    """The vector ISA XLA:CPU generates code for here: the CPU's extensions (/proc/cpuinfo),
+    the cap ``--xla_cpu_max_isa`` and the preferred width ``--xla_cpu_prefer_vector_width``
+    from ``XLA_FLAGS``, and the result: ``target_isa`` (the highest level the CPU has and the
+    cap allows), ``vector_bits`` (512 only where AVX-512 is allowed and 512 is preferred; XLA's
+    default preference is 256) and a one-line ``label``. Library kernels that XLA calls
+    (YNNPACK/XNNPACK matmuls) choose their ISA at run time from the CPU and ignore the cap."""
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    if cpu_flags is None:
+        try:
+            cpu_flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+        except (OSError, StopIteration):
+            cpu_flags = None
+    info = {"cpu_flags": None if cpu_flags is None else
+            {f: f in cpu_flags for f in ("avx", "avx2", "fma", "avx512f", "avx512_vnni",
+                                         "avx512_bf16")}}
+    cap = _xla_flag(flags, "xla_cpu_max_isa")
+    info["xla_max_isa"] = cap
+    width = _xla_flag(flags, "xla_cpu_prefer_vector_width")
+    info["xla_prefer_vector_width"] = int(width) if width else None
+    if cpu_flags is None:
+        info.update(target_isa=None, vector_bits=None, label="unknown CPU extensions")
+        return info
+    have = [isa for isa in XLA_ISAS if _ISA_FLAGS[isa] in cpu_flags]
+    best = have[-1] if have else None
+    target = best
+    if cap is not None and cap.upper() in XLA_ISAS and best is not None:
+        target = XLA_ISAS[min(XLA_ISAS.index(best), XLA_ISAS.index(cap.upper()))]
+    info["target_isa"] = target
+    wide = target is not None and XLA_ISAS.index(target) >= XLA_ISAS.index("AVX512")
+    avx = target is not None and XLA_ISAS.index(target) >= XLA_ISAS.index("AVX")
+    pref = info["xla_prefer_vector_width"] or 256
+    info["vector_bits"] = min(pref, 512) if wide else (min(pref, 256) if avx else 128)
+    fma = " + FMA" if "fma" in cpu_flags and avx and XLA_ISAS.index(target) >= 2 else ""
+    name = "AVX-512" if wide else (target or "scalar")
+    label = f"{name}{fma}, {info['vector_bits']}-bit vectors"
+    if cap is not None and best is not None and target != best:
+        label += f" (CPU has {best}; capped by --xla_cpu_max_isa={cap})"
+    info["label"] = label
+    return info
+
+
+def emitted_vectors():
+    """What XLA:CPU actually emits here: compile a float32 exp loop with its object files
+    dumped (a per-compilation option) and count the vector registers in the machine code
+    (``objdump``). Returns {"zmm": k, "ymm": k, "xmm": k, "widest": "zmm"|"ymm"|"xmm"|None}
+    or None where that cannot be checked (not a CPU backend, no objdump)."""
+    import glob
+    import shutil
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+
+    if jax.default_backend() != "cpu" or not shutil.which("objdump"):
+        return None
+    d = tempfile.mkdtemp(prefix="jaxdyn_isa_")
+    try:
+        fn = jax.jit(lambda a: jnp.exp(a - 1.0) * 2.0)
+        fn.lower(jnp.zeros(4096, jnp.float32)).compile(compiler_options={"xla_dump_to": d})
+        counts = {"zmm": 0, "ymm": 0, "xmm": 0}
+        objs = glob.glob(os.path.join(d, "*.o"))
+        for o in objs:
+            asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", o], capture_output=True,
+                                 text=True, timeout=60).stdout
+            for r in counts:
+                counts[r] += asm.count(f"%{r}")
+    except Exception as e:  # a check, never a failure of the benchmark
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    if not objs:
+        return None
+    counts["widest"] = next((r for r in ("zmm", "ymm", "xmm") if counts[r]), None)
+    return counts
+
+
+def machine_info(codegen_check=True):
+    """Facts of the machine and the run, recorded in every benchmark JSON: CPU model and
+    vector extensions (``isa``: :func:`cpu_isa`, plus with ``codegen_check`` the registers of
+    XLA's emitted exp loop, :func:`emitted_vectors`), JAX version, devices, XLA flags, load."""
     import jax
 
     info = {
@@ -188,6 +284,11 @@ def machine_info():
         info["avx512"] = "avx512f" in flags
     except (OSError, StopIteration):
         pass
+    info["isa"] = cpu_isa()
+    if codegen_check:
+        em = info["isa"]["emitted"] = emitted_vectors()
+        if em and em.get("widest"):
+            info["isa"]["label"] += f"; emitted exp loop uses {em['widest']} registers"
     try:
         info["loadavg_start"] = os.getloadavg()
     except OSError:

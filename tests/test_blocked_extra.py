@@ -156,3 +156,32 @@ def test_bound_shift_gradient_equals_dense_gradient():
     g_dense = jax.grad(loss)(B, "dense")
     g_blocked = jax.grad(loss)(B, "blocked")
     np.testing.assert_allclose(np.asarray(g_blocked), np.asarray(g_dense), rtol=1e-10, atol=1e-12)
+
+
+def test_cpu_logits_by_matmul_and_in_the_exp_loop_equal_dense(dtype):
+    # The CPU step with a fixed shift (bound-shifted softmax; unnormalised: no shift) forms
+    # a tile's logits either by a matrix product or inside the exponential's loop on a
+    # (keys × queries) tile; both give the dense kernel's result, padded blocks included.
+    x, B, qx = _setup(dtype, 203, beta=6.0)
+    for normalization in ("softmax", "unnormalized"):
+        dense = interaction(x, x, B, 6.0, kernel="dense", normalization=normalization)
+        scale = float(jnp.max(jnp.abs(dense)))
+        for logits in ("matmul", "fused"):
+            got = blocked(qx, x, normalization, k_block=64, q_block=96, formulation="dot",
+                          self_keys=True, logits=logits)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
+                                       atol=tol(dtype, 1e-5, 1e-12) * scale)
+    with pytest.raises(ValueError, match="logits"):
+        blocked(qx, x, logits="einsum")
+
+
+def test_fused_logits_large_beta_float32():
+    # β = 10⁴ (logits of order 10⁴, the bound shift taken: r_i − l_ii = 0): the logits
+    # formed inside the exponential's loop match the dense kernel as the product's do.
+    x, _, _ = _setup(np.float32, 200, beta=1.0)
+    dense = np.asarray(interaction(x, x, jnp.eye(3, dtype=jnp.float32), 1e4, kernel="dense"))
+    for logits in ("matmul", "fused"):
+        m = blocked(1e4 * x, x, k_block=64, q_block=64, formulation="dot", self_keys=True,
+                    logits=logits)
+        assert bool(jnp.all(jnp.isfinite(m)))
+        np.testing.assert_allclose(np.asarray(m), dense, atol=1e-5)
