@@ -224,7 +224,13 @@ def worker(args):
     small = to_in(points(256, d))
     (sync or _jax_sync)(fn(small))
     base_rss = rss_bytes()
-    print(json.dumps({"impl": args.worker, "baseline_rss_bytes": base_rss, "devices": ndev}), flush=True)
+    from common import cpu_isa
+
+    # each worker's own XLA flags (the single-device ones skip the host-device setup and
+    # with it the 512-bit vector preference): the ISA XLA targets in this process
+    print(json.dumps({"impl": args.worker, "baseline_rss_bytes": base_rss, "devices": ndev,
+                      "isa": cpu_isa(), "xla_flags": os.environ.get("XLA_FLAGS", "")}),
+          flush=True)
     spent = 0.0
     prev_t = None
     for n in ns:

@@ -22,6 +22,14 @@ Measured here, in one invocation:
   used = devices) and for one device (cores used = 1; XLA may still spread a loop over
   two threads, so that fraction can exceed what one core allows).
 
+Both kinds of CPU: ``--max-isa AVX2`` caps the ISA of XLA's generated code
+(``--xla_cpu_max_isa``, with XLA's default 256-bit vector preference, as on a CPU without
+AVX-512; ``common.cap_isa``) for the whole run, floor included; ``--isas native AVX2`` runs the script once per
+ISA (one subprocess each, in turn, ``--isa-rounds`` times) and writes
+``roofline<tag>_<isa>.json`` per run plus a ``by_isa`` section in ``roofline<tag>.json``.
+Every JSON records the ISA XLA targeted and the registers of an emitted exp loop
+(``machine.isa``, see ``common.machine_info``).
+
 Output: benchmarks/results/roofline<tag>.json and .png.
 """
 
@@ -40,6 +48,9 @@ P.add_argument("--min-log2n", type=int, default=12)
 P.add_argument("--max-log2n", type=int, default=16)
 P.add_argument("--beta", type=float, default=10.0)
 P.add_argument("--exp-worker", action="store_true", help=argparse.SUPPRESS)
+P.add_argument("--isas", nargs="+", default=None,
+               help="run once per ISA ('native' = no cap), each in its own process")
+P.add_argument("--isa-rounds", type=int, default=1, help="with --isas: alternate this often")
 add_common_args(P)
 
 EXP_SIZES = (16384, 65536)
@@ -160,8 +171,69 @@ def exp_rate_sample(total):
     return best
 
 
+def by_isa(args, argv):
+    """Run this script once per ISA of ``--isas`` (subprocesses, in turn), merge."""
+    import subprocess
+
+    from common import HERE, RESULTS, write_json
+
+    rest, skip = [], False
+    for a in argv:  # the arguments minus --isas/--isa-rounds/--tag
+        if skip:
+            if a.startswith("--"):
+                skip = False
+            else:
+                continue
+        if a in ("--isas", "--isa-rounds", "--tag"):
+            skip = True
+            continue
+        if a.startswith(("--isas=", "--isa-rounds=", "--tag=")):
+            continue
+        rest.append(a)
+    runs = {}
+    for rnd in range(args.isa_rounds):
+        for isa in args.isas:
+            tag = f"{args.tag}_{isa}" + (f"_r{rnd}" if args.isa_rounds > 1 else "")
+            cmd = [sys.executable, str(HERE / "bench_roofline.py"), *rest, "--tag", tag,
+                   "--no-plot"]
+            if isa != "native":
+                cmd += ["--max-isa", isa]
+            print(f"== {isa} (round {rnd + 1}/{args.isa_rounds}): {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=False)
+            p = RESULTS / f"roofline{tag}.json"
+            if p.exists():
+                runs.setdefault(isa, []).append(json.loads(p.read_text()))
+    if not runs:
+        return None
+    first = runs.get("native", next(iter(runs.values())))[-1]
+    result = dict(first)
+    result["by_isa"] = {}
+    for isa, rs in runs.items():
+        result["by_isa"][isa] = [{"isa": r["machine"].get("isa"), "loadavg": (
+            r["machine"].get("loadavg_start"), r["machine"].get("loadavg_end")),
+            "exp_one_core": r["exp_one_core"], "matmul": r["matmul"],
+            "rows": [{k: row[k] for k in ("n", "impl", "cores_used", "median_s", "min_s",
+                                          "cpu_median_s", "fraction_of_floor",
+                                          "fraction_of_floor_best", "fraction_of_floor_cpu")
+                      if k in row} for row in r["rows"]]} for r in rs]
+    print("\nper ISA (query-sharded, fraction of the exp floor measured in the same run):")
+    for isa, rs in result["by_isa"].items():
+        for r in rs:
+            print(f"  {isa:>7} [{(r['isa'] or {}).get('label', '?')}] exp "
+                  f"{r['exp_one_core']['rate_per_s'] / 1e9:.2f}·10⁹/s: " + ", ".join(
+                      f"N={row['n']} {100 * row['fraction_of_floor']:.1f}% "
+                      f"(CPU {100 * row['fraction_of_floor_cpu']:.0f}%)"
+                      for row in r["rows"] if row["impl"] == "jaxdyn_sharded"), flush=True)
+    write_json(f"roofline{args.tag}", result)
+    return result
+
+
 def main(argv=None):
-    args = setup(P, argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = P.parse_known_args(argv)[0]
+    if pre.isas:
+        return by_isa(pre, argv)
+    args = setup(P, argv)  # --max-isa: common.cap_isa
     if args.exp_worker:
         return exp_worker(args)
     if args.tiny:
@@ -175,6 +247,7 @@ def main(argv=None):
     from jaxdyn.simulation import query_sharded_field
 
     result = {"machine": machine_info(), "beta": args.beta}
+    print(f"ISA: {result['machine'].get('isa', {}).get('label')}", flush=True)
     total = 2**22 if args.tiny else 2**26
     samples = []
 
@@ -274,7 +347,8 @@ def plot(result, name):
     a2.set_ylabel("pairs per second (10⁹)")
     a2.legend(fontsize=7)
     m = result["machine"]
-    fig.suptitle(f"roofline · {m.get('cpu_model', '')} · {m['device_count']} {m['backend']} "
+    fig.suptitle(f"roofline · {m.get('cpu_model', '')} ({m.get('isa', {}).get('target_isa')}, "
+                 f"{m.get('isa', {}).get('vector_bits')}-bit) · {m['device_count']} {m['backend']} "
                  f"device(s) · matmul {result['matmul']['flops_per_s'] / 1e9:.0f} GFLOP/s · "
                  f"{m['date']}", fontsize=8)
     save_figure(fig, name)

@@ -40,7 +40,31 @@ def add_common_args(p: argparse.ArgumentParser):
     p.add_argument("--tag", default="", help="suffix of the result file names (e.g. _gpu)")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--max-isa", default=None,
+                   help="run as on a CPU without the newer vector extensions: cap XLA:CPU's "
+                        "code generation (--xla_cpu_max_isa, e.g. AVX2) and PyTorch's kernels "
+                        "(ATEN_CPU_CAPABILITY) for this run")
     return p
+
+
+def cap_isa(isa):
+    """Set the environment for a run capped at ``isa`` (before JAX and PyTorch start):
+    ``--xla_cpu_max_isa`` and, below AVX-512, XLA's default vector preference (256; jaxdyn
+    asks for 512-bit vectors on AVX-512 CPUs) unless one is already named, and PyTorch's
+    ``ATEN_CPU_CAPABILITY=avx2`` (or ``default`` below AVX2). Library kernels that XLA calls
+    (YNNPACK matmuls) still pick their ISA from the CPU."""
+    isa = isa.upper()
+    if isa not in XLA_ISAS:
+        raise SystemExit(f"--max-isa must be one of {', '.join(XLA_ISAS)}; got {isa!r}")
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags += f" --xla_cpu_max_isa={isa}"
+    below512 = XLA_ISAS.index(isa) < XLA_ISAS.index("AVX512")
+    if below512 and "xla_cpu_prefer_vector_width" not in flags:
+        flags += " --xla_cpu_prefer_vector_width=256"
+    os.environ["XLA_FLAGS"] = flags.strip()
+    if below512:
+        os.environ.setdefault("ATEN_CPU_CAPABILITY",
+                              "avx2" if XLA_ISAS.index(isa) >= XLA_ISAS.index("AVX2") else "default")
 
 
 def setup(parser: argparse.ArgumentParser, argv=None):
@@ -48,6 +72,8 @@ def setup(parser: argparse.ArgumentParser, argv=None):
     args = parser.parse_args(argv)
     if os.environ.get("JAXDYN_BENCH_TINY") == "1":
         args.tiny = True
+    if getattr(args, "max_isa", None):
+        cap_isa(args.max_isa)
     if args.no_host_devices:
         os.environ["JAXDYN_NO_HOST_DEVICES"] = "1"
     from jaxdyn.simulation import configure_host_devices
@@ -293,6 +319,8 @@ def machine_info(codegen_check=True):
         info["loadavg_start"] = os.getloadavg()
     except OSError:
         pass
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        info["torch_cpu_capability"] = os.environ["ATEN_CPU_CAPABILITY"]
     try:
         import torch
 
