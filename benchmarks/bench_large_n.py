@@ -226,8 +226,7 @@ def worker(args):
     base_rss = rss_bytes()
     from common import cpu_isa
 
-    # each worker's own XLA flags (the single-device ones skip the host-device setup and
-    # with it the 512-bit vector preference): the ISA XLA targets in this process
+    # the ISA XLA targets in this worker process (its XLA_FLAGS are the parent's)
     print(json.dumps({"impl": args.worker, "baseline_rss_bytes": base_rss, "devices": ndev,
                       "isa": cpu_isa(), "xla_flags": os.environ.get("XLA_FLAGS", "")}),
           flush=True)

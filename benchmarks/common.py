@@ -319,12 +319,14 @@ def machine_info(codegen_check=True):
         info["loadavg_start"] = os.getloadavg()
     except OSError:
         pass
-    if os.environ.get("ATEN_CPU_CAPABILITY"):
-        info["torch_cpu_capability"] = os.environ["ATEN_CPU_CAPABILITY"]
     try:
         import torch
 
         info["torch"] = torch.__version__
+        try:  # the ISA of PyTorch's CPU kernels (ATEN_CPU_CAPABILITY caps it)
+            info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        except AttributeError:
+            pass
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
