@@ -51,6 +51,9 @@ P.add_argument("--exp-worker", action="store_true", help=argparse.SUPPRESS)
 P.add_argument("--isas", nargs="+", default=None,
                help="run once per ISA ('native' = no cap), each in its own process")
 P.add_argument("--isa-rounds", type=int, default=1, help="with --isas: alternate this often")
+P.add_argument("--logits-ab", type=int, default=0, metavar="ROUNDS",
+               help="also time the blocked kernel (one device) with its logits by a matrix "
+                    "product and inside the exp loop, in this many interleaved rounds per N")
 add_common_args(P)
 
 EXP_SIZES = (16384, 65536)
@@ -218,7 +221,8 @@ def by_isa(args, argv):
                                           "cpu_median_s", "fraction_of_floor",
                                           "fraction_of_floor_best", "fraction_of_floor_cpu",
                                           "fraction_of_floor_cpu_time")
-                      if k in row} for row in r["rows"]]} for r in rs]
+                      if k in row} for row in r["rows"]],
+            "logits_ab": r.get("logits_ab")} for r in rs]
     print("\nper ISA (query-sharded, fraction of the exp floor measured in the same run):")
     for isa, rs in result["by_isa"].items():
         for r in rs:
@@ -228,8 +232,46 @@ def by_isa(args, argv):
                       f"(CPU {100 * row['fraction_of_floor_cpu']:.0f}%, CPU/CPU "
                       f"{100 * (row.get('fraction_of_floor_cpu_time') or 0):.0f}%)"
                       for row in r["rows"] if row["impl"] == "jaxdyn_sharded"), flush=True)
+            for a in r.get("logits_ab") or []:
+                print(f"          N={a['n']}: logits in the exp loop / by a product: CPU time "
+                      f"{a['cpu_ratio_fused_over_matmul']:.3f}×, wall "
+                      f"{a['wall_ratio_fused_over_matmul']:.3f}×", flush=True)
     write_json(f"roofline{args.tag}", result)
     return result
+
+
+def logits_ab(x, beta, kb, qb, rounds):
+    """The field through jaxdyn.kernels.blocked (one device, self-attention) with
+    ``logits="matmul"`` (the logits of each tile as a matrix product: the step before issue 18)
+    and ``logits="fused"`` (inside the exponential's loop), timed in interleaved rounds."""
+    import jax
+
+    import jaxdyn
+    from common import interleaved
+    from jaxdyn.kernels import blocked
+
+    fns = {}
+    for lg in ("matmul", "fused"):
+        def f(x, lg=lg):
+            m = blocked(beta * x, x, "softmax", k_block=kb, q_block=qb, self_keys=True, logits=lg)
+            return jaxdyn.sphere.tangent_project(x, m)
+        fns[lg] = jax.jit(f)
+    res = interleaved({f"logits_{lg}": {"fn": (lambda f=f: f(x))} for lg, f in fns.items()},
+                      reps=rounds)
+    n = x.shape[0]
+    out = {"n": n, "rounds": rounds}
+    for k, r in res.items():
+        r.pop("out", None)
+        out[k] = {key: r[key] for key in ("median_s", "min_s", "cpu_median_s", "compile_s")}
+    out["cpu_ratio_fused_over_matmul"] = (out["logits_fused"]["cpu_median_s"]
+                                          / out["logits_matmul"]["cpu_median_s"])
+    out["wall_ratio_fused_over_matmul"] = (out["logits_fused"]["median_s"]
+                                           / out["logits_matmul"]["median_s"])
+    print(f"  N={n:>6} logits in the exp loop / by a product, one device, {rounds} interleaved "
+          f"rounds: CPU time {out['cpu_ratio_fused_over_matmul']:.3f}×, wall "
+          f"{out['wall_ratio_fused_over_matmul']:.3f}× ({1e3 * out['logits_matmul']['median_s']:.2f}"
+          f" → {1e3 * out['logits_fused']['median_s']:.2f} ms)", flush=True)
+    return out
 
 
 def main(argv=None):
@@ -278,7 +320,7 @@ def main(argv=None):
                                    q_block=qb)
     variants = {"jaxdyn_sharded": (jax.jit(lambda x: query_sharded_field(model)(0.0, x)), ndev),
                 "jax_blocked_1dev": (jax.jit(lambda x: model(0.0, x)), 1)}
-    rows = []
+    rows, ab = [], []
     for k in range(args.min_log2n, args.max_log2n + 1):
         n = 2**k
         x = jaxdyn.sample_sphere(jax.random.PRNGKey(k), n, 3, jnp.float32)
@@ -286,6 +328,8 @@ def main(argv=None):
             stats, _ = time_call(fn, x, reps=args.reps or (7 if n <= 2**14 else 3), warmup=1,
                                  max_seconds=30)
             rows.append({"n": n, "impl": name, "cores_used": cores, **stats})
+        if args.logits_ab:
+            ab.append(logits_ab(x, args.beta, kb, qb, args.logits_ab))
         # Re-measure the rates between sizes: the floor uses the best seen in the whole run.
         sample(f"after N={n}")
         alls.append(measure_exp_all_devices(total, r0["form"], r0["size"]))
@@ -323,6 +367,8 @@ def main(argv=None):
               f"{100 * (row['fraction_of_floor_cpu_time'] or 0):5.1f}% CPU time against the exp "
               f"loop's CPU time", flush=True)
     result["rows"] = rows
+    if ab:
+        result["logits_ab"] = ab
     result["reference_exp_rate_per_core"] = 4.46e9
     name = f"roofline{args.tag}"
     write_json(name, result)
