@@ -46,12 +46,11 @@ whenever that keeps the row's largest weight in range (checked per query block a
 known logit of the row; ``SAFE_SHIFT``): one pass over each tile instead of a maximum, an
 exponential and a rescaling (measured 1.25–1.5× faster at N = 4096–16384 on 2 cores).
 Otherwise, and always on accelerators, the running maximum. With a fixed shift (the bound,
-or none for unnormalised weights), d ≤ ``FUSED_MAX_D`` and AVX-512 available to XLA, the CPU
-step forms the logits inside the exponential's loop on a (keys × queries) tile
-(``logits="fused"``): the tile is written once and read once, instead of written by a logits
-product, read and written by the exponential and read by the values product (10–12 % less
-CPU time at N = 4096–8192). Without AVX-512 (16 vector registers, which XLA's exp loop
-already spills) the logits stay a matrix product (``default_cpu_logits``). Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
+or none for unnormalised weights) and d ≤ ``FUSED_MAX_D``, the CPU step forms the logits
+inside the exponential's loop on a (keys × queries) tile (``logits="fused"``): the tile is
+written once and read once, instead of written by a logits product, read and written by the
+exponential and read by the values product (12–13 % less CPU time at N = 4096–8192 with
+AVX-512; no measurable difference with XLA capped at AVX2, ``default_cpu_logits``). Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
 to TF32, which ruins logits at large β). Float64 runs everywhere once
 ``jax.config.update("jax_enable_x64", True)`` is set and the inputs are float64.
 """
@@ -60,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -97,41 +95,13 @@ DEFAULT_BLOCKS = {
 SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
 
 
-_ISA_ORDER = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
-
-
-@functools.lru_cache(maxsize=None)
-def _cpuinfo_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return flag in line.split()
-    except OSError:
-        pass
-    return False
-
-
-def xla_cpu_avx512() -> bool:
-    """Whether XLA:CPU may emit AVX-512 here: the CPU has it (``avx512f`` in /proc/cpuinfo)
-    and ``XLA_FLAGS`` does not cap the ISA below it (``--xla_cpu_max_isa``). Read when a
-    kernel is traced; with AVX-512 the vector loops have 32 registers instead of 16."""
-    if not _cpuinfo_has("avx512f"):
-        return False
-    cap = None
-    for tok in os.environ.get("XLA_FLAGS", "").split():
-        if tok.startswith("--xla_cpu_max_isa="):
-            cap = tok.split("=", 1)[1].upper()
-    return cap is None or cap not in _ISA_ORDER or _ISA_ORDER.index(cap) >= _ISA_ORDER.index("AVX512")
-
-
 def default_cpu_logits(d: int) -> str:
     """The CPU step's logits with a fixed shift (see :func:`blocked`): ``"fused"`` (inside the
-    exponential's loop) where d <= ``FUSED_MAX_D`` and XLA may use AVX-512, else
-    ``"matmul"``. Measured at N = 4096-8192 on 2 cores of an AVX-512 EPYC: fused 10-12 %
-    less CPU time with AVX-512; under ``--xla_cpu_max_isa=AVX2`` 0-9 % more (the 16 vector
-    registers already spill in XLA's exp loop, and the d key coordinates add to them)."""
-    return "fused" if d <= FUSED_MAX_D and xla_cpu_avx512() else "matmul"
+    exponential's loop) where d <= ``FUSED_MAX_D``, else ``"matmul"``. Measured on 2 cores of
+    an AVX-512 EPYC, one device, interleaved rounds: fused 0.87-0.88x the CPU time of the
+    product logits at N = 4096-8192 with AVX-512; under ``--xla_cpu_max_isa=AVX2`` 0.97-0.98x
+    (query-sharded runs there scattered from 0.90x to 1.09x: no measurable difference)."""
+    return "fused" if d <= FUSED_MAX_D else "matmul"
 
 
 @jax.custom_batching.custom_vmap
@@ -241,7 +211,7 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
     so ``l_ii = qx_i · y_i`` is a logit of row i (used by the bound shift below).
     ``logits`` (CPU step with a fixed shift: bound-shifted softmax, unnormalised):
     ``"matmul"`` forms each tile's logits by a matrix product, ``"fused"`` inside the
-    exponential's loop; None: :func:`default_cpu_logits` (by d and the CPU's ISA).
+    exponential's loop; None: :func:`default_cpu_logits` (by d).
     Returns (n, d).
     """
     _check_choice("normalization", normalization, NORMALIZATIONS)
