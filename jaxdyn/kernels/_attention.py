@@ -49,9 +49,10 @@ Otherwise, and always on accelerators, the running maximum. With a fixed shift (
 or none for unnormalised weights) and d ≤ ``FUSED_MAX_D``, the CPU step forms the logits
 inside the exponential's loop on a (keys × queries) tile (``logits="fused"``): the tile is
 written once and read once, instead of written by a logits product, read and written by the
-exponential and read by the values product (12–13 % less CPU time at N = 4096–8192 with
-AVX-512; no measurable difference with XLA capped at AVX2, ``default_cpu_logits``). Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default
-to TF32, which ruins logits at large β). Float64 runs everywhere once
+exponential and read by the values product (0.87–0.91× the CPU time at N = 4096–8192 with
+AVX-512, 0.96–0.99× with XLA capped at AVX2: ``benchmarks/bench_roofline.py --logits-ab``).
+Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default to TF32,
+which ruins logits at large β). Float64 runs everywhere once
 ``jax.config.update("jax_enable_x64", True)`` is set and the inputs are float64.
 """
 
@@ -97,10 +98,10 @@ SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
 
 def default_cpu_logits(d: int) -> str:
     """The CPU step's logits with a fixed shift (see :func:`blocked`): ``"fused"`` (inside the
-    exponential's loop) where d <= ``FUSED_MAX_D``, else ``"matmul"``. Measured on 2 cores of
-    an AVX-512 EPYC, one device, interleaved rounds: fused 0.87-0.88x the CPU time of the
-    product logits at N = 4096-8192 with AVX-512; under ``--xla_cpu_max_isa=AVX2`` 0.97-0.98x
-    (query-sharded runs there scattered from 0.90x to 1.09x: no measurable difference)."""
+    exponential's loop) where d <= ``FUSED_MAX_D``, else ``"matmul"`` (d multiply-adds a
+    pair). Measured on 2 cores of an AVX-512 EPYC, one device, interleaved rounds: fused
+    0.87-0.91x the CPU time of the product logits at N = 4096-8192 with AVX-512, 0.96-0.99x
+    under ``--xla_cpu_max_isa=AVX2``."""
     return "fused" if d <= FUSED_MAX_D else "matmul"
 
 
