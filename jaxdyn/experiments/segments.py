@@ -55,7 +55,9 @@ def _remember(key, make):
 
 def segment_fn(frame_fn, steps, dt, se, method):
     """``sharded_vmap`` of one segment: ``steps`` steps of ``dt`` from the given state, the
-    frames of the saved states after the start; ``steps = 0``: the frames of the given state."""
+    frames of its saved states, the start included (the first segment keeps that frame, the
+    others drop it: one program for every segment, the start's frame no program of its own);
+    ``steps = 0``: the frames of the given state."""
     def make():
         if steps == 0:
             def seg(m, xx, *e):
@@ -63,7 +65,7 @@ def segment_fn(frame_fn, steps, dt, se, method):
         else:
             def seg(m, xx, *e):
                 tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=method)
-                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
+                return tr.xs[-1], frame_fn(m, tr.xs, *e), tr.finite
         return sharded_vmap(seg)
 
     return _remember((frame_fn, steps, float(dt), int(se), method), make)
@@ -102,16 +104,18 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
         bounds.append(idx[-1])
     x = x0
     P = x0.shape[0]
-    parts = [to_host(segment_fn(frame_fn, 0, dt, se, method)(models, x, *extra))]
+    parts = [] if len(bounds) > 1 else [to_host(segment_fn(frame_fn, 0, dt, se, method)(models, x, *extra))]
     finite = np.ones(P, bool)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if ensemble:
             tr = simulate_ensemble(models, x, t1=(b - a) * dt, dt=dt, save_every=se, method=method)
             x, fin = tr.xs[:, -1], tr.finite
-            out = frames_of_stack(frame_fn)(models, tr.xs[:, 1:], *extra)
+            out = frames_of_stack(frame_fn)(models, tr.xs, *extra)
         else:
             x, out, fin = segment_fn(frame_fn, b - a, dt, se, method)(models, x, *extra)
-        parts.append(to_host(out))
+        # every segment's frames start with its start state: the first segment keeps it (t = 0),
+        # the others drop it (the previous segment's last frame)
+        parts.append(tuple(o[:, 1:] for o in to_host(out)) if parts else to_host(out))
         finite &= np.asarray(to_host(fin), bool)
         progress.advance(b, bounds[-1])  # the engine's bar moves within the chunk
     outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))

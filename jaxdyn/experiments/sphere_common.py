@@ -57,7 +57,7 @@ def np_dtype(cfg):
 def weights_for(pc):
     dtype = np_dtype(pc)
     Q, K, V = build_weights(pc["weights"], pc["d"])
-    return tuple(jnp.asarray(m, dtype) for m in (Q, K, V))
+    return tuple(jax.device_put(np.asarray(m, dtype)) for m in (Q, K, V))  # cast on the host
 
 
 def energy_forms(pc):
@@ -82,22 +82,32 @@ def models_for(pcs):
     if is_variant(p0):
         m = variant_model(p0, Q, K, V)
     else:
-        m = SphereAttention(Q, K, V, p0["beta"], kernel=p0["kernel"],
+        m = SphereAttention(Q, K, V, jax.device_put(np.asarray(p0["beta"], Q.dtype)), kernel=p0["kernel"],
                             normalization=p0["normalization"], k_block=p0["k_block"],
                             q_block=p0["q_block"])
     P = len(pcs)
-    stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (P,) + a.shape) if eqx.is_array(a) else a, m)
-    betas = jnp.asarray(np.array([p["beta"] for p in pcs]), m.beta.dtype)
+    stacked = jax.tree.map(lambda a: host_broadcast(a, P) if eqx.is_array(a) else a, m)
+    betas = jax.device_put(np.array([p["beta"] for p in pcs], m.beta.dtype))
     return eqx.tree_at(lambda t: t.beta, stacked, betas)
+
+
+def host_broadcast(a, P):
+    """``a`` repeated P times on a new leading axis, built on the host and moved to the device
+    once: no program per shape (``jnp.broadcast_to`` on a device array compiles one, and so
+    does ``jnp.asarray`` of a host array in jax 0.10: programs a second run traces and loads
+    again; ``jax.device_put`` compiles none)."""
+    a = np.asarray(a)
+    return jax.device_put(np.repeat(a[None], P, axis=0))
 
 
 @functools.lru_cache(maxsize=32)
 def _sampler(n, d, dist, dtype, kw):
-    """A jitted sampler of one cloud per key, cached so that chunks share one program."""
+    """A jitted sampler of one cloud per seed (its key ``PRNGKey(seed)`` made inside: one
+    program, not one more for the keys), cached so that chunks share one program."""
     kw = dict(kw)
     if kw.get("mu") is not None:
-        kw["mu"] = jnp.asarray(kw["mu"], dtype)
-    return jax.jit(jax.vmap(lambda k: sample_initial(k, n, d, dist, dtype, **kw)))
+        kw["mu"] = np.asarray(kw["mu"], dtype)
+    return jax.jit(jax.vmap(lambda s: sample_initial(jax.random.PRNGKey(s), n, d, dist, dtype, **kw)))
 
 
 def initial_clouds(pcs):
@@ -113,8 +123,8 @@ def initial_clouds(pcs):
             kw["mu"] = tuple(float(v) for v in init["mu"])
     if dist == "mixture":
         kw["weight"] = init["weight"]
-    keys = np.stack([np.asarray(jax.random.PRNGKey(p["seed"])) for p in pcs])
-    return _sampler(p0["n"], p0["d"], dist, dtype, tuple(sorted(kw.items())))(keys)
+    seeds = np.asarray([p["seed"] for p in pcs], np.uint32)  # seeds are checked to be < 2**32
+    return _sampler(p0["n"], p0["d"], dist, dtype, tuple(sorted(kw.items())))(seeds)
 
 
 def uses_ensemble(pc) -> bool:
@@ -141,7 +151,7 @@ def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int 
     """
     p0 = pcs[0]
     P = len(pcs)
-    extra = tuple(extra) + tuple(jnp.broadcast_to(jnp.asarray(c), (P,) + jnp.shape(c)) for c in consts)
+    extra = tuple(extra) + tuple(host_broadcast(c, P) for c in consts)
     return segments.integrate_segments(
         models_for(pcs), initial_clouds(pcs), frame_fn, extra, t1=p0["t1"], dt=p0["dt"],
         save_every=p0["save_every"], method=p0["method"], ensemble=uses_ensemble(p0),

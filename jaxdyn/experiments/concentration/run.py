@@ -25,6 +25,12 @@ def _frames(model, xs, target, P_E, bE, bV, near):
             mass_near(xs, bE, near), mass_near(xs, bV, near))
 
 
+@jax.jit
+def _project(pi, x):
+    """Π(x) in one program (called eagerly, its matmul, norm and division are three)."""
+    return pi(x)
+
+
 def two_atoms(y, tol=None):
     """The two atoms (a, b) and each point's label (True: a) when the cloud ``y`` (N, d) lies
     within ``tol`` of two points (Π#ρ0 when dim E = 1: Π(x) = ±u up to rounding), else None.
@@ -78,10 +84,11 @@ def run_points(pcs):
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     pi, basis_V = spectral_info(p0)
-    pi = jax.tree.map(lambda a: jnp.asarray(a, dtype), pi)  # Π in the particles' dtype
-    bV = jnp.asarray(basis_V, dtype)
-    near = jnp.asarray(math.radians(p0["near_angle_deg"]), dtype)
-    targets = pi(sc.initial_clouds(pcs))  # Π(x_i(0))
+    # Π in the particles' dtype, cast on the host (an eager device cast is a program to load)
+    pi = jax.tree.map(lambda a: jax.device_put(np.asarray(np.asarray(a), dtype)), pi)
+    bV = np.asarray(basis_V, dtype)
+    near = np.asarray(math.radians(p0["near_angle_deg"]), dtype)
+    targets = _project(pi, sc.initial_clouds(pcs))  # Π(x_i(0))
     if {"exact", "sinkhorn"} & set(p0["w2_methods"]):
         progress.plan(integrate=2, w2=1)
     progress.stage("integrate")
