@@ -89,6 +89,20 @@ def test_jax_free_schemas_agree_with_the_library():
     assert abs(sw.angle - np.radians(8.0)) < 1e-14  # the bisection reaches the angle
 
 
+def test_initial_clouds_keys_made_inside_the_sampler():
+    """The chunk's clouds, their keys PRNGKey(seed) made inside the sampler's program, equal
+    the library's sample_initial (jitted, vmapped) with the keys made outside, up to the
+    largest seed."""
+    from jaxdyn.experiments import sphere_common as sc
+
+    seeds = (0, 7, 2**31, 2**32 - 1)
+    pcs = [{"n": 8, "d": 3, "dtype": "float32", "init": {"dist": "uniform"}, "seed": s} for s in seeds]
+    got = np.asarray(sc.initial_clouds(pcs))
+    keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    want = jax.jit(jax.vmap(lambda k: jaxdyn.sphere.sample_initial(k, 8, 3, "uniform", np.float32)))(keys)
+    np.testing.assert_array_equal(got, np.asarray(want))
+
+
 def test_lazy_top_level_names_match_their_imports():
     """jaxdyn/__init__.py: the lazily loaded names are exactly those its (type-checking)
     imports name, and each resolves to the object of its module."""

@@ -38,6 +38,15 @@ def to_host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
+def host_broadcast(a, P):
+    """``a`` repeated P times on a new leading axis, built on the host and moved to the device
+    once: no program per shape (``jnp.broadcast_to`` on a device array compiles one, and so
+    does ``jnp.asarray`` of a host array in jax 0.10: programs a second run traces and loads
+    again; ``jax.device_put`` compiles none)."""
+    a = np.asarray(a)
+    return jax.device_put(np.repeat(a[None], P, axis=0))
+
+
 def save_times(t1, dt, save_every):
     """The saved times of a run on [0, t1] with steps of (about) dt, every ``save_every`` steps."""
     _, _, dt, n = plan_steps(0.0, t1, dt)

@@ -86,18 +86,9 @@ def models_for(pcs):
                             normalization=p0["normalization"], k_block=p0["k_block"],
                             q_block=p0["q_block"])
     P = len(pcs)
-    stacked = jax.tree.map(lambda a: host_broadcast(a, P) if eqx.is_array(a) else a, m)
+    stacked = jax.tree.map(lambda a: segments.host_broadcast(a, P) if eqx.is_array(a) else a, m)
     betas = jax.device_put(np.array([p["beta"] for p in pcs], m.beta.dtype))
     return eqx.tree_at(lambda t: t.beta, stacked, betas)
-
-
-def host_broadcast(a, P):
-    """``a`` repeated P times on a new leading axis, built on the host and moved to the device
-    once: no program per shape (``jnp.broadcast_to`` on a device array compiles one, and so
-    does ``jnp.asarray`` of a host array in jax 0.10: programs a second run traces and loads
-    again; ``jax.device_put`` compiles none)."""
-    a = np.asarray(a)
-    return jax.device_put(np.repeat(a[None], P, axis=0))
 
 
 @functools.lru_cache(maxsize=32)
@@ -151,7 +142,7 @@ def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int 
     """
     p0 = pcs[0]
     P = len(pcs)
-    extra = tuple(extra) + tuple(host_broadcast(c, P) for c in consts)
+    extra = tuple(extra) + tuple(segments.host_broadcast(c, P) for c in consts)
     return segments.integrate_segments(
         models_for(pcs), initial_clouds(pcs), frame_fn, extra, t1=p0["t1"], dt=p0["dt"],
         save_every=p0["save_every"], method=p0["method"], ensemble=uses_ensemble(p0),
