@@ -31,6 +31,9 @@ def _project(pi, x):
     return pi(x)
 
 
+_mass_near = jax.jit(mass_near)  # one program (called eagerly: one for each of its operations)
+
+
 def two_atoms(y, tol=None):
     """The two atoms (a, b) and each point's label (True: a) when the cloud ``y`` (N, d) lies
     within ``tol`` of two points (Π#ρ0 when dim E = 1: Π(x) = ±u up to rounding), else None.
@@ -109,7 +112,7 @@ def run_points(pcs):
     }
     bM = magnitude_basis(p0)  # Conjecture 1's second reading, recorded where it differs
     if bM.shape != basis_V.shape or subspace_angle(bM, basis_V) > 1e-6:  # arccos: ~1e-8 for equal spaces
-        vars_["mass_V_magnitude"] = (("t",), np.asarray(mass_near(jnp.asarray(xs_np), jnp.asarray(bM, dtype), near)))
+        vars_["mass_V_magnitude"] = (("t",), np.asarray(_mass_near(xs_np, np.asarray(bM, dtype), near)))
     if "coupling" in p0["w2_methods"]:
         vars_["w2_coupling"] = (("t",), coup)
     P = len(pcs)
