@@ -122,6 +122,9 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
             out = frames_of_stack(frame_fn)(models, tr.xs, *extra)
         else:
             x, out, fin = segment_fn(frame_fn, b - a, dt, se, method)(models, x, *extra)
+            # the next segment starts from the state as the first did, on the default device:
+            # the output's sharding over the devices would compile the same program again
+            x = jax.device_put(to_host(x))
         # every segment's frames start with its start state: the first segment keeps it (t = 0),
         # the others drop it (the previous segment's last frame)
         parts.append(tuple(o[:, 1:] for o in to_host(out)) if parts else to_host(out))
