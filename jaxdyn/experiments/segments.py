@@ -12,7 +12,8 @@ import jax
 import numpy as np
 
 from . import progress
-from ..simulation import plan_steps, save_indices, sharded_vmap, simulate, simulate_ensemble
+from ..simulation import (plan_steps, save_indices, sharded_vmap, simulate, simulate_ensemble,
+                          sweep_mesh)
 
 # XLA's CPU runtime with several host devices keeps memory that grows with the number of
 # loop iterations of one call (measured with jax 0.10.2: +225 MiB for a 4000-step scan on 2
@@ -45,6 +46,21 @@ def host_broadcast(a, P):
     again; ``jax.device_put`` compiles none)."""
     a = np.asarray(a)
     return jax.device_put(np.repeat(a[None], P, axis=0))
+
+
+def _placement(P):
+    """How a segment's inputs (leading axis P) are placed: split over the devices when P is a
+    multiple of their count (the segment program then expects them so, and an array on one
+    device would be copied over by a resharding program of its own, one per shape), else on the
+    default device (the program pads them inside)."""
+    n = jax.device_count()
+    if n == 1 or P % n or jax.process_count() > 1:
+        return jax.device_put
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = sweep_mesh()  # the mesh sharded_vmap uses by default
+    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return lambda a: jax.device_put(a, sharding)
 
 
 def save_times(t1, dt, save_every):
@@ -111,8 +127,13 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
     bounds = idx[::max(per, 1)]
     if bounds[-1] != idx[-1]:
         bounds.append(idx[-1])
-    x = x0
     P = x0.shape[0]
+    place = _placement(P) if not ensemble else jax.device_put
+    if not ensemble:  # the program's own input placement: no resharding programs on the way in
+        models, extra = jax.tree.map(lambda a: place(np.asarray(a)) if isinstance(a, jax.Array) else a,
+                                     (models, tuple(extra)))
+        x0 = place(to_host(x0))
+    x = x0
     parts = [] if len(bounds) > 1 else [to_host(segment_fn(frame_fn, 0, dt, se, method)(models, x, *extra))]
     finite = np.ones(P, bool)
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -124,7 +145,7 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
             x, out, fin = segment_fn(frame_fn, b - a, dt, se, method)(models, x, *extra)
             # the next segment starts from the state as the first did, on the default device:
             # the output's sharding over the devices would compile the same program again
-            x = jax.device_put(to_host(x))
+            x = place(to_host(x))
         # every segment's frames start with its start state: the first segment keeps it (t = 0),
         # the others drop it (the previous segment's last frame)
         parts.append(tuple(o[:, 1:] for o in to_host(out)) if parts else to_host(out))
