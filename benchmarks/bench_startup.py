@@ -9,12 +9,18 @@
 * one more shipped config (``phase_diagram_s1`` with 16 seeds): compile seconds, first
   and second run;
 * ``stack_models`` of 4096 models: ``jnp.stack`` over the device arrays (before) and on the
-  host (now); the README Library example's ensemble section.
+  host (now); the README Library example's ensemble section;
+* ``--configs``: every shipped config (a scaled-down variant of each: fewer particles, a
+  shorter horizon, a smaller sweep; ``SMALL`` lists the overrides), run twice into one fresh
+  cache each: ``compile_seconds`` of the first and of the second run, their ratio (issue 18:
+  at most 20 %), the programs and cache hits; from a ``git archive`` of HEAD, so that edits
+  made meanwhile do not mix in. Writes benchmarks/results/startup_configs.json.
 
 Every cache lives in a temporary folder (the user's is never touched). Writes
 benchmarks/results/startup.json and startup.png.
 
     python benchmarks/bench_startup.py [--base main] [--tiny]
+    python benchmarks/bench_startup.py --configs [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -125,11 +131,91 @@ import json; print("RESULT" + json.dumps(out))
 """
 
 
+# Scaled-down variants of the shipped configs (same kind, study and code paths; fewer
+# particles, shorter horizons, smaller sweeps) for the first/second-run compile table.
+SMALL = {
+    "beta_sweep_s2": ["n=256", "t1=4.0"],
+    "concentration_d4_plane": ["n=256", "t1=4.0"],
+    "concentration_no_metastability": ["n=256", "t1=4.0"],
+    "concentration_s2": ["n=256", "t1=4.0"],
+    "gaussian_blowup": ["sweep.n=[250, 500]", "sweep.seed=[0, 1]"],
+    "gaussian_phase_diagram": ["phase.a=[-2.0, 2.0, 21]", "phase.c=[-2.0, 2.0, 21]"],
+    "gaussian_stable": ["sweep.n=[250, 500]", "sweep.seed=[0, 1]"],
+    "gaussianity_deit_random": ["batch=4", "seq=64", "layers=2"],
+    "gaussianity_minilm": ["batch=4", "seq=32"],
+    "gaussianity_modernbert_random": ["batch=2", "seq=64", "layers=2"],
+    "minilm_heads": ["t1=2.0", "sweep.head=[-1, 0]"],
+    "noisy_metastability": ["t1=10.0", "sweep.seed=[0]", "sweep.sigma=[0.0, 0.2]"],
+    "pde_s1_clusters": ["m=128", "t1=20.0", "n_save=21", "particles.cluster_n=2000",
+                        "sweep.beta=[2.0, 5.0]", "sweep.seed=[0]", "figure_betas=[2.0]"],
+    "pde_s1_merges": ["t1=50.0", "n_save=51", "sweep.beta=[2.0]"],
+    "pde_s2": ["n_lat=12", "t1=0.5", "n_save=3", "particles.n=[100]", "particles.repeats=[4]",
+               "particles.times=[0.0, 0.5]"],
+    "pde_vs_particles": ["m=512", "t1=2.0", "n_save=21", "particles.n=[100, 1000]",
+                         "particles.repeats=[4, 4]", "particles.times=[0.0, 2.0]", "particles.timing_m=512"],
+    "phase_diagram_s1": ["sweep.seed={range: [0, 16]}"],
+    "reach_d2": ["sweep.mode=[all]", "sweep.seed=[0]", "lbfgs_steps=50",
+                 "transfer.n_particles=[64]", "transfer.layers=[4]", "transfer.layer_n=64"],
+    "reach_d8": ["sweep.mode=[all]", "sweep.seed=[0]", "lbfgs_steps=50",
+                 "transfer.n_particles=[64]", "transfer.layers=[4]", "transfer.layer_n=64"],
+    "sweep_large": ["t1=2.0", "sweep.n=[128]", "sweep.seed=[0, 1]"],
+    "terminal_phase": ["n=256", "t1=4.0"],
+    "terminal_phase_readings": ["n=256", "t1=4.0"],
+    "variants_heads_causal": ["n=128", "t1=4.0"],
+    "variants_layernorm": ["n=64", "t1=4.0"],
+}
+
+
+def config_table(only=None, tag=""):
+    """First and second run of every shipped config (scaled down, ``SMALL``), each pair into one
+    fresh compilation cache, from a snapshot of HEAD; the JSON is rewritten after every config."""
+    from common import machine_info
+
+    tmp = Path(tempfile.mkdtemp(prefix="jaxdyn_configs_"))
+    code = tmp / "code"
+    code.mkdir()
+    arch = subprocess.run(["git", "archive", "HEAD"], capture_output=True, cwd=ROOT, check=True)
+    subprocess.run(["tar", "x", "-C", str(code)], input=arch.stdout, check=True)
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    result = {"machine": machine_info(), "commit": rev, "overrides": SMALL, "rows": []}
+    for name in sorted(SMALL):
+        if only and name not in only:
+            continue
+        sets = [a for o in SMALL[name] for a in ("--set", o)]
+        cache = {"JAXDYN_CACHE_DIR": str(tmp / f"cache_{name}")}
+        row = {"config": name, "overrides": SMALL[name]}
+        try:
+            runs = [experiment(code, f"{name} {k}", tmp / f"{name}_{k}",
+                               [f"configs/{name}.yaml", "--quiet", *sets], cache)
+                    for k in ("first", "second")]
+        except (AssertionError, subprocess.TimeoutExpired) as e:  # recorded, not fatal
+            row["error"] = str(e)[-600:]
+            print(f"  {name}: failed ({row['error'][-200:]})", flush=True)
+        else:
+            first, second = (r["compile_seconds"] for r in runs)
+            row.update(first=runs[0], second=runs[1], first_compile_s=first, second_compile_s=second,
+                       ratio=second / first if first else None, met=bool(first and second <= 0.2 * first))
+            print(f"  {name:32s} compile {first:7.2f} s -> {second:6.2f} s  ratio {row['ratio']:.0%}"
+                  f"  programs {runs[1]['compiled_programs']} (hits {runs[1]['compile_cache_hits']})",
+                  flush=True)
+        result["rows"].append(row)
+        result["machine"]["loadavg_end"] = os.getloadavg()
+        write_json("startup_configs" + tag, result)
+    return result
+
+
 def main():
     p = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--base", default="main", help="git revision of the 'before' code")
     p.add_argument("--skip-before", action="store_true")
+    p.add_argument("--configs", action="store_true",
+                   help="only the first/second-run compile table of the shipped configs")
+    p.add_argument("--only", nargs="*", help="with --configs: these configs only")
     args = setup(p)
+    if args.configs:
+        config_table(args.only, args.tag)
+        return
     from common import machine_info
 
     reps = args.reps or (1 if args.tiny else 3)

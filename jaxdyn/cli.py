@@ -62,11 +62,13 @@ def _load_raw(config, overrides):
 
 
 def _prepare_precision(raw):
-    """float64 configs switch on JAX's x64 mode (before any array is created)."""
+    """float64 configs switch on JAX's x64 mode (before any array is created): through the
+    variable JAX reads when it loads if it has not (``jaxdyn config`` loads no JAX)."""
     if isinstance(raw, dict) and raw.get("dtype") == "float64":
-        import jax
-
-        jax.config.update("jax_enable_x64", True)
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_enable_x64", True)
+        else:
+            os.environ["JAX_ENABLE_X64"] = "1"
 
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_LOCKED = 0, 1, 2, 3, 4
@@ -199,7 +201,8 @@ def main(argv=None):
     # SciPy's OpenBLAS threads fight XLA's on small machines (one 384×384 eigh: 2.3 s of CPU
     # with default threads, 0.19 s with one); must be set before SciPy loads LAPACK.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _host_devices(args.no_host_devices)
+    # host devices only where JAX runs (a run, a report); `jaxdyn config` loads no JAX
+    _host_devices(args.no_host_devices or args.command == "config")
     # SIGTERM (a pre-empted job) ends the run like Ctrl-C: finished chunks stay on disk.
     from .io import PENDING_SIGNALS
 

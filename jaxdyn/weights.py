@@ -70,7 +70,7 @@ def _spectral(spec, d):
     """Q = I, K = B, V = M B^{-T} with M = U diag(mu) Uᵀ (Paper A's Assumption 1 by
     construction); B a rotation (``rotation`` rad, or ``eigenspace_angle_deg`` between E(VBᵀ)
     and E(V)) in the ``plane`` of two eigenvectors; B = I if neither is given."""
-    from .spectral import spectral_weights
+    from .spectral_host import spectral_weights_host
 
     mu = spec.get("mu")
     if mu is None:
@@ -81,16 +81,12 @@ def _spectral(spec, d):
     if spec.get("rotation") is not None and spec.get("eigenspace_angle_deg") is not None:
         raise WeightsError("config fields 'weights.rotation' and 'weights.eigenspace_angle_deg': "
                           "give at most one")
-    import jax
-
     angle = spec.get("eigenspace_angle_deg")
-    try:
-        with jax.enable_x64(True):  # build in float64 whatever the global mode
-            sw = spectral_weights(
-                mu, rotation=spec.get("rotation"),
-                eigenspace_angle=None if angle is None else np.deg2rad(angle),
-                plane=spec.get("plane"), seed=spec["seed"] if spec.get("random_basis") else None,
-                dtype=np.float64)
+    try:  # float64 NumPy, no JAX (the config check builds the weights)
+        sw = spectral_weights_host(
+            mu, rotation=spec.get("rotation"),
+            eigenspace_angle=None if angle is None else np.deg2rad(angle),
+            plane=spec.get("plane"), seed=spec["seed"] if spec.get("random_basis") else None)
     except ValueError as e:
         raise WeightsError(f"config section 'weights' (spectral): {e}") from None
     return tuple(np.asarray(a, np.float64) for a in (sw.Q, sw.K, sw.V))

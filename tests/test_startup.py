@@ -41,6 +41,68 @@ def test_help_imports_no_jax():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_config_check_imports_no_jax():
+    """`jaxdyn config` (the embedded default, every shipped config, an override, a float64
+    config) resolves and checks without loading JAX, SciPy or matplotlib (the modules imported
+    are checked, not the time); gaussianity_minilm is the exception: locating the checkpoint
+    goes through jaxdyn.encoder."""
+    configs = [str(p) for p in sorted((ROOT / "configs").glob("*.yaml"))
+               if p.name != "gaussianity_minilm.yaml"]
+    code = (
+        "import contextlib, io, sys\n"
+        "from jaxdyn.cli import main\n"
+        f"for argv in [['config'], ['config', '--set', 'n=64', '--set', 'dtype=float64']] + "
+        f"[['config', c] for c in {configs!r}]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        assert main(argv) == 0, argv\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_jax_free_schemas_agree_with_the_library():
+    """The choices the JAX-free schemas name equal the library's; the config check's
+    eigenspaces (NumPy) equal those of jaxdyn.projection; the weights built without JAX equal
+    jaxdyn.spectral_weights in float64."""
+    from jaxdyn.experiments import sphere_fields
+    from jaxdyn.experiments.concentration import schema as cschema
+    from jaxdyn.experiments.variants import schema as vschema
+
+    assert sphere_fields.MASKS == jaxdyn.kernels.MASKS
+    assert sphere_fields.ATTENTIONS == jaxdyn.models.ATTENTIONS
+    assert vschema.PLACEMENTS == jaxdyn.models.PLACEMENTS
+    assert vschema.SDE_METHODS == jaxdyn.simulation.SDE_METHODS
+    pc = {"d": 3, "weights": {"ensemble": "spectral", "mu": [1.0, 0.4, -0.2],
+                              "eigenspace_angle_deg": 8.0, "plane": [0, 1], "seed": 0}}
+    bE, bV = cschema.eigenspace_bases(pc)
+    pi, bV2 = cschema.spectral_info(pc)
+    np.testing.assert_array_equal(bE, np.asarray(pi.basis))
+    np.testing.assert_array_equal(bV, bV2)
+    Q, K, V = sphere_fields.build_weights(pc["weights"], 3)
+    with jax.enable_x64(True):
+        sw = jaxdyn.spectral_weights([1.0, 0.4, -0.2], eigenspace_angle=np.radians(8.0), plane=(0, 1),
+                                     dtype=jnp.float64)
+        for a, b in ((Q, sw.Q), (K, sw.K), (V, sw.V)):
+            np.testing.assert_array_equal(a, np.asarray(b))
+    assert abs(sw.angle - np.radians(8.0)) < 1e-14  # the bisection reaches the angle
+
+
+def test_initial_clouds_keys_made_inside_the_sampler():
+    """The chunk's clouds, their keys PRNGKey(seed) made inside the sampler's program, equal
+    the library's sample_initial (jitted, vmapped) with the keys made outside, up to the
+    largest seed."""
+    from jaxdyn.experiments import sphere_common as sc
+
+    seeds = (0, 7, 2**31, 2**32 - 1)
+    pcs = [{"n": 8, "d": 3, "dtype": "float32", "init": {"dist": "uniform"}, "seed": s} for s in seeds]
+    got = np.asarray(sc.initial_clouds(pcs))
+    keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    want = jax.jit(jax.vmap(lambda k: jaxdyn.sphere.sample_initial(k, 8, 3, "uniform", np.float32)))(keys)
+    np.testing.assert_array_equal(got, np.asarray(want))
+
+
 def test_lazy_top_level_names_match_their_imports():
     """jaxdyn/__init__.py: the lazily loaded names are exactly those its (type-checking)
     imports name, and each resolves to the object of its module."""

@@ -22,6 +22,7 @@ fields, models and initial clouds of the sphere kinds).
 from __future__ import annotations
 
 import importlib
+import sys
 
 from ..config import ConfigError
 
@@ -34,6 +35,19 @@ KINDS = {
     "pde": "jaxdyn.experiments.pde",
     "variants": "jaxdyn.experiments.variants",
 }
+
+
+def lazy_names(package: str, names: dict):
+    """A module ``__getattr__`` for a kind's package: ``names`` maps a name to the submodule
+    (``run``, ``summary``, ``figures``) that defines it, imported on first use (PEP 562)."""
+    def __getattr__(name):
+        if name not in names:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{names[name]}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
 
 
 def get_kind(name: str):
@@ -50,4 +64,4 @@ def get_kind(name: str):
 
 from .engine import RunResult, report, resolve_config, run_experiment  # noqa: E402
 
-__all__ = ["KINDS", "get_kind", "run_experiment", "report", "resolve_config", "RunResult"]
+__all__ = ["KINDS", "get_kind", "lazy_names", "run_experiment", "report", "resolve_config", "RunResult"]

@@ -12,7 +12,8 @@ import jax
 import numpy as np
 
 from . import progress
-from ..simulation import plan_steps, save_indices, sharded_vmap, simulate, simulate_ensemble
+from ..simulation import (plan_steps, save_indices, sharded_vmap, simulate, simulate_ensemble,
+                          sweep_mesh)
 
 # XLA's CPU runtime with several host devices keeps memory that grows with the number of
 # loop iterations of one call (measured with jax 0.10.2: +225 MiB for a 4000-step scan on 2
@@ -38,6 +39,30 @@ def to_host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
+def host_broadcast(a, P):
+    """``a`` repeated P times on a new leading axis, built on the host and moved to the device
+    once: no program per shape (``jnp.broadcast_to`` on a device array compiles one, and so
+    does ``jnp.asarray`` of a host array in jax 0.10: programs a second run traces and loads
+    again; ``jax.device_put`` compiles none)."""
+    a = np.asarray(a)
+    return jax.device_put(np.repeat(a[None], P, axis=0))
+
+
+def _placement(P):
+    """How a segment's inputs (leading axis P) are placed: split over the devices when P is a
+    multiple of their count (the segment program then expects them so, and an array on one
+    device would be copied over by a resharding program of its own, one per shape), else on the
+    default device (the program pads them inside)."""
+    n = jax.device_count()
+    if n == 1 or P % n or jax.process_count() > 1:
+        return jax.device_put
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = sweep_mesh()  # the mesh sharded_vmap uses by default
+    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return lambda a: jax.device_put(a, sharding)
+
+
 def save_times(t1, dt, save_every):
     """The saved times of a run on [0, t1] with steps of (about) dt, every ``save_every`` steps."""
     _, _, dt, n = plan_steps(0.0, t1, dt)
@@ -55,7 +80,9 @@ def _remember(key, make):
 
 def segment_fn(frame_fn, steps, dt, se, method):
     """``sharded_vmap`` of one segment: ``steps`` steps of ``dt`` from the given state, the
-    frames of the saved states after the start; ``steps = 0``: the frames of the given state."""
+    frames of its saved states, the start included (the first segment keeps that frame, the
+    others drop it: one program for every segment, the start's frame no program of its own);
+    ``steps = 0``: the frames of the given state."""
     def make():
         if steps == 0:
             def seg(m, xx, *e):
@@ -63,7 +90,7 @@ def segment_fn(frame_fn, steps, dt, se, method):
         else:
             def seg(m, xx, *e):
                 tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=method)
-                return tr.xs[-1], frame_fn(m, tr.xs[1:], *e), tr.finite
+                return tr.xs[-1], frame_fn(m, tr.xs, *e), tr.finite
         return sharded_vmap(seg)
 
     return _remember((frame_fn, steps, float(dt), int(se), method), make)
@@ -100,18 +127,28 @@ def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, me
     bounds = idx[::max(per, 1)]
     if bounds[-1] != idx[-1]:
         bounds.append(idx[-1])
-    x = x0
     P = x0.shape[0]
-    parts = [to_host(segment_fn(frame_fn, 0, dt, se, method)(models, x, *extra))]
+    place = _placement(P) if not ensemble else jax.device_put
+    if not ensemble:  # the program's own input placement: no resharding programs on the way in
+        models, extra = jax.tree.map(lambda a: place(np.asarray(a)) if isinstance(a, jax.Array) else a,
+                                     (models, tuple(extra)))
+        x0 = place(to_host(x0))
+    x = x0
+    parts = [] if len(bounds) > 1 else [to_host(segment_fn(frame_fn, 0, dt, se, method)(models, x, *extra))]
     finite = np.ones(P, bool)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if ensemble:
             tr = simulate_ensemble(models, x, t1=(b - a) * dt, dt=dt, save_every=se, method=method)
             x, fin = tr.xs[:, -1], tr.finite
-            out = frames_of_stack(frame_fn)(models, tr.xs[:, 1:], *extra)
+            out = frames_of_stack(frame_fn)(models, tr.xs, *extra)
         else:
             x, out, fin = segment_fn(frame_fn, b - a, dt, se, method)(models, x, *extra)
-        parts.append(to_host(out))
+            # the next segment starts from the state as the first did, on the default device:
+            # the output's sharding over the devices would compile the same program again
+            x = place(to_host(x))
+        # every segment's frames start with its start state: the first segment keeps it (t = 0),
+        # the others drop it (the previous segment's last frame)
+        parts.append(tuple(o[:, 1:] for o in to_host(out)) if parts else to_host(out))
         finite &= np.asarray(to_host(fin), bool)
         progress.advance(b, bounds[-1])  # the engine's bar moves within the chunk
     outputs = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in range(len(parts[0])))

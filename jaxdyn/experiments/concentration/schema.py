@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 
 from ...config import ConfigError, Field, at_least, positive
-from ...spectral import check_assumptions, projection, subspace_angle, top_eigenspace
-from .. import sphere_common as sc
+from ...spectral_host import check_assumptions, subspace_angle, top_eigenspace
+from .. import sphere_fields as sc
 
 
 W2_METHODS = ("exact", "sinkhorn", "coupling")
@@ -92,8 +91,8 @@ def check(cfg):
             if not cfg["force"]:
                 raise ConfigError(f"config section 'weights': {msg} (set force: true to run anyway)")
             warns.append(msg + " — running anyway (force: true)")
-        pi, bV = spectral_info({"weights": cfg["weights"], "d": d})
-        ang = math.degrees(subspace_angle(np.asarray(pi.basis), bV))
+        bE, bV = eigenspace_bases({"weights": cfg["weights"], "d": d})
+        ang = math.degrees(subspace_angle(bE, bV))
         if 0 < ang < 2 * cfg["near_angle_deg"]:
             warns.append(f"E(VBᵀ) and E(V) are {ang:.2f}° apart, less than twice near_angle_deg = "
                          f"{cfg['near_angle_deg']}°: the two 'near' regions overlap")
@@ -111,9 +110,21 @@ def output_bytes(pc):
     return sc.output_bytes(pc, per_frame_values=10)
 
 
+def eigenspace_bases(pc):
+    """Bases of E (the top eigenspace of the symmetric part of VBᵀ, as :func:`jaxdyn.projection`
+    with ``force=True`` takes it) and of E(V), float64 NumPy without JAX (the config check)."""
+    Q, K, V = sc.build_weights(pc["weights"], pc["d"])
+    bE = top_eigenspace(V @ (Q.T @ K).T, symmetric=True).basis
+    return bE, np.asarray(top_eigenspace(V, symmetric=False).basis)
+
+
 def spectral_info(pc):
     """Π (:func:`jaxdyn.projection`, float64: its projector P_E and the basis of E, the top
     eigenspace of VBᵀ) and a basis of E(V), from float64 weights."""
+    import jax
+
+    from ...spectral import projection
+
     Q, K, V = sc.build_weights(pc["weights"], pc["d"])
     with jax.enable_x64(True):  # float64 weights stay float64 whatever the global mode
         pi = projection(Q, K, V, force=True)

@@ -39,11 +39,23 @@ blow-up before t1 where ``T* = t1``; blow-up ever iff ``vc > 0`` and ``vcλmax >
 Colour: the numerical blow-up time, and ``tr Σ(t1)`` where there is none.
 """
 
-from .figures import plot
-from .run import closed_form, closure, make_model, run_particles, run_points
+from .. import lazy_names
 from .schema import (BATCH_AXES, PHASE_SCHEMA, SCHEMA, check, estimate_bytes, output_bytes,
                      parameters)
-from .summary import relu_first_order, summarize, zscores
+
+# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
+# config check (schema) of `jaxdyn config` loads neither.
+__getattr__ = lazy_names(__name__, {
+    "plot": "figures",
+    "closed_form": "run",
+    "closure": "run",
+    "make_model": "run",
+    "run_particles": "run",
+    "run_points": "run",
+    "relu_first_order": "summary",
+    "summarize": "summary",
+    "zscores": "summary",
+})
 
 __all__ = ["SCHEMA", "PHASE_SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes",
            "parameters", "make_model", "run_particles", "closure", "closed_form", "run_points",

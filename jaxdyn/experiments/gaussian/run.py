@@ -19,8 +19,10 @@ from .schema import dtype_of, parameters, save_times, snapshot_index, tolerances
 
 
 def make_model(p, activation="identity", dtype=jnp.float64, kernel="auto"):
-    return EuclideanAttention(*(jnp.asarray(p[k], dtype) for k in ("A", "B", "V")),
-                              jnp.asarray(p["b"], dtype), activation=activation, kernel=kernel)
+    # cast on the host, moved with device_put: no program per array (segments.host_broadcast)
+    return EuclideanAttention(*(jax.device_put(np.asarray(p[k], dtype)) for k in ("A", "B", "V")),
+                              jax.device_put(np.asarray(p["b"], dtype)), activation=activation,
+                              kernel=kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,10 +49,8 @@ def run_particles(model, x0s, *, t1, dt, save_every, method="rk4", n_directions=
     ``MAX_STEPS_PER_CALL`` steps); the model is broadcast to every cloud.
     """
     P, n, d = x0s.shape
-    models = jax.tree.map(lambda a: jnp.broadcast_to(a, (P,) + a.shape) if eqx.is_array(a) else a,
-                          model)
-    dirs = directions(d, n_directions, x0s.dtype)
-    dirs = jnp.broadcast_to(dirs, (P,) + dirs.shape)
+    models = jax.tree.map(lambda a: segments.host_broadcast(a, P) if eqx.is_array(a) else a, model)
+    dirs = segments.host_broadcast(directions(d, n_directions, x0s.dtype), P)
     frames = _stats_frames(int(min(snapshot_particles, n)))
     cat, finite = segments.integrate_segments(models, x0s, frames, (dirs,), t1=t1, dt=dt,
                                               save_every=save_every, method=method)
@@ -159,8 +159,9 @@ def _run_trajectory(pcs):
     ts = save_times(p0)
     snap = snapshot_index(p0)
     model = make_model(p, p0["activation"], dt, p0["kernel"])
-    x0s = jnp.stack([gaussian_cloud(jax.random.PRNGKey(pc["seed"]), p0["n"], p["m0"], p["S0"], dtype=dt)
-                     for pc in pcs])
+    x0s = jax.device_put(np.stack([  # stacked on the host (jnp.stack: one more program)
+        np.asarray(gaussian_cloud(jax.random.PRNGKey(pc["seed"]), p0["n"], p["m0"], p["S0"], dtype=dt))
+        for pc in pcs]))
     res = run_particles(model, x0s, t1=p0["t1"], dt=p0["dt"], save_every=p0["save_every"],
                         method=p0["method"], n_directions=p0["n_directions"], snapshot_index=snap,
                         snapshot_particles=p0["snapshot_particles"])

@@ -3,13 +3,10 @@ cross-field checks, saved times and memory estimates."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from ...config import ConfigError, Field, at_least, positive
-from ...kernels import DEFAULT_BLOCKS, resolve_kernel
-from .. import segments
-from ..segments import MAX_STEPS_PER_CALL
+from .. import sphere_fields
 
 
 def _grid_check(v):
@@ -153,13 +150,19 @@ def check(cfg):
     if len(seeds) < 2:
         warns.append("a single seed: no seed-to-seed standard errors in the summary")
     ns = sweep.get("n", [cfg["n"]])
-    if max(ns) > 20000 and jax.default_backend() == "cpu":
+    if max(ns) > 20000 and _backend() == "cpu":
         warns.append(f"N = {max(ns)} particles: O(N²) attention per step is slow on CPU")
     return warns
 
 
+def _backend():
+    import jax  # only for a large N: the common check loads no JAX
+
+    return jax.default_backend()
+
+
 def save_times(pc):
-    return segments.save_times(pc["t1"], pc["dt"], pc["save_every"])
+    return sphere_fields.save_times(pc)
 
 
 def snapshot_index(pc):
@@ -176,7 +179,10 @@ def estimate_bytes(pc):
         return int(npts * 8 * (40 * (d * d + d) + 64))
     n = pc["n"]
     frames = len(save_times(pc))
-    dkb, dqb = DEFAULT_BLOCKS["gpu" if jax.default_backend() == "gpu" else "cpu"]
+    from ...kernels import DEFAULT_BLOCKS, resolve_kernel
+    from ..segments import MAX_STEPS_PER_CALL
+
+    dkb, dqb = DEFAULT_BLOCKS["gpu" if _backend() == "gpu" else "cpu"]
     dense = resolve_kernel(pc["kernel"], n) == "dense"
     work = (n * n if dense else min(dkb, n) * min(dqb, n)) * item * 3
     saved = min(MAX_STEPS_PER_CALL // pc["save_every"] + 1, frames) * n * d * item

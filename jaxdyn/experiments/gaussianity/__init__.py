@@ -10,10 +10,16 @@ exact Gaussian samples of the same size and covariance). Controls: the same arch
 random weights, and a deliberately non-Gaussian map (``model: nongaussian``).
 """
 
-from .figures import plot
-from .run import run_points
+from .. import lazy_names
 from .schema import BATCH_AXES, KEY_METRICS, MODELS, SCHEMA, check, estimate_bytes
-from .summary import summarize
+
+# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
+# config check (schema) of `jaxdyn config` loads neither.
+__getattr__ = lazy_names(__name__, {
+    "plot": "figures",
+    "run_points": "run",
+    "summarize": "summary",
+})
 
 __all__ = ["SCHEMA", "BATCH_AXES", "MODELS", "KEY_METRICS", "check", "estimate_bytes",
            "run_points", "summarize", "plot"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import jax
-
 from ...config import ConfigError, Field, at_least, positive
 
 
@@ -104,6 +102,8 @@ def estimate_bytes(pc):
     n = pc["batch"] * pc["seq"]
     h = bcfg.hidden_size
     layers = bcfg.num_hidden_layers + 1
+    import jax
+
     param_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
     return 4 * (layers * n * h * 3 + n * bcfg.intermediate_size + pc["batch"] * pc["seq"] ** 2 *
                 bcfg.num_attention_heads) + 2 * param_bytes

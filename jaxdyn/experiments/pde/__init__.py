@@ -21,10 +21,16 @@ particles to N samples of ρ(t) against the null level of two samples of ρ(t) (
 one cloud's kernel density on the grid for the figure; the zonal growth rates.
 """
 
-from .figures import plot
-from .run import run_points
+from .. import lazy_names
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
-from .summary import summarize
+
+# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
+# config check (schema) of `jaxdyn config` loads neither.
+__getattr__ = lazy_names(__name__, {
+    "plot": "figures",
+    "run_points": "run",
+    "summarize": "summary",
+})
 
 __all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
            "summarize", "plot"]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import jax
-
 from ...config import ConfigError, Field, all_positive, at_least, nonnegative, positive
+from ..sphere_fields import x64_enabled
 
 MODES = ("clusters", "particles", "s2")
 
@@ -59,7 +58,7 @@ BATCH_AXES = ()
 
 
 def check(cfg):
-    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
+    if cfg["dtype"] == "float64" and not x64_enabled():
         raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set JAX_ENABLE_X64=1 "
                           "(the CLI does this for float64 configs)")
     if abs(cfg["init_amp"]) >= 1:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from ...config import ConfigError, Field, at_least, nonnegative, positive
@@ -74,6 +73,12 @@ def initial_mean(cfg, d):
     raise ConfigError(f"config field 'm0': expected a number, a list of d numbers or null, got {v!r}")
 
 
+def _backend():
+    import jax  # only for a large transfer N: the common check loads no JAX
+
+    return jax.default_backend()
+
+
 def check(cfg):
     warns = []
     ds_ = cfg["sweep"].get("d", [cfg["d"]])
@@ -96,7 +101,7 @@ def check(cfg):
     if len(set(tr["n_particles"])) != len(tr["n_particles"]) or len(set(tr["layers"])) != len(tr["layers"]):
         raise ConfigError("config field 'transfer': n_particles and layers must be distinct values")
     big = max(list(tr["n_particles"]) + [tr["layer_n"]]) if tr["modes"] else 0
-    if big > 4000 and jax.default_backend() == "cpu":
+    if big > 4000 and _backend() == "cpu":
         warns.append(f"transfer: N = {big} particles with dense attention is slow on CPU "
                      "(O(N²) per step)")
     if cfg["dtype"] == "float32" and cfg["tol"] < 1e-3:

@@ -10,10 +10,17 @@ the β × t heat maps of the pair fraction and the cluster count. ``movie``: an 
 the snapshots (``jaxdyn report DIR --movie``).
 """
 
-from .figures import movie, plot
-from .run import run_points
+from .. import lazy_names
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
-from .summary import summarize
+
+# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
+# config check (schema) of `jaxdyn config` loads neither.
+__getattr__ = lazy_names(__name__, {
+    "movie": "figures",
+    "plot": "figures",
+    "run_points": "run",
+    "summarize": "summary",
+})
 
 __all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
            "summarize", "plot", "movie"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...config import Field, positive
-from .. import sphere_common as sc
+from .. import sphere_fields as sc
 
 
 SCHEMA = {

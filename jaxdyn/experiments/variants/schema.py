@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 from ...config import ConfigError, Field, at_least, nonnegative, positive
-from ...models import PLACEMENTS
-from ...simulation import SDE_METHODS
-from .. import sphere_common as sc
+from .. import sphere_fields as sc
+
+# Equal to jaxdyn.models.PLACEMENTS and jaxdyn.simulation.SDE_METHODS (tests/test_startup.py):
+# named here so that the schema loads without JAX.
+PLACEMENTS = ("postln", "preln", "periln", "ngpt")
+SDE_METHODS = ("geodesic_em", "heun", "midpoint")
 
 DEPTH_SCHEMA = {
     "source": Field("str", "constant", "where each layer's weights come from: constant (the "
