@@ -232,7 +232,7 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
         active = status == ACTIVE
         hh = jnp.where(active, jnp.minimum(h, t1 - t), 0.0)
         (m1, S1), (em, eS), ks, ys = dopri8_step(f_pair, (m, S), hh, k0=(km, kS),
-                                                 last_stage=True)
+                                                 last_stage=True, stage_states=(_STIFF_STAGE,))
         Y12 = ys[_STIFF_STAGE]
         err = jnp.sqrt((_errnorm(em, m, m1, rtol, atol, 0)
                         + _errnorm(eS, S, S1, rtol, atol, (0, 1))) / ncomp)

@@ -116,7 +116,13 @@ def _shape_of(p):
 
 
 def _mm(x, y):
-    return jnp.matmul(x, y, precision=HIGHEST)
+    """``x @ y`` (matrix @ matrix or matrix @ vector) of the small moment matrices as a
+    multiply-add over the inner index: XLA fuses it with its neighbours, where a ``dot``
+    (batched under ``vmap``, with transposes around it) is a kernel of its own, and compile
+    time grows with the number of kernels."""
+    if jnp.ndim(y) == 1:
+        return jnp.sum(x * y, axis=-1)
+    return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2)
 
 
 def moment_rhs(m, S, A, B, V, b):
