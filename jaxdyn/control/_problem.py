@@ -12,8 +12,9 @@ piecewise linear) on a uniform grid of ``[0, t1]``. :func:`reach` chooses them t
     L = W2²(N(m(t1), Σ(t1)), N(m1, Σ1)) + λ ∫_0^{t1} Σ_{free u} ‖u(t)‖_F² dt
 
 (Bures–Wasserstein W2², :func:`jaxdyn.distances.bures_w2_squared`) with gradients through
-:func:`jaxdyn.gaussian._solve.solve_moments` (``diffrax.RecursiveCheckpointAdjoint``): L-BFGS
-directions (``optax.scale_by_lbfgs``) with a backtracking Armijo line search, optionally after
+a fixed-step Dopri8 solve in one ``lax.scan`` (or :func:`jaxdyn.gaussian._solve.solve_moments`
+with a diffrax ``solver``): L-BFGS directions (the two-loop recursion of
+``optax.scale_by_lbfgs``, on the host) with a backtracking Armijo line search, optionally after
 some Adam steps (``optax.adam`` wrapped in ``optax.apply_if_finite``; off by default: on
 random targets L-BFGS alone reached W2 < 1e-4 in fewer iterations, see
 ``benchmarks/bench_reach.py``). A trial whose solve does not reach ``t1`` (blow-up,

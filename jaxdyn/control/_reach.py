@@ -104,7 +104,7 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         bad = bad | ~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
         return (z1[1:], bad), None
 
-    (y, bad), _ = jax.lax.scan(step, ((prob.m0, S0), jnp.zeros((), bool)), jnp.arange(n * steps))
+    (y, bad), _ = jax.lax.scan(jax.checkpoint(step), ((prob.m0, S0), jnp.zeros((), bool)), jnp.arange(n * steps))
     m, S = y
     ok = ~bad & jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
     return m, S, ok
@@ -325,7 +325,8 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
 
     Minimises ``W2²(N(m(t1), Σ(t1)), N(m1, S1)) + λ ∫ Σ_{free u} ‖u‖_F² dt`` over the free
-    controls (moment ODE of docs/math.md §B.2, gradients through :func:`solve_moments`).
+    controls (moment ODE of docs/math.md §B.2, gradients through a fixed-step Dopri8 solve,
+    or :func:`solve_moments` with a diffrax ``solver``).
 
     Args:
       m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances. A target whose
@@ -348,9 +349,14 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       lbfgs_steps: L-BFGS phase (``optax.scale_by_lbfgs`` directions, Armijo backtracking).
       tol: success threshold on W2; the optimiser stops when its W2 ≤ ``stop_factor · tol``
         (when λ = 0) or when it stalls.
-      rtol, atol, solver, max_steps: the optimiser's solve (defaults 1e-9/1e-11 in
-        float64, 1e-5/1e-7 in float32; ``Tsit5``). The result is then re-checked by an
-        independent Dopri8 solve at rtol 1e-11 (``verify``).
+      rtol, atol, solver, max_steps, steps_per_piece: the optimiser's solve. Default
+        (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
+        error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
+        1e-5/1e-7 in float32) at every step, else the trial is rejected (a small program:
+        its first call compiles in a fraction of an adaptive solve's). A diffrax solver
+        (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
+        ``max_steps`` steps). The result is then re-checked by an independent adaptive
+        Dopri8 solve at rtol 1e-11 (``verify``).
       rank_rtol: numerical-rank cut (default sqrt(eps)). with_certificate: compute the
         :class:`Certificate` (A free or not) and return it.
       callback: ``callback(iteration, loss, w2)`` on the host after each iteration.
