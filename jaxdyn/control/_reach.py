@@ -84,25 +84,30 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     def step(c, i):
         y, bad = c
         k = i // steps
-        tau0 = (i - k * steps).astype(dtype) * h  # time since the piece's start
         p0 = [x[k] for x in vals]
-        p1 = [x[k + 1] for x in vals] if linear else p0
+        if linear:  # the state carries the time since the piece's start
+            p1 = [x[k + 1] for x in vals]
 
-        def f(z):
-            tau, m, S = z
-            w = tau / dt_piece
-            par = [a + w * (c_ - a) for a, c_ in zip(p0, p1)] if linear else p0
-            return (jnp.ones_like(tau), *moment_rhs(m, S, *par))
+            def f(z):
+                w = z[0] / dt_piece
+                return (jnp.ones_like(z[0]),
+                        *moment_rhs(*z[1:], *[a + w * (c_ - a) for a, c_ in zip(p0, p1)]))
 
-        z = (tau0, *y)
+            z = ((i - k * steps).astype(dtype) * h, *y)
+        else:
+            def f(z):
+                return moment_rhs(*z, *p0)
+
+            z = y
         z1, e, _, _ = dopri8_step(f, z, h)
+        z, z1, e = (tuple(x)[-2:] for x in (z, z1, e))  # (m, S)
         tot = 0.0
-        for y0_, y1_, e_ in zip(z[1:], z1[1:], e[1:]):
+        for y0_, y1_, e_ in zip(z, z1, e):
             sc = opts.atol + opts.rtol * jnp.maximum(jnp.abs(sg(y0_)), jnp.abs(sg(y1_)))
             tot = tot + jnp.sum((sg(e_) / sc) ** 2)
-        S1 = sg(z1[2])
+        S1 = sg(z1[1])
         bad = bad | ~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
-        return (z1[1:], bad), None
+        return (z1, bad), None
 
     (y, bad), _ = jax.lax.scan(jax.checkpoint(step), ((prob.m0, S0), jnp.zeros((), bool)), jnp.arange(n * steps))
     m, S = y

@@ -15,9 +15,13 @@ The design, three stages:
    laid out batch-last, ``Σ`` as ``(d, d, n)``, products as ``einsum("ikn,kjn->ijn")``.
    (Writing them as broadcast multiply-adds is faster for one evaluation, but XLA's CPU
    fusion then recomputes inner products across the 13 stages: a step cost 100× more.)
-   Once at most 1/4 of the batch is still active, the active members are compacted into
-   a power-of-two batch (host-side gather) and the loop resumes: the long tail of blow-up
-   members costs in proportion to its size, not to the batch. A member stops when it
+   The loop runs on chunks of a fixed width (``chunk``, 64 members): each chunk runs until
+   at most 1/4 of it is still active, then the survivors of all chunks are regrouped into
+   full chunks (host-side gather) and the passes go on, the last chunk until its members
+   end: the long tail of blow-up members costs one chunk's width, not the batch's, and
+   every call has the same shapes, so the stage compiles one program whatever n (it
+   compiled one per compaction size before, five on the benchmark workload). Per member
+   of a wide batch a 64-wide chunk step costs about what a 1024-wide one does. A member stops when it
    reaches ``t1`` (OK), when ``‖Σ‖`` passes the threshold (a candidate blow-up if the pole
    test of :mod:`jaxdyn.gaussian._solve` passes, else LARGE), when its state is non-finite, or
    when it is found **stiff**: Hairer's DOP853 test
@@ -40,7 +44,8 @@ The design, three stages:
 
 3. **Pole stage**: every member declared a blow-up has its ``T*`` refined past the detection
    point by integrating the bounded projective system in the reparametrised time
-   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped.
+   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped
+   over chunks of the same width (one compiled program for both passes).
    The local (Bernoulli) extrapolation from ``‖Σ‖ = 10⁶`` alone was off by up to 2.5e-5 on
    the benchmark workload (sub-leading singular parts of Σ); after refinement T* from the
    thresholds 10⁵, 10⁶ and 10⁸ agree to 1e-14. The refinement is also the final pole test:
