@@ -5,7 +5,7 @@ mean ~ N(0, I), eigenvalues log-uniform in [0.25, 4]), t1 = 1, 8 piecewise-const
 all controls (A, b, V, B) free, optimiser started from zero controls. In one invocation:
 
 - ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through its fixed-step Dopri8 solve,
-  8 steps a piece, error estimate within rtol 1e-9), stopping as soon as its W2 < tol
+  2 steps a piece, error estimate within rtol 1e-9), stopping as soon as its W2 < tol
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
   steps first). The first call at each d (trace + compile + run) is reported as
   ``compile_s``; then every target is timed warm.

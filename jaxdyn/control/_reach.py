@@ -17,7 +17,7 @@ import optax
 from ..distances import bures_w2_squared
 from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_names
 from ..gaussian._solve import Control, MomentStatus, moment_rhs, solve_moments
-from ..integrators.dopri8 import dopri8_step
+from ..integrators.dopri8 import DOPRI8
 from ._certificate import Certificate, certificate
 from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
 
@@ -53,7 +53,7 @@ class _Opts(eqx.Module):
     atol: float = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
     solver: Optional[diffrax.AbstractSolver] = eqx.field(static=True)
-    steps_per_piece: int = eqx.field(static=True, default=8)
+    steps_per_piece: int = eqx.field(static=True, default=2)
 
 
 # The blow-up threshold of solve_moments' default: a trial whose ‖Σ‖_F passes it is rejected.
@@ -62,8 +62,8 @@ _THRESHOLD = 1e6
 
 def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     r"""The moment ODE under piecewise-constant (or piecewise-linear) controls by fixed
-    Dopri8 steps, ``steps_per_piece`` a piece, all steps in one ``lax.scan`` (one copy of the right-hand side in the program, and in
-    its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
+    Dopri8 steps, ``steps_per_piece`` a piece, all stages of all steps in one ``lax.scan``
+    (one copy of the right-hand side in the program, and in its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
     and keeps the method's order 8. Returns ``(m, Σ, ok)``: ``ok`` is False when the state
     turned non-finite, ``‖Σ‖_F`` passed ``1e6 · max(‖Σ0‖_F, 1)`` (the blow-up threshold of
     :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
@@ -81,35 +81,47 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     ncomp = S0.shape[0] * (S0.shape[0] + 1)
     sg = jax.lax.stop_gradient
 
-    def step(c, i):
-        y, bad = c
+    # One scan over every stage of every step (13 a step: Dopri8 without its FSAL stage,
+    # whose weight is 0): one evaluation of the right-hand side a body, no nested loops.
+    # The stage derivatives of the current step sit in K; a stage's argument is the
+    # contraction of its row of the tableau with K (the rows are zero beyond the stage, so
+    # the entries left from the previous step enter as 0 · k); after the last stage the
+    # step's new state and error estimate are taken from K the same way.
+    nk = len(DOPRI8.b) - 1
+    rows = np.zeros((nk, nk))
+    for j in range(1, nk):
+        rows[j, :j] = DOPRI8.a[j - 1]
+    rows, ends = jnp.asarray(rows, dtype), jnp.asarray([DOPRI8.b[:nk], DOPRI8.e[:nk]], dtype)
+    nodes = jnp.asarray(DOPRI8.c[:nk], dtype)
+
+    def dot(r, Kl):
+        return jnp.tensordot(r, Kl, axes=1, precision=jax.lax.Precision.HIGHEST)
+
+    def stage(c, idx):
+        y, K, bad = c
+        j, i = idx % nk, idx // nk
         k = i // steps
-        p0 = [x[k] for x in vals]
-        if linear:  # the state carries the time since the piece's start
-            p1 = [x[k + 1] for x in vals]
-
-            def f(z):
-                w = z[0] / dt_piece
-                return (jnp.ones_like(z[0]),
-                        *moment_rhs(*z[1:], *[a + w * (c_ - a) for a, c_ in zip(p0, p1)]))
-
-            z = ((i - k * steps).astype(dtype) * h, *y)
-        else:
-            def f(z):
-                return moment_rhs(*z, *p0)
-
-            z = y
-        z1, e, _, _ = dopri8_step(f, z, h)
-        z, z1, e = (tuple(x)[-2:] for x in (z, z1, e))  # (m, S)
+        par = [x[k] for x in vals]
+        if linear:  # controls linear in the time since the piece's start
+            w = ((i - k * steps).astype(dtype) + nodes[j]) * h / dt_piece
+            par = [a + w * (x[k + 1] - a) for a, x in zip(par, vals)]
+        yj = [yl + h * dot(rows[j], Kl) for yl, Kl in zip(y, K)]
+        K = [Kl.at[j].set(kl) for Kl, kl in zip(K, moment_rhs(*yj, *par))]
+        out = [dot(ends, Kl) for Kl in K]
+        y1 = [yl + h * o[0] for yl, o in zip(y, out)]
         tot = 0.0
-        for y0_, y1_, e_ in zip(z, z1, e):
+        for y0_, y1_, o in zip(y, y1, out):
             sc = opts.atol + opts.rtol * jnp.maximum(jnp.abs(sg(y0_)), jnp.abs(sg(y1_)))
-            tot = tot + jnp.sum((sg(e_) / sc) ** 2)
-        S1 = sg(z1[1])
-        bad = bad | ~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
-        return (z1, bad), None
+            tot = tot + jnp.sum((h * sg(o[1]) / sc) ** 2)
+        S1 = sg(y1[1])
+        last = j == nk - 1
+        bad = bad | (last & (~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)))
+        y = [jnp.where(last, a1, a0) for a0, a1 in zip(y, y1)]
+        return (y, K, bad), None
 
-    (y, bad), _ = jax.lax.scan(jax.checkpoint(step), ((prob.m0, S0), jnp.zeros((), bool)), jnp.arange(n * steps))
+    K0 = [jnp.zeros((nk,) + x.shape, dtype) for x in (prob.m0, S0)]
+    (y, _, bad), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, jnp.zeros((), bool)),
+                                  jnp.arange(n * steps * nk))
     m, S = y
     ok = ~bad & jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
     return m, S, ok
@@ -322,7 +334,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
           adam_steps: int = 0, adam_lr: float = 0.02, lbfgs_steps: int = 500,
           tol: float = 1e-4, stop_factor: float = 0.1, rtol=None, atol=None,
           solver: Optional[diffrax.AbstractSolver] = None, max_steps: int = 4096,
-          steps_per_piece: int = 8,
+          steps_per_piece: int = 2,
           energy_continuation: bool = True, max_energy_stages: int = 6,
           energy_stage_steps: int = 100,
           rank_rtol: Optional[float] = None, with_certificate: bool = True,
