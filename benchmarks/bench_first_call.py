@@ -7,9 +7,12 @@ tree is run in its own subprocess (``PYTHONPATH`` = the tree), the trees interle
 (``--rounds``); per call the wall time and the process CPU time (less disturbed by other
 load) are recorded; "compile" is first call − warm call.
 
-    python benchmarks/bench_first_call.py --trees /path/to/before . --rounds 2 [--which moments reach]
+    python benchmarks/bench_first_call.py --before d9541bb --trees . --rounds 2 [--which moments reach]
 
-Writes ``benchmarks/results/first_call.json`` (``--name``).
+``--before COMMIT`` extracts ``git archive COMMIT`` of this repository into a temporary folder
+and runs it as the first tree (the code before); ``--trees`` adds checkouts by path. A child
+that fails is recorded with its error (the JSON is written whatever happens). Writes
+``benchmarks/results/first_call.json`` (``--name``), with ``machine_info()`` and the load.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHILD = r'''
 import json, os, sys, time
@@ -57,42 +63,86 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+def _archive(commit):
+    """``git archive`` of ``commit`` (this repository) in a temporary folder: its path."""
+    root = Path(__file__).resolve().parent.parent
+    dest = Path(tempfile.mkdtemp(prefix=f"jaxdyn-before-{commit[:10]}-"))
+    tar = subprocess.run(["git", "-C", str(root), "archive", commit], check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return str(dest)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trees", nargs="+", required=True)
+    p.add_argument("--before", default=None, help="a commit of this repository: the code before")
+    p.add_argument("--trees", nargs="*", default=["."])
     p.add_argument("--which", nargs="+", default=["moments", "reach"])
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--name", default="first_call")
     args = p.parse_args(argv)
+    trees = [str(Path(t).resolve()) for t in args.trees]
+    labels = {t: t for t in trees}
+    if args.before:
+        b = _archive(args.before)
+        trees.insert(0, b)
+        labels[b] = f"before ({args.before})"
     rows = []
     for r in range(args.rounds):
         for which in args.which:
-            trees = args.trees if r % 2 == 0 else args.trees[::-1]
-            for tree in trees:
-                tree = str(Path(tree).resolve())
+            order = trees if r % 2 == 0 else trees[::-1]
+            for tree in order:
                 env = dict(os.environ, PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="1")
+                c0 = os.times()
                 proc = subprocess.run([sys.executable, "-c", CHILD, tree, which], env=env,
                                       capture_output=True, text=True, cwd="/tmp")
+                c1 = os.times()
                 line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                load = os.getloadavg()
                 if not line:
-                    raise SystemExit(f"{tree} {which} failed:\n{proc.stderr[-3000:]}")
+                    rows.append(dict(round=r, which=which, tree=labels[tree], error=proc.stderr[-3000:],
+                                     load_avg=load))
+                    print(f"[{r}] {which:8s} {labels[tree]}: FAILED\n{proc.stderr[-1500:]}", flush=True)
+                    continue
                 out = json.loads(line[0][7:])
-                row = dict(round=r, which=which, tree=tree, **out,
+                row = dict(round=r, which=which, tree=labels[tree], **out,
                            compile_cpu_s=out["first"]["cpu_s"] - out["warm"]["cpu_s"],
-                           compile_wall_s=out["first"]["wall_s"] - out["warm"]["wall_s"])
+                           compile_wall_s=out["first"]["wall_s"] - out["warm"]["wall_s"],
+                           process_cpu_s=(c1.children_user + c1.children_system
+                                          - c0.children_user - c0.children_system),
+                           load_avg=load)
                 rows.append(row)
-                print(f"[{r}] {which:8s} {tree}: first {out['first']['wall_s']:.1f} s wall / "
+                print(f"[{r}] {which:8s} {labels[tree]}: first {out['first']['wall_s']:.1f} s wall / "
                       f"{out['first']['cpu_s']:.1f} s CPU, warm {out['warm']['wall_s']:.2f} / "
-                      f"{out['warm']['cpu_s']:.2f}, compile ~{row['compile_cpu_s']:.1f} CPU-s", flush=True)
-    meta = dict(load_avg=os.getloadavg(), cpu_count=os.cpu_count(), time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+                      f"{out['warm']['cpu_s']:.2f}, compile ~{row['compile_cpu_s']:.1f} CPU-s "
+                      f"(load {load[0]:.1f})", flush=True)
+    summary = {}
+    for which in args.which:
+        per = {}
+        for row in rows:
+            if row["which"] == which and "compile_cpu_s" in row:
+                per.setdefault(row["tree"], []).append(row)
+        summary[which] = {t: dict(compile_cpu_s=[x["compile_cpu_s"] for x in v],
+                                  warm_cpu_s=[x["warm"]["cpu_s"] for x in v]) for t, v in per.items()}
+        if args.before and len(per) >= 2:
+            b = per.get(labels[trees[0]])
+            for t, v in per.items():
+                if t != labels[trees[0]] and b:
+                    ratio = (sum(x["compile_cpu_s"] for x in v) / len(v)) / \
+                        (sum(x["compile_cpu_s"] for x in b) / len(b))
+                    summary[which][t]["ratio_to_before"] = ratio
+                    summary[which][t]["target_quarter_met"] = bool(ratio <= 0.25)
+                    print(f"{which}: compile {ratio:.2f}x the code before "
+                          f"({'met' if ratio <= 0.25 else 'not met'}: target 0.25)")
     try:
-        flags = Path("/proc/cpuinfo").read_text()
-        meta["cpu"] = next(ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name"))
-        meta["avx512f"] = " avx512f" in flags
-    except (OSError, StopIteration):
-        pass
+        from common import machine_info
+        meta = machine_info()
+    except Exception as e:  # noqa: BLE001 — the rows are written whatever happens
+        meta = dict(machine_info_error=repr(e))
+    meta.update(load_avg_end=os.getloadavg(), time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                before=args.before)
     path = Path(__file__).resolve().parent / "results" / f"{args.name}.json"
-    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    path.write_text(json.dumps(dict(meta=meta, summary=summary, rows=rows), indent=1))
     print(f"wrote {path}")
 
 

@@ -4,8 +4,8 @@ For each d (default 2, 4, 8, 16) and a few random targets (``random_target(seed,
 mean ~ N(0, I), eigenvalues log-uniform in [0.25, 4]), t1 = 1, 8 piecewise-constant pieces,
 all controls (A, b, V, B) free, optimiser started from zero controls. In one invocation:
 
-- ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through ``solve_moments``, Tsit5 at
-  rtol 1e-9, RecursiveCheckpointAdjoint), stopping as soon as its W2 < tol
+- ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through its fixed-step Dopri8 solve,
+  2 steps a piece, error estimate within rtol 1e-9), stopping as soon as its W2 < tol
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
   steps first). The first call at each d (trace + compile + run) is reported as
   ``compile_s``; then every target is timed warm.

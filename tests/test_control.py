@@ -446,3 +446,53 @@ def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
         y = y + (1.5 / L) * f(0.0, y)
     np.testing.assert_allclose(np.asarray(transformer_layers(model, x0, t1=1.5, n_layers=L)),
                                np.asarray(y), rtol=0, atol=1e-13)
+
+
+def test_reach_fixed_step_solve_matches_adaptive():
+    """reach's own solve (fixed Dopri8 steps, each inside one piece) against scipy's DOP853 at
+    rtol 1e-12 on random piecewise-constant and piecewise-linear controls (to the optimiser's
+    tolerances 1e-9/1e-11); a blow-up and too-long steps are flagged (ok False)."""
+    import functools
+
+    from jaxdyn.control._reach import _fixed_step_moments, _Opts, _Problem
+
+    d, n = 3, N_PIECES
+    rng = np.random.default_rng(5)
+    m0, S0 = rng.standard_normal(d), np.eye(d) + 0.2 * np.ones((d, d))
+
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def run(vals, kind, steps):
+        prob = _Problem(m0=jnp.asarray(m0), S0=jnp.asarray(S0), m1=jnp.zeros(d), S1=jnp.eye(d),
+                        t1=jnp.asarray(1.0), mask=jnp.ones(4), fixed=(),
+                        bound=jnp.full(4, jnp.inf), weight=jnp.asarray(0.0), kind=kind)
+        opts = _Opts(rtol=1e-9, atol=1e-11, max_steps=4096, solver=None, steps_per_piece=steps)
+        return _fixed_step_moments(vals, prob, opts)
+
+    def reference(vals, kind):
+        def f(t, y):
+            k = min(int(t * n), n - 1)
+            w = t * n - k
+            A, B, V, b = ((v[k] + w * (v[k + 1] - v[k])) if kind == "linear" else v[k] for v in vals)
+            m, S = y[:d], y[d:].reshape(d, d)
+            G = (A + V @ S @ B) @ S
+            return np.concatenate([(A + V) @ m + V @ S @ B @ m + b, (G + G.T).ravel()])
+        y = np.concatenate([m0, S0.ravel()])
+        for k in range(n):
+            y = solve_ivp(f, (k / n, (k + 1) / n), y, method="DOP853", rtol=1e-12, atol=1e-14).y[:, -1]
+        return y[:d], y[d:].reshape(d, d)
+
+    for kind, nv in (("piecewise", n), ("linear", n + 1)):
+        vals = [0.4 * rng.standard_normal((nv, d, d)) for _ in range(3)] + [0.4 * rng.standard_normal((nv, d))]
+        m, S, ok = run(vals, kind, 8)
+        m_ref, S_ref = reference(vals, kind)
+        assert bool(ok)
+        np.testing.assert_allclose(np.asarray(S), S_ref, rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(np.asarray(m), m_ref, rtol=1e-9, atol=1e-11)
+        assert np.array_equal(np.asarray(S), np.asarray(S).T)
+    # V = 2I, B = I, A = b = 0: blow-up before t1 = 1 (T* = 1/(4 λmax(S0)) < 1)
+    z, eye = np.zeros((n, d, d)), np.broadcast_to(np.eye(d), (n, d, d))
+    assert not bool(run([z, eye, 2 * eye, np.zeros((n, d))], "piecewise", 8)[2])
+    # fast linear dynamics (A = -5 I, Σ decays at rate 10): one step a piece is outside the
+    # tolerance, eight are within it
+    assert bool(run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 8)[2])
+    assert not bool(run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 1)[2])

@@ -12,8 +12,9 @@ piecewise linear) on a uniform grid of ``[0, t1]``. :func:`reach` chooses them t
     L = W2²(N(m(t1), Σ(t1)), N(m1, Σ1)) + λ ∫_0^{t1} Σ_{free u} ‖u(t)‖_F² dt
 
 (Bures–Wasserstein W2², :func:`jaxdyn.distances.bures_w2_squared`) with gradients through
-:func:`jaxdyn.gaussian._solve.solve_moments` (``diffrax.RecursiveCheckpointAdjoint``): L-BFGS
-directions (``optax.scale_by_lbfgs``) with a backtracking Armijo line search, optionally after
+a fixed-step Dopri8 solve in one ``lax.scan`` (or :func:`jaxdyn.gaussian._solve.solve_moments`
+with a diffrax ``solver``): L-BFGS directions (the two-loop recursion of
+``optax.scale_by_lbfgs``, on the host) with a backtracking Armijo line search, optionally after
 some Adam steps (``optax.adam`` wrapped in ``optax.apply_if_finite``; off by default: on
 random targets L-BFGS alone reached W2 < 1e-4 in fewer iterations, see
 ``benchmarks/bench_reach.py``). A trial whose solve does not reach ``t1`` (blow-up,
@@ -133,19 +134,25 @@ def _check_problem(m0, S0, m1, S1):
     S0 = check_covariance(jnp.asarray(S0), "S0")
     dtype = S0.dtype
     d = S0.shape[0]
-    S1 = check_covariance(jnp.asarray(S1, dtype), "S1")
+    traced = lambda x: isinstance(x, jax.core.Tracer)  # noqa: E731
+    S1 = check_covariance(jnp.asarray(S1, dtype) if traced(S1) else np.asarray(S1, dtype), "S1")
     if S1.shape != (d, d):
         raise ValueError(f"S1 must have shape ({d}, {d}) like S0, got {S1.shape}")
-    m0 = jnp.zeros((d,), dtype) if m0 is None else jnp.asarray(m0, dtype)
-    m1 = jnp.zeros((d,), dtype) if m1 is None else jnp.asarray(m1, dtype)
+
+    def mean(m):  # host-side (numpy) unless traced: no small eager programs to compile
+        if m is None:
+            return np.zeros((d,), dtype)
+        return jnp.asarray(m, dtype) if traced(m) else np.asarray(m, dtype)
+
+    m0, m1 = mean(m0), mean(m1)
     if m0.shape != (d,):
         raise ValueError(f"m0 must have shape ({d},), got {m0.shape}")
     if m1.shape != (d,):
         raise ValueError(f"m1 must have shape ({d},), got {m1.shape}")
     for name, m in (("m0", m0), ("m1", m1)):
-        if not isinstance(m, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(m))):
+        if not traced(m) and not np.all(np.isfinite(m)):
             raise ValueError(f"{name} must be finite (it holds NaN or inf)")
-    return m0, S0, m1, S1
+    return jnp.asarray(m0), S0, jnp.asarray(m1), S1
 
 
 def _ranks(S0, S1, rank_rtol):

@@ -16,7 +16,8 @@ import optax
 
 from ..distances import bures_w2_squared
 from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_names
-from ..gaussian._solve import Control, MomentStatus, solve_moments
+from ..gaussian._solve import Control, MomentStatus, moment_rhs, solve_moments
+from ..integrators.dopri8 import DOPRI8
 from ._certificate import Certificate, certificate
 from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
 
@@ -51,7 +52,79 @@ class _Opts(eqx.Module):
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
-    solver: diffrax.AbstractSolver = eqx.field(static=True)
+    solver: Optional[diffrax.AbstractSolver] = eqx.field(static=True)
+    steps_per_piece: int = eqx.field(static=True, default=2)
+
+
+# The blow-up threshold of solve_moments' default: a trial whose ‖Σ‖_F passes it is rejected.
+_THRESHOLD = 1e6
+
+
+def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
+    r"""The moment ODE under piecewise-constant (or piecewise-linear) controls by fixed
+    Dopri8 steps, ``steps_per_piece`` a piece, all stages of all steps in one ``lax.scan``
+    (one copy of the right-hand side in the program, and in its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
+    and keeps the method's order 8. Returns ``(m, Σ, ok)``: ``ok`` is False when the state
+    turned non-finite, ``‖Σ‖_F`` passed ``1e6 · max(‖Σ0‖_F, 1)`` (the blow-up threshold of
+    :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
+    ``(rtol, atol)`` (the steps were too long for these controls: the trial is rejected,
+    as a failed adaptive solve's is)."""
+    A, B, V, b = vals
+    linear = prob.kind == "linear"
+    n = A.shape[0] - 1 if linear else A.shape[0]
+    steps = opts.steps_per_piece
+    dt_piece = prob.t1 / n
+    h = dt_piece / steps
+    dtype = prob.S0.dtype
+    S0 = prob.S0
+    thr = _THRESHOLD * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
+    ncomp = S0.shape[0] * (S0.shape[0] + 1)
+    sg = jax.lax.stop_gradient
+
+    # One scan over every stage of every step (13 a step: Dopri8 without its FSAL stage,
+    # whose weight is 0): one evaluation of the right-hand side a body, no nested loops.
+    # The stage derivatives of the current step sit in K; a stage's argument is the
+    # contraction of its row of the tableau with K (the rows are zero beyond the stage, so
+    # the entries left from the previous step enter as 0 · k); after the last stage the
+    # step's new state and error estimate are taken from K the same way.
+    nk = len(DOPRI8.b) - 1
+    rows = np.zeros((nk, nk))
+    for j in range(1, nk):
+        rows[j, :j] = DOPRI8.a[j - 1]
+    rows, ends = jnp.asarray(rows, dtype), jnp.asarray([DOPRI8.b[:nk], DOPRI8.e[:nk]], dtype)
+    nodes = jnp.asarray(DOPRI8.c[:nk], dtype)
+
+    def dot(r, Kl):
+        return jnp.tensordot(r, Kl, axes=1, precision=jax.lax.Precision.HIGHEST)
+
+    def stage(c, idx):
+        y, K, bad = c
+        j, i = idx % nk, idx // nk
+        k = i // steps
+        par = [x[k] for x in vals]
+        if linear:  # controls linear in the time since the piece's start
+            w = ((i - k * steps).astype(dtype) + nodes[j]) * h / dt_piece
+            par = [a + w * (x[k + 1] - a) for a, x in zip(par, vals)]
+        yj = [yl + h * dot(rows[j], Kl) for yl, Kl in zip(y, K)]
+        K = [Kl.at[j].set(kl) for Kl, kl in zip(K, moment_rhs(*yj, *par))]
+        out = [dot(ends, Kl) for Kl in K]
+        y1 = [yl + h * o[0] for yl, o in zip(y, out)]
+        tot = 0.0
+        for y0_, y1_, o in zip(y, y1, out):
+            sc = opts.atol + opts.rtol * jnp.maximum(jnp.abs(sg(y0_)), jnp.abs(sg(y1_)))
+            tot = tot + jnp.sum((h * sg(o[1]) / sc) ** 2)
+        S1 = sg(y1[1])
+        last = j == nk - 1
+        bad = bad | (last & (~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)))
+        y = [jnp.where(last, a1, a0) for a0, a1 in zip(y, y1)]
+        return (y, K, bad), None
+
+    K0 = [jnp.zeros((nk,) + x.shape, dtype) for x in (prob.m0, S0)]
+    (y, _, bad), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, jnp.zeros((), bool)),
+                                  jnp.arange(n * steps * nk))
+    m, S = y
+    ok = ~bad & jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
+    return m, S, ok
 
 
 def _squash(w, c):
@@ -85,16 +158,21 @@ def _physical(raw, prob: _Problem):
 
 def _loss(raw, prob: _Problem, opts: _Opts):
     vals = _physical(raw, prob)
-    ctr = {k: Control(v, prob.t1, prob.kind) for k, v in zip(CONTROL_NAMES, vals)}
-    sol = solve_moments(prob.m0, prob.S0, A=ctr["A"], B=ctr["B"], V=ctr["V"], b=ctr["b"],
-                        t1=prob.t1, rtol=opts.rtol, atol=opts.atol, solver=opts.solver,
-                        max_steps=opts.max_steps)
-    w2sq = bures_w2_squared(sol.mean_final, sol.cov_final, prob.m1, prob.S1)
+    if opts.solver is None:
+        m, S, ok = _fixed_step_moments(vals, prob, opts)
+        status = jnp.where(ok, MomentStatus.OK, MomentStatus.NONFINITE)
+    else:
+        ctr = {k: Control(v, prob.t1, prob.kind) for k, v in zip(CONTROL_NAMES, vals)}
+        sol = solve_moments(prob.m0, prob.S0, A=ctr["A"], B=ctr["B"], V=ctr["V"], b=ctr["b"],
+                            t1=prob.t1, rtol=opts.rtol, atol=opts.atol, solver=opts.solver,
+                            max_steps=opts.max_steps)
+        m, S, status = sol.mean_final, sol.cov_final, sol.status
+        ok = status == MomentStatus.OK
+    w2sq = bures_w2_squared(m, S, prob.m1, prob.S1)
     energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
     loss = w2sq + prob.weight * energy
-    ok = sol.status == MomentStatus.OK
     nan = jnp.asarray(jnp.nan, loss.dtype)
-    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, sol.status)
+    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status)
 
 
 @eqx.filter_jit
@@ -113,11 +191,54 @@ def _adam_step(adam, g, state, raw):
     return optax.apply_updates(raw, u), state
 
 
-@eqx.filter_jit
-def _lbfgs_direction(lb, g, state, raw):
-    p, state = lb.update(g, state, raw)
-    dirn = jax.tree.map(lambda a: -a, p)
-    return dirn, _tree_vdot(g, dirn), state
+class _LBFGS:
+    """The L-BFGS two-loop recursion of ``optax.scale_by_lbfgs`` (memory 10, initial scale
+    ``⟨s, y⟩/⟨y, y⟩`` of the newest pair, ``min(1, 1/‖g‖)`` on the first step) on the host,
+    in numpy on the flat parameter vector: the direction costs microseconds there, and a
+    jitted one cost a compilation on every first call. Immutable: :meth:`direction`
+    returns the updated memory."""
+
+    def __init__(self, size: int = 10, pairs=(), last=None):
+        self.size, self.pairs, self.last = size, tuple(pairs), last
+
+    def direction(self, g, x):
+        """``(d, ⟨g, d⟩, memory)``: the descent direction at ``x`` with gradient ``g``,
+        after adding the pair ``(x − x_prev, g − g_prev)`` to the memory."""
+        pairs = self.pairs
+        if self.last is None:
+            gn = float(np.linalg.norm(g))
+            gamma = 1.0 if gn == 0 else min(1.0, 1.0 / gn)
+        else:
+            s, y = x - self.last[0], g - self.last[1]
+            sy, yy = float(y @ s), float(y @ y)
+            pairs = (pairs + ((s, y, 0.0 if sy == 0 else 1.0 / sy),))[-self.size:]
+            gamma = sy / yy if yy > 0 else 1.0
+        q = g.copy()
+        alphas = []
+        for s, y, rho in reversed(pairs):
+            a = rho * float(s @ q)
+            alphas.append(a)
+            q -= a * y
+        r = gamma * q
+        for (s, y, rho), a in zip(pairs, reversed(alphas)):
+            r += s * (a - rho * float(y @ r))
+        return -r, float(g @ -r), _LBFGS(self.size, pairs, (x, g))
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(tree)])
+
+
+def _unflat(vec, like):
+    leaves, treedef = jax.tree.flatten(like)
+    out, i = [], 0
+    for x in leaves:
+        out.append(vec[i:i + x.size].reshape(x.shape))
+        i += x.size
+    return jax.tree.unflatten(treedef, out)
+
+
+_physical_jit = eqx.filter_jit(_physical)
 
 
 @eqx.filter_jit
@@ -129,13 +250,6 @@ def _axpy(step, x, y):
 def _adam(lr: float):
     # One transformation object per learning rate, so that the jitted step is reused.
     return optax.apply_if_finite(optax.adam(lr), max_consecutive_errors=10**9)
-
-
-_LBFGS = optax.scale_by_lbfgs(memory_size=10)
-
-
-def _tree_vdot(a, b):
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 class ReachResult(Solution):
@@ -220,6 +334,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
           adam_steps: int = 0, adam_lr: float = 0.02, lbfgs_steps: int = 500,
           tol: float = 1e-4, stop_factor: float = 0.1, rtol=None, atol=None,
           solver: Optional[diffrax.AbstractSolver] = None, max_steps: int = 4096,
+          steps_per_piece: int = 2,
           energy_continuation: bool = True, max_energy_stages: int = 6,
           energy_stage_steps: int = 100,
           rank_rtol: Optional[float] = None, with_certificate: bool = True,
@@ -227,7 +342,8 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
 
     Minimises ``W2²(N(m(t1), Σ(t1)), N(m1, S1)) + λ ∫ Σ_{free u} ‖u‖_F² dt`` over the free
-    controls (moment ODE of docs/math.md §B.2, gradients through :func:`solve_moments`).
+    controls (moment ODE of docs/math.md §B.2, gradients through a fixed-step Dopri8 solve,
+    or :func:`solve_moments` with a diffrax ``solver``).
 
     Args:
       m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances. A target whose
@@ -250,9 +366,14 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       lbfgs_steps: L-BFGS phase (``optax.scale_by_lbfgs`` directions, Armijo backtracking).
       tol: success threshold on W2; the optimiser stops when its W2 ≤ ``stop_factor · tol``
         (when λ = 0) or when it stalls.
-      rtol, atol, solver, max_steps: the optimiser's solve (defaults 1e-9/1e-11 in
-        float64, 1e-5/1e-7 in float32; ``Tsit5``). The result is then re-checked by an
-        independent Dopri8 solve at rtol 1e-11 (``verify``).
+      rtol, atol, solver, max_steps, steps_per_piece: the optimiser's solve. Default
+        (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
+        error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
+        1e-5/1e-7 in float32) at every step, else the trial is rejected (a small program:
+        its first call compiles in a fraction of an adaptive solve's). A diffrax solver
+        (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
+        ``max_steps`` steps). The result is then re-checked by an independent adaptive
+        Dopri8 solve at rtol 1e-11 (``verify``).
       rank_rtol: numerical-rank cut (default sqrt(eps)). with_certificate: compute the
         :class:`Certificate` (A free or not) and return it.
       callback: ``callback(iteration, loss, w2)`` on the host after each iteration.
@@ -299,7 +420,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     f64 = np.dtype(dtype) == np.float64
     rtol = (1e-9 if f64 else 1e-5) if rtol is None else rtol
     atol = (1e-11 if f64 else 1e-7) if atol is None else atol
-    solver = diffrax.Tsit5() if solver is None else solver
+    if isinstance(steps_per_piece, bool) or not isinstance(steps_per_piece, (int, np.integer)) \
+            or steps_per_piece < 1:
+        raise ValueError(f"steps_per_piece must be an integer >= 1, got {steps_per_piece!r}")
 
     n_vals = n_pieces if kind == "piecewise" else n_pieces + 1
     shapes = {"A": (d, d), "B": (d, d), "V": (d, d), "b": (d,)}
@@ -346,14 +469,15 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         else:
             start = {k: init_scale * rng.standard_normal((n_vals,) + shapes[k]) for k in CONTROL_NAMES}
             init_used = "random"
-    raw = {k: jnp.asarray(_unsquash(start[k], bounds[k]), dtype) for k in CONTROL_NAMES}
+    raw = {k: np.asarray(_unsquash(start[k], bounds[k]), dtype) for k in CONTROL_NAMES}
 
     prob = _Problem(m0=m0, S0=S0, m1=m1, S1=S1, t1=jnp.asarray(t1, dtype),
                     mask=jnp.asarray([1.0 if k in free else 0.0 for k in CONTROL_NAMES], dtype),
                     fixed=tuple(jnp.asarray(fixed_vals[k], dtype) for k in CONTROL_NAMES),
                     bound=jnp.asarray([bounds[k] for k in CONTROL_NAMES], dtype),
                     weight=jnp.asarray(energy_weight, dtype), kind=kind)
-    opts = _Opts(rtol=float(rtol), atol=float(atol), max_steps=int(max_steps), solver=solver)
+    opts = _Opts(rtol=float(rtol), atol=float(atol), max_steps=int(max_steps), solver=solver,
+                 steps_per_piece=int(steps_per_piece))
     lam = float(energy_weight)
     stop_w2 = stop_factor * tol
 
@@ -421,25 +545,24 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         if not done:
             v, raw, g, w2sq, en = best  # L-BFGS starts from Adam's best iterate
 
-    # ---- L-BFGS phase (optax.scale_by_lbfgs directions, host Armijo backtracking) --------
+    # ---- L-BFGS phase (host two-loop directions as optax.scale_by_lbfgs, host Armijo) ----
     # With λ > 0 and energy_continuation, λ is divided by 10 after each converged stage
     # until the target is reached (a penalty continuation towards minimum-energy reaching).
     lam_now = lam
     stages = 0
     while not done and lbfgs_steps > 0:
-        lst = _LBFGS.init(raw)
+        lst = _LBFGS()
         stall = 0
         n_iter = lbfgs_steps if lam_now == 0 or not energy_continuation else energy_stage_steps
         for _ in range(n_iter):
-            dirn, slope, lst_new = _lbfgs_direction(_LBFGS, g, lst, raw)
-            slope = float(slope)
+            x, gx = _flat(raw), _flat(g)
+            dirn, slope, lst_new = lst.direction(gx, x)
             if not slope < 0:  # not a descent direction: restart the memory, steepest descent
-                dirn, slope, lst_new = _lbfgs_direction(_LBFGS, g, _LBFGS.init(raw), raw)
-                slope = float(slope)
+                dirn, slope, lst_new = _LBFGS().direction(gx, x)
             lst = lst_new
             step, accepted = 1.0, False
             for _ls in range(30):
-                trial = _axpy(jnp.asarray(step, dtype), raw, dirn)
+                trial = _unflat(x + step * dirn, raw)
                 ok, v2, w2sq2, en2, g2 = evaluate(trial)
                 if ok and v2 <= v + 1e-4 * step * slope:
                     accepted = True
@@ -472,7 +595,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     if lam > 0:
         message += f"; energy weight {lam:g} -> {lam_now:g} ({stages} continuation stages)"
 
-    vals = _physical(raw, prob)
+    vals = _physical_jit(raw, prob)
     controls = {k: Control(v_, t1, kind) for k, v_ in zip(CONTROL_NAMES, vals)}
     energy = en
     w2_opt = math.sqrt(max(w2sq, 0.0)) if math.isfinite(w2sq) else math.nan

@@ -15,9 +15,13 @@ The design, three stages:
    laid out batch-last, ``Σ`` as ``(d, d, n)``, products as ``einsum("ikn,kjn->ijn")``.
    (Writing them as broadcast multiply-adds is faster for one evaluation, but XLA's CPU
    fusion then recomputes inner products across the 13 stages: a step cost 100× more.)
-   Once at most 1/4 of the batch is still active, the active members are compacted into
-   a power-of-two batch (host-side gather) and the loop resumes: the long tail of blow-up
-   members costs in proportion to its size, not to the batch. A member stops when it
+   The loop runs on chunks of a fixed width (``chunk``, 64 members): each chunk runs until
+   at most 1/4 of it is still active, then the survivors of all chunks are regrouped into
+   full chunks (host-side gather) and the passes go on, the last chunk until its members
+   end: the long tail of blow-up members costs one chunk's width, not the batch's, and
+   every call has the same shapes, so the stage compiles one program whatever n (it
+   compiled one per compaction size before, five on the benchmark workload). Per member
+   of a wide batch a 64-wide chunk step costs about what a 1024-wide one does. A member stops when it
    reaches ``t1`` (OK), when ``‖Σ‖`` passes the threshold (a candidate blow-up if the pole
    test of :mod:`jaxdyn.gaussian._solve` passes, else LARGE), when its state is non-finite, or
    when it is found **stiff**: Hairer's DOP853 test
@@ -40,7 +44,8 @@ The design, three stages:
 
 3. **Pole stage**: every member declared a blow-up has its ``T*`` refined past the detection
    point by integrating the bounded projective system in the reparametrised time
-   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped.
+   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped
+   over chunks of the same width (one compiled program for both passes).
    The local (Bernoulli) extrapolation from ``‖Σ‖ = 10⁶`` alone was off by up to 2.5e-5 on
    the benchmark workload (sub-leading singular parts of Σ); after refinement T* from the
    thresholds 10⁵, 10⁶ and 10⁸ agree to 1e-14. The refinement is also the final pole test:
@@ -123,11 +128,14 @@ class BatchSolution(Solution):
 
 
 def _mm(X, Y):
-    return jnp.einsum("ikn,kjn->ijn", X, Y, precision=jax.lax.Precision.HIGHEST)
+    # Broadcast multiply-add over k (one fused kernel) rather than a batched dot_general,
+    # which XLA lowers with the batch axis moved first: transposes around an elemental dot,
+    # three kernels per product, and compile time grows with the kernel count.
+    return jnp.sum(X[:, :, None, :] * Y[None, :, :, :], axis=1)
 
 
 def _mv(X, v):
-    return jnp.einsum("ikn,kn->in", X, v, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(X * v[None, :, :], axis=1)
 
 
 def _rhs_bl(m, S, A, B, V, ApV, b):
@@ -182,14 +190,12 @@ def _errnorm(e, y0, y1, rtol, atol, axes):
 # ---------------------------------------------------------------------------------------
 
 
-@eqx.filter_jit
-def _explicit_init(m, S, A, B, V, b, t1, rtol, atol):
-    """Initial carry of the explicit stage (batch-last arrays)."""
-    d, n = m.shape
-    dtype = S.dtype
+def _explicit_start(m, S, A, B, V, b, t1, rtol, atol):
+    """FSAL derivative, initial step (Hairer's first guess: 0.01 ‖y0‖/‖f0‖ in the scaled
+    norm, within [1e-6, 1]·t1) and whether the state is finite, of fresh batch-last members."""
+    d = m.shape[0]
     ncomp = d + d * d
     km, kS = _rhs_bl(m, S, A, B, V, A + V, b)
-    # Initial step (Hairer's first guess): 0.01 ‖y0‖/‖f0‖ in the scaled norm, within [1e-6, 1]·t1.
     sc_m = atol + rtol * jnp.abs(m)
     sc_S = atol + rtol * jnp.abs(S)
     d0 = jnp.sqrt((jnp.sum((m / sc_m) ** 2, 0) + jnp.sum((S / sc_S) ** 2, (0, 1))) / ncomp)
@@ -197,22 +203,30 @@ def _explicit_init(m, S, A, B, V, b, t1, rtol, atol):
     h0 = jnp.where((d0 > 1e-5) & (d1 > 1e-5), 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0), 1e-6 * t1)
     h0 = jnp.clip(h0, 1e-6 * t1, t1)
     fin0 = jnp.all(jnp.isfinite(S), (0, 1)) & jnp.all(jnp.isfinite(m), 0)
-    status0 = jnp.where(fin0, ACTIVE, MomentStatus.NONFINITE).astype(jnp.int32)
-    zero_i = jnp.zeros((n,), jnp.int32)
-    return dict(t=jnp.zeros((n,), dtype), h=h0.astype(dtype), m=m, S=S, km=km, kS=kS,
-                status=status0, tstar=jnp.full((n,), jnp.inf, dtype), nacc=zero_i, nrej=zero_i,
-                nstiff=zero_i, nonstiff=zero_i)
+    return km, kS, h0.astype(S.dtype), fin0
 
 
 @eqx.filter_jit
-def _explicit_round(carry, A, B, V, b, t1, thr, rtol, atol, max_iter, min_active, hmin_rel):
-    """Run the explicit lock-step loop on a batch-last carry until no member is active,
-    ``max_iter`` iterations have run, or at most ``min_active`` members are active (time to
-    compact). Returns (carry, iterations)."""
+def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, min_active,
+                    hmin_rel):
+    """Run the explicit lock-step loop on a batch-last chunk until no member is active or at
+    most ``min_active`` members are active (time to compact). Members flagged ``fresh`` are
+    started first (FSAL derivative, initial step). A member that has taken ``max_steps``
+    steps is handed to the stiff stage (every member steps from iteration 0 on, so this is
+    the lock-step iteration cap). One compiled program per (chunk width, d, dtype): the
+    driver feeds chunks of a fixed width. Returns (carry, iterations)."""
     d, n = carry["m"].shape
     ApV = A + V
     ncomp = d + d * d
     vb = jnp.sqrt(jnp.sum(V * V, axis=(0, 1)) * jnp.sum(B * B, axis=(0, 1)))
+    km0, kS0, h0, fin0 = _explicit_start(carry["m"], carry["S"], A, B, V, b, t1, rtol, atol)
+    carry = dict(carry, km=jnp.where(fresh, km0, carry["km"]), kS=jnp.where(fresh, kS0, carry["kS"]),
+                 h=jnp.where(fresh, h0, carry["h"]),
+                 status=jnp.where(fresh & ~fin0, MomentStatus.NONFINITE,
+                                  carry["status"]).astype(jnp.int32))
+    carry["status"] = jnp.where((carry["status"] == ACTIVE)
+                                & (carry["nacc"] + carry["nrej"] >= max_steps), HANDOFF,
+                                carry["status"]).astype(jnp.int32)
 
     def f_pair(y):
         return _rhs_bl(*y, A, B, V, ApV, b)
@@ -223,7 +237,7 @@ def _explicit_round(carry, A, B, V, b, t1, thr, rtol, atol, max_iter, min_active
         active = status == ACTIVE
         hh = jnp.where(active, jnp.minimum(h, t1 - t), 0.0)
         (m1, S1), (em, eS), ks, ys = dopri8_step(f_pair, (m, S), hh, k0=(km, kS),
-                                                 last_stage=True)
+                                                 last_stage=True, stage_states=(_STIFF_STAGE,))
         Y12 = ys[_STIFF_STAGE]
         err = jnp.sqrt((_errnorm(em, m, m1, rtol, atol, 0)
                         + _errnorm(eS, S, S1, rtol, atol, (0, 1))) / ncomp)
@@ -248,20 +262,20 @@ def _explicit_round(carry, A, B, V, b, t1, thr, rtol, atol, max_iter, min_active
         nstiff = jnp.where(stiff_step, c["nstiff"] + 1, c["nstiff"])
         nonstiff = jnp.where(stiff_step, 0, c["nonstiff"] + acc)
         nstiff = jnp.where(nonstiff >= 6, 0, nstiff)
+        nacc, nrej = c["nacc"] + acc, c["nrej"] + (active & ~acc)
         # Member outcomes.
         s, ell, q = _indicators_bl(S, kS, A)
         status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
                                   hmin_rel, s, ell, q, vb)
-        status = jnp.where((status == ACTIVE) & (nstiff >= 15), HANDOFF, status).astype(jnp.int32)
+        status = jnp.where((status == ACTIVE) & ((nstiff >= 15) | (nacc + nrej >= max_steps)),
+                           HANDOFF, status).astype(jnp.int32)
         c = dict(t=t_new, h=h_new, m=m, S=S, km=km, kS=kS, status=status, tstar=tstar,
-                 nacc=c["nacc"] + acc, nrej=c["nrej"] + (active & ~acc), nstiff=nstiff,
-                 nonstiff=nonstiff)
+                 nacc=nacc, nrej=nrej, nstiff=nstiff, nonstiff=nonstiff)
         return c, it + 1
 
     def cond(state):
         c, it = state
-        n_act = jnp.sum(c["status"] == ACTIVE)
-        return (n_act > min_active) & (it < max_iter)
+        return jnp.sum(c["status"] == ACTIVE) > min_active
 
     return jax.lax.while_loop(cond, body, (carry, jnp.zeros((), jnp.int32)))
 
@@ -354,7 +368,7 @@ def _batched(x, n, shape, name, dtype):
 def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, atol: float = 1e-12,
                         blowup_threshold: float = 1e6, max_explicit_iterations: int = 4096,
                         stiff: bool = True, max_stiff_iterations: int = 20000,
-                        hmin_rel: Optional[float] = None, min_bucket: int = 16,
+                        hmin_rel: Optional[float] = None, min_bucket: int = 16, chunk: int = 64,
                         throw: bool = False) -> BatchSolution:
     r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not
     hold the batch hostage (two-stage design: see :mod:`jaxdyn.gaussian._batch`).
@@ -378,7 +392,10 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         False they end with status STIFF at the time reached).
       max_stiff_iterations: cap on the stiff loop (members left get MAX_STEPS).
       hmin_rel: a member whose step falls below ``hmin_rel · max(t, t1)`` ends NONFINITE
-        (default ``100 eps``). min_bucket: smallest batch the explicit stage compacts to.
+        (default ``100 eps``). min_bucket: smallest batch the stiff stage pads to.
+      chunk: the explicit and pole stages run on chunks of this many members (one compiled
+        program each per chunk width, d and dtype, whatever n; members are regrouped into
+        full chunks as others finish).
       throw: if True, raise ``RuntimeError`` with the message of the first member that is not
         successful (a blow-up included); default False (read ``result`` per member).
 
@@ -439,51 +456,55 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     thr = (blowup_threshold * np.maximum(np.sqrt(np.sum(S0 * S0, axis=(1, 2))), 1.0)).astype(dtype)
 
     bl = lambda X: np.ascontiguousarray(np.moveaxis(X, 0, -1))  # noqa: E731
-    # Global (host) results, filled as members finish.
-    t_fin = np.zeros(n, np.dtype(dtype))
-    mean = np.zeros((n, d), np.dtype(dtype))
-    cov = np.zeros((n, d, d), np.dtype(dtype))
+    mm = lambda X: np.moveaxis(X, -1, 0)  # noqa: E731
+    W = int(chunk)
+    if W < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    # Global (host) state of every member, member-major; chunks of W members are gathered
+    # from it, run, and written back.
+    dt_ = np.dtype(dtype)
+    t_fin = np.zeros(n, dt_)
+    mean, cov = m0.astype(dt_, copy=True), S0.astype(dt_, copy=True)
+    km, kS = np.zeros((n, d), dt_), np.zeros((n, d, d), dt_)
     status = np.full(n, ACTIVE, np.int32)
-    tstar = np.full(n, np.inf, np.dtype(dtype))
-    nsteps = np.zeros(n, np.int32)
-    h_last = np.zeros(n, np.dtype(dtype))
-    idx = np.arange(n)  # local slot -> global member
-    Ab, Bb, Vb, bb = bl(A), bl(B), bl(V), bl(b)
-    carry = _explicit_init(bl(m0), bl(S0), Ab, Bb, Vb, bb, t1, rtol, atol)
-    thr_l = thr
-    it1 = 0
+    tstar = np.full(n, np.inf, dt_)
+    h_last = np.zeros(n, dt_)
+    counters = {k: np.zeros(n, np.int32) for k in ("nacc", "nrej", "nstiff", "nonstiff")}
+    fresh = np.ones(n, bool)
     rounds = []
-    while True:
+    # Passes over the pool of running members: each chunk of W runs until at most W/4 of
+    # its members are active (all of them when the pool fits in one chunk), then the
+    # survivors of all chunks form the next pool. Every call has the same shapes: one
+    # compiled program, and the long tail of slow members costs one chunk's width.
+    pool = np.arange(n)
+    while pool.size:
         t_round = time.perf_counter()
-        size = idx.size
-        min_active = size // 4 if size >= 4 * min_bucket else 0
-        carry, it = _explicit_round(carry, Ab, Bb, Vb, bb, t1, thr_l, rtol, atol,
-                                    np.int32(int(max_explicit_iterations) - it1),
-                                    np.int32(min_active), hmin_rel)
-        it1 += int(it)
-        c = {k: np.asarray(v) for k, v in carry.items()}
-        rounds.append((int(idx.size), int(it), time.perf_counter() - t_round))
-        real = idx >= 0
-        g = idx[real]
-        t_fin[g] = c["t"][real]
-        mean[g] = np.moveaxis(c["m"], -1, 0)[real]
-        cov[g] = np.moveaxis(c["S"], -1, 0)[real]
-        status[g] = c["status"][real]
-        tstar[g] = c["tstar"][real]
-        nsteps[g] = (c["nacc"] + c["nrej"])[real]
-        h_last[g] = c["h"][real]
-        act = np.flatnonzero(real & (c["status"] == ACTIVE))
-        if act.size == 0 or it1 >= max_explicit_iterations:
-            break
-        # Compact: the active members move to a smaller power-of-two batch; the padding
-        # slots copy one of them but are inactive (status OK) and never written back.
-        new = max(min_bucket, 1 << math.ceil(math.log2(act.size)))
-        sel = np.concatenate([act, np.full(new - act.size, act[0])])
-        carry = {k: v[..., sel] for k, v in c.items()}
-        carry["status"][act.size:] = MomentStatus.OK
-        idx = np.concatenate([idx[act], np.full(new - act.size, -1)])
-        Ab, Bb, Vb, bb = (x[..., sel] for x in (Ab, Bb, Vb, bb))
-        thr_l = thr_l[sel]
+        min_active = W // 4 if pool.size > W else 0
+        its = 0
+        for start in range(0, pool.size, W):
+            g = pool[start:start + W]
+            k = g.size
+            sel = np.concatenate([g, np.full(W - k, g[0])])
+            st_in = status[sel]
+            st_in[k:] = MomentStatus.OK  # padding: inactive copies, never written back
+            carry = dict(t=t_fin[sel], h=h_last[sel], m=bl(mean[sel]), S=bl(cov[sel]),
+                         km=bl(km[sel]), kS=bl(kS[sel]), status=st_in, tstar=tstar[sel],
+                         **{c: v[sel] for c, v in counters.items()})
+            out, it = _explicit_round(carry, fresh[sel], bl(A[sel]), bl(B[sel]), bl(V[sel]),
+                                      bl(b[sel]), t1, thr[sel], rtol, atol,
+                                      np.int32(max_explicit_iterations), np.int32(min_active),
+                                      hmin_rel)
+            c = {key: np.asarray(v)[..., :k] for key, v in out.items()}
+            its = max(its, int(it))
+            t_fin[g], h_last[g], status[g], tstar[g] = c["t"], c["h"], c["status"], c["tstar"]
+            mean[g], cov[g], km[g], kS[g] = mm(c["m"]), mm(c["S"]), mm(c["km"]), mm(c["kS"])
+            for key, v in counters.items():
+                v[g] = c[key]
+            fresh[g] = False
+        rounds.append((int(pool.size), its, time.perf_counter() - t_round))
+        pool = pool[status[pool] == ACTIVE]
+    nsteps = counters["nacc"] + counters["nrej"]
+    it1 = int(nsteps.max()) if n else 0
     status[status == ACTIVE] = HANDOFF
     t_stiff = time.perf_counter()
     hands = np.flatnonzero(status == HANDOFF)
@@ -492,7 +513,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     it2 = 0
     if hands.size and stiff:
         k = hands.size
-        size = 1 << max(0, math.ceil(math.log2(k)))
+        size = max(min_bucket, 1 << max(0, math.ceil(math.log2(k))))
         idx = np.concatenate([hands, np.full(size - k, hands[0])])
         st_in = np.full(size, ACTIVE, np.int32)
         st_in[k:] = MomentStatus.OK  # padding: inactive copies
@@ -510,20 +531,22 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     # reparametrised time, jaxdyn.gaussian._solve.pole_refine), vmapped over the blow-up members.
     t_pole = time.perf_counter()
     bu = np.flatnonzero(status == MomentStatus.BLOWUP)
-    # Two passes: most poles converge in a few dozen τ-steps; the rest (and the non-poles,
-    # which use the whole budget) are redone in a small batch so they do not hold the rest.
-    # (The step budget is traced: the two passes compile once per batch size. Padding the
-    # second pass to the first's size saved that compilation but cost 0.6 s per call.)
+    # Two passes over chunks of W members: most poles converge in a few dozen τ-steps; the
+    # rest (and the non-poles, which use the whole budget) are redone so they do not hold
+    # the rest. (The step budget is traced: both passes run one compiled program.)
     todo, budget = bu, 64
     for last in (False, True):
         if todo.size == 0:
             break
-        size = max(min_bucket, 1 << math.ceil(math.log2(todo.size)))
-        sel = np.concatenate([todo, np.full(size - todo.size, todo[0])])
-        act = np.zeros(size, bool)
-        act[:todo.size] = True
-        T_ref, conv = (np.asarray(x)[:todo.size] for x in _pole_stage(
-            t_fin[sel], cov[sel], A[sel], B[sel], V[sel], act, rtol, atol, np.int32(budget)))
+        T_ref, conv = np.empty(todo.size, dt_), np.empty(todo.size, bool)
+        for start in range(0, todo.size, W):
+            g = todo[start:start + W]
+            sel = np.concatenate([g, np.full(W - g.size, g[0])])
+            act = np.arange(W) < g.size
+            res = _pole_stage(t_fin[sel], cov[sel], A[sel], B[sel], V[sel], act, rtol, atol,
+                              np.int32(budget))
+            T_ref[start:start + g.size], conv[start:start + g.size] = (
+                np.asarray(x)[:g.size] for x in res)
         tstar[todo] = np.where(conv, T_ref, np.inf)
         if last:
             status[todo[~conv]] = MomentStatus.LARGE

@@ -43,24 +43,20 @@ DOPRI8 = ButcherTableau(
 del _T
 
 
-def _combo(row, K, n):
-    """``Σ_{j<n} row[j] K[j]`` summed in the order j = 0, 1, ... (``row`` traced or static)."""
-    acc = row[0] * K[0]
-    for j in range(1, n):
-        acc = acc + row[j] * K[j]
-    return acc
-
-
-def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: bool = False):
+def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: bool = False,
+                     stage_states=()):
     """One step of the explicit FSAL ``tableau`` for the autonomous ``y' = f(y)`` on a pytree.
 
     The stages run in one ``lax.fori_loop`` whose body evaluates ``f`` once (the row of the
     tableau is read from a constant array by the stage index), so the compiled program holds
     one copy of ``f``, not one per stage: a 13-stage Dopri8 step compiles several times
-    faster than its unrolled form. The stage sums add the terms in the order j = 0, 1, ...
-    over the whole row (zero coefficients included): the same floating-point sums as the
-    unrolled form, which skips the zero terms (``x + 0·k = x``), whenever the stages are
-    finite.
+    faster than its unrolled form. Only the stage derivatives are stored; the new state, the
+    error estimate and any requested stage states are one contraction of them with rows of
+    the tableau (one kernel per leaf). The stage sums add the terms in the order
+    j = 0, 1, ... over the whole row (zero coefficients included): the same floating-point
+    sums as the unrolled form, which skips the zero terms (``x + 0·k = x``), whenever the
+    stages are finite (with ``last_stage``, a non-finite ``f(y1)`` makes ``y1`` and the
+    error estimate NaN, so that an error control rejects the step).
 
     Args:
       f: ``y -> y'`` (same pytree structure).
@@ -68,11 +64,13 @@ def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: b
         step per member in a batch-last layout).
       k0: ``f(y)`` when already known (FSAL from the previous step); else evaluated.
       last_stage: also evaluate the FSAL stage ``f(y1)`` (its error weight may then enter).
+      stage_states: indices i of the stage states to return (``ys[i]`` is stage i's
+        argument; 0 is y).
 
     Returns:
       ``(y1, err, ks, ys)``: the new state, the error estimate ``h Σ_j e_j k_j``, the stage
-      derivatives ``ks`` (list; ``ks[-1] = f(y1)`` with ``last_stage``) and the stage states
-      ``ys`` (``ys[i]`` is stage i's argument, ``ys[0] = y``).
+      derivatives ``ks`` (list; ``ks[-1] = f(y1)`` with ``last_stage``) and the requested
+      stage states ``ys`` (a dict by stage index).
     """
     tm = jax.tree_util.tree_map
     ns = len(tableau.b)
@@ -82,34 +80,33 @@ def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: b
     nk = ns if last_stage else ns - 1  # derivatives evaluated: k_0 .. k_{nk-1}
     k_first = f(y) if k0 is None else k0
     K = tm(lambda k: jnp.zeros((nk,) + jnp.shape(k), jnp.result_type(k)).at[0].set(k), k_first)
-    Y = tm(lambda v: jnp.zeros((ns,) + jnp.shape(v), jnp.result_type(v)).at[0].set(v), y)
 
-    def stage_arg(row, K, n):
-        if hasattr(row, "astype"):  # traced row: one contraction over the stage axis
-            inc = tm(lambda Kl: jnp.tensordot(row[:n].astype(Kl.dtype), Kl, axes=1,
-                                              precision=jax.lax.Precision.HIGHEST), K)
-        else:
-            inc = tm(lambda Kl: _combo(row, Kl, n), K)
-        return tm(lambda y_, d_: y_ + h * d_, y, inc)
+    def combo(rows, K):
+        """``Σ_j rows[..., j] K[j]`` per leaf: one contraction over the stage axis."""
+        return tm(lambda Kl: jnp.tensordot(jnp.asarray(rows).astype(Kl.dtype), Kl, axes=1,
+                                           precision=jax.lax.Precision.HIGHEST), K)
 
-    table = jnp.asarray(coef)
+    table = jnp.asarray(coef[:, :nk])
 
-    def body(i, carry):
-        K, Y = carry
-        yi = stage_arg(table[i], K, nk)
-        Y = tm(lambda Yl, v: Yl.at[i].set(v), Y, yi)
-        K = tm(lambda Kl, k: Kl.at[i].set(k), K, f(yi))
-        return K, Y
+    def body(i, K):
+        yi = tm(lambda y_, d_: y_ + h * d_, y, combo(table[i], K))
+        return tm(lambda Kl, k: Kl.at[i].set(k), K, f(yi))
 
-    K, Y = jax.lax.fori_loop(1, nk, body, (K, Y))
-    if not last_stage:  # the FSAL row: y1 without its derivative
-        y1 = stage_arg([float(c) for c in coef[ns - 1]], K, nk)
-        Y = tm(lambda Yl, v: Yl.at[ns - 1].set(v), Y, y1)
+    K = jax.lax.fori_loop(1, nk, body, K)
+    # The new state (the last, FSAL, row of a equals b), the error estimate and the
+    # requested stage states: one contraction of the stored derivatives per leaf.
+    stage_states = tuple(stage_states)
+    rows = np.zeros((2 + len(stage_states), nk))
+    rows[0] = coef[ns - 1, :nk]
+    rows[1] = np.asarray(tableau.e)[:nk]
+    for r, i in enumerate(stage_states):
+        rows[2 + r] = coef[i, :nk]
+    out = combo(rows, K)
+    y1 = tm(lambda y_, o: y_ + h * o[0], y, out)
+    err = tm(lambda o: h * o[1], out)
+    ys = {i: (y if i == 0 else tm(lambda y_, o: y_ + h * o[2 + r], y, out))
+          for r, i in enumerate(stage_states)}
     ks = [tm(lambda Kl: Kl[j], K) for j in range(nk)]
-    ys = [tm(lambda Yl: Yl[i], Y) for i in range(ns)]
-    y1 = ys[-1]  # the last (FSAL) row of a equals b
-    e = tableau.e
-    err = tm(lambda *k: h * sum(e[j] * k[j] for j in range(len(ks)) if e[j] != 0.0), *ks)
     return y1, err, ks, ys
 
 
