@@ -154,7 +154,7 @@ def two_processes(tmp_path_factory):
     cmd = [sys.executable, "-c", textwrap.dedent(WORKER), str(good), str(bad),
            str(tmp / "refused"), str(tmp / "run"), str(killed)]
     t0 = time.time()
-    res = _finish(_launch([cmd, cmd], _free_port()))
+    res = _finish(_launch([cmd, cmd], _free_port()), timeout=2 * TIMEOUT)  # two launches' work
     for rc, out, err in res:
         assert "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
     results = [json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0]) for _, out, _ in res]
