@@ -15,7 +15,9 @@ on localhost, a free port chosen at run time, one CPU device each.
   same program; across device counts the 1e-6 rule above applies).
 
 Every process is started with a hard timeout; ``JAXDYN_NO_HOST_DEVICES=1`` and single-threaded
-XLA keep each on one core.
+XLA keep each on one core. One two-process launch serves all the cluster checks (the refused
+config, the sweep, the fields, then the kill, which ends it): each process's start-up, cluster
+join and compilations are paid once; the resume runs in one more process (two devices).
 """
 
 import json
@@ -91,10 +93,10 @@ def _load(d):
 
 
 WORKER = """
-import json, os, sys
+import json, os, signal, sys
 import numpy as np
 from jaxdyn.cli import main
-good, bad, out_bad, out = sys.argv[1:5]
+good, bad, out_bad, out, out_killed = sys.argv[1:6]
 pid = int(os.environ["JAX_PROCESS_ID"])
 res = {}
 print("--- mismatch", flush=True)
@@ -123,22 +125,54 @@ t_un = np.asarray(jaxdyn.simulate(m, x, t1=0.5, dt=0.1, method="euler").xs)
 fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), float(np.max(np.abs(t_un[-1] - t_un[0])))]
 res["fields"] = fields
 print("RESULT " + json.dumps(res), flush=True)
+# last: process 1 SIGKILLs itself once it has computed its share of the second chunk
+print("--- killed", flush=True)
+print("--- killed", file=sys.stderr, flush=True)
+if pid == 0:
+    sys.exit(main(["run", good, "--out", out_killed, "--distributed", "--quiet"]))
+import yaml
+from jaxdyn.experiments import run_experiment
+
+def hook(ci):
+    if ci == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+run_experiment(yaml.safe_load(open(good)), out_killed, progress=False, compute_hook=hook)
 """
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
+    """One launch of two processes: the refused config, the sweep and the fields (RESULT), then
+    the killed run (process 1 SIGKILLs itself); then one process (two devices) resumes the
+    killed run and runs the sweep uninterrupted (the single-process reference)."""
     tmp = tmp_path_factory.mktemp("dist")
     good, bad = tmp / "good.yaml", tmp / "bad.yaml"
     good.write_text(yaml.safe_dump(SWEEP))
     bad.write_text(yaml.safe_dump({**SWEEP, "n": 24}))
+    killed = tmp / "killed"
     cmd = [sys.executable, "-c", textwrap.dedent(WORKER), str(good), str(bad),
-           str(tmp / "refused"), str(tmp / "run")]
-    res = _finish(_launch([cmd, cmd], _free_port()))
+           str(tmp / "refused"), str(tmp / "run"), str(killed)]
+    t0 = time.time()
+    res = _finish(_launch([cmd, cmd], _free_port()), timeout=2 * TIMEOUT)  # two launches' work
     for rc, out, err in res:
-        assert rc == 0 and "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
-    results = [json.loads(out.split("RESULT ", 1)[1]) for _, out, _ in res]
-    return {"tmp": tmp, "procs": res, "results": results}
+        assert "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
+    results = [json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0]) for _, out, _ in res]
+    (rc0, _, err0), (rc1, _, _) = res
+    after_kill = {"rc": [rc0, rc1], "err0": _section(err0, "killed"), "seconds": time.time() - t0,
+                  "data_nc": (killed / "data.nc").exists(),
+                  "summary": json.loads((killed / "summary.json").read_text()),
+                  "chunks": sorted(p.name for p in (killed / "chunks").glob("chunk_*.npz"))}
+    env = {k: v for k, v in _env(0, 0).items() if not k.startswith("JAX_")}
+    env.update(JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false")
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(SINGLE_WORKER), str(killed),
+                        str(tmp / "single"), str(good)], env=env, cwd=str(ROOT), capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert p.returncode == 0 and "RESULT " in p.stdout, p.stderr[-4000:]
+    return {"tmp": tmp, "procs": res, "results": results, "after_kill": after_kill,
+            "resumed": json.loads(p.stdout.split("RESULT ", 1)[1]), "out": killed,
+            "single": tmp / "single"}
 
 
 def _section(out, name):
@@ -156,7 +190,7 @@ def test_mismatched_config_is_refused_on_every_process(two_processes):
     assert not refused.exists() or not any(refused.iterdir())
 
 
-def test_sweep_over_two_processes_equals_one_process(two_processes, killed):
+def test_sweep_over_two_processes_equals_one_process(two_processes):
     r0, r1 = two_processes["results"]
     assert r0["rc_run"] == r1["rc_run"] == 0
     assert r0["devices"] == r1["devices"] == [2, 1]  # one cluster: 2 devices, 1 per process
@@ -164,7 +198,7 @@ def test_sweep_over_two_processes_equals_one_process(two_processes, killed):
     run = two_processes["tmp"] / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["versions"]["devices"] == 2
-    got, reference = _load(run), _load(killed["single"])
+    got, reference = _load(run), _load(two_processes["single"])
     assert got.sizes == reference.sizes
     for v in reference.data_vars:  # the 4-devices-vs-1 rule (float32 config)
         np.testing.assert_allclose(got[v].values, reference[v].values, rtol=0, atol=1e-6,
@@ -205,7 +239,7 @@ run_experiment(yaml.safe_load(open(sys.argv[1])), sys.argv[2], progress=False, c
 """
 
 # One process with two (host) devices: resumes the killed run, then runs the sweep
-# uninterrupted (the single-process reference).
+# uninterrupted (the single-process reference); started by the two_processes fixture.
 SINGLE_WORKER = """
 import json, sys
 import jax
@@ -221,36 +255,8 @@ print("RESULT " + json.dumps({"computed": computed, "status": [r.status, r2.stat
 """
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    """Process 1 SIGKILLs itself after its second chunk; then one process resumes the run."""
-    tmp = tmp_path_factory.mktemp("killed")
-    cfg = tmp / "sweep.yaml"
-    cfg.write_text(yaml.safe_dump(SWEEP))
-    out = tmp / "killed"
-    procs = _launch([[sys.executable, "-m", "jaxdyn.cli", "run", str(cfg), "--out", str(out),
-                      "--distributed", "--quiet"],
-                     [sys.executable, "-c", textwrap.dedent(KILLED_WORKER), str(cfg), str(out)]],
-                    _free_port())
-    t0 = time.time()
-    (rc0, _, err0), (rc1, _, _) = _finish(procs)
-    after_kill = {"rc": [rc0, rc1], "err0": err0, "seconds": time.time() - t0,
-                  "data_nc": (out / "data.nc").exists(),
-                  "summary": json.loads((out / "summary.json").read_text()),
-                  "chunks": sorted(p.name for p in (out / "chunks").glob("chunk_*.npz"))}
-    env = {k: v for k, v in _env(0, 0).items() if not k.startswith("JAX_")}
-    env.update(JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false")
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(SINGLE_WORKER), str(out),
-                        str(tmp / "single"), str(cfg)], env=env, cwd=str(ROOT), capture_output=True,
-                       text=True, timeout=TIMEOUT)
-    assert p.returncode == 0 and "RESULT " in p.stdout, p.stderr[-4000:]
-    return {"after_kill": after_kill, "resumed": json.loads(p.stdout.split("RESULT ", 1)[1]),
-            "out": out, "single": tmp / "single"}
-
-
-def test_killed_process_stops_the_other_cleanly(killed):
-    k = killed["after_kill"]
+def test_killed_process_stops_the_other_cleanly(two_processes):
+    k = two_processes["after_kill"]
     rc0, rc1 = k["rc"]
     assert rc1 == -signal.SIGKILL
     assert rc0 == 1, k["err0"][-3000:]
@@ -263,10 +269,10 @@ def test_killed_process_stops_the_other_cleanly(killed):
     assert k["chunks"] == ["chunk_00000.npz", "chunk_00001.npz"]
 
 
-def test_resume_with_another_process_count_gives_the_identical_dataset(killed):
-    r = killed["resumed"]
+def test_resume_with_another_process_count_gives_the_identical_dataset(two_processes):
+    r = two_processes["resumed"]
     assert r["status"] == ["ok", "ok"] and r["computed"] == [2]
-    xr.testing.assert_identical(_load(killed["out"]), _load(killed["single"]))
+    xr.testing.assert_identical(_load(two_processes["out"]), _load(two_processes["single"]))
 
 
 @pytest.mark.slow  # default-suite counterpart: test_killed_process_stops_the_other_cleanly

@@ -152,6 +152,7 @@ def _rates(model, x):
     return v.mean(0), G + G.T
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (N = 20 000, the tighter) in the default suite, f32 (N = 5 000) under -m slow
 def test_relu_initial_rates_match_stein_formula(dtype):
     p = {**P, "m0": np.array([0.3, -0.5])}  # both coordinates straddle 0: ReLU matters
     model = make_model(p, "relu", dtype)
@@ -172,6 +173,7 @@ def test_relu_initial_rates_match_stein_formula(dtype):
     assert np.abs(zi).max() > 20.0, zi
 
 
+@pytest.mark.slow_dtype("f32")  # dtype-independent identity: f64 in the default suite, f32 under -m slow
 def test_relu_with_zero_A_is_the_identity_model(dtype):
     p = {**P, "A": np.zeros((2, 2))}
     x = _clouds(64, 1, p, dtype)[0]

@@ -1,16 +1,13 @@
 """Sharding: sweeps split across devices and query-sharded fields equal the unsharded ones.
 
-The multi-device checks run in a subprocess that sets
-``XLA_FLAGS=--xla_force_host_platform_device_count=4`` before JAX starts (the device count
-of a running process cannot change); the rest run in-process on whatever devices exist.
+The multi-device checks run in one subprocess (tests/_device_worker.py, shared with
+tests/test_sweeps.py) that sets ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` before
+JAX starts (the device count of a running process cannot change), after checking
+``configure_host_devices`` in forked children that start JAX themselves; the rest run
+in-process on whatever devices exist.
 """
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -27,94 +24,17 @@ from jaxdyn.simulation._sharding import (
     sharded_vmap,
     sweep_mesh,
 )
-from conftest import run_once, tol
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run_worker(code, env_extra, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDYN_NO_HOST_DEVICES")}
-    env.update(env_extra)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"worker failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-SHARDED_WORKER = """
-import json, os, sys
-import jax
-jax.config.update("jax_enable_x64", True)
-import jax.numpy as jnp
-import numpy as np
-import jaxdyn
-from jaxdyn.simulation._sharding import sharded_vmap, query_sharded_field, query_sharded_interaction, sweep_mesh
-
-out = {"devices": len(jax.devices())}
-for name, dt in [("f32", jnp.float32), ("f64", jnp.float64)]:
-    if name not in os.environ["SHARDED_DTYPES"].split(","):
-        continue
-    r = {}
-    rng = np.random.default_rng(0)
-    d = 3
-    Q, K, V = (jnp.asarray(rng.normal(size=(d, d)) * 0.5 + np.eye(d), dt) for _ in range(3))
-    betas = [0.3, 1.0, 2.0, 4.0, 7.0, 9.0]  # 6 systems on 4 devices: padding exercised
-    models = jaxdyn.stack_models([jaxdyn.SphereAttention(Q, K, V, b) for b in betas])
-    x0 = jnp.stack([jaxdyn.sample_sphere(jax.random.PRNGKey(i), 24, d, dt) for i in range(6)])
-
-    def sim(model, x):
-        return jaxdyn.simulate(model, x, t1=2.0, dt=0.1, method="euler", save_every=5).xs
-
-    ref = np.asarray(jax.vmap(sim)(models, x0))
-    for label, fn in [("sweep", sharded_vmap(sim)),
-                      ("sweep_chunked", sharded_vmap(sim, mesh=sweep_mesh(), batch_size=1))]:
-        got = np.asarray(fn(models, x0))
-        r[label] = {"shape": list(got.shape), "ref_shape": list(ref.shape),
-                    "maxdiff": float(np.max(np.abs(got - ref))), "dtype": str(got.dtype)}
-    r["moved"] = float(np.max(np.abs(ref[:, -1] - ref[:, 0])))
-
-    # One large system: query rows split over 4 devices, N = 103 (not a multiple of 4).
-    x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, dt)
-    fields = {}
-    for kern, norm in [("blocked", "softmax"), ("blocked", "hardmax")]:
-        m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel=kern, normalization=norm, k_block=16,
-                                   q_block=8)
-        a = np.asarray(query_sharded_field(m)(0.0, x))
-        b = np.asarray(m(0.0, x))
-        fields[f"{kern}-{norm}"] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
-    z = jaxdyn.ZeroTemperature(Q, K, V)
-    fields["zero"] = [float(np.max(np.abs(np.asarray(query_sharded_field(z)(0.0, x))
-                                              - np.asarray(z(0.0, x))))), 1.0]
-    e = jaxdyn.EuclideanAttention(0.1 * Q, 0.5 * K, V, jnp.ones(d, dt), activation="relu")
-    fields["euclid"] = [float(np.max(np.abs(np.asarray(query_sharded_field(e)(0.0, 2 * x))
-                                                - np.asarray(e(0.0, 2 * x))))), 1.0]
-    B = jnp.matmul(Q.T, K)
-    qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
-    ri = np.asarray(jaxdyn.kernels.interaction(x, x, B, 2.0, kernel="dense"))
-    fields["interaction"] = [float(np.max(np.abs(qi - ri))), float(np.max(np.abs(ri)))]
-    m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
-    t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=1.0, dt=0.1, method="euler").xs)
-    t_un = np.asarray(jaxdyn.simulate(m, x, t1=1.0, dt=0.1, method="euler").xs)
-    fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
-    r["fields"] = fields
-    out[name] = r
-print(json.dumps(out))
-"""
+import _device_worker as device_worker
+from conftest import tol
 
 
 @pytest.fixture(scope="module")
 def four_devices(request, tmp_path_factory, worker_id):
-    # one subprocess (about 20 s) for the whole session, for the dtypes of the selected tests
-    # (f64, whose tolerance is 1e-12, by default; f32 under -m slow: 1-device sharded_vmap
-    # in f32 is checked in-process below)
-    names = sorted({it.callspec.params["name"] for it in request.session.items
-                    if "four_devices" in getattr(it, "fixturenames", ())})
-    return run_once(tmp_path_factory, worker_id, "four_devices_" + "_".join(names),
-                    lambda: _run_worker(SHARDED_WORKER, {
-                        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-                        "SHARDED_DTYPES": ",".join(names)}))
+    # one subprocess (tests/_device_worker.py, about 15 CPU-s) for the whole session, shared
+    # with tests/test_sweeps.py: the configure_host_devices cases (forked children), then the
+    # 4-device checks for the dtypes of the selected tests (f64, whose tolerance is 1e-12, by
+    # default; f32 under -m slow: 1-device sharded_vmap in f32 is checked in-process below)
+    return device_worker.four_devices(request, tmp_path_factory, worker_id)
 
 
 NAMES = ["f64", pytest.param("f32", marks=pytest.mark.slow)]
@@ -139,32 +59,21 @@ def test_query_sharded_field_equals_unsharded(four_devices, name):
         assert diff <= rtol * max(scale, 1.0), (label, diff, scale)
 
 
-HOST_WORKER = """
-import json, os
-from jaxdyn.simulation._sharding import configure_host_devices
-took = configure_host_devices({n}{kw})
-import jax
-print(json.dumps({{"took": took, "devices": len(jax.devices()),
-                  "again": configure_host_devices(2), "flags": os.environ.get("XLA_FLAGS", "")}}))
-"""
-
-
-def test_configure_host_devices_before_jax_starts():
-    r = _run_worker(HOST_WORKER.format(n=3, kw=", vector_width=512"), {})
+def test_configure_host_devices_before_jax_starts(four_devices):
+    r = four_devices["host"]["n3_w512"]  # configure_host_devices(3, vector_width=512)
     assert r["took"] is True and r["devices"] == 3
     assert r["again"] is False  # JAX is running now (and the flag is set): no change
     assert "--xla_force_host_platform_device_count=3" in r["flags"]
     assert "--xla_cpu_prefer_vector_width=512" in r["flags"]
-    r = _run_worker(HOST_WORKER.format(n=2, kw=", vector_width=None"), {})
+    r = four_devices["host"]["n2_wnone"]  # configure_host_devices(2, vector_width=None)
     assert r["took"] is True and r["devices"] == 2
     assert "prefer_vector_width" not in r["flags"]
 
 
-def test_configure_host_devices_opt_out_and_user_flags_win():
-    r = _run_worker(HOST_WORKER.format(n=3, kw=""), {"JAXDYN_NO_HOST_DEVICES": "1"})
+def test_configure_host_devices_opt_out_and_user_flags_win(four_devices):
+    r = four_devices["host"]["opt_out"]  # configure_host_devices(3), JAXDYN_NO_HOST_DEVICES=1
     assert r["took"] is False and r["devices"] == 1 and r["flags"] == ""
-    r = _run_worker(HOST_WORKER.format(n=3, kw=""),
-                    {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    r = four_devices["host"]["user_flags"]  # the user's XLA_FLAGS name 2 devices
     assert r["took"] is False and r["devices"] == 2
 
 
@@ -238,6 +147,7 @@ def test_sharding_errors_name_the_argument():
         query_sharded_field(Other())
 
 
+@pytest.mark.slow_dtype("f32")  # a code-path identity: f64 (1e-12) in the default suite, f32 under -m slow
 def test_query_sharded_interaction_one_device_is_plain(dtype):
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 50, 3, dtype)
     B = jnp.eye(3, dtype=dtype)

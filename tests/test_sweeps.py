@@ -10,16 +10,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import xarray as xr
 import yaml
 
+import _device_worker as device_worker
+
 from jaxdyn.experiments import run_experiment
 
-SWEEP = {
-    "kind": "sphere", "name": "sweep", "d": 3, "n": 64, "t1": 2.0, "dt": 0.05, "save_every": 10,
-    "snapshots": [0.0, 2.0], "chunk_size": 1,
-    "sweep": {"beta": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "seed": [0]},
-}
+# the sweep (8 systems, 64 particles) and the 4-device run live in tests/_device_worker.py,
+# whose one subprocess also serves tests/test_sharding.py
+SWEEP = device_worker.SWEEP
+
+
+@pytest.fixture(scope="module")
+def four_devices(request, tmp_path_factory, worker_id):
+    return device_worker.four_devices(request, tmp_path_factory, worker_id)
 
 
 def _env(**extra):
@@ -68,21 +74,13 @@ def test_killed_sweep_resumes_without_recomputation(tmp_path):
     xr.testing.assert_identical(_load(out), _load(ref))
 
 
-def test_sweep_on_4_devices_equals_1(tmp_path):
-    one, four = tmp_path / "one", tmp_path / "four"
-    cfg = {**SWEEP, "chunk_size": 0}
+def test_sweep_on_4_devices_equals_1(tmp_path, four_devices):
+    # device_worker.SWEEP_4 (chunk_size 0) run on 4 host devices in the device worker
+    one, four = tmp_path / "one", four_devices["sweep_dir"]
+    cfg = device_worker.SWEEP_4
     run_experiment(cfg, one, progress=False, log=lambda *_: None)
-    code = (
-        "import jax, json, sys; assert len(jax.devices()) == 4, jax.devices();"
-        "from jaxdyn.experiments import run_experiment;"
-        f"r = run_experiment(json.loads(sys.argv[1]), sys.argv[2], progress=False, log=lambda *_: None);"
-        "print(r.summary['versions']['devices'])"
-    )
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(cfg), str(four)], capture_output=True,
-                       text=True, env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip().endswith("4")
+    assert four_devices["devices"] == 4
+    assert four_devices["sweep"] == {"status": "ok", "devices": 4}
     a, b = _load(one), _load(four)
     assert a.sizes == b.sizes
     for v in a.data_vars:
