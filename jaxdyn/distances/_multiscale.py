@@ -302,8 +302,10 @@ _SELECT_EXTRA = 4.0
 #: over-relaxation, but concentration 890 against 450: off by default.
 FINE_ANDERSON = 0
 #: without Anderson: the iteration at which the over-relaxation is measured in the rounds
-#: on the points (after their annealing over at most FINE_ROUND_RATIO: 14 iterations).
-FINE_MOMENTUM_START = 30
+#: on the points (rounds started by extrapolation: at once, after two error records; annealed
+#: rounds: after their annealing over at most FINE_ROUND_RATIO, 14 iterations, so at 30).
+#: Measured at N = 10^4 (affine case): the first round on the points 70 -> 60 iterations.
+FINE_MOMENTUM_START = 20
 #: start each round on the points from the potentials of the two rounds before it,
 #: extrapolated linearly in ε, at the round's ε (no annealing).
 FINE_EXTRAPOLATE = True
@@ -432,6 +434,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     fine_kw = {**kw, "batch_size": None, "block": block}
     if FINE_ANDERSON:
         fine_kw["anderson"] = FINE_ANDERSON
+    elif FINE_EXTRAPOLATE:  # rounds start at their own ε: no annealing to wait for
+        fine_kw["momentum_start"] = min(kw["momentum_start"], FINE_MOMENTUM_START)
     else:  # over-relaxation measured once the annealing over <= FINE_ROUND_RATIO is over
         anneal = int(math.ceil(math.log(FINE_ROUND_RATIO) / math.log(1.0 / kw["decay"])))
         fine_kw["momentum_start"] = min(kw["momentum_start"],
@@ -463,6 +467,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
             start = eps
         # selected at the round's target ε (tight lists; checked again at the end)
         nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
+        nxt = None
         for _attempt in range(_MAX_RESELECT + 1):
             div_j, new_pots, conv, iters = _debiased_round(
                 bx.pts, by.pts, eps, start, pots, a, b, nbrs, **fine_kw)
@@ -472,6 +477,12 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
             if not np.isfinite(div):
                 break
             pots = new_pots
+            nxt = rule(eps, div)
+            if nxt is not None:
+                # not the last round: its potentials only start the next one, which selects
+                # its own lists; only the last round's selection must pass the check
+                certified = False
+                break
             certified = sel.covers(pots, eps)
             if certified:
                 break
@@ -484,7 +495,6 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
         if not np.isfinite(div):
             converged = False
             break
-        nxt = rule(eps, div)
         if nxt is None:
             break
         eps_prev, eps = eps, max(nxt, eps / FINE_ROUND_RATIO)
