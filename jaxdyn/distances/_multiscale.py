@@ -8,13 +8,15 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
 1. **Blocks.** Each cloud is cut into the leaves of a k-d tree (:func:`kd_leaves`), each
    padded to ``block`` points: spatially compact blocks with a centre c and a radius r.
 2. **Bounds.** Inside a leaf the rows are in median-split order, so runs of ``SUB`` = 32
-   rows are compact too (centre c_s, radius r_s). For a sub-block s and a key block J,
-   every term obeys ``g_j - |x_i - y_j|^2 <= u_sJ = max_{j in J} (g_j - |y_j - c_s|^2 +
-   2 r_s |y_j - c_s|)`` (exact in the keys, a ball only on the rows: O(N · N/32) work,
-   a thirty-second of a dense pass); the row's log-sum-exp
-   ``R_i = ε log Σ_j exp((g_j - C_ij)/ε)`` is at least ``L_s``, the exact log-sum-exp over
-   the 8 blocks of best bound, minimised over the rows of s. Key block J is kept for leaf I
-   iff some sub-block s of I has ``u_sJ - L_s >= -T ε`` with ``T = log M + 18``: the
+   rows are compact too (centre c_s, radius r_s). For a sub-block s, its displacement
+   ``v_s`` (centre to the centre's image) and a key block J, every row x_i = c_s + δ_i obeys
+   ``g_j - |x_i - y_j|^2 - h_i <= u_sJ = max_{j in J} (g_j - |y_j - c_s|^2 +
+   2 r_s |y_j - c_s - v_s|)`` with ``h_i = 2 <δ_i, v_s> - |δ_i|^2`` (the tilted bound of
+   :func:`_sub_bounds`: exact in the keys, a ball only on the rows, O(N · N/32) work, a
+   thirty-second of a dense pass); ``R_i - h_i``, R_i the row's log-sum-exp
+   ``ε log Σ_j exp((g_j - C_ij)/ε)``, is at least ``L_s``, the exact log-sum-exp over 8
+   blocks of best bound minus h_i, minimised over the rows of s. Key block J is kept for
+   leaf I iff some sub-block s of I has ``u_sJ - L_s >= -T ε`` with ``T = log M + 18``: the
    dropped terms then weigh less than ``1.5e-8`` of every row's sum.
 3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
    each leaf's kept blocks only (lists padded with an empty block to a common length K,
@@ -23,12 +25,15 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    sparse pass would be dense, is solved on the weighted centroids of the sub-blocks
    (N / 32 points) down to ε = 4 x their median squared radius; the potentials are carried
    to the points by one c-transform against the centroids, then the ladder continues on
-   the points with sparse kernels, ε falling at most 4x per round.
-5. **Certificate.** Selections are made from the potentials at the start of a round at the
-   round's largest ε, and checked again with the final potentials at the final ε; a round
-   whose check finds a needed block missing is rerun with the new selection. The final
-   potentials are therefore a fixed point of a kernel that differs from the dense one by
-   less than the bound above (``SinkhornW2.result`` is ``not_converged`` if the check still fails).
+   the points with sparse kernels, ε falling at most 4x per round. Each round on the
+   points starts at its own ε from the potentials of the two rounds before it (the first:
+   the last two coarse ones, carried) extrapolated linearly in ε.
+5. **Certificate.** A round's lists are selected from its starting potentials at its own ε
+   (margin T + 4); the last round's are checked again with its final potentials (margin T),
+   and the round is rerun from them with the union of both selections if a needed block
+   was missing. The final potentials are therefore a fixed point of a kernel that differs
+   from the dense one by less than the bound above (``SinkhornW2.result`` is
+   ``not_converged`` if the check still fails).
 
 Used by :func:`jaxdyn.w2_sinkhorn` (``multiscale="auto"``: on for more than 2^24 cost
 entries in dimension <= 6).
