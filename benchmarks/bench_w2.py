@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from common import machine_info  # noqa: E402
 from jaxdyn.distances import (  # noqa: E402
     default_batch_size,
     default_multiscale,
@@ -100,6 +102,12 @@ def make_case(name: str, n: int, seed: int = 0):
     else:
         raise ValueError(f"unknown case {name!r}")
     return x, y
+
+
+def _cpu_s():
+    """CPU seconds of this process, all threads (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _timeit(fn, repeat):
@@ -161,9 +169,11 @@ def run(args, save):
             xj, yj = jnp.asarray(x, dtype), jnp.asarray(y, dtype)
             row = dict(case=case, n=n, dtype=args.dtype, skipped=False)
 
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             res = w2_sinkhorn(xj, yj)
             row["jaxdyn_first_call_s"] = time.perf_counter() - t0
+            row["jaxdyn_first_call_cpu_s"] = _cpu_s() - c0
+            row["loadavg_after"] = list(os.getloadavg())
             if n <= SINGLE_CALL_ABOVE:
                 med, times, res = _timeit(lambda: w2_sinkhorn(xj, yj), args.repeat)
             else:  # minutes per call: the one call is the figure (compilation included)
@@ -204,7 +214,8 @@ def run(args, save):
             hist.append((n, med, res.n_iters))  # warm time of one W2
             rows.append(row)
             save(rows)
-            msg = (f"[{case}] N={n}: sinkhorn {med:.3f}s (first {row['jaxdyn_first_call_s']:.2f}s) "
+            msg = (f"[{case}] N={n}: sinkhorn {med:.3f}s (first {row['jaxdyn_first_call_s']:.2f}s, "
+                   f"{row['jaxdyn_first_call_cpu_s']:.1f} CPU-s, load {row['loadavg_after'][0]:.1f}) "
                    f"W2={res.value:.5f} eps={res.epsilon:.2e} conv={res.converged} it={res.n_iters} "
                    f"{res.geometry} density={res.kernel_density:.3f}")
             if "closed_form_w2" in row:
@@ -296,6 +307,7 @@ def main(argv=None):
     os.makedirs(args.outdir, exist_ok=True)
     jpath = os.path.join(args.outdir, f"{args.name}.json")
     t0 = time.perf_counter()
+    minfo = machine_info()
 
     def save(rows, final=False):
         meta = dict(
@@ -306,6 +318,7 @@ def main(argv=None):
             machine=platform.machine(), cpu_count=os.cpu_count(), dtype=args.dtype, quick=args.quick,
             sizes=args.sizes, exact_max=args.exact_max, ott_max=args.ott_max, repeat=args.repeat,
             budget_s=args.budget_s, total_s=time.perf_counter() - t0, complete=final, argv=sys.argv[1:],
+            machine_info=minfo,
         )
         tmp = jpath + ".tmp"
         with open(tmp, "w") as f:

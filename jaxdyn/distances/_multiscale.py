@@ -8,13 +8,15 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
 1. **Blocks.** Each cloud is cut into the leaves of a k-d tree (:func:`kd_leaves`), each
    padded to ``block`` points: spatially compact blocks with a centre c and a radius r.
 2. **Bounds.** Inside a leaf the rows are in median-split order, so runs of ``SUB`` = 32
-   rows are compact too (centre c_s, radius r_s). For a sub-block s and a key block J,
-   every term obeys ``g_j - |x_i - y_j|^2 <= u_sJ = max_{j in J} (g_j - |y_j - c_s|^2 +
-   2 r_s |y_j - c_s|)`` (exact in the keys, a ball only on the rows: O(N · N/32) work,
-   a thirty-second of a dense pass); the row's log-sum-exp
-   ``R_i = ε log Σ_j exp((g_j - C_ij)/ε)`` is at least ``L_s``, the exact log-sum-exp over
-   the 8 blocks of best bound, minimised over the rows of s. Key block J is kept for leaf I
-   iff some sub-block s of I has ``u_sJ - L_s >= -T ε`` with ``T = log M + 18``: the
+   rows are compact too (centre c_s, radius r_s). For a sub-block s, its displacement
+   ``v_s`` (centre to the centre's image) and a key block J, every row x_i = c_s + δ_i obeys
+   ``g_j - |x_i - y_j|^2 - h_i <= u_sJ = max_{j in J} (g_j - |y_j - c_s|^2 +
+   2 r_s |y_j - c_s - v_s|)`` with ``h_i = 2 <δ_i, v_s> - |δ_i|^2`` (the tilted bound of
+   :func:`_sub_bounds`: exact in the keys, a ball only on the rows, O(N · N/32) work, a
+   thirty-second of a dense pass); ``R_i - h_i``, R_i the row's log-sum-exp
+   ``ε log Σ_j exp((g_j - C_ij)/ε)``, is at least ``L_s``, the exact log-sum-exp over 8
+   blocks of best bound minus h_i, minimised over the rows of s. Key block J is kept for
+   leaf I iff some sub-block s of I has ``u_sJ - L_s >= -T ε`` with ``T = log M + 18``: the
    dropped terms then weigh less than ``1.5e-8`` of every row's sum.
 3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
    each leaf's kept blocks only (lists padded with an empty block to a common length K,
@@ -23,12 +25,15 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    sparse pass would be dense, is solved on the weighted centroids of the sub-blocks
    (N / 32 points) down to ε = 4 x their median squared radius; the potentials are carried
    to the points by one c-transform against the centroids, then the ladder continues on
-   the points with sparse kernels, ε falling at most 4x per round.
-5. **Certificate.** Selections are made from the potentials at the start of a round at the
-   round's largest ε, and checked again with the final potentials at the final ε; a round
-   whose check finds a needed block missing is rerun with the new selection. The final
-   potentials are therefore a fixed point of a kernel that differs from the dense one by
-   less than the bound above (``SinkhornW2.result`` is ``not_converged`` if the check still fails).
+   the points with sparse kernels, ε falling at most 4x per round. Each round on the
+   points starts at its own ε from the potentials of the two rounds before it (the first:
+   the last two coarse ones, carried) extrapolated linearly in ε.
+5. **Certificate.** A round's lists are selected from its starting potentials at its own ε
+   (margin T + 4); the last round's are checked again with its final potentials (margin T),
+   and the round is rerun from them with the union of both selections if a needed block
+   was missing. The final potentials are therefore a fixed point of a kernel that differs
+   from the dense one by less than the bound above (``SinkhornW2.result`` is
+   ``not_converged`` if the check still fails).
 
 Used by :func:`jaxdyn.w2_sinkhorn` (``multiscale="auto"``: on for more than 2^24 cost
 entries in dimension <= 6).
@@ -165,36 +170,59 @@ def make_blocks(pts, dtype, block=BLOCK) -> Blocks:
 
 @functools.partial(jax.jit, static_argnames=("block",))
 def _sub_bounds(sc, sr, keys, pot, *, block):
-    """u_sJ = max_{j in J} (pot_j - |y_j - c_s|^2 + 2 r_s |y_j - c_s|) >= pot_j - |x - y_j|^2
-    for every x within r_s of c_s: a bound on each term of sub-block s against key block
-    J, exact in the keys (only the rows are bounded by a ball). ``keys`` (nk * block, d)."""
+    """Tilted bounds of sub-block s against key block J: with ``v_s = y_{j*} - c_s`` (j* the
+    best key of the centre, ``argmax_j pot_j - |y_j - c_s|^2``: the centre's image) and, for a
+    row ``x = c_s + δ`` (|δ| <= r_s), the row term ``h(x) = 2 <δ, v_s> - |δ|^2``,
+
+        pot_j - |x - y_j|^2 - h(x) <= u_sJ = max_{j in J} (pot_j - |y_j - c_s|^2
+                                              + 2 r_s |y_j - c_s - v_s|)
+
+    (expand ``|x - y_j|^2`` about c_s; exact in the keys, a ball only on the rows). Tilting
+    by the row's displacement makes the slack ``2 r_s |y_j - c_s - v_s|`` small for the keys
+    near the image, where the untilted ``2 r_s |y_j - c_s|`` grew with the transport
+    distance. ``keys`` (nk * block, d). Returns (u (ns, nk), v (ns, d))."""
     nk = keys.shape[0] // block
 
     def one(args):
         c, r = args
         dist2 = jnp.sum((keys - c[None, :]) ** 2, axis=-1)
-        v = pot - dist2 + 2.0 * r * jnp.sqrt(dist2)
-        return jnp.max(v.reshape(nk, block), axis=1)
+        w = pot - dist2
+        v = keys[jnp.argmax(w)] - c
+        e = jnp.sqrt(jnp.sum((keys - (c + v)[None, :]) ** 2, axis=-1))
+        return jnp.max((w + 2.0 * r * e).reshape(nk, block), axis=1), v
 
     return jax.lax.map(one, (sc, sr), batch_size=64)
 
 
+def _row_tilt(rows_pts, sc, v):
+    """h(x_i) = 2 <δ_i, v_s> - |δ_i|^2, δ_i = x_i - c_s, for every row of every sub-block."""
+    ns, d = sc.shape
+    delta = rows_pts.reshape(ns, -1, d) - sc[:, None, :]
+    return (2.0 * jnp.sum(delta * v[:, None, :], -1) - jnp.sum(delta ** 2, -1)).reshape(-1)
+
+
 @functools.partial(jax.jit, static_argnames=("block",))
 def _sub_margins(rows_pts, rows_valid, sc, sr, keys, pot, eps, *, block):
-    """(u_sJ - L_s) / eps, with L_s <= R_i for every valid row i of sub-block s: the exact
-    log-sum-exp over the ``_K0`` key blocks of best bound (a lower bound of the full sum).
-    Also returns the leaf-level bounds u_IJ = max_{s in I} u_sJ (to order the lists)."""
-    u_s = _sub_bounds(sc, sr, keys, pot, block=block)
+    """(u_sJ - L_s) / eps with the tilted bounds of :func:`_sub_bounds` and
+    ``L_s = min_{i in s} (low_i - h(x_i)) <= R_i - h(x_i)``, low_i the exact log-sum-exp over
+    the ``_K0`` key blocks of best bound (a lower bound of the row's full sum R_i): every
+    term of a row against J lies below R_i + (u_sJ - L_s). Also returns the leaf-level
+    ranks u_IJ = max_{s in I} (u_sJ - max_J' u_sJ') (to order the lists)."""
+    u_s, v = _sub_bounds(sc, sr, keys, pot, block=block)
     ns, nk = u_s.shape
     nq = rows_pts.shape[0] // block
-    u = jnp.max(u_s.reshape(nq, ns // nq, nk), axis=1)
+    # rank key blocks per leaf by their bound relative to each sub-block's best (the rows'
+    # levels differ across a leaf by |∇pot| x its size, often many ε): the _K0 blocks of
+    # the lower bound then include every sub-block's best ones
+    rel = u_s - jnp.max(u_s, axis=1, keepdims=True)
+    u = jnp.max(rel.reshape(nq, ns // nq, nk), axis=1)
     k0 = min(_K0, nk)
     _, top = jax.lax.top_k(u, k0)
     top = top.astype(jnp.int32)
     if k0 % 8:
         top = jnp.concatenate([top, jnp.full((nq, 8 - k0 % 8), nk, jnp.int32)], axis=1)
     low = sparse_lse(rows_pts, keys, pot, eps, top, block=block)
-    low = jnp.where(rows_valid, low, jnp.inf)
+    low = jnp.where(rows_valid, low - _row_tilt(rows_pts, sc, v), jnp.inf)
     low_s = jnp.min(low.reshape(ns, -1), axis=1)
     return (u_s - low_s[:, None]) / eps, u
 
@@ -227,16 +255,83 @@ def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8) -> n
     return idx.astype(np.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("block",))
+def _sub_margins_on(rows_pts, rows_valid, sc, sr, keys, pot, eps, cand, *, block):
+    """The sub-block margins of :func:`_sub_margins` over each leaf's candidate key blocks
+    ``cand`` (nq, Kc) only (padded with the empty block nk): the tilted bounds against the
+    candidates' keys, L_s from the exact log-sum-exp over all the candidates. Returns the
+    leaf margins max_s (u_sJ - L_s) / eps, (nq, Kc) (-inf for the padding)."""
+    n, d = rows_pts.shape
+    nq, kc = cand.shape
+    ns = sc.shape[0]
+    per = ns // nq
+    kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
+    pb = jnp.concatenate([pot.reshape(-1, block), jnp.full((1, block), -jnp.inf, pot.dtype)])
+
+    nk = kb.shape[0] - 1
+    step = 8  # candidate blocks per step (kc is a multiple of 8)
+
+    def bounds(c, r, v, js):
+        ks = kb[js].reshape(step * block, d)
+        ps = pb[js].reshape(step * block)
+        w = ps[None, :] - jnp.sum((ks[None, :, :] - c[:, None, :]) ** 2, axis=-1)
+        e = jnp.sqrt(jnp.sum((ks[None, :, :] - (c + v)[:, None, :]) ** 2, axis=-1))
+        return jnp.max((w + 2.0 * r[:, None] * e).reshape(per, step, block), axis=2), w, ks
+
+    def leaf(args):
+        c, r, idx = args  # (per, d), (per,), (kc,)
+        # v_s from the first (best-ranked) candidates; any v_s gives a valid bound
+        _, w0, ks0 = bounds(c, r, jnp.zeros_like(c), idx[:step])
+        v = ks0[jnp.argmax(w0, axis=1)] - c
+
+        def body(t, u):
+            js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
+            ub, _, _ = bounds(c, r, v, js)
+            return jax.lax.dynamic_update_slice(u, ub, (0, t * step))
+
+        # a leaf pays for its own candidates, not for the longest list
+        steps = (jnp.sum(idx < nk) + step - 1) // step
+        u = jax.lax.fori_loop(0, steps, body, jnp.full((per, kc), -jnp.inf, kb.dtype))
+        return u, v
+
+    u, v = jax.lax.map(leaf, (sc.reshape(nq, per, d), sr.reshape(nq, per), cand))
+    u, v = u.reshape(ns, kc), v.reshape(ns, d)
+    low = sparse_lse(rows_pts, keys, pot, eps, cand, block=block)
+    low = jnp.where(rows_valid, low - _row_tilt(rows_pts, sc, v), jnp.inf)
+    low_s = jnp.min(low.reshape(ns, -1), axis=1)
+    m = ((u - low_s[:, None]) / eps).reshape(nq, per, kc)
+    return jnp.max(m, axis=1)
+
+
+def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
+                 candidate_margin: float = float("inf")):
+    """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of
+    block J, and the leaf-level ranks u_IJ (to order the lists), on the host: (nq, nk) each.
+
+    Two levels: the tilted bound of the whole leaf (its centre and radius) against every
+    key, then, for the blocks it cannot drop at ``candidate_margin`` (the candidates), the
+    tighter bounds of its sub-blocks (max over them); the smaller of two valid bounds is
+    kept. The sub-block level is O(N / 32 · candidates' keys) instead of O(N / 32 · M)."""
+    eps = jnp.asarray(eps, rows.pts.dtype)
+    m_leaf, u = _sub_margins(rows.pts, rows.valid, rows.centers, rows.radii, keys.pts, pot,
+                             eps, block=block)
+    m_leaf, u = np.asarray(m_leaf), np.asarray(u)
+    nq, nk = u.shape
+    cand = _neighbours(m_leaf >= -candidate_margin, u)
+    m_sub = np.asarray(_sub_margins_on(rows.pts, rows.valid, rows.sub_centers, rows.sub_radii,
+                                       keys.pts, pot, eps, jnp.asarray(cand), block=block))
+    full = np.full((nq, nk + 1), -np.inf, m_sub.dtype)
+    np.put_along_axis(full, cand, m_sub, axis=1)
+    m = np.where(m_leaf >= -candidate_margin, np.minimum(m_leaf, full[:, :nk]), m_leaf)
+    return m, u
+
+
 def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLOCK):
     """Certified selection for the update of ``rows`` against ``keys`` with potential ``pot``
     (on ``keys``) at ``eps``: key block J is kept for leaf I iff some sub-block s of I has
     ``u_sJ - L_s >= -margin · eps``. Returns (keep (nq, nk) bool, u_IJ) on the host."""
-    eps = jnp.asarray(eps, rows.pts.dtype)
-    m, u = _sub_margins(rows.pts, rows.valid, rows.sub_centers, rows.sub_radii, keys.pts,
-                        pot, eps, block=block)
-    nq, nk = u.shape
-    keep = np.asarray(m >= -margin).reshape(nq, -1, nk).any(axis=1)
-    return keep, np.asarray(u)
+    m, u = leaf_margins(rows, keys, pot, eps, block, candidate_margin=margin)
+    return m >= -margin, u
 
 
 @jax.jit
@@ -264,14 +359,22 @@ FINE_ROUND_RATIO = 4.0
 COARSE_FLOOR = 4.0
 #: reruns of a round whose final check finds a needed block missing.
 _MAX_RESELECT = 3
+#: the lists of a round are selected with the margin enlarged by this many ε (the
+#: potentials move during the round; the final check uses the certificate's margin).
+_SELECT_EXTRA = 4.0
 #: Anderson mixing (memory ``FINE_ANDERSON``) instead of over-relaxation for the (x, y)
 #: problem of the rounds on the points; 0 = off. Measured at N = 10^4 (bench_w2 clouds),
 #: (x, y) iterations on the points: affine 190 with Anderson(4) against 330 with
 #: over-relaxation, but concentration 890 against 450: off by default.
 FINE_ANDERSON = 0
 #: without Anderson: the iteration at which the over-relaxation is measured in the rounds
-#: on the points (after their annealing over at most FINE_ROUND_RATIO: 14 iterations).
-FINE_MOMENTUM_START = 30
+#: on the points (rounds started by extrapolation: at once, after two error records; annealed
+#: rounds: after their annealing over at most FINE_ROUND_RATIO, 14 iterations, so at 30).
+#: Measured at N = 10^4 (affine case): the first round on the points 70 -> 60 iterations.
+FINE_MOMENTUM_START = 20
+#: start each round on the points from the potentials of the two rounds before it,
+#: extrapolated linearly in ε, at the round's ε (no annealing).
+FINE_EXTRAPOLATE = True
 
 
 class _Selection:
@@ -283,24 +386,28 @@ class _Selection:
         self.order = None
         self._last = None  # (pots, eps, masks): the end-of-round check serves the next select
 
-    def _masks(self, pots, eps):
+    def _margins(self, pots, eps):
         if self._last is not None and self._last[0] is pots and self._last[1] == eps:
             return self._last[2]
         (f, g), (fx, gx), (fy, gy) = pots
-        bx, by, b, t = self.bx, self.by, self.block, self.margin
-        kx, ux = select(bx, by, g, eps, t, b)
-        ky, uy = select(by, bx, f, eps, t, b)
-        kxx, uxx = select(bx, bx, fx, eps, t, b)
-        kxx2, _ = select(bx, bx, gx, eps, t, b)
-        kyy, uyy = select(by, by, fy, eps, t, b)
-        kyy2, _ = select(by, by, gy, eps, t, b)
-        out = [kx, ky, kxx | kxx2, kyy | kyy2], [ux, uy, uxx, uyy]
+        bx, by, b = self.bx, self.by, self.block
+        t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
+        mx, ux = leaf_margins(bx, by, g, eps, b, t)
+        my, uy = leaf_margins(by, bx, f, eps, b, t)
+        mxx, uxx = leaf_margins(bx, bx, fx, eps, b, t)
+        mxx2, _ = leaf_margins(bx, bx, gx, eps, b, t)
+        myy, uyy = leaf_margins(by, by, fy, eps, b, t)
+        myy2, _ = leaf_margins(by, by, gy, eps, b, t)
+        out = ([mx, my, np.maximum(mxx, mxx2), np.maximum(myy, myy2)], [ux, uy, uxx, uyy])
         self._last = (pots, eps, out)
         return out
 
-    def update(self, pots, eps, fresh=True):
-        """Select at ``eps`` from ``pots``; ``fresh=False`` adds to the current selection."""
-        new, order = self._masks(pots, eps)
+    def update(self, pots, eps, fresh=True, extra=0.0):
+        """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra`` (in units of
+        ε: room for the potentials to move during the round); ``fresh=False`` adds to the
+        current selection."""
+        marg, order = self._margins(pots, eps)
+        new = [m >= -(self.margin + extra) for m in marg]
         if fresh or self.keep is None:
             self.keep = new
         else:
@@ -310,8 +417,25 @@ class _Selection:
         return tuple(jnp.asarray(_neighbours(k, u)) for k, u in zip(self.keep, self.order))
 
     def covers(self, pots, eps) -> bool:
-        need, _ = self._masks(pots, eps)
-        return all(bool(np.all(h | ~n)) for h, n in zip(self.keep, need))
+        """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists."""
+        marg, _ = self._margins(pots, eps)
+        return all(bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg))
+
+
+@jax.jit
+def _extrapolate_pots(p1, p2, t):
+    def one(a1, a2):
+        ok = jnp.isfinite(a1) & jnp.isfinite(a2)
+        return jnp.where(ok, a2 + t * (a2 - jnp.where(ok, a1, 0.0)), a2)
+
+    return jax.tree_util.tree_map(one, p1, p2)
+
+
+def _extrapolate(h1, h2, eps):
+    """Potentials at ``eps`` linearly extrapolated from two rounds (ε1, p1), (ε2, p2)."""
+    (e1, p1), (e2, p2) = h1, h2
+    t = (eps - e2) / (e2 - e1)
+    return _extrapolate_pots(p1, p2, jnp.asarray(t, p2[0][0].dtype))
 
 
 def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
@@ -337,8 +461,12 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     nbx, nby = cx.shape[0], cy.shape[0]
     coarse_kw = {**kw, "batch_size": None if nbx * nby <= 2**24 else 1024}
 
+    coarse_hist = []  # (ε, centroid potentials) of every coarse round
+
     def coarse_solve(eps, eps_prev, init):
-        return _debiased_round(cx, cy, eps, eps_prev, init, wa, wb, **coarse_kw)
+        out = _debiased_round(cx, cy, eps, eps_prev, init, wa, wb, **coarse_kw)
+        coarse_hist.append((float(eps), out[1]))
+        return out
 
     def coarse_rule(eps, div):
         nxt = rule(eps, div)
@@ -350,18 +478,22 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     init = ((z(nbx), z(nby)), (z(nbx), z(nbx)), (z(nby), z(nby)))
     eps, _, _, n_coarse, c_eps, c_div, info = _ladder(coarse_solve, eps0, eps0, init,
                                                       coarse_rule, max_rounds)
-    (fc, gc), (fxc, _), (fyc, _) = info["pots"]
 
     # 2. carry the centroid potentials to the points (one c-transform each); the padding
     #    of the leaves has weight 0, so potential -inf
-    e = jnp.asarray(eps, dtype)
     la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
     ninf = jnp.asarray(-jnp.inf, dtype)
-    f = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cy, gc, e, la), ninf)
-    g = jnp.where(by.valid, c_transform_from_coarse(by.pts, cx, fc, e, lb), ninf)
-    fx = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cx, fxc, e, la), ninf)
-    fy = jnp.where(by.valid, c_transform_from_coarse(by.pts, cy, fyc, e, lb), ninf)
-    pots = ((f, g), (fx, fx), (fy, fy))
+
+    def carry(e, cpots):
+        (fc, gc), (fxc, _), (fyc, _) = cpots
+        e = jnp.asarray(e, dtype)
+        f = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cy, gc, e, la), ninf)
+        g = jnp.where(by.valid, c_transform_from_coarse(by.pts, cx, fc, e, lb), ninf)
+        fx = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cx, fxc, e, la), ninf)
+        fy = jnp.where(by.valid, c_transform_from_coarse(by.pts, cy, fyc, e, lb), ninf)
+        return ((f, g), (fx, fx), (fy, fy))
+
+    pots = carry(eps, info["pots"])
     a = jnp.where(bx.valid, jnp.asarray(1.0 / n, dtype), jnp.zeros((), dtype))
     b = jnp.where(by.valid, jnp.asarray(1.0 / m, dtype), jnp.zeros((), dtype))
 
@@ -369,6 +501,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     fine_kw = {**kw, "batch_size": None, "block": block}
     if FINE_ANDERSON:
         fine_kw["anderson"] = FINE_ANDERSON
+    elif FINE_EXTRAPOLATE:  # rounds start at their own ε: no annealing to wait for
+        fine_kw["momentum_start"] = min(kw["momentum_start"], FINE_MOMENTUM_START)
     else:  # over-relaxation measured once the annealing over <= FINE_ROUND_RATIO is over
         anneal = int(math.ceil(math.log(FINE_ROUND_RATIO) / math.log(1.0 / kw["decay"])))
         fine_kw["momentum_start"] = min(kw["momentum_start"],
@@ -386,9 +520,21 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
     div = float("nan")
     dens = 1.0
     fine_rounds = int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
+    hist = []  # (ε, potentials) of the finished rounds on the points
+    if FINE_EXTRAPOLATE and len(coarse_hist) >= 2 and coarse_hist[-1][0] == eps_prev:
+        # the last two coarse solutions carried to the points start the extrapolation
+        hist = [(coarse_hist[-2][0], carry(*coarse_hist[-2])), (eps_prev, pots)]
     for _ in range(fine_rounds):
-        nbrs = sel.update(pots, eps_prev)
         start = eps_prev
+        if FINE_EXTRAPOLATE and len(hist) >= 2:
+            # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
+            # extrapolation to the new ε, at that ε (the slow, smooth part of the
+            # correction is then mostly done)
+            pots = _extrapolate(hist[-2], hist[-1], eps)
+            start = eps
+        # selected at the round's target ε (tight lists; checked again at the end)
+        nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
+        nxt = None
         for _attempt in range(_MAX_RESELECT + 1):
             div_j, new_pots, conv, iters = _debiased_round(
                 bx.pts, by.pts, eps, start, pots, a, b, nbrs, **fine_kw)
@@ -398,18 +544,24 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=BLOCK, **kw):
             if not np.isfinite(div):
                 break
             pots = new_pots
+            nxt = rule(eps, div)
+            if nxt is not None:
+                # not the last round: its potentials only start the next one, which selects
+                # its own lists; only the last round's selection must pass the check
+                certified = False
+                break
             certified = sel.covers(pots, eps)
             if certified:
                 break
-            nbrs = sel.update(pots, eps, fresh=False)  # a needed block was missing: rerun
+            nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)  # a block was missing: rerun
             start = eps
         eps_list.append(float(eps))
         div_list.append(div)
+        hist.append((float(eps), pots))
         dens = density(np.asarray(nbrs[0]), by.centers.shape[0])
         if not np.isfinite(div):
             converged = False
             break
-        nxt = rule(eps, div)
         if nxt is None:
             break
         eps_prev, eps = eps, max(nxt, eps / FINE_ROUND_RATIO)
