@@ -44,17 +44,16 @@ def test_help_imports_no_jax():
 def test_config_check_imports_no_jax():
     """`jaxdyn config` (the embedded default, every shipped config, an override, a float64
     config) resolves and checks without loading JAX, SciPy or matplotlib (the modules imported
-    are checked, not the time); gaussianity_minilm is the exception: locating the checkpoint
-    goes through jaxdyn.encoder."""
-    configs = [str(p) for p in sorted((ROOT / "configs").glob("*.yaml"))
-               if p.name != "gaussianity_minilm.yaml"]
+    are checked, not the time); gaussianity_minilm's checkpoint is located through the JAX-free
+    jaxdyn.encoder_host (its check may fail where the checkpoint is not installed)."""
+    configs = [str(p) for p in sorted((ROOT / "configs").glob("*.yaml"))]
     code = (
         "import contextlib, io, sys\n"
         "from jaxdyn.cli import main\n"
         f"for argv in [['config'], ['config', '--set', 'n=64', '--set', 'dtype=float64']] + "
         f"[['config', c] for c in {configs!r}]:\n"
         "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "        assert main(argv) == 0, argv\n"
+        "        assert main(argv) == 0 or argv[-1].endswith('gaussianity_minilm.yaml'), argv\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)

@@ -49,6 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
+from .._host_checked import check_times, host_checked
 from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -527,7 +528,7 @@ def _solve_until(field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_st
 
 @eqx.filter_jit
 def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
-               throw=False):
+               throw=False, checked=False):
     dtype = S0.dtype
     d = S0.shape[0]
     S0, invalid, thr = _prepared_start(S0, threshold)
@@ -581,7 +582,7 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
 
 @eqx.filter_jit
 def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint,
-                       dt0, throw=False):
+                       dt0, throw=False, checked=False):
     """:func:`_solve_jit` for a :class:`VariantMomentField`: the same event at the threshold,
     reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
     sides have no single (V, B) quadratic part)."""
@@ -691,8 +692,15 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     run = _solve_jit if attention is None else _solve_variant_jit
-    return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-               adjoint, dt0, bool(throw))
+    # Concrete times are checked here, and the program is traced without diffrax's host
+    # callbacks (jaxdyn._host_checked): JAX then caches it across processes.
+    checked = (not throw and _is_concrete(t1) and _is_concrete(ts)
+               and (dt0 is None or _is_concrete(dt0)))
+    if checked:
+        check_times(0.0, t1, ts, dt0)
+    with host_checked(checked):
+        return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+                   adjoint, dt0, bool(throw), checked)
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

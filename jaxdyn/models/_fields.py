@@ -107,12 +107,15 @@ class SphereAttention(AbstractQKVModel):
     def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=None,
                  q_block=None):
         self.Q, self.K, self.V = _qkv(Q, K, V)
-        self.beta = jnp.asarray(beta, dtype=self.Q.dtype)
+        # a concrete β is cast on the host and moved (a cast on the device compiles a program)
+        self.beta = (jax.device_put(np.asarray(beta, dtype=self.Q.dtype)) if _is_concrete(beta)
+                     else jnp.asarray(beta, dtype=self.Q.dtype))
         if self.beta.ndim != 0:
             raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}; to sweep β, vmap "
                              "over a stack of models (jaxdyn.stack_models)")
         if _is_concrete(self.beta):
-            if not bool(self.beta > 0):
+            # on the host (``self.beta > 0`` on the device array would compile a program)
+            if not float(np.asarray(self.beta)) > 0:
                 raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
         else:  # built under jit/vmap (e.g. a β computed in a traced sweep): checked at run time
             self.beta = eqx.error_if(self.beta, ~(self.beta > 0),

@@ -43,7 +43,7 @@ BATCH_AXES = ()
 
 
 def model_path(cfg):
-    from ...encoder import find_minilm
+    from ...encoder_host import find_minilm
 
     if cfg["model_path"]:
         p = Path(cfg["model_path"])
