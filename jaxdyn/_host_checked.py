@@ -29,9 +29,12 @@ def host_checked(active: bool = True):
     if not active:
         yield
         return
-    from equinox import _errors  # the module-level default that ``error_if`` reads
-
-    prev = _errors.EQX_ON_ERROR
+    try:  # the module-level default that ``error_if`` reads (private to equinox: if a
+        # later equinox moves it, the solve keeps its checks and is merely not cached)
+        from equinox import _errors
+    except ImportError:
+        _errors = None
+    prev = getattr(_errors, "EQX_ON_ERROR", None)
     if prev != "raise":
         yield
         return

@@ -451,7 +451,8 @@ def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
 def test_reach_fixed_step_solve_matches_adaptive():
     """reach's own solve (fixed Dopri8 steps, each inside one piece) against scipy's DOP853 at
     rtol 1e-12 on random piecewise-constant and piecewise-linear controls (to the optimiser's
-    tolerances 1e-9/1e-11); a blow-up and too-long steps are flagged (ok False)."""
+    tolerances 1e-9/1e-11); a blow-up and too-long steps are flagged (ok False), too-long steps
+    alone also by too_long (reach's cue to halve them)."""
     import functools
 
     from jaxdyn.control._reach import _fixed_step_moments, _Opts, _Problem
@@ -483,16 +484,36 @@ def test_reach_fixed_step_solve_matches_adaptive():
 
     for kind, nv in (("piecewise", n), ("linear", n + 1)):
         vals = [0.4 * rng.standard_normal((nv, d, d)) for _ in range(3)] + [0.4 * rng.standard_normal((nv, d))]
-        m, S, ok = run(vals, kind, 8)
+        m, S, ok, too_long = run(vals, kind, 8)
         m_ref, S_ref = reference(vals, kind)
-        assert bool(ok)
+        assert bool(ok) and not bool(too_long)
         np.testing.assert_allclose(np.asarray(S), S_ref, rtol=1e-9, atol=1e-11)
         np.testing.assert_allclose(np.asarray(m), m_ref, rtol=1e-9, atol=1e-11)
         assert np.array_equal(np.asarray(S), np.asarray(S).T)
     # V = 2I, B = I, A = b = 0: blow-up before t1 = 1 (T* = 1/(4 λmax(S0)) < 1)
     z, eye = np.zeros((n, d, d)), np.broadcast_to(np.eye(d), (n, d, d))
-    assert not bool(run([z, eye, 2 * eye, np.zeros((n, d))], "piecewise", 8)[2])
+    blow = run([z, eye, 2 * eye, np.zeros((n, d))], "piecewise", 8)
+    assert not bool(blow[2]) and not bool(blow[3])  # a blow-up is not cured by shorter steps
     # fast linear dynamics (A = -5 I, Σ decays at rate 10): one step a piece is outside the
     # tolerance, eight are within it
-    assert bool(run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 8)[2])
-    assert not bool(run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 1)[2])
+    fine = run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 8)
+    assert bool(fine[2]) and not bool(fine[3])
+    coarse = run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 1)
+    assert not bool(coarse[2]) and bool(coarse[3])  # too long only: reach would halve the steps
+
+
+@pytest.mark.slow  # ~15 CPU-s (three step counts compiled); default counterpart:
+# test_reach_fixed_step_solve_matches_adaptive (the step-error flag of the fixed-step solve)
+def test_reach_halves_fixed_steps_when_only_the_step_error_check_fails():
+    """Large controls (Adam at lr 0.3 towards a stretched target) make 16 Dopri8 steps a piece
+    too long for rtol/atol: reach doubles steps_per_piece (16 → 64) instead of rejecting every
+    such trial, and the target is reached — the verification solve (independent, adaptive)
+    confirms W2 < tol."""
+    m0, S0 = np.zeros(2), np.eye(2)
+    m1, S1 = np.array([5.0, 5.0]), np.array([[30.0, 20.0], [20.0, 15.0]])
+    r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=4, init="zero", tol=1e-4, steps_per_piece=16,
+              adam_steps=20, adam_lr=0.3)
+    assert r.step_refinements >= 1
+    assert r.steps_per_piece == 16 * 2 ** r.step_refinements <= 64
+    assert "halved" in r.message
+    assert r.ok and r.w2 < 1e-4

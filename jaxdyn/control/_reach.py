@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -58,17 +59,21 @@ class _Opts(eqx.Module):
 
 # The blow-up threshold of solve_moments' default: a trial whose ‖Σ‖_F passes it is rejected.
 _THRESHOLD = 1e6
+# reach halves the fixed steps (doubles steps_per_piece) while the step-error check alone
+# fails a trial, up to this many steps a piece; beyond, the trial is rejected.
+_MAX_STEPS_PER_PIECE = 64
 
 
 def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     r"""The moment ODE under piecewise-constant (or piecewise-linear) controls by fixed
     Dopri8 steps, ``steps_per_piece`` a piece, all stages of all steps in one ``lax.scan``
     (one copy of the right-hand side in the program, and in its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
-    and keeps the method's order 8. Returns ``(m, Σ, ok)``: ``ok`` is False when the state
-    turned non-finite, ``‖Σ‖_F`` passed ``1e6 · max(‖Σ0‖_F, 1)`` (the blow-up threshold of
-    :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
-    ``(rtol, atol)`` (the steps were too long for these controls: the trial is rejected,
-    as a failed adaptive solve's is)."""
+    and keeps the method's order 8. Returns ``(m, Σ, ok, too_long)``: ``ok`` is False when the
+    state turned non-finite, ``‖Σ‖_F`` passed ``1e6 · max(‖Σ0‖_F, 1)`` (the blow-up threshold
+    of :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
+    ``(rtol, atol)``; ``too_long`` is True when that last reason alone failed the solve (the
+    steps were too long for these controls: :func:`reach` then halves the steps and solves
+    again, as an adaptive solve would shorten its step)."""
     A, B, V, b = vals
     linear = prob.kind == "linear"
     n = A.shape[0] - 1 if linear else A.shape[0]
@@ -98,7 +103,7 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         return jnp.tensordot(r, Kl, axes=1, precision=jax.lax.Precision.HIGHEST)
 
     def stage(c, idx):
-        y, K, bad = c
+        y, K, bad, err = c
         j, i = idx % nk, idx // nk
         k = i // steps
         par = [x[k] for x in vals]
@@ -115,16 +120,21 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
             tot = tot + jnp.sum((h * sg(o[1]) / sc) ** 2)
         S1 = sg(y1[1])
         last = j == nk - 1
-        bad = bad | (last & (~(jnp.sqrt(tot / ncomp) <= 1.0) | ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)))
+        big = ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
+        long_ = ~(jnp.sqrt(tot / ncomp) <= 1.0)
+        bad = bad | (last & big)
+        err = err | (last & long_)
         y = [jnp.where(last, a1, a0) for a0, a1 in zip(y, y1)]
-        return (y, K, bad), None
+        return (y, K, bad, err), None
 
     K0 = [jnp.zeros((nk,) + x.shape, dtype) for x in (prob.m0, S0)]
-    (y, _, bad), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, jnp.zeros((), bool)),
-                                  jnp.arange(n * steps * nk))
+    false = jnp.zeros((), bool)
+    (y, _, bad, err), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, false, false),
+                                       jnp.arange(n * steps * nk))
     m, S = y
-    ok = ~bad & jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
-    return m, S, ok
+    finite = jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
+    ok = ~bad & ~err & finite
+    return m, S, ok, err & ~bad & finite
 
 
 def _squash(w, c):
@@ -159,8 +169,9 @@ def _physical(raw, prob: _Problem):
 def _loss(raw, prob: _Problem, opts: _Opts):
     vals = _physical(raw, prob)
     if opts.solver is None:
-        m, S, ok = _fixed_step_moments(vals, prob, opts)
-        status = jnp.where(ok, MomentStatus.OK, MomentStatus.NONFINITE)
+        m, S, ok, too_long = _fixed_step_moments(vals, prob, opts)
+        status = jnp.where(ok, MomentStatus.OK,
+                           jnp.where(too_long, MomentStatus.MAX_STEPS, MomentStatus.NONFINITE))
     else:
         ctr = {k: Control(v, prob.t1, prob.kind) for k, v in zip(CONTROL_NAMES, vals)}
         sol = solve_moments(prob.m0, prob.S0, A=ctr["A"], B=ctr["B"], V=ctr["V"], b=ctr["b"],
@@ -177,12 +188,14 @@ def _loss(raw, prob: _Problem, opts: _Opts):
 
 @eqx.filter_jit
 def _value_and_grad(raw, prob, opts):
-    """``(scalars, grad)``: scalars = [loss, W2², energy, ok] (ok: finite loss and grad)."""
-    (v, (w2sq, en, _)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
+    """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long] (ok: finite loss and
+    grad; too_long: the fixed-step solve failed only on its step-error check)."""
+    (v, (w2sq, en, status)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
     ok = jnp.isfinite(v)
     for leaf in jax.tree.leaves(g):
         ok = ok & jnp.all(jnp.isfinite(leaf))
-    return jnp.stack([v, w2sq, en, ok.astype(v.dtype)]), g
+    too_long = (status == MomentStatus.MAX_STEPS) if opts.solver is None else jnp.zeros((), bool)
+    return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype)]), g
 
 
 @eqx.filter_jit
@@ -272,7 +285,9 @@ class ReachResult(Solution):
       stats: ``iterations`` (optimiser iterations), ``evaluations`` (loss evaluations),
         ``rejected`` (trials whose solve failed: blow-up / non-finite / step budget,
         rejected and retreated), ``seconds`` (wall time of the optimisation, compilation
-        included); also as attributes of the same names.
+        included), ``steps_per_piece`` (the fixed-step solve's final count; None with a
+        diffrax solver) and ``step_refinements`` (how often it was doubled); also as
+        attributes of the same names.
       message: a summary of the run.
     """
 
@@ -306,6 +321,10 @@ class ReachResult(Solution):
     rejected = stat("rejected")
 
     seconds = stat("seconds")
+
+    steps_per_piece = stat("steps_per_piece")
+
+    step_refinements = stat("step_refinements")
 
 
 def _as_values(u, n, shape, dtype, t1, kind):
@@ -369,8 +388,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       rtol, atol, solver, max_steps, steps_per_piece: the optimiser's solve. Default
         (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
         error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
-        1e-5/1e-7 in float32) at every step, else the trial is rejected (a small program:
-        its first call compiles in a fraction of an adaptive solve's). A diffrax solver
+        1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the steps
+        are halved (``steps_per_piece`` doubled, up to 64) for it and every later trial, and
+        beyond that, or on a blow-up / non-finite state, the trial is rejected (a small
+        program: its first call compiles in a fraction of an adaptive solve's). A diffrax solver
         (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
         ``max_steps`` steps). The result is then re-checked by an independent adaptive
         Dopri8 solve at rtol 1e-11 (``verify``).
@@ -482,13 +503,22 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     stop_w2 = stop_factor * tol
 
     losses, w2s = [], []
-    counters = {"evals": 0, "rejected": 0}
+    counters = {"evals": 0, "rejected": 0, "refined": 0}
 
     def evaluate(x):
-        sc, g = _value_and_grad(x, prob, opts)
-        v, w2sq, en, ok = (float(a) for a in np.asarray(sc))
-        counters["evals"] += 1
-        ok = bool(ok)
+        nonlocal opts
+        while True:
+            sc, g = _value_and_grad(x, prob, opts)
+            v, w2sq, en, ok, too_long = (float(a) for a in np.asarray(sc))
+            counters["evals"] += 1
+            ok = bool(ok)
+            if ok or not too_long or opts.steps_per_piece >= _MAX_STEPS_PER_PIECE:
+                break
+            # The fixed steps were too long for these controls (the embedded error estimate
+            # exceeded rtol/atol; the state is finite and below the blow-up threshold): halve
+            # the steps for this and every later trial and solve again (one new program).
+            opts = dataclasses.replace(opts, steps_per_piece=2 * opts.steps_per_piece)
+            counters["refined"] += 1
         if not ok:
             counters["rejected"] += 1
         return ok, v, w2sq, en, g
@@ -620,6 +650,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     message += (f"; W2 = {w2:.3e} ({'reached' if converged else 'not reached'}, tol {tol:g}) "
                 f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
                 f"rejected")
+    if counters["refined"]:
+        message += (f"; the fixed steps were halved {counters['refined']} time(s) "
+                    f"(steps_per_piece {opts.steps_per_piece})")
     if cert_msg:
         message += f"; {cert_msg}"
     out = ReachResult(
@@ -630,7 +663,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         bound=None if bound is None else {k: c for k, c in bounds.items() if k in free},
         energy_weight=lam, energy_weight_final=lam_now,
         stats={"iterations": it, "evaluations": counters["evals"],
-               "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start},
+               "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start,
+               "steps_per_piece": opts.steps_per_piece if opts.solver is None else None,
+               "step_refinements": counters["refined"]},
         message=message)
     if throw:
         raise_if_failed(out, f"reach ({message})")
