@@ -28,7 +28,9 @@ def _written(folder, name):
 
 
 def test_closure_and_density_solves_are_written_to_the_cache(cache):
-    # shapes no other test uses, so that the programs are compiled here (not reused in memory)
+    # shapes no other test uses, and the in-memory caches cleared (an earlier test of the same
+    # worker may have compiled the same program): the programs are compiled here
+    jax.clear_caches()
     d = 3
     eye = jnp.eye(d, dtype=jnp.float32)
     sol = solve_moments(None, eye, A=-eye, B=0.1 * eye, V=eye, t1=0.5, saveat=7)
