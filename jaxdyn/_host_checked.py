@@ -1,48 +1,24 @@
-"""Trace a diffrax solve without host callbacks, so that JAX can cache its program.
+"""Host-side checks of a diffrax solve's times (``check_times``).
 
 ``diffrax.diffeqsolve`` checks its times inside the program with ``equinox.error_if`` (the
 ``SaveAt`` times increasing and within [t0, t1]; ``(t1 − t0)·dt0 ≥ 0``). ``diffeqsolve`` is itself
 jitted, so those checks always see traced values and become host callbacks, and JAX writes no
-program with a host callback to the persistent compilation cache ("Not writing persistent cache
-entry … because it uses host callbacks"): such a solve was compiled again in every process.
+program with a host callback to the persistent compilation cache: the Gaussian closure and
+density solves are compiled again in every process. Concrete times are checked here first, on
+the host, so that a bad input gets a clear ``ValueError`` before any tracing.
 
-:func:`host_checked` traces with equinox's runtime checks off (equinox's documented
-``EQX_ON_ERROR=off`` behaviour, for the duration of the call only). A caller uses it only when it
-has checked the same conditions on the host (concrete times; a clear ``ValueError`` otherwise),
-passes ``throw=False`` to diffrax and raises nothing from inside the program; its jitted
-function takes the flag as a static argument, so that a program traced with the checks off is
-never reused for traced times. The numbers computed are those of the checked program."""
+Tried and withdrawn (session 6): tracing those solves with equinox's checks switched off through
+its module-level ``EQX_ON_ERROR`` default made the programs cacheable, but equinox's own jitted
+check (``branched_error_if_impl_jit``) is not keyed on that default, so a trace made with the
+checks off was reused afterwards by *every* ``error_if`` of the process — user code's included —
+which then stopped raising. Caching these solves needs a way that leaves equinox's global state
+alone."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
-__all__ = ["host_checked", "check_times"]
-
-
-@contextlib.contextmanager
-def host_checked(active: bool = True):
-    """While active, ``equinox.error_if`` adds nothing to a traced program (unless the user
-    chose another mode than the default ``raise`` through ``EQX_ON_ERROR``: then left as is)."""
-    if not active:
-        yield
-        return
-    try:  # the module-level default that ``error_if`` reads (private to equinox: if a
-        # later equinox moves it, the solve keeps its checks and is merely not cached)
-        from equinox import _errors
-    except ImportError:
-        _errors = None
-    prev = getattr(_errors, "EQX_ON_ERROR", None)
-    if prev != "raise":
-        yield
-        return
-    _errors.EQX_ON_ERROR = "off"
-    try:
-        yield
-    finally:
-        _errors.EQX_ON_ERROR = prev
+__all__ = ["check_times"]
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:

@@ -517,7 +517,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             # The fixed steps were too long for these controls (the embedded error estimate
             # exceeded rtol/atol; the state is finite and below the blow-up threshold): halve
             # the steps for this and every later trial and solve again (one new program).
-            opts = dataclasses.replace(opts, steps_per_piece=2 * opts.steps_per_piece)
+            opts = dataclasses.replace(opts, steps_per_piece=min(2 * opts.steps_per_piece, _MAX_STEPS_PER_PIECE))
             counters["refined"] += 1
         if not ok:
             counters["rejected"] += 1

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
-from .._host_checked import check_times, host_checked
+from .._host_checked import check_times
 from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -692,15 +692,15 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     run = _solve_jit if attention is None else _solve_variant_jit
-    # Concrete times are checked here, and the program is traced without diffrax's host
-    # callbacks (jaxdyn._host_checked): JAX then caches it across processes.
+    # Concrete times are checked here, on the host (a clear ValueError before any tracing);
+    # diffrax keeps its own in-program checks (host callbacks: such a program is not written
+    # to the persistent compilation cache — see jaxdyn._host_checked for why they stay on).
     checked = (not throw and _is_concrete(t1) and _is_concrete(ts)
                and (dt0 is None or _is_concrete(dt0)))
     if checked:
         check_times(0.0, t1, ts, dt0)
-    with host_checked(checked):
-        return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-                   adjoint, dt0, bool(throw), checked)
+    return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+               adjoint, dt0, bool(throw), checked)
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):
