@@ -22,20 +22,25 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("jax", "jaxlib", "diffrax", "equinox", "ott", "optax", "scipy", "matplotlib", "xarray")
 
 
+def _heavy_modules_after(body: str, limit: int):
+    """Run ``body`` in a fresh interpreter (jaxdyn on the path) and return its completed
+    process; the last line of its stdout lists the HEAVY modules it imported."""
+    code = body + f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=limit)
+
+
 def test_help_imports_no_jax():
-    """`jaxdyn --help` and `jaxdyn run --help` load neither JAX nor the numerical stack (the
-    modules imported are checked, not the time)."""
-    code = (
+    """`jaxdyn --help` and `jaxdyn run --help` load neither JAX nor the numerical stack (checked
+    by the modules imported)."""
+    out = _heavy_modules_after(
         "import sys\n"
         "from jaxdyn.cli import main\n"
         "for argv in (['--help'], ['run', '--help'], ['report', '--help']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit as e:\n"
-        "        assert e.code == 0, e.code\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+        "        assert e.code == 0, e.code\n", limit=120)
     assert out.returncode == 0, out.stderr
     assert "--no-cache" in out.stdout  # run --help names the cache switch
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -43,20 +48,18 @@ def test_help_imports_no_jax():
 
 def test_config_check_imports_no_jax():
     """`jaxdyn config` (the embedded default, every shipped config, an override, a float64
-    config) resolves and checks without loading JAX, SciPy or matplotlib (the modules imported
-    are checked, not the time); gaussianity_minilm's checkpoint is located through the JAX-free
+    config) resolves and checks without loading JAX, SciPy or matplotlib (checked by the
+    modules imported); gaussianity_minilm's checkpoint is located through the JAX-free
     jaxdyn.encoder_host (its check may fail where the checkpoint is not installed)."""
     configs = [str(p) for p in sorted((ROOT / "configs").glob("*.yaml"))]
-    code = (
+    out = _heavy_modules_after(
         "import contextlib, io, sys\n"
         "from jaxdyn.cli import main\n"
         f"for argv in [['config'], ['config', '--set', 'n=64', '--set', 'dtype=float64']] + "
         f"[['config', c] for c in {configs!r}]:\n"
         "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "        assert main(argv) == 0 or argv[-1].endswith('gaussianity_minilm.yaml'), argv\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+        "        assert main(argv) == 0 or argv[-1].endswith('gaussianity_minilm.yaml'), argv\n",
+        limit=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -142,7 +145,7 @@ TINY = {"kind": "sphere", "name": "tiny", "d": 3, "n": 16, "t1": 0.4, "dt": 0.1,
 
 
 def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
-    """A run writes its compiled programs to the persistent cache (even sub-second ones);
+    """A run writes its compiled programs to the persistent cache (small programs included);
     after the in-memory caches are dropped, the same run loads them back (cache hits), and
     summary.json reports compile and compute seconds apart."""
     from jaxdyn import _cache
