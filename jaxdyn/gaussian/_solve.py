@@ -528,7 +528,7 @@ def _solve_until(field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_st
 
 @eqx.filter_jit
 def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
-               throw=False, checked=False):
+               throw=False):
     dtype = S0.dtype
     d = S0.shape[0]
     S0, invalid, thr = _prepared_start(S0, threshold)
@@ -582,7 +582,7 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
 
 @eqx.filter_jit
 def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint,
-                       dt0, throw=False, checked=False):
+                       dt0, throw=False):
     """:func:`_solve_jit` for a :class:`VariantMomentField`: the same event at the threshold,
     reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
     sides have no single (V, B) quadratic part)."""
@@ -695,12 +695,10 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     # Concrete times are checked here, on the host (a clear ValueError before any tracing);
     # diffrax keeps its own in-program checks (host callbacks: such a program is not written
     # to the persistent compilation cache — see jaxdyn._host_checked for why they stay on).
-    checked = (not throw and _is_concrete(t1) and _is_concrete(ts)
-               and (dt0 is None or _is_concrete(dt0)))
-    if checked:
+    if _is_concrete(t1) and _is_concrete(ts) and (dt0 is None or _is_concrete(dt0)):
         check_times(0.0, t1, ts, dt0)
     return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-               adjoint, dt0, bool(throw), checked)
+               adjoint, dt0, bool(throw))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

@@ -43,7 +43,7 @@ class DensitySolution(Solution):
 
 
 @eqx.filter_jit
-def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol, checked=False):
+def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
     t0, t1 = ts[0], ts[-1]
     if method == "heun":
         ctrl = diffrax.ConstantStepSize()
@@ -101,10 +101,9 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     dt = jnp.asarray(dt, rho0.dtype)
     # Concrete times and step are checked here, on the host (a clear ValueError); diffrax
     # keeps its own in-program checks (see jaxdyn._host_checked).
-    checked = not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer)
-    if checked:
+    if not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer):
         check_times(ts[0], ts[-1], ts, dt, name="ts")
-    sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol, checked)
+    sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))
     return sol
