@@ -49,7 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
-from .._host_checked import check_times
+from .._host_checked import check_times, host_checked
 from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -160,7 +160,7 @@ class MomentField(eqx.Module):
                                  f"shape (n, *{want})), got {tuple(shape)}")
             vals = p.values if isinstance(p, Control) else p
             if (_is_concrete(vals) and jnp.issubdtype(jnp.asarray(vals).dtype, jnp.inexact)
-                    and not bool(jnp.all(jnp.isfinite(vals)))):
+                    and not np.all(np.isfinite(np.asarray(vals)))):
                 raise ValueError(f"{name} must be finite (it holds NaN or inf)")
             return p, shape
 
@@ -680,7 +680,7 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     m0 = jnp.zeros((d,), dtype) if m0 is None else jnp.asarray(m0, dtype)
     if m0.shape != (d,):
         raise ValueError(f"m0 must have shape ({d},), got {m0.shape}")
-    if _is_concrete(m0) and not bool(jnp.all(jnp.isfinite(m0))):
+    if _is_concrete(m0) and not np.all(np.isfinite(np.asarray(m0))):
         raise ValueError("m0 must be finite (it holds NaN or inf)")
     if _is_concrete(t1) and not float(t1) > 0:
         raise ValueError(f"t1 must be > 0, got {t1}")
@@ -692,13 +692,16 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     run = _solve_jit if attention is None else _solve_variant_jit
-    # Concrete times are checked here, on the host (a clear ValueError before any tracing);
-    # diffrax keeps its own in-program checks (host callbacks: such a program is not written
-    # to the persistent compilation cache — see jaxdyn._host_checked for why they stay on).
-    if _is_concrete(t1) and _is_concrete(ts) and (dt0 is None or _is_concrete(dt0)):
+    # Concrete times are checked here, on the host (a clear ValueError before any tracing), and
+    # the program is then traced without diffrax's host callbacks, in a context of its own
+    # (jaxdyn._host_checked): JAX caches it across processes. Traced times, or a solve asked to
+    # raise, keep diffrax's in-program checks (that program is not persistently cached).
+    concrete = _is_concrete(t1) and _is_concrete(ts) and (dt0 is None or _is_concrete(dt0))
+    if concrete:
         check_times(0.0, t1, ts, dt0)
-    return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-               adjoint, dt0, bool(throw))
+    with host_checked(concrete and not throw):
+        return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+                   adjoint, dt0, bool(throw))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

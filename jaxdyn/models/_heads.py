@@ -8,6 +8,7 @@ from typing import ClassVar, Optional
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..kernels._attention import KERNELS, HIGHEST
 from ..kernels._variants import MASKS, default_rope_freqs, heads_interaction, rope
@@ -93,7 +94,7 @@ class MultiHeadAttention(AbstractParticleModel):
                                  "doubly stochastic matrix is the identity)")
         if alibi is not None:
             alibi = jnp.broadcast_to(jnp.asarray(alibi, Q.dtype), (H,))
-            if _is_concrete(alibi) and not bool(jnp.all(alibi >= 0)):
+            if _is_concrete(alibi) and not np.all(np.asarray(alibi) >= 0):
                 raise ValueError(f"alibi slopes must be >= 0, got {alibi}")
         if rope is True:
             rope = default_rope_freqs(p, rope_base, Q.dtype)

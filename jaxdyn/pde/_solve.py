@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._host_checked import check_times
+from .._host_checked import check_times, host_checked
 from .._results import RESULTS, Solution, error_if_failed
 from ._circle import CircleDensity, cfl_dt
 from ._sphere2 import sphere_cfl_dt
@@ -99,11 +99,15 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     if dt is None:
         dt = cfl_dt(model, cfl) if isinstance(model, CircleDensity) else sphere_cfl_dt(model, cfl)
     dt = jnp.asarray(dt, rho0.dtype)
-    # Concrete times and step are checked here, on the host (a clear ValueError); diffrax
-    # keeps its own in-program checks (see jaxdyn._host_checked).
-    if not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer):
+    # Concrete times and step are checked here, on the host (a clear ValueError), and the
+    # program is then traced without diffrax's host callbacks, in a context of its own
+    # (jaxdyn._host_checked): JAX caches it across processes. Traced times keep diffrax's
+    # in-program checks. (``throw`` raises outside the program, below.)
+    concrete = not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer)
+    if concrete:
         check_times(ts[0], ts[-1], ts, dt, name="ts")
-    sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
+    with host_checked(concrete):
+        sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))
     return sol
