@@ -145,6 +145,9 @@ def relu_initial_rates(A, B, V, b, m0, S0):
     return dm, G + G.T
 
 
+_sqrtm_psd_jit = jax.jit(sqrtm_psd)
+
+
 def tilt_index(S, B):
     r"""``s = ‖Σ^{1/2} B Σ^{1/2}‖₂`` per frame (S: (..., d, d)); NaN where Σ is not finite.
 
@@ -161,8 +164,8 @@ def tilt_index(S, B):
     B = np.asarray(B, np.float64)
     ok = np.all(np.isfinite(S), axis=(-2, -1))
     Sf = np.where(ok[..., None, None], S, np.eye(S.shape[-1]))
-    with jax.enable_x64(True):
-        R = np.asarray(sqrtm_psd(jnp.asarray(Sf)), np.float64)
+    with jax.enable_x64(True):  # one program (op by op: a dozen small ones)
+        R = np.asarray(_sqrtm_psd_jit(Sf), np.float64)
     s = np.linalg.norm(R @ B @ R, ord=2, axis=(-2, -1))
     return np.where(ok, s, np.nan)
 
