@@ -34,7 +34,7 @@ _lock = threading.Lock()
 # Time spans (start, end) per part: a jit traced inside another's trace reports its own span
 # inside the outer one, so the seconds are the length of the spans' union, not their sum.
 _spans: dict = {k: [] for k in _EVENTS.values()}
-_counts = {"compiles": 0, "cache_hits": 0}
+_counts = {"compiles": 0, "cache_hits": 0, "program_hits": 0, "programs_written": 0}
 
 
 def _union(spans):
@@ -75,8 +75,9 @@ def compile_stats() -> dict:
     """Cumulative compilation counters of this process (since jaxdyn's cache module loaded):
     ``compile_seconds`` (tracing + lowering + XLA compilation or loading from the persistent
     cache), its three parts, ``compiles`` (programs compiled or loaded) and ``cache_hits``
-    (of those, loaded from the persistent cache); nested traces count once. Differences of
-    two calls time a section."""
+    (of those, loaded from the persistent cache), ``program_hits`` (of those, executables of
+    :func:`cached_program` loaded without tracing) and ``programs_written``; nested traces
+    count once. Differences of two calls time a section."""
     with _lock:
         s = {k: _union(v) for k, v in _spans.items()}
         s["compile_seconds"] = _union([sp for v in _spans.values() for sp in v])
@@ -199,8 +200,6 @@ _DEPENDENCIES = ("jax", "jaxlib", "equinox", "jaxtyping", "numpy", "ml_dtypes", 
 _STAT_PACKAGES = ("jax", "jaxlib", "equinox", "jaxtyping")
 _ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "TPU_", "LIBTPU_", "JAXDYN_")
 _process_part: list = [None]
-_counts["program_hits"] = 0
-_counts["programs_written"] = 0
 
 
 class Uncacheable(Exception):
@@ -301,9 +300,10 @@ def _leaf_token(x) -> str:
     return "static:" + token(x)
 
 
-def _sources_digest() -> str:
+def _sources_digest(root=None) -> str:
+    """A hash of every ``.py`` file under ``root`` (default: the jaxdyn package), by path."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
+    root = Path(root) if root is not None else Path(__file__).resolve().parent
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
@@ -375,8 +375,9 @@ def program_key(key, leaves, treedef) -> str:
 
 def _program_file(text: str):
     root = _program_root[0]
-    if root is None or jax.process_count() > 1:
-        return None
+    if root is None or jax.process_count() > 1 or not jax.config.jax_enable_compilation_cache \
+            or jax.config.jax_compilation_cache_dir != str(root.parent):
+        return None  # off, or JAX's cache was turned off or elsewhere since
     return Path(root) / (hashlib.sha256(text.encode()).hexdigest() + ".jaxexe")
 
 
@@ -402,8 +403,9 @@ def _store_program(path: Path, text: str, compiled) -> bool:
 
     try:
         unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-        if unloaded is None or getattr(unloaded, "host_callbacks", None):
-            return False
+        if unloaded is None or getattr(unloaded, "host_callbacks", None) \
+                or getattr(unloaded, "keepalive", None):
+            return False  # Python objects the executable needs: they do not travel
         payload, _, out_tree = serialize_executable.serialize(compiled)
         devices = [d.id for d in unloaded.device_list]
         blob = pickle.dumps({"key": text, "payload": payload, "out_tree": out_tree,
