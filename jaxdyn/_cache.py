@@ -34,7 +34,7 @@ _lock = threading.Lock()
 # Time spans (start, end) per part: a jit traced inside another's trace reports its own span
 # inside the outer one, so the seconds are the length of the spans' union, not their sum.
 _spans: dict = {k: [] for k in _EVENTS.values()}
-_counts = {"compiles": 0, "cache_hits": 0}
+_counts = {"compiles": 0, "cache_hits": 0, "program_hits": 0, "programs_written": 0}
 
 
 def _union(spans):
@@ -75,8 +75,9 @@ def compile_stats() -> dict:
     """Cumulative compilation counters of this process (since jaxdyn's cache module loaded):
     ``compile_seconds`` (tracing + lowering + XLA compilation or loading from the persistent
     cache), its three parts, ``compiles`` (programs compiled or loaded) and ``cache_hits``
-    (of those, loaded from the persistent cache); nested traces count once. Differences of
-    two calls time a section."""
+    (of those, loaded from the persistent cache), ``program_hits`` (of those, executables of
+    :func:`cached_program` loaded without tracing) and ``programs_written``; nested traces
+    count once. Differences of two calls time a section."""
     with _lock:
         s = {k: _union(v) for k, v in _spans.items()}
         s["compile_seconds"] = _union([sp for v in _spans.values() for sp in v])
@@ -114,12 +115,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "jaxdyn" / "jax"
 
 
-def enable_compilation_cache(path=None):
+def enable_compilation_cache(path=None, *, programs: bool = True):
     """Turn on JAX's persistent compilation cache (module doc) for this process: compiled
     programs are written to, and read back from, ``path`` (default :func:`default_cache_dir`)
     in a subfolder keyed by the jax/jaxlib versions, the platform and the CPU. Returns the
     folder used, or None when it cannot be created (the cache then stays off; nothing else
-    changes). Call it before the first compilation to cache everything."""
+    changes). Call it before the first compilation to cache everything. ``programs``: also keep
+    the executables of :func:`cached_program` (traced once; the module doc below), in the
+    folder's ``jaxdyn-programs``."""
     root = Path(path) if path is not None else default_cache_dir()
     folder = root / cache_key_folder()
     try:
@@ -136,6 +139,7 @@ def enable_compilation_cache(path=None):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jax.config.update("jax_enable_compilation_cache", True)
+    _program_root[0] = folder / _PROGRAMS_SUBDIR if programs else None
     return folder
 
 
@@ -145,3 +149,340 @@ def disable_compilation_cache():
 
     jax.config.update("jax_compilation_cache_dir", None)
     cc.reset_cache()
+    _program_root[0] = None
+
+
+# ----------------------------------------------------------------------------------------
+# Programs traced once: compiled executables kept beside JAX's cache, keyed on everything
+# that can change the trace.
+#
+# JAX's persistent cache is keyed on the *lowered* program, so every process still traces and
+# lowers a function before it can look the executable up (for the default run's segment
+# program: 0.2 s of tracing and 0.06 s of lowering, quiet, against a 1.6 s first compile).
+# :func:`cached_program` skips both: on a miss it lowers and compiles ahead of time
+# (``jax.jit(f).lower(...).compile()``, the same executable a call would make) and
+# serializes the executable (``jax.experimental.serialize_executable``) into
+# ``<cache folder>/jaxdyn-programs/``; on a hit it loads it back and calls it. The key (a
+# SHA-256 of the text below, stored whole in the file and compared on load) covers
+#   * the caller's key: what determines the function (module-level functions by
+#     ``module:qualname``, numbers exactly, strings, tuples; anything else: not cached);
+#   * the arguments: the tree structure (node types and their static data, e.g. an
+#     equinox module's static fields), each array's shape, dtype, weak type, sharding and
+#     placement, each non-array leaf's value as above;
+#   * jaxdyn's source files (a hash of every ``.py`` file of the package), the versions of
+#     Python, jax, jaxlib, equinox and the other numeric dependencies, and the size and
+#     modification time of every file of jax, jaxlib, equinox and jaxtyping (an edit in
+#     place changes it);
+#   * every JAX configuration value, JAX's trace context (thread-local settings such as a
+#     ``default_matmul_precision`` context), the environment variables XLA_*, JAX_*, TF_*,
+#     TPU_*, LIBTPU_*, JAXDYN_*, the devices (platform, kind, id, process), their backend's
+#     version and the process count.
+# A value whose text would not identify it (an object whose repr has a memory address, a
+# closure, a lambda, a tracer: called inside another trace) makes the call uncacheable: it
+# then goes through the function's ordinary ``jit``. Executables with host callbacks are
+# never written (JAX's own cache refuses them too), nor is anything across several processes.
+# Loading a file runs its executable: the folder must be trusted as JAX's own cache is.
+
+import importlib.metadata as _metadata
+import pickle
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+
+_PROGRAMS_SUBDIR = "jaxdyn-programs"
+_program_root: list = [None]  # the folder programs go to; None: not stored (in memory only)
+_FORMAT = "jaxdyn-program-v1"
+_DEPENDENCIES = ("jax", "jaxlib", "equinox", "jaxtyping", "numpy", "ml_dtypes", "scipy",
+                 "opt_einsum", "diffrax", "lineax", "optimistix", "optax", "ott-jax")
+_STAT_PACKAGES = ("jax", "jaxlib", "equinox", "jaxtyping")
+_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "TPU_", "LIBTPU_", "JAXDYN_")
+_process_part: list = [None]
+
+
+class Uncacheable(Exception):
+    """A value whose text would not identify it: the call is not cached."""
+
+
+def _record(part, t0, t1):
+    with _lock:
+        _spans[part].append((t0, t1))
+
+
+def _fn_token(fn):
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not (isinstance(mod, str) and (mod == "jaxdyn" or mod.startswith("jaxdyn."))) \
+            or "<" in qual or getattr(fn, "__closure__", None):
+        raise Uncacheable(f"function {fn!r}")
+    obj = sys.modules.get(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn:
+        raise Uncacheable(f"function {fn!r} is not its module's {qual}")
+    return f"fn:{mod}:{qual}:{token(getattr(fn, '__defaults__', None))}:" \
+           f"{token(sorted((getattr(fn, '__kwdefaults__', None) or {}).items()))}"
+
+
+def token(v) -> str:
+    """A text that identifies the static value ``v`` (:class:`Uncacheable` if there is none):
+    None, bools, ints, floats (exactly, by ``float.hex``), complex, strings, bytes, NumPy
+    dtypes and scalar types, tuples, lists and dicts of those, jaxdyn's module-level
+    functions and dataclasses (field by field), meshes and enums."""
+    if v is None or isinstance(v, (bool, str, bytes)):
+        return f"{type(v).__name__}:{v!r}"
+    if isinstance(v, (int, np.integer)):
+        return f"int:{int(v)}"
+    if isinstance(v, (float, np.floating)):
+        return f"{type(v).__name__}:{float(v).hex()}"
+    if isinstance(v, complex):
+        return f"complex:{v.real.hex()},{v.imag.hex()}"
+    if isinstance(v, (tuple, list)):
+        return f"{type(v).__name__}(" + ",".join(token(x) for x in v) + ")"
+    if isinstance(v, dict):
+        return "dict(" + ",".join(f"{token(k)}={token(x)}" for k, x in
+                                  sorted(v.items(), key=lambda kv: token(kv[0]))) + ")"
+    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
+        return f"dtype:{np.dtype(v).str}"
+    if isinstance(v, types.FunctionType):
+        return _fn_token(v)
+    if isinstance(v, jax.sharding.Mesh):
+        return (f"mesh:{token(tuple(v.axis_names))}:{v.devices.shape}:"
+                f"{[d.id for d in v.devices.flat]}:{token([str(t) for t in v.axis_types])}")
+    import dataclasses
+    import enum
+
+    if dataclasses.is_dataclass(v) and not isinstance(v, type) \
+            and type(v).__module__.startswith("jaxdyn") and "<" not in type(v).__qualname__:
+        return (f"dataclass:{type(v).__module__}:{type(v).__qualname__}(" + ",".join(
+            f"{f.name}={token(getattr(v, f.name))}" for f in dataclasses.fields(v)) + ")")
+    if isinstance(v, enum.Enum):
+        return f"enum:{type(v).__module__}.{type(v).__qualname__}.{v.name}"
+    if type(v).__module__.startswith("equinox") and type(v).__name__ == "_Missing":
+        return "equinox:Missing"  # equinox's placeholder in a module's static data
+    raise Uncacheable(f"value of type {type(v).__name__}")
+
+
+def _treedef_token(td) -> str:
+    """The structure of a tree: node types by module:qualname and their static data."""
+    nd = td.node_data()
+    if nd is None:
+        return "*"
+    typ, aux = nd
+    if typ.__module__ in ("builtins",) or typ.__module__.startswith(("jaxdyn", "equinox", "jax")):
+        name = f"{typ.__module__}:{typ.__qualname__}"
+    else:
+        raise Uncacheable(f"tree node {typ!r}")
+    if "<" in typ.__qualname__:
+        raise Uncacheable(f"tree node {typ!r}")
+    return f"{name}[{token(aux)}](" + ",".join(_treedef_token(c) for c in td.children()) + ")"
+
+
+def _sharding_token(s) -> str:
+    from jax.sharding import NamedSharding, SingleDeviceSharding
+
+    if isinstance(s, SingleDeviceSharding):
+        return f"single:{s._device.id}:{s.memory_kind}"
+    if isinstance(s, NamedSharding):
+        return f"named:{token(s.mesh)}:{s.spec!r}:{s.memory_kind}"
+    raise Uncacheable(f"sharding {type(s).__name__}")
+
+
+def _leaf_token(x) -> str:
+    if isinstance(x, jax.core.Tracer):
+        raise Uncacheable("a traced argument (called inside a transformation)")
+    if isinstance(x, jax.Array):
+        return (f"array:{x.shape}:{x.dtype.str}:{x.aval.weak_type}:"
+                f"{_sharding_token(x.sharding)}:{x.committed}")
+    if isinstance(x, (np.ndarray, np.generic)):
+        return f"host:{x.shape}:{x.dtype.str}"
+    return "static:" + token(x)
+
+
+def _sources_digest(root=None) -> str:
+    """A hash of every ``.py`` file under ``root`` (default: the jaxdyn package), by path."""
+    h = hashlib.sha256()
+    root = Path(root) if root is not None else Path(__file__).resolve().parent
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _dependencies_part() -> str:
+    import importlib.util
+
+    lines = [f"python:{sys.version}", f"implementation:{sys.implementation.name}"]
+    for d in _DEPENDENCIES:
+        try:
+            lines.append(f"{d}:{_metadata.version(d)}")
+        except _metadata.PackageNotFoundError:
+            lines.append(f"{d}:absent")
+    for pkg in _STAT_PACKAGES:
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            lines.append(f"{pkg}:absent")
+            continue
+        h = hashlib.sha256()
+        for loc in sorted(spec.submodule_search_locations):
+            for dirpath, dirnames, files in os.walk(loc):
+                dirnames.sort()
+                for f in sorted(files):
+                    if f.endswith((".py", ".so", ".pyd")):
+                        st = os.stat(os.path.join(dirpath, f))
+                        h.update(f"{dirpath}/{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        lines.append(f"{pkg}-files:{h.hexdigest()}")
+    return "\n".join(lines)
+
+
+def _environment_part() -> str:
+    """What can change a trace besides the function and its arguments (module doc)."""
+    from jax._src import config as jconfig
+
+    if _process_part[0] is None:  # files and versions: once per process
+        _process_part[0] = f"jaxdyn-sources:{_sources_digest()}\n{_dependencies_part()}"
+    lines = [_process_part[0]]
+    for name in sorted(jax.config.values):
+        text = repr(getattr(jax.config, name, jax.config.values[name]))
+        if " at 0x" in text:
+            raise Uncacheable(f"jax config {name}")
+        lines.append(f"config:{name}={text}")
+    for i, v in enumerate(jconfig.trace_context()):
+        if type(v).__name__ == "AxisEnv":
+            if v.axis_sizes or v.spmd_axis_names or v.explicit_mesh_axis_names:
+                raise Uncacheable("inside a named axis")
+            text = "AxisEnv()"
+        else:
+            text = repr(v)
+        if " at 0x" in text:
+            raise Uncacheable(f"trace context entry {text[:60]}")
+        lines.append(f"context:{i}={text}")
+    lines += [f"env:{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)]
+    devs = jax.devices()
+    lines.append(f"backend:{devs[0].client.platform}:{devs[0].client.platform_version}")
+    lines += [f"device:{d.platform}:{d.device_kind}:{d.id}:{d.process_index}" for d in devs]
+    lines.append(f"processes:{jax.process_count()}:{jax.process_index()}")
+    return "\n".join(lines)
+
+
+def program_key(key, leaves, treedef) -> str:
+    """The text that keys a program (module doc); :class:`Uncacheable` if it cannot be formed."""
+    parts = [_FORMAT, "key:" + token(key), "tree:" + _treedef_token(treedef)]
+    parts += ["leaf:" + _leaf_token(x) for x in leaves]
+    parts.append(_environment_part())
+    return "\n".join(parts)
+
+
+def _program_file(text: str):
+    root = _program_root[0]
+    if root is None or jax.process_count() > 1 or not jax.config.jax_enable_compilation_cache \
+            or jax.config.jax_compilation_cache_dir != str(root.parent):
+        return None  # off, or JAX's cache was turned off or elsewhere since
+    return Path(root) / (hashlib.sha256(text.encode()).hexdigest() + ".jaxexe")
+
+
+def _load_program(path: Path, text: str, in_tree):
+    from jax.experimental import serialize_executable
+
+    try:
+        with open(path, "rb") as f:
+            stored = pickle.load(f)
+        if stored.get("key") != text:
+            return None
+        by_id = {d.id: d for d in jax.devices()}
+        devices = [by_id[i] for i in stored["devices"]]  # the executable's, in its order
+        return serialize_executable.deserialize_and_load(stored["payload"], in_tree,
+                                                         stored["out_tree"],
+                                                         execution_devices=devices)
+    except Exception:  # noqa: BLE001 - a missing, damaged or foreign file is a miss
+        return None
+
+
+def _store_program(path: Path, text: str, compiled) -> bool:
+    from jax.experimental import serialize_executable
+
+    try:
+        unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+        if unloaded is None or getattr(unloaded, "host_callbacks", None) \
+                or getattr(unloaded, "keepalive", None):
+            return False  # Python objects the executable needs: they do not travel
+        payload, _, out_tree = serialize_executable.serialize(compiled)
+        devices = [d.id for d in unloaded.device_list]
+        blob = pickle.dumps({"key": text, "payload": payload, "out_tree": out_tree,
+                             "devices": devices})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jaxexe")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
+    except Exception:  # noqa: BLE001 - not written: the next process compiles again
+        return False
+
+
+def cached_program(fn, key, *, fallback=None):
+    """``fn`` compiled once per argument signature and, when the compilation cache is on
+    (:func:`enable_compilation_cache`), kept on disk so that another process loads the
+    executable instead of tracing and lowering ``fn`` again (module doc: the key).
+
+    ``key`` must determine ``fn`` together with jaxdyn's sources: e.g. the module-level
+    function it applies and the numbers it closes over (``token`` must accept it). The
+    returned ``call(*args)`` takes a tree of arrays and static leaves (non-array leaves are
+    baked into the program, as ``equinox.filter_jit`` does) and returns ``fn``'s outputs, a
+    tree of arrays. A call whose key cannot be formed (see :class:`Uncacheable`) goes to
+    ``fallback`` (default ``equinox.filter_jit(fn)``)."""
+    memo: dict = {}
+    if fallback is None:
+        import equinox as eqx
+
+        fallback = eqx.filter_jit(fn)
+    try:
+        token(key)
+    except Uncacheable:  # a key that can never be formed: the ordinary jit
+        return fallback
+
+    def call(*args):
+        t0 = time.time()
+        leaves, treedef = jax.tree.flatten(args)
+        try:
+            text = program_key(key, leaves, treedef)
+        except Uncacheable:
+            return fallback(*args)
+        arr = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, np.ndarray, np.generic))]
+        flat = [leaves[i] for i in arr]
+        compiled = memo.get(text)
+        if compiled is None:
+            path = _program_file(text)
+            in_tree = jax.tree.structure((tuple(flat), {}))
+            if path is not None and path.exists():
+                compiled = _load_program(path, text, in_tree)
+                if compiled is not None:
+                    with _lock:
+                        _counts["compiles"] += 1
+                        _counts["cache_hits"] += 1
+                        _counts["program_hits"] += 1
+            t1 = time.time()
+            if compiled is None:
+                _record("trace_seconds", t0, t1)  # forming the key: part of this trace
+                def flat_fn(*a):
+                    vals = list(leaves)
+                    for i, x in zip(arr, a):
+                        vals[i] = x
+                    return fn(*treedef.unflatten(vals))
+
+                compiled = jax.jit(flat_fn).lower(*flat).compile()
+                t2 = time.time()
+                if path is not None and _store_program(path, text, compiled):
+                    with _lock:
+                        _counts["programs_written"] += 1
+                    _record("backend_seconds", t2, time.time())
+            else:
+                _record("backend_seconds", t0, time.time())
+            memo[text] = compiled
+        return compiled(*flat)
+
+    return call

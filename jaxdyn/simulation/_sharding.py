@@ -190,7 +190,7 @@ def shard_batch(tree, mesh=None):
     return eqx.combine(arrays, static)
 
 
-def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
+def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None, cache_key=None):
     """``vmap(fn)`` with the batch split across devices.
 
     ``sharded_vmap(fn, mesh)(*args)`` equals ``jax.vmap(fn)(*args)``: every array leaf of
@@ -207,6 +207,12 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
       batch_size: if set, each device runs ``lax.map`` over chunks of this many systems
         (``vmap`` inside a chunk) instead of one ``vmap`` over its whole share: small
         systems then keep their intermediates in cache (e.g. 32 for n = 32 particles).
+      cache_key: if set, what determines ``fn`` together with jaxdyn's sources (e.g. the
+        module-level function it applies and its numbers, :func:`jaxdyn._cache.token`):
+        the program is then compiled ahead of time once per argument signature and, with
+        the compilation cache on, kept on disk, so that a later process loads it without
+        tracing ``fn`` again (:func:`jaxdyn._cache.cached_program`; a call whose key cannot
+        be formed runs as without it).
 
     Returns a jitted function; compiled once per argument structure and shapes.
     """
@@ -234,6 +240,18 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
         out = jax.shard_map(local, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
                             check_vma=False)(arrays)
         return jax.tree.map(lambda o: o[:b], out)
+
+    if cache_key is not None:
+        from .._cache import cached_program
+
+        program = cached_program(lambda args, m: run.__wrapped__(args, m),
+                                 ("sharded_vmap", cache_key, bs), fallback=run)
+
+        @functools.wraps(fn)
+        def wrapped(*args):
+            return program(args, _resolve_mesh(mesh, SWEEP_AXIS))
+
+        return wrapped
 
     @functools.wraps(fn)
     def wrapped(*args):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...distances import w2_coupling, w2_exact, w2_sinkhorn
+from ...simulation import cached_program
 from ...spectral import lyapunov, mass_near, subspace_angle
 from .. import progress
 from .. import sphere_common as sc
@@ -25,13 +26,17 @@ def _frames(model, xs, target, P_E, bE, bV, near):
             mass_near(xs, bE, near), mass_near(xs, bV, near))
 
 
-@jax.jit
-def _project(pi, x):
+def _project_fn(pi, x):
     """Π(x) in one program (called eagerly, its matmul, norm and division are three)."""
     return pi(x)
 
 
-_mass_near = jax.jit(mass_near)  # one program (called eagerly: one for each of its operations)
+# one program each (called eagerly: one for each of their operations), traced once across
+# processes (the library's cached_program)
+_project = cached_program(_project_fn, ("concentration._project", _project_fn),
+                          fallback=jax.jit(_project_fn))
+_mass_near = cached_program(mass_near, ("concentration._mass_near", mass_near),
+                            fallback=jax.jit(mass_near))
 
 
 def two_atoms(y, tol=None):
