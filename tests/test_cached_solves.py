@@ -1,6 +1,7 @@
 """The diffrax solves (Gaussian closure, density on S¹) with concrete times are checked on the host
-and traced without host callbacks, inside a JAX user context (jaxdyn/_host_checked.py), so JAX
-writes them to the persistent compilation cache (a program with a host callback never is). The
+and traced without host callbacks, inside a JAX user context (jaxdyn/_host_checked.py), so their
+executables are kept across processes (jaxdyn._cache.cached_program and JAX's persistent cache;
+a program with a host callback never is). The
 switch must not leak: equinox's ``error_if`` and diffrax's own checks keep raising in user code
 traced before and after those solves (session 6's first attempt, without the context, silenced
 them for the rest of the process: the second test failed on that code)."""
@@ -14,7 +15,7 @@ import pytest
 
 import jaxdyn
 from jaxdyn import pde
-from jaxdyn._cache import disable_compilation_cache
+from jaxdyn._cache import compile_stats, disable_compilation_cache
 from jaxdyn.gaussian import solve_moments
 
 
@@ -70,12 +71,18 @@ def test_solves_are_cached_and_leave_equinox_checks_on(cache):
     # outside), then the solves, then the same user functions again.
     jax.clear_caches()
     _user_checks_raise()
+    programs = cache / "jaxdyn-programs"
+    before = compile_stats()["programs_written"]
     sol = _closure_solve()
     assert int(sol.status) == 0
-    assert _written(cache, "_solve_jit"), sorted(p.name for p in cache.iterdir())
+    # the executable itself (traced once across processes: jaxdyn._cache.cached_program) and
+    # JAX's persistent cache entry
+    assert compile_stats()["programs_written"] == before + 1
+    assert _written(cache, "jit_flat_fn-"), sorted(p.name for p in cache.iterdir())
     dens = _density_solve()
     assert int(dens.result._value) == 0
-    assert _written(cache, "jit__solve-"), sorted(p.name for p in cache.iterdir())
+    assert compile_stats()["programs_written"] == before + 2
+    assert len(list(programs.glob("*.jaxexe"))) == 2
     _user_checks_raise()
     # the same numbers as the checked program (traced times: a solve under the user's own jit
     # keeps diffrax's checks)

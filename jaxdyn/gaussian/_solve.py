@@ -49,6 +49,7 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
+from .._cache import cached_program
 from .._host_checked import check_times, host_checked
 from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
 
@@ -686,6 +687,7 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
         raise ValueError(f"t1 must be > 0, got {t1}")
     t1 = jnp.asarray(t1, dtype)
     ts = _save_times(saveat, t1, dtype)
+    defaults = solver is None and adjoint is None
     solver = diffrax.Dopri8() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
@@ -700,8 +702,35 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     if concrete:
         check_times(0.0, t1, ts, dt0)
     with host_checked(concrete and not throw):
+        if concrete and not throw and defaults:
+            # the default solver and adjoint: one program traced once across processes
+            # (jaxdyn._cache.cached_program, with the compilation cache on)
+            return _from_program(_closure_cached(field, m0, S0, t1, ts, rtol, atol,
+                                                 blowup_threshold, max_steps, dt0,
+                                                 attention is not None))
         return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
                    adjoint, dt0, bool(throw))
+
+
+def _closure_program(field, m0, S0, t1, ts, rtol, atol, threshold, max_steps, dt0, variant):
+    """:func:`_solve_jit` (or the variant's) with the default solver and adjoint, its result as
+    a flat tuple of arrays (:func:`_from_program` rebuilds the :class:`MomentSolution`)."""
+    run = _solve_variant_jit if variant else _solve_jit
+    out = run(field, m0, S0, t1, ts, rtol, atol, threshold, diffrax.Dopri8(), max_steps,
+              diffrax.RecursiveCheckpointAdjoint(), dt0, False)
+    return (out.ts, out.mean, out.cov, out.t_final, out.mean_final, out.cov_final,
+            out.blowup_time, out.result._value, out.stats["num_steps"],
+            out.stats["num_accepted_steps"])
+
+
+def _from_program(vals):
+    ts, mean, cov, t_final, m_final, S_final, tstar, codes, n_steps, n_acc = vals
+    return MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_final, mean_final=m_final,
+                          cov_final=S_final, blowup_time=tstar, result=from_codes(codes),
+                          stats={"num_steps": n_steps, "num_accepted_steps": n_acc})
+
+
+_closure_cached = cached_program(_closure_program, ("jaxdyn.gaussian._solve._closure_program",))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

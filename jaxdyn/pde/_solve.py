@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._cache import cached_program
 from .._host_checked import check_times, host_checked
-from .._results import RESULTS, Solution, error_if_failed
+from .._results import RESULTS, Solution, error_if_failed, from_codes
 from ._circle import CircleDensity, cfl_dt
 from ._sphere2 import sphere_cfl_dt
 
@@ -63,6 +64,24 @@ def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
     return DensitySolution(ts=ts, rho=rho, result=result, stats=stats)
 
 
+def _density_program(model, rho0, ts, dt, method, max_steps, rtol, atol):
+    """:func:`_solve` with its result as a flat tuple of arrays (:func:`_from_program`)."""
+    sol = _solve(model, rho0, ts, dt, method, max_steps, rtol, atol)
+    st = sol.stats
+    return (sol.ts, sol.rho, sol.result._value, st["num_steps"], st["num_accepted_steps"],
+            st["dt"], st["mass_error"], st["min_rho"], st["mass"])
+
+
+def _from_program(vals):
+    ts, rho, codes, n_steps, n_acc, dt, mass_error, min_rho, mass = vals
+    return DensitySolution(ts=ts, rho=rho, result=from_codes(codes),
+                           stats={"num_steps": n_steps, "num_accepted_steps": n_acc, "dt": dt,
+                                  "mass_error": mass_error, "min_rho": min_rho, "mass": mass})
+
+
+_density_cached = cached_program(_density_program, ("jaxdyn.pde._solve._density_program",))
+
+
 def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
                   method="heun", max_steps=1_000_000, rtol=1e-8, atol=1e-12, throw=False):
     """Integrate ∂_t ρ = model(t, ρ) from the cell averages ``rho0`` on [0, t1].
@@ -107,7 +126,11 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     if concrete:
         check_times(ts[0], ts[-1], ts, dt, name="ts")
     with host_checked(concrete):
-        sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
+        if concrete:  # one program traced once across processes (jaxdyn._cache.cached_program)
+            sol = _from_program(_density_cached(model, rho0, ts, dt, method, int(max_steps),
+                                                rtol, atol))
+        else:
+            sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))
     return sol
