@@ -5,10 +5,13 @@ mean ~ N(0, I), eigenvalues log-uniform in [0.25, 4]), t1 = 1, 8 piecewise-const
 all controls (A, b, V, B) free, optimiser started from zero controls. In one invocation:
 
 - ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through its fixed-step Dopri8 solve,
-  2 steps a piece, error estimate within rtol 1e-9), stopping as soon as its W2 < tol
+  2 steps a piece, error estimate within rtol 1e-9, the steps halved while that check alone
+  fails: ``steps_per_piece`` and ``step_refinements`` per target), stopping as soon as its W2 < tol
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
-  steps first). The first call at each d (trace + compile + run) is reported as
-  ``compile_s``; then every target is timed warm.
+  steps first). Every target is first solved once untimed-for-the-median (``cold_times_s``:
+  trace + compile + run wherever it needs a program not yet compiled — a new d, or a
+  ``steps_per_piece`` reached for the first time); ``compile_s`` is the first target's cold
+  time less its warm time. Then every target is timed warm (all its programs compiled).
 - ``torch_scipy_lbfgsb`` (baseline, independent code): the moment ODE of docs/math.md §B.2 with
   fixed-step RK4 (16 steps a piece) in PyTorch float64, autograd gradients, scipy's
   L-BFGS-B, the same Bures loss (eigvalsh), same start, stopping at W2 < tol (budget 120 s
@@ -18,7 +21,9 @@ all controls (A, b, V, B) free, optimiser started from zero controls. In one inv
 
 Every final W2 (jaxdyn, torch, certificate) is re-measured by one independent tight
 jaxdyn solve (Dopri8, rtol 1e-11) and reported as ``w2_verified``. Times are wall-clock
-medians over the targets. Writes ``benchmarks/results/reach.json`` and ``reach.png``.
+medians over the targets, with the process's CPU seconds (all threads) beside them
+(``cpu_times_s``; per d ``cpu_s`` and the load average before/after, ``load``). Writes
+``benchmarks/results/reach.json`` (after every d, so a partial run keeps its rows) and ``reach.png``.
 
     python benchmarks/bench_reach.py                # d = 2 4 8 16, 3 targets each
     python benchmarks/bench_reach.py --dims 2 4 --seeds 2 --tiny
@@ -27,6 +32,8 @@ medians over the targets. Writes ``benchmarks/results/reach.json`` and ``reach.p
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import time
 
@@ -36,6 +43,12 @@ from common import (add_common_args, fmt_s, machine_info, plt, save_figure, setu
 TOL = 1e-4
 T1 = 1.0
 N_PIECES = 8
+
+
+def cpu_s():
+    """CPU seconds of this process so far (user + system, all threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def torch_reach(m0, S0, m1, S1, *, tol=TOL, steps_per_piece=16, max_iter=500, budget_s=120.0):
@@ -161,33 +174,65 @@ def main(argv=None):
 
     schedules = {"lbfgs": 0, "adam20_lbfgs": 20}
     rows = []
+
+    def result(rows):
+        out = {"benchmark": "reach", "description": __doc__.split("\n\n")[0],
+               "setup": {"t1": T1, "n_pieces": N_PIECES, "start": "N(0, I)", "init": "zero controls",
+                         "targets": "random_target(seed, d), seeds 0..k-1", "tol": TOL,
+                         "jaxdyn_solver": "fixed-step Dopri8 (2 steps a piece, halved while the "
+                                          "embedded error estimate alone exceeds rtol 1e-9 / "
+                                          "atol 1e-11), gradients through one lax.scan; host "
+                                          "L-BFGS two-loop + Armijo",
+                         "torch_solver": "RK4, 16 fixed steps a piece, float64, autograd; scipy L-BFGS-B",
+                         "verification": "Dopri8 rtol 1e-11 (jaxdyn.control.controlled_moments)"},
+               "rows": rows, "machine": info}
+        if args.tiny:
+            out["note"] = "--tiny: smoke test, numbers meaningless"
+        return out
+
     for d in dims:
+        cpu_d0, load0 = cpu_s(), os.getloadavg()
         m0, S0 = np.zeros(d), np.eye(d)
         targets = [random_target(s, d) for s in range(n_seeds)]
         row = {"d": d, "targets": n_seeds, "tol": TOL}
         for name, adam in schedules.items():
             kw = dict(t1=T1, n_pieces=N_PIECES, init="zero", adam_steps=adam, stop_factor=1.0,
                       tol=TOL, verify=False, with_certificate=False)
-            t0 = time.perf_counter()
-            reach(m0, S0, *targets[0], **kw)  # trace + compile + run
-            first = time.perf_counter() - t0
-            times, iters, w2s, w2v, rej = [], [], [], [], []
+            cold, cold_cpu = [], []
+            for m1, S1 in targets:  # trace + compile + run (each new steps_per_piece compiles)
+                t0, c0 = time.perf_counter(), cpu_s()
+                reach(m0, S0, m1, S1, **kw)
+                cold.append(time.perf_counter() - t0)
+                cold_cpu.append(cpu_s() - c0)
+            first, first_cpu = cold[0], cold_cpu[0]
+            times, cpus, iters, w2s, w2v, rej, spp, refs = [], [], [], [], [], [], [], []
             for m1, S1 in targets:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu_s()
                 res = reach(m0, S0, m1, S1, **kw)
                 times.append(time.perf_counter() - t0)
+                cpus.append(cpu_s() - c0)
+                spp.append(res.steps_per_piece)
+                refs.append(res.step_refinements)
                 iters.append(res.iterations)
                 w2s.append(res.w2_optimizer)
                 rej.append(res.rejected)
                 w2v.append(verified_w2({k: c.values for k, c in res.controls.items()}, m0, S0, m1, S1))
             row[f"jaxdyn_{name}"] = {
-                # only the first schedule's first call compiles (the loss is shared)
-                "first_call_s": first, "compile_s": max(first - statistics.median(times), 0.0),
-                "median_s": statistics.median(times), "times_s": times, "iterations": iters,
+                # the first schedule's first cold call compiles the loss at this d (shared by
+                # both schedules); a later cold call compiles only a step count new to it
+                "first_call_s": first, "first_call_cpu_s": first_cpu,
+                "compile_s": max(first - times[0], 0.0),
+                "cold_times_s": cold, "cold_cpu_times_s": cold_cpu,
+                "cold_median_s": statistics.median(cold),
+                "median_s": statistics.median(times), "times_s": times,
+                "cpu_median_s": statistics.median(cpus), "cpu_times_s": cpus, "iterations": iters,
                 "w2_optimizer": w2s, "w2_verified": w2v, "rejected_trials": rej,
+                "steps_per_piece": spp, "step_refinements": refs,
                 "reached": sum(w < TOL for w in w2v)}
-            print(f"d={d:2d} jaxdyn {name:13s}: first {fmt_s(first)}, median {fmt_s(statistics.median(times))}"
-                  f", iterations {iters}, W2 verified {['%.1e' % w for w in w2v]}", flush=True)
+            print(f"d={d:2d} jaxdyn {name:13s}: cold {[fmt_s(t) for t in cold]}, warm median "
+                  f"{fmt_s(statistics.median(times))}"
+                  f" (CPU {fmt_s(statistics.median(cpus))}), iterations {iters}, steps a piece {spp}, "
+                  f"W2 verified {['%.1e' % w for w in w2v]}", flush=True)
         # certificate
         ct, cw = [], []
         for m1, S1 in targets:
@@ -202,16 +247,18 @@ def main(argv=None):
         if not args.no_torch:
             import torch
 
-            tt, ti, tw, tv, trej = [], [], [], [], []
+            tt, tc, ti, tw, tv, trej = [], [], [], [], [], []
             for m1, S1 in targets:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu_s()
                 vals, w2, it, _, rej = torch_reach(m0, S0, m1, S1)
                 trej.append(rej)
                 tt.append(time.perf_counter() - t0)
+                tc.append(cpu_s() - c0)
                 ti.append(it)
                 tw.append(w2)
                 tv.append(verified_w2(vals, m0, S0, m1, S1))
             row["torch_scipy_lbfgsb"] = {"median_s": statistics.median(tt), "times_s": tt,
+                                  "cpu_median_s": statistics.median(tc), "cpu_times_s": tc,
                                   "iterations": ti, "w2_own": tw, "w2_verified": tv,
                                   "reached": sum(w < TOL for w in tv),
                                   "rejected_trials": trej,
@@ -219,20 +266,25 @@ def main(argv=None):
             print(f"d={d:2d} torch+scipy L-BFGS-B: median {fmt_s(statistics.median(tt))}, iterations {ti},"
                   f" rejected {trej},"
                   f" W2 verified {['%.1e' % w for w in tv]}", flush=True)
-            row["ratio_torch_over_jaxdyn_lbfgs"] = (statistics.median(tt)
-                                                    / row["jaxdyn_lbfgs"]["median_s"])
+            for name in schedules:
+                row[f"ratio_torch_over_jaxdyn_{name}"] = (statistics.median(tt)
+                                                          / row[f"jaxdyn_{name}"]["median_s"])
+                row[f"cpu_ratio_torch_over_jaxdyn_{name}"] = (statistics.median(tc)
+                                                              / row[f"jaxdyn_{name}"]["cpu_median_s"])
+                row[f"ratio_torch_over_jaxdyn_{name}_cold"] = (statistics.median(tt)
+                                                               / row[f"jaxdyn_{name}"]["cold_median_s"])
+            print(f"d={d:2d} ratio torch/jaxdyn (median wall): "
+                  + ", ".join(f"{n} {row[f'ratio_torch_over_jaxdyn_{n}']:.1f}x" for n in schedules)
+                  + "; CPU: " + ", ".join(f"{n} {row[f'cpu_ratio_torch_over_jaxdyn_{n}']:.1f}x"
+                                          for n in schedules), flush=True)
+        row["cpu_s"] = cpu_s() - cpu_d0
+        row["load"] = {"before": load0, "after": os.getloadavg()}
+        print(f"d={d:2d} CPU {row['cpu_s']:.1f} s, load {load0[0]:.1f} -> {row['load']['after'][0]:.1f}",
+              flush=True)
         rows.append(row)
+        write_json("reach" + args.tag, result(rows))  # after every d: a partial run keeps its rows
 
-    out = {"benchmark": "reach", "description": __doc__.split("\n\n")[0],
-           "setup": {"t1": T1, "n_pieces": N_PIECES, "start": "N(0, I)", "init": "zero controls",
-                     "targets": "random_target(seed, d), seeds 0..k-1", "tol": TOL,
-                     "jaxdyn_solver": "Tsit5 rtol 1e-9 atol 1e-11, RecursiveCheckpointAdjoint",
-                     "torch_solver": "RK4, 16 fixed steps a piece, float64, autograd; scipy L-BFGS-B",
-                     "verification": "Dopri8 rtol 1e-11 (jaxdyn.control.controlled_moments)"},
-           "rows": rows, "machine": info}
-    if args.tiny:
-        out["note"] = "--tiny: smoke test, numbers meaningless"
-    write_json("reach" + args.tag, out)
+    out = result(rows)
 
     if not args.no_plot:
         plot(out, args.tag)

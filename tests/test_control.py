@@ -517,3 +517,94 @@ def test_reach_halves_fixed_steps_when_only_the_step_error_check_fails():
     assert r.steps_per_piece == 16 * 2 ** r.step_refinements <= 64
     assert "halved" in r.message
     assert r.ok and r.w2 < 1e-4
+
+
+def test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count(monkeypatch):
+    """One fixed Dopri8 step a piece is too long for rtol/atol on this target once the controls
+    grow: inside an L-BFGS line search reach doubles steps_per_piece (1 → 2). Every solve is
+    logged: each accepted loss is below the previous iterate's loss *at its own step count*
+    (after the refinement, the iterate is evaluated again at 2 steps), the line search then
+    restarts along the steepest-descent direction of L-BFGS with an empty memory
+    (``−min(1, 1/‖g‖) g`` at the refined gradient), the stats report the refinement, and the
+    target is reached (W2 from the adaptive verification solve and from scipy). Only steps
+    1 and 2 are compiled (2 is shared with the other d = 2 reach tests)."""
+    from jaxdyn.control import _reach
+
+    log = []  # (steps_per_piece, x, loss, ok, grad) of every solve
+    orig = _reach._value_and_grad
+
+    def logged(x, prob, opts):
+        sc, g = orig(x, prob, opts)
+        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g)))
+        return sc, g
+
+    monkeypatch.setattr(_reach, "_value_and_grad", logged)
+    m1, S1 = random_target(3, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
+    m0, S0 = _start(2)
+    r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1,
+              with_certificate=False)
+    assert r.step_refinements == 1 and r.steps_per_piece == 2 and "halved 1 time" in r.message
+    hist, steps = r.loss_history, r.stats["steps_history"]
+    assert len(steps) == len(hist) == r.iterations + 1
+    assert steps[0] == 1 and steps[-1] == 2 and np.all(np.diff(steps) >= 0)
+    # each accepted loss is a logged solve at its step count (in order)
+    idx, j = [], -1
+    for v, s in zip(hist, steps):
+        j = next(i for i in range(j + 1, len(log)) if log[i][0] == s and log[i][3] and log[i][2] == v)
+        idx.append(j)
+    restarts = 0
+    for k in range(1, len(hist)):
+        x_prev = log[idx[k - 1]][1]
+        if steps[k] == steps[k - 1]:
+            ref = hist[k - 1]
+        else:  # refined in this line search: the iterate itself was solved again at the new count
+            again = [i for i in range(idx[k - 1] + 1, idx[k])
+                     if log[i][0] == steps[k] and log[i][3] and np.array_equal(log[i][1], x_prev)]
+            assert again, "the iterate was not re-evaluated at the refined step count"
+            i = again[-1]
+            ref, g = log[i][2], log[i][4]
+            # empty memory: the first trial after it is x − min(1, 1/‖g‖) g
+            dx = log[i + 1][1] - x_prev
+            np.testing.assert_allclose(dx, -min(1.0, 1.0 / np.linalg.norm(g)) * g, rtol=1e-12, atol=1e-15)
+            restarts += 1
+        assert hist[k] < ref, (k, hist[k], ref)
+    assert restarts == 1
+    _check_reached(r, m0, S0, m1, S1)
+
+
+@pytest.mark.slow  # ~10 CPU-s (steps 1, 2 and 4 compiled); default counterpart:
+# test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count (the L-BFGS phase)
+def test_reach_step_refinement_in_the_adam_phase_compares_at_one_step_count(monkeypatch):
+    """Refinements (1 → 2 → 4 steps a piece) during 20 Adam steps: the best Adam iterate, from
+    which L-BFGS starts, is the one of least loss *at the final step count* (the best so far
+    is evaluated again after each refinement); the first L-BFGS trial is the steepest-descent
+    step from it, and the target is reached (adaptive verification solve and scipy)."""
+    from jaxdyn.control import _reach
+
+    log, n_adam = [], []
+    orig = _reach._value_and_grad
+
+    def logged(x, prob, opts):
+        sc, g = orig(x, prob, opts)
+        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g)))
+        return sc, g
+
+    def callback(it, loss, w2):
+        if it == 20:
+            n_adam.append(len(log))
+
+    monkeypatch.setattr(_reach, "_value_and_grad", logged)
+    m1, S1 = random_target(4, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
+    m0, S0 = _start(2)
+    r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1,
+              adam_steps=20, adam_lr=0.05, with_certificate=False, callback=callback)
+    steps = r.stats["steps_history"]
+    assert steps[0] == 1 < steps[20] == r.steps_per_piece and len(n_adam) == 1
+    c, n = int(steps[20]), n_adam[0]
+    cands = [e for e in log[:n] if e[0] == c and e[3]]
+    best = min(cands, key=lambda e: e[2])
+    first = log[n]  # the first L-BFGS trial: steepest descent from the best iterate (empty memory)
+    g = best[4]
+    np.testing.assert_allclose(first[1] - best[1], -min(1.0, 1.0 / np.linalg.norm(g)) * g,
+                               rtol=1e-12, atol=1e-15)
+    _check_reached(r, m0, S0, m1, S1)

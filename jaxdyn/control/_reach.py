@@ -286,8 +286,9 @@ class ReachResult(Solution):
         ``rejected`` (trials whose solve failed: blow-up / non-finite / step budget,
         rejected and retreated), ``seconds`` (wall time of the optimisation, compilation
         included), ``steps_per_piece`` (the fixed-step solve's final count; None with a
-        diffrax solver) and ``step_refinements`` (how often it was doubled); also as
-        attributes of the same names.
+        diffrax solver), ``step_refinements`` (how often it was doubled; also as
+        attributes of the same names) and ``steps_history`` (per ``loss_history`` entry, the
+        ``steps_per_piece`` of the solve behind it; 0 with a diffrax solver).
       message: a summary of the run.
     """
 
@@ -389,8 +390,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
         error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
         1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the steps
-        are halved (``steps_per_piece`` doubled, up to 64) for it and every later trial, and
-        beyond that, or on a blow-up / non-finite state, the trial is rejected (a small
+        are halved (``steps_per_piece`` doubled, up to 64) for it and every later trial (the
+        current iterate is then evaluated again at the new count, and an L-BFGS line search
+        restarts from it with an empty memory, so that losses are only compared at one step
+        count), and beyond that, or on a blow-up / non-finite state, the trial is rejected (a small
         program: its first call compiles in a fraction of an adaptive solve's). A diffrax solver
         (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
         ``max_steps`` steps). The result is then re-checked by an independent adaptive
@@ -502,7 +505,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     lam = float(energy_weight)
     stop_w2 = stop_factor * tol
 
-    losses, w2s = [], []
+    losses, w2s, steps_hist = [], [], []
     counters = {"evals": 0, "rejected": 0, "refined": 0}
 
     def evaluate(x):
@@ -527,9 +530,19 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         w2 = math.sqrt(max(w2sq, 0.0)) if math.isfinite(w2sq) else math.nan
         losses.append(v)
         w2s.append(w2)
+        steps_hist.append(opts.steps_per_piece if opts.solver is None else 0)
         if callback is not None:
             callback(it, v, w2)
         return w2
+
+    def evaluate_together(points):
+        """Evaluate ``points`` at one step count: if the steps are halved while evaluating one
+        of them, all are evaluated again (at most log2(64) times: the count only grows)."""
+        while True:
+            before = counters["refined"]
+            outs = [evaluate(p_) for p_ in points]
+            if counters["refined"] == before:
+                return outs
 
     ok, v, w2sq, en, g = evaluate(raw)
     retreats = 0
@@ -553,6 +566,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         best = (v, raw, g, w2sq, en)
         for _ in range(adam_steps):
             last_good = raw
+            refined = counters["refined"]
             raw, ast = _adam_step(adam, g, ast, raw)
             ok, v2, w2sq2, en2, g2 = evaluate(raw)
             it += 1
@@ -563,8 +577,22 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                 ok, v2, w2sq2, en2, g2 = evaluate(raw)
                 if not ok:
                     raw = last_good
-                    record(math.nan, math.nan, it)
-                    continue
+            if counters["refined"] != refined:
+                # The steps were halved during this iteration: the best iterate's loss (and
+                # the current one's, if both trials were rejected) came from the coarser
+                # steps. Evaluate both again at the new count before comparing.
+                (ok_c, *cur), (ok_b, *bst) = evaluate_together([raw, best[1]])
+                best = (bst[0], best[1], bst[3], bst[1], bst[2]) if ok_b else (math.inf,) + best[1:]
+                if ok_c and ok:
+                    v2, w2sq2, en2, g2 = cur
+                elif ok_c:
+                    v, w2sq, en, g = cur
+                else:  # the finer solve failed where a coarser one passed (steps at the cap)
+                    raw, ok = best[1], False
+                    v, g, w2sq, en = best[0], best[2], best[3], best[4]
+            if not ok:
+                record(math.nan, math.nan, it)
+                continue
             v, w2sq, en, g = v2, w2sq2, en2, g2
             w2_now = record(v, w2sq, it)
             if v < best[0]:
@@ -590,14 +618,31 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             if not slope < 0:  # not a descent direction: restart the memory, steepest descent
                 dirn, slope, lst_new = _LBFGS().direction(gx, x)
             lst = lst_new
-            step, accepted = 1.0, False
-            for _ls in range(30):
+            step, accepted, n_ls = 1.0, False, 0
+            refined = counters["refined"]
+            while n_ls < 30:
                 trial = _unflat(x + step * dirn, raw)
                 ok, v2, w2sq2, en2, g2 = evaluate(trial)
+                if counters["refined"] != refined:
+                    # The steps were halved for this trial: the iterate's loss and gradient,
+                    # and the memory's pairs, are those of the coarser steps. Evaluate the
+                    # iterate again at the new count, forget the memory and restart the line
+                    # search from a fresh direction (the count only grows: at most 6 times).
+                    ok0, v0, w2sq0, en0, g0 = evaluate(raw)
+                    refined = counters["refined"]
+                    if not ok0:  # the finer solve failed where a coarser one passed
+                        message += "; the iterate's solve failed after the steps were halved (stopped)"
+                        break
+                    v, w2sq, en, g = v0, w2sq0, en0, g0
+                    gx = _flat(g)
+                    dirn, slope, lst = _LBFGS().direction(gx, x)
+                    step, n_ls = 1.0, 0
+                    continue
                 if ok and v2 <= v + 1e-4 * step * slope:
                     accepted = True
                     break
                 step *= 0.5
+                n_ls += 1
             it += 1
             if not accepted:
                 record(v, w2sq, it)
@@ -665,7 +710,8 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         stats={"iterations": it, "evaluations": counters["evals"],
                "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start,
                "steps_per_piece": opts.steps_per_piece if opts.solver is None else None,
-               "step_refinements": counters["refined"]},
+               "step_refinements": counters["refined"],
+               "steps_history": np.asarray(steps_hist, np.int64)},
         message=message)
     if throw:
         raise_if_failed(out, f"reach ({message})")
