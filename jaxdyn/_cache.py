@@ -283,7 +283,8 @@ def _sharding_token(s) -> str:
     from jax.sharding import NamedSharding, SingleDeviceSharding
 
     if isinstance(s, SingleDeviceSharding):
-        return f"single:{s._device.id}:{s.memory_kind}"
+        (dev,) = s.device_set
+        return f"single:{dev.id}:{s.memory_kind}"
     if isinstance(s, NamedSharding):
         return f"named:{token(s.mesh)}:{s.spec!r}:{s.memory_kind}"
     raise Uncacheable(f"sharding {type(s).__name__}")
@@ -347,7 +348,11 @@ def _environment_part() -> str:
         if " at 0x" in text:
             raise Uncacheable(f"jax config {name}")
         lines.append(f"config:{name}={text}")
-    for i, v in enumerate(jconfig.trace_context()):
+    try:  # JAX's own jit cache keys on this tuple (not public API: none, not cached)
+        context = tuple(jconfig.trace_context())
+    except Exception as e:  # noqa: BLE001
+        raise Uncacheable("JAX's trace context is not available") from e
+    for i, v in enumerate(context):
         if type(v).__name__ == "AxisEnv":
             if v.axis_sizes or v.spmd_axis_names or v.explicit_mesh_axis_names:
                 raise Uncacheable("inside a named axis")
@@ -424,6 +429,43 @@ def _store_program(path: Path, text: str, compiled) -> bool:
         return False
 
 
+def _load_or_build(text: str, n_args: int, build, t0: float):
+    """The executable keyed by ``text`` (positional array arguments only): loaded from the
+    programs folder, else ``build()`` (a :class:`jax.stages.Compiled`) and written there.
+    ``t0``: when forming the key began (counted in ``compile_seconds``)."""
+    path = _program_file(text)
+    if path is not None and path.exists():
+        compiled = _load_program(path, text, jax.tree.structure((tuple(range(n_args)), {})))
+        if compiled is not None:
+            with _lock:
+                _counts["compiles"] += 1
+                _counts["cache_hits"] += 1
+                _counts["program_hits"] += 1
+            _record("backend_seconds", t0, time.time())
+            return compiled
+    _record("trace_seconds", t0, time.time())  # forming the key, looking: part of this trace
+    compiled = build()
+    t2 = time.time()
+    if path is not None and _store_program(path, text, compiled):
+        with _lock:
+            _counts["programs_written"] += 1
+        _record("backend_seconds", t2, time.time())
+    return compiled
+
+
+def compiled_program(key, n_args: int, build):
+    """``build()`` (a :class:`jax.stages.Compiled` of ``n_args`` positional arrays), or the
+    executable an earlier process stored under ``key`` (module doc), which must determine
+    the program completely together with jaxdyn's sources (function, shapes, dtypes, static
+    values, devices, compiler options). Not stored when the key cannot be formed."""
+    t0 = time.time()
+    try:
+        text = "\n".join([_FORMAT, "aot-key:" + token(key), _environment_part()])
+    except Uncacheable:
+        return build()
+    return _load_or_build(text, n_args, build, t0)
+
+
 def cached_program(fn, key, *, fallback=None):
     """``fn`` compiled once per argument signature and, when the compilation cache is on
     (:func:`enable_compilation_cache`), kept on disk so that another process loads the
@@ -456,33 +498,14 @@ def cached_program(fn, key, *, fallback=None):
         flat = [leaves[i] for i in arr]
         compiled = memo.get(text)
         if compiled is None:
-            path = _program_file(text)
-            in_tree = jax.tree.structure((tuple(flat), {}))
-            if path is not None and path.exists():
-                compiled = _load_program(path, text, in_tree)
-                if compiled is not None:
-                    with _lock:
-                        _counts["compiles"] += 1
-                        _counts["cache_hits"] += 1
-                        _counts["program_hits"] += 1
-            t1 = time.time()
-            if compiled is None:
-                _record("trace_seconds", t0, t1)  # forming the key: part of this trace
-                def flat_fn(*a):
-                    vals = list(leaves)
-                    for i, x in zip(arr, a):
-                        vals[i] = x
-                    return fn(*treedef.unflatten(vals))
+            def flat_fn(*a):
+                vals = list(leaves)
+                for i, x in zip(arr, a):
+                    vals[i] = x
+                return fn(*treedef.unflatten(vals))
 
-                compiled = jax.jit(flat_fn).lower(*flat).compile()
-                t2 = time.time()
-                if path is not None and _store_program(path, text, compiled):
-                    with _lock:
-                        _counts["programs_written"] += 1
-                    _record("backend_seconds", t2, time.time())
-            else:
-                _record("backend_seconds", t0, time.time())
-            memo[text] = compiled
+            compiled = memo[text] = _load_or_build(
+                text, len(flat), lambda: jax.jit(flat_fn).lower(*flat).compile(), t0)
         return compiled(*flat)
 
     return call
