@@ -180,7 +180,9 @@ def disable_compilation_cache():
 # A value whose text would not identify it (an object whose repr has a memory address, a
 # closure, a lambda, a tracer: called inside another trace) makes the call uncacheable: it
 # then goes through the function's ordinary ``jit``. Executables with host callbacks are
-# never written (JAX's own cache refuses them too), nor is anything across several processes.
+# never written (JAX's own cache refuses them too), nor those with custom calls (library
+# kernels such as LAPACK's, which JAX initialises while lowering: a program loaded without
+# lowering would call them uninitialised), nor anything across several processes.
 # Loading a file runs its executable: the folder must be trusted as JAX's own cache is.
 
 import importlib.metadata as _metadata
@@ -408,9 +410,14 @@ def _store_program(path: Path, text: str, compiled) -> bool:
 
     try:
         unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-        if unloaded is None or getattr(unloaded, "host_callbacks", None) \
-                or getattr(unloaded, "keepalive", None):
+        if unloaded is None or any(getattr(unloaded, k, None) for k in (
+                "host_callbacks", "keepalive", "ordered_effects", "unordered_effects", "mut")):
             return False  # Python objects the executable needs: they do not travel
+        if 'custom_call_target="' in compiled.as_text():
+            # a library kernel (LAPACK: SVD, eigh, ...) that JAX prepares while lowering
+            # (jaxlib's LAPACK table is filled then): loaded without lowering, it would run
+            # uninitialised (a crash, measured with jax 0.10.2). Left to JAX's own cache.
+            return False
         payload, _, out_tree = serialize_executable.serialize(compiled)
         devices = [d.id for d in unloaded.device_list]
         blob = pickle.dumps({"key": text, "payload": payload, "out_tree": out_tree,
