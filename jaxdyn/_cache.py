@@ -180,13 +180,15 @@ def disable_compilation_cache():
 # A value whose text would not identify it (an object whose repr has a memory address, a
 # closure, a lambda, a tracer: called inside another trace) makes the call uncacheable: it
 # then goes through the function's ordinary ``jit``. Executables with host callbacks are
-# never written (JAX's own cache refuses them too), nor those with custom calls (library
-# kernels such as LAPACK's, which JAX initialises while lowering: a program loaded without
-# lowering would call them uninitialised), nor anything across several processes.
+# never written (JAX's own cache refuses them too), nor those with custom calls other than
+# LAPACK's (library kernels that JAX prepares while lowering: a program loaded without lowering
+# would call them uninitialised; for LAPACK, the loader does what lowering does first), nor
+# anything across several processes.
 # Loading a file runs its executable: the folder must be trusted as JAX's own cache is.
 
 import importlib.metadata as _metadata
 import pickle
+import re
 import sys
 import tempfile
 import time
@@ -388,6 +390,20 @@ def _program_file(text: str):
     return Path(root) / (hashlib.sha256(text.encode()).hexdigest() + ".jaxexe")
 
 
+def _lapack_initializer():
+    """jaxlib's LAPACK set-up, or None. JAX calls it while lowering a LAPACK custom call
+    (``jaxlib.lapack.prepare_lapack_call``: it fills the table of LAPACK kernels the CPU
+    executable calls); a program loaded without lowering needs it called first (without it a
+    loaded SVD program crashed, jax 0.10.2). Programs with other custom calls are not stored."""
+    try:
+        from jaxlib import lapack
+
+        init = lapack._lapack.initialize
+    except (ImportError, AttributeError):
+        return None
+    return init if callable(init) else None
+
+
 def _load_program(path: Path, text: str, in_tree):
     from jax.experimental import serialize_executable
 
@@ -396,6 +412,8 @@ def _load_program(path: Path, text: str, in_tree):
             stored = pickle.load(f)
         if stored.get("key") != text:
             return None
+        if stored.get("lapack"):  # what lowering a LAPACK call does first (_lapack_initializer)
+            _lapack_initializer()()
         by_id = {d.id: d for d in jax.devices()}
         devices = [by_id[i] for i in stored["devices"]]  # the executable's, in its order
         return serialize_executable.deserialize_and_load(stored["payload"], in_tree,
@@ -413,15 +431,16 @@ def _store_program(path: Path, text: str, compiled) -> bool:
         if unloaded is None or any(getattr(unloaded, k, None) for k in (
                 "host_callbacks", "keepalive", "ordered_effects", "unordered_effects", "mut")):
             return False  # Python objects the executable needs: they do not travel
-        if 'custom_call_target="' in compiled.as_text():
-            # a library kernel (LAPACK: SVD, eigh, ...) that JAX prepares while lowering
-            # (jaxlib's LAPACK table is filled then): loaded without lowering, it would run
-            # uninitialised (a crash, measured with jax 0.10.2). Left to JAX's own cache.
+        targets = set(re.findall(r'custom_call_target="([^"]*)"', compiled.as_text()))
+        lapack = bool(targets) and all(t.startswith("lapack_") for t in targets)
+        if targets and not (lapack and _lapack_initializer() is not None):
+            # a library kernel that JAX prepares while lowering: loaded without lowering, it
+            # would run uninitialised. Left to JAX's own cache.
             return False
         payload, _, out_tree = serialize_executable.serialize(compiled)
         devices = [d.id for d in unloaded.device_list]
         blob = pickle.dumps({"key": text, "payload": payload, "out_tree": out_tree,
-                             "devices": devices})
+                             "devices": devices, "lapack": lapack})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jaxexe")
         try:
