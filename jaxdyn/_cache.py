@@ -180,11 +180,15 @@ def disable_compilation_cache():
 # A value whose text would not identify it (an object whose repr has a memory address, a
 # closure, a lambda, a tracer: called inside another trace) makes the call uncacheable: it
 # then goes through the function's ordinary ``jit``. Executables with host callbacks are
-# never written (JAX's own cache refuses them too), nor is anything across several processes.
+# never written (JAX's own cache refuses them too), nor those with custom calls other than
+# LAPACK's (library kernels that JAX prepares while lowering: a program loaded without lowering
+# would call them uninitialised; for LAPACK, the loader does what lowering does first), nor
+# anything across several processes.
 # Loading a file runs its executable: the folder must be trusted as JAX's own cache is.
 
 import importlib.metadata as _metadata
 import pickle
+import re
 import sys
 import tempfile
 import time
@@ -283,7 +287,8 @@ def _sharding_token(s) -> str:
     from jax.sharding import NamedSharding, SingleDeviceSharding
 
     if isinstance(s, SingleDeviceSharding):
-        return f"single:{s._device.id}:{s.memory_kind}"
+        (dev,) = s.device_set
+        return f"single:{dev.id}:{s.memory_kind}"
     if isinstance(s, NamedSharding):
         return f"named:{token(s.mesh)}:{s.spec!r}:{s.memory_kind}"
     raise Uncacheable(f"sharding {type(s).__name__}")
@@ -347,7 +352,11 @@ def _environment_part() -> str:
         if " at 0x" in text:
             raise Uncacheable(f"jax config {name}")
         lines.append(f"config:{name}={text}")
-    for i, v in enumerate(jconfig.trace_context()):
+    try:  # JAX's own jit cache keys on this tuple (not public API: none, not cached)
+        context = tuple(jconfig.trace_context())
+    except Exception as e:  # noqa: BLE001
+        raise Uncacheable("JAX's trace context is not available") from e
+    for i, v in enumerate(context):
         if type(v).__name__ == "AxisEnv":
             if v.axis_sizes or v.spmd_axis_names or v.explicit_mesh_axis_names:
                 raise Uncacheable("inside a named axis")
@@ -381,6 +390,20 @@ def _program_file(text: str):
     return Path(root) / (hashlib.sha256(text.encode()).hexdigest() + ".jaxexe")
 
 
+def _lapack_initializer():
+    """jaxlib's LAPACK set-up, or None. JAX calls it while lowering a LAPACK custom call
+    (``jaxlib.lapack.prepare_lapack_call``: it fills the table of LAPACK kernels the CPU
+    executable calls); a program loaded without lowering needs it called first (without it a
+    loaded SVD program crashed, jax 0.10.2). Programs with other custom calls are not stored."""
+    try:
+        from jaxlib import lapack
+
+        init = lapack._lapack.initialize
+    except (ImportError, AttributeError):
+        return None
+    return init if callable(init) else None
+
+
 def _load_program(path: Path, text: str, in_tree):
     from jax.experimental import serialize_executable
 
@@ -389,6 +412,8 @@ def _load_program(path: Path, text: str, in_tree):
             stored = pickle.load(f)
         if stored.get("key") != text:
             return None
+        if stored.get("lapack"):  # what lowering a LAPACK call does first (_lapack_initializer)
+            _lapack_initializer()()
         by_id = {d.id: d for d in jax.devices()}
         devices = [by_id[i] for i in stored["devices"]]  # the executable's, in its order
         return serialize_executable.deserialize_and_load(stored["payload"], in_tree,
@@ -403,13 +428,19 @@ def _store_program(path: Path, text: str, compiled) -> bool:
 
     try:
         unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-        if unloaded is None or getattr(unloaded, "host_callbacks", None) \
-                or getattr(unloaded, "keepalive", None):
+        if unloaded is None or any(getattr(unloaded, k, None) for k in (
+                "host_callbacks", "keepalive", "ordered_effects", "unordered_effects", "mut")):
             return False  # Python objects the executable needs: they do not travel
+        targets = set(re.findall(r'custom_call_target="([^"]*)"', compiled.as_text()))
+        lapack = bool(targets) and all(t.startswith("lapack_") for t in targets)
+        if targets and not (lapack and _lapack_initializer() is not None):
+            # a library kernel that JAX prepares while lowering: loaded without lowering, it
+            # would run uninitialised. Left to JAX's own cache.
+            return False
         payload, _, out_tree = serialize_executable.serialize(compiled)
         devices = [d.id for d in unloaded.device_list]
         blob = pickle.dumps({"key": text, "payload": payload, "out_tree": out_tree,
-                             "devices": devices})
+                             "devices": devices, "lapack": lapack})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jaxexe")
         try:
@@ -422,6 +453,43 @@ def _store_program(path: Path, text: str, compiled) -> bool:
         return True
     except Exception:  # noqa: BLE001 - not written: the next process compiles again
         return False
+
+
+def _load_or_build(text: str, n_args: int, build, t0: float):
+    """The executable keyed by ``text`` (positional array arguments only): loaded from the
+    programs folder, else ``build()`` (a :class:`jax.stages.Compiled`) and written there.
+    ``t0``: when forming the key began (counted in ``compile_seconds``)."""
+    path = _program_file(text)
+    if path is not None and path.exists():
+        compiled = _load_program(path, text, jax.tree.structure((tuple(range(n_args)), {})))
+        if compiled is not None:
+            with _lock:
+                _counts["compiles"] += 1
+                _counts["cache_hits"] += 1
+                _counts["program_hits"] += 1
+            _record("backend_seconds", t0, time.time())
+            return compiled
+    _record("trace_seconds", t0, time.time())  # forming the key, looking: part of this trace
+    compiled = build()
+    t2 = time.time()
+    if path is not None and _store_program(path, text, compiled):
+        with _lock:
+            _counts["programs_written"] += 1
+        _record("backend_seconds", t2, time.time())
+    return compiled
+
+
+def compiled_program(key, n_args: int, build):
+    """``build()`` (a :class:`jax.stages.Compiled` of ``n_args`` positional arrays), or the
+    executable an earlier process stored under ``key`` (module doc), which must determine
+    the program completely together with jaxdyn's sources (function, shapes, dtypes, static
+    values, devices, compiler options). Not stored when the key cannot be formed."""
+    t0 = time.time()
+    try:
+        text = "\n".join([_FORMAT, "aot-key:" + token(key), _environment_part()])
+    except Uncacheable:
+        return build()
+    return _load_or_build(text, n_args, build, t0)
 
 
 def cached_program(fn, key, *, fallback=None):
@@ -456,33 +524,14 @@ def cached_program(fn, key, *, fallback=None):
         flat = [leaves[i] for i in arr]
         compiled = memo.get(text)
         if compiled is None:
-            path = _program_file(text)
-            in_tree = jax.tree.structure((tuple(flat), {}))
-            if path is not None and path.exists():
-                compiled = _load_program(path, text, in_tree)
-                if compiled is not None:
-                    with _lock:
-                        _counts["compiles"] += 1
-                        _counts["cache_hits"] += 1
-                        _counts["program_hits"] += 1
-            t1 = time.time()
-            if compiled is None:
-                _record("trace_seconds", t0, t1)  # forming the key: part of this trace
-                def flat_fn(*a):
-                    vals = list(leaves)
-                    for i, x in zip(arr, a):
-                        vals[i] = x
-                    return fn(*treedef.unflatten(vals))
+            def flat_fn(*a):
+                vals = list(leaves)
+                for i, x in zip(arr, a):
+                    vals[i] = x
+                return fn(*treedef.unflatten(vals))
 
-                compiled = jax.jit(flat_fn).lower(*flat).compile()
-                t2 = time.time()
-                if path is not None and _store_program(path, text, compiled):
-                    with _lock:
-                        _counts["programs_written"] += 1
-                    _record("backend_seconds", t2, time.time())
-            else:
-                _record("backend_seconds", t0, time.time())
-            memo[text] = compiled
+            compiled = memo[text] = _load_or_build(
+                text, len(flat), lambda: jax.jit(flat_fn).lower(*flat).compile(), t0)
         return compiled(*flat)
 
     return call

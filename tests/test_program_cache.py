@@ -242,3 +242,42 @@ def test_sharded_vmap_with_a_cache_key_equals_without(cache):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(_files(cache)) == 1
+
+
+_CHILD = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxdyn
+from jaxdyn import _cache
+jaxdyn.enable_compilation_cache(sys.argv[1])
+x = jax.device_put(np.linspace(-1.0, 2.0, 9, dtype=np.float32).reshape(3, 3))  # no program
+outs = {}
+for name, fn in (("tanh", lambda x: jnp.tanh(x) @ x), ("svd", lambda x: jnp.linalg.svd(x, compute_uv=False))):
+    outs[name] = np.asarray(_cache.cached_program(fn, ("child", name))(x)).tolist()
+s = _cache.compile_stats()
+print("RESULT" + json.dumps({"outs": outs, "hits": s["program_hits"], "written": s["programs_written"],
+                             "trace": s["trace_seconds"], "lower": s["lower_seconds"]}))
+"""
+
+
+def test_a_fresh_process_loads_and_runs_the_stored_program(tmp_path):
+    """The real use: another process. Its loaded programs give the first process's bits
+    without tracing, a LAPACK call (SVD) included (loaded without lowering, its kernel table
+    must be set up first: without that, a crash in jax 0.10.2)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(__import__("pathlib").Path(jaxdyn.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "cache")], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(json.loads(p.stdout.split("RESULT", 1)[1]))
+    first, second = runs
+    assert (first["written"], first["hits"]) == (2, 0)
+    assert (second["written"], second["hits"]) == (0, 2)
+    assert second["outs"] == first["outs"]  # the same bits (floats round-trip through JSON)
+    assert second["trace"] == second["lower"] == 0.0

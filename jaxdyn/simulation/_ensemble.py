@@ -61,6 +61,7 @@ from jax.sharding import PartitionSpec as P
 from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
 from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
+from .._cache import compiled_program
 from .._results import RESULTS, code, from_codes, raise_if_failed
 from ._simulate import Trajectory, _plan, save_indices, saved_states
 from ..sphere import tangent_project
@@ -183,22 +184,32 @@ def _device_run(x0, B, V, beta, *, chunk, **kw):
 
 @functools.lru_cache(maxsize=32)
 def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, safe):
+    """The ensemble program, compiled ahead of time; with the compilation cache on, the
+    executable is kept across processes (``compiled_program``: keyed on these arguments, the
+    compiler options and the environment), so that a later process does not trace it again."""
     mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
-    fn = functools.partial(_device_run, chunk=chunk, method=method, dt=dt, idx=idx,
-                           normalization=normalization, safe=safe)
-    sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"),
-                                    check_vma=False))
-    args = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
-    lowered = sharded.lower(*args)
-    if devices[0].platform == "cpu":
-        try:
-            return lowered.compile(compiler_options=_CPU_OPTIONS), mesh
-        except Exception as err:  # an XLA without the option: compile as usual
-            if not any(k in str(err) for k in _CPU_OPTIONS):
-                raise
-            warnings.warn(f"simulate_ensemble: XLA rejected {_CPU_OPTIONS} ({err}); compiling "
-                          "with the defaults (slower on CPU)", RuntimeWarning, stacklevel=3)
-    return lowered.compile(), mesh
+
+    def build():
+        fn = functools.partial(_device_run, chunk=chunk, method=method, dt=dt, idx=idx,
+                               normalization=normalization, safe=safe)
+        sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"),
+                                        check_vma=False))
+        args = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
+        lowered = sharded.lower(*args)
+        if devices[0].platform == "cpu":
+            try:
+                return lowered.compile(compiler_options=_CPU_OPTIONS)
+            except Exception as err:  # an XLA without the option: compile as usual
+                if not any(k in str(err) for k in _CPU_OPTIONS):
+                    raise
+                warnings.warn(f"simulate_ensemble: XLA rejected {_CPU_OPTIONS} ({err}); compiling "
+                              "with the defaults (slower on CPU)", RuntimeWarning, stacklevel=4)
+        return lowered.compile()
+
+    key = ("simulation._ensemble._device_run", shapes, dtype, method, dt, idx, normalization,
+           chunk, [(d.platform, d.id) for d in devices], safe,
+           sorted((k, str(v)) for k, v in _CPU_OPTIONS.items()))
+    return compiled_program(key, len(shapes), build), mesh
 
 
 def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None,

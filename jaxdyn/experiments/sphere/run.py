@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import clusters
+from ...simulation import cached_program
 from .. import sphere_common as sc
 from .schema import snapshot_index
 
@@ -20,8 +21,7 @@ def _frames(model, xs):
     return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
 
 
-@jax.jit
-def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
+def _cluster_stats_fn(xs, beta, B, pair_threshold, delta, gram_threshold):
     """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d): pair fraction,
     component count, Gram rank, E_β (β per system; B (H, d, d) the heads' shared forms,
     E = (1/H) Σ_h E_β(B_h), one head at a time)."""
@@ -32,6 +32,11 @@ def _cluster_stats(xs, beta, B, pair_threshold, delta, gram_threshold):
                                   B), axis=0)
     return (clusters.pair_fraction(xs, pair_threshold), clusters.cluster_count(xs, delta),
             clusters.gram_rank(xs, gram_threshold), en)
+
+
+# one program, traced once across processes (the library's cached_program)
+_cluster_stats = cached_program(_cluster_stats_fn, ("sphere._cluster_stats", _cluster_stats_fn),
+                                fallback=jax.jit(_cluster_stats_fn))
 
 
 #: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
@@ -54,8 +59,9 @@ def cluster_stats_of(xs, pcs):
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     B = sc.energy_forms(p0)  # (H, d, d): B_h = Q_hᵀK_h of the point's heads
-    thr = tuple(jnp.asarray(p0[k], dtype) for k in ("pair_threshold", "cluster_delta",
-                                                    "gram_threshold"))
+    # host arrays straight into the program (jnp.asarray of each is a copy program to load)
+    thr = tuple(np.asarray(p0[k], dtype) for k in ("pair_threshold", "cluster_delta",
+                                                   "gram_threshold"))
     betas = np.array([p["beta"] for p in pcs], dtype)
     P = xs.shape[0]
     blk = stats_block(xs.shape[1], xs.shape[2])
@@ -66,7 +72,7 @@ def cluster_stats_of(xs, pcs):
         if k < blk:  # pad with copies of the first system: one compiled shape
             xb = np.concatenate([xb, np.repeat(xb[:1], blk - k, axis=0)])
             bb = np.concatenate([bb, np.repeat(bb[:1], blk - k)])
-        out = _cluster_stats(jnp.asarray(xb, dtype), jnp.asarray(bb), B, *thr)
+        out = _cluster_stats(np.asarray(xb, dtype), bb, B, *thr)
         parts.append([np.asarray(o)[:k] for o in out])
     return tuple(np.concatenate([p[j] for p in parts]) for j in range(4))
 
