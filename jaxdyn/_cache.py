@@ -201,8 +201,9 @@ _program_root: list = [None]  # the folder programs go to; None: not stored (in 
 _FORMAT = "jaxdyn-program-v1"
 _DEPENDENCIES = ("jax", "jaxlib", "equinox", "jaxtyping", "numpy", "ml_dtypes", "scipy",
                  "opt_einsum", "diffrax", "lineax", "optimistix", "optax", "ott-jax")
-_STAT_PACKAGES = ("jax", "jaxlib", "equinox", "jaxtyping")
-_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "TPU_", "LIBTPU_", "JAXDYN_")
+# (diffrax, lineax, optimistix and ott are traced into the cached diffrax and Sinkhorn programs)
+_STAT_PACKAGES = ("jax", "jaxlib", "equinox", "jaxtyping", "diffrax", "lineax", "optimistix", "ott")
+_ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "TPU_", "LIBTPU_", "JAXDYN_", "EQX_")
 _process_part: list = [None]
 
 
@@ -367,6 +368,10 @@ def _environment_part() -> str:
             raise Uncacheable(f"trace context entry {text[:60]}")
         lines.append(f"context:{i}={text}")
     lines += [f"env:{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)]
+    # equinox's error mode as its error_if reads it now (EQX_ON_ERROR, or a caller's switch such as
+    # jaxdyn._host_checked's): a program traced with the checks off must not serve one with them on
+    eqx_errors = sys.modules.get("equinox._errors")
+    lines.append(f"equinox-on-error:{getattr(eqx_errors, 'EQX_ON_ERROR', None)!r}")
     devs = jax.devices()
     lines.append(f"backend:{devs[0].client.platform}:{devs[0].client.platform_version}")
     lines += [f"device:{d.platform}:{d.device_kind}:{d.id}:{d.process_index}" for d in devs]

@@ -95,12 +95,13 @@ def _variants(monkeypatch):
         "jaxdyn sources": (_f, ("t", 1), (x, 2.0), {"patch": ("_sources_digest", lambda: "0" * 64)}),
         "dependencies": (_f, ("t", 1), (x, 2.0), {"patch": ("_dependencies_part", lambda: "jax:0")}),
         "devices": (_f, ("t", 1), (x, 2.0), {"devices": other_devices}),
+        "equinox error mode": (_f, ("t", 1), (x, 2.0), {"eqx": "nan"}),
     }
 
 
 VARIANTS = ["caller key", "shape", "dtype", "weak type", "committed", "host array", "static value",
             "static type", "jax config", "trace context", "environment", "jaxdyn sources",
-            "dependencies", "devices"]
+            "dependencies", "devices", "equinox error mode"]
 
 
 def test_every_part_of_the_key_changes_it(cache, monkeypatch):
@@ -116,6 +117,9 @@ def test_every_part_of_the_key_changes_it(cache, monkeypatch):
                 mp.setenv(*ctx["env"])
             if "devices" in ctx:
                 mp.setattr(jax, "devices", lambda *a, **k: ctx["devices"])
+            if "eqx" in ctx:  # a program traced with equinox's checks in another mode
+                from equinox import _errors
+                mp.setattr(_errors, "EQX_ON_ERROR", ctx["eqx"])
             old = None
             if "config" in ctx:
                 old = getattr(jax.config, ctx["config"][0])
