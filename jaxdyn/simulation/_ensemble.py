@@ -271,7 +271,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
         raise ValueError("simulate_ensemble runs in float32 or float64, got "
                          f"{np.dtype(dtype).name}")
     x0 = x0.astype(dtype)
-    err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
+    err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))  # host
     if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
         raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
                          f"(max ||x_i| - 1| = {err:.3g}); "

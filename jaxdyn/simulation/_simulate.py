@@ -105,10 +105,12 @@ def _check_x0(model, x0):
                          *[p.dtype for p in params])
     in_dtype = x0.dtype
     x0 = x0.astype(dt)
-    if not isinstance(x0, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(x0))):
+    # checked on the host (NumPy): no program compiled per shape, and a concrete x0 closed over
+    # by a user's jit is not a traced boolean
+    if not isinstance(x0, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(x0))):
         raise ValueError("x0 must be finite (it holds NaN or inf)")
     if getattr(model, "manifold", "euclidean") == "sphere" and not isinstance(x0, jax.core.Tracer):
-        err = float(jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0)))
+        err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
         # the tolerance follows the input's dtype (float16 rows normalised by
         # jaxdyn.normalize are unit vectors to ~1e-3)
         unit_tol = 1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
