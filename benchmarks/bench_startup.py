@@ -99,6 +99,7 @@ def experiment(code_root, label, out, args, env):
            "compile_seconds": s.get("compile_seconds"), "compute_seconds": s.get("compute_seconds"),
            "figures_seconds": s.get("figures_seconds"), "compiled_programs": s.get("compiled_programs"),
            "compile_cache_hits": s.get("compile_cache_hits"),
+           "compile_program_hits": s.get("compile_program_hits"),
            "progress_fractions_within_chunk": fracs}
     print(f"  {label:14s} {row['wall_s']:7.1f} s wall {row['cpu_s']:7.1f} s CPU  compile "
           f"{row['compile_seconds']} s  load {row['load_start']:.1f}→{row['load_end']:.1f}", flush=True)

@@ -61,7 +61,7 @@ from jax.sharding import PartitionSpec as P
 from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
 from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
-from .._cache import compiled_program
+from .._cache import cached_program, compiled_program
 from .._results import RESULTS, code, from_codes, raise_if_failed
 from ._simulate import Trajectory, _plan, save_indices, saved_states
 from ..sphere import tangent_project
@@ -182,6 +182,16 @@ def _device_run(x0, B, V, beta, *, chunk, **kw):
     return out.transpose(0, 4, 1, 2, 3).reshape(b, S, n, d)
 
 
+def _status_codes_fn(xs):
+    """Per system: ``successful`` if every saved state is finite, else ``nonfinite``."""
+    finite = jnp.all(jnp.isfinite(xs), axis=(1, 2, 3))
+    return jnp.where(finite, code(RESULTS.successful), code(RESULTS.nonfinite)).astype(jnp.int32)
+
+
+_status_codes = cached_program(_status_codes_fn, ("simulation._ensemble._status_codes", _status_codes_fn),
+                               fallback=jax.jit(_status_codes_fn))
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, safe):
     """The ensemble program, compiled ahead of time; with the compilation cache on, the
@@ -271,7 +281,8 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
         raise ValueError("simulate_ensemble runs in float32 or float64, got "
                          f"{np.dtype(dtype).name}")
     x0 = x0.astype(dtype)
-    err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))  # host
+    # on the host, in float64 (eagerly on the device: four programs a second run loads again)
+    err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
     if not err <= (1e-8 if in_dtype == jnp.float64 else 1e-4):
         raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
                          f"(max ||x_i| - 1| = {err:.3g}); "
@@ -306,9 +317,12 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     sharding = jax.sharding.NamedSharding(mesh, P("batch"))
     arrays = [jax.device_put(a, sharding) for a in arrays]
     xs = fn(*arrays)[:nb]
-    ts = t0 + jnp.asarray(np.asarray(idx), dtype) * jnp.asarray(dt, dtype)
-    finite = jnp.all(jnp.isfinite(xs), axis=(1, 2, 3))
-    result = from_codes(jnp.where(finite, code(RESULTS.successful), code(RESULTS.nonfinite)))
+    # t0 + idx·dt in the dtype on the host (the same IEEE operations as eagerly on the device,
+    # without their programs), the status codes in one program
+    ts_host = (np.asarray(t0, np.dtype(dtype))
+               + np.asarray(idx).astype(np.dtype(dtype)) * np.asarray(dt, np.dtype(dtype)))
+    ts = jax.device_put(ts_host)
+    result = from_codes(_status_codes(xs))
     steps = jnp.asarray(idx[-1])
     traj = Trajectory(ts=ts, xs=xs, result=result,
                       stats={"num_steps": steps, "num_accepted_steps": steps})
