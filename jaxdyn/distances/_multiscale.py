@@ -400,6 +400,11 @@ FINE_REESTIMATE = True
 FINE_EXTRAPOLATE = True
 
 
+def _same(p, q) -> bool:
+    """Bitwise-equal potentials (``-inf`` padding included)."""
+    return p is q or bool(np.array_equal(np.asarray(p), np.asarray(q)))
+
+
 class _Selection:
     """Keep masks of the four kernels (xy rows x, xy rows y, xx, yy) and their lists."""
 
@@ -417,10 +422,12 @@ class _Selection:
         t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
         mx, ux = leaf_margins(bx, by, g, eps, b, t)
         my, uy = leaf_margins(by, bx, f, eps, b, t)
+        # the symmetric problems' two potentials are often bitwise equal (symmetric start,
+        # parallel updates): their margins are then the same array, computed once
         mxx, uxx = leaf_margins(bx, bx, fx, eps, b, t)
-        mxx2, _ = leaf_margins(bx, bx, gx, eps, b, t)
+        mxx2 = mxx if _same(fx, gx) else leaf_margins(bx, bx, gx, eps, b, t)[0]
         myy, uyy = leaf_margins(by, by, fy, eps, b, t)
-        myy2, _ = leaf_margins(by, by, gy, eps, b, t)
+        myy2 = myy if _same(fy, gy) else leaf_margins(by, by, gy, eps, b, t)[0]
         out = ([mx, my, np.maximum(mxx, mxx2), np.maximum(myy, myy2)], [ux, uy, uxx, uyy])
         self._last = (pots, eps, out)
         return out
