@@ -311,3 +311,78 @@ def test_multiscale_not_converged_when_the_budget_is_cut():
     res = w2_sinkhorn(x, y, multiscale=True, max_iterations=10)
     assert res.geometry == "multiscale"
     assert res.names == "not_converged" and not res.converged
+
+
+# ------------------------------------------------------------------------------ intermediate level
+
+
+def test_mid_cloud_keeps_mass_and_mean_and_compact_groups():
+    # the intermediate level (centroids of runs of MID rows): total mass 1, the same mean
+    # as the cloud (exact: each centroid carries its run's mass), zero weight on the
+    # padding, and every run of MID rows inside its sub-block's ball (the runs refine
+    # the sub-blocks of SUB rows)
+    x, _ = _clusters(700, seed=21)
+    bx = M.make_blocks(x, jnp.float64, 64)
+    mx, w = M._mid_cloud(bx, jnp.float64, 64)
+    w, pts, valid = np.asarray(w), np.asarray(mx.pts), np.asarray(mx.valid)
+    assert w.sum() == pytest.approx(1.0, abs=1e-14)
+    assert np.all(w[~valid] == 0) and np.all(w[valid] > 0)
+    assert int(valid.sum()) == -(-700 // M.MID) or int(valid.sum()) >= 700 // M.MID
+    np.testing.assert_allclose((w[:, None] * pts).sum(0), x.mean(0), atol=1e-14)
+    p, v = np.asarray(bx.pts).reshape(-1, M.MID, 3), np.asarray(bx.valid).reshape(-1, M.MID)
+    sc = np.repeat(np.asarray(bx.sub_centers), M.SUB // M.MID, axis=0)
+    sr = np.repeat(np.asarray(bx.sub_radii), M.SUB // M.MID, axis=0)
+    d = np.linalg.norm(p - sc[:, None, :], axis=-1)
+    assert np.all(np.where(v, d <= sr[:, None], True))
+    # runs of MID rows are compact: their mean squared radius is well below that of runs
+    # of MID rows taken across the sub-block (every SUB // MID-th row)
+    def spread(g, gv):
+        c = (g * gv[..., None]).sum(1) / np.maximum(gv.sum(1), 1)[:, None]
+        return float(np.sum(gv * ((g - c[:, None]) ** 2).sum(-1)))
+    sub = np.asarray(bx.pts).reshape(-1, M.SUB, 3)
+    subv = np.asarray(bx.valid).reshape(-1, M.SUB)
+    k = M.SUB // M.MID
+    across = sub.reshape(-1, M.MID, k, 3).transpose(0, 2, 1, 3).reshape(-1, M.MID, 3)
+    acrossv = subv.reshape(-1, M.MID, k).transpose(0, 2, 1).reshape(-1, M.MID)
+    assert spread(p, v) < 0.5 * spread(across, acrossv)
+
+
+# ------------------------------------------------------------------------------ over-relaxation
+
+
+class _State:
+    def __init__(self, errors):
+        self.errors = jnp.asarray(np.asarray(errors, np.float64)[:, None])
+
+
+def _sor_root(mu, w):
+    """The larger root λ of (λ + ω - 1)^2 = λ ω^2 μ (real regime, ω below the optimum)."""
+    b = 2 * (w - 1) - w * w * mu
+    return (-b + math.sqrt(b * b - 4 * (w - 1) ** 2)) / 2
+
+
+def test_reestimated_momentum_recovers_the_optimal_relaxation():
+    # errors of a linear over-relaxed iteration with two modes: a fast one dominates the
+    # first ten iterations (ott measures ω there once), a slow one (μ) remains. From the
+    # ratio observed under ω the re-estimation inverts the relation exactly and returns
+    # lehmann(μ); at the optimum (|λ| = ω - 1) it keeps ω; an error grown 10x ends the
+    # over-relaxation (ω = 1); a transient ratio >= 1 changes nothing.
+    from jaxdyn.distances import _rounds as R
+
+    mom = R._reestimating_solver(1e-3, 1000, 20, np.float64(1.0)).momentum
+    assert mom.inner_iterations == 10
+    lehmann = lambda r: 2 / (1 + math.sqrt(1 - r))  # noqa: E731
+    fast, mu = 0.9, 0.995
+    w0 = lehmann(fast)
+    lam = _sor_root(mu, w0)
+    e = [1e-2, 1e-2 * fast ** 10, 1e-2 * fast ** 10 * lam ** 10] + [0.0] * 7  # below 0.1
+    assert float(mom.weight(_State(e), 15)) == 1.0  # before start
+    assert float(mom.weight(_State(e), 25)) == pytest.approx(w0, rel=1e-12)  # ott's value
+    assert float(mom.weight(_State(e), 35)) == pytest.approx(lehmann(mu), rel=1e-9)
+    w1 = lehmann(mu)
+    e[3] = e[2] * (w1 - 1) ** 10  # at the optimum: no change
+    assert float(mom.weight(_State(e), 45)) == pytest.approx(w1, rel=1e-9)
+    e2 = e[:3] + [e[2] * 2.0] + [0.0] * 6  # a transient (ratio > 1): ω unchanged
+    assert float(mom.weight(_State(e2), 45)) == pytest.approx(w1, rel=1e-9)
+    e3 = e[:3] + [e[1] * 20.0] + [0.0] * 6  # grown 10x past the start: plain Sinkhorn
+    assert float(mom.weight(_State(e3), 45)) == 1.0

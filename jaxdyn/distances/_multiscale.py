@@ -27,7 +27,14 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    to the points by one c-transform against the centroids, then the ladder continues on
    the points with sparse kernels, ε falling at most 4x per round. Each round on the
    points starts at its own ε from the potentials of the two rounds before it (the first:
-   the last two coarse ones, carried) extrapolated linearly in ε.
+   the last two coarse ones, carried) extrapolated linearly in ε. With the intermediate
+   level (``MID_LEVEL``), the ladder below the coarse floor first runs to its end on the
+   weighted centroids of runs of ``MID`` = 4 rows (N / 4 points, sparse rounds as on the
+   points, no certificate: it only warm-starts), and the points start from its last
+   solution carried to them, at its ε: the coarse-to-fine error is corrected on N / 4
+   points, the points' rounds only correct the intermediate-to-fine one. The (x, y)
+   over-relaxation of the sparse rounds is re-estimated at every error check
+   (:func:`jaxdyn.distances._rounds._reestimating_solver`).
 5. **Certificate.** A round's lists are selected from its starting potentials at its own ε
    (margin T + 4); the last round's are checked again with its final potentials (margin T),
    and the round is rerun from them with the union of both selections if a needed block
@@ -113,6 +120,8 @@ def kd_leaves(pts: np.ndarray, block: int = BLOCK) -> np.ndarray:
 #: rows per sub-block of a leaf: the selection bounds are made per sub-block (a smaller
 #: radius, a tighter bound), the kernel tiles per leaf.
 SUB = 32
+#: rows per group of the intermediate level (its points are the groups' weighted centroids).
+MID = 4
 
 
 class Blocks(NamedTuple):
@@ -149,14 +158,20 @@ def _ball(p: np.ndarray, valid: np.ndarray, scale: float):
     return centers, radii
 
 
-def make_blocks(pts, dtype, block=BLOCK) -> Blocks:
+def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
     """Padded k-d leaves of ``pts`` (:func:`kd_leaves`) with their centres and radii; within
-    a leaf the points are in median-split order, so runs of ``SUB`` rows are compact too."""
+    a leaf the points are in median-split order, so runs of ``SUB`` rows are compact too
+    (and, inside them, runs of ``MID`` rows: the groups of the intermediate level).
+    ``return_index``: also the (nb, block) indices into ``pts`` (-1 for padding)."""
     pts = np.asarray(pts, dtype=np.float64)
     idx = kd_leaves(pts, block)
     for i in range(idx.shape[0]):
         k = int((idx[i] >= 0).sum())
-        idx[i, :k] = idx[i, :k][_median_order(pts[idx[i, :k]], SUB)]
+        row = idx[i, :k][_median_order(pts[idx[i, :k]], SUB)]
+        for s0 in range(0, k, SUB):
+            run = row[s0:s0 + SUB]
+            row[s0:s0 + SUB] = run[_median_order(pts[run], MID)]
+        idx[i, :k] = row
     valid = idx >= 0
     p = pts[np.where(valid, idx, 0)]  # (nb, block, d)
     counts = valid.sum(1)
@@ -166,9 +181,10 @@ def make_blocks(pts, dtype, block=BLOCK) -> Blocks:
     nb, _, d = p.shape
     ns = block // SUB
     sc, sr = _ball(p.reshape(nb * ns, SUB, d), valid.reshape(nb * ns, SUB), scale)
-    return Blocks(jnp.asarray(p.reshape(nb * block, d), dtype), jnp.asarray(valid.reshape(-1)),
-                  jnp.asarray(centers, dtype), jnp.asarray(radii, dtype),
-                  jnp.asarray(sc, dtype), jnp.asarray(sr, dtype), counts)
+    out = Blocks(jnp.asarray(p.reshape(nb * block, d), dtype), jnp.asarray(valid.reshape(-1)),
+                 jnp.asarray(centers, dtype), jnp.asarray(radii, dtype),
+                 jnp.asarray(sc, dtype), jnp.asarray(sr, dtype), counts)
+    return (out, idx) if return_index else out
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
@@ -375,9 +391,18 @@ FINE_ANDERSON = 0
 #: rounds: after their annealing over at most FINE_ROUND_RATIO, 14 iterations, so at 30).
 #: Measured at N = 10^4 (affine case): the first round on the points 70 -> 60 iterations.
 FINE_MOMENTUM_START = 20
+#: re-estimate the over-relaxation of the (x, y) problem at every error check in the
+#: rounds on the points (:func:`jaxdyn.distances._rounds._reestimating_solver`) instead of
+#: once at FINE_MOMENTUM_START.
+FINE_REESTIMATE = True
 #: start each round on the points from the potentials of the two rounds before it,
 #: extrapolated linearly in ε, at the round's ε (no annealing).
 FINE_EXTRAPOLATE = True
+
+
+def _same(p, q) -> bool:
+    """Bitwise-equal potentials (``-inf`` padding included)."""
+    return p is q or bool(np.array_equal(np.asarray(p), np.asarray(q)))
 
 
 class _Selection:
@@ -397,10 +422,12 @@ class _Selection:
         t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
         mx, ux = leaf_margins(bx, by, g, eps, b, t)
         my, uy = leaf_margins(by, bx, f, eps, b, t)
+        # the symmetric problems' two potentials are often bitwise equal (symmetric start,
+        # parallel updates): their margins are then the same array, computed once
         mxx, uxx = leaf_margins(bx, bx, fx, eps, b, t)
-        mxx2, _ = leaf_margins(bx, bx, gx, eps, b, t)
+        mxx2 = mxx if _same(fx, gx) else leaf_margins(bx, bx, gx, eps, b, t)[0]
         myy, uyy = leaf_margins(by, by, fy, eps, b, t)
-        myy2, _ = leaf_margins(by, by, gy, eps, b, t)
+        myy2 = myy if _same(fy, gy) else leaf_margins(by, by, gy, eps, b, t)[0]
         out = ([mx, my, np.maximum(mxx, mxx2), np.maximum(myy, myy2)], [ux, uy, uxx, uyy])
         self._last = (pots, eps, out)
         return out
@@ -453,6 +480,50 @@ def _extrapolate(h1, h2, eps):
 #: CPU-s, final kernel densities 0.12 / 0.08 / 0.05 / 0.04 (smaller leaves follow the
 #: kernel's support more closely; at 32 the longer lists cost more in the selections).
 FINE_BLOCK = 64
+
+
+#: solve an intermediate level (the centroids of runs of MID rows) at the first ε of the
+#: rounds on the points, and start those from its solution carried to the points.
+MID_LEVEL = True
+#: the rounds on the points start this fraction below the intermediate level's last ε.
+MID_EPS_BELOW = 0.02
+#: a round whose ε is at least this fraction of the previous round's keeps its lists.
+REUSE_LISTS_ABOVE = 0.9
+#: ... for clouds of at least this many cost entries (N x M).
+MID_MIN_ENTRIES = 0
+
+
+def _mid_cloud(b: Blocks, dtype, block):
+    """The intermediate level of a cloud in leaves ``b``: the weighted centroids of its runs
+    of MID rows (compact: :func:`make_blocks` orders them so) as new leaves, with their
+    weights (mass of the run, 0 on the padding) in leaf order."""
+    pts = np.asarray(b.pts, np.float64)
+    valid = np.asarray(b.valid)
+    d = pts.shape[1]
+    g = pts.reshape(-1, MID, d)
+    gv = valid.reshape(-1, MID)
+    cnt = gv.sum(1)
+    keep = cnt > 0
+    cen = ((g * gv[..., None]).sum(1) / np.maximum(cnt, 1)[:, None])[keep]
+    w = cnt[keep] / valid.sum()
+    bm, idx = make_blocks(cen, dtype, block, return_index=True)
+    wv = np.where(idx >= 0, w[np.maximum(idx, 0)], 0.0).reshape(-1)
+    return bm, jnp.asarray(wv, dtype)
+
+
+def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots):
+    """Potentials ((f, g), (fx, fx), (fy, fy)) on the rows of ``rx``, ``ry`` (log weights
+    ``lwx``, ``lwy``) from a solution ``pots`` on the keys ``kx``, ``ky``: one c-transform
+    each at ``eps``; -inf on the padding."""
+    (fc, gc), (fxc, _), (fyc, _) = pots
+    dtype = rx.pts.dtype
+    e = jnp.asarray(eps, dtype)
+    ninf = jnp.asarray(-jnp.inf, dtype)
+    f = jnp.where(rx.valid, c_transform_from_coarse(rx.pts, ky, gc, e, lwx), ninf)
+    g = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, kx, fc, e, lwy), ninf)
+    fx = jnp.where(rx.valid, c_transform_from_coarse(rx.pts, kx, fxc, e, lwx), ninf)
+    fy = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, ky, fyc, e, lwy), ninf)
+    return ((f, g), (fx, fx), (fy, fy))
 
 
 def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **kw):
@@ -512,7 +583,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         fy = jnp.where(by.valid, c_transform_from_coarse(by.pts, cy, fyc, e, lb), ninf)
         return ((f, g), (fx, fx), (fy, fy))
 
-    pots = carry(eps, info["pots"])
+    use_mid = MID_LEVEL and n * m >= MID_MIN_ENTRIES and len(coarse_hist) >= 1
+    pots = None if use_mid else carry(eps, info["pots"])
     a = jnp.where(bx.valid, jnp.asarray(1.0 / n, dtype), jnp.zeros((), dtype))
     b = jnp.where(by.valid, jnp.asarray(1.0 / m, dtype), jnp.zeros((), dtype))
 
@@ -526,6 +598,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         anneal = int(math.ceil(math.log(FINE_ROUND_RATIO) / math.log(1.0 / kw["decay"])))
         fine_kw["momentum_start"] = min(kw["momentum_start"],
                                         max(FINE_MOMENTUM_START, 10 * (anneal // 10 + 2)))
+    if FINE_REESTIMATE and not FINE_ANDERSON:
+        fine_kw["reestimate"] = True
     sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
     eps_prev = eps
     # the first round on the points anneals on from the coarse ladder's last ε (its
@@ -540,60 +614,118 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     dens = 1.0
     fine_rounds = int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
     hist = []  # (ε, potentials) of the finished rounds on the points
-    if FINE_EXTRAPOLATE and len(coarse_hist) >= 2 and coarse_hist[-1][0] == eps_prev:
+    if (FINE_EXTRAPOLATE and not use_mid and len(coarse_hist) >= 2
+            and coarse_hist[-1][0] == eps_prev):
         # the last two coarse solutions carried to the points start the extrapolation
         hist = [(coarse_hist[-2][0], carry(*coarse_hist[-2])), (eps_prev, pots)]
-    for _ in range(fine_rounds):
-        start = eps_prev
-        if FINE_EXTRAPOLATE and len(hist) >= 2:
-            # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
-            # extrapolation to the new ε, at that ε (the slow, smooth part of the
-            # correction is then mostly done)
-            pots = _extrapolate(hist[-2], hist[-1], eps)
-            start = eps
-        # selected at the round's target ε (tight lists; checked again at the end)
-        nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
-        _log(f"select eps={eps:.3e}")
-        nxt = None
-        for _attempt in range(_MAX_RESELECT + 1):
-            div_j, new_pots, conv, iters = _debiased_round(
-                bx.pts, by.pts, eps, start, pots, a, b, nbrs, **fine_kw)
-            n_total += int(np.asarray(iters)[0])
-            div = float(div_j)
-            converged = bool(np.all(np.asarray(conv)))
-            _log(f"fine n={n} eps={eps:.3e} start={float(start):.3e} "
-                 f"it={np.asarray(iters).tolist()} div={div:.8e} dens="
-                 + ",".join(f"{density(np.asarray(q), k.centers.shape[0]):.3f}"
-                            for q, k in zip(nbrs, (by, bx, bx, by)))
-                 + f" K={[int(q.shape[1]) for q in nbrs]}")
+
+    def ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label):
+        """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``,
+        ``wy``) from ``eps``; ``certify``: check the last round's lists (else the ladder
+        only warm-starts a finer level). Returns (eps, div, converged, certified,
+        iterations, ε list, divergence list, potentials, density)."""
+        eps_list, div_list = [], []
+        n_it = 0
+        converged, certified = False, False
+        div = float("nan")
+        dens = 1.0
+        nbrs, prev_eps = None, float("inf")
+        for _ in range(fine_rounds):
+            start = eps_prev
+            if FINE_EXTRAPOLATE and len(hist) >= 2:
+                # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
+                # extrapolation to the new ε, at that ε (the slow, smooth part of the
+                # correction is then mostly done)
+                if hist[-2][0] == hist[-1][0]:  # a coarser level's solution at the same ε
+                    pots = hist[-1][1]
+                else:
+                    pots = _extrapolate(hist[-2], hist[-1], eps)
+                start = eps
+            if nbrs is not None and eps >= REUSE_LISTS_ABOVE * prev_eps:
+                # ε barely moved: the last lists (margin T + 4 at the previous ε) serve; the
+                # final check certifies them as any others
+                _log(f"reuse {label} lists eps={eps:.3e}")
+            else:
+                # selected at the round's target ε (tight lists; checked again at the end)
+                nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
+                _log(f"select {label} eps={eps:.3e}")
+            prev_eps = eps
+            nxt = None
+            for _attempt in range(_MAX_RESELECT + 1):
+                div_j, new_pots, conv, iters = _debiased_round(
+                    lx.pts, ly.pts, eps, start, pots, wx, wy, nbrs, **fine_kw)
+                n_it += int(np.asarray(iters)[0])
+                div = float(div_j)
+                converged = bool(np.all(np.asarray(conv)))
+                _log(f"{label} n={int(np.asarray(lx.valid).sum())} eps={eps:.3e} "
+                     f"start={float(start):.3e} it={np.asarray(iters).tolist()} div={div:.8e} "
+                     "dens=" + ",".join(f"{density(np.asarray(q), k.centers.shape[0]):.3f}"
+                                        for q, k in zip(nbrs, (ly, lx, lx, ly)))
+                     + f" K={[int(q.shape[1]) for q in nbrs]}")
+                if not np.isfinite(div):
+                    break
+                pots = new_pots
+                nxt = rule(eps, div)
+                if nxt is not None or not certify:
+                    # not the last round: its potentials only start the next one, which
+                    # selects its own lists; only the last round's selection must pass the
+                    # check
+                    certified = False
+                    break
+                certified = sel.covers(pots, eps)
+                _log(f"check covers={certified}")
+                if certified:
+                    break
+                # a block was missing: rerun with the union of both selections
+                nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)
+                start = eps
+            eps_list.append(float(eps))
+            div_list.append(div)
+            hist.append((float(eps), pots))
+            dens = density(np.asarray(nbrs[0]), ly.centers.shape[0])
             if not np.isfinite(div):
+                converged = False
                 break
-            pots = new_pots
-            nxt = rule(eps, div)
-            if nxt is not None:
-                # not the last round: its potentials only start the next one, which selects
-                # its own lists; only the last round's selection must pass the check
-                certified = False
+            if nxt is None:
                 break
-            certified = sel.covers(pots, eps)
-            _log(f"check covers={certified}")
-            if certified:
-                break
-            nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)  # a block was missing: rerun
-            start = eps
-        eps_list.append(float(eps))
-        div_list.append(div)
-        hist.append((float(eps), pots))
-        dens = density(np.asarray(nbrs[0]), by.centers.shape[0])
-        if not np.isfinite(div):
+            eps_prev, eps = eps, max(nxt, eps / FINE_ROUND_RATIO)
+        else:
             converged = False
-            break
-        if nxt is None:
-            break
-        eps_prev, eps = eps, max(nxt, eps / FINE_ROUND_RATIO)
-    else:
-        converged = False
+        return eps, div, converged, certified, n_it, eps_list, div_list, pots, dens
+
+    mid_eps = []
+    if use_mid:
+        # the ladder below the coarse floor runs on the intermediate level first (the
+        # coarse-to-fine error is corrected on N / MID points), and the points start from
+        # its last solution, at its ε
+        cpots = (_extrapolate(coarse_hist[-2], coarse_hist[-1], eps)
+                 if len(coarse_hist) >= 2 and coarse_hist[-2][0] != coarse_hist[-1][0]
+                 else coarse_hist[-1][1])
+        mx, wmx = _mid_cloud(bx, dtype, block)
+        my, wmy = _mid_cloud(by, dtype, block)
+        mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
+        msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + _MARGIN_EXTRA)
+        out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
+        eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
+        n_total += n_mid
+        if np.isfinite(div_m):
+            la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
+            pots = _carry_pots(bx, by, la, lb, mx.pts, my.pts, eps_m * (1.0 - MID_EPS_BELOW),
+                               mpots)
+            _log("carried mid")
+            # the points start a little below the intermediate level's final ε: its
+            # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
+            # rule (stop once ε <= rel_epsilon · S_ε) would ask for one more round on the
+            # points, and that round's S_ε differs from the last by Sinkhorn's tolerance
+            # only, which can ask for yet another (measured at 10^5)
+            eps = eps_prev = eps_m * (1.0 - MID_EPS_BELOW)
+            hist = [(eps, pots)]
+        else:  # the intermediate level failed: start from the coarse solution
+            pots = carry(eps_prev, info["pots"])
+    (eps, div, converged, certified, n_fine, eps_list, div_list, pots,
+     dens) = ladder_on(bx, by, a, b, sel, eps, eps_prev, pots, hist, True, "fine")
+    n_total += n_fine
     info = {"geometry": "multiscale", "kernel_density": dens, "coarse_epsilons": c_eps,
-            "coarse_divergences": c_div, "pots": pots}
+            "coarse_divergences": c_div, "mid_epsilons": mid_eps, "pots": pots}
     return (eps, div, converged and certified, n_total, c_eps + eps_list, c_div + div_list,
             info)
