@@ -62,6 +62,12 @@ _THRESHOLD = 1e6
 # reach halves the fixed steps (doubles steps_per_piece) while the step-error check alone
 # fails a trial, up to this many steps a piece; beyond, the trial is rejected.
 _MAX_STEPS_PER_PIECE = 64
+# A trial that fails the step-error check alone is first treated as a rejected trial: the
+# L-BFGS line search backtracks, an Adam update is halved towards the accepted iterate (whose
+# solve passed the check at this count). Only when this many halvings in a row did not bring a
+# trial within the check are the steps refined (the accepted iterate is then evaluated again
+# at the new count, since the losses compared must come from one step count).
+_TOO_LONG_BACKTRACKS = 3
 
 
 def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
@@ -283,8 +289,9 @@ class ReachResult(Solution):
       certificate: the :class:`Certificate` (None if not computed).
       rank: numerical rank of S0 and S1. free, bound, energy_weight: the mode's settings.
       stats: ``iterations`` (optimiser iterations), ``evaluations`` (loss evaluations),
-        ``rejected`` (trials whose solve failed: blow-up / non-finite / step budget,
-        rejected and retreated), ``seconds`` (wall time of the optimisation, compilation
+        ``rejected`` (trials whose solve failed: blow-up / non-finite / step-error check,
+        rejected and retreated), ``step_backtracks`` (of those, the halvings after the
+        step-error check alone failed), ``seconds`` (wall time of the optimisation, compilation
         included), ``steps_per_piece`` (the fixed-step solve's final count; None with a
         diffrax solver), ``step_refinements`` (how often it was doubled; also as
         attributes of the same names) and ``steps_history`` (per ``loss_history`` entry, the
@@ -389,11 +396,14 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       rtol, atol, solver, max_steps, steps_per_piece: the optimiser's solve. Default
         (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
         error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
-        1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the steps
-        are halved (``steps_per_piece`` doubled, up to 64) for it and every later trial (the
-        current iterate is then evaluated again at the new count, and an L-BFGS line search
-        restarts from it with an empty memory, so that losses are only compared at one step
-        count), and beyond that, or on a blow-up / non-finite state, the trial is rejected (a small
+        1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the trial
+        is first rejected like any other (the L-BFGS line search backtracks; an Adam update
+        is halved towards the accepted iterate, which passed the check), and only after 3
+        such halvings in a row are the steps halved (``steps_per_piece`` doubled, up to 64)
+        for it and every later trial (the current iterate is then evaluated again at the new
+        count, and an L-BFGS line search restarts from it with an empty memory, so that
+        losses are only compared at one step count); beyond 64, or on a blow-up /
+        non-finite state, the trial is rejected (a small
         program: its first call compiles in a fraction of an adaptive solve's). A diffrax solver
         (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
         ``max_steps`` steps). The result is then re-checked by an independent adaptive
@@ -506,16 +516,20 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     stop_w2 = stop_factor * tol
 
     losses, w2s, steps_hist = [], [], []
-    counters = {"evals": 0, "rejected": 0, "refined": 0}
+    counters = {"evals": 0, "rejected": 0, "refined": 0, "too_long": False, "backtracks": 0}
 
-    def evaluate(x):
+    def evaluate(x, refine=True):
+        """One solve at the current step count (``refine``: while the step-error check alone
+        fails, halve the steps and solve again). Returns ``(ok, loss, W2², energy, grad)``;
+        ``counters["too_long"]`` tells whether the last failure was the step-error check alone."""
         nonlocal opts
         while True:
             sc, g = _value_and_grad(x, prob, opts)
             v, w2sq, en, ok, too_long = (float(a) for a in np.asarray(sc))
             counters["evals"] += 1
             ok = bool(ok)
-            if ok or not too_long or opts.steps_per_piece >= _MAX_STEPS_PER_PIECE:
+            counters["too_long"] = bool(too_long) and not ok
+            if ok or not too_long or opts.steps_per_piece >= _MAX_STEPS_PER_PIECE or not refine:
                 break
             # The fixed steps were too long for these controls (the embedded error estimate
             # exceeded rtol/atol; the state is finite and below the blow-up threshold): halve
@@ -568,15 +582,26 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             last_good = raw
             refined = counters["refined"]
             raw, ast = _adam_step(adam, g, ast, raw)
-            ok, v2, w2sq2, en2, g2 = evaluate(raw)
+            ok, v2, w2sq2, en2, g2 = evaluate(raw, refine=False)
             it += 1
-            if not ok:
-                # rejected trial: its NaN gradient never reaches the optimiser state; the
-                # iterate retreats halfway towards the last finite point.
+            halvings = 0
+            while not ok:
+                # A rejected trial: its loss and gradient never reach the optimiser state (the
+                # moments hold gradients of accepted iterates only); the update is halved
+                # towards the last accepted iterate — once after a blow-up / non-finite
+                # solve, up to _TOO_LONG_BACKTRACKS times while the step-error check alone
+                # fails (the accepted iterate passed it, so a short enough update does too);
+                # the last of those halvings refines the steps if the check still fails.
+                too_long = counters["too_long"]
+                if halvings >= (_TOO_LONG_BACKTRACKS if too_long else 1):
+                    break
                 raw = _axpy(jnp.asarray(0.5, dtype), last_good, jax.tree.map(jnp.subtract, raw, last_good))
-                ok, v2, w2sq2, en2, g2 = evaluate(raw)
-                if not ok:
-                    raw = last_good
+                halvings += 1
+                counters["backtracks"] += too_long
+                ok, v2, w2sq2, en2, g2 = evaluate(
+                    raw, refine=too_long and halvings == _TOO_LONG_BACKTRACKS)
+            if not ok:
+                raw = last_good
             if counters["refined"] != refined:
                 # The steps were halved during this iteration: the best iterate's loss (and
                 # the current one's, if both trials were rejected) came from the coarser
@@ -618,16 +643,21 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             if not slope < 0:  # not a descent direction: restart the memory, steepest descent
                 dirn, slope, lst_new = _LBFGS().direction(gx, x)
             lst = lst_new
-            step, accepted, n_ls = 1.0, False, 0
+            step, accepted, n_ls, n_long = 1.0, False, 0, 0
             refined = counters["refined"]
             while n_ls < 30:
                 trial = _unflat(x + step * dirn, raw)
-                ok, v2, w2sq2, en2, g2 = evaluate(trial)
+                # A trial failing the step-error check alone is a rejected trial like any
+                # other (backtrack: the iterate passed the check, so a short enough step does
+                # too); only after _TOO_LONG_BACKTRACKS such failures in this line search are
+                # the steps refined for the trial (and every later one).
+                ok, v2, w2sq2, en2, g2 = evaluate(trial, refine=n_long >= _TOO_LONG_BACKTRACKS)
                 if counters["refined"] != refined:
                     # The steps were halved for this trial: the iterate's loss and gradient,
                     # and the memory's pairs, are those of the coarser steps. Evaluate the
                     # iterate again at the new count, forget the memory and restart the line
                     # search from a fresh direction (the count only grows: at most 6 times).
+                    n_long = 0
                     ok0, v0, w2sq0, en0, g0 = evaluate(raw)
                     refined = counters["refined"]
                     if not ok0:  # the finer solve failed where a coarser one passed
@@ -641,6 +671,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                 if ok and v2 <= v + 1e-4 * step * slope:
                     accepted = True
                     break
+                if counters["too_long"]:
+                    n_long += 1
+                    counters["backtracks"] += 1
                 step *= 0.5
                 n_ls += 1
             it += 1
@@ -711,6 +744,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start,
                "steps_per_piece": opts.steps_per_piece if opts.solver is None else None,
                "step_refinements": counters["refined"],
+               "step_backtracks": counters["backtracks"],
                "steps_history": np.asarray(steps_hist, np.int64)},
         message=message)
     if throw:
