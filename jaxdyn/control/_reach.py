@@ -68,9 +68,22 @@ _MAX_STEPS_PER_PIECE = 64
 # trial within the check are the steps refined (the accepted iterate is then evaluated again
 # at the new count, since the losses compared must come from one step count).
 _TOO_LONG_BACKTRACKS = 3
+# Re-coarsening (L-BFGS phase): after _COARSEN_AFTER accepted iterations at one count, an
+# accepted iterate whose largest step-error ratio (error estimate / tolerance) is below
+# _COARSEN_BELOW is solved again at half the count (not below the initial steps_per_piece),
+# which is kept if that solve passes. Dopri8's error estimate scales as h^8 a step, so the
+# ratio after halving is predicted ≈ 256 · _COARSEN_BELOW ≈ 0.26 — a margin of 4 below the
+# refinement threshold 1, and refinement also needs 3 failed halvings: no oscillation.
+_COARSEN_BELOW = 1e-3
+_COARSEN_AFTER = 3
 
 
 def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
+    """``(m, Σ, ok, too_long)`` of :func:`_fixed_step_solve`."""
+    return _fixed_step_solve(vals, prob, opts)[:4]
+
+
+def _fixed_step_solve(vals, prob: _Problem, opts: _Opts):
     r"""The moment ODE under piecewise-constant (or piecewise-linear) controls by fixed
     Dopri8 steps, ``steps_per_piece`` a piece, all stages of all steps in one ``lax.scan``
     (one copy of the right-hand side in the program, and in its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
@@ -79,7 +92,8 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     of :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
     ``(rtol, atol)``; ``too_long`` is True when that last reason alone failed the solve (the
     steps were too long for these controls: :func:`reach` then halves the steps and solves
-    again, as an adaptive solve would shorten its step)."""
+    again, as an adaptive solve would shorten its step). A fifth output: the largest
+    step-error ratio (RMS of error estimate / (atol + rtol |y|)) over the steps."""
     A, B, V, b = vals
     linear = prob.kind == "linear"
     n = A.shape[0] - 1 if linear else A.shape[0]
@@ -109,7 +123,7 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         return jnp.tensordot(r, Kl, axes=1, precision=jax.lax.Precision.HIGHEST)
 
     def stage(c, idx):
-        y, K, bad, err = c
+        y, K, bad, err, emax = c
         j, i = idx % nk, idx // nk
         k = i // steps
         par = [x[k] for x in vals]
@@ -127,20 +141,23 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         S1 = sg(y1[1])
         last = j == nk - 1
         big = ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
-        long_ = ~(jnp.sqrt(tot / ncomp) <= 1.0)
+        ratio = jnp.sqrt(tot / ncomp)
+        long_ = ~(ratio <= 1.0)
+        emax = jnp.where(last, jnp.maximum(emax, ratio), emax)
         bad = bad | (last & big)
         err = err | (last & long_)
         y = [jnp.where(last, a1, a0) for a0, a1 in zip(y, y1)]
-        return (y, K, bad, err), None
+        return (y, K, bad, err, emax), None
 
     K0 = [jnp.zeros((nk,) + x.shape, dtype) for x in (prob.m0, S0)]
     false = jnp.zeros((), bool)
-    (y, _, bad, err), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, false, false),
+    (y, _, bad, err, emax), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, false, false,
+                                                                    jnp.zeros((), dtype)),
                                        jnp.arange(n * steps * nk))
     m, S = y
     finite = jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
     ok = ~bad & ~err & finite
-    return m, S, ok, err & ~bad & finite
+    return m, S, ok, err & ~bad & finite, emax
 
 
 def _squash(w, c):
@@ -175,7 +192,7 @@ def _physical(raw, prob: _Problem):
 def _loss(raw, prob: _Problem, opts: _Opts):
     vals = _physical(raw, prob)
     if opts.solver is None:
-        m, S, ok, too_long = _fixed_step_moments(vals, prob, opts)
+        m, S, ok, too_long, emax = _fixed_step_solve(vals, prob, opts)
         status = jnp.where(ok, MomentStatus.OK,
                            jnp.where(too_long, MomentStatus.MAX_STEPS, MomentStatus.NONFINITE))
     else:
@@ -185,23 +202,25 @@ def _loss(raw, prob: _Problem, opts: _Opts):
                             max_steps=opts.max_steps)
         m, S, status = sol.mean_final, sol.cov_final, sol.status
         ok = status == MomentStatus.OK
+        emax = jnp.zeros((), S.dtype)
     w2sq = bures_w2_squared(m, S, prob.m1, prob.S1)
     energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
     loss = w2sq + prob.weight * energy
     nan = jnp.asarray(jnp.nan, loss.dtype)
-    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status)
+    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status, emax)
 
 
 @eqx.filter_jit
 def _value_and_grad(raw, prob, opts):
-    """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long] (ok: finite loss and
-    grad; too_long: the fixed-step solve failed only on its step-error check)."""
-    (v, (w2sq, en, status)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
+    """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long, error ratio] (ok:
+    finite loss and grad; too_long: the fixed-step solve failed only on its step-error check;
+    the fixed-step solve's largest step-error ratio, 0 with a diffrax solver)."""
+    (v, (w2sq, en, status, emax)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
     ok = jnp.isfinite(v)
     for leaf in jax.tree.leaves(g):
         ok = ok & jnp.all(jnp.isfinite(leaf))
     too_long = (status == MomentStatus.MAX_STEPS) if opts.solver is None else jnp.zeros((), bool)
-    return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype)]), g
+    return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype), emax.astype(v.dtype)]), g
 
 
 @eqx.filter_jit
@@ -512,11 +531,13 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                     weight=jnp.asarray(energy_weight, dtype), kind=kind)
     opts = _Opts(rtol=float(rtol), atol=float(atol), max_steps=int(max_steps), solver=solver,
                  steps_per_piece=int(steps_per_piece))
+    steps_min = int(steps_per_piece)  # re-coarsening never goes below the initial count
     lam = float(energy_weight)
     stop_w2 = stop_factor * tol
 
     losses, w2s, steps_hist = [], [], []
-    counters = {"evals": 0, "rejected": 0, "refined": 0, "too_long": False, "backtracks": 0}
+    counters = {"evals": 0, "rejected": 0, "refined": 0, "too_long": False, "backtracks": 0,
+                "coarsened": 0, "emax": 0.0}
 
     def evaluate(x, refine=True):
         """One solve at the current step count (``refine``: while the step-error check alone
@@ -525,7 +546,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         nonlocal opts
         while True:
             sc, g = _value_and_grad(x, prob, opts)
-            v, w2sq, en, ok, too_long = (float(a) for a in np.asarray(sc))
+            v, w2sq, en, ok, too_long, counters["emax"] = (float(a) for a in np.asarray(sc))
             counters["evals"] += 1
             ok = bool(ok)
             counters["too_long"] = bool(too_long) and not ok
@@ -636,6 +657,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     while not done and lbfgs_steps > 0:
         lst = _LBFGS()
         stall = 0
+        calm, last_changes = 0, counters["refined"] + counters["coarsened"]
         n_iter = lbfgs_steps if lam_now == 0 or not energy_continuation else energy_stage_steps
         for _ in range(n_iter):
             x, gx = _flat(raw), _flat(g)
@@ -687,6 +709,23 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             w2_now = record(v, w2sq, it)
             if lam_now == 0 and w2_now <= stop_w2:
                 break
+            changes = counters["refined"] + counters["coarsened"]
+            calm = calm + 1 if changes == last_changes else 1
+            last_changes = changes
+            if (opts.solver is None and calm >= _COARSEN_AFTER and counters["emax"] < _COARSEN_BELOW
+                    and opts.steps_per_piece >= 2 * steps_min):
+                # The accepted iterate's solve is far inside the tolerances: try half the
+                # count on it (a program compiled on the way up); kept if that solve passes,
+                # the iterate's loss and gradient then those of the coarser count.
+                fine = opts
+                opts = dataclasses.replace(opts, steps_per_piece=opts.steps_per_piece // 2)
+                ok0, v0, w2sq0, en0, g0 = evaluate(raw, refine=False)
+                if ok0:
+                    counters["coarsened"] += 1
+                    v, w2sq, en, g = v0, w2sq0, en0, g0
+                else:
+                    counters["rejected"] -= 1  # not a trial: the iterate stays, at the finer count
+                    opts = fine
             stall = stall + 1 if rel < 1e-10 else 0
             if stall >= 5:
                 break
@@ -729,8 +768,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                 f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
                 f"rejected")
     if counters["refined"]:
-        message += (f"; the fixed steps were halved {counters['refined']} time(s) "
-                    f"(steps_per_piece {opts.steps_per_piece})")
+        message += f"; the fixed steps were halved {counters['refined']} time(s)"
+        if counters["coarsened"]:
+            message += f" and lengthened again {counters['coarsened']} time(s)"
+        message += f" (steps_per_piece {opts.steps_per_piece})"
     if cert_msg:
         message += f"; {cert_msg}"
     out = ReachResult(
@@ -745,6 +786,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                "steps_per_piece": opts.steps_per_piece if opts.solver is None else None,
                "step_refinements": counters["refined"],
                "step_backtracks": counters["backtracks"],
+               "step_coarsenings": counters["coarsened"],
                "steps_history": np.asarray(steps_hist, np.int64)},
         message=message)
     if throw:
