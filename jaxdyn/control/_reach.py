@@ -310,7 +310,7 @@ class ReachResult(Solution):
       stats: ``iterations`` (optimiser iterations), ``evaluations`` (loss evaluations),
         ``rejected`` (trials whose solve failed: blow-up / non-finite / step-error check,
         rejected and retreated), ``step_backtracks`` (of those, the halvings after the
-        step-error check alone failed), ``seconds`` (wall time of the optimisation, compilation
+        step-error check alone failed), ``step_coarsenings`` (re-coarsenings), ``seconds`` (wall time of the optimisation, compilation
         included), ``steps_per_piece`` (the fixed-step solve's final count; None with a
         diffrax solver), ``step_refinements`` (how often it was doubled; also as
         attributes of the same names) and ``steps_history`` (per ``loss_history`` entry, the
@@ -421,7 +421,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         such halvings in a row are the steps halved (``steps_per_piece`` doubled, up to 64)
         for it and every later trial (the current iterate is then evaluated again at the new
         count, and an L-BFGS line search restarts from it with an empty memory, so that
-        losses are only compared at one step count); beyond 64, or on a blow-up /
+        losses are only compared at one step count); in the L-BFGS phase, after 3 accepted
+        iterations at one count, an accepted iterate whose step-error ratio is below 1e-3 is
+        solved again at half the count (never below ``steps_per_piece``), kept if that solve
+        passes (``stats["step_coarsenings"]``); beyond 64, or on a blow-up /
         non-finite state, the trial is rejected (a small
         program: its first call compiles in a fraction of an adaptive solve's). A diffrax solver
         (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
@@ -725,7 +728,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                     v, w2sq, en, g = v0, w2sq0, en0, g0
                 else:
                     counters["rejected"] -= 1  # not a trial: the iterate stays, at the finer count
-                    opts = fine
+                    opts, calm = fine, 0  # and the next try waits _COARSEN_AFTER iterations
             stall = stall + 1 if rel < 1e-10 else 0
             if stall >= 5:
                 break
