@@ -5,8 +5,10 @@ mean ~ N(0, I), eigenvalues log-uniform in [0.25, 4]), t1 = 1, 8 piecewise-const
 all controls (A, b, V, B) free, optimiser started from zero controls. In one invocation:
 
 - ``jaxdyn``: :func:`jaxdyn.control.reach` (gradients through its fixed-step Dopri8 solve,
-  2 steps a piece, error estimate within rtol 1e-9, the steps halved while that check alone
-  fails: ``steps_per_piece`` and ``step_refinements`` per target), stopping as soon as its W2 < tol
+  2 steps a piece, error estimate within rtol 1e-9; a trial failing that check alone is
+  backtracked first, the steps halved only after 3 such halvings, and lengthened again on an
+  accepted iterate far inside the check: ``steps_per_piece``, ``step_refinements``,
+  ``step_backtracks``, ``step_coarsenings`` per target), stopping as soon as its W2 < tol
   (``stop_factor=1``). Two schedules: ``lbfgs`` (L-BFGS only) and ``adam20_lbfgs`` (20 Adam
   steps first). Every target is first solved once untimed-for-the-median (``cold_times_s``:
   trace + compile + run wherever it needs a program not yet compiled — a new d, or a
@@ -206,6 +208,7 @@ def main(argv=None):
                 cold_cpu.append(cpu_s() - c0)
             first, first_cpu = cold[0], cold_cpu[0]
             times, cpus, iters, w2s, w2v, rej, spp, refs = [], [], [], [], [], [], [], []
+            bts, crs = [], []
             for m1, S1 in targets:
                 t0, c0 = time.perf_counter(), cpu_s()
                 res = reach(m0, S0, m1, S1, **kw)
@@ -213,6 +216,8 @@ def main(argv=None):
                 cpus.append(cpu_s() - c0)
                 spp.append(res.steps_per_piece)
                 refs.append(res.step_refinements)
+                bts.append(res.stats["step_backtracks"])
+                crs.append(res.stats["step_coarsenings"])
                 iters.append(res.iterations)
                 w2s.append(res.w2_optimizer)
                 rej.append(res.rejected)
@@ -228,6 +233,7 @@ def main(argv=None):
                 "cpu_median_s": statistics.median(cpus), "cpu_times_s": cpus, "iterations": iters,
                 "w2_optimizer": w2s, "w2_verified": w2v, "rejected_trials": rej,
                 "steps_per_piece": spp, "step_refinements": refs,
+                "step_backtracks": bts, "step_coarsenings": crs,
                 "reached": sum(w < TOL for w in w2v)}
             print(f"d={d:2d} jaxdyn {name:13s}: cold {[fmt_s(t) for t in cold]}, warm median "
                   f"{fmt_s(statistics.median(times))}"

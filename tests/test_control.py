@@ -520,8 +520,12 @@ def test_reach_halves_fixed_steps_when_only_the_step_error_check_fails():
 
 
 def test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count(monkeypatch):
-    """One fixed Dopri8 step a piece is too long for rtol/atol on this target once the controls
-    grow: inside an L-BFGS line search reach doubles steps_per_piece (1 → 2). Every solve is
+    """One fixed Dopri8 step a piece is too long for rtol/atol on this target for one L-BFGS
+    trial. By default that trial is a rejected trial like any other: the line search backtracks
+    (the next trial is halfway between the accepted iterate and it), the steps are never
+    refined, and the target is reached at one step a piece. With the backtracking budget
+    ``_TOO_LONG_BACKTRACKS`` set to 0 (refine at the first such trial, the earlier policy)
+    reach instead doubles steps_per_piece (1 → 2) inside the line search. Every solve is
     logged: each accepted loss is below the previous iterate's loss *at its own step count*
     (after the refinement, the iterate is evaluated again at 2 steps), the line search then
     restarts along the steepest-descent direction of L-BFGS with an empty memory
@@ -535,14 +539,45 @@ def test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count(mo
 
     def logged(x, prob, opts):
         sc, g = orig(x, prob, opts)
-        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g)))
+        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g),
+                    float(sc[5])))
         return sc, g
 
     monkeypatch.setattr(_reach, "_value_and_grad", logged)
     m1, S1 = random_target(3, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
     m0, S0 = _start(2)
-    r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1,
-              with_certificate=False)
+    kw = dict(t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1, with_certificate=False)
+    # default: the too-long trial is backtracked, no refinement
+    r = reach(m0, S0, m1, S1, **kw)
+    assert r.step_refinements == 0 and r.steps_per_piece == 1 and "halved" not in r.message
+    assert r.stats["step_backtracks"] >= 1 and r.rejected >= r.stats["step_backtracks"]
+    assert all(e[0] == 1 for e in log)
+    rejected = [i for i, e in enumerate(log) if not e[3]]
+    assert rejected
+    for i in rejected:  # the next trial is halfway back towards an accepted iterate
+        x = 2 * log[i + 1][1] - log[i][1]
+        assert any(e[3] and np.allclose(e[1], x, rtol=1e-12, atol=1e-13) for e in log[:i])
+    _check_reached(r, m0, S0, m1, S1)
+    # the earlier policy: refine at the first too-long trial; with re-coarsening the solve
+    # goes back to 1 step a piece once an accepted iterate's error ratio is below 1e-3 (three
+    # accepted iterations after the refinement), and the iterate is solved again at 1 step
+    log.clear()
+    monkeypatch.setattr(_reach, "_TOO_LONG_BACKTRACKS", 0)
+    r = reach(m0, S0, m1, S1, **kw)
+    steps = r.stats["steps_history"]
+    assert r.step_refinements == 1 and r.stats["step_coarsenings"] == 1 and steps[-1] == 1
+    k = int(np.flatnonzero(np.diff(steps) < 0)[0]) + 1  # first entry back at 1 step
+    assert np.all(steps[k - _reach._COARSEN_AFTER:k] == 2)
+    acc = next(i for i, e in enumerate(log) if e[0] == 2 and e[3] and e[2] == r.loss_history[k - 1])
+    assert log[acc][5] < _reach._COARSEN_BELOW
+    again = log[acc + 1]  # the accepted iterate, solved again at 1 step: passes, and the next
+    assert again[0] == 1 and again[3] and np.array_equal(again[1], log[acc][1])  # loss is below
+    assert r.loss_history[k] < again[2]  # its loss at that count
+    _check_reached(r, m0, S0, m1, S1)
+    # without re-coarsening: the refinement and the line-search restart
+    log.clear()
+    monkeypatch.setattr(_reach, "_COARSEN_BELOW", 0.0)
+    r = reach(m0, S0, m1, S1, **kw)
     assert r.step_refinements == 1 and r.steps_per_piece == 2 and "halved 1 time" in r.message
     hist, steps = r.loss_history, r.stats["steps_history"]
     assert len(steps) == len(hist) == r.iterations + 1

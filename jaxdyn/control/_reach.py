@@ -62,9 +62,28 @@ _THRESHOLD = 1e6
 # reach halves the fixed steps (doubles steps_per_piece) while the step-error check alone
 # fails a trial, up to this many steps a piece; beyond, the trial is rejected.
 _MAX_STEPS_PER_PIECE = 64
+# A trial that fails the step-error check alone is first treated as a rejected trial: the
+# L-BFGS line search backtracks, an Adam update is halved towards the accepted iterate (whose
+# solve passed the check at this count). Only when this many halvings in a row did not bring a
+# trial within the check are the steps refined (the accepted iterate is then evaluated again
+# at the new count, since the losses compared must come from one step count).
+_TOO_LONG_BACKTRACKS = 3
+# Re-coarsening (L-BFGS phase): after _COARSEN_AFTER accepted iterations at one count, an
+# accepted iterate whose largest step-error ratio (error estimate / tolerance) is below
+# _COARSEN_BELOW is solved again at half the count (not below the initial steps_per_piece),
+# which is kept if that solve passes. Dopri8's error estimate scales as h^8 a step, so the
+# ratio after halving is predicted ≈ 256 · _COARSEN_BELOW ≈ 0.26 — a margin of 4 below the
+# refinement threshold 1, and refinement also needs 3 failed halvings: no oscillation.
+_COARSEN_BELOW = 1e-3
+_COARSEN_AFTER = 3
 
 
 def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
+    """``(m, Σ, ok, too_long)`` of :func:`_fixed_step_solve`."""
+    return _fixed_step_solve(vals, prob, opts)[:4]
+
+
+def _fixed_step_solve(vals, prob: _Problem, opts: _Opts):
     r"""The moment ODE under piecewise-constant (or piecewise-linear) controls by fixed
     Dopri8 steps, ``steps_per_piece`` a piece, all stages of all steps in one ``lax.scan``
     (one copy of the right-hand side in the program, and in its gradient). Steps never straddle a piece boundary, so each step sees smooth controls
@@ -73,7 +92,8 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
     of :func:`solve_moments`), or a step's embedded error estimate exceeded the tolerances
     ``(rtol, atol)``; ``too_long`` is True when that last reason alone failed the solve (the
     steps were too long for these controls: :func:`reach` then halves the steps and solves
-    again, as an adaptive solve would shorten its step)."""
+    again, as an adaptive solve would shorten its step). A fifth output: the largest
+    step-error ratio (RMS of error estimate / (atol + rtol |y|)) over the steps."""
     A, B, V, b = vals
     linear = prob.kind == "linear"
     n = A.shape[0] - 1 if linear else A.shape[0]
@@ -103,7 +123,7 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         return jnp.tensordot(r, Kl, axes=1, precision=jax.lax.Precision.HIGHEST)
 
     def stage(c, idx):
-        y, K, bad, err = c
+        y, K, bad, err, emax = c
         j, i = idx % nk, idx // nk
         k = i // steps
         par = [x[k] for x in vals]
@@ -121,20 +141,23 @@ def _fixed_step_moments(vals, prob: _Problem, opts: _Opts):
         S1 = sg(y1[1])
         last = j == nk - 1
         big = ~(jnp.sqrt(jnp.sum(S1 * S1)) < thr)
-        long_ = ~(jnp.sqrt(tot / ncomp) <= 1.0)
+        ratio = jnp.sqrt(tot / ncomp)
+        long_ = ~(ratio <= 1.0)
+        emax = jnp.where(last, jnp.maximum(emax, ratio), emax)
         bad = bad | (last & big)
         err = err | (last & long_)
         y = [jnp.where(last, a1, a0) for a0, a1 in zip(y, y1)]
-        return (y, K, bad, err), None
+        return (y, K, bad, err, emax), None
 
     K0 = [jnp.zeros((nk,) + x.shape, dtype) for x in (prob.m0, S0)]
     false = jnp.zeros((), bool)
-    (y, _, bad, err), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, false, false),
+    (y, _, bad, err, emax), _ = jax.lax.scan(jax.checkpoint(stage), ([prob.m0, S0], K0, false, false,
+                                                                    jnp.zeros((), dtype)),
                                        jnp.arange(n * steps * nk))
     m, S = y
     finite = jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m))
     ok = ~bad & ~err & finite
-    return m, S, ok, err & ~bad & finite
+    return m, S, ok, err & ~bad & finite, emax
 
 
 def _squash(w, c):
@@ -169,7 +192,7 @@ def _physical(raw, prob: _Problem):
 def _loss(raw, prob: _Problem, opts: _Opts):
     vals = _physical(raw, prob)
     if opts.solver is None:
-        m, S, ok, too_long = _fixed_step_moments(vals, prob, opts)
+        m, S, ok, too_long, emax = _fixed_step_solve(vals, prob, opts)
         status = jnp.where(ok, MomentStatus.OK,
                            jnp.where(too_long, MomentStatus.MAX_STEPS, MomentStatus.NONFINITE))
     else:
@@ -179,23 +202,25 @@ def _loss(raw, prob: _Problem, opts: _Opts):
                             max_steps=opts.max_steps)
         m, S, status = sol.mean_final, sol.cov_final, sol.status
         ok = status == MomentStatus.OK
+        emax = jnp.zeros((), S.dtype)
     w2sq = bures_w2_squared(m, S, prob.m1, prob.S1)
     energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
     loss = w2sq + prob.weight * energy
     nan = jnp.asarray(jnp.nan, loss.dtype)
-    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status)
+    return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status, emax)
 
 
 @eqx.filter_jit
 def _value_and_grad(raw, prob, opts):
-    """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long] (ok: finite loss and
-    grad; too_long: the fixed-step solve failed only on its step-error check)."""
-    (v, (w2sq, en, status)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
+    """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long, error ratio] (ok:
+    finite loss and grad; too_long: the fixed-step solve failed only on its step-error check;
+    the fixed-step solve's largest step-error ratio, 0 with a diffrax solver)."""
+    (v, (w2sq, en, status, emax)), g = jax.value_and_grad(_loss, has_aux=True)(raw, prob, opts)
     ok = jnp.isfinite(v)
     for leaf in jax.tree.leaves(g):
         ok = ok & jnp.all(jnp.isfinite(leaf))
     too_long = (status == MomentStatus.MAX_STEPS) if opts.solver is None else jnp.zeros((), bool)
-    return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype)]), g
+    return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype), emax.astype(v.dtype)]), g
 
 
 @eqx.filter_jit
@@ -283,8 +308,9 @@ class ReachResult(Solution):
       certificate: the :class:`Certificate` (None if not computed).
       rank: numerical rank of S0 and S1. free, bound, energy_weight: the mode's settings.
       stats: ``iterations`` (optimiser iterations), ``evaluations`` (loss evaluations),
-        ``rejected`` (trials whose solve failed: blow-up / non-finite / step budget,
-        rejected and retreated), ``seconds`` (wall time of the optimisation, compilation
+        ``rejected`` (trials whose solve failed: blow-up / non-finite / step-error check,
+        rejected and retreated), ``step_backtracks`` (of those, the halvings after the
+        step-error check alone failed), ``step_coarsenings`` (re-coarsenings), ``seconds`` (wall time of the optimisation, compilation
         included), ``steps_per_piece`` (the fixed-step solve's final count; None with a
         diffrax solver), ``step_refinements`` (how often it was doubled; also as
         attributes of the same names) and ``steps_history`` (per ``loss_history`` entry, the
@@ -389,11 +415,17 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
       rtol, atol, solver, max_steps, steps_per_piece: the optimiser's solve. Default
         (``solver=None``): fixed Dopri8 steps, ``steps_per_piece`` a piece, whose embedded
         error estimate must stay within ``rtol, atol`` (defaults 1e-9/1e-11 in float64,
-        1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the steps
-        are halved (``steps_per_piece`` doubled, up to 64) for it and every later trial (the
-        current iterate is then evaluated again at the new count, and an L-BFGS line search
-        restarts from it with an empty memory, so that losses are only compared at one step
-        count), and beyond that, or on a blow-up / non-finite state, the trial is rejected (a small
+        1e-5/1e-7 in float32) at every step; when that check alone fails a trial, the trial
+        is first rejected like any other (the L-BFGS line search backtracks; an Adam update
+        is halved towards the accepted iterate, which passed the check), and only after 3
+        such halvings in a row are the steps halved (``steps_per_piece`` doubled, up to 64)
+        for it and every later trial (the current iterate is then evaluated again at the new
+        count, and an L-BFGS line search restarts from it with an empty memory, so that
+        losses are only compared at one step count); in the L-BFGS phase, after 3 accepted
+        iterations at one count, an accepted iterate whose step-error ratio is below 1e-3 is
+        solved again at half the count (never below ``steps_per_piece``), kept if that solve
+        passes (``stats["step_coarsenings"]``); beyond 64, or on a blow-up /
+        non-finite state, the trial is rejected (a small
         program: its first call compiles in a fraction of an adaptive solve's). A diffrax solver
         (e.g. ``diffrax.Tsit5()``) selects :func:`solve_moments` instead (adaptive, at most
         ``max_steps`` steps). The result is then re-checked by an independent adaptive
@@ -502,20 +534,26 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                     weight=jnp.asarray(energy_weight, dtype), kind=kind)
     opts = _Opts(rtol=float(rtol), atol=float(atol), max_steps=int(max_steps), solver=solver,
                  steps_per_piece=int(steps_per_piece))
+    steps_min = int(steps_per_piece)  # re-coarsening never goes below the initial count
     lam = float(energy_weight)
     stop_w2 = stop_factor * tol
 
     losses, w2s, steps_hist = [], [], []
-    counters = {"evals": 0, "rejected": 0, "refined": 0}
+    counters = {"evals": 0, "rejected": 0, "refined": 0, "too_long": False, "backtracks": 0,
+                "coarsened": 0, "emax": 0.0}
 
-    def evaluate(x):
+    def evaluate(x, refine=True):
+        """One solve at the current step count (``refine``: while the step-error check alone
+        fails, halve the steps and solve again). Returns ``(ok, loss, W2², energy, grad)``;
+        ``counters["too_long"]`` tells whether the last failure was the step-error check alone."""
         nonlocal opts
         while True:
             sc, g = _value_and_grad(x, prob, opts)
-            v, w2sq, en, ok, too_long = (float(a) for a in np.asarray(sc))
+            v, w2sq, en, ok, too_long, counters["emax"] = (float(a) for a in np.asarray(sc))
             counters["evals"] += 1
             ok = bool(ok)
-            if ok or not too_long or opts.steps_per_piece >= _MAX_STEPS_PER_PIECE:
+            counters["too_long"] = bool(too_long) and not ok
+            if ok or not too_long or opts.steps_per_piece >= _MAX_STEPS_PER_PIECE or not refine:
                 break
             # The fixed steps were too long for these controls (the embedded error estimate
             # exceeded rtol/atol; the state is finite and below the blow-up threshold): halve
@@ -568,15 +606,26 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             last_good = raw
             refined = counters["refined"]
             raw, ast = _adam_step(adam, g, ast, raw)
-            ok, v2, w2sq2, en2, g2 = evaluate(raw)
+            ok, v2, w2sq2, en2, g2 = evaluate(raw, refine=False)
             it += 1
-            if not ok:
-                # rejected trial: its NaN gradient never reaches the optimiser state; the
-                # iterate retreats halfway towards the last finite point.
+            halvings = 0
+            while not ok:
+                # A rejected trial: its loss and gradient never reach the optimiser state (the
+                # moments hold gradients of accepted iterates only); the update is halved
+                # towards the last accepted iterate — once after a blow-up / non-finite
+                # solve, up to _TOO_LONG_BACKTRACKS times while the step-error check alone
+                # fails (the accepted iterate passed it, so a short enough update does too);
+                # the last of those halvings refines the steps if the check still fails.
+                too_long = counters["too_long"]
+                if halvings >= (_TOO_LONG_BACKTRACKS if too_long else 1):
+                    break
                 raw = _axpy(jnp.asarray(0.5, dtype), last_good, jax.tree.map(jnp.subtract, raw, last_good))
-                ok, v2, w2sq2, en2, g2 = evaluate(raw)
-                if not ok:
-                    raw = last_good
+                halvings += 1
+                counters["backtracks"] += too_long
+                ok, v2, w2sq2, en2, g2 = evaluate(
+                    raw, refine=too_long and halvings == _TOO_LONG_BACKTRACKS)
+            if not ok:
+                raw = last_good
             if counters["refined"] != refined:
                 # The steps were halved during this iteration: the best iterate's loss (and
                 # the current one's, if both trials were rejected) came from the coarser
@@ -611,6 +660,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     while not done and lbfgs_steps > 0:
         lst = _LBFGS()
         stall = 0
+        calm, last_changes = 0, counters["refined"] + counters["coarsened"]
         n_iter = lbfgs_steps if lam_now == 0 or not energy_continuation else energy_stage_steps
         for _ in range(n_iter):
             x, gx = _flat(raw), _flat(g)
@@ -618,16 +668,21 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             if not slope < 0:  # not a descent direction: restart the memory, steepest descent
                 dirn, slope, lst_new = _LBFGS().direction(gx, x)
             lst = lst_new
-            step, accepted, n_ls = 1.0, False, 0
+            step, accepted, n_ls, n_long = 1.0, False, 0, 0
             refined = counters["refined"]
             while n_ls < 30:
                 trial = _unflat(x + step * dirn, raw)
-                ok, v2, w2sq2, en2, g2 = evaluate(trial)
+                # A trial failing the step-error check alone is a rejected trial like any
+                # other (backtrack: the iterate passed the check, so a short enough step does
+                # too); only after _TOO_LONG_BACKTRACKS such failures in this line search are
+                # the steps refined for the trial (and every later one).
+                ok, v2, w2sq2, en2, g2 = evaluate(trial, refine=n_long >= _TOO_LONG_BACKTRACKS)
                 if counters["refined"] != refined:
                     # The steps were halved for this trial: the iterate's loss and gradient,
                     # and the memory's pairs, are those of the coarser steps. Evaluate the
                     # iterate again at the new count, forget the memory and restart the line
                     # search from a fresh direction (the count only grows: at most 6 times).
+                    n_long = 0
                     ok0, v0, w2sq0, en0, g0 = evaluate(raw)
                     refined = counters["refined"]
                     if not ok0:  # the finer solve failed where a coarser one passed
@@ -641,6 +696,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                 if ok and v2 <= v + 1e-4 * step * slope:
                     accepted = True
                     break
+                if counters["too_long"]:
+                    n_long += 1
+                    counters["backtracks"] += 1
                 step *= 0.5
                 n_ls += 1
             it += 1
@@ -654,6 +712,23 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
             w2_now = record(v, w2sq, it)
             if lam_now == 0 and w2_now <= stop_w2:
                 break
+            changes = counters["refined"] + counters["coarsened"]
+            calm = calm + 1 if changes == last_changes else 1
+            last_changes = changes
+            if (opts.solver is None and calm >= _COARSEN_AFTER and counters["emax"] < _COARSEN_BELOW
+                    and opts.steps_per_piece >= 2 * steps_min):
+                # The accepted iterate's solve is far inside the tolerances: try half the
+                # count on it (a program compiled on the way up); kept if that solve passes,
+                # the iterate's loss and gradient then those of the coarser count.
+                fine = opts
+                opts = dataclasses.replace(opts, steps_per_piece=opts.steps_per_piece // 2)
+                ok0, v0, w2sq0, en0, g0 = evaluate(raw, refine=False)
+                if ok0:
+                    counters["coarsened"] += 1
+                    v, w2sq, en, g = v0, w2sq0, en0, g0
+                else:
+                    counters["rejected"] -= 1  # not a trial: the iterate stays, at the finer count
+                    opts, calm = fine, 0  # and the next try waits _COARSEN_AFTER iterations
             stall = stall + 1 if rel < 1e-10 else 0
             if stall >= 5:
                 break
@@ -696,8 +771,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                 f"after {it} iterations, {counters['evals']} solves, {counters['rejected']} "
                 f"rejected")
     if counters["refined"]:
-        message += (f"; the fixed steps were halved {counters['refined']} time(s) "
-                    f"(steps_per_piece {opts.steps_per_piece})")
+        message += f"; the fixed steps were halved {counters['refined']} time(s)"
+        if counters["coarsened"]:
+            message += f" and lengthened again {counters['coarsened']} time(s)"
+        message += f" (steps_per_piece {opts.steps_per_piece})"
     if cert_msg:
         message += f"; {cert_msg}"
     out = ReachResult(
@@ -711,6 +788,8 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
                "rejected": counters["rejected"], "seconds": time.perf_counter() - t_start,
                "steps_per_piece": opts.steps_per_piece if opts.solver is None else None,
                "step_refinements": counters["refined"],
+               "step_backtracks": counters["backtracks"],
+               "step_coarsenings": counters["coarsened"],
                "steps_history": np.asarray(steps_hist, np.int64)},
         message=message)
     if throw:
