@@ -4,6 +4,7 @@ dense solver and the exact assignment."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import scipy.special
 from conftest import tol
 from jaxdyn.distances import _multiscale as M
 from jaxdyn.distances import w2_exact, w2_sinkhorn
+from jaxdyn._cache import compile_stats
 from jaxdyn.distances._rounds import _debiased_round
 from jaxdyn.kernels import blocked_lse
 
@@ -214,8 +216,12 @@ def test_gauge_offset_in_warm_start_still_converges():
     assert bool(np.all(np.asarray(conv)))
     (f, g) = pots[0]
     shifted = ((f - 0.6, g + 0.6),) + tuple(pots[1:])
+    jax.block_until_ready(shifted)
+    before = compile_stats()["compiles"]
     div, _, conv, iters = _debiased_round(x, y, 1e-5, 2e-5, shifted, **kw)
     assert bool(np.all(np.asarray(conv))), np.asarray(iters)
+    # ε and its start travel as arrays: the second round of the ladder runs the first's program
+    assert compile_stats()["compiles"] == before
 
 
 @pytest.mark.parametrize("dtype, n", [

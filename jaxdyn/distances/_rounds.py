@@ -4,7 +4,6 @@ Shared by the dense and the multiscale (block-sparse) solvers."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -179,14 +178,9 @@ def _anneal_length(decay: float) -> int:
     return int(math.ceil(math.log(_MAX_ROUND_RATIO) / math.log(1.0 / decay)))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("threshold", "max_iterations", "batch_size", "decay", "momentum_start",
-                     "block", "anderson", "reestimate"),
-)
-def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
-                    max_iterations, batch_size, decay, momentum_start, block=None, anderson=0,
-                    reestimate=False):
+def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
+                max_iterations, batch_size, decay, momentum_start, block=None, anderson=0,
+                reestimate=False):
     """One round: the three entropic problems at ``eps``, annealed from ``eps_start`` and
     warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
 
@@ -258,6 +252,47 @@ def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, 
     converged = jnp.stack([out_xy.converged, out_xx.converged, out_yy.converged])
     n_iters = jnp.stack([out_xy.n_iters, out_xx.n_iters, out_yy.n_iters])
     return div, pots, converged, n_iters
+
+
+_STATIC = ("threshold", "max_iterations", "batch_size", "decay", "momentum_start", "block",
+           "anderson", "reestimate")
+_round_jit = jax.jit(_round_body, static_argnames=_STATIC)
+
+
+def _round_positional(x, y, eps, eps_start, init, a, b, sparse, static):
+    """:func:`_round_body` with its static settings as one tuple of (name, value) pairs."""
+    return _round_body(x, y, eps, eps_start, init, a, b, sparse, **dict(static))
+
+
+def _round_fallback(x, y, eps, eps_start, init, a, b, sparse, static):
+    return _round_jit(x, y, eps, eps_start, init, a, b, sparse, **dict(static))
+
+
+_round_cached = None
+
+
+def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, **static):
+    """One debiased round (:func:`_round_body`), compiled once per shapes and settings and,
+    with the compilation cache on, kept on disk (:func:`jaxdyn._cache.cached_program`): a
+    later process loads it instead of tracing ott's three Sinkhorn solves again (2-2.5 s).
+    ``eps`` and ``eps_start`` travel as arrays of the clouds' dtype, so that every round of a
+    ladder runs the same program (the jit before cast them to that dtype inside, the same
+    rounding)."""
+    global _round_cached
+    unknown = set(static) - set(_STATIC)
+    if unknown:
+        raise TypeError(f"_debiased_round: unknown settings {sorted(unknown)}")
+    if _round_cached is None:
+        from .._cache import cached_program
+
+        _round_cached = cached_program(
+            _round_positional, ("jaxdyn.distances._rounds._round_positional", _round_positional),
+            fallback=_round_fallback)
+    if not isinstance(eps, jax.core.Tracer):
+        eps = np.asarray(eps, dtype=x.dtype)
+    if not isinstance(eps_start, jax.core.Tracer):
+        eps_start = np.asarray(eps_start, dtype=x.dtype)
+    return _round_cached(x, y, eps, eps_start, init, a, b, sparse, tuple(sorted(static.items())))
 
 
 def _ladder(solve, eps, eps_prev, init, rule, max_rounds):
