@@ -16,6 +16,7 @@ lowering and compiling (a persistent-cache hit counts its loading time), and the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -234,7 +235,8 @@ def token(v) -> str:
     """A text that identifies the static value ``v`` (:class:`Uncacheable` if there is none):
     None, bools, ints, floats (exactly, by ``float.hex``), complex, strings, bytes, NumPy
     dtypes and scalar types, tuples, lists and dicts of those, jaxdyn's module-level
-    functions and dataclasses (field by field), meshes and enums."""
+    functions, ``functools.partial`` of those with such arguments, jaxdyn's dataclasses
+    (field by field), meshes and enums."""
     if v is None or isinstance(v, (bool, str, bytes)):
         return f"{type(v).__name__}:{v!r}"
     if isinstance(v, (int, np.integer)):
@@ -252,6 +254,9 @@ def token(v) -> str:
         return f"dtype:{np.dtype(v).str}"
     if isinstance(v, types.FunctionType):
         return _fn_token(v)
+    if type(v) is functools.partial:
+        return (f"partial:{token(v.func)}:{token(tuple(v.args))}:"
+                f"{token(dict(v.keywords))}")
     if isinstance(v, jax.sharding.Mesh):
         return (f"mesh:{token(tuple(v.axis_names))}:{v.devices.shape}:"
                 f"{[d.id for d in v.devices.flat]}:{token([str(t) for t in v.axis_types])}")
@@ -299,6 +304,8 @@ def _leaf_token(x) -> str:
     if isinstance(x, jax.core.Tracer):
         raise Uncacheable("a traced argument (called inside a transformation)")
     if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+            raise Uncacheable(f"an array of extended dtype {x.dtype} (e.g. typed PRNG keys)")
         return (f"array:{x.shape}:{x.dtype.str}:{x.aval.weak_type}:"
                 f"{_sharding_token(x.sharding)}:{x.committed}")
     if isinstance(x, (np.ndarray, np.generic)):
@@ -348,8 +355,9 @@ def _environment_part() -> str:
     if _process_part[0] is None:  # files and versions: once per process
         _process_part[0] = f"jaxdyn-sources:{_sources_digest()}\n{_dependencies_part()}"
     lines = [_process_part[0]]
-    for name in sorted(jax.config.values):
-        text = repr(getattr(jax.config, name, jax.config.values[name]))
+    values = jax.config.values  # a fresh dict on every read: read once
+    for name in sorted(values):
+        text = repr(getattr(jax.config, name, values[name]))
         if " at 0x" in text:
             raise Uncacheable(f"jax config {name}")
         lines.append(f"config:{name}={text}")
@@ -504,9 +512,10 @@ def cached_program(fn, key, *, fallback=None):
 
     ``key`` must determine ``fn`` together with jaxdyn's sources: e.g. the module-level
     function it applies and the numbers it closes over (``token`` must accept it). The
-    returned ``call(*args)`` takes a tree of arrays and static leaves (non-array leaves are
-    baked into the program, as ``equinox.filter_jit`` does) and returns ``fn``'s outputs, a
-    tree of arrays. A call whose key cannot be formed (see :class:`Uncacheable`) goes to
+    returned ``call(*args, **kwargs)`` takes trees of arrays and static leaves (non-array
+    leaves are baked into the program, as ``equinox.filter_jit`` does) and returns ``fn``'s
+    outputs, a tree of arrays (tuples, lists, dicts: the output structure is stored with the
+    executable). A call whose key cannot be formed (see :class:`Uncacheable`) goes to
     ``fallback`` (default ``equinox.filter_jit(fn)``)."""
     memo: dict = {}
     if fallback is None:
@@ -518,13 +527,13 @@ def cached_program(fn, key, *, fallback=None):
     except Uncacheable:  # a key that can never be formed: the ordinary jit
         return fallback
 
-    def call(*args):
+    def call(*args, **kwargs):
         t0 = time.time()
-        leaves, treedef = jax.tree.flatten(args)
+        leaves, treedef = jax.tree.flatten((args, kwargs) if kwargs else args)
         try:
             text = program_key(key, leaves, treedef)
         except Uncacheable:
-            return fallback(*args)
+            return fallback(*args, **kwargs)
         arr = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, np.ndarray, np.generic))]
         flat = [leaves[i] for i in arr]
         compiled = memo.get(text)
@@ -533,6 +542,9 @@ def cached_program(fn, key, *, fallback=None):
                 vals = list(leaves)
                 for i, x in zip(arr, a):
                     vals[i] = x
+                if kwargs:
+                    a2, kw = treedef.unflatten(vals)
+                    return fn(*a2, **kw)
                 return fn(*treedef.unflatten(vals))
 
             compiled = memo[text] = _load_or_build(
@@ -540,3 +552,13 @@ def cached_program(fn, key, *, fallback=None):
         return compiled(*flat)
 
     return call
+
+
+def cached_jit(fn):
+    """Decorator: ``fn`` (a module-level jaxdyn function whose outputs are arrays, tuples,
+    lists or dicts of arrays) through :func:`cached_program`, keyed by its module and name
+    (its code is in the key through jaxdyn's sources); ``equinox.filter_jit`` semantics for
+    static arguments. Called under a transformation, or with what the key cannot name, it is
+    ``equinox.filter_jit(fn)``."""
+    call = cached_program(fn, (f"cached_jit:{fn.__module__}:{fn.__qualname__}",))
+    return functools.wraps(fn)(call)

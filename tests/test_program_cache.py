@@ -229,7 +229,13 @@ def test_token_texts_are_exact():
     assert t((1, 2)) != t([1, 2]) and t(np.float32) != t(np.float64)
     assert t({"b": 1, "a": 2}) == t({"a": 2, "b": 1})
     assert t(_cache.token) == "fn:jaxdyn._cache:token:NoneType:None:list()"
-    for bad in (lambda: 0, object(), _f, np.zeros(2)):  # no identifying text: not keyed
+    import functools
+
+    part = functools.partial(_cache.token)
+    assert t(part) == t(functools.partial(_cache.token)) != t(functools.partial(_cache.token, 1))
+    assert t(functools.partial(_cache.token, v=1)) != t(functools.partial(_cache.token, v=2))
+    for bad in (lambda: 0, object(), _f, np.zeros(2), functools.partial(_f, 1),
+                functools.partial(_cache.token, object())):  # no identifying text: not keyed
         with pytest.raises(_cache.Uncacheable):
             t(bad)
 
@@ -285,3 +291,38 @@ def test_a_fresh_process_loads_and_runs_the_stored_program(tmp_path):
     assert (second["written"], second["hits"]) == (0, 2)
     assert second["outs"] == first["outs"]  # the same bits (floats round-trip through JSON)
     assert second["trace"] == second["lower"] == 0.0
+
+
+@pytest.mark.parametrize("method", ["rk4", "geodesic_em"])
+def test_simulate_programs_are_stored_and_give_the_same_trajectory(cache, method):
+    """``simulate``'s fixed-step program and ``simulate_sde``'s geodesic Euler–Maruyama
+    program go through ``trajectory_program``: written once, loaded by a fresh wrapper
+    (another process's view) without tracing, the same bits and status as the plain jit."""
+    from jaxdyn.simulation import _noise, _simulate
+
+    eye = jnp.eye(3, dtype=jnp.float32)
+    model = jaxdyn.SphereAttention(eye, eye, eye, 2.0)
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 16, 3)
+    if method == "rk4":
+        leaves_fn, args = _simulate._run_fixed_leaves, (model, x0, None, 0.0, 0.05, (0, 10, 20), "rk4")
+    else:
+        leaves_fn, args = _noise._run_gem_leaves, (model, x0, jax.random.PRNGKey(4), jnp.float32(0.3),
+                                                   None, 0.0, 0.05, (0, 10, 20))
+    want = _simulate.trajectory_from_leaves(eqx.filter_jit(leaves_fn)(*args))
+    got = []
+    for expect in ((1, 0), (0, 1)):  # written, then loaded by a fresh wrapper
+        s0 = _cache.compile_stats()
+        traj = jax.block_until_ready(_simulate.trajectory_program(leaves_fn)(*args))
+        s1 = _cache.compile_stats()
+        assert (s1["programs_written"] - s0["programs_written"],
+                s1["program_hits"] - s0["program_hits"]) == expect
+        got.append(traj)
+    assert s1["trace_seconds"] == s0["trace_seconds"]
+    for traj in got:
+        assert isinstance(traj, _simulate.Trajectory) and bool(traj.ok)
+        for a, b in zip(jax.tree.leaves(traj), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the public drivers take that path (same bits as the plain jit)
+    if method == "rk4":
+        pub = jaxdyn.simulate(model, x0, t1=1.0, dt=0.05, saveat=[0.0, 0.5, 1.0])
+        np.testing.assert_array_equal(np.asarray(pub.xs), np.asarray(want.xs))

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._cache import cached_jit
 from ._bert import attend, layer_norm
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -118,15 +119,20 @@ class ModernBertParams(eqx.Module):
     final_norm: Float[Array, " d"]
 
 
-@eqx.filter_jit
 def init_modernbert(cfg: ModernBertConfig, key, *, dtype=jnp.float32) -> ModernBertParams:
-    """ModernBERT's published random initialisation (module docstring). Jitted."""
+    """ModernBERT's published random initialisation (module docstring). Jitted (one program,
+    kept on disk with the compilation cache on)."""
+    return ModernBertParams(**_init_modernbert_fields(cfg, key, np.dtype(dtype)))
+
+
+@cached_jit
+def _init_modernbert_fields(cfg: ModernBertConfig, key, dtype) -> dict:
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     std = cfg.initializer_range
     std_out = std / math.sqrt(2.0 * L)
     c = cfg.initializer_cutoff_factor
     k = jax.random.split(key, 4)
-    return ModernBertParams(
+    return dict(
         wqkv=_trunc(k[0], (L, d, 3 * d), std, c * std, dtype),
         wo=_trunc(k[1], (L, d, d), std_out, c * std_out, dtype),
         wi=_trunc(k[2], (L, d, 2 * f), std, c * std, dtype),
@@ -168,7 +174,7 @@ def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
     return x + _mm(_gelu(g) * a, p["wf"])
 
 
-@eqx.filter_jit
+@cached_jit
 def _encode_modernbert(params, cfg, h0):
     hs, h = [h0], h0
     layers = {n: getattr(params, n) for n in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
@@ -243,15 +249,20 @@ class DeitParams(eqx.Module):
     pos_embed: Float[Array, "t d"]
 
 
-@eqx.filter_jit
 def init_deit(cfg: DeitConfig, key, *, dtype=jnp.float32) -> DeitParams:
-    """timm's ViT initialisation for DeiT (module docstring). Jitted."""
+    """timm's ViT initialisation for DeiT (module docstring). Jitted (one program, kept on
+    disk with the compilation cache on)."""
+    return DeitParams(**_init_deit_fields(cfg, key, np.dtype(dtype)))
+
+
+@cached_jit
+def _init_deit_fields(cfg: DeitConfig, key, dtype) -> dict:
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     fan_in = cfg.channels * cfg.patch_size ** 2
     k = jax.random.split(key, 8)
     z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
     bound = 1.0 / math.sqrt(fan_in)
-    return DeitParams(
+    return dict(
         wqkv=_trunc(k[0], (L, d, 3 * d), 0.02, 2.0, dtype), bqkv=z(L, 3 * d),
         wo=_trunc(k[1], (L, d, d), 0.02, 2.0, dtype), bo=z(L, d),
         w1=_trunc(k[2], (L, d, f), 0.02, 2.0, dtype), b1=z(L, f),
@@ -281,7 +292,7 @@ def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W 
     return _embed_deit(params, cfg, images)
 
 
-@eqx.filter_jit
+@cached_jit
 def _embed_deit(params, cfg, images):
     tok = _mm(patchify(images, cfg.patch_size), params.patch_w) + params.patch_b
     cls = jnp.broadcast_to(params.cls_token, (images.shape[0], 1, cfg.hidden_size))
@@ -300,7 +311,7 @@ def deit_layer(p, cfg: DeitConfig, x):
 _DEIT_LAYER = ("wqkv", "bqkv", "wo", "bo", "w1", "b1", "w2", "b2", "ln1_g", "ln1_b", "ln2_g", "ln2_b")
 
 
-@eqx.filter_jit
+@cached_jit
 def _encode_deit(params, cfg, h0):
     def step(h, p):
         h = deit_layer(p, cfg, h)

@@ -51,6 +51,7 @@ from jaxtyping import Array, Float, Int
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
+from .._cache import cached_jit
 from ..encoder_host import MINILM_INSTALL, MINILM_PACKAGE, find_minilm  # noqa: F401 (JAX-free)
 
 # hidden_act names of the reference implementation -> JAX functions.
@@ -243,7 +244,9 @@ def load_bert(
         return a.astype(dtype)
 
     def stack(sub, shape, transpose=False):
-        return jnp.asarray(
+        # device_put, not jnp.asarray: jax 0.10 compiles a small program per shape for the
+        # latter (traced and lowered again in every process)
+        return jax.device_put(
             np.stack([arr(f"encoder.layer.{i}.{sub}", shape, transpose) for i in range(L)])
         )
 
@@ -270,15 +273,16 @@ def load_bert(
     emb = None
     if embeddings and f"{p}embeddings.word_embeddings.weight" in tensors:
         emb = EmbeddingParams(
-            word=jnp.asarray(arr("embeddings.word_embeddings.weight", (cfg.vocab_size, d))),
-            position=jnp.asarray(
+            word=jax.device_put(np.ascontiguousarray(
+                arr("embeddings.word_embeddings.weight", (cfg.vocab_size, d)))),
+            position=jax.device_put(np.ascontiguousarray(
                 arr("embeddings.position_embeddings.weight", (cfg.max_position_embeddings, d))
-            ),
-            token_type=jnp.asarray(
+            )),
+            token_type=jax.device_put(np.ascontiguousarray(
                 arr("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d))
-            ),
-            ln_g=jnp.asarray(arr("embeddings.LayerNorm.weight", (d,))),
-            ln_b=jnp.asarray(arr("embeddings.LayerNorm.bias", (d,))),
+            )),
+            ln_g=jax.device_put(np.ascontiguousarray(arr("embeddings.LayerNorm.weight", (d,)))),
+            ln_b=jax.device_put(np.ascontiguousarray(arr("embeddings.LayerNorm.bias", (d,)))),
         )
     return BertParams(layers=layers, embeddings=emb), cfg
 
@@ -420,7 +424,7 @@ def _check_inputs(params, cfg, h0, mask):
         )
 
 
-@eqx.filter_jit
+@cached_jit
 def _encode_stacked(params, cfg, h0, mask, input_layernorm):
     if input_layernorm:
         e = params.embeddings

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._cache import cached_program
 from ..distances import bures_w2, sqrtm_psd
 
 __all__ = ["gaussian_cloud", "directions", "cloud_stats", "bures_distance", "parting_time",
@@ -96,7 +97,9 @@ def cloud_stats(xs, dirs):
     return m, C, r, jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1)
 
 
-_bures_w2_jit = jax.jit(bures_w2)
+# one program (op by op: ~30 small ones), kept on disk with the compilation cache on
+_bures_w2_jit = cached_program(bures_w2, ("jaxdyn.gaussian._particles._bures_w2_jit",),
+                               fallback=jax.jit(bures_w2))
 
 
 def bures_distance(m0, S0, m1, S1):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._cache import cached_jit, cached_program
 from ..distances import sqrtm_psd
 from ._closed import (lyapunov_equilibrium, scalar_blowup_time, scalar_variance,
                       vi_blowup_time, vi_precision)
@@ -35,7 +36,7 @@ def scalar_v(V):
 _BLOCK = 64
 
 
-@jax.jit
+@cached_jit
 def _precision_block(ts, P0, A, B, v):
     P = jax.vmap(lambda t: vi_precision(t, P0, A, B, v))(ts)
     return P, jnp.linalg.eigvalsh(P)[..., 0]
@@ -47,6 +48,8 @@ def _precision_lmin(ts, P0, A, B, v):
     ts = np.asarray(ts, np.float64)
     n = ts.size
     pad = np.concatenate([ts, np.full((-n) % _BLOCK, ts[-1])])
+    # v an array of P0's dtype: one program for every v (a Python float would be baked in)
+    v = np.asarray(v, dtype=getattr(P0, "dtype", np.float64))
     outs = [_precision_block(jnp.asarray(pad[i:i + _BLOCK]), P0, A, B, v)
             for i in range(0, pad.size, _BLOCK)]
     P = np.concatenate([np.asarray(o[0]) for o in outs])[:n]
@@ -145,7 +148,8 @@ def relu_initial_rates(A, B, V, b, m0, S0):
     return dm, G + G.T
 
 
-_sqrtm_psd_jit = jax.jit(sqrtm_psd)
+_sqrtm_psd_jit = cached_program(sqrtm_psd, ("jaxdyn.gaussian._theory._sqrtm_psd_jit",),
+                                fallback=jax.jit(sqrtm_psd))
 
 
 def tilt_index(S, B):

@@ -37,6 +37,7 @@ from .._results import RESULTS, error_if_failed
 from ..integrators import geometry_of
 from ..sphere import tangent_project
 from ._simulate import (Trajectory, _check_x0, _plan, diffrax_trajectory, fixed_step_trajectory,
+                        trajectory_leaves, trajectory_program,
                         save_indices)
 
 SDE_METHODS = ("geodesic_em", "heun", "midpoint")
@@ -108,8 +109,7 @@ def gem_step(model, t, x, dt, sigma, key, args=None):
     return geom.exp(x, v)
 
 
-@eqx.filter_jit
-def _run_gem(model, x0, key, sigma, args, t0, dt, idx):
+def _run_gem_leaves(model, x0, key, sigma, args, t0, dt, idx):
     dtype = x0.dtype
     t0 = jnp.asarray(t0, dtype)
     dt_a = jnp.asarray(dt, dtype)
@@ -122,7 +122,10 @@ def _run_gem(model, x0, key, sigma, args, t0, dt, idx):
         x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
         return x
 
-    return fixed_step_trajectory(x0, idx, advance, t0, dt_a)
+    return trajectory_leaves(fixed_step_trajectory(x0, idx, advance, t0, dt_a))
+
+
+_run_gem = trajectory_program(_run_gem_leaves)
 
 
 @eqx.filter_jit

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._results import RESULTS, Solution, error_if_failed
+from .._cache import cached_program
+from .._results import RESULTS, Solution, error_if_failed, from_codes
 from ..integrators import INTEGRATORS
 
 DIFFRAX_METHODS = {
@@ -257,8 +258,38 @@ def fixed_steps(integ, field, x, t0, dt, n_steps: int, args=None, *, k_start=0,
     return x
 
 
-@eqx.filter_jit
-def _run_fixed(model, x0, args, t0, dt, idx, method):
+def trajectory_leaves(traj):
+    """A :class:`Trajectory` as a flat tuple of arrays (what a stored program returns; see
+    :func:`trajectory_program`)."""
+    return (traj.ts, traj.xs, traj.result._value, traj.stats["num_steps"],
+            traj.stats["num_accepted_steps"])
+
+
+def trajectory_from_leaves(vals):
+    """The :class:`Trajectory` of :func:`trajectory_leaves`' tuple."""
+    ts, xs, codes, n_steps, n_acc = vals
+    return Trajectory(ts=ts, xs=xs, result=from_codes(codes),
+                      stats={"num_steps": n_steps, "num_accepted_steps": n_acc})
+
+
+def trajectory_program(leaves_fn):
+    """``leaves_fn`` (a module-level function returning :func:`trajectory_leaves`) compiled
+    once per argument signature and, with the compilation cache on, kept on disk
+    (:func:`jaxdyn._cache.cached_program`: a later process loads the executable instead of
+    tracing the integrator again); returns a function giving the :class:`Trajectory`. Static
+    arguments (times, step indices, method names, a model's non-array fields) are baked in as
+    ``equinox.filter_jit`` does; a call under a transformation, or with a model or ``args``
+    the cache cannot key (a user's class), is the plain ``filter_jit``."""
+    key = (f"{leaves_fn.__module__}.{leaves_fn.__qualname__}", leaves_fn)
+    program = cached_program(leaves_fn, key)
+
+    def run(*args):
+        return trajectory_from_leaves(program(*args))
+
+    return run
+
+
+def _run_fixed_leaves(model, x0, args, t0, dt, idx, method):
     integ = INTEGRATORS[method]()
     dtype = x0.dtype
     t0 = jnp.asarray(t0, dtype)
@@ -267,7 +298,10 @@ def _run_fixed(model, x0, args, t0, dt, idx, method):
     def advance(x, k_start, n_steps):
         return fixed_steps(integ, model, x, t0, dt_a, n_steps, args, k_start=k_start)
 
-    return fixed_step_trajectory(x0, idx, advance, t0, dt_a)
+    return trajectory_leaves(fixed_step_trajectory(x0, idx, advance, t0, dt_a))
+
+
+_run_fixed = trajectory_program(_run_fixed_leaves)
 
 
 def fixed_step_trajectory(x0, idx, advance, t0, dt):

@@ -25,15 +25,17 @@ def make_model(p, activation="identity", dtype=jnp.float64, kernel="auto"):
                               kernel=kernel)
 
 
+def _frames_stats(model, xs, dirs, *, n_snapshot: int):
+    return cloud_stats(xs, dirs) + (xs[:, :n_snapshot],)
+
+
 @functools.lru_cache(maxsize=None)
 def _stats_frames(n_snapshot: int):
     """The frame function of the particle runs: :func:`jaxdyn.gaussian.cloud_stats` and the
     first ``n_snapshot`` particles; one function object per ``n_snapshot``, so that chunks
-    share the compiled segment programs."""
-    def frames(model, xs, dirs):
-        return cloud_stats(xs, dirs) + (xs[:, :n_snapshot],)
-
-    return frames
+    share the compiled segment programs (a partial of a module-level function: the segment
+    program's cache key can name it, so a later process loads it without tracing)."""
+    return functools.partial(_frames_stats, n_snapshot=n_snapshot)
 
 
 def run_particles(model, x0s, *, t1, dt, save_every, method="rk4", n_directions=16,
