@@ -35,7 +35,8 @@ _lock = threading.Lock()
 # Time spans (start, end) per part: a jit traced inside another's trace reports its own span
 # inside the outer one, so the seconds are the length of the spans' union, not their sum.
 _spans: dict = {k: [] for k in _EVENTS.values()}
-_counts = {"compiles": 0, "cache_hits": 0, "program_hits": 0, "programs_written": 0}
+_counts = {"compiles": 0, "cache_hits": 0, "program_hits": 0, "programs_written": 0,
+           "program_load_failures": 0}
 
 
 def _union(spans):
@@ -77,7 +78,8 @@ def compile_stats() -> dict:
     ``compile_seconds`` (tracing + lowering + XLA compilation or loading from the persistent
     cache), its three parts, ``compiles`` (programs compiled or loaded) and ``cache_hits``
     (of those, loaded from the persistent cache), ``program_hits`` (of those, executables of
-    :func:`cached_program` loaded without tracing) and ``programs_written``; nested traces
+    :func:`cached_program` loaded without tracing), ``programs_written`` and
+    ``program_load_failures`` (loaded programs that failed to run and were rebuilt); nested traces
     count once. Differences of two calls time a section."""
     with _lock:
         s = {k: _union(v) for k, v in _spans.items()}
@@ -468,14 +470,78 @@ def _store_program(path: Path, text: str, compiled) -> bool:
         return False
 
 
+_no_persistent_lock = threading.RLock()
+
+
+def _build_storable(build):
+    """``build()``, compiled by XLA rather than taken from JAX's persistent cache: an
+    executable JAX loaded from its cache serializes without the object code of its kernels
+    (jax 0.10.2: stored again and loaded by another process, it fails with XLA's "Function
+    broadcast_add_fusion not found"; ``tests/test_program_cache.py``). A build that JAX's
+    cache answered (its hit counter moved) is compiled again with that cache off."""
+    with _lock:
+        hits = _counts["cache_hits"]
+    compiled = build()
+    with _lock:
+        hit = _counts["cache_hits"] != hits
+    if not hit:
+        return compiled
+    with _no_persistent_lock:
+        was = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        try:
+            return build()
+        finally:
+            jax.config.update("jax_enable_compilation_cache", was)
+
+
+class _Loaded:
+    """A program loaded from the programs folder, checked on its first call: one that fails
+    to run (XLA said "Function copy_copy_fusion not found" for one stored program loaded in
+    an experiment's process, jax 0.10.2) is deleted, built again from the trace and run;
+    ``compile_stats()['program_load_failures']`` counts these."""
+
+    def __init__(self, compiled, path, text, build):
+        self.compiled, self.path, self.text, self.build = compiled, path, text, build
+        self.checked = False
+
+    def __call__(self, *args):
+        if self.checked:
+            return self.compiled(*args)
+        try:
+            out = self.compiled(*args)
+            jax.block_until_ready(out)
+        except Exception as e:  # noqa: BLE001 - an infrastructure failure: rebuild
+            import warnings
+
+            warnings.warn(f"jaxdyn: a stored program failed to run ({type(e).__name__}: "
+                          f"{str(e)[:200]}); it is compiled again and its file replaced",
+                          RuntimeWarning, stacklevel=3)
+            with _lock:
+                _counts["program_load_failures"] += 1
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+            self.compiled = _build_storable(self.build)
+            if _store_program(self.path, self.text, self.compiled):
+                with _lock:
+                    _counts["programs_written"] += 1
+            out = self.compiled(*args)
+        self.checked = True
+        return out
+
+
 def _load_or_build(text: str, n_args: int, build, t0: float):
     """The executable keyed by ``text`` (positional array arguments only): loaded from the
-    programs folder, else ``build()`` (a :class:`jax.stages.Compiled`) and written there.
-    ``t0``: when forming the key began (counted in ``compile_seconds``)."""
+    programs folder (checked on its first call, :class:`_Loaded`), else ``build()`` (a
+    :class:`jax.stages.Compiled`) and written there. ``t0``: when forming the key began
+    (counted in ``compile_seconds``)."""
     path = _program_file(text)
     if path is not None and path.exists():
         compiled = _load_program(path, text, jax.tree.structure((tuple(range(n_args)), {})))
         if compiled is not None:
+            compiled = _Loaded(compiled, path, text, build)
             with _lock:
                 _counts["compiles"] += 1
                 _counts["cache_hits"] += 1
@@ -483,7 +549,7 @@ def _load_or_build(text: str, n_args: int, build, t0: float):
             _record("backend_seconds", t0, time.time())
             return compiled
     _record("trace_seconds", t0, time.time())  # forming the key, looking: part of this trace
-    compiled = build()
+    compiled = _build_storable(build) if path is not None else build()
     t2 = time.time()
     if path is not None and _store_program(path, text, compiled):
         with _lock:
@@ -547,8 +613,17 @@ def cached_program(fn, key, *, fallback=None):
                     return fn(*a2, **kw)
                 return fn(*treedef.unflatten(vals))
 
-            compiled = memo[text] = _load_or_build(
-                text, len(flat), lambda: jax.jit(flat_fn).lower(*flat).compile(), t0)
+            def build():
+                # a new function object per build: JAX's in-memory caches (keyed on the
+                # function) must not hand back an executable it loaded from its own cache
+                # (see _build_storable)
+                def flat_fn_(*a):
+                    return flat_fn(*a)
+
+                flat_fn_.__name__ = flat_fn_.__qualname__ = "flat_fn"
+                return jax.jit(flat_fn_).lower(*flat).compile()
+
+            compiled = memo[text] = _load_or_build(text, len(flat), build, t0)
         return compiled(*flat)
 
     return call

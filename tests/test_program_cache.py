@@ -326,3 +326,55 @@ def test_simulate_programs_are_stored_and_give_the_same_trajectory(cache, method
     if method == "rk4":
         pub = jaxdyn.simulate(model, x0, t1=1.0, dt=0.05, saveat=[0.0, 0.5, 1.0])
         np.testing.assert_array_equal(np.asarray(pub.xs), np.asarray(want.xs))
+
+
+def test_a_stored_program_that_fails_to_run_is_rebuilt(cache, monkeypatch):
+    """A loaded executable that raises on its first call (XLA once said "Function
+    copy_copy_fusion not found" for one) is deleted, compiled again from the trace, run, and
+    counted; the caller gets the right value and a warning."""
+    x = jax.device_put(X)
+    want, written, _, _ = _run(_f, ("t", 9), x, 2.0)
+    assert written == 1 and len(_files(cache)) == 1
+
+    class Broken:
+        def __call__(self, *a):
+            raise RuntimeError("NOT_FOUND: Function copy_copy_fusion not found (type id: 1)")
+
+    monkeypatch.setattr(_cache, "_load_program", lambda *a, **k: Broken())
+    s0 = _cache.compile_stats()
+    with pytest.warns(RuntimeWarning, match="failed to run"):
+        got = _cache.cached_program(_f, ("t", 9))(x, 2.0)
+    s1 = _cache.compile_stats()
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert s1["program_load_failures"] - s0["program_load_failures"] == 1
+    assert s1["programs_written"] - s0["programs_written"] == 1  # the file replaced
+    monkeypatch.undo()
+    again, written, hits, _ = _run(_f, ("t", 9), x, 2.0)  # the new file loads and runs
+    assert (written, hits) == (0, 1)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(want))
+
+
+def test_a_program_that_jax_cache_answers_is_compiled_again_before_it_is_stored(cache):
+    """JAX's persistent cache holds the program (our file is gone: another jaxdyn version,
+    a cleaned folder): an executable JAX loads from its cache serializes without its
+    kernels' object code ("Function ... not found" once loaded, jax 0.10.2), so the build is
+    compiled again with that cache off before it is stored; the stored file then loads and
+    runs without the rebuild guard."""
+    import warnings
+
+    x = jax.device_put(X)
+    want, written, _, _ = _run(_f, ("t", 11), x, 2.0)
+    assert written == 1
+    for f in _files(cache):
+        f.unlink()
+    s0 = _cache.compile_stats()
+    again, written, hits, _ = _run(_f, ("t", 11), x, 2.0)
+    assert (written, hits) == (1, 0)
+    assert _cache.compile_stats()["cache_hits"] > s0["cache_hits"]  # JAX's cache answered first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded, written, hits, _ = _run(_f, ("t", 11), x, 2.0)
+    assert (written, hits) == (0, 1)
+    assert _cache.compile_stats()["program_load_failures"] == s0["program_load_failures"]
+    for out in (again, loaded):
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))

@@ -41,6 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._cache import cached_program
+
+
 __all__ = ["CircleDensity", "circle_grid", "uniform_density", "cos_mode", "mode_amplitude",
            "velocity_bound", "cfl_dt"]
 
@@ -265,9 +268,19 @@ class CircleDensity(eqx.Module):
         return -(F - jnp.roll(F, 1)) / self.h
 
 
+def _spectral_norm_fn(V):
+    return jnp.linalg.norm(V, ord=2)
+
+
+#: ‖V‖₂ (an SVD: its program takes 0.1 s to lower, in every process; kept on disk with the
+#: compilation cache on)
+spectral_norm = cached_program(_spectral_norm_fn, ("jaxdyn.pde._circle.spectral_norm",),
+                               fallback=jax.jit(_spectral_norm_fn))
+
+
 def velocity_bound(model: CircleDensity):
     """An upper bound of |v| (softmax: ‖V‖₂ since |m| ≤ 1; unnormalised: ‖V‖₂ e^{s})."""
-    vn = jnp.linalg.norm(model.V, ord=2)
+    vn = spectral_norm(model.V)
     if model.normalization == "softmax":
         return vn
     return vn * jnp.exp(model._shift())

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._circle import check_weights
+from .._cache import cached_jit
+from ._circle import check_weights, spectral_norm
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
 
@@ -207,7 +208,7 @@ class SphereDensity(eqx.Module):
 def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
     """Positivity step: dt (2 v_max ΣL_f + σ² Σ L_f/dist_f) / A_i ≤ cfl for every cell."""
     g = model.geometry()
-    vmax = jnp.linalg.norm(model.V, ord=2)
+    vmax = spectral_norm(model.V)
     if model.normalization != "softmax":
         B = model.Q.T @ model.K
         vmax = vmax * jnp.exp(model.beta * jnp.sqrt(jnp.sum(B * B)))
@@ -249,7 +250,7 @@ def zonal_growth_rate(model: SphereDensity, l):
     return rates if np.ndim(l) else rates[0]
 
 
-@eqx.filter_jit
+@cached_jit
 def _projected_jvp(model, cs):
     u = jnp.full(model.shape, 1 / (4 * math.pi), model.beta.dtype)
     a = model.cell_measure
