@@ -167,6 +167,28 @@ SMALL = {
 }
 
 
+def _data_differs(a, b):
+    """The variables of ``a/data.nc`` that are not bitwise those of ``b/data.nc`` (NaN equal to
+    NaN), or ["data.nc missing"]."""
+    import numpy as np
+    import xarray as xr
+
+    fa, fb = a / "data.nc", b / "data.nc"
+    if not (fa.exists() and fb.exists()):
+        return ["data.nc missing"]
+    with xr.open_dataset(fa, engine="h5netcdf") as da, xr.open_dataset(fb, engine="h5netcdf") as db:
+        out = []
+        for k in sorted(set(da.variables) | set(db.variables)):
+            if k not in da.variables or k not in db.variables:
+                out.append(k)
+                continue
+            x, y = da[k].values, db[k].values
+            nan = x.dtype.kind in "fc"
+            if x.shape != y.shape or not np.array_equal(x, y, equal_nan=nan):
+                out.append(k)
+        return out
+
+
 def config_table(only=None, tag=""):
     """First and second run of every shipped config (scaled down, ``SMALL``), each pair into one
     fresh compilation cache, from a snapshot of HEAD; the JSON is rewritten after every config."""
@@ -194,11 +216,14 @@ def config_table(only=None, tag=""):
             row["error"] = str(e)[-600:]
             print(f"  {name}: failed ({row['error'][-200:]})", flush=True)
         else:
+            # loaded programs must give the compiled ones' numbers: every variable of data.nc
+            row["data_differs"] = _data_differs(tmp / f"{name}_first", tmp / f"{name}_second")
             first, second = (r["compile_seconds"] for r in runs)
             row.update(first=runs[0], second=runs[1], first_compile_s=first, second_compile_s=second,
                        ratio=second / first if first else None, met=bool(first and second <= 0.2 * first))
             print(f"  {name:32s} compile {first:7.2f} s -> {second:6.2f} s  ratio {row['ratio']:.0%}"
-                  f"  programs {runs[1]['compiled_programs']} (hits {runs[1]['compile_cache_hits']})",
+                  f"  programs {runs[1]['compiled_programs']} (hits {runs[1]['compile_cache_hits']})"
+                  f"  data {'bitwise the same' if not row['data_differs'] else 'DIFFERS: ' + str(row['data_differs'])}",
                   flush=True)
         result["rows"].append(row)
         result["machine"]["loadavg_end"] = os.getloadavg()
