@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._cache import cached_jit
 from ..distances import bures_w2_squared
 from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_names
 from ..gaussian._solve import Control, MomentStatus, moment_rhs, solve_moments
@@ -210,7 +211,7 @@ def _loss(raw, prob: _Problem, opts: _Opts):
     return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status, emax)
 
 
-@eqx.filter_jit
+@cached_jit
 def _value_and_grad(raw, prob, opts):
     """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long, error ratio] (ok:
     finite loss and grad; too_long: the fixed-step solve failed only on its step-error check;

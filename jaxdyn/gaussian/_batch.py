@@ -72,6 +72,7 @@ import numpy as np
 
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import RODAS5, rodas5_step
+from .._cache import cached_jit
 from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed
 from ._solve import (MomentStatus, _cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
                         on_pole, pole_refine, remaining_time, vb_scale)
@@ -206,7 +207,7 @@ def _explicit_start(m, S, A, B, V, b, t1, rtol, atol):
     return km, kS, h0.astype(S.dtype), fin0
 
 
-@eqx.filter_jit
+@cached_jit
 def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, min_active,
                     hmin_rel):
     """Run the explicit lock-step loop on a batch-last chunk until no member is active or at
@@ -345,7 +346,7 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
             out["nsteps"], out["it"])
 
 
-@eqx.filter_jit
+@cached_jit
 def _pole_stage(t, S, A, B, V, active, rtol, atol, max_steps):
     return jax.vmap(lambda t_, S_, a, b_, v, act: pole_refine(
         t_, S_, a, b_, v, rtol=rtol, atol=atol, max_steps=max_steps, active=act))(t, S, A, B, V, active)
