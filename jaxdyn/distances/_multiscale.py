@@ -449,7 +449,17 @@ class _Selection:
     def covers(self, pots, eps) -> bool:
         """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists."""
         marg, _ = self._margins(pots, eps)
-        return all(bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg))
+        ok = [bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
+        if not all(ok) and os.environ.get("JAXDYN_W2_LOG"):
+            for name, h, m, good in zip(("xy rows x", "xy rows y", "xx", "yy"), self.keep, marg, ok):
+                if good:
+                    continue
+                miss = ~h & (m >= -self.margin)
+                rows = np.flatnonzero(miss.any(1))
+                _log(f"check: {name}: {int(miss.sum())} needed blocks missing in {rows.size} of "
+                     f"{miss.shape[0]} leaves (largest bound {float(m[miss].max()):.2f}, margin "
+                     f"{self.margin:.2f}); kept per leaf there {h[rows].sum(1).tolist()[:8]}")
+        return all(ok)
 
 
 @jax.jit
