@@ -177,11 +177,20 @@ def interaction(
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, y.shape[0])
+    # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
+    # small programs per shape; under a caller's jit this inlines)
+    return _interaction_jit(x, y, B, beta, normalization=normalization, kernel=kernel,
+                            k_block=k_block, q_block=q_block, self_keys=y is x)
+
+
+@functools.partial(jax.jit, static_argnames=("normalization", "kernel", "k_block", "q_block",
+                                             "self_keys"))
+def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys):
     beta = jnp.asarray(beta, dtype=x.dtype)
     if normalization == "hardmax":
         # β plays no role; the arg-max of x_iᵀ B y_j is scale-invariant.
         beta = jnp.ones((), x.dtype)
-    self_keys = y is x  # self-attention: key i is query i, so l_ii is a logit of row i
+    # self_keys: self-attention (y is x), key i is query i, so l_ii is a logit of row i
     qx = beta * jnp.matmul(x, B, precision=HIGHEST)  # (n, d): β Bᵀ x_i as rows
     y = y.astype(qx.dtype)
     if kernel == "dense":
@@ -221,6 +230,15 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
     _check_choice("logits", logits, LOGITS)
     if formulation is not None:
         _check_choice("formulation", formulation, FORMULATIONS)
+    # one program a call shape when called eagerly (inlined under a caller's jit)
+    return _blocked_jit(qx, y, normalization=normalization, k_block=k_block, q_block=q_block,
+                        formulation=formulation, self_keys=bool(self_keys), logits=logits)
+
+
+@functools.partial(jax.jit, static_argnames=("normalization", "k_block", "q_block",
+                                             "formulation", "self_keys", "logits"))
+def _blocked_jit(qx, y, *, normalization, k_block, q_block, formulation, self_keys, logits):
+    if formulation is not None:
         plat = "cpu" if formulation == "dot" else "gpu"
         kb, qb = _blocks(plat, k_block, q_block)
         return _blocked(qx, y, normalization, kb, qb, formulation, self_keys, logits)

@@ -177,9 +177,17 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, k.shape[1])
+    # one program a call shape when called eagerly (inlined under a caller's jit)
+    return _heads_jit(q, k, v, beta, key_bias, alibi, causal=bool(causal), logits=logits,
+                      iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "logits", "iters", "kernel", "k_block",
+                                             "q_block"))
+def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel, k_block,
+               q_block):
     beta = jnp.asarray(beta, q.dtype)
     v = v.astype(q.dtype)
-    iters = int(sinkhorn_iters)
     if kernel == "dense":
         w = jax.vmap(_dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None,
                                                   None, None))(
