@@ -12,6 +12,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 
+from .._cache import cached_jit
 from ..kernels._lse import _sq_dists
 from ._geometries import online_geometry, sparse_geometry
 
@@ -254,45 +255,21 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     return div, pots, converged, n_iters
 
 
-_STATIC = ("threshold", "max_iterations", "batch_size", "decay", "momentum_start", "block",
-           "anderson", "reestimate")
-_round_jit = jax.jit(_round_body, static_argnames=_STATIC)
-
-
-def _round_positional(x, y, eps, eps_start, init, a, b, sparse, static):
-    """:func:`_round_body` with its static settings as one tuple of (name, value) pairs."""
-    return _round_body(x, y, eps, eps_start, init, a, b, sparse, **dict(static))
-
-
-def _round_fallback(x, y, eps, eps_start, init, a, b, sparse, static):
-    return _round_jit(x, y, eps, eps_start, init, a, b, sparse, **dict(static))
-
-
-_round_cached = None
+# compiled once per shapes and settings and, with the compilation cache on, kept on disk: a
+# later process loads it instead of tracing ott's three Sinkhorn solves again (2-2.5 s)
+_round_program = cached_jit(_round_body)
 
 
 def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, **static):
-    """One debiased round (:func:`_round_body`), compiled once per shapes and settings and,
-    with the compilation cache on, kept on disk (:func:`jaxdyn._cache.cached_program`): a
-    later process loads it instead of tracing ott's three Sinkhorn solves again (2-2.5 s).
+    """One debiased round (:func:`_round_body`) through :func:`jaxdyn._cache.cached_jit`.
     ``eps`` and ``eps_start`` travel as arrays of the clouds' dtype, so that every round of a
-    ladder runs the same program (the jit before cast them to that dtype inside, the same
-    rounding)."""
-    global _round_cached
-    unknown = set(static) - set(_STATIC)
-    if unknown:
-        raise TypeError(f"_debiased_round: unknown settings {sorted(unknown)}")
-    if _round_cached is None:
-        from .._cache import cached_program
-
-        _round_cached = cached_program(
-            _round_positional, ("jaxdyn.distances._rounds._round_positional", _round_positional),
-            fallback=_round_fallback)
+    ladder runs the same program (a Python float would be baked in; the cast is the one the
+    round makes inside)."""
     if not isinstance(eps, jax.core.Tracer):
         eps = np.asarray(eps, dtype=x.dtype)
     if not isinstance(eps_start, jax.core.Tracer):
         eps_start = np.asarray(eps_start, dtype=x.dtype)
-    return _round_cached(x, y, eps, eps_start, init, a, b, sparse, tuple(sorted(static.items())))
+    return _round_program(x, y, eps, eps_start, init, a, b, sparse, **static)
 
 
 def _ladder(solve, eps, eps_prev, init, rule, max_rounds):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_program
+from .._cache import cached_jit
 from ..distances import bures_w2, sqrtm_psd
 
 __all__ = ["gaussian_cloud", "directions", "cloud_stats", "bures_distance", "parting_time",
@@ -98,8 +98,7 @@ def cloud_stats(xs, dirs):
 
 
 # one program (op by op: ~30 small ones), kept on disk with the compilation cache on
-_bures_w2_jit = cached_program(bures_w2, ("jaxdyn.gaussian._particles._bures_w2_jit",),
-                               fallback=jax.jit(bures_w2))
+_bures_w2_jit = cached_jit(bures_w2)
 
 
 def bures_distance(m0, S0, m1, S1):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit, cached_program
+from .._cache import cached_jit
 from ..distances import sqrtm_psd
 from ._closed import (lyapunov_equilibrium, scalar_blowup_time, scalar_variance,
                       vi_blowup_time, vi_precision)
@@ -148,8 +148,7 @@ def relu_initial_rates(A, B, V, b, m0, S0):
     return dm, G + G.T
 
 
-_sqrtm_psd_jit = cached_program(sqrtm_psd, ("jaxdyn.gaussian._theory._sqrtm_psd_jit",),
-                                fallback=jax.jit(sqrtm_psd))
+_sqrtm_psd_jit = cached_jit(sqrtm_psd)
 
 
 def tilt_index(S, B):

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_program
+from .._cache import cached_jit
 
 
 __all__ = ["CircleDensity", "circle_grid", "uniform_density", "cos_mode", "mode_amplitude",
@@ -268,14 +268,11 @@ class CircleDensity(eqx.Module):
         return -(F - jnp.roll(F, 1)) / self.h
 
 
-def _spectral_norm_fn(V):
+@cached_jit
+def spectral_norm(V):
+    """‖V‖₂ (an SVD: its program takes 0.1 s to lower, in every process; kept on disk with
+    the compilation cache on)."""
     return jnp.linalg.norm(V, ord=2)
-
-
-#: ‖V‖₂ (an SVD: its program takes 0.1 s to lower, in every process; kept on disk with the
-#: compilation cache on)
-spectral_norm = cached_program(_spectral_norm_fn, ("jaxdyn.pde._circle.spectral_norm",),
-                               fallback=jax.jit(_spectral_norm_fn))
 
 
 def velocity_bound(model: CircleDensity):

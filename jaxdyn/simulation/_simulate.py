@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_program
+from .._cache import cached_jit
 from .._results import RESULTS, Solution, error_if_failed, from_codes
 from ..integrators import INTEGRATORS
 
@@ -280,8 +280,7 @@ def trajectory_program(leaves_fn):
     arguments (times, step indices, method names, a model's non-array fields) are baked in as
     ``equinox.filter_jit`` does; a call under a transformation, or with a model or ``args``
     the cache cannot key (a user's class), is the plain ``filter_jit``."""
-    key = (f"{leaves_fn.__module__}.{leaves_fn.__qualname__}", leaves_fn)
-    program = cached_program(leaves_fn, key)
+    program = cached_jit(leaves_fn)
 
     def run(*args):
         return trajectory_from_leaves(program(*args))
