@@ -128,7 +128,7 @@ def test_sub_bounds_bound_every_term():
     x = M.make_blocks(_clusters(500, seed=5)[0], np.float64, block)
     y = M.make_blocks(_clusters(400, seed=6)[1], np.float64, block)
     pot = np.where(np.asarray(y.valid), 0.1 * rng.standard_normal(y.pts.shape[0]), -np.inf)
-    u, v = M._sub_bounds(x.sub_centers, x.sub_radii, y.pts, jnp.asarray(pot), block=block)
+    u, v = M._sub_bounds(x.sub_centers, x.sub_radii, y.pts, jnp.asarray(pot), 1e-3, block=block)
     u, v = np.asarray(u), np.asarray(v)
     xp, yp = np.asarray(x.pts), np.asarray(y.pts)
     h = np.asarray(M._row_tilt(jnp.asarray(xp), x.sub_centers, jnp.asarray(v)))
@@ -168,9 +168,10 @@ def test_selection_keeps_every_block_that_matters():
     need_leaf = need.reshape(-1, block, nk).any(1)
     assert np.all(keep | ~need_leaf)  # nothing needed is dropped
     assert need_leaf.sum(1).max() > 1  # (the check is not trivial: rows need several blocks)
-    # and it is not far from the truth (measured: 0.377 kept against 0.185 needed; 0.392
-    # before the bounds were tilted by the displacement)
-    assert keep.mean() < 2.1 * need_leaf.mean()
+    # and it is the truth: the bounds only pick the candidates, whose exact margins decide
+    # (measured: 0.1846 kept, 0.1846 needed, no extra block; 0.377 kept with the bounds
+    # alone, 0.392 before they were tilted by the displacement)
+    assert (keep & ~need_leaf).sum() <= 0.01 * need_leaf.sum()
 
 
 def test_selection_certified_for_a_transport_potential():
@@ -197,8 +198,39 @@ def test_selection_certified_for_a_transport_potential():
     need_leaf = need.reshape(-1, block, nk).any(1)
     assert np.all(keep | ~need_leaf)
     assert need_leaf.sum(1).max() > 1
-    # measured: 0.409 kept against 0.186 needed (untilted bounds: 0.421)
-    assert keep.mean() < 2.25 * need_leaf.mean(), (keep.mean(), need_leaf.mean())
+    # measured: 0.1855 kept, 0.1855 needed, no extra block (the bounds alone: 0.409 kept;
+    # untilted bounds: 0.421)
+    assert (keep & ~need_leaf).sum() <= 0.01 * need_leaf.sum(), (keep.mean(), need_leaf.mean())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exact_margins_equal_brute_force(dtype):
+    # the exact level of the selection: max over the rows of leaf I and the keys of block J
+    # of (pot_j - |x_i - y_j|^2 - low_i) / eps, for the listed blocks only (-inf elsewhere,
+    # and on the padding of the lists)
+    block = 64
+    x, y = _clusters(700, seed=31)
+    bx, by = M.make_blocks(x, dtype, block), M.make_blocks(y, dtype, block)
+    rng = np.random.default_rng(31)
+    xp, yp = np.asarray(bx.pts, np.float64), np.asarray(by.pts, np.float64)
+    pot = np.where(np.asarray(by.valid), 1e-3 * rng.standard_normal(yp.shape[0]), -np.inf)
+    low = np.where(np.asarray(bx.valid), 1e-3 * rng.standard_normal(xp.shape[0]), np.inf)
+    nq, nk = bx.centers.shape[0], by.centers.shape[0]
+    keep = rng.random((nq, nk)) < 0.4
+    cand = M._neighbours(keep, rng.random((nq, nk)))
+    eps = 1e-4
+    got = np.asarray(M._exact_margins_on(bx.pts, jnp.asarray(low, dtype), by.pts,
+                                         jnp.asarray(pot, dtype), jnp.asarray(eps, dtype),
+                                         jnp.asarray(cand), block=block), np.float64)
+    terms = pot[None, :] - ((xp[:, None, :] - yp[None, :, :]) ** 2).sum(-1) - low[:, None]
+    ref = terms.reshape(nq, block, nk, block).max(axis=(1, 3)) / eps  # (nq, nk)
+    ref = np.concatenate([ref, np.full((nq, 1), -np.inf)], axis=1)
+    want = np.take_along_axis(ref, cand, axis=1)
+    assert np.array_equal(np.isfinite(got), np.isfinite(want))
+    fin = np.isfinite(want)
+    # float32: a cost of order 1 carries ~1e-7 of rounding, 1e-3 in units of eps
+    np.testing.assert_allclose(got[fin], want[fin], rtol=tol(dtype, 1e-6, 1e-12),
+                               atol=tol(dtype, 3e-3, 1e-8))
 
 
 # ------------------------------------------------------------------------------ solver
@@ -351,6 +383,32 @@ def test_mid_cloud_keeps_mass_and_mean_and_compact_groups():
     across = sub.reshape(-1, M.MID, k, 3).transpose(0, 2, 1, 3).reshape(-1, M.MID, 3)
     acrossv = subv.reshape(-1, M.MID, k).transpose(0, 2, 1).reshape(-1, M.MID)
     assert spread(p, v) < 0.5 * spread(across, acrossv)
+
+
+def test_mid_cloud_splits_groups_wider_than_the_limit():
+    # with a limit r2_max on the squared radius, every point of the cloud lies within
+    # sqrt(r2_max) of an intermediate point of at least its own weight's share, the mass
+    # and the mean are kept, and the wide groups (the sparse tails) are split: more points
+    # than N / MID, fewer than N
+    x, _ = _clusters(1500, seed=22, noise=0.15)
+    bx = M.make_blocks(x, jnp.float64, 64)
+    _, w_all = M._mid_cloud(bx, jnp.float64, 64)
+    p = np.asarray(bx.pts).reshape(-1, M.MID, 3)
+    v = np.asarray(bx.valid).reshape(-1, M.MID)
+    c = (p * v[..., None]).sum(1) / np.maximum(v.sum(1), 1)[:, None]
+    r2 = np.where(v, ((p - c[:, None]) ** 2).sum(-1), 0).max(1)
+    r2_max = float(np.quantile(r2[v.any(1)], 0.8))
+    mx, w = M._mid_cloud(bx, jnp.float64, 64, r2_max)
+    w, pts, valid = np.asarray(w), np.asarray(mx.pts), np.asarray(mx.valid)
+    assert w.sum() == pytest.approx(1.0, abs=1e-14)
+    np.testing.assert_allclose((w[:, None] * pts).sum(0), x.mean(0), atol=1e-14)
+    n_mid = int(valid.sum())
+    assert int(np.asarray(bx.valid).reshape(-1, M.MID).any(1).sum()) < n_mid < 1500
+    d2 = ((x[:, None, :] - pts[valid][None, :, :]) ** 2).sum(-1)
+    assert np.all(d2.min(1) <= r2_max * (1 + 1e-12))
+    # no limit: one point per group, as before
+    assert int(np.asarray(M._mid_cloud(bx, jnp.float64, 64)[0].valid).sum()) == int(
+        (np.asarray(w_all) > 0).sum())
 
 
 # ------------------------------------------------------------------------------ over-relaxation

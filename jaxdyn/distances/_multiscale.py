@@ -15,9 +15,13 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    :func:`_sub_bounds`: exact in the keys, a ball only on the rows, O(N · N/32) work, a
    thirty-second of a dense pass); ``R_i - h_i``, R_i the row's log-sum-exp
    ``ε log Σ_j exp((g_j - C_ij)/ε)``, is at least ``L_s``, the exact log-sum-exp over 8
-   blocks of best bound minus h_i, minimised over the rows of s. Key block J is kept for
-   leaf I iff some sub-block s of I has ``u_sJ - L_s >= -T ε`` with ``T = log M + 18``: the
-   dropped terms then weigh less than ``1.5e-8`` of every row's sum.
+   blocks of best bound minus h_i, minimised over the rows of s. The bounds only pick the
+   candidates: for the blocks they cannot drop, the exact margin
+   ``max_{i in I, j in J} (g_j - C_ij - low_i)``, low_i <= R_i the row's log-sum-exp over
+   the candidates, decides (a max-plus pass over the candidates, no exponentials: the ball
+   bounds are loose in the sparse tails of a cloud, whose leaves are wide, and jump with
+   the tilt). Key block J is kept for leaf I iff its margin is ``>= -T ε`` with
+   ``T = log M + 18``: the dropped terms then weigh less than ``1.5e-8`` of every row's sum.
 3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
    each leaf's kept blocks only (lists padded with an empty block to a common length K,
    but a loop with a per-leaf trip count: a leaf pays for its own list).
@@ -30,7 +34,9 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    the last two coarse ones, carried) extrapolated linearly in ε. With the intermediate
    level (``MID_LEVEL``), the ladder below the coarse floor first runs to its end on the
    weighted centroids of runs of ``MID`` = 4 rows (N / 4 points, sparse rounds as on the
-   points, no certificate: it only warm-starts), and the points start from its last
+   points, no certificate: it only warm-starts; a run whose points lie farther than
+   ``sqrt(MID_SPREAD · ε)`` from their centroid, ε the predicted final one, enters as two
+   halves or as its points), and the points start from its last
    solution carried to them, at its ε: the coarse-to-fine error is corrected on N / 4
    points, the points' rounds only correct the intermediate-to-fine one. The (x, y)
    over-relaxation of the sparse rounds is re-estimated at every error check
@@ -188,9 +194,10 @@ def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
-def _sub_bounds(sc, sr, keys, pot, *, block):
-    """Tilted bounds of sub-block s against key block J: with ``v_s = y_{j*} - c_s`` (j* the
-    best key of the centre, ``argmax_j pot_j - |y_j - c_s|^2``: the centre's image) and, for a
+def _sub_bounds(sc, sr, keys, pot, eps, *, block):
+    """Tilted bounds of sub-block s against key block J: with ``v_s = ȳ_s - c_s`` (ȳ_s the
+    centre's image: the mean of the keys under the centre's Gibbs weights
+    ``softmax_j((pot_j - |y_j - c_s|^2) / ε)``, see :func:`_image`) and, for a
     row ``x = c_s + δ`` (|δ| <= r_s), the row term ``h(x) = 2 <δ, v_s> - |δ|^2``,
 
         pot_j - |x - y_j|^2 - h(x) <= u_sJ = max_{j in J} (pot_j - |y_j - c_s|^2
@@ -206,11 +213,23 @@ def _sub_bounds(sc, sr, keys, pot, *, block):
         c, r = args
         dist2 = jnp.sum((keys - c[None, :]) ** 2, axis=-1)
         w = pot - dist2
-        v = keys[jnp.argmax(w)] - c
+        v = _image(w, keys, eps) - c
         e = jnp.sqrt(jnp.sum((keys - (c + v)[None, :]) ** 2, axis=-1))
         return jnp.max((w + 2.0 * r * e).reshape(nk, block), axis=1), v
 
     return jax.lax.map(one, (sc, sr), batch_size=64)
+
+
+def _image(w, keys, eps):
+    """The mean of ``keys`` under the Gibbs weights ``softmax(w / eps)`` (``w`` may hold -inf):
+    the image of a point whose scores against the keys are ``w``. The hard ``argmax`` would do
+    for a valid bound, but it jumps between nearly tied keys when the potentials move by a
+    fraction of ε, and a tilt towards the wrong one loosens the bound by hundreds of ε
+    (measured: the end-of-round check then asked for blocks that the selection from the
+    round's starting potentials had ruled out by as much, at N = 3·10^4); the Gibbs mean
+    moves continuously with the potentials."""
+    p = jnp.exp((w - jnp.max(w)) / eps)
+    return (p @ keys) / jnp.sum(p)
 
 
 def _row_tilt(rows_pts, sc, v):
@@ -227,7 +246,7 @@ def _sub_margins(rows_pts, rows_valid, sc, sr, keys, pot, eps, *, block):
     the ``_K0`` key blocks of best bound (a lower bound of the row's full sum R_i): every
     term of a row against J lies below R_i + (u_sJ - L_s). Also returns the leaf-level
     ranks u_IJ = max_{s in I} (u_sJ - max_J' u_sJ') (to order the lists)."""
-    u_s, v = _sub_bounds(sc, sr, keys, pot, block=block)
+    u_s, v = _sub_bounds(sc, sr, keys, pot, eps, block=block)
     ns, nk = u_s.shape
     nq = rows_pts.shape[0] // block
     # rank key blocks per leaf by their bound relative to each sub-block's best (the rows'
@@ -301,7 +320,7 @@ def _sub_margins_on(rows_pts, rows_valid, sc, sr, keys, pot, eps, cand, *, block
         c, r, idx = args  # (per, d), (per,), (kc,)
         # v_s from the first (best-ranked) candidates; any v_s gives a valid bound
         _, w0, ks0 = bounds(c, r, jnp.zeros_like(c), idx[:step])
-        v = ks0[jnp.argmax(w0, axis=1)] - c
+        v = jax.vmap(_image, (0, None, None))(w0, ks0, eps) - c
 
         def body(t, u):
             js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
@@ -315,11 +334,41 @@ def _sub_margins_on(rows_pts, rows_valid, sc, sr, keys, pot, eps, cand, *, block
 
     u, v = jax.lax.map(leaf, (sc.reshape(nq, per, d), sr.reshape(nq, per), cand))
     u, v = u.reshape(ns, kc), v.reshape(ns, d)
-    low = sparse_lse(rows_pts, keys, pot, eps, cand, block=block)
-    low = jnp.where(rows_valid, low - _row_tilt(rows_pts, sc, v), jnp.inf)
-    low_s = jnp.min(low.reshape(ns, -1), axis=1)
+    low = jnp.where(rows_valid, sparse_lse(rows_pts, keys, pot, eps, cand, block=block), jnp.inf)
+    low_s = jnp.min((low - _row_tilt(rows_pts, sc, v)).reshape(ns, -1), axis=1)
     m = ((u - low_s[:, None]) / eps).reshape(nq, per, kc)
-    return jnp.max(m, axis=1)
+    return jnp.max(m, axis=1), low
+
+
+@functools.partial(jax.jit, static_argnames=("block",))
+def _exact_margins_on(rows_pts, low, keys, pot, eps, cand, *, block):
+    """``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` for each leaf I and each
+    key block J of its list ``cand`` (nq, Kc) (padded with the empty block nk; -inf there):
+    the exact margin of the block, ``low_i`` (+inf on padding rows) a lower bound of the
+    row's log-sum-exp R_i. Tight where the ball bounds are loose (the sparse tails of a
+    cloud, whose leaves are wide), and continuous in the potentials. A max-plus pass, no
+    exponentials: a fraction of a Sinkhorn iteration over the same lists."""
+    n, d = rows_pts.shape
+    nq, kc = cand.shape
+    kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
+    pb = jnp.concatenate([pot.reshape(-1, block), jnp.full((1, block), -jnp.inf, pot.dtype)])
+    nk = kb.shape[0] - 1
+    step = 8  # candidate blocks per step (kc is a multiple of 8)
+
+    def leaf(args):
+        xs, lo, idx = args  # (block, d), (block,), (kc,)
+
+        def body(t, out):
+            js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
+            c = jnp.sum((xs[:, None, None, :] - kb[js][None]) ** 2, axis=-1)  # (block, step, block)
+            sc = pb[js][None] - c - lo[:, None, None]
+            return jax.lax.dynamic_update_slice(out, jnp.max(sc, axis=(0, 2)), (t * step,))
+
+        steps = (jnp.sum(idx < nk) + step - 1) // step
+        return jax.lax.fori_loop(0, steps, body, jnp.full((kc,), -jnp.inf, kb.dtype))
+
+    m = jax.lax.map(leaf, (rows_pts.reshape(nq, block, d), low.reshape(nq, block), cand))
+    return m / eps
 
 
 def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
@@ -337,11 +386,20 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
     m_leaf, u = np.asarray(m_leaf), np.asarray(u)
     nq, nk = u.shape
     cand = _neighbours(m_leaf >= -candidate_margin, u)
-    m_sub = np.asarray(_sub_margins_on(rows.pts, rows.valid, rows.sub_centers, rows.sub_radii,
-                                       keys.pts, pot, eps, jnp.asarray(cand), block=block))
+    m_sub, low = _sub_margins_on(rows.pts, rows.valid, rows.sub_centers, rows.sub_radii,
+                                 keys.pts, pot, eps, jnp.asarray(cand), block=block)
+    m_sub = np.asarray(m_sub)
     full = np.full((nq, nk + 1), -np.inf, m_sub.dtype)
     np.put_along_axis(full, cand, m_sub, axis=1)
     m = np.where(m_leaf >= -candidate_margin, np.minimum(m_leaf, full[:, :nk]), m_leaf)
+    # the exact margins of the blocks that the bounds keep
+    keep = m >= -candidate_margin
+    cand = _neighbours(keep, u)
+    m_ex = np.asarray(_exact_margins_on(rows.pts, low, keys.pts, pot, eps, jnp.asarray(cand),
+                                        block=block))
+    full = np.full((nq, nk + 1), -np.inf, m_ex.dtype)
+    np.put_along_axis(full, cand, m_ex, axis=1)
+    m = np.where(keep, np.minimum(m, full[:, :nk]), m)
     return m, u
 
 
@@ -503,19 +561,49 @@ REUSE_LISTS_ABOVE = 0.9
 MID_MIN_ENTRIES = 0
 
 
-def _mid_cloud(b: Blocks, dtype, block):
+#: a group of MID rows becomes one point of the intermediate level only if its points lie
+#: within sqrt(MID_SPREAD · ε) of their centroid, ε the ladder's predicted final ε; wider
+#: groups (the clouds' sparse tails) enter as two halves, or as their points. Measured at
+#: N = 3·10^4 (affine case): the c-transform carrying the intermediate solution to the
+#: points is off by up to r^2 / ε at a point whose group has radius r (r^2 / ε up to 750
+#: in the tails, 1 % of the groups above 30): the first selection on the points, made
+#: from those potentials, then missed blocks that the check found needed.
+MID_SPREAD = 2.0
+
+
+def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
     """The intermediate level of a cloud in leaves ``b``: the weighted centroids of its runs
     of MID rows (compact: :func:`make_blocks` orders them so) as new leaves, with their
-    weights (mass of the run, 0 on the padding) in leaf order."""
+    weights (mass of the run, 0 on the padding) in leaf order. A run whose points lie
+    farther than ``sqrt(r2_max)`` from its centroid is split in two along its widest
+    coordinate, and a half still that wide into its points, so that every point of the
+    cloud lies within ``sqrt(r2_max)`` of the intermediate point that stands for it (or is
+    one itself)."""
     pts = np.asarray(b.pts, np.float64)
     valid = np.asarray(b.valid)
     d = pts.shape[1]
+    total = valid.sum()
     g = pts.reshape(-1, MID, d)
     gv = valid.reshape(-1, MID)
     cnt = gv.sum(1)
-    keep = cnt > 0
-    cen = ((g * gv[..., None]).sum(1) / np.maximum(cnt, 1)[:, None])[keep]
-    w = cnt[keep] / valid.sum()
+    cen = (g * gv[..., None]).sum(1) / np.maximum(cnt, 1)[:, None]
+    r2 = np.where(gv, ((g - cen[:, None, :]) ** 2).sum(-1), 0.0).max(1)
+    whole = (cnt > 0) & (r2 <= r2_max)
+    cens, ws = [cen[whole]], [cnt[whole]]
+    for k in np.flatnonzero((cnt > 0) & ~whole):
+        p = g[k][gv[k]]
+        axis = int(np.argmax(p.max(0) - p.min(0)))
+        p = p[np.argsort(p[:, axis], kind="stable")]
+        for half in (p[: len(p) // 2], p[len(p) // 2:]):
+            if not len(half):
+                continue
+            c = half.mean(0)
+            if ((half - c) ** 2).sum(-1).max() <= r2_max:
+                cens.append(c[None]), ws.append(np.array([len(half)]))
+            else:
+                cens.append(half), ws.append(np.ones(len(half), np.int64))
+    cen = np.concatenate(cens)
+    w = np.concatenate(ws) / total
     bm, idx = make_blocks(cen, dtype, block, return_index=True)
     wv = np.where(idx >= 0, w[np.maximum(idx, 0)], 0.0).reshape(-1)
     return bm, jnp.asarray(wv, dtype)
@@ -711,8 +799,19 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         cpots = (_extrapolate(coarse_hist[-2], coarse_hist[-1], eps)
                  if len(coarse_hist) >= 2 and coarse_hist[-2][0] != coarse_hist[-1][0]
                  else coarse_hist[-1][1])
-        mx, wmx = _mid_cloud(bx, dtype, block)
-        my, wmy = _mid_cloud(by, dtype, block)
+        # the ladder's final ε as predicted from the coarse divergence (the rule asks for ε
+        # in proportion to it; S_ε barely moves below the coarse floor): the groups of the
+        # intermediate level must be compact at that ε
+        eps_end = eps
+        for _ in range(max_rounds):
+            e_next = rule(eps_end, c_div[-1]) if np.isfinite(c_div[-1]) else None
+            if e_next is None or e_next >= eps_end:
+                break
+            eps_end = e_next
+        mx, wmx = _mid_cloud(bx, dtype, block, MID_SPREAD * eps_end)
+        my, wmy = _mid_cloud(by, dtype, block, MID_SPREAD * eps_end)
+        _log(f"mid points {int(np.asarray(mx.valid).sum())}, {int(np.asarray(my.valid).sum())} "
+             f"(groups compact at eps={eps_end:.3e})")
         mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
         msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + _MARGIN_EXTRA)
         out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
