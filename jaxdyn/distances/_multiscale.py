@@ -7,21 +7,21 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
 
 1. **Blocks.** Each cloud is cut into the leaves of a k-d tree (:func:`kd_leaves`), each
    padded to ``block`` points: spatially compact blocks with a centre c and a radius r.
-2. **Bounds.** Inside a leaf the rows are in median-split order, so runs of ``SUB`` = 32
-   rows are compact too (centre c_s, radius r_s). For a sub-block s, its displacement
-   ``v_s`` (centre to the centre's image) and a key block J, every row x_i = c_s + δ_i obeys
-   ``g_j - |x_i - y_j|^2 - h_i <= u_sJ = max_{j in J} (g_j - |y_j - c_s|^2 +
-   2 r_s |y_j - c_s - v_s|)`` with ``h_i = 2 <δ_i, v_s> - |δ_i|^2`` (the tilted bound of
-   :func:`_sub_bounds`: exact in the keys, a ball only on the rows, O(N · N/32) work, a
-   thirty-second of a dense pass); ``R_i - h_i``, R_i the row's log-sum-exp
-   ``ε log Σ_j exp((g_j - C_ij)/ε)``, is at least ``L_s``, the exact log-sum-exp over 8
-   blocks of best bound minus h_i, minimised over the rows of s. The bounds only pick the
-   candidates: for the blocks they cannot drop, the exact margin
-   ``max_{i in I, j in J} (g_j - C_ij - low_i)``, low_i <= R_i the row's log-sum-exp over
-   the candidates, decides (a max-plus pass over the candidates, no exponentials: the ball
-   bounds are loose in the sparse tails of a cloud, whose leaves are wide, and jump with
-   the tilt). Key block J is kept for leaf I iff its margin is ``>= -T ε`` with
-   ``T = log M + 18``: the dropped terms then weigh less than ``1.5e-8`` of every row's sum.
+2. **Selection, three levels.** Key block J is kept for leaf I iff its margin, an upper
+   bound of ``max_{i in I, j in J} (g_j - C_ij - R_i) / ε`` (R_i the row's log-sum-exp
+   ``ε log Σ_j exp((g_j - C_ij)/ε)``), is ``>= -T`` with ``T = log M + 18``: the dropped
+   terms then weigh less than ``1.5e-8`` of every row's sum. Each level works on the
+   blocks that the one before cannot drop: (a) balls against balls
+   (:func:`_block_margins`, O(nq · nk) on the host); (b) the leaf's ball against each key,
+   tilted by the displacement v of its centre (to the centre's image, a Gibbs mean):
+   every row x = c + δ obeys ``g_j - |x - y_j|^2 - h(x) <= u_IJ = max_{j in J} (g_j -
+   |y_j - c|^2 + 2 r |y_j - c - v|)``, ``h(x) = 2 <δ, v> - |δ|^2``, against the exact
+   log-sum-exp over the 16 best blocks, a lower bound of R_i
+   (:func:`_leaf_margins_on`); (c) the exact margin, ``max (g_j - C_ij - low_i)``, low_i
+   the row's log-sum-exp over its whole list, formed in the same pass
+   (:func:`_exact_margins_on`). The bounds are loose in the sparse tails of a cloud, whose
+   leaves are wide, and jump with the tilt: only the exact level makes a selection from
+   a round's starting potentials hold for its final ones.
 3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
    each leaf's kept blocks only (lists padded with an empty block to a common length K,
    but a loop with a per-leaf trip count: a leaf pays for its own list).
@@ -37,7 +37,8 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    points, no certificate: it only warm-starts; a run whose points lie farther than
    ``sqrt(MID_SPREAD · ε)`` from their centroid, ε the predicted final one, enters as two
    halves or as its points), and the points start from its last
-   solution carried to them, at its ε: the coarse-to-fine error is corrected on N / 4
+   solution carried to them, at its ε (block-sparse c-transforms, lists from levels (a)
+   and (b) at margin T): the coarse-to-fine error is corrected on N / 4
    points, the points' rounds only correct the intermediate-to-fine one. The (x, y)
    over-relaxation of the sparse rounds is re-estimated at every error check
    (:func:`jaxdyn.distances._rounds._reestimating_solver`).
@@ -71,8 +72,6 @@ from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
 _MARGIN_EXTRA = 18.0
-#: blocks whose log-sum-exp gives the lower bound L_s.
-_K0 = 8
 #: a split moves to the widest gap of the middle half of the sorted coordinate when that
 #: gap is this many times the mean spacing there (clusters get their own leaves).
 _GAP_FACTOR = 8.0
@@ -193,33 +192,6 @@ def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
     return (out, idx) if return_index else out
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def _sub_bounds(sc, sr, keys, pot, eps, *, block):
-    """Tilted bounds of sub-block s against key block J: with ``v_s = ȳ_s - c_s`` (ȳ_s the
-    centre's image: the mean of the keys under the centre's Gibbs weights
-    ``softmax_j((pot_j - |y_j - c_s|^2) / ε)``, see :func:`_image`) and, for a
-    row ``x = c_s + δ`` (|δ| <= r_s), the row term ``h(x) = 2 <δ, v_s> - |δ|^2``,
-
-        pot_j - |x - y_j|^2 - h(x) <= u_sJ = max_{j in J} (pot_j - |y_j - c_s|^2
-                                              + 2 r_s |y_j - c_s - v_s|)
-
-    (expand ``|x - y_j|^2`` about c_s; exact in the keys, a ball only on the rows). Tilting
-    by the row's displacement makes the slack ``2 r_s |y_j - c_s - v_s|`` small for the keys
-    near the image, where the untilted ``2 r_s |y_j - c_s|`` grew with the transport
-    distance. ``keys`` (nk * block, d). Returns (u (ns, nk), v (ns, d))."""
-    nk = keys.shape[0] // block
-
-    def one(args):
-        c, r = args
-        dist2 = jnp.sum((keys - c[None, :]) ** 2, axis=-1)
-        w = pot - dist2
-        v = _image(w, keys, eps) - c
-        e = jnp.sqrt(jnp.sum((keys - (c + v)[None, :]) ** 2, axis=-1))
-        return jnp.max((w + 2.0 * r * e).reshape(nk, block), axis=1), v
-
-    return jax.lax.map(one, (sc, sr), batch_size=64)
-
-
 def _image(w, keys, eps):
     """The mean of ``keys`` under the Gibbs weights ``softmax(w / eps)`` (``w`` may hold -inf):
     the image of a point whose scores against the keys are ``w``. The hard ``argmax`` would do
@@ -237,32 +209,6 @@ def _row_tilt(rows_pts, sc, v):
     ns, d = sc.shape
     delta = rows_pts.reshape(ns, -1, d) - sc[:, None, :]
     return (2.0 * jnp.sum(delta * v[:, None, :], -1) - jnp.sum(delta ** 2, -1)).reshape(-1)
-
-
-@functools.partial(jax.jit, static_argnames=("block",))
-def _sub_margins(rows_pts, rows_valid, sc, sr, keys, pot, eps, *, block):
-    """(u_sJ - L_s) / eps with the tilted bounds of :func:`_sub_bounds` and
-    ``L_s = min_{i in s} (low_i - h(x_i)) <= R_i - h(x_i)``, low_i the exact log-sum-exp over
-    the ``_K0`` key blocks of best bound (a lower bound of the row's full sum R_i): every
-    term of a row against J lies below R_i + (u_sJ - L_s). Also returns the leaf-level
-    ranks u_IJ = max_{s in I} (u_sJ - max_J' u_sJ') (to order the lists)."""
-    u_s, v = _sub_bounds(sc, sr, keys, pot, eps, block=block)
-    ns, nk = u_s.shape
-    nq = rows_pts.shape[0] // block
-    # rank key blocks per leaf by their bound relative to each sub-block's best (the rows'
-    # levels differ across a leaf by |∇pot| x its size, often many ε): the _K0 blocks of
-    # the lower bound then include every sub-block's best ones
-    rel = u_s - jnp.max(u_s, axis=1, keepdims=True)
-    u = jnp.max(rel.reshape(nq, ns // nq, nk), axis=1)
-    k0 = min(_K0, nk)
-    _, top = jax.lax.top_k(u, k0)
-    top = top.astype(jnp.int32)
-    if k0 % 8:
-        top = jnp.concatenate([top, jnp.full((nq, 8 - k0 % 8), nk, jnp.int32)], axis=1)
-    low = sparse_lse(rows_pts, keys, pot, eps, top, block=block)
-    low = jnp.where(rows_valid, low - _row_tilt(rows_pts, sc, v), jnp.inf)
-    low_s = jnp.min(low.reshape(ns, -1), axis=1)
-    return (u_s - low_s[:, None]) / eps, u
 
 
 def _bucket(k: int, multiple: int) -> int:
@@ -293,114 +239,171 @@ def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8) -> n
     return idx.astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def _sub_margins_on(rows_pts, rows_valid, sc, sr, keys, pot, eps, cand, *, block):
-    """The sub-block margins of :func:`_sub_margins` over each leaf's candidate key blocks
-    ``cand`` (nq, Kc) only (padded with the empty block nk): the tilted bounds against the
-    candidates' keys, L_s from the exact log-sum-exp over all the candidates. Returns the
-    leaf margins max_s (u_sJ - L_s) / eps, (nq, Kc) (-inf for the padding)."""
+def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
+    """Block-level upper bounds of ``(term_ij - R_i) / eps`` for leaf I (centre c_I, radius
+    r_I) against key block J (centre y_J, radius ρ_J, potentials in [P⁻_J, P⁺_J]), on the
+    host in float64, (nq, nk): every term obeys ``pot_j - |x_i - y_j|^2 <= P⁺_J -
+    (|c_I - y_J| - r_I - ρ_J)_+^2``, and every row's log-sum-exp is at least its largest
+    term, ``R_i >= max_J (P⁻_J - (|c_I - y_J| + r_I + ρ_J)^2)``. Loose (by the variation of
+    the potential and of the distance across two blocks), O(nq · nk): it only spares the
+    tilted bounds of :func:`_leaf_margins_on` the blocks that are far from a leaf's image."""
+    c = np.asarray(rows.centers, np.float64)
+    r = np.asarray(rows.radii, np.float64)
+    yc = np.asarray(keys.centers, np.float64)
+    rho = np.asarray(keys.radii, np.float64)
+    nk = yc.shape[0]
+    p = np.asarray(pot, np.float64).reshape(nk, -1)
+    fin = np.isfinite(p)
+    p_hi = np.max(np.where(fin, p, -np.inf), axis=1)
+    p_lo = np.min(np.where(fin, p, np.inf), axis=1)
+    p_lo = np.where(np.isfinite(p_lo), p_lo, -np.inf)
+    dist = np.sqrt(np.maximum(np.sum(c * c, 1)[:, None] + np.sum(yc * yc, 1)[None, :]
+                              - 2.0 * c @ yc.T, 0.0))
+    reach = r[:, None] + rho[None, :]
+    hi = p_hi[None, :] - np.maximum(dist - reach, 0.0) ** 2
+    lo = np.max(p_lo[None, :] - (dist + reach) ** 2, axis=1)
+    # the distances by the expanded form carry rounding of ~1e-16 |c|^2: a hair of slack
+    return (hi - lo[:, None] + 1e-12 * (1.0 + np.max(np.abs(c)) ** 2)) / float(eps)
+
+
+@functools.partial(jax.jit, static_argnames=("block", "n_low"))
+def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand, *, block,
+                     n_low=16):
+    """Tilted bounds of each leaf I (centre c, radius r, rows x = c + δ) against the key blocks
+    J of its list ``cand`` (nq, Kc) (best first, padded with the empty block nk). With
+    ``v = ȳ - c`` (ȳ the image of the centre, :func:`_image`, over the first 8 blocks) and
+    ``h(x) = 2 <δ, v> - |δ|^2``,
+
+        pot_j - |x - y_j|^2 - h(x) <= u_IJ = max_{j in J} (pot_j - |y_j - c|^2
+                                              + 2 r |y_j - c - v|)
+
+    (expand ``|x - y_j|^2`` about c; exact in the keys, a ball only on the rows: tilting by
+    the displacement keeps the slack small near the image). ``low_i``, the exact
+    log-sum-exp over the ``n_low`` blocks of best bound, is at most the row's R_i, so every
+    term of a row of I against J lies below ``R_i + u_IJ - L_I``, ``L_I = min_i (low_i -
+    h(x_i))``. Returns ((u_IJ - L_I) / eps (nq, Kc), -inf on the padding; low (n,), +inf
+    on padding rows)."""
     n, d = rows_pts.shape
     nq, kc = cand.shape
-    ns = sc.shape[0]
-    per = ns // nq
     kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
     pb = jnp.concatenate([pot.reshape(-1, block), jnp.full((1, block), -jnp.inf, pot.dtype)])
-
     nk = kb.shape[0] - 1
     step = 8  # candidate blocks per step (kc is a multiple of 8)
 
-    def bounds(c, r, v, js):
-        ks = kb[js].reshape(step * block, d)
-        ps = pb[js].reshape(step * block)
-        w = ps[None, :] - jnp.sum((ks[None, :, :] - c[:, None, :]) ** 2, axis=-1)
-        e = jnp.sqrt(jnp.sum((ks[None, :, :] - (c + v)[:, None, :]) ** 2, axis=-1))
-        return jnp.max((w + 2.0 * r[:, None] * e).reshape(per, step, block), axis=2), w, ks
-
     def leaf(args):
-        c, r, idx = args  # (per, d), (per,), (kc,)
-        # v_s from the first (best-ranked) candidates; any v_s gives a valid bound
-        _, w0, ks0 = bounds(c, r, jnp.zeros_like(c), idx[:step])
-        v = jax.vmap(_image, (0, None, None))(w0, ks0, eps) - c
+        c, r, idx = args  # (d,), (), (kc,)
+        ks0 = kb[idx[:step]].reshape(step * block, d)
+        w0 = pb[idx[:step]].reshape(step * block) - jnp.sum((ks0 - c) ** 2, axis=-1)
+        v = _image(w0, ks0, eps) - c
 
         def body(t, u):
             js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
-            ub, _, _ = bounds(c, r, v, js)
-            return jax.lax.dynamic_update_slice(u, ub, (0, t * step))
+            ks = kb[js].reshape(step * block, d)
+            w = pb[js].reshape(step * block) - jnp.sum((ks - c) ** 2, axis=-1)
+            e = jnp.sqrt(jnp.sum((ks - (c + v)) ** 2, axis=-1))
+            ub = jnp.max((w + 2.0 * r * e).reshape(step, block), axis=1)
+            return jax.lax.dynamic_update_slice(u, ub, (t * step,))
 
-        # a leaf pays for its own candidates, not for the longest list
         steps = (jnp.sum(idx < nk) + step - 1) // step
-        u = jax.lax.fori_loop(0, steps, body, jnp.full((per, kc), -jnp.inf, kb.dtype))
+        u = jax.lax.fori_loop(0, steps, body, jnp.full((kc,), -jnp.inf, kb.dtype))
         return u, v
 
-    u, v = jax.lax.map(leaf, (sc.reshape(nq, per, d), sr.reshape(nq, per), cand))
-    u, v = u.reshape(ns, kc), v.reshape(ns, d)
-    low = jnp.where(rows_valid, sparse_lse(rows_pts, keys, pot, eps, cand, block=block), jnp.inf)
-    low_s = jnp.min((low - _row_tilt(rows_pts, sc, v)).reshape(ns, -1), axis=1)
-    m = ((u - low_s[:, None]) / eps).reshape(nq, per, kc)
-    return jnp.max(m, axis=1), low
+    u, v = jax.lax.map(leaf, (centers, radii, cand), batch_size=8)
+    k_low = min(n_low, kc)
+    _, top = jax.lax.top_k(u, k_low)
+    low_nbr = jnp.take_along_axis(cand, top, axis=1)
+    low_nbr = jnp.where(jnp.take_along_axis(u, top, axis=1) > -jnp.inf, low_nbr, nk)
+    if k_low % 8:
+        low_nbr = jnp.concatenate([low_nbr, jnp.full((nq, 8 - k_low % 8), nk, low_nbr.dtype)], 1)
+    low = jnp.where(rows_valid, sparse_lse(rows_pts, keys, pot, eps, low_nbr, block=block),
+                    jnp.inf)
+    low_leaf = jnp.min((low - _row_tilt(rows_pts, centers, v)).reshape(nq, block), axis=1)
+    return (u - low_leaf[:, None]) / eps, low
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
-def _exact_margins_on(rows_pts, low, keys, pot, eps, cand, *, block):
+def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block):
     """``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` for each leaf I and each
     key block J of its list ``cand`` (nq, Kc) (padded with the empty block nk; -inf there):
-    the exact margin of the block, ``low_i`` (+inf on padding rows) a lower bound of the
-    row's log-sum-exp R_i. Tight where the ball bounds are loose (the sparse tails of a
-    cloud, whose leaves are wide), and continuous in the potentials. A max-plus pass, no
-    exponentials: a fraction of a Sinkhorn iteration over the same lists."""
+    the exact margin of the block, ``low_i`` a lower bound of the row's log-sum-exp R_i:
+    the larger of the given ``low`` and the exact log-sum-exp over the whole list, formed
+    in the same pass (a list that holds every block the bounds could not drop holds the
+    row's mass: ``low_i`` is then R_i to the dropped terms' 1e-8). Tight where the ball
+    bounds are loose (the sparse tails of a cloud, whose leaves are wide), and continuous in
+    the potentials. About one Sinkhorn half-iteration over the same lists."""
     n, d = rows_pts.shape
     nq, kc = cand.shape
+    dtype = rows_pts.dtype
     kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
     pb = jnp.concatenate([pot.reshape(-1, block), jnp.full((1, block), -jnp.inf, pot.dtype)])
     nk = kb.shape[0] - 1
     step = 8  # candidate blocks per step (kc is a multiple of 8)
+    inv = 1.0 / eps
 
     def leaf(args):
-        xs, lo, idx = args  # (block, d), (block,), (kc,)
+        xs, ok, lo, idx = args  # (block, d), (block,), (block,), (kc,)
 
-        def body(t, out):
+        def body(t, carry):
+            mx, s, best = carry
             js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
-            c = jnp.sum((xs[:, None, None, :] - kb[js][None]) ** 2, axis=-1)  # (block, step, block)
-            sc = pb[js][None] - c - lo[:, None, None]
-            return jax.lax.dynamic_update_slice(out, jnp.max(sc, axis=(0, 2)), (t * step,))
+            ks = kb[js].reshape(step * block, d)
+            cost = (xs[:, None, 0] - ks[None, :, 0]) ** 2  # by coordinates, as lse_tile
+            for k in range(1, d):
+                cost = cost + (xs[:, None, k] - ks[None, :, k]) ** 2
+            sc = pb[js].reshape(step * block)[None, :] - cost  # (block, step * block)
+            best = jax.lax.dynamic_update_slice(
+                best, jnp.max(sc.reshape(block, step, block), axis=2), (0, t * step))
+            logits = sc * inv
+            new = jnp.maximum(mx, jnp.max(logits, axis=1))
+            ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), dtype))
+            s = s * jnp.exp(mx - ref) + jnp.sum(jnp.exp(logits - ref[:, None]), axis=1)
+            return new, s, best
 
         steps = (jnp.sum(idx < nk) + step - 1) // step
-        return jax.lax.fori_loop(0, steps, body, jnp.full((kc,), -jnp.inf, kb.dtype))
+        init = (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype),
+                jnp.full((block, kc), -jnp.inf, dtype))
+        mx, s, best = jax.lax.fori_loop(0, steps, body, init)
+        low_i = jnp.where(ok, jnp.maximum(lo, eps * (mx + jnp.log(s))), jnp.inf)
+        return jnp.max(best - low_i[:, None], axis=0)
 
-    m = jax.lax.map(leaf, (rows_pts.reshape(nq, block, d), low.reshape(nq, block), cand))
+    m = jax.lax.map(leaf, (rows_pts.reshape(nq, block, d), rows_valid.reshape(nq, block),
+                           low.reshape(nq, block), cand), batch_size=8)
     return m / eps
 
 
-def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
-                 candidate_margin: float = float("inf")):
-    """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of
-    block J, and the leaf-level ranks u_IJ (to order the lists), on the host: (nq, nk) each.
+def _scatter(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
+    """(nq, nk) array holding ``vals`` (nq, K) at the blocks ``cand`` lists, -inf elsewhere."""
+    full = np.full((cand.shape[0], nk + 1), -np.inf, vals.dtype)
+    np.put_along_axis(full, cand, vals, axis=1)
+    return full[:, :nk]
 
-    Two levels: the tilted bound of the whole leaf (its centre and radius) against every
-    key, then, for the blocks it cannot drop at ``candidate_margin`` (the candidates), the
-    tighter bounds of its sub-blocks (max over them); the smaller of two valid bounds is
-    kept. The sub-block level is O(N / 32 · candidates' keys) instead of O(N / 32 · M)."""
-    eps = jnp.asarray(eps, rows.pts.dtype)
-    m_leaf, u = _sub_margins(rows.pts, rows.valid, rows.centers, rows.radii, keys.pts, pot,
-                             eps, block=block)
-    m_leaf, u = np.asarray(m_leaf), np.asarray(u)
-    nq, nk = u.shape
-    cand = _neighbours(m_leaf >= -candidate_margin, u)
-    m_sub, low = _sub_margins_on(rows.pts, rows.valid, rows.sub_centers, rows.sub_radii,
-                                 keys.pts, pot, eps, jnp.asarray(cand), block=block)
-    m_sub = np.asarray(m_sub)
-    full = np.full((nq, nk + 1), -np.inf, m_sub.dtype)
-    np.put_along_axis(full, cand, m_sub, axis=1)
-    m = np.where(m_leaf >= -candidate_margin, np.minimum(m_leaf, full[:, :nk]), m_leaf)
-    # the exact margins of the blocks that the bounds keep
+
+def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
+                 candidate_margin: float = float("inf"), exact: bool = True):
+    """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of
+    block J, on the host, (nq, nk); also returned as the ranks that order the lists.
+
+    Three levels, each on the blocks that the one before cannot drop at
+    ``candidate_margin``: block-level balls (:func:`_block_margins`, O(nq · nk)), the
+    tilted bound of the leaf against each key (:func:`_leaf_margins_on`), then the exact
+    margin (:func:`_exact_margins_on`; ``exact=False``: without it); a block keeps the
+    smallest of its valid bounds."""
+    eps_a = jnp.asarray(eps, rows.pts.dtype)
+    m = _block_margins(rows, keys, pot, eps)
+    nk = m.shape[1]
+    pre = m >= -candidate_margin
+    cand = _neighbours(pre, m)
+    m_leaf, low = _leaf_margins_on(rows.pts, rows.valid, rows.centers, rows.radii, keys.pts,
+                                   pot, eps_a, jnp.asarray(cand), block=block)
+    m = np.where(pre, np.minimum(m, _scatter(cand, np.asarray(m_leaf, np.float64), nk)), m)
+    if not exact:
+        return m, m
     keep = m >= -candidate_margin
-    cand = _neighbours(keep, u)
-    m_ex = np.asarray(_exact_margins_on(rows.pts, low, keys.pts, pot, eps, jnp.asarray(cand),
-                                        block=block))
-    full = np.full((nq, nk + 1), -np.inf, m_ex.dtype)
-    np.put_along_axis(full, cand, m_ex, axis=1)
-    m = np.where(keep, np.minimum(m, full[:, :nk]), m)
-    return m, u
+    cand = _neighbours(keep, m)
+    m_ex = _exact_margins_on(rows.pts, rows.valid, low, keys.pts, pot, eps_a, jnp.asarray(cand),
+                             block=block)
+    m = np.where(keep, np.minimum(m, _scatter(cand, np.asarray(m_ex, np.float64), nk)), m)
+    return m, m
 
 
 def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLOCK):
@@ -463,6 +466,24 @@ def _same(p, q) -> bool:
     return p is q or bool(np.array_equal(np.asarray(p), np.asarray(q)))
 
 
+def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
+    """The margins of a symmetric problem's kernel (rows against themselves) for both of its
+    potentials ``p1``, ``p2``. They are equal but for rounding (symmetric start, parallel
+    updates): then, with ``δ = max |p1 - p2|``, the margins of ``p2`` are at most those of
+    ``p1`` plus ``2 δ / ε`` (a key's term moves by at most δ, a row's log-sum-exp too), one
+    computation instead of two; if they differ by more than ε / 2, both are computed."""
+    m, u = leaf_margins(rows, rows, p1, eps, block, t)
+    if _same(p1, p2):
+        return m, u
+    a, b = np.asarray(p1, np.float64), np.asarray(p2, np.float64)
+    fin = np.isfinite(a)
+    if np.array_equal(fin, np.isfinite(b)):
+        delta = float(np.max(np.abs(a[fin] - b[fin]), initial=0.0))
+        if delta <= 0.5 * float(eps):
+            return m + 2.0 * delta / float(eps), u
+    return np.maximum(m, leaf_margins(rows, rows, p2, eps, block, t)[0]), u
+
+
 class _Selection:
     """Keep masks of the four kernels (xy rows x, xy rows y, xx, yy) and their lists."""
 
@@ -480,13 +501,9 @@ class _Selection:
         t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
         mx, ux = leaf_margins(bx, by, g, eps, b, t)
         my, uy = leaf_margins(by, bx, f, eps, b, t)
-        # the symmetric problems' two potentials are often bitwise equal (symmetric start,
-        # parallel updates): their margins are then the same array, computed once
-        mxx, uxx = leaf_margins(bx, bx, fx, eps, b, t)
-        mxx2 = mxx if _same(fx, gx) else leaf_margins(bx, bx, gx, eps, b, t)[0]
-        myy, uyy = leaf_margins(by, by, fy, eps, b, t)
-        myy2 = myy if _same(fy, gy) else leaf_margins(by, by, gy, eps, b, t)[0]
-        out = ([mx, my, np.maximum(mxx, mxx2), np.maximum(myy, myy2)], [ux, uy, uxx, uyy])
+        mxx, uxx = _sym_margins(bx, fx, gx, eps, b, t)
+        myy, uyy = _sym_margins(by, fy, gy, eps, b, t)
+        out = ([mx, my, mxx, myy], [ux, uy, uxx, uyy])
         self._last = (pots, eps, out)
         return out
 
@@ -621,6 +638,28 @@ def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots):
     g = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, kx, fc, e, lwy), ninf)
     fx = jnp.where(rx.valid, c_transform_from_coarse(rx.pts, kx, fxc, e, lwx), ninf)
     fy = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, ky, fyc, e, lwy), ninf)
+    return ((f, g), (fx, fx), (fy, fy))
+
+
+def _carry_sparse(rx: Blocks, ry: Blocks, lwx, lwy, kx: Blocks, ky: Blocks, eps, pots, block,
+                  margin):
+    """:func:`_carry_pots` from a solution on the leaves ``kx``, ``ky`` (the intermediate
+    level): each c-transform visits only the key blocks that the bounds of
+    :func:`leaf_margins` (without its exact level) keep at ``margin``, a fraction of the
+    dense c-transform's N · N / MID terms (the dropped ones weigh < M e^{-margin})."""
+    (fc, gc), (fxc, _), (fyc, _) = pots
+    dtype = rx.pts.dtype
+    e = jnp.asarray(eps, dtype)
+    ninf = jnp.asarray(-jnp.inf, dtype)
+
+    def one(rows, keys, pot, lw):
+        m, u = leaf_margins(rows, keys, pot, eps, block, margin, exact=False)
+        nbr = jnp.asarray(_neighbours(m >= -margin, u))
+        return jnp.where(rows.valid, e * lw - sparse_lse(rows.pts, keys.pts, pot, e, nbr,
+                                                          block=block), ninf)
+
+    f, g = one(rx, ky, gc, lwx), one(ry, kx, fc, lwy)
+    fx, fy = one(rx, kx, fxc, lwx), one(ry, ky, fyc, lwy)
     return ((f, g), (fx, fx), (fy, fy))
 
 
@@ -819,8 +858,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         n_total += n_mid
         if np.isfinite(div_m):
             la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
-            pots = _carry_pots(bx, by, la, lb, mx.pts, my.pts, eps_m * (1.0 - MID_EPS_BELOW),
-                               mpots)
+            pots = _carry_sparse(bx, by, la, lb, mx, my, eps_m * (1.0 - MID_EPS_BELOW), mpots,
+                                 block, sel.margin)
             _log("carried mid")
             # the points start a little below the intermediate level's final ε: its
             # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
