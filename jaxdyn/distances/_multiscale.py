@@ -224,11 +224,23 @@ def _bucket(k: int, multiple: int) -> int:
         b *= 2
 
 
-def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8) -> np.ndarray:
+def _pow2(k: int, multiple: int = 8) -> int:
+    """The least ``multiple · 2^j`` that is at least ``k``."""
+    b = multiple
+    while b < k:
+        b *= 2
+    return b
+
+
+def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
+                width: int = 0, pow2: bool = False) -> np.ndarray:
     """(nq, K) kept block indices per row block, best first, padded with ``nk`` (the empty
-    block) to a multiple of ``multiple`` (:func:`sparse_lse` gathers 8 blocks per step)."""
+    block) to a multiple of ``multiple`` (:func:`sparse_lse` gathers 8 blocks per step):
+    K is the :func:`_bucket` (``pow2``: the :func:`_pow2`) of the longest list, at least
+    ``width`` (lists that one program takes together share a length: one compilation)."""
     nq, nk = keep.shape
-    k = _bucket(max(multiple, -(-int(keep.sum(1).max()) // multiple) * multiple), multiple)
+    need = max(multiple, -(-int(keep.sum(1).max(initial=0)) // multiple) * multiple)
+    k = max(_pow2(need, multiple) if pow2 else _bucket(need, multiple), width)
     k = min(k, max(multiple, -(-nk // multiple) * multiple))
     key = np.where(keep, order_key, -np.inf)
     idx = np.argsort(-key, axis=1, kind="stable")[:, :k]
@@ -264,6 +276,29 @@ def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
     lo = np.max(p_lo[None, :] - (dist + reach) ** 2, axis=1)
     # the distances by the expanded form carry rounding of ~1e-16 |c|^2: a hair of slack
     return (hi - lo[:, None] + 1e-12 * (1.0 + np.max(np.abs(c)) ** 2)) / float(eps)
+
+
+def _pad_leaves(b: Blocks, nb: int, block: int) -> Blocks:
+    """``b`` with empty leaves appended up to ``nb`` leaves (no valid point, centre and radius
+    0): two clouds at one leaf count share the programs of the rounds and of the selection
+    (an empty leaf's rows have weight 0, its keys potential -inf, its lists no block)."""
+    extra = nb - b.centers.shape[0]
+    if extra <= 0:
+        return b
+    d = b.pts.shape[1]
+    dt = b.pts.dtype
+    z = lambda *shape: jnp.zeros(shape, dt)  # noqa: E731
+    return Blocks(jnp.concatenate([b.pts, z(extra * block, d)]),
+                  jnp.concatenate([b.valid, jnp.zeros((extra * block,), bool)]),
+                  jnp.concatenate([b.centers, z(extra, d)]), jnp.concatenate([b.radii, z(extra)]),
+                  jnp.concatenate([b.sub_centers, z(extra * block // SUB, d)]),
+                  jnp.concatenate([b.sub_radii, z(extra * block // SUB)]),
+                  np.concatenate([b.counts, np.zeros(extra, b.counts.dtype)]))
+
+
+def _common_leaves(nb1: int, nb2: int) -> int:
+    """The leaf count that two clouds are padded to (a multiple of 8)."""
+    return -(-max(nb1, nb2) // 8) * 8
 
 
 @functools.partial(jax.jit, static_argnames=("block", "n_low"))
@@ -392,14 +427,14 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
     m = _block_margins(rows, keys, pot, eps)
     nk = m.shape[1]
     pre = m >= -candidate_margin
-    cand = _neighbours(pre, m)
+    cand = _neighbours(pre, m, pow2=True)
     m_leaf, low = _leaf_margins_on(rows.pts, rows.valid, rows.centers, rows.radii, keys.pts,
                                    pot, eps_a, jnp.asarray(cand), block=block)
     m = np.where(pre, np.minimum(m, _scatter(cand, np.asarray(m_leaf, np.float64), nk)), m)
     if not exact:
         return m, m
     keep = m >= -candidate_margin
-    cand = _neighbours(keep, m)
+    cand = _neighbours(keep, m, pow2=True)
     m_ex = _exact_margins_on(rows.pts, rows.valid, low, keys.pts, pot, eps_a, jnp.asarray(cand),
                              block=block)
     m = np.where(keep, np.minimum(m, _scatter(cand, np.asarray(m_ex, np.float64), nk)), m)
@@ -519,7 +554,10 @@ class _Selection:
             self.keep = [a | n for a, n in zip(self.keep, new)]
         self.order = order
         # each list nearest (largest bound) first: the online maximum settles early
-        return tuple(jnp.asarray(_neighbours(k, u)) for k, u in zip(self.keep, self.order))
+        # the four lists at one length: a round's program is compiled per set of lengths
+        width = _pow2(max(int(k.sum(1).max(initial=0)) for k in self.keep))
+        return tuple(jnp.asarray(_neighbours(k, u, width=width))
+                     for k, u in zip(self.keep, self.order))
 
     def covers(self, pots, eps) -> bool:
         """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists."""
@@ -706,6 +744,11 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     eps, _, _, n_coarse, c_eps, c_div, info = _ladder(coarse_solve, eps0, eps0, init,
                                                       coarse_rule, max_rounds)
 
+    # x and y at one leaf count (empty leaves appended): the rounds' and the selection's
+    # programs then take both clouds' lists at one shape
+    nb = _common_leaves(bx.centers.shape[0], by.centers.shape[0])
+    bx, by = _pad_leaves(bx, nb, block), _pad_leaves(by, nb, block)
+
     # 2. carry the centroid potentials to the points (one c-transform each); the padding
     #    of the leaves has weight 0, so potential -inf
     la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
@@ -849,6 +892,10 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
             eps_end = e_next
         mx, wmx = _mid_cloud(bx, dtype, block, MID_SPREAD * eps_end)
         my, wmy = _mid_cloud(by, dtype, block, MID_SPREAD * eps_end)
+        nbm = _common_leaves(mx.centers.shape[0], my.centers.shape[0])
+        wmx = jnp.concatenate([wmx, jnp.zeros(((nbm - mx.centers.shape[0]) * block,), dtype)])
+        wmy = jnp.concatenate([wmy, jnp.zeros(((nbm - my.centers.shape[0]) * block,), dtype)])
+        mx, my = _pad_leaves(mx, nbm, block), _pad_leaves(my, nbm, block)
         _log(f"mid points {int(np.asarray(mx.valid).sum())}, {int(np.asarray(my.valid).sum())} "
              f"(groups compact at eps={eps_end:.3e})")
         mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
