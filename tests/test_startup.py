@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("jax", "jaxlib", "diffrax", "equinox", "ott", "optax", "scipy", "matplotlib", "xarray")
 
 
-def _heavy_modules_after(body: str, hang_guard_s: int):
+def _heavy_modules_after(body: str):
     """Run ``body`` in a fresh interpreter (jaxdyn on the path) and return its completed
-    process; the last line of its stdout lists the HEAVY modules it imported. ``hang_guard_s``
-    only stops a hung interpreter: no speed is asserted here (that is bench_startup.py's)."""
+    process; the last line of its stdout lists the HEAVY modules it imported. No speed is
+    asserted here (that is bench_startup.py's)."""
     code = body + f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=hang_guard_s)
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
 def test_help_imports_no_jax():
@@ -41,7 +41,7 @@ def test_help_imports_no_jax():
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit as e:\n"
-        "        assert e.code == 0, e.code\n", hang_guard_s=120)
+        "        assert e.code == 0, e.code\n")
     assert out.returncode == 0, out.stderr
     assert "--no-cache" in out.stdout  # run --help names the cache switch
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -59,8 +59,7 @@ def test_config_check_imports_no_jax():
         f"for argv in [['config'], ['config', '--set', 'n=64', '--set', 'dtype=float64']] + "
         f"[['config', c] for c in {configs!r}]:\n"
         "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "        assert main(argv) == 0 or argv[-1].endswith('gaussianity_minilm.yaml'), argv\n",
-        hang_guard_s=300)
+        "        assert main(argv) == 0 or argv[-1].endswith('gaussianity_minilm.yaml'), argv\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
