@@ -416,7 +416,7 @@ def _scatter(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
 def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
                  candidate_margin: float = float("inf"), exact: bool = True):
     """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of
-    block J, on the host, (nq, nk); also returned as the ranks that order the lists.
+    block J, on the host, (nq, nk) (they also order the lists: largest first).
 
     Three levels, each on the blocks that the one before cannot drop at
     ``candidate_margin``: block-level balls (:func:`_block_margins`, O(nq · nk)), the
@@ -432,21 +432,20 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
                                    pot, eps_a, jnp.asarray(cand), block=block)
     m = np.where(pre, np.minimum(m, _scatter(cand, np.asarray(m_leaf, np.float64), nk)), m)
     if not exact:
-        return m, m
+        return m
     keep = m >= -candidate_margin
     cand = _neighbours(keep, m, pow2=True)
     m_ex = _exact_margins_on(rows.pts, rows.valid, low, keys.pts, pot, eps_a, jnp.asarray(cand),
                              block=block)
-    m = np.where(keep, np.minimum(m, _scatter(cand, np.asarray(m_ex, np.float64), nk)), m)
-    return m, m
+    return np.where(keep, np.minimum(m, _scatter(cand, np.asarray(m_ex, np.float64), nk)), m)
 
 
 def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLOCK):
     """Certified selection for the update of ``rows`` against ``keys`` with potential ``pot``
     (on ``keys``) at ``eps``: key block J is kept for leaf I iff some sub-block s of I has
     ``u_sJ - L_s >= -margin · eps``. Returns (keep (nq, nk) bool, u_IJ) on the host."""
-    m, u = leaf_margins(rows, keys, pot, eps, block, candidate_margin=margin)
-    return m >= -margin, u
+    m = leaf_margins(rows, keys, pot, eps, block, candidate_margin=margin)
+    return m >= -margin, m
 
 
 @jax.jit
@@ -514,16 +513,16 @@ def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
     updates): then, with ``δ = max |p1 - p2|``, the margins of ``p2`` are at most those of
     ``p1`` plus ``2 δ / ε`` (a key's term moves by at most δ, a row's log-sum-exp too), one
     computation instead of two; if they differ by more than ε / 2, both are computed."""
-    m, u = leaf_margins(rows, rows, p1, eps, block, t)
+    m = leaf_margins(rows, rows, p1, eps, block, t)
     if _same(p1, p2):
-        return m, u
+        return m
     a, b = np.asarray(p1, np.float64), np.asarray(p2, np.float64)
     fin = np.isfinite(a)
     if np.array_equal(fin, np.isfinite(b)):
         delta = float(np.max(np.abs(a[fin] - b[fin]), initial=0.0))
         if delta <= 0.5 * float(eps):
-            return m + 2.0 * delta / float(eps), u
-    return np.maximum(m, leaf_margins(rows, rows, p2, eps, block, t)[0]), u
+            return m + 2.0 * delta / float(eps)
+    return np.maximum(m, leaf_margins(rows, rows, p2, eps, block, t))
 
 
 class _Selection:
@@ -541,11 +540,8 @@ class _Selection:
         (f, g), (fx, gx), (fy, gy) = pots
         bx, by, b = self.bx, self.by, self.block
         t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
-        mx, ux = leaf_margins(bx, by, g, eps, b, t)
-        my, uy = leaf_margins(by, bx, f, eps, b, t)
-        mxx, uxx = _sym_margins(bx, fx, gx, eps, b, t)
-        myy, uyy = _sym_margins(by, fy, gy, eps, b, t)
-        out = ([mx, my, mxx, myy], [ux, uy, uxx, uyy])
+        out = [leaf_margins(bx, by, g, eps, b, t), leaf_margins(by, bx, f, eps, b, t),
+               _sym_margins(bx, fx, gx, eps, b, t), _sym_margins(by, fy, gy, eps, b, t)]
         self._last = (pots, eps, out)
         return out
 
@@ -553,13 +549,13 @@ class _Selection:
         """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra`` (in units of
         ε: room for the potentials to move during the round); ``fresh=False`` adds to the
         current selection."""
-        marg, order = self._margins(pots, eps)
+        marg = self._margins(pots, eps)
         new = [m >= -(self.margin + extra) for m in marg]
         if fresh or self.keep is None:
             self.keep = new
         else:
             self.keep = [a | n for a, n in zip(self.keep, new)]
-        self.order = order
+        self.order = marg  # the margins order each list: largest first
         # each list nearest (largest bound) first: the online maximum settles early
         # the four lists at one length: a round's program is compiled per set of lengths
         width = _pow2(max(int(k.sum(1).max(initial=0)) for k in self.keep))
@@ -568,7 +564,7 @@ class _Selection:
 
     def covers(self, pots, eps) -> bool:
         """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists."""
-        marg, _ = self._margins(pots, eps)
+        marg = self._margins(pots, eps)
         ok = [bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
         if not all(ok) and os.environ.get("JAXDYN_W2_LOG"):
             for name, h, m, good in zip(("xy rows x", "xy rows y", "xx", "yy"), self.keep, marg, ok):
@@ -713,37 +709,27 @@ def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
     return bm, jnp.asarray(wv, dtype)
 
 
-def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots):
+def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None):
     """Potentials ((f, g), (fx, fx), (fy, fy)) on the rows of ``rx``, ``ry`` (log weights
     ``lwx``, ``lwy``) from a solution ``pots`` on the keys ``kx``, ``ky``: one c-transform
-    each at ``eps``; -inf on the padding."""
-    (fc, gc), (fxc, _), (fyc, _) = pots
-    dtype = rx.pts.dtype
-    e = jnp.asarray(eps, dtype)
-    ninf = jnp.asarray(-jnp.inf, dtype)
-    f = jnp.where(rx.valid, c_transform_from_coarse(rx.pts, ky, gc, e, lwx), ninf)
-    g = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, kx, fc, e, lwy), ninf)
-    fx = jnp.where(rx.valid, c_transform_from_coarse(rx.pts, kx, fxc, e, lwx), ninf)
-    fy = jnp.where(ry.valid, c_transform_from_coarse(ry.pts, ky, fyc, e, lwy), ninf)
-    return ((f, g), (fx, fx), (fy, fy))
-
-
-def _carry_sparse(rx: Blocks, ry: Blocks, lwx, lwy, kx: Blocks, ky: Blocks, eps, pots, block,
-                  margin):
-    """:func:`_carry_pots` from a solution on the leaves ``kx``, ``ky`` (the intermediate
-    level): each c-transform visits only the key blocks that the bounds of
-    :func:`leaf_margins` (without its exact level) keep at ``margin``, a fraction of the
-    dense c-transform's N · N / MID terms (the dropped ones weigh < M e^{-margin})."""
+    each at ``eps``; -inf on the padding. Dense (keys: point arrays), or with ``sparse =
+    (block, margin)`` block-sparse (keys: leaves, the intermediate level): each c-transform
+    visits only the key blocks that the bounds of :func:`leaf_margins` (without its exact
+    level) keep at ``margin`` (the dropped terms weigh < M e^{-margin}), a fraction of the
+    dense c-transform's N · N / MID terms."""
     (fc, gc), (fxc, _), (fyc, _) = pots
     dtype = rx.pts.dtype
     e = jnp.asarray(eps, dtype)
     ninf = jnp.asarray(-jnp.inf, dtype)
 
     def one(rows, keys, pot, lw):
-        m, u = leaf_margins(rows, keys, pot, eps, block, margin, exact=False)
-        nbr = jnp.asarray(_neighbours(m >= -margin, u))
-        return jnp.where(rows.valid, e * lw - sparse_lse(rows.pts, keys.pts, pot, e, nbr,
-                                                          block=block), ninf)
+        if sparse is None:
+            return jnp.where(rows.valid, c_transform_from_coarse(rows.pts, keys, pot, e, lw), ninf)
+        block, margin = sparse
+        m = leaf_margins(rows, keys, pot, eps, block, margin, exact=False)
+        nbr = jnp.asarray(_neighbours(m >= -margin, m))
+        return jnp.where(rows.valid,
+                         e * lw - sparse_lse(rows.pts, keys.pts, pot, e, nbr, block=block), ninf)
 
     f, g = one(rx, ky, gc, lwx), one(ry, kx, fc, lwy)
     fx, fy = one(rx, kx, fxc, lwx), one(ry, ky, fyc, lwy)
@@ -801,16 +787,9 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     # 2. carry the centroid potentials to the points (one c-transform each); the padding
     #    of the leaves has weight 0, so potential -inf
     la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
-    ninf = jnp.asarray(-jnp.inf, dtype)
 
     def carry(e, cpots):
-        (fc, gc), (fxc, _), (fyc, _) = cpots
-        e = jnp.asarray(e, dtype)
-        f = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cy, gc, e, la), ninf)
-        g = jnp.where(by.valid, c_transform_from_coarse(by.pts, cx, fc, e, lb), ninf)
-        fx = jnp.where(bx.valid, c_transform_from_coarse(bx.pts, cx, fxc, e, la), ninf)
-        fy = jnp.where(by.valid, c_transform_from_coarse(by.pts, cy, fyc, e, lb), ninf)
-        return ((f, g), (fx, fx), (fy, fy))
+        return _carry_pots(bx, by, la, lb, cx, cy, e, cpots)
 
     use_mid = MID_LEVEL and n * m >= MID_MIN_ENTRIES and len(coarse_hist) >= 1
     pots = None if use_mid else carry(eps, info["pots"])
@@ -978,9 +957,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
         n_total += n_mid
         if np.isfinite(div_m):
-            la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
-            pots = _carry_sparse(bx, by, la, lb, mx, my, eps_m * (1.0 - MID_EPS_BELOW), mpots,
-                                 block, sel.margin)
+            pots = _carry_pots(bx, by, la, lb, mx, my, eps_m * (1.0 - MID_EPS_BELOW), mpots,
+                               sparse=(block, sel.margin))
             _log("carried mid")
             # the points start a little below the intermediate level's final ε: its
             # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
