@@ -83,6 +83,39 @@ def test_uniform_and_mixture_moments():
         jaxdyn.sample_mixture(jax.random.PRNGKey(3), 10, 4, weight=1.0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_sampling_programs_are_bucketed_and_give_the_direct_numbers(dtype):
+    # one generator program per power-of-two row count, the numbers of the direct call bit for
+    # bit (a sweep over N compiles a few generators, not one per N); a typed key, a traced key
+    # (vmap) and the non-partitionable stream (whose prefixes differ) give the direct numbers
+    from jaxdyn.sphere import _sampling as S
+
+    prog = S._normal_rows_program
+    before = prog._cache_size()
+    for n, d in [(65, 3), (100, 3), (128, 3), (3, 5)]:
+        key = jax.random.PRNGKey(n)
+        got = jaxdyn.sample_sphere(key, n, d, dtype)
+        ref = jaxdyn.normalize(jax.random.normal(key, (n, d), dtype))
+        assert got.shape == (n, d) and got.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+    assert prog._cache_size() - before <= 2  # (128, 3) and (64, 5): not four programs
+    key = jax.random.key(7)
+    np.testing.assert_array_equal(np.asarray(S.normal_rows(key, 70, 4, dtype)),
+                                  np.asarray(jax.random.normal(key, (70, 4), dtype)))
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    got = jax.vmap(lambda k: jaxdyn.sample_sphere(k, 70, 4, dtype))(keys)
+    np.testing.assert_array_equal(np.asarray(got[1]),
+                                  np.asarray(jaxdyn.sample_sphere(keys[1], 70, 4, dtype)))
+    with jax.threefry_partitionable(False):  # the older stream: prefixes differ
+        key = jax.random.PRNGKey(3)
+        assert not np.array_equal(np.asarray(jax.random.normal(key, (64, 4), dtype)[:5]),
+                                  np.asarray(jax.random.normal(key, (5, 4), dtype)))
+        n_before = prog._cache_size()
+        np.testing.assert_array_equal(np.asarray(S.normal_rows(key, 5, 4, dtype)),
+                                      np.asarray(jax.random.normal(key, (5, 4), dtype)))
+    assert prog._cache_size() == n_before  # not through the bucketed program
+
+
 def test_traced_beta_is_checked_under_jit():
     """A β computed inside jit cannot raise at construction; eqx.error_if raises at run time."""
     import equinox as eqx
