@@ -72,6 +72,23 @@ def test_blocked_equals_dense(dtype, n, normalization):
                                    atol=tol(dtype, 1e-5, 1e-12) * scale, rtol=0)
 
 
+def test_block_sizes_meaning_the_same_blocks_share_one_program():
+    # at 6 points, blocks of 128 and of 500 keys are both one block of 6: one program, the
+    # same numbers (a shape no other test uses: both would otherwise be cached already);
+    # blocks of 2 are another program
+    from jaxdyn.kernels._attention import _interaction_jit
+
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 6, 5, jnp.float64)
+    B = jnp.eye(5, dtype=jnp.float64)
+    before = _interaction_jit._cache_size()
+    a = interaction(x, x, B, 2.0, kernel="blocked", k_block=128, q_block=256)
+    b = interaction(x, x, B, 2.0, kernel="blocked", k_block=500, q_block=100)
+    assert _interaction_jit._cache_size() - before == 1
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    c = interaction(x, x, B, 2.0, kernel="blocked", k_block=2, q_block=256)
+    np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-13, atol=1e-13)
+
+
 def test_large_beta_float32_no_overflow():
     d = 3
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 600, d, jnp.float32)

@@ -177,10 +177,18 @@ def interaction(
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, y.shape[0])
+    k_block, q_block = _clip_blocks(k_block, q_block, x.shape[0], y.shape[0])
     # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
     # small programs per shape; under a caller's jit this inlines)
     return _interaction_jit(x, y, B, beta, normalization=normalization, kernel=kernel,
                             k_block=k_block, q_block=q_block, self_keys=y is x)
+
+
+def _clip_blocks(k_block, q_block, n, m):
+    """Block sizes as the kernel uses them (``_blocked`` takes ``min(block, rows)``): block
+    sizes that mean the same blocks for these shapes give one program, not one each."""
+    return (None if k_block is None else max(1, min(k_block, m)),
+            None if q_block is None else max(1, min(q_block, n)))
 
 
 @functools.partial(jax.jit, static_argnames=("normalization", "kernel", "k_block", "q_block",
@@ -230,6 +238,7 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
     _check_choice("logits", logits, LOGITS)
     if formulation is not None:
         _check_choice("formulation", formulation, FORMULATIONS)
+    k_block, q_block = _clip_blocks(k_block, q_block, qx.shape[0], y.shape[0])
     # one program a call shape when called eagerly (inlined under a caller's jit)
     return _blocked_jit(qx, y, normalization=normalization, k_block=k_block, q_block=q_block,
                         formulation=formulation, self_keys=bool(self_keys), logits=logits)
