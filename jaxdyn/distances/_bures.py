@@ -114,6 +114,13 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     _check_gaussian("m1", m1, "S1", S1)
     if m0.shape[-1] != m1.shape[-1]:
         raise ValueError(f"m0 and m1 must have the same d, got {m0.shape} and {m1.shape}")
+    return _bures_w2_squared(m0, S0, m1, S1)
+
+
+@jax.jit
+def _bures_w2_squared(m0, S0, m1, S1):
+    """:func:`bures_w2_squared` after its checks: one program a shape (called eagerly, op by
+    op, it compiled some twenty small ones), inlined under a caller's jit."""
     r0, r1 = sqrtm_psd(S0), sqrtm_psd(S1)
     # The covariance part tr S0 + tr S1 − 2 tr (S1^½ S0 S1^½)^½ equals min over orthogonal U of
     # ‖S0^½ − S1^½ U‖_F², attained at the polar factor U = P Qᵀ of S1^½ S0^½ = P Σ Qᵀ. Its value
@@ -141,6 +148,10 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
     two Gaussians coincide instead of NaN). Note that near coincidence W2 is not smooth; use
     the squared form in losses.
     """
-    sq = bures_w2_squared(m0, S0, m1, S1)
+    return _safe_sqrt(bures_w2_squared(m0, S0, m1, S1))
+
+
+@jax.jit
+def _safe_sqrt(sq):
     pos = sq > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)

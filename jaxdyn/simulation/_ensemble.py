@@ -182,6 +182,20 @@ def _device_run(x0, B, V, beta, *, chunk, **kw):
     return out.transpose(0, 4, 1, 2, 3).reshape(b, S, n, d)
 
 
+@functools.partial(jax.jit, static_argnums=(5, 6))
+def _device_arrays(x0, Q, K, V, beta, dtype, total):
+    """The systems' arrays as the device program takes them (B = QᵀK, in ``dtype``), padded to
+    ``total`` with copies of system 0 (a valid system, dropped from the result): one program
+    (op by op, eagerly, it compiled a dozen small ones per shape)."""
+    B = jnp.matmul(jnp.swapaxes(Q, 1, 2), K, precision=jax.lax.Precision.HIGHEST)
+    arrays = [x0, B.astype(dtype), V.astype(dtype), beta.astype(dtype)]
+    nb = x0.shape[0]
+    if total > nb:
+        arrays = [jnp.concatenate([a, jnp.broadcast_to(a[:1], (total - nb,) + a.shape[1:])])
+                  for a in arrays]
+    return arrays
+
+
 def _status_codes_fn(xs):
     """Per system: ``successful`` if every saved state is finite, else ``nonfinite``."""
     finite = jnp.all(jnp.isfinite(xs), axis=(1, 2, 3))
@@ -306,11 +320,8 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     per_dev = math.ceil(per_dev / c) * c
     total = per_dev * len(devs)
 
-    B = jnp.matmul(jnp.swapaxes(models.Q, 1, 2), models.K, precision=jax.lax.Precision.HIGHEST)
-    arrays = [x0, B.astype(dtype), models.V.astype(dtype), models.beta.astype(dtype)]
-    if total > nb:  # pad with copies of system 0 (a valid system), dropped below
-        arrays = [jnp.concatenate([a, jnp.broadcast_to(a[:1], (total - nb,) + a.shape[1:])])
-                  for a in arrays]
+    arrays = _device_arrays(x0, models.Q, models.K, models.V, models.beta, np.dtype(dtype),
+                            total)
     shapes = tuple(tuple(a.shape) for a in arrays)
     fn, mesh = _compiled(shapes, np.dtype(dtype).name, method, float(dt), tuple(idx),
                          models.normalization, c, devs, float(SAFE_SHIFT[np.dtype(dtype).name]))

@@ -15,6 +15,7 @@ Step counts and save indices are static: ``t0``, ``t1``, ``dt`` must be Python n
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -60,7 +61,7 @@ class Trajectory(Solution):
     def finite(self):
         """Bool array (one per run): every saved state is finite. (The status is ``result``;
         this reads the states alone.)"""
-        return jnp.all(jnp.isfinite(self.xs), axis=(-3, -2, -1))
+        return _all_finite(self.xs)
 
     @property
     def n_steps(self):
@@ -131,12 +132,25 @@ def plan_steps(t0, t1, dt):
 def _x0_invalid(model, x0, in_dtype):
     """Traceable: True where x0 is non-finite or (sphere models) has rows off the sphere
     (the checks of ``_check_x0`` that cannot raise under jit/vmap)."""
-    bad = ~jnp.all(jnp.isfinite(x0))
+    tol = None
     if getattr(model, "manifold", "euclidean") == "sphere":
         tol = 1e-8 if in_dtype == jnp.float64 else 1e-4
+    return _x0_invalid_program(x0, tol)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _x0_invalid_program(x0, tol):
+    # one program (under a vmap without jit, op by op, it compiled eight small ones)
+    bad = ~jnp.all(jnp.isfinite(x0))
+    if tol is not None:
         err = jnp.max(jnp.abs(jnp.linalg.norm(x0, axis=-1) - 1.0))
         bad = bad | ~(err <= tol)
     return bad
+
+
+@jax.jit
+def _all_finite(xs):
+    return jnp.all(jnp.isfinite(xs), axis=(-3, -2, -1))
 
 
 def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
