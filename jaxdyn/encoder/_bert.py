@@ -337,7 +337,9 @@ def init_bert(
     if not isinstance(cfg, BertConfig):
         raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
+    # a skeleton of shapes on the host (random_like draws every array; device zeros compiled
+    # one fill program per shape)
+    z = lambda *shape: np.zeros(shape, jnp.dtype(dtype))  # noqa: E731
     layers = LayerParams(
         wq=z(L, d, d), bq=z(L, d), wk=z(L, d, d), bk=z(L, d), wv=z(L, d, d), bv=z(L, d),
         wo=z(L, d, d), bo=z(L, d), ln1_g=z(L, d), ln1_b=z(L, d),
