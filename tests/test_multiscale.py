@@ -405,7 +405,6 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
 
     logs = []
     monkeypatch.setattr(M._Selection, "update", starved)
-    monkeypatch.setattr(M, "ATTEMPT_ITERATIONS", 200)  # (500 by default: the same path, slower)
     monkeypatch.setattr(M, "_log", logs.append)
     res = w2_sinkhorn(x, y, multiscale=True)
     assert any("blocks missing; reselect" in msg for msg in logs)  # the path was taken
