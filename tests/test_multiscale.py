@@ -414,6 +414,26 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
     assert abs(float(res.value) / exact - 1) < 0.01, (float(res.value), exact)
 
 
+def test_slow_intermediate_rounds_go_on_with_covering_lists_then_hand_on(monkeypatch):
+    # attempts far shorter than the intermediate rounds need (20 iterations, 60 in all): a
+    # round whose lists cover its potentials goes on with them after an attempt, and hands its
+    # potentials on at ATTEMPT_LIMIT; the points' rounds (full budget) still converge and the
+    # result is certified
+    x, y = _clusters(1000, seed=9)  # test_multiscale_equals_dense_solver[f32-1000]'s clouds
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    logs = []
+    monkeypatch.setattr(M, "ATTEMPT_ITERATIONS", 20)
+    monkeypatch.setattr(M, "ATTEMPT_LIMIT", 60)
+    monkeypatch.setattr(M, "_log", logs.append)
+    res = w2_sinkhorn(x, y, multiscale=True)
+    assert any("lists cover; go on" in msg for msg in logs)
+    assert any("not converged in 60 iterations; its potentials warm-start" in msg
+               for msg in logs)
+    assert res.converged and res.names == "successful"
+    exact = w2_exact(x, y)
+    assert abs(float(res.value) / exact - 1) < 0.01, (float(res.value), exact)
+
+
 def test_gauge_is_fixed_per_connected_component_without_changing_the_plan():
     # two clusters whose lists never meet: each gets its own constant; every listed term
     # f_i + g_j is unchanged (the same plan), and each component's weighted means of f and g
