@@ -18,6 +18,7 @@ import numpy as np
 
 from .._cache import cached_jit
 from ..distances import bures_w2, sqrtm_psd
+from ..sphere._sampling import normal_rows
 
 __all__ = ["gaussian_cloud", "directions", "cloud_stats", "bures_distance", "parting_time",
            "fit_slope"]
@@ -53,7 +54,7 @@ def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.f
         raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
     R = _sqrt64(S)
     if isinstance(key, jax.Array):
-        z = jax.random.normal(key, (n, d), dtype)
+        z = normal_rows(key, n, d, dtype)  # jax.random.normal's numbers, one program per 2^k rows
         if exact_moments:
             z = z - jnp.mean(z, axis=0)
             w, u = jnp.linalg.eigh(z.T @ z / n)
