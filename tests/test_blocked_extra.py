@@ -194,3 +194,87 @@ def test_fused_logits_large_beta_float32():
                     logits=logits)
         assert bool(jnp.all(jnp.isfinite(m)))
         np.testing.assert_allclose(np.asarray(m), dense, atol=1e-5)
+
+
+# ------------------------------------------------------- gradients and inputs at the edges
+
+
+def _grad_pair(loss, arg):
+    return [np.asarray(jax.grad(lambda a: loss(a, k))(arg)) for k in ("dense", "blocked")]
+
+
+def test_gradient_with_a_zero_query_row_equals_dense(dtype):
+    # β = 0 or a rank-deficient B gives a query row β Bᵀx_i = 0, where the bound shift's
+    # sqrt has no derivative: the shift cancels in the weights, so it carries none (it gave
+    # NaN gradients, e.g. controls optimised from B = 0)
+    x, _, _ = _setup(dtype, 50, seed=2)
+    x = x.at[0].set(jnp.asarray([0.0, 0.0, 1.0], dtype))  # in the kernel of B below
+    Bd = jnp.diag(jnp.asarray([1.0, 1.0, 0.0], dtype))
+
+    def at_beta(beta, kernel):
+        m = interaction(x, x, Bd, beta, kernel=kernel, k_block=16, q_block=16)
+        return jnp.sum(m * jnp.sin(3 * m))
+
+    def at_B(B, kernel):
+        return jnp.sum(jnp.sin(3 * interaction(x, x, B, 1.0, kernel=kernel, k_block=16,
+                                               q_block=16)))
+
+    for f, arg in ((at_beta, jnp.asarray(0.0, dtype)), (at_B, Bd)):
+        dense, blocked_ = _grad_pair(f, arg)
+        assert np.all(np.isfinite(blocked_)), blocked_
+        np.testing.assert_allclose(blocked_, dense, rtol=tol(dtype, 1e-4, 1e-10),
+                                   atol=tol(dtype, 1e-5, 1e-12))
+
+
+def test_gradient_where_the_largest_weight_is_tiny_equals_dense():
+    # one query e1 against keys orthogonal to it: every logit is 0 and the bound is β, so
+    # the row's normaliser is e^-β; the bound shift is taken up to SAFE_SHIFT (60 / 600).
+    # The quotient's derivative must not square it (e^-110 underflows in float32).
+    th = np.linspace(0, 2 * np.pi, 7, endpoint=False)
+    y0 = np.stack([np.zeros_like(th), np.cos(th), np.sin(th) + 0.3], 1)
+    y0 /= np.linalg.norm(y0, axis=1, keepdims=True)
+    for dt, beta in ((np.float32, 55.0), (np.float64, 590.0)):
+        y = jnp.asarray(y0, dt)
+        B = jnp.eye(3, dtype=dt)
+
+        def loss(x, kernel):
+            return jnp.sum(interaction(x, y, B, beta, kernel=kernel, k_block=4, q_block=4) ** 2)
+
+        dense, blocked_ = _grad_pair(loss, jnp.asarray([[1.0, 0.0, 0.0]], dt))
+        assert np.all(np.isfinite(blocked_)), (dt, blocked_)
+        np.testing.assert_allclose(blocked_, dense, rtol=tol(dt, 1e-4, 1e-10), atol=0)
+
+
+def test_inputs_at_the_edges():
+    # dense hardmax keeps a NaN row NaN under jit (XLA folded its 0/0 to 0), as blocked does
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32)
+    x = x.at[2, 0].set(jnp.nan)
+    B = jnp.eye(3, dtype=jnp.float32)
+    for kernel in ("dense", "blocked"):
+        m = np.asarray(interaction(x, x[np.array([0, 1, 3, 4])], B, 1.0, kernel=kernel,
+                                   normalization="hardmax"))
+        assert np.all(np.isnan(m[2])) and np.all(np.isfinite(m[[0, 1, 3, 4]])), (kernel, m)
+    # integer points are computed in floating point (β = 0.7 was truncated to 0)
+    xi = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]])
+    ref = np.asarray(interaction(jnp.asarray(xi, jnp.float64), jnp.asarray(xi, jnp.float64),
+                                 jnp.eye(3), 0.7, kernel="dense"))
+    w = np.exp(0.7 * xi @ xi.T)
+    np.testing.assert_allclose(ref, (w / w.sum(1, keepdims=True)) @ xi, rtol=1e-12)
+    for kernel in ("dense", "blocked"):
+        got = np.asarray(interaction(jnp.asarray(xi), jnp.asarray(xi), jnp.eye(3), 0.7,
+                                     kernel=kernel))
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+    # float16: the bound shift keeps the row's largest weight a normal float16 number
+    x16 = jnp.asarray([[1.0, 0.0, 0.0]], jnp.float16)
+    y16 = jnp.asarray([[0.0, 1.0, 0.0], [-0.5, -0.8660254, 0.0], [-0.5, 0.0, 0.8660254]],
+                      jnp.float16)
+    dense16 = np.asarray(interaction(x16, y16, jnp.eye(3, dtype=jnp.float16), 30.0,
+                                     kernel="dense"), np.float32)
+    blocked16 = np.asarray(interaction(x16, y16, jnp.eye(3, dtype=jnp.float16), 30.0,
+                                       kernel="blocked"), np.float32)
+    assert np.all(np.isfinite(blocked16)), blocked16
+    np.testing.assert_allclose(blocked16, dense16, atol=2e-3)
+    with pytest.raises(ValueError, match="at least one key"):
+        interaction(x, x[:0], B, 1.0)
+    with pytest.raises(ValueError, match="beta must be a scalar"):
+        interaction(x, x, B, jnp.ones(3))

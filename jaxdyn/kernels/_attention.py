@@ -94,6 +94,32 @@ DEFAULT_BLOCKS = {
 #: blocked kernel shifts softmax weights by the bound instead of a running maximum: the
 #: row's largest weight then stays above e^-60 (float32) / e^-600 (float64), a normal number.
 SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
+#: the same for the half-precision types the kernels also accept: bfloat16 has float32's
+#: exponent range; float16's smallest normal number is e^-9.7
+_SAFE_SHIFT_HALF = {"bfloat16": 60.0, "float16": 8.0}
+
+
+def safe_shift(dtype) -> float:
+    """:data:`SAFE_SHIFT` of a floating dtype (float16 and bfloat16 included)."""
+    name = jnp.dtype(dtype).name
+    return SAFE_SHIFT.get(name, _SAFE_SHIFT_HALF.get(name, 60.0))
+
+
+@jax.custom_jvp
+def _ratio(num, den):
+    """``num / den`` (den broadcast over num's last axis); its derivative is formed as
+    ``(dnum − (num/den) dden) / den``, never with ``den²``: the blocked kernel's normaliser
+    can be as small as e^-60 (float32, bound shift), whose square underflows to 0 and made
+    the quotient rule's gradient inf/NaN where the value is fine."""
+    return num / den
+
+
+@_ratio.defjvp
+def _ratio_jvp(primals, tangents):
+    num, den = primals
+    dnum, dden = tangents
+    out = num / den
+    return out, (dnum - out * dden) / den
 
 
 def default_cpu_logits(d: int) -> str:
@@ -174,6 +200,11 @@ def interaction(
     d = x.shape[1]
     if getattr(B, "shape", None) != (d, d):
         raise ValueError(f"B must have shape ({d}, {d}); got {getattr(B, 'shape', B)}")
+    if y.shape[0] < 1:
+        raise ValueError("interaction needs at least one key: y has 0 rows")
+    if jnp.ndim(beta) != 0:
+        raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
+                         f"{jnp.shape(beta)}")
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, y.shape[0])
@@ -194,6 +225,10 @@ def _clip_blocks(k_block, q_block, n, m):
 @functools.partial(jax.jit, static_argnames=("normalization", "kernel", "k_block", "q_block",
                                              "self_keys"))
 def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        # integer points (e.g. np.eye rows): computed in the default float dtype; β cast to
+        # an integer dtype would be truncated (0.7 -> 0)
+        x = x.astype(jnp.result_type(float))
     beta = jnp.asarray(beta, dtype=x.dtype)
     if normalization == "hardmax":
         # β plays no role; the arg-max of x_iᵀ B y_j is scale-invariant.
@@ -216,6 +251,8 @@ def _dense(qx, y, normalization):
         mx = jnp.max(logits, axis=-1, keepdims=True)
         hit = (logits == mx).astype(y.dtype)
         w = hit / jnp.sum(hit, axis=-1, keepdims=True)
+        # a NaN row has no hit: 0/0, which XLA folds to 0 under jit; keep it NaN
+        w = jnp.where(jnp.isnan(mx), jnp.nan, w)
     return jnp.matmul(w, y, precision=HIGHEST)
 
 
@@ -312,8 +349,10 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
     # whole batch (_all_at_most), so it stays a branch.
     bound_shift = formulation == "dot" and normalization == "softmax"
     if bound_shift:
-        safe = jnp.asarray(SAFE_SHIFT["float64" if dtype == jnp.float64 else "float32"], dtype)
-        ymax = jnp.sqrt(jnp.max(jnp.sum(y * y, axis=1)))
+        safe = jnp.asarray(safe_shift(dtype), dtype)
+        # the shift cancels in the weights: no gradient through it (sqrt's derivative at a
+        # zero row, β = 0 or a rank-deficient B, is NaN)
+        ymax = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.sum(y * y, axis=1))))
         lower = jnp.sum(qx * y, axis=1) if (self_keys and m == n) else None
 
     def online(q):
@@ -352,7 +391,7 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
 
     def one_query_block(q, low=None):  # q: (qb, d) → (qb, d)
         if bound_shift:
-            r = jnp.sqrt(jnp.sum(q * q, axis=1)) * ymax
+            r = jax.lax.stop_gradient(jnp.sqrt(jnp.sum(q * q, axis=1))) * ymax
             if low is None:  # the row's maximum over the first key block
                 low = jnp.max(jnp.matmul(q, keys[0].T, precision=HIGHEST), axis=1)
             ok = _all_at_most(jax.lax.stop_gradient(r - low), safe)
@@ -363,7 +402,7 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
             acc = online(q)
         if normalization == "unnormalized":
             return acc[:, :d] / m
-        return acc[:, :d] / acc[:, d:]
+        return _ratio(acc[:, :d], acc[:, d:])
 
     lower_rows = lower if bound_shift else None
     if n <= qb:

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ..kernels._attention import SAFE_SHIFT  # shared with the blocked kernel's bound shift
+from ..kernels._attention import SAFE_SHIFT, _ratio  # shared with the blocked kernel's bound shift
 from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
 from .._cache import cached_program, compiled_program
@@ -109,14 +109,16 @@ def _field(x, B, V, beta, normalization, safe, project=True):
         # bound is usable while that stays in range (NaN anywhere: the maximum branch)
         self_logit = jnp.sum(qx * x, axis=1)  # (N, c): l_ii
         use_bound = jnp.max(bound - self_logit) <= safe
-        shift = jax.lax.cond(use_bound, lambda: bound,
-                             lambda: jnp.max(logits, axis=1))
+        # the shift cancels in the weights: no gradient through it (the bound's sqrt at a
+        # zero row has none)
+        shift = jax.lax.stop_gradient(jax.lax.cond(use_bound, lambda: bound,
+                                                   lambda: jnp.max(logits, axis=1)))
         e = jnp.exp(logits - shift[:, None, :])
     m = jnp.stack([jnp.sum(e * x[None, :, a, :], axis=1) for a in range(d)], axis=1)
     if normalization == "unnormalized":
         m = m / n  # w_ij = exp(l_ij) / N, as jaxdyn.interaction
     else:
-        m = m / jnp.sum(e, axis=1)[:, None, :]
+        m = _ratio(m, jnp.sum(e, axis=1)[:, None, :])  # no den² in the gradient
     # u = V m, then the tangent projection P⊥(x) u (project=False: the ambient field u)
     u = sum(m[:, b:b + 1, :] * V[None, :, b, :] for b in range(d))
     return tangent_project(x, u, axis=1) if project else u
