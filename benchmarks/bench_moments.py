@@ -73,7 +73,7 @@ def _pole_and_tstar(t, S, A, B, V, rtol, atol):
     Sh = S / s
     ell = 2.0 * np.sum(Sh * (A @ Sh))
     q = 2.0 * np.sum(Sh * (V @ Sh @ B @ Sh))
-    vb = np.linalg.norm(V) * np.linalg.norm(B)
+    vb = np.linalg.norm(V @ Sh) * np.linalg.norm(B @ Sh)  # jaxdyn.gaussian.pole_scale
     pole = q > 0 and q * s >= DOMINANCE * abs(ell) and q >= POLE_FRACTION * vb
     if not pole:
         return False, np.inf

@@ -51,9 +51,10 @@ with warnings.catch_warnings():
             "refined blow-up time is in `blowup_time`; the state is reported at the detection "
             "time.")
         large = (
-            "The covariance norm passed the blow-up threshold without the pole signature, so "
-            "no finite-time blow-up is claimed (`blowup_time` is inf) and the solve stopped "
-            "there. Try a larger `blowup_threshold` to follow the growth further.")
+            "The covariance norm passed the blow-up threshold without the pole signature (or "
+            "on a pole whose refined blow-up time lies after t1), so no finite-time blow-up "
+            "before t1 is claimed (`blowup_time` is inf) and the solve stopped there. Try a "
+            "larger `blowup_threshold` to follow the growth further.")
         invalid_input = (
             "Invalid input (e.g. a non-finite initial state, rows off the sphere, or an S0 "
             "that is not a symmetric PSD covariance), flagged rather than raised because the "

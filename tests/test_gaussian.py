@@ -431,3 +431,39 @@ def test_scalar_and_vi_grids_match_theory():
     np.testing.assert_allclose(g.blowup_time[bu], g.theory_blowup_time[bu], rtol=1e-9)
     ok = g.status == MomentStatus.OK
     np.testing.assert_allclose(g.trace_final[ok], g.theory_trace[ok], rtol=1e-9)
+
+
+def test_poles_in_one_direction_and_just_after_t1():
+    """Both solvers, two members of closed form (A = 0, diagonal V, B, S0: σ_k' = 2 V_kk B_kk σ_k²):
+    (0) V = diag(1, 10⁴, 1), B = diag(1, −10⁻⁴, −1): σ_1 blows up at T* = 0.5, the other
+    directions stay bounded; the pole test's scale is q's own in the blowing direction (the
+    scale ‖V‖_F ‖B‖_F, 10⁴ here, called this exact pole ``large``); (1) V = B = I with
+    T* = t1 (1 + 10⁻⁷): ‖Σ‖ passes the threshold before t1 but the solution is finite on
+    [0, t1], so no blow-up is claimed (``large``, blowup_time inf; it was ``blowup`` with
+    T* > t1)."""
+    t1 = 0.6
+    s0 = 1.0 / (2 * t1 * (1 + 1e-7))
+    S0 = np.stack([np.eye(D), np.diag([s0, 0.5, 0.5])])
+    V = np.stack([np.diag([1.0, 1e4, 1.0]), np.eye(D)])
+    B = np.stack([np.diag([1.0, -1e-4, -1.0]), np.eye(D)])
+    A = np.zeros((2, D, D))
+    batch = solve_moments_batch(None, S0, A=A, B=B, V=V, t1=t1, **KW64)
+    for i, (status, tstar) in enumerate([(MomentStatus.BLOWUP, 0.5),
+                                         (MomentStatus.LARGE, np.inf)]):
+        one = solve_moments(None, S0[i], A=A[i], B=B[i], V=V[i], t1=t1, **KW64)
+        for sol in (one, batch):
+            st = int(sol.status) if sol is one else int(sol.status[i])
+            T = float(sol.blowup_time) if sol is one else float(sol.blowup_time[i])
+            assert st == status, (i, sol.names)
+            if np.isfinite(tstar):
+                assert abs(T - tstar) < 1e-8, (i, T)
+            else:
+                assert T == np.inf
+    # saveat = 1: the one saved time is t1 (it was t = 0, the input itself)
+    one = solve_moments(None, S0[1], A=A[1], B=B[1], V=V[1], t1=0.5, saveat=1, **KW64)
+    assert np.asarray(one.ts).tolist() == [0.5]
+    np.testing.assert_allclose(np.asarray(one.cov[0]), np.asarray(one.cov_final), rtol=1e-13)
+    # an integer S0 is refused by both solvers (the batch ran it in float32)
+    for solve in (solve_moments, solve_moments_batch):
+        with pytest.raises(ValueError, match="S0 must have a floating dtype"):
+            solve(None, np.eye(D, dtype=np.int64), A=A[1], B=B[1], V=V[1], t1=0.5)

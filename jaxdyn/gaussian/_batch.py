@@ -75,7 +75,7 @@ from ..integrators.rodas5 import RODAS5, rodas5_step
 from .._cache import cached_jit
 from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed
 from ._solve import (MomentStatus, _cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
-                        on_pole, pole_refine, remaining_time, vb_scale)
+                        on_pole, pole_refine, pole_scale, remaining_time)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
 
@@ -219,7 +219,6 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
     d, n = carry["m"].shape
     ApV = A + V
     ncomp = d + d * d
-    vb = jnp.sqrt(jnp.sum(V * V, axis=(0, 1)) * jnp.sum(B * B, axis=(0, 1)))
     km0, kS0, h0, fin0 = _explicit_start(carry["m"], carry["S"], A, B, V, b, t1, rtol, atol)
     carry = dict(carry, km=jnp.where(fresh, km0, carry["km"]), kS=jnp.where(fresh, kS0, carry["kS"]),
                  h=jnp.where(fresh, h0, carry["h"]),
@@ -266,6 +265,9 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
         nacc, nrej = c["nacc"] + acc, c["nrej"] + (active & ~acc)
         # Member outcomes.
         s, ell, q = _indicators_bl(S, kS, A)
+        VS, BS = _mm(V, S), _mm(B, S)  # the pole test's scale (pole_scale), batch-last
+        vb = jnp.sqrt(jnp.sum(VS * VS, axis=(0, 1)) * jnp.sum(BS * BS, axis=(0, 1))) / (
+            jnp.where(s > 0, s * s, 1.0))
         status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
                                   hmin_rel, s, ell, q, vb)
         status = jnp.where((status == ACTIVE) & ((nstiff >= 15) | (nacc + nrej >= max_steps)),
@@ -302,7 +304,6 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
     n, d = m.shape
     y = jnp.concatenate([m, S.reshape(n, d * d)], axis=1)
     ncomp = d + d * d
-    vb = vb_scale(V, B)
     step = jax.vmap(lambda tt, hh, yy, a, bb, v, c: _rodas_step(tt, hh, yy, a, bb, v, c, d))
 
     def body(c):
@@ -330,7 +331,7 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
         ell = lin / safe**2
         q = (tot - lin) / safe**3
         status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
-                                  hmin_rel, s, ell, q, vb)
+                                  hmin_rel, s, ell, q, pole_scale(S1, V, B))
         status = status.astype(jnp.int32)
         return dict(t=t_new, h=h_new, y=y, status=status, tstar=tstar,
                     nsteps=c["nsteps"] + active, it=c["it"] + 1)
@@ -403,10 +404,11 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     Returns: :class:`BatchSolution` (numpy-convertible arrays with leading axis n).
     """
     # Host-side preparation in numpy (no per-shape compilation of small eager ops).
-    dtype = jnp.asarray(np.zeros((), np.asarray(S0).dtype)).dtype  # respects jax_enable_x64
-    if not jnp.issubdtype(dtype, jnp.floating):
-        dtype = jnp.dtype(jnp.float32)
-    dtype = np.dtype(dtype)
+    if not np.issubdtype(np.asarray(S0).dtype, np.floating):
+        # as solve_moments: the solve's dtype is S0's (an integer S0 ran the batch in float32
+        # whatever the other inputs' precision)
+        raise ValueError(f"S0 must have a floating dtype, got {np.asarray(S0).dtype}")
+    dtype = np.dtype(jnp.asarray(np.zeros((), np.asarray(S0).dtype)).dtype)  # respects jax_enable_x64
     A = np.asarray(A, dtype)
     if A.ndim not in (2, 3) or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"A must have shape (d, d) or (n, d, d), got {A.shape}")
@@ -552,6 +554,10 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         if last:
             status[todo[~conv]] = MomentStatus.LARGE
         todo, budget = todo[~conv], 400
+    # A pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
+    # before t1), so no blow-up is claimed: LARGE, as in solve_moments.
+    late = (status == MomentStatus.BLOWUP) & (tstar > t1)
+    status[late], tstar[late] = MomentStatus.LARGE, np.inf
     pole_seconds = time.perf_counter() - t_pole
     cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
     rounds = np.asarray(rounds, np.float64).reshape(-1, 3)

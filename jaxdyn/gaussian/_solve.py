@@ -23,7 +23,8 @@ Blow-up: the covariance can reach infinity in finite time (e.g. ``V = v I``, ``A
 ``ℓ = ⟨Σ̂, AΣ̂ + Σ̂Aᵀ⟩`` and ``q = ⟨Σ̂, VΣ̂BΣ̂ + Σ̂BᵀΣ̂Vᵀ⟩`` (``Σ̂ = Σ/s``). A solve stops
 when ``s ≥ blowup_threshold · max(‖Σ0‖_F, 1)`` (a diffrax event). It is a *blow-up* when
 ``s`` is on a pole there: the quadratic part dominates (``q s ≥ 100 |ℓ|``) and is of the
-size a pole has (``q ≥ 10⁻³ ‖V‖_F ‖B‖_F``; along a stiff slow manifold, met in random
+size a pole has (``q ≥ 10⁻³ ‖VΣ̂‖_F ‖BΣ̂‖_F``, q's own scale in the direction Σ̂: q is
+at most twice that; along a stiff slow manifold, met in random
 sweeps, ``s`` grows at an O(1) rate, so ``q ~ rate/s`` is 10⁻⁵ of that at ``s ~ 10⁶`` even
 though ``q s ≫ |ℓ|``). The blow-up time is then refined by the scalar Bernoulli law with
 the coefficients frozen at the detection point,
@@ -81,7 +82,8 @@ class MomentStatus(enum.IntEnum):
     OK = ``successful``: reached ``t1``. BLOWUP = ``blowup``: ``‖Σ‖`` passed the threshold
     on a pole (quadratic dominance): a finite-time blow-up, ``blowup_time`` is the refined
     ``T*``. LARGE = ``large``: ``‖Σ‖`` passed the threshold *without* the pole signature
-    (e.g. growth along the stiff slow manifold met in random sweeps); the solve stopped
+    (e.g. growth along the stiff slow manifold met in random sweeps), or on a pole whose
+    refined ``T*`` lies after ``t1`` (the solution is finite on [0, t1]); the solve stopped
     there and no ``T*`` is claimed (``blowup_time`` stays inf). NONFINITE = ``nonfinite``:
     NaN/inf appeared, or the step size collapsed. MAX_STEPS = ``max_steps_reached``: the
     step budget ran out before ``t1``. INVALID_INPUT = ``invalid_input``: ``S0`` was not a
@@ -366,13 +368,25 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
 
 
 def on_pole(s, ell, q, vb):
-    """Pole signature: ``q s ≥ 100 |ℓ|`` and ``q ≥ 10⁻³ vb`` with ``vb = ‖V‖_F ‖B‖_F``."""
+    """Pole signature: ``q s ≥ 100 |ℓ|`` and ``q ≥ 10⁻³ vb`` with ``vb = ‖VΣ̂‖_F ‖BΣ̂‖_F``
+    (:func:`pole_scale`; q ≤ 2 vb)."""
     return (q * s >= DOMINANCE * jnp.abs(ell)) & (q > 0) & (q >= POLE_FRACTION * vb)
 
 
-def vb_scale(V, B):
-    """``‖V‖_F ‖B‖_F`` over the last two axes (the pole test's scale for q)."""
-    return jnp.sqrt(jnp.sum(V * V, axis=(-2, -1)) * jnp.sum(B * B, axis=(-2, -1)))
+def pole_scale(S, V, B):
+    """``‖V Σ̂‖_F ‖B Σ̂‖_F`` (``Σ̂ = Σ/‖Σ‖_F``) over the last two axes, the pole test's
+    scale for ``q = 2 tr(Σ̂ V Σ̂ B Σ̂)``: q is at most twice it in the direction Σ̂, and it
+    is at most ``‖V‖_F ‖B‖_F``, the scale used before (so every pole found then is found
+    now). Invariant under V → cV, B → B/c and under scalings of V and B on directions Σ̂
+    does not see; ``‖V‖_F ‖B‖_F`` was not, and missed exact poles when V and B were 10³
+    larger on other directions (V = diag(1, 10⁴), B = diag(1, −10⁻⁴): T* = 0.5 reported
+    ``large``). On the cone ``uᵀBu = 0`` (the stiff slow manifold, Σ̂ → uuᵀ) q → 0 while
+    ``‖Vu‖ ‖Bu‖`` stays of the size of V and B, so that growth is still told apart."""
+    VS = jnp.matmul(V, S, precision=jax.lax.Precision.HIGHEST)
+    BS = jnp.matmul(B, S, precision=jax.lax.Precision.HIGHEST)
+    s2 = jnp.sum(S * S, axis=(-2, -1))
+    return jnp.sqrt(jnp.sum(VS * VS, axis=(-2, -1)) * jnp.sum(BS * BS, axis=(-2, -1))) / (
+        jnp.where(s2 > 0, s2, 1.0))
 
 
 # ---------------------------------------------------------------------------------------
@@ -494,6 +508,8 @@ def _save_times(saveat, t1, dtype):
     if isinstance(saveat, (int, np.integer)) and not isinstance(saveat, bool):
         if saveat < 1:
             raise ValueError(f"saveat as a count must be >= 1, got {saveat}")
+        if saveat == 1:  # one time: the end (linspace would give t = 0, the input itself)
+            return jnp.reshape(jnp.asarray(t1, dtype), (1,))
         return jnp.linspace(0.0, 1.0, int(saveat), dtype=dtype) * jnp.asarray(t1, dtype)
     ts = jnp.asarray(saveat, dtype)
     if ts.ndim != 1:
@@ -548,7 +564,7 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
     event = sol.result == diffrax.RESULTS.event_occurred
     big = event & finite & (s >= thr)
-    blew = big & on_pole(s, ell, q, vb_scale(V, B))
+    blew = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
     ok = (sol.result == diffrax.RESULTS.successful) & finite
     maxed = sol.result == diffrax.RESULTS.max_steps_reached
     # diffrax's other codes (dt_min_reached, ...) pass through; a non-finite end is nonfinite
@@ -565,7 +581,9 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     sg = jax.lax.stop_gradient
     T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
                               rtol=rtol, atol=atol, active=blew)
-    status = jnp.where(blew & ~conv, MomentStatus.LARGE, status)
+    # a pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
+    # before t1), so no blow-up is claimed (blowup_time is inf unless T* <= t1): LARGE
+    status = jnp.where(blew & (~conv | (T_ref > t1)), MomentStatus.LARGE, status)
     status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
     tstar = jnp.where(status == MomentStatus.BLOWUP, T_ref, jnp.inf).astype(dtype)
     # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
@@ -635,7 +653,7 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
         symmetric / PSD (message gives the asymmetry or the min eigenvalue).
       A, B, V: (d, d) arrays or :class:`Control`; b: (d,) array, Control or None (= 0).
       t1: final time. saveat: None (final time only), an int n (n uniform times on
-        [0, t1]) or a 1-D array of times in [0, t1].
+        [0, t1], both ends included; n = 1: t1 alone) or a 1-D array of times in [0, t1].
       rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles);
         raised to what the dtype resolves, ``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``
         (:func:`dtype_tolerances`; float32: 1.19e-6 and 1.19e-8).
