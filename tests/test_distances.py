@@ -470,3 +470,26 @@ def test_sinkhorn_result_is_a_pytree_for_jit_and_vmap():
     xn = np.array(x)
     xn[0, 0] = np.nan
     assert w2_sinkhorn(xn, y).names == "nonfinite"
+
+
+def test_bad_options_and_list_inputs_and_nan_gaussians():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((30, 2))
+    y = x + 0.1
+    for kw, msg in (({"max_iterations": 0}, "max_iterations must be a positive integer"),
+                    ({"max_rounds": 0}, "max_rounds must be a positive integer"),
+                    ({"threshold": -1e-3}, "threshold .* must be positive")):
+        with pytest.raises(ValueError, match=msg):  # (ran to an IndexError, a NaN, a long wait)
+            w2_sinkhorn(x, y, **kw)
+    # nested lists are point clouds as arrays are (the checks read .shape before converting)
+    assert w2_exact(x.tolist(), y.tolist()) == pytest.approx(w2_exact(x, y), rel=1e-12)
+    assert w2_exact(x.tolist(), y.tolist()) == pytest.approx(0.1 * np.sqrt(2), rel=1e-9)
+    assert w2_sinkhorn(x.tolist(), y.tolist(), epsilon=0.5).value == pytest.approx(
+        w2_sinkhorn(x, y, epsilon=0.5).value, rel=1e-9)
+    # a NaN in a Gaussian's parameters gives W2 = NaN (it read 0, "identical Gaussians")
+    from jaxdyn.distances import bures_w2, bures_w2_squared
+    S = np.eye(2)
+    for m0, S0 in ((np.array([np.nan, 0.0]), S), (np.zeros(2), np.array([[np.nan, 0.0], [0.0, 1.0]]))):
+        assert np.isnan(float(bures_w2_squared(m0, S0, np.zeros(2), S)))
+        assert np.isnan(float(bures_w2(m0, S0, np.zeros(2), S)))
+    assert float(bures_w2(np.zeros(2), S, np.zeros(2), S)) == 0.0

@@ -367,6 +367,26 @@ def test_extrapolation_is_linear_in_epsilon_and_keeps_padding():
         assert (float(a) == float(b) == -np.inf) or float(a) == pytest.approx(float(b), abs=1e-14)
 
 
+def test_multiscale_solves_at_a_fixed_epsilon_as_the_dense_solver():
+    # epsilon fixes ε (absolute): above the ladder's start ε0 the multiscale solver solved at
+    # ε0, below it at 0.98 ε (the points' rounds start below the intermediate level's last
+    # ε), with another value than the dense solver's at the ε asked for
+    x, y = _clusters(1000, seed=9)  # the clouds (and programs) of the test above
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    eps0 = 0.05 * (((x - x.mean(0)) ** 2).sum(1).mean() + ((y - y.mean(0)) ** 2).sum(1).mean()
+                   + ((x.mean(0) - y.mean(0)) ** 2).sum())
+    for eps in (10 * eps0, 0.05 * eps0):
+        dense = w2_sinkhorn(x, y, multiscale=False, epsilon=eps)
+        ms = w2_sinkhorn(x, y, multiscale=True, epsilon=eps)
+        assert dense.converged and ms.converged and ms.geometry == "multiscale"
+        assert float(dense.epsilon) == pytest.approx(eps, rel=1e-6)
+        assert float(ms.epsilon) == pytest.approx(eps, rel=1e-6)
+        # the divergence to Sinkhorn's tolerance (at ε ≫ W2² here, float32 rounding of the
+        # ε-sized terms dominates: 1e-5 ε)
+        assert abs(float(ms.divergence) - float(dense.divergence)) <= (
+            2e-3 * float(dense.divergence) + 1e-5 * eps), (eps, ms.divergence, dense.divergence)
+
+
 def test_multiscale_not_converged_when_the_budget_is_cut():
     # the certified solver reports not_converged (never a silent value) when its rounds
     # cannot meet the marginal tolerance within max_iterations

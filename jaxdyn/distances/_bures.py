@@ -154,4 +154,5 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
 @jax.jit
 def _safe_sqrt(sq):
     pos = sq > 0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+    # NaN stays NaN (``sq > 0`` is False for it: a NaN input read as W2 = 0 before)
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), jnp.where(jnp.isnan(sq), sq, 0.0))

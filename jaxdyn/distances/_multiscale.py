@@ -779,7 +779,9 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
 
     z = lambda k: jnp.zeros((k,), dtype)  # noqa: E731
     init = ((z(nbx), z(nby)), (z(nbx), z(nbx)), (z(nby), z(nby)))
-    eps, _, _, n_coarse, c_eps, c_div, info = _ladder(coarse_solve, eps0, eps0, init,
+    # a fixed ε above ε0 is solved at that ε (as the dense path does), not at ε0
+    start = eps0 if epsilon is None else max(eps0, float(epsilon))
+    eps, _, _, n_coarse, c_eps, c_div, info = _ladder(coarse_solve, start, eps0, init,
                                                       coarse_rule, max_rounds)
 
     # x and y at one leaf count (empty leaves appended): the rounds' and the selection's
@@ -969,7 +971,11 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
         n_total += n_mid
         if np.isfinite(div_m):
-            pots = _carry_pots(bx, by, la, lb, mx, my, eps_m * (1.0 - MID_EPS_BELOW), mpots,
+            # (below) a fixed ε is never undercut
+            eps_fine = eps_m * (1.0 - MID_EPS_BELOW)
+            if epsilon is not None:
+                eps_fine = max(eps_fine, float(epsilon))
+            pots = _carry_pots(bx, by, la, lb, mx, my, eps_fine, mpots,
                                sparse=(block, sel.margin))
             _log("carried mid")
             # the points start a little below the intermediate level's final ε: its
@@ -977,7 +983,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
             # rule (stop once ε <= rel_epsilon · S_ε) would ask for one more round on the
             # points, and that round's S_ε differs from the last by Sinkhorn's tolerance
             # only, which can ask for yet another (measured at 10^5)
-            eps = eps_prev = eps_m * (1.0 - MID_EPS_BELOW)
+            eps = eps_prev = eps_fine
             hist = [(eps, pots)]
         else:  # the intermediate level failed: start from the coarse solution
             pots = carry(eps_prev, info["pots"])

@@ -208,6 +208,11 @@ def w2_sinkhorn(
         raise ValueError(f"decay must lie in (0, 1), got {decay}")
     if epsilon is not None and not epsilon > 0:
         raise ValueError(f"epsilon must be positive, got {epsilon}")
+    for name, v in (("max_iterations", max_iterations), ("max_rounds", max_rounds)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not threshold > 0:
+        raise ValueError(f"threshold (the marginal tolerance) must be positive, got {threshold}")
     if not rel_epsilon > 0:
         raise ValueError(f"rel_epsilon must be positive, got {rel_epsilon}")
 
