@@ -455,3 +455,56 @@ def test_fourier_particle_field_bad_inputs():
         pde.CircleAttention(I2, I2, I2, 1.0, n_modes=-2)
     with pytest.raises(ValueError, match="tol"):
         pde.fourier_modes(1.0, 2.0)
+
+
+def test_float32_at_large_beta_moves_and_differentiates():
+    """The kernel's shift is the logits' maximum β‖B‖₂ (S¹) and β max(√(a²+b²), |c|) (S²):
+    with the larger shifts used before (β‖B‖_F, β(√(a²+b²) + |c|)) every float32 kernel value
+    underflowed from β ≈ 200 (S¹) and 90 (S²): a zero field, a frozen density reported
+    successful, and NaN growth rates (the normaliser's square in the JVP)."""
+    m = 256
+    rho = pde.perturbed_uniform(m, 0.05, jax.random.PRNGKey(0), k_max=20)
+    v64 = {k: np.asarray(pde.CircleDensity(I2, I2, I2, b, m, dtype=jnp.float64, kernel=k).velocity(
+        jnp.asarray(rho, jnp.float64))) for k in ("fft", "dense") for b in (2000.0,)}
+    # float64 at β = 2000 (it was 0 there too): both kernels, the same field
+    assert np.abs(v64["dense"]).max() > 1e-4
+    np.testing.assert_allclose(v64["fft"], v64["dense"], atol=1e-4 * np.abs(v64["dense"]).max())
+    ref = np.asarray(pde.CircleDensity(I2, I2, I2, 300.0, m, dtype=jnp.float64).velocity(
+        jnp.asarray(rho, jnp.float64)))
+    assert np.abs(ref).max() > 1e-4
+    for kernel in ("fft", "dense"):  # float32 at β = 300 (it was 0)
+        v32 = np.asarray(pde.CircleDensity(I2, I2, I2, 300.0, m, dtype=jnp.float32,
+                                           kernel=kernel).velocity(jnp.asarray(rho, jnp.float32)))
+        np.testing.assert_allclose(v32, ref, atol=1e-3 * np.abs(ref).max())
+    model = pde.CircleDensity(I2, I2, I2, 100.0, m, dtype=jnp.float32)
+    assert float(pde.growth_rate(model, 5)) == pytest.approx(pde.linear_rates(100.0, [5])[0], rel=1e-4)
+    # S²: the longitude FFT kernel equals the dense one at β = 90 (float32)
+    i3 = np.eye(3)
+    g = pde.SphereDensity(i3, i3, i3, 90.0, 8, 16).geometry()
+    T, P = np.meshgrid(np.asarray(g["tc"]), np.asarray(g["pc"]), indexing="ij")
+    rho2 = jnp.asarray((1 + 0.3 * np.cos(T) + 0.2 * np.sin(T) ** 2 * np.cos(2 * P)) / (4 * np.pi),
+                       jnp.float32)
+    f_fft = np.asarray(pde.SphereDensity(i3, i3, i3, 90.0, 8, 16, kernel="fft")(0.0, rho2))
+    f_dense = np.asarray(pde.SphereDensity(i3, i3, i3, 90.0, 8, 16, kernel="dense")(0.0, rho2))
+    assert np.abs(f_dense).max() > 1e-4
+    np.testing.assert_allclose(f_fft, f_dense, atol=1e-3 * np.abs(f_dense).max())
+
+
+def test_default_step_of_spectral_diffusion_and_solve_arguments():
+    m = 128
+    rho0 = pde.perturbed_uniform(m, 0.5, jax.random.PRNGKey(1), k_max=10)
+    # spectral diffusion's largest eigenvalue is (π²/2) σ²/h²: the default step respects Heun's
+    # limit (it was the fd stencil's and blew up to NaN)
+    sol = pde.solve_density(pde.CircleDensity(I2, I2, I2, 1.0, m, sigma=1.0, diffusion="spectral"),
+                            rho0, t1=0.05, n_save=2)
+    assert sol.ok and np.all(np.isfinite(np.asarray(sol.rho)))
+    model = pde.CircleDensity(I2, I2, I2, 5.0, m)
+    # n_save = 1: the state at t1 (was t = 0, the input); NumPy scalars are numbers
+    one = pde.solve_density(model, rho0, t1=np.float32(0.5), n_save=1)
+    two = pde.solve_density(model, rho0, t1=0.5, n_save=2)
+    assert np.asarray(one.ts).tolist() == [0.5]
+    np.testing.assert_allclose(np.asarray(one.rho[-1]), np.asarray(two.rho[-1]), rtol=1e-6)
+    with pytest.raises(ValueError, match="k must lie in"):
+        pde.growth_rate(model, m // 2 + 1)
+    with pytest.raises(ValueError, match="k must lie in"):
+        pde.mode_amplitude(rho0, m)

@@ -70,13 +70,15 @@ def uniform_density(m: int, dtype=None):
 def cos_mode(m: int, k: int, dtype=None, phase=0.0):
     """Cell averages of cos(kθ + phase): sinc(k/M) cos(kθ_j + phase)."""
     c, _ = circle_grid(m, dtype)
-    return np.sinc(k / m) * jnp.cos(k * c + phase)
+    return float(np.sinc(k / m)) * jnp.cos(k * c + phase)  # (a NumPy float64 scalar promoted float32)
 
 
 def mode_amplitude(rho, k: int):
     """Complex amplitude of the k-th Fourier mode of the cell averages: (2/M) Σ_j ρ_j e^{−ikθ_j}
     (k ≥ 1), so cos(kθ) has amplitude sinc(k/M)."""
     m = rho.shape[-1]
+    if not 0 <= int(k) <= m // 2:
+        raise ValueError(f"k must lie in [0, M/2] = [0, {m // 2}] for M = {m} cells, got {k}")
     return 2 * jnp.fft.rfft(rho, axis=-1)[..., k] / m
 
 
@@ -191,9 +193,14 @@ class CircleDensity(eqx.Module):
         return jnp.fft.irfft(spec * jnp.exp(1j * n * self.h / 2), n=self.m)
 
     def _shift(self):
-        """Upper bound s of β e(θ)ᵀBe(φ) (the kernel is evaluated as e^{β⟨·⟩ − s})."""
+        """s = β‖B‖₂, the maximum of β e(θ)ᵀBe(φ) (the kernel is evaluated as e^{β⟨·⟩ − s}).
+        (β‖B‖_F, used before, is √2 β for B = I: every kernel value was at most e^{−0.41β},
+        subnormal then 0 in float32 from β ≈ 200, and the density froze with status
+        ``successful``.) 2 × 2 closed form: ‖B‖₂² = (‖B‖_F² + √(‖B‖_F⁴ − 4 det² B)) / 2."""
         B = self.Q.T @ self.K
-        return self.beta * jnp.sqrt(jnp.sum(B * B))  # Frobenius ≥ spectral norm
+        f2 = jnp.sum(B * B)
+        det = B[0, 0] * B[1, 1] - B[0, 1] * B[1, 0]
+        return self.beta * jnp.sqrt((f2 + jnp.sqrt(jnp.maximum(f2 * f2 - 4 * det * det, 0.0))) / 2)
 
     def _moments(self, rho):
         """(Nc, Ns, D) at the faces: ∫ k(θ,φ) (cos φ, sin φ, 1) ρ(φ) dφ with k = e^{β⟨·⟩ − s}."""
@@ -214,7 +221,11 @@ class CircleDensity(eqx.Module):
         rowmax = jnp.max(logits, axis=1, keepdims=True)
         w = jnp.exp(logits - rowmax)
         g = jnp.stack([p * ec[:, 0], p * ec[:, 1], p], -1) * self.h
-        mom = jnp.matmul(w, g, precision="highest") * jnp.exp(rowmax - s)
+        mom = jnp.matmul(w, g, precision="highest")
+        if self.normalization != "softmax":
+            # the common factor cancels in the softmax ratio; leaving it out there keeps the
+            # normaliser O(1) (a row whose largest logit lies far below s underflowed)
+            mom = mom * jnp.exp(rowmax - s)
         return mom[:, 0], mom[:, 1], mom[:, 2], s
 
     def velocity(self, rho):
@@ -284,6 +295,10 @@ def velocity_bound(model: CircleDensity):
 
 
 def cfl_dt(model: CircleDensity, cfl: float = 0.9):
-    """The positivity step: dt (2 v_max/h + σ²/h²) = cfl (≤ 1)."""
+    """The positivity step: dt (2 v_max/h + σ²/h²) = cfl (≤ 1), the fd diffusion's
+    (largest eigenvalue 2σ²/h²). Spectral diffusion's largest eigenvalue is (σ²/2)(π/h)²:
+    its term is (π²/4) σ²/h², which keeps Heun's stability limit |dt λ| ≤ 2 (with σ²/h² the
+    default step blew up to NaN)."""
     h = model.h
-    return cfl / (2 * velocity_bound(model) / h + model.sigma ** 2 / h ** 2)
+    diff = model.sigma ** 2 / h ** 2 * (1.0 if model.diffusion == "fd" else math.pi ** 2 / 4)
+    return cfl / (2 * velocity_bound(model) / h + diff)

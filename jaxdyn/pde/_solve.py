@@ -29,7 +29,7 @@ class DensitySolution(Solution):
       rho: (S, M) cell averages of ρ at those times (∫ρ dθ = h Σ_j ρ_j).
       result: ``successful``, ``nonfinite``, or diffrax's codes (``max_steps_reached``, ...).
       stats: ``num_steps``, ``num_accepted_steps``, ``dt`` (the step, fixed-step methods),
-        ``mass_error`` (max over saved times of |mass − mass₀|), ``min_rho`` (min over saved ρ).
+        ``mass_error`` (max over saved times of |mass − mass of rho0|), ``min_rho`` (min over saved ρ).
     """
 
     ts: jax.Array
@@ -45,7 +45,9 @@ class DensitySolution(Solution):
 
 @eqx.filter_jit
 def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
-    t0, t1 = ts[0], ts[-1]
+    # rho0 is the density at t = 0 (the solve ran from ts[0]: with ts = [t1] it integrated
+    # nothing)
+    t0, t1 = jnp.zeros((), ts.dtype), ts[-1]
     if method == "heun":
         ctrl = diffrax.ConstantStepSize()
     else:
@@ -59,7 +61,8 @@ def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
                            RESULTS.nonfinite, result)
     mass = jnp.sum(rho * model.cell_measure, axis=tuple(range(1, rho.ndim)))
     stats = {"num_steps": sol.stats["num_steps"], "num_accepted_steps": sol.stats["num_accepted_steps"],
-             "dt": jnp.asarray(dt, rho0.dtype), "mass_error": jnp.max(jnp.abs(mass - mass[0])),
+             "dt": jnp.asarray(dt, rho0.dtype),
+             "mass_error": jnp.max(jnp.abs(mass - jnp.sum(rho0 * model.cell_measure))),
              "min_rho": jnp.min(rho), "mass": mass}
     return DensitySolution(ts=ts, rho=rho, result=result, stats=stats)
 
@@ -90,7 +93,8 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
       model: a :class:`CircleDensity` or :class:`SphereDensity` (a stack of them under
         ``jax.vmap`` sweeps β, σ).
       rho0: (M,) (S¹) or (n_lat, n_lon) (S²) cell averages (a probability density: h Σ ρ0 = 1 for the usual scaling).
-      ts: saved times (default: ``n_save`` times evenly spaced on [0, t1]).
+      ts: saved times in [0, t1], non-decreasing (default: ``n_save`` times evenly spaced on
+        [0, t1]; ``n_save = 1``: t1 alone). The solve runs from 0 to the last of them.
       dt: the step; default the positivity (CFL) step ``cfl_dt(model, cfl)``, which keeps
         ρ ≥ 0 with ``method="heun"`` (SSPRK2) and cfl ≤ 1. May be traced (under vmap each
         member takes its own step count; the loop runs until the slowest finishes).
@@ -110,10 +114,15 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
         r = np.asarray(rho0)
         if not np.all(np.isfinite(r)) or np.any(r < 0):
             raise ValueError("rho0 must be finite and >= 0 (cell averages of a density)")
-    if not (isinstance(t1, (int, float)) and t1 > 0):
-        raise ValueError(f"t1 must be a number > 0, got {t1!r}")
+    if isinstance(t1, jax.core.Tracer) or not (np.ndim(t1) == 0 and np.isreal(t1)
+                                                and float(t1) > 0 and math.isfinite(float(t1))):
+        raise ValueError(f"t1 must be a (concrete) number > 0, got {t1!r}")
+    t1 = float(t1)
     if ts is None:
-        ts = np.linspace(0.0, float(t1), int(n_save))
+        if isinstance(n_save, bool) or not isinstance(n_save, (int, np.integer)) or n_save < 1:
+            raise ValueError(f"n_save must be an integer >= 1, got {n_save!r}")
+        # n_save = 1: t1 alone (linspace gave t = 0, the input itself)
+        ts = np.array([t1]) if n_save == 1 else np.linspace(0.0, t1, int(n_save))
     ts = jnp.asarray(ts, rho0.dtype)
     if dt is None:
         dt = cfl_dt(model, cfl) if isinstance(model, CircleDensity) else sphere_cfl_dt(model, cfl)
@@ -124,7 +133,9 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     # in-program checks. (``throw`` raises outside the program, below.)
     concrete = not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer)
     if concrete:
-        check_times(ts[0], ts[-1], ts, dt, name="ts")
+        if float(ts[-1]) <= 0:
+            raise ValueError(f"ts must end after t = 0 (rho0 is the density at t = 0), got {ts}")
+        check_times(0.0, ts[-1], ts, dt, name="ts")
     with host_checked(concrete):
         if concrete:  # one program traced once across processes (jaxdyn._cache.cached_program)
             sol = _from_program(_density_cached(model, rho0, ts, dt, method, int(max_steps),

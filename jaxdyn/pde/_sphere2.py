@@ -140,7 +140,9 @@ class SphereDensity(eqx.Module):
         O(n_lat² n_lon²)."""
         B = self.Q.T @ self.K
         a, b, c = (B[0, 0] + B[1, 1]) / 2, (B[1, 0] - B[0, 1]) / 2, B[2, 2]
-        shift = self.beta * (jnp.sqrt(a * a + b * b) + jnp.abs(c))
+        # the maximum of the logit over two unit vectors (β(√(a²+b²) + |c|), used before, is
+        # 2β for B = I: kernel values below e^{−β}, a zero field in float32 from β ≈ 90)
+        shift = self.beta * jnp.maximum(jnp.sqrt(a * a + b * b), jnp.abs(c))
         dm = jnp.arange(self.n_lon, dtype=rho.dtype) * g["dph"] + offset
         st, ct = jnp.sin(t_rows)[:, None, None], jnp.cos(t_rows)[:, None, None]
         ss, cs = jnp.sin(g["tc"])[None, :, None], jnp.cos(g["tc"])[None, :, None]

@@ -40,6 +40,9 @@ def growth_rate(model: CircleDensity, k):
     velocities are the exact band-limited ones and the finite-volume update is exact for cell
     averages, this equals λ_k up to rounding. ``k`` an int, or a list (one rate each)."""
     ks = np.atleast_1d(k)
+    if np.any(ks < 1) or np.any(ks > model.m // 2):
+        raise ValueError(f"k must lie in [1, M/2] = [1, {model.m // 2}] for M = {model.m} "
+                         f"cells, got {k}")
     cs = jnp.stack([cos_mode(model.m, int(j), model.beta.dtype) for j in ks])
     rates = _rates(model, cs, jnp.asarray(ks))
     return rates if np.ndim(k) else rates[0]
