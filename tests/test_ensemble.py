@@ -139,6 +139,10 @@ def test_nonfinite_is_a_status():
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(ref.status))
     with pytest.raises(RuntimeError, match=r"member 2.*nonfinite"):
         simulate_ensemble(bad, x0, t1=0.2, dt=0.1, method="euler", throw=True)
+    # float16 rows from jaxdyn.normalize (unit to ~1e-4) pass the unit check as in simulate
+    x16 = jaxdyn.normalize(x0.astype(jnp.float16))
+    got16 = simulate_ensemble(models, x16, t1=0.2, dt=0.1, method="euler")
+    assert got16.xs.dtype == jnp.float32 and bool(np.all(np.asarray(got16.ok)))
 
 
 def test_bad_input_is_named():

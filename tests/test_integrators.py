@@ -328,3 +328,52 @@ def test_traced_bad_x0_is_flagged_and_concrete_raises():
     with pytest.raises(Exception, match="Invalid input"):
         jax.block_until_ready(
             jax.jit(lambda x: jaxdyn.simulate(model, x, t1=0.1, dt=0.01, throw=True).xs)(bad))
+
+
+def test_saveat_ending_before_t1_and_bad_saveat():
+    # the adaptive methods saved t1's state under the last saveat time's label (and the
+    # diffrax SDE methods ran out of steps): each frame is now the state at its own time
+    eye = jnp.eye(3, dtype=jnp.float64)
+    model = jaxdyn.SphereAttention(eye, eye, 0.5 * eye + 0.3 * jnp.tril(eye), 2.0)
+    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 12, 3, jnp.float64)
+    ref = jaxdyn.simulate(model, x0, t1=1.0, dt=0.01, saveat=[0.0, 0.25, 0.5], method="rk4")
+    got = jaxdyn.simulate(model, x0, t1=1.0, dt=0.01, saveat=[0.0, 0.25, 0.5], method="dopri5",
+                          rtol=1e-10, atol=1e-12)
+    assert bool(got.ok)
+    np.testing.assert_array_equal(np.asarray(got.ts), [0.0, 0.25, 0.5])
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=1e-8)
+    sde = jaxdyn.simulate_sde(model, x0, jax.random.PRNGKey(1), sigma=0.0, t1=1.0, dt=0.01,
+                              saveat=[0.0, 0.25, 0.5], method="heun")
+    assert bool(sde.ok), sde.messages
+    np.testing.assert_allclose(np.asarray(sde.ts), [0.0, 0.25, 0.5], atol=1e-12)
+    np.testing.assert_allclose(np.asarray(sde.xs), np.asarray(ref.xs), atol=1e-4)  # Heun vs RK4
+    for bad in ([], [[0.1]]):
+        with pytest.raises(ValueError, match="saveat must hold at least one time"):
+            jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, saveat=bad)
+    with pytest.raises(ValueError, match="save_every must be an integer"):
+        jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, save_every=True)
+    # x0 off the sphere under jit: flagged invalid_input by simulate_sde as by simulate
+    off = x0.at[0].multiply(1.5)
+    run = jax.jit(lambda x: jaxdyn.simulate_sde(model, x, jax.random.PRNGKey(1), sigma=0.1,
+                                                t1=0.1, dt=0.05).result._value)
+    assert int(run(off)) == int(jaxdyn.RESULTS.invalid_input._value)
+    assert int(run(x0)) == int(jaxdyn.RESULTS.successful._value)
+
+
+def test_vmf_float32_at_large_kappa():
+    # float32 (the default dtype): Wood's test at large κ written with 1 − x0 and 1 − w (x0
+    # and w round to 1: from κ ~ 1e7 nothing was accepted and the loop never ended) and one
+    # accept decision a draw (a sample marked done without its cosine sat on the equator)
+    from scipy.special import ive
+
+    mu = jnp.asarray([0.0, 0.0, 1.0], jnp.float32)
+    for kappa in (3e4, 1e6, 1e9):
+        x = jaxdyn.sample_vmf(jax.random.PRNGKey(3), 20_000, mu, kappa)
+        w = np.asarray(x @ mu, np.float64)
+        assert x.dtype == jnp.float32 and w.min() > 0.99, (kappa, w.min())
+        one_minus_a = 1 - ive(1.5, kappa) / ive(0.5, kappa)  # 1 − A_3(κ) ≈ 1/κ
+        assert abs((1 - w).mean() - one_minus_a) < 0.05 * one_minus_a + 2e-7, (kappa, (1 - w).mean())
+    with pytest.raises(ValueError, match="mu must be a nonzero"):
+        jaxdyn.sample_vmf(jax.random.PRNGKey(0), 3, np.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="kappa must be a finite number"):
+        jaxdyn.sample_vmf(jax.random.PRNGKey(0), 3, mu, float("inf"))

@@ -36,7 +36,8 @@ import numpy as np
 from .._results import RESULTS, error_if_failed
 from ..integrators import geometry_of
 from ..sphere import tangent_project
-from ._simulate import (Trajectory, _check_x0, _plan, diffrax_trajectory, fixed_step_trajectory,
+from ._simulate import (Trajectory, _check_x0, _plan, _x0_invalid, diffrax_trajectory, end_time,
+                        fixed_step_trajectory,
                         trajectory_leaves, trajectory_program,
                         save_indices)
 
@@ -81,6 +82,7 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
         raise ValueError(f"method must be one of {SDE_METHODS}, got {method!r}")
     _check_key(key)
     t0, t1, dt, n = _plan(t0, t1, dt)
+    in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     sigma = jnp.asarray(sigma, x0.dtype)
     if sigma.ndim != 0:
@@ -91,10 +93,16 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     if method == "geodesic_em":
         traj = _run_gem(model, x0, key, sigma, args, t0, dt, idx)
     else:
-        traj = _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method)
+        traj = _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method,
+                                end_time(t0, t1, dt, n, idx))
     if isinstance(sigma, jax.core.Tracer):
         traj = eqx.tree_at(lambda t: t.result, traj,
                            RESULTS.where(sigma >= 0, traj.result, RESULTS.invalid_input))
+    if isinstance(x0, jax.core.Tracer):
+        # flagged, not raised, as in simulate: the concrete checks cannot run under jit/vmap
+        traj = eqx.tree_at(lambda t: t.result, traj,
+                           RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
+                                         traj.result))
     if throw:
         traj = error_if_failed(traj, traj.result)
     return traj
@@ -129,9 +137,11 @@ _run_gem = trajectory_program(_run_gem_leaves)
 
 
 @eqx.filter_jit
-def _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method):
+def _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method, t_end):
+    # the solve ends at the last saved time t_end (a saveat before t1 ran out of steps); the
+    # Brownian path is the one on [t0, t1] (the same path as a run saved up to t1)
     ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
-    ts = ts.at[-1].set(t1)
+    ts = ts.at[-1].set(t_end)
     proj = _project(model)
     struct = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
 
@@ -140,7 +150,7 @@ def _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method):
 
     bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 16, shape=struct, key=key)
     terms = diffrax.MultiTerm(diffrax.ODETerm(model), diffrax.ControlTerm(diffusion, bm))
-    sol = diffrax.diffeqsolve(terms, _DIFFRAX_SDE[method](), t0, t1, dt, x0, args=args,
+    sol = diffrax.diffeqsolve(terms, _DIFFRAX_SDE[method](), t0, t_end, dt, x0, args=args,
                               saveat=diffrax.SaveAt(ts=ts),
                               stepsize_controller=diffrax.ConstantStepSize(),
                               max_steps=idx[-1] + 1, throw=False)

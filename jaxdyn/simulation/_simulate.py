@@ -153,12 +153,21 @@ def _all_finite(xs):
     return jnp.all(jnp.isfinite(xs), axis=(-3, -2, -1))
 
 
+def end_time(t0, t1, dt, n_steps, idx):
+    """The time of the last saved step: ``t1`` itself when it is step ``n_steps`` (no rounding
+    of ``t0 + n dt``), else ``t0 + idx[-1] dt``."""
+    return t1 if idx[-1] == n_steps else t0 + idx[-1] * dt
+
+
 def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
     """Static step indices at which states are saved (always includes 0 and n_steps)."""
     if saveat is not None and save_every is not None:
         raise ValueError("give either saveat or save_every, not both")
     if saveat is not None:
         ts = np.atleast_1d(np.asarray(saveat, dtype=np.float64))
+        if ts.ndim != 1 or ts.size == 0:
+            raise ValueError(f"saveat must hold at least one time (a 1-D list of times), got "
+                             f"shape {ts.shape}")
         k = np.rint((ts - t0) / dt).astype(np.int64)
         off = np.abs(t0 + k * dt - ts)
         if np.any(off > 1e-6 * dt) or np.any(k < 0) or np.any(k > n_steps):
@@ -170,7 +179,7 @@ def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0
         return tuple(int(i) for i in k)
     if save_every is None:
         save_every = max(1, n_steps // 100)
-    if not isinstance(save_every, (int, np.integer)) or save_every < 1:
+    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
         raise ValueError(f"save_every must be an integer >= 1 (steps between saves), got {save_every!r}")
     idx = list(range(0, n_steps + 1, int(save_every)))
     if idx[-1] != n_steps:
@@ -213,8 +222,10 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     x0 = _check_x0(model, x0)
     idx = save_indices(n, save_every, saveat, t0, dt)
     if method in DIFFRAX_METHODS:
-        traj = _run_diffrax(model, x0, args, t0, t1, dt, idx, method, float(rtol), float(atol),
-                            int(max_steps))
+        # a saveat ending before t1: the solve ends at its last time (it saved t1's state
+        # under that time's label)
+        traj = _run_diffrax(model, x0, args, t0, end_time(t0, t1, dt, n, idx), dt, idx, method,
+                            float(rtol), float(atol), int(max_steps))
     else:
         traj = _run_fixed(model, x0, args, t0, dt, idx, method)
     if isinstance(x0, jax.core.Tracer):
@@ -332,6 +343,7 @@ def fixed_step_trajectory(x0, idx, advance, t0, dt):
 
 @eqx.filter_jit
 def _run_diffrax(model, x0, args, t0, t1, dt, idx, method, rtol, atol, max_steps):
+    # t1: the last saved time (end_time)
     ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
     ts = ts.at[-1].set(t1)
     sol = diffrax.diffeqsolve(

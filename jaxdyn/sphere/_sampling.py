@@ -68,7 +68,12 @@ def _vmf_cosines(key, n, d, kappa, dtype):
     kappa = jnp.asarray(kappa, dtype)
     b = dim / (jnp.sqrt(4.0 * kappa**2 + dim**2) + 2.0 * kappa)
     x0 = (1.0 - b) / (1.0 + b)
-    c = kappa * x0 + dim * jnp.log(1.0 - x0**2)
+    # Wood's test κw + dim·log(1 − x0 w) − c ≥ log u, c = κ x0 + dim·log(1 − x0²), written with
+    # the small quantities 1 − x0 = 2b/(1 + b) and 1 − w = 2bz/(1 − (1 − b)z) formed directly:
+    # at large κ, x0 and w round to 1 in float32 (log(1 − x0²) = −inf: nothing was ever
+    # accepted, the loop never ended) or lose the digits the test compares
+    omx0 = 2.0 * b / (1.0 + b)
+    log_c = jnp.log(omx0 * (1.0 + x0))  # log(1 − x0²)
 
     def cond(state):
         _, _, done = state
@@ -79,10 +84,13 @@ def _vmf_cosines(key, n, d, kappa, dtype):
         key, kz, ku = jax.random.split(key, 3)
         z = jax.random.beta(kz, dim / 2.0, dim / 2.0, (n,), dtype=dtype)
         u = jax.random.uniform(ku, (n,), dtype=dtype, minval=1e-12, maxval=1.0)
-        wn = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
-        acc = kappa * wn + dim * jnp.log(1.0 - x0 * wn) - c >= jnp.log(u)
-        take = acc & ~done
-        return key, jnp.where(take, wn, w), done | acc
+        omw = 2.0 * b * z / (1.0 - (1.0 - b) * z)  # 1 − w
+        test = kappa * (omx0 - omw) + dim * (jnp.log(omx0 + x0 * omw) - log_c)
+        # one decision for both uses below (materialised once): computed in two fusions, the
+        # comparison could round differently (a sample marked done without its w: w = 0, on
+        # the equator)
+        acc = jax.lax.optimization_barrier(test >= jnp.log(u))
+        return key, jnp.where(acc & ~done, 1.0 - omw, w), done | acc
 
     state = (key, jnp.zeros((n,), dtype), jnp.zeros((n,), bool))
     _, w, _ = jax.lax.while_loop(cond, body, state)
@@ -101,9 +109,12 @@ def sample_vmf(key, n: int, mu, kappa: float, dtype=jnp.float32):
         raise ValueError(f"mu must be a vector of shape (d,), got shape {mu.shape}")
     d = mu.shape[0]
     _check_n_d(n, d)
-    if not float(kappa) > 0:
-        raise ValueError(f"kappa must be > 0, got {kappa!r}")
-    mu = mu / jnp.linalg.norm(mu)
+    if not (float(kappa) > 0 and math.isfinite(float(kappa))):
+        raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
+    norm = jnp.linalg.norm(mu)
+    if not isinstance(norm, jax.core.Tracer) and not 0 < float(norm) < math.inf:
+        raise ValueError(f"mu must be a nonzero (finite) direction, got {mu}")
+    mu = mu / norm
     kw, kv = jax.random.split(key)
     w = _vmf_cosines(kw, n, d, kappa, dtype)
     v = tangent_project(mu[None, :], normal_rows(kv, n, d, dtype))
