@@ -64,7 +64,18 @@ def _load_raw(config, overrides):
 def _prepare_precision(raw):
     """float64 configs switch on JAX's x64 mode (before any array is created): through the
     variable JAX reads when it loads if it has not (``jaxdyn config`` loads no JAX)."""
-    if isinstance(raw, dict) and raw.get("dtype") == "float64":
+    dtype = raw.get("dtype") if isinstance(raw, dict) else None
+    if isinstance(raw, dict) and dtype is None and isinstance(raw.get("kind"), str):
+        # the kind's default (float64 for the pde, gaussian and reachability kinds: a pde
+        # config without a dtype was refused for want of x64); its schema loads no JAX
+        try:
+            from .experiments import get_kind
+
+            field = get_kind(raw["kind"]).SCHEMA.get("dtype")
+            dtype = getattr(field, "default", None)
+        except Exception:  # an unknown kind: resolve_config names it
+            dtype = None
+    if dtype == "float64":
         if "jax" in sys.modules:
             sys.modules["jax"].config.update("jax_enable_x64", True)
         else:

@@ -111,6 +111,8 @@ def _coerce(path: str, value, f: Field):
             return value
         raise ConfigError(f"config field '{path}': expected true/false ({what}), got {value!r}")
     if k == "int":
+        if isinstance(value, float) and not math.isfinite(value):  # int() of it raised
+            raise ConfigError(f"config field '{path}': expected an integer ({what}), got {value!r}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
             raise ConfigError(f"config field '{path}': expected an integer ({what}), got {value!r}")
         value = int(value)
@@ -176,6 +178,11 @@ def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> di
             known = ", ".join(sorted(schema))
             raise ConfigError(f"unknown config field '{prefix}{key}'; known fields here: {known}")
     for key, f in schema.items():
+        if (key in raw and raw[key] is None and f.kind != "section" and f.default is not None
+                and f.default is not REQUIRED):
+            # `t1:` with no value read as "the default" silently (a field left empty by mistake)
+            raise ConfigError(f"config field '{prefix}{key}' is empty; give a value ({f.doc or f.kind}) "
+                              f"or remove the line for the default {f.default!r}")
         if key in raw and raw[key] is not None:
             out[key] = _coerce(prefix + key, raw[key], f)
         elif f.default is REQUIRED:
@@ -197,7 +204,8 @@ def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
     sweepable = sorted(k for k, f in schema.items() if f.sweepable)
     for key, values in raw.items():
         if key not in schema or not schema[key].sweepable:
-            raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'; "
+            why = f" ({schema[key].doc})" if key in schema and schema[key].doc else ""
+            raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'{why}; "
                               f"sweepable fields: {', '.join(sweepable)}")
         if isinstance(values, Mapping):
             values = _expand_grid(f"sweep.{key}", values)

@@ -107,10 +107,24 @@ def _explicit(spec, d):
     return tuple(out)
 
 
+#: fields of a ``weights`` section that only one built-in ensemble reads: given with another
+#: ensemble they were ignored without a word (explicit Q, K, V under the default 'identity')
+_OWN_FIELDS = {"explicit": ("Q", "K", "V"),
+               "spectral": ("mu", "rotation", "eigenspace_angle_deg", "plane")}
+
+
 def build_weights(spec: dict, d: int):
     """(Q, K, V) as float64 NumPy arrays from a validated ``weights`` section."""
     name = spec.get("ensemble", "identity")
     if name not in ENSEMBLES:
         raise WeightsError(f"config field 'weights.ensemble': unknown ensemble {name!r}; "
                           f"known: {sorted(ENSEMBLES)}")
+    for owner, fields in _OWN_FIELDS.items():
+        given = [f for f in fields if spec.get(f) is not None]
+        if owner != name and given:
+            raise WeightsError(
+                f"config field{'s' if len(given) > 1 else ''} "
+                f"{', '.join(repr('weights.' + f) for f in given)}: read by ensemble {owner!r} "
+                f"only, but weights.ensemble is {name!r}; set 'weights.ensemble: {owner}' or "
+                "remove them")
     return ENSEMBLES[name](spec, d)

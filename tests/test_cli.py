@@ -38,6 +38,14 @@ def _write(tmp_path, cfg, name="c.yaml"):
     ({"weights": {"ensemble": "magic"}}, "unknown ensemble 'magic'"),
     ({"sweep": {"method": ["rk4"]}}, "cannot sweep over 'method'"),
     ({"kind": "nope"}, "unknown experiment kind 'nope'"),
+    # (an OverflowError traceback, exit 1)
+    ({"n": float("inf")}, "'n': expected an integer"),
+    # an empty field read as its default without a word
+    ({"t1": None}, "config field 't1' is empty"),
+    # explicit weights under the default ensemble 'identity' were ignored without a word
+    ({"weights": {"Q": [[2, 0, 0], [0, 1, 0], [0, 0, 1]]}}, "read by ensemble 'explicit' only"),
+    # swept t1 gave frame indices where the times belong
+    ({"sweep": {"t1": [1.0, 2.0]}}, "cannot sweep over 't1' (final time > 0 (not sweepable"),
 ])
 def test_bad_config_is_named_before_compute(tmp_path, capsys, patch, needle):
     cfg = {**TINY, **patch}
@@ -126,3 +134,35 @@ def test_default_config_resolves_and_warns_on_resolution():
     small = resolve_config({**TINY, "n": 10, "sweep": {"beta": [1.0, 1e4]}})
     warns = get_kind("sphere").check(small)
     assert any("10000" in w and "N = 10" in w for w in warns), warns
+
+
+def test_kind_default_float64_switches_x64_on(tmp_path):
+    # a pde config without a dtype (the kind's default: float64) was refused "float64 needs
+    # JAX's x64 mode": the CLI switched x64 on for a dtype written in the file only
+    import os
+    import subprocess
+    import sys
+
+    cfg = _write(tmp_path, {"kind": "pde", "mode": "clusters", "m": 64, "t1": 5.0, "n_save": 11,
+                            "sweep": {"beta": [2.0]}})
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    p = subprocess.run([sys.executable, "-m", "jaxdyn.cli", "config", cfg], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "dtype: float64" in p.stdout
+
+
+def test_force_removes_the_old_runs_figures_only(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    old = {**TINY, "name": "old", "sweep": {"beta": [1.0]}}
+    (out / "config.yaml").write_text(yaml.safe_dump(resolve_config(old)))
+    (out / "summary.json").write_text(json.dumps({"status": "ok", "figures": ["stale.png"]}))
+    for f in ("stale.png", "notes.txt", "mine.png"):
+        (out / f).write_text("x")
+    cfg = {**TINY, "n": 8, "t1": 0.2, "sweep": {"beta": [1.0]}}
+    res = run_experiment(cfg, out, progress=False, log=lambda *_: None, force=True)
+    assert res.status == "ok"
+    assert not (out / "stale.png").exists()  # the old run's figure (it stayed beside new data)
+    assert (out / "notes.txt").exists() and (out / "mine.png").exists()  # the user's files
+    assert (out / "mean_inner_product.png").exists()

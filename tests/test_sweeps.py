@@ -85,3 +85,41 @@ def test_sweep_on_4_devices_equals_1(tmp_path, four_devices):
     assert a.sizes == b.sizes
     for v in a.data_vars:
         np.testing.assert_allclose(b[v].values, a[v].values, rtol=0, atol=1e-6, err_msg=v)
+
+
+def test_resume_keeps_the_chunks_of_another_plan(tmp_path, monkeypatch):
+    """The automatic chunk size follows the device count and the memory budget, so a resume
+    on another machine or with another process count plans other chunks: the finished ones
+    are kept (at their indices) and the remaining points fill the other slots. (It was
+    refused as 'written by another config or plan', and the finished work lost.)"""
+    from jaxdyn.experiments import engine
+
+    plan = engine.plan_chunks
+    cfg = {**SWEEP, "chunk_size": 0}
+    out = tmp_path / "run"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(ci):  # called once chunk ci is written
+        if ci == 1:
+            raise Stop
+
+    monkeypatch.setattr(engine, "plan_chunks", lambda c, *a, **k: plan({**c, "chunk_size": 2}, *a, **k))
+    with pytest.raises(Stop):
+        run_experiment(cfg, out, progress=False, log=lambda *_: None, compute_hook=stop_after_two)
+    finished = {p.name: p.stat().st_mtime_ns for p in (out / "chunks").glob("chunk_*.npz")}
+    assert sorted(finished) == ["chunk_00000.npz", "chunk_00001.npz"]  # points 0-3
+    monkeypatch.setattr(engine, "plan_chunks", lambda c, *a, **k: plan({**c, "chunk_size": 3}, *a, **k))
+    computed = []
+    res = run_experiment(yaml.safe_load((out / "config.yaml").read_text()), out, resume=True,
+                         progress=False, log=lambda *_: None, compute_hook=computed.append)
+    assert res.status == "ok"
+    assert computed == [2, 3]  # points 4-5, 6-7: the finished chunks were not recomputed
+    for name, mtime in finished.items():
+        assert (out / "chunks" / name).stat().st_mtime_ns == mtime
+    ref = tmp_path / "ref"
+    assert run_experiment(cfg, ref, progress=False, log=lambda *_: None).status == "ok"
+    got, want = _load(out), _load(ref)
+    for v in want.data_vars:
+        np.testing.assert_allclose(got[v].values, want[v].values, rtol=0, atol=1e-6, err_msg=v)

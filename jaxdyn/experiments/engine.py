@@ -343,8 +343,19 @@ def _prepare_folder(out: Path, h: str, *, resume: bool, force: bool):
                 p.unlink()
         if (out / jio.DATA_FILE).exists():
             (out / jio.DATA_FILE).unlink()
+        # the old run's figures, as its summary lists them (left beside the new data they
+        # contradicted it; other files stay)
+        try:
+            old_figs = json.loads((out / jio.SUMMARY_FILE).read_text()).get("figures") or []
+        except (OSError, ValueError, AttributeError):
+            old_figs = []
+        for name in old_figs:
+            if isinstance(name, str) and Path(name).name == name and (out / name).is_file():
+                (out / name).unlink()
         return
     hint = "choose another --out, or add --force to overwrite it"
+    if has_chunks and old_hash is not None and old_hash != h:
+        raise ConfigError(f"{out} already holds results of another config; {hint}")
     if has_chunks:
         raise ConfigError(f"{out} already holds results; resume them with --resume {out}, or "
                           f"{hint}")
@@ -386,6 +397,39 @@ def _check_out(out: Path):
         raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: the folder is not writable")
+
+
+def _adopt_plan(out, chunks, est, h):
+    """On ``--resume``: the chunks on disk may follow a plan made for another device count or
+    memory budget (the automatic chunk size depends on both): keep each finished chunk, at
+    its index, and give the points no finished chunk holds to the other slots, in the current
+    plan's groups. (Before, such a resume was refused and the finished work thrown away.)
+    Returns ``(chunks, est)`` unchanged when the plans agree or nothing can be adopted."""
+    folder = Path(out) / jio.CHUNK_DIR
+    found = {}
+    for path in sorted(folder.glob("chunk_*.npz")) if folder.is_dir() else []:
+        try:
+            _, meta = jio.read_chunk(path, meta_only=True)
+            ci = int(path.stem.split("_")[1])
+        except (jio.DamagedFileError, ValueError, IndexError):
+            continue  # _existing_chunks names a damaged file
+        if meta.get("config_hash") != h:
+            return chunks, est  # another config: _existing_chunks refuses it
+        found[ci] = [int(i) for i in meta.get("points", [])]
+    if all(ci < len(chunks) and chunks[ci] == pts for ci, pts in found.items()):
+        return chunks, est
+    covered = [i for pts in found.values() for i in pts]
+    if len(covered) != len(set(covered)):
+        return chunks, est
+    per_point = {i: est[ci] // max(len(c), 1) for ci, c in enumerate(chunks) for i in c}
+    rest = [[i for i in c if i not in set(covered)] for c in chunks]
+    rest = iter([c for c in rest if c])
+    slots = [found.get(ci) for ci in range(max(found) + 1)]
+    slots = [c if c is not None else next(rest, None) for c in slots]
+    if any(c is None for c in slots):
+        return chunks, est  # a gap no remaining point fills: _existing_chunks refuses
+    new = slots + list(rest)
+    return new, {ci: sum(per_point[i] for i in c) for ci, c in enumerate(new)}
 
 
 def _existing_chunks(out, chunks, h, log, warns):
@@ -464,6 +508,8 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     if not points:
         points = [{}]
     chunks, est = plan_chunks(cfg, kind, points, n_dev)
+    if resume:
+        chunks, est = _adopt_plan(out, chunks, est, config_hash(cfg))
     peak_est = max(est.values())
     per_point = max(est[i] // max(len(c), 1) for i, c in enumerate(chunks))
     # Whole-process estimate: what runs now (JAX runtime, imports) + the largest chunk
@@ -850,10 +896,10 @@ def merge_chunks(cfg, out, axes, points, chunks, config_hash=None):
         vname = f"{name}_value" if name in coords or name in axes or name in dims[name] else name
         ds[vname] = (tuple(axes) + tuple(dims[name]), full.reshape(shape + tshape))
     if varying:
-        # Per-point coordinate values, stored as data (padded with NaN).
+        # (the sphere kinds refuse sweeps that change the saved times: t1, dt)
         for dim in varying:
             ds.attrs[f"{dim}_varies"] = ("this coordinate differs between grid points; it is kept "
-                                         "as an index (kinds store per-point values as data)")
+                                         "as an index 0, 1, ..., and its values are not stored")
     ds.attrs["kind"] = cfg["kind"]
     ds.attrs["name"] = cfg["name"]
     ds.attrs["config_yaml"] = yaml.safe_dump(cfg, sort_keys=False)

@@ -91,8 +91,13 @@ SPHERE_FIELDS = {
     "n": Field("int", 1024, "number of particles N >= 1", check=at_least(1), sweepable=True),
     "beta": Field("float", 1.0, "inverse temperature β > 0", check=positive, sweepable=True),
     "seed": Field("int", 0, "seed of the initial particles", sweepable=True),
-    "t1": Field("float", 10.0, "final time > 0", check=positive, sweepable=True),
-    "dt": Field("float", 0.05, "time step > 0", check=positive, sweepable=True),
+    # t1 and dt are not sweepable: the saved times would differ between grid points, and the
+    # merged dataset, its summaries and figures have one time axis (a sweep over t1 gave frame
+    # indices where times belong)
+    "t1": Field("float", 10.0, "final time > 0 (not sweepable: one time axis per run)",
+                check=positive),
+    "dt": Field("float", 0.05, "time step > 0 (not sweepable: one time axis per run)",
+                check=positive),
     "method": Field("str", "rk4", "integrator", choices=("euler", "rk4", "exp_euler",
                                                                    "euler_renormalise")),
     "save_every": Field("int", 5, "steps between saved states, >= 1", check=at_least(1)),
