@@ -302,7 +302,9 @@ def apply_overrides(raw: dict, overrides) -> dict:
             raise ConfigError(f"override {item!r}: empty field name in {key!r}")
         node = raw
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
+            if node.get(p) is None:  # absent, or left empty in the YAML (`sweep:`)
+                node[p] = {}
+            node = node[p]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: '{p}' is not a section")
         node[parts[-1]] = parse_yaml(val, f"override {item!r}")

@@ -46,6 +46,10 @@ def _write(tmp_path, cfg, name="c.yaml"):
     ({"weights": {"Q": [[2, 0, 0], [0, 1, 0], [0, 0, 1]]}}, "read by ensemble 'explicit' only"),
     # swept t1 gave frame indices where the times belong
     ({"sweep": {"t1": [1.0, 2.0]}}, "cannot sweep over 't1' (final time > 0 (not sweepable"),
+    # (named the base d = 3, the one that fits)
+    ({"init": {"mu": [1.0, 0.0, 0.0]}, "sweep": {"d": [3, 4]}}, "expected 4 numbers (d = 4 in sweep.d)"),
+    # one grid point alone is too big: 'n' is named, not the sweep
+    ({"n": 100_000_000}, "config field 'n' (= 100000000): the run needs"),
 ])
 def test_bad_config_is_named_before_compute(tmp_path, capsys, patch, needle):
     cfg = {**TINY, **patch}
@@ -166,3 +170,11 @@ def test_force_removes_the_old_runs_figures_only(tmp_path):
     assert not (out / "stale.png").exists()  # the old run's figure (it stayed beside new data)
     assert (out / "notes.txt").exists() and (out / "mine.png").exists()  # the user's files
     assert (out / "mean_inner_product.png").exists()
+
+
+def test_override_into_an_empty_section(tmp_path, capsys):
+    # `sweep:` left empty in the YAML, then --set sweep.beta=[...] ("'sweep' is not a section")
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "sweep"}) + "sweep:\n")
+    assert cli.main(["config", str(p), "--set", "sweep.beta=[1, 2]"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["sweep"] == {"beta": [1.0, 2.0]}

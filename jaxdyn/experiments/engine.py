@@ -296,7 +296,8 @@ def check_memory(cfg, per_point: int, peak_chunk: int, process: int, n_devices: 
     avail, where = _host_memory_available()
     dev_limit = _device_memory_limit()
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
-    if "n" in cfg and 2 * per_point > 0.5 * process:
+    # n drives it when one grid point alone is too big (a smaller sweep cannot help then)
+    if "n" in cfg and (2 * per_point > 0.5 * process or 2 * per_point > avail):
         field = f"config field 'n' (= {cfg['n']})"
     elif cfg.get("sweep"):
         field = f"config field 'sweep' ({', '.join(f'{k}: {len(v)} values' for k, v in cfg['sweep'].items())})"

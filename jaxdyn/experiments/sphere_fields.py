@@ -167,8 +167,11 @@ def check_sphere(cfg) -> list:
     d = cfg["d"]
     ds_ = cfg["sweep"].get("d", [d])
     mu = cfg["init"].get("mu")
-    if mu is not None and any(len(mu) != dd for dd in ds_):
-        raise ConfigError(f"config field 'init.mu': expected {d} numbers (d = {d}), got {len(mu)}")
+    bad = [dd for dd in ds_ if mu is not None and len(mu) != dd]
+    if bad:  # (named the base d, which may be the one that fits, under a sweep over d)
+        where = f"d = {bad[0]}" + (" in sweep.d" if "d" in cfg["sweep"] else "")
+        raise ConfigError(f"config field 'init.mu': expected {bad[0]} numbers ({where}), got "
+                          f"{len(mu)}")
     if mu is not None and not math.fsum(v * v for v in mu) > 0:
         raise ConfigError(f"config field 'init.mu': the mean direction must be a non-zero vector "
                           f"(it is normalised), got {mu}")
