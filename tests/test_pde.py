@@ -508,3 +508,15 @@ def test_default_step_of_spectral_diffusion_and_solve_arguments():
         pde.growth_rate(model, m // 2 + 1)
     with pytest.raises(ValueError, match="k must lie in"):
         pde.mode_amplitude(rho0, m)
+
+
+def test_unresolved_beta_is_a_warning():
+    # at β = 1000 on M = 64 cells the discrete growth rates are 7-11 times below λ_k (the
+    # kernel is 0.32 cells wide): a warning naming the grid it needs; none on M = 512
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"does not resolve .*use M >= 256"):
+        pde.CircleDensity(I2, I2, I2, 1000.0, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pde.CircleDensity(I2, I2, I2, 1000.0, 512)
