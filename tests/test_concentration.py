@@ -80,6 +80,14 @@ def test_exact_refused_for_large_n():
         conc.check(resolve_config({**TINY, "n": 5000}))
 
 
+def test_sweeps_over_d_or_n_are_refused():
+    # the summary averaged W2 and the masses over the swept d (or N) under one β label and
+    # reported the base d's spectrum
+    for axis, values in (("d", [3]), ("n", [100, 200])):
+        with pytest.raises(ConfigError, match=f"sweep.{axis}': a concentration run compares β"):
+            conc.check(resolve_config({**TINY, "sweep": {"beta": [10.0], axis: values}}))
+
+
 def test_crossing_and_fits():
     t = np.linspace(0, 10, 11)
     mE = np.array([0, .2, .5, .8, .9, .7, .4, .2, .1, 0, 0])

@@ -75,6 +75,13 @@ BATCH_AXES = ("beta", "seed")
 
 def check(cfg):
     warns = sc.check_sphere(cfg)
+    swept = [a for a in ("d", "n") if a in cfg["sweep"]]
+    if swept:
+        # the summary compares β at one problem: it averaged W2 and the masses over the swept
+        # d (or N) and reported the spectrum of the base d
+        raise ConfigError(f"config field 'sweep.{swept[0]}': a concentration run compares β at "
+                          f"one {swept[0]} (its summary reads W2 and the masses per β); run one "
+                          f"config per {swept[0]} (e.g. --set {swept[0]}=...)")
     bad = [m for m in cfg["w2_methods"] if m not in W2_METHODS]
     if bad or not cfg["w2_methods"]:
         raise ConfigError(f"config field 'w2_methods': expected a non-empty subset of {list(W2_METHODS)}, "

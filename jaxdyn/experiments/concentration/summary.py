@@ -71,12 +71,25 @@ def fit_report(name, x, y, warns):
     return out
 
 
-def crossing(t, mE, mV):
-    """First time mass_V > mass_E after a time where mass_E > mass_V (None if never)."""
-    led = np.flatnonzero(mE > mV)
-    if led.size == 0:
+def largest_lead(mE, mV):
+    """Index of mass_E's largest lead over mass_V (None if it never leads)."""
+    lead = np.asarray(mE, float) - np.asarray(mV, float)
+    if not np.isfinite(lead).any():
         return None
-    after = np.flatnonzero((mV > mE) & (np.arange(len(t)) > led[0]))
+    k = int(np.nanargmax(lead))
+    return k if lead[k] > 0 else None
+
+
+def crossing(t, mE, mV):
+    """The end of the metastable phase: the first time at which mass_V > mass_E after the
+    time of mass_E's largest lead over mass_V (None if mass_E never leads, or mass_V never
+    overtakes it after). (It was the first such time after *any* lead: with a non-uniform ρ0
+    a lead of one particle near t = 0 gave t ≈ 0.5, long before mass_E's peak.)"""
+    k = largest_lead(mE, mV)
+    if k is None:
+        return None
+    lead = np.asarray(mE, float) - np.asarray(mV, float)
+    after = np.flatnonzero((lead < 0) & (np.arange(len(t)) > k))
     return float(t[after[0]]) if after.size else None
 
 
@@ -90,17 +103,27 @@ def analyse(cfg, ds, angle_rad=None):
     betas = betas_of(cfg, ds)
     w2 = rows(reduce_beta(ds, var), len(betas))
     mins = np.array([np.nanmin(r) if np.isfinite(r).any() else np.nan for r in w2])
-    argmins = np.array([t[np.nanargmin(r)] if np.isfinite(r).any() else np.nan for r in w2])
+    idx = [int(np.nanargmin(r)) if np.isfinite(r).any() else -1 for r in w2]
+    argmins = np.array([t[i] if i >= 0 else np.nan for i in idx])
+    # a minimum at the first or last saved time is no minimum the run resolved (W2 still
+    # falling at t1, or rising from t = 0): reported, flagged, and left out of the fits
+    edge = np.array([i >= 0 and i in (0, len(t) - 1) for i in idx])
+    for b, e, a in zip(betas, edge, argmins):
+        if e:
+            warns.append(f"β = {b:g}: W2 is smallest at the {'last' if a == t[-1] else 'first'} "
+                         f"saved time (t = {a:g}): the run does not resolve its minimum (a longer "
+                         f"t1?); left out of the min-W2 and argmin fits")
     theory = np.sqrt(np.log(betas + 1) / betas)
     res = {"w2_variable": var, "beta": betas.tolist(), "min_w2": mins.tolist(),
-           "argmin_t": argmins.tolist()}
+           "argmin_t": argmins.tolist(), "argmin_at_boundary": edge.tolist()}
     if len(betas) >= 2:
-        f1 = fit_report("fit_min_w2_vs_beta", np.log(betas), np.log(mins), warns)
+        fmins, fargs = np.where(edge, np.nan, mins), np.where(edge, np.nan, argmins)
+        f1 = fit_report("fit_min_w2_vs_beta", np.log(betas), np.log(fmins), warns)
         st, _ = fit(np.log(betas), np.log(theory))
         res["fit_min_w2_vs_beta"] = {"loglog_slope": f1.pop("slope"), **f1,
                                      "theory_slope_sqrt_logb_over_b": st, "note": BOUND_NOTE}
         res["fit_argmin_t_vs_log_beta"] = fit_report("fit_argmin_t_vs_log_beta", np.log(betas),
-                                                     argmins, warns)
+                                                     fargs, warns)
     tt = ds["t"].values
     mE, mV = rows(reduce_beta(ds, "mass_E"), len(betas)), rows(reduce_beta(ds, "mass_V"), len(betas))
     thr = float(cfg.get("metastable_mass", 0.1))
@@ -108,7 +131,10 @@ def analyse(cfg, ds, angle_rad=None):
     for i, (b, e, v) in enumerate(zip(betas, mE, mV)):
         ot = crossing(tt, e, v)
         peak = float(np.nanmax(e))
+        k = largest_lead(e, v)
+        lead_mass = float(e[k]) if k is not None else None
         r = {"overtake_time": ot, "max_mass_E": peak, "metastable": peak >= thr,
+             "mass_E_at_largest_lead": lead_mass,
              "final_mass_E": float(e[-1]), "final_mass_V": float(v[-1])}
         if angle_rad is not None and angle_rad > 0:
             r["phases_separate"] = softmax_width(b) < angle_rad / SEPARATION
@@ -116,7 +142,12 @@ def analyse(cfg, ds, angle_rad=None):
             warns.append(f"β = {b:g}: an overtake time {ot:g} is reported but the mass near E never "
                          f"exceeded metastable_mass = {thr:g} (max {peak:.3g}): no metastable phase "
                          f"before the terminal one")
-        if ot is not None and r["metastable"]:
+        elif ot is not None and lead_mass < thr:
+            warns.append(f"β = {b:g}: an overtake time {ot:g} is reported but mass_E led mass_V only "
+                         f"while below metastable_mass = {thr:g} (at its largest lead, t = "
+                         f"{tt[k]:g}, mass_E = {lead_mass:.3g}); mass_V led through mass_E's peak "
+                         f"({peak:.3g}): not the end of a metastable phase, left out of the fit")
+        if ot is not None and r["metastable"] and lead_mass >= thr:
             over[i] = ot
         tp[f"beta={b:g}"] = r
     res["terminal_phase"] = tp
