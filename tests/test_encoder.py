@@ -202,6 +202,17 @@ def test_structural_errors():
         encode(BertParams(layers=params.layers), TINY, good, input_layernorm=True)
     with pytest.raises(ValueError, match="max_position"):
         embed(params, TINY, jnp.zeros((1, 21), jnp.int32))
+    # out-of-range ids read another token's row (JAX's gathers clamp and wrap); transformers
+    # raises there too
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 50\)"):
+        embed(params, TINY, jnp.full((1, 3), 55, jnp.int32))
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 50\)"):
+        embed(params, TINY, jnp.full((1, 3), -1, jnp.int32))
+    with pytest.raises(ValueError, match="token_type_ids must lie in"):
+        embed(params, TINY, jnp.zeros((1, 3), jnp.int32), jnp.full((1, 3), 7, jnp.int32))
+    # a nested-list mask is a mask (its .shape was read first: AttributeError)
+    np.testing.assert_array_equal(np.asarray(encode(params, TINY, good, [[1, 1, 0], [1, 1, 1]])),
+                                  np.asarray(encode(params, TINY, good, jnp.asarray([[1, 1, 0], [1, 1, 1]]))))
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow

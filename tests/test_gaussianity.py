@@ -228,11 +228,21 @@ def test_mask_pools_only_real_tokens():
     assert a.n_points == N
 
 
+def test_effective_rank_of_a_nan_spectrum_is_nan():
+    # (the where on p > 0 read NaN as 0: erank 1, a "full collapse")
+    from jaxdyn.encoder._gaussianity import effective_rank
+
+    er, pr = effective_rank(jnp.asarray([jnp.nan, 1.0, 2.0]))
+    assert np.isnan(float(er)) and np.isnan(float(pr))
+    er, _ = effective_rank(jnp.asarray([1.0, 1.0, 0.0]))
+    assert float(er) == pytest.approx(2.0)
+
+
 def test_profile_errors():
     x = jnp.zeros((3, 50, 4), jnp.float32)
     key = jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match="n_floor"):
-        gaussianity_profile(x, key, n_floor=1)
+        gaussianity_profile(x, key, n_floor=2)  # (2: both Bures pairs the same pair)
     with pytest.raises(ValueError, match="n_pc"):
         gaussianity_profile(x, key, n_pc=5)
     with pytest.raises(ValueError, match="hidden_states"):

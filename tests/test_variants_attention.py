@@ -499,3 +499,18 @@ def test_sphere_energy_statistic_is_per_head():
     same = [cluster_stats_of(xs, [dict(pc, heads=h, heads_spread=0.0)])[3] for h in (1, 3)]
     np.testing.assert_allclose(same[1], same[0], rtol=1e-12)
     assert not np.allclose(same[0], en)
+
+
+def test_sinkhorn_cross_attention_potential_stays_bounded():
+    # n != m: the column potential's target was m/n while the rows total n, so g drifted by
+    # 2 log(m/n) a sweep; the row normalisation cancelled it, but float32 lost the digits of
+    # l + g (weights off by 3e-3 after 5000 sweeps). Columns now sum to n/m.
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 8, 3))
+    k = rng.normal(size=(1, 64, 3))
+    w64 = np.asarray(attention_weights(jnp.asarray(q), jnp.asarray(k), 1.0, sinkhorn_iters=2000))
+    w32 = np.asarray(attention_weights(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                                       1.0, sinkhorn_iters=2000))
+    np.testing.assert_allclose(w64.sum(-1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w64.sum(-2), 8 / 64, atol=1e-9)  # columns to n/m
+    assert np.max(np.abs(w32 - w64) / w64) < 2e-5

@@ -419,10 +419,10 @@ def _check_inputs(params, cfg, h0, mask):
     L = params.layers.wq.shape[0]
     if L != cfg.num_hidden_layers:
         raise ValueError(f"params have {L} layers but cfg.num_hidden_layers={cfg.num_hidden_layers}")
-    if mask is not None and tuple(mask.shape) != tuple(h0.shape[:2]):
+    if mask is not None and tuple(np.shape(mask)) != tuple(h0.shape[:2]):
         raise ValueError(
             f"mask must be None or have shape (batch, seq) = {tuple(h0.shape[:2])}, "
-            f"got {tuple(mask.shape)}"
+            f"got {tuple(np.shape(mask))}"
         )
 
 
@@ -497,5 +497,14 @@ def embed(
         raise ValueError(f"seq={s} exceeds max_position_embeddings={e.position.shape[0]}")
     if token_type_ids is None:
         token_type_ids = jnp.zeros_like(input_ids)
-    x = e.word[input_ids] + e.position[:s][None] + e.token_type[jnp.asarray(token_type_ids)]
+    token_type_ids = jnp.asarray(token_type_ids)
+    # JAX's gathers clamp (and wrap negative) indices: an id out of range would read another
+    # token's row without a word
+    for name, ids, size in (("input_ids", input_ids, e.word.shape[0]),
+                            ("token_type_ids", token_type_ids, e.token_type.shape[0])):
+        if not isinstance(ids, jax.core.Tracer) and ids.size and not (
+                0 <= int(jnp.min(ids)) and int(jnp.max(ids)) < size):
+            raise ValueError(f"{name} must lie in [0, {size}), got values in "
+                             f"[{int(jnp.min(ids))}, {int(jnp.max(ids))}]")
+    x = e.word[input_ids] + e.position[:s][None] + e.token_type[token_type_ids]
     return layer_norm(x, e.ln_g, e.ln_b, cfg.layer_norm_eps)

@@ -86,6 +86,8 @@ def effective_rank(lam: Float[Array, " d"]):
     lam = jnp.clip(lam, 0.0)
     p = lam / jnp.sum(lam)
     ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+    # a NaN spectrum gives NaN (the where above read it as 0: erank 1, "full collapse")
+    ent = jnp.where(jnp.any(jnp.isnan(lam)), jnp.nan, ent)
     return jnp.exp(ent), jnp.sum(lam) ** 2 / jnp.sum(lam**2)
 
 
@@ -389,13 +391,16 @@ def gaussianity_profile(
     list of (n, d) clouds, or a stacked array with a leading layer axis. All tokens are
     pooled into one cloud of n = batch·seq points (only those with a true ``mask`` entry
     when a (batch, seq) mask is given). ``n_dirs`` random directions, ``n_floor`` Gaussian
-    replicates for the floor (≥ 2), ``n_pc`` principal axes. Computation in the input
+    replicates for the floor (≥ 3), ``n_pc`` principal axes. Computation in the input
     dtype; the same key gives the same result.
     """
     h = _as_stack(hidden_states, mask)
     L1, n, d = h.shape
-    if n_floor < 2:
-        raise ValueError(f"n_floor must be >= 2 (a floor needs a spread), got {n_floor}")
+    if n_floor < 3:
+        # the Bures floor pairs the Gaussian replicates cyclically: with 2 both pairs are the
+        # same pair (the distance is symmetric), a floor with no spread (z-scores of 1e5)
+        raise ValueError(f"n_floor must be >= 3 (a floor needs a spread; the Bures floor pairs "
+                         f"replicates cyclically), got {n_floor}")
     if not 1 <= n_pc <= d:
         raise ValueError(f"n_pc must be in [1, d={d}], got {n_pc}")
     if n_dirs < 1:

@@ -23,7 +23,7 @@ the expansion (the test compares the two).
 Sinkhorn attention (``sinkhorn_iters = s ≥ 1``) replaces the row normalisation by ``s``
 Sinkhorn sweeps on ``exp(l_ij)`` in the log domain, starting from g = 0:
 
-    f_i = −log Σ_j exp(l_ij + g_j),   g_j = −log Σ_i exp(l_ij + f_i) + log(m/n)
+    f_i = −log Σ_j exp(l_ij + g_j),   g_j = −log Σ_i exp(l_ij + f_i) + log(n/m)
 
 and returns the weights ``exp(l_ij + f_i + g_j)`` re-normalised by rows, i.e. dot/L2
 attention with the extra key bias g: rows sum to 1 exactly, columns to ``n/m`` up to the
@@ -98,7 +98,10 @@ def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
 
 def _sinkhorn_dense(l, iters):
     n, m = l.shape
-    shift = jnp.log(jnp.asarray(m / n, l.dtype))
+    # columns to n/m (rows to 1: both total n). log(m/n), used before, asked the columns for
+    # m/n: g drifted by 2 log(m/n) a sweep (cancelled by the row normalisation, but float32 lost
+    # the digits of l + g)
+    shift = jnp.log(jnp.asarray(n / m, l.dtype))
 
     def sweep(_, g):
         f = -jax.nn.logsumexp(l + g[None, :], axis=1)
@@ -236,7 +239,7 @@ def _sinkhorn_blocked(qs, k, bias, alibi, use_alibi, iters, kb, qb):
     """The column potential g of ``iters`` Sinkhorn sweeps (module doc), streamed: row sums
     over key blocks, column sums with the roles of queries and keys swapped."""
     n, m = qs.shape[0], k.shape[0]
-    shift = jnp.log(jnp.asarray(m / n, qs.dtype))
+    shift = jnp.log(jnp.asarray(n / m, qs.dtype))  # columns to n/m (see _sinkhorn_dense)
 
     def sweep(_, g):
         f = -_row_lse(qs, k, bias + g, alibi, use_alibi, kb, qb)

@@ -34,7 +34,7 @@ SCHEMA = {
     "batch": Field("int", 64, "sequences", check=at_least(1)),
     "seq": Field("int", 128, "tokens per sequence", check=at_least(2)),
     "n_dirs": Field("int", 128, "random directions for sliced statistics", check=at_least(1)),
-    "n_floor": Field("int", 8, "exact-Gaussian replicates for the noise floor", check=at_least(2)),
+    "n_floor": Field("int", 8, "exact-Gaussian replicates for the noise floor (>= 3)", check=at_least(3)),
     "n_pc": Field("int", 8, "principal axes for skewness/kurtosis", check=at_least(1)),
 }
 
