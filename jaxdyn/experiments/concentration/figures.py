@@ -14,6 +14,11 @@ def _r2(f):
     return "n/a" if f["r2"] is None else f"{f['r2']:.3f}"
 
 
+def _num(x):
+    """A fit's number for a title: "—" when there is none (fewer than 2 usable points)."""
+    return "—" if x is None else f"{x:.3f}"
+
+
 def plot(cfg, ds, out_dir):
     out_dir = Path(out_dir)
     res = analyse(cfg, ds)
@@ -34,22 +39,25 @@ def plot(cfg, ds, out_dir):
         figs.append(plots.scatter_fit(
             betas, mins, out_dir / "min_w2_vs_beta.png", logx=True, logy=True, xlabel="β",
             ylabel="min_t W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β) (a bound's scale)"),
-            title=f"slope {fit['loglog_slope']:.3f}; sqrt(log(β+1)/β): {fit['theory_slope_sqrt_logb_over_b']:.3f}"
+            title=f"slope {_num(fit['loglog_slope'])}; sqrt(log(β+1)/β): {_num(fit['theory_slope_sqrt_logb_over_b'])}"
                   " (Theorem 1 bounds, does not predict)"))
         am = np.asarray(res["argmin_t"])
         f2 = res["fit_argmin_t_vs_log_beta"]
         figs.append(plots.scatter_fit(
             np.log(betas), am, out_dir / "argmin_t_vs_log_beta.png", xlabel="log β",
             ylabel="argmin_t W2", line=True,
-            title=f"argmin t vs log β: slope {f2['slope']:.3f}, R² {_r2(f2)}"))
+            title=f"argmin t vs log β: slope {_num(f2['slope'])}, R² {_r2(f2)}"))
         f3 = res["fit_overtake_t_vs_log_beta"]
-        ot = np.array([r["overtake_time"] if r["overtake_time"] is not None and r["metastable"] else np.nan
-                       for r in res["terminal_phase"].values()], float)
+        # the overtakes the fit uses: after a lead of mass_E >= metastable_mass (summary.analyse)
+        thr = float(cfg.get("metastable_mass", 0.1))
+        ot = np.array([r["overtake_time"] if (r["overtake_time"] is not None and r["metastable"]
+                                              and (r["mass_E_at_largest_lead"] or 0) >= thr)
+                       else np.nan for r in res["terminal_phase"].values()], float)
         if np.isfinite(ot).sum() >= 2:
             figs.append(plots.scatter_fit(
                 np.log(betas), ot, out_dir / "overtake_t_vs_log_beta.png", xlabel="log β",
                 ylabel="t: mass near E(V) overtakes mass near E", line=True,
-                title=f"overtake t vs log β: slope {f3['slope'] if f3['slope'] is None else round(f3['slope'], 3)}, "
+                title=f"overtake t vs log β: slope {_num(f3['slope'])}, "
                       f"R² {_r2(f3)} ({f3['n_points']} metastable β)"))
     mE = rows(reduce_beta(ds, "mass_E"), len(betas))
     mV = rows(reduce_beta(ds, "mass_V"), len(betas))
