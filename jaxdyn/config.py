@@ -178,8 +178,8 @@ def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> di
             known = ", ".join(sorted(schema))
             raise ConfigError(f"unknown config field '{prefix}{key}'; known fields here: {known}")
     for key, f in schema.items():
-        if (key in raw and raw[key] is None and f.kind != "section" and f.default is not None
-                and f.default is not REQUIRED):
+        if (key in raw and raw[key] is None and f.kind in ("int", "float", "str", "bool")
+                and f.default is not None and f.default is not REQUIRED):
             # `t1:` with no value read as "the default" silently (a field left empty by mistake)
             raise ConfigError(f"config field '{prefix}{key}' is empty; give a value ({f.doc or f.kind}) "
                               f"or remove the line for the default {f.default!r}")

@@ -178,3 +178,9 @@ def test_override_into_an_empty_section(tmp_path, capsys):
     p.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "sweep"}) + "sweep:\n")
     assert cli.main(["config", str(p), "--set", "sweep.beta=[1, 2]"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["sweep"] == {"beta": [1.0, 2.0]}
+
+
+def test_empty_sections_and_sweep_are_empty():
+    # `sweep:` (its lines commented out) is an empty sweep, not an empty field
+    cfg = resolve_config({**TINY, "sweep": None, "weights": None})
+    assert cfg["sweep"] == {}

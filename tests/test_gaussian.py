@@ -467,3 +467,17 @@ def test_poles_in_one_direction_and_just_after_t1():
     for solve in (solve_moments, solve_moments_batch):
         with pytest.raises(ValueError, match="S0 must have a floating dtype"):
             solve(None, np.eye(D, dtype=np.int64), A=A[1], B=B[1], V=V[1], t1=0.5)
+
+
+def test_pole_scale_is_scale_free_and_finite_in_float32():
+    # it formed ‖VΣ‖ ‖BΣ‖ / ‖Σ‖² from Σ itself: ‖Σ‖⁴ overflowed float32 at the detection point
+    # (S0 = 1e6 I, V = B = I in float32 was called large)
+    from jaxdyn.gaussian._solve import pole_scale
+
+    rng = np.random.default_rng(3)
+    S = _spd(rng, D).astype(np.float32)
+    V, B = (rng.standard_normal((D, D)).astype(np.float32) for _ in range(2))
+    ref = float(pole_scale(jnp.asarray(S, jnp.float64), jnp.asarray(V, jnp.float64), jnp.asarray(B, jnp.float64)))
+    for c in (1.0, 1e10, 1e18):  # (‖Σ‖² itself overflows float32 past 1e19)
+        got = float(pole_scale(jnp.asarray(c * S), jnp.asarray(V), jnp.asarray(B)))
+        assert got == pytest.approx(ref, rel=1e-5), c

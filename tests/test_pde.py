@@ -520,3 +520,17 @@ def test_unresolved_beta_is_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pde.CircleDensity(I2, I2, I2, 1000.0, 512)
+
+
+def test_traced_weights_and_modes():
+    # the resolution warning read float(shift) of a traced K (grad over K raised); the mode
+    # check int(k) of a traced k (vmap over k raised)
+    rho = pde.perturbed_uniform(16, 0.1, jax.random.PRNGKey(0), k_max=3)
+
+    def loss(K):
+        return jnp.sum(pde.CircleDensity(I2, K, I2, 2.0, 16, kernel="dense").velocity(rho) ** 2)
+
+    g = jax.grad(loss)(jnp.asarray(I2))
+    assert np.all(np.isfinite(np.asarray(g)))
+    amps = jax.vmap(lambda k: pde.mode_amplitude(rho, k))(jnp.arange(1, 4))
+    np.testing.assert_allclose(np.asarray(amps), [complex(pde.mode_amplitude(rho, k)) for k in (1, 2, 3)])

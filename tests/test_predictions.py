@@ -302,7 +302,7 @@ def test_gaussianity_runs_on_modernbert_and_says_which_model(tmp_path):
     from jaxdyn.experiments import run_experiment
 
     cfg = {"kind": "gaussianity", "name": "tiny", "architecture": "modernbert", "layers": 3, "batch": 4,
-           "seq": 32, "n_dirs": 16, "n_floor": 2, "n_pc": 2, "model": "random"}
+           "seq": 32, "n_dirs": 16, "n_floor": 3, "n_pc": 2, "model": "random"}
     res = run_experiment(cfg, tmp_path / "g", progress=False, log=lambda *_: None)
     assert res.status == "ok"
     r = json.loads((tmp_path / "g" / "summary.json").read_text())["results"]
@@ -347,6 +347,12 @@ def test_an_early_lead_of_a_few_particles_is_no_metastable_phase():
     w = " | ".join(res["warnings"])
     assert "β = 30: an overtake time 2 is reported but mass_E led mass_V only while below" in w
     assert "β = 1000: an overtake" not in w
+    # an early lead at low mass larger than the lead during the metastable phase: the phase
+    # decides (the early lead gave the overtake at t = 2 and flagged a real phase)
+    mE2 = np.array([[0, .09, .05, .30, .35, .2, .1], mE[1]])
+    mV2 = np.array([[0, 0, .06, .28, .30, .5, .9], mV[1]])
+    tp2 = analyse({"metastable_mass": 0.1}, _dataset([30.0, 1000.0], mE2, mV2, w2))["terminal_phase"]
+    assert tp2["beta=30"]["overtake_time"] == 5.0 and tp2["beta=30"]["mass_E_at_largest_lead"] == .35
     # W2 smallest at the last saved time (β = 30: still falling at t1? here rising from its
     # first frame is not the case; make it fall to the end): flagged, left out of the fits
     w2[0] = [.5, .4, .3, .25, .2, .15, .1]

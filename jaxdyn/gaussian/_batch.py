@@ -265,9 +265,10 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
         nacc, nrej = c["nacc"] + acc, c["nrej"] + (active & ~acc)
         # Member outcomes.
         s, ell, q = _indicators_bl(S, kS, A)
-        VS, BS = _mm(V, S), _mm(B, S)  # the pole test's scale (pole_scale), batch-last
-        vb = jnp.sqrt(jnp.sum(VS * VS, axis=(0, 1)) * jnp.sum(BS * BS, axis=(0, 1))) / (
-            jnp.where(s > 0, s * s, 1.0))
+        # the pole test's scale (pole_scale), batch-last, on Σ̂ (Σ's products overflow)
+        Sh = S / jnp.where(s > 0, s, 1.0)
+        VS, BS = _mm(V, Sh), _mm(B, Sh)
+        vb = jnp.sqrt(jnp.sum(VS * VS, axis=(0, 1))) * jnp.sqrt(jnp.sum(BS * BS, axis=(0, 1)))
         status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
                                   hmin_rel, s, ell, q, vb)
         status = jnp.where((status == ACTIVE) & ((nstiff >= 15) | (nacc + nrej >= max_steps)),

@@ -382,11 +382,13 @@ def pole_scale(S, V, B):
     larger on other directions (V = diag(1, 10⁴), B = diag(1, −10⁻⁴): T* = 0.5 reported
     ``large``). On the cone ``uᵀBu = 0`` (the stiff slow manifold, Σ̂ → uuᵀ) q → 0 while
     ``‖Vu‖ ‖Bu‖`` stays of the size of V and B, so that growth is still told apart."""
-    VS = jnp.matmul(V, S, precision=jax.lax.Precision.HIGHEST)
-    BS = jnp.matmul(B, S, precision=jax.lax.Precision.HIGHEST)
-    s2 = jnp.sum(S * S, axis=(-2, -1))
-    return jnp.sqrt(jnp.sum(VS * VS, axis=(-2, -1)) * jnp.sum(BS * BS, axis=(-2, -1))) / (
-        jnp.where(s2 > 0, s2, 1.0))
+    # Σ̂ first: with Σ itself the product grows like ‖Σ‖⁴ and overflowed float32 at the
+    # detection point (a pole called large)
+    s = jnp.sqrt(jnp.sum(S * S, axis=(-2, -1)))[..., None, None]
+    Sh = S / jnp.where(s > 0, s, 1.0)
+    VS = jnp.matmul(V, Sh, precision=jax.lax.Precision.HIGHEST)
+    BS = jnp.matmul(B, Sh, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.sum(VS * VS, axis=(-2, -1))) * jnp.sqrt(jnp.sum(BS * BS, axis=(-2, -1)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def mode_amplitude(rho, k: int):
     """Complex amplitude of the k-th Fourier mode of the cell averages: (2/M) Σ_j ρ_j e^{−ikθ_j}
     (k ≥ 1), so cos(kθ) has amplitude sinc(k/M)."""
     m = rho.shape[-1]
-    if not 0 <= int(k) <= m // 2:
+    if not isinstance(k, jax.core.Tracer) and not 0 <= int(k) <= m // 2:
         raise ValueError(f"k must lie in [0, M/2] = [0, {m // 2}] for M = {m} cells, got {k}")
     return 2 * jnp.fft.rfft(rho, axis=-1)[..., k] / m
 
@@ -193,8 +193,9 @@ class CircleDensity(eqx.Module):
         self.normalization = normalization
         self.diffusion = diffusion
         self.limiter = limiter
-        if not isinstance(self.beta, jax.core.Tracer) and not isinstance(Q, jax.core.Tracer):
-            _warn_unresolved(float(self._shift()), self.m)
+        shift = self._shift()
+        if not isinstance(shift, jax.core.Tracer):  # (β, Q or K traced: no warning)
+            _warn_unresolved(float(shift), self.m)
 
     @property
     def h(self):

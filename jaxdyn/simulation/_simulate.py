@@ -134,7 +134,9 @@ def _x0_invalid(model, x0, in_dtype):
     (the checks of ``_check_x0`` that cannot raise under jit/vmap)."""
     tol = None
     if getattr(model, "manifold", "euclidean") == "sphere":
-        tol = 1e-8 if in_dtype == jnp.float64 else 1e-4
+        # the concrete check's tolerance (_check_x0): float16 unit rows are unit to ~1e-3
+        tol = (1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
+               if jnp.issubdtype(in_dtype, jnp.floating) else 1e-4)
     return _x0_invalid_program(x0, tol)
 
 

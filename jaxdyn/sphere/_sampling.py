@@ -63,7 +63,7 @@ def sample_sphere(key, n: int, d: int, dtype=jnp.float32):
 
 @partial(jax.jit, static_argnums=(1, 2, 4))
 def _vmf_cosines(key, n, d, kappa, dtype):
-    """Wood (1994): sample w = ⟨x, μ⟩ for vMF(μ, κ) on S^{d-1}."""
+    """Wood (1994): sample 1 − w, w = ⟨x, μ⟩, for vMF(μ, κ) on S^{d-1}."""
     dim = d - 1.0
     kappa = jnp.asarray(kappa, dtype)
     b = dim / (jnp.sqrt(4.0 * kappa**2 + dim**2) + 2.0 * kappa)
@@ -90,8 +90,10 @@ def _vmf_cosines(key, n, d, kappa, dtype):
         # comparison could round differently (a sample marked done without its w: w = 0, on
         # the equator)
         acc = jax.lax.optimization_barrier(test >= jnp.log(u))
-        return key, jnp.where(acc & ~done, 1.0 - omw, w), done | acc
+        return key, jnp.where(acc & ~done, omw, w), done | acc
 
+    # carried and returned: 1 − w (w itself rounds to 1 at large κ in float32, where 1 − w,
+    # of order 1/κ, is what places the sample)
     state = (key, jnp.zeros((n,), dtype), jnp.zeros((n,), bool))
     _, w, _ = jax.lax.while_loop(cond, body, state)
     return w
@@ -116,10 +118,13 @@ def sample_vmf(key, n: int, mu, kappa: float, dtype=jnp.float32):
         raise ValueError(f"mu must be a nonzero (finite) direction, got {mu}")
     mu = mu / norm
     kw, kv = jax.random.split(key)
-    w = _vmf_cosines(kw, n, d, kappa, dtype)
+    omw = _vmf_cosines(kw, n, d, kappa, dtype)  # 1 − ⟨x, μ⟩
     v = tangent_project(mu[None, :], normal_rows(kv, n, d, dtype))
     v = normalize(v)
-    return normalize(w[:, None] * mu[None, :] + jnp.sqrt(jnp.clip(1.0 - w**2, 0.0))[:, None] * v)
+    # the tangent length √(1 − w²) = √((1 − w)(1 + w)) from 1 − w (from w it was 0 once w
+    # rounded to 1: every sample at μ from κ ~ 1e8 in float32)
+    tang = jnp.sqrt(jnp.clip(omw * (2.0 - omw), 0.0))
+    return normalize((1.0 - omw)[:, None] * mu[None, :] + tang[:, None] * v)
 
 
 def sample_mixture(key, n: int, d: int, *, mu=None, kappa: float = 4.0, weight: float = 0.5,

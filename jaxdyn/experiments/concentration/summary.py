@@ -71,21 +71,27 @@ def fit_report(name, x, y, warns):
     return out
 
 
-def largest_lead(mE, mV):
-    """Index of mass_E's largest lead over mass_V (None if it never leads)."""
-    lead = np.asarray(mE, float) - np.asarray(mV, float)
+def largest_lead(mE, mV, min_mass=0.0):
+    """Index of mass_E's largest lead over mass_V among the times where mass_E >= min_mass
+    (a metastable phase), else over all times; None if mass_E never leads."""
+    mE = np.asarray(mE, float)
+    lead = mE - np.asarray(mV, float)
     if not np.isfinite(lead).any():
         return None
+    held = np.where(mE >= min_mass, lead, -np.inf)
+    if np.nanmax(held) > 0:
+        return int(np.nanargmax(held))
     k = int(np.nanargmax(lead))
     return k if lead[k] > 0 else None
 
 
-def crossing(t, mE, mV):
+def crossing(t, mE, mV, min_mass=0.0):
     """The end of the metastable phase: the first time at which mass_V > mass_E after the
-    time of mass_E's largest lead over mass_V (None if mass_E never leads, or mass_V never
-    overtakes it after). (It was the first such time after *any* lead: with a non-uniform ρ0
-    a lead of one particle near t = 0 gave t ≈ 0.5, long before mass_E's peak.)"""
-    k = largest_lead(mE, mV)
+    time of mass_E's largest lead over mass_V (:func:`largest_lead`: while mass_E >=
+    ``min_mass`` if it ever leads there); None if mass_E never leads, or mass_V never overtakes
+    it after. (It was the first such time after *any* lead: with a non-uniform ρ0 a lead of one
+    particle near t = 0 gave t ≈ 0.5, long before mass_E's peak.)"""
+    k = largest_lead(mE, mV, min_mass)
     if k is None:
         return None
     lead = np.asarray(mE, float) - np.asarray(mV, float)
@@ -129,9 +135,9 @@ def analyse(cfg, ds, angle_rad=None):
     thr = float(cfg.get("metastable_mass", 0.1))
     tp, over = {}, np.full(len(betas), np.nan)
     for i, (b, e, v) in enumerate(zip(betas, mE, mV)):
-        ot = crossing(tt, e, v)
+        ot = crossing(tt, e, v, thr)
         peak = float(np.nanmax(e))
-        k = largest_lead(e, v)
+        k = largest_lead(e, v, thr)
         lead_mass = float(e[k]) if k is not None else None
         r = {"overtake_time": ot, "max_mass_E": peak, "metastable": peak >= thr,
              "mass_E_at_largest_lead": lead_mass,
