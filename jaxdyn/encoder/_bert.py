@@ -502,9 +502,10 @@ def embed(
     # token's row without a word
     for name, ids, size in (("input_ids", input_ids, e.word.shape[0]),
                             ("token_type_ids", token_type_ids, e.token_type.shape[0])):
-        if not isinstance(ids, jax.core.Tracer) and ids.size and not (
-                0 <= int(jnp.min(ids)) and int(jnp.max(ids)) < size):
-            raise ValueError(f"{name} must lie in [0, {size}), got values in "
-                             f"[{int(jnp.min(ids))}, {int(jnp.max(ids))}]")
+        if isinstance(ids, jax.core.Tracer) or not ids.size:
+            continue
+        lo, hi = int(np.min(np.asarray(ids))), int(np.max(np.asarray(ids)))  # on the host
+        if not (0 <= lo and hi < size):
+            raise ValueError(f"{name} must lie in [0, {size}), got values in [{lo}, {hi}]")
     x = e.word[input_ids] + e.position[:s][None] + e.token_type[token_type_ids]
     return layer_norm(x, e.ln_g, e.ln_b, cfg.layer_norm_eps)

@@ -193,9 +193,10 @@ class CircleDensity(eqx.Module):
         self.normalization = normalization
         self.diffusion = diffusion
         self.limiter = limiter
-        shift = self._shift()
-        if not isinstance(shift, jax.core.Tracer):  # (β, Q or K traced: no warning)
-            _warn_unresolved(float(shift), self.m)
+        if not any(isinstance(a, jax.core.Tracer) for a in (self.beta, Q, K)):
+            # on the host (no device ops a model built): β‖B‖₂ (β, Q or K traced: no warning)
+            B = np.asarray(Q, np.float64).T @ np.asarray(K, np.float64)
+            _warn_unresolved(float(self.beta) * float(np.linalg.norm(B, 2)), self.m)
 
     @property
     def h(self):

@@ -63,7 +63,7 @@ from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
 from .._cache import cached_program, compiled_program
 from .._results import RESULTS, code, from_codes, raise_if_failed
-from ._simulate import Trajectory, _plan, save_indices, saved_states
+from ._simulate import Trajectory, _plan, save_indices, saved_states, unit_tolerance
 from ..sphere import tangent_project
 
 __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
@@ -299,11 +299,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     x0 = x0.astype(dtype)
     # on the host, in float64 (eagerly on the device: four programs a second run loads again)
     err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
-    # the tolerance of simulate: float16 rows normalised by jaxdyn.normalize are unit vectors
-    # to ~1e-3
-    unit_tol = (1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
-                if jnp.issubdtype(in_dtype, jnp.floating) else 1e-4)
-    if not err <= unit_tol:
+    if not err <= unit_tolerance(in_dtype):  # simulate's rule
         raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
                          f"(max ||x_i| - 1| = {err:.3g}); "
                          "normalise them with jaxdyn.normalize")

@@ -96,6 +96,15 @@ def _plan(t0, t1, dt):
     return t0, t1, span / n, n
 
 
+def unit_tolerance(in_dtype) -> float:
+    """How far from 1 the norms of sphere rows given in ``in_dtype`` may be: 1e-8 in float64,
+    else max(1e-4, 8 eps) (float16 rows normalised by jaxdyn.normalize are unit to ~1e-3).
+    One rule for the concrete check, the traced one and ``simulate_ensemble``."""
+    if not jnp.issubdtype(in_dtype, jnp.floating):
+        return 1e-4
+    return 1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
+
+
 def _check_x0(model, x0):
     x0 = jnp.asarray(x0)
     d = model.dim
@@ -113,9 +122,7 @@ def _check_x0(model, x0):
         raise ValueError("x0 must be finite (it holds NaN or inf)")
     if getattr(model, "manifold", "euclidean") == "sphere" and not isinstance(x0, jax.core.Tracer):
         err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
-        # the tolerance follows the input's dtype (float16 rows normalised by
-        # jaxdyn.normalize are unit vectors to ~1e-3)
-        unit_tol = 1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
+        unit_tol = unit_tolerance(in_dtype)
         if not err <= unit_tol:
             raise ValueError(
                 f"x0 rows must be unit vectors on S^{d - 1} (max ||x_i| - 1| = {err:.3g}); "
@@ -134,9 +141,7 @@ def _x0_invalid(model, x0, in_dtype):
     (the checks of ``_check_x0`` that cannot raise under jit/vmap)."""
     tol = None
     if getattr(model, "manifold", "euclidean") == "sphere":
-        # the concrete check's tolerance (_check_x0): float16 unit rows are unit to ~1e-3
-        tol = (1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
-               if jnp.issubdtype(in_dtype, jnp.floating) else 1e-4)
+        tol = unit_tolerance(in_dtype)  # the concrete check's (_check_x0)
     return _x0_invalid_program(x0, tol)
 
 

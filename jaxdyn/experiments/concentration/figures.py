@@ -48,11 +48,9 @@ def plot(cfg, ds, out_dir):
             ylabel="argmin_t W2", line=True,
             title=f"argmin t vs log β: slope {_num(f2['slope'])}, R² {_r2(f2)}"))
         f3 = res["fit_overtake_t_vs_log_beta"]
-        # the overtakes the fit uses: after a lead of mass_E >= metastable_mass (summary.analyse)
-        thr = float(cfg.get("metastable_mass", 0.1))
-        ot = np.array([r["overtake_time"] if (r["overtake_time"] is not None and r["metastable"]
-                                              and (r["mass_E_at_largest_lead"] or 0) >= thr)
-                       else np.nan for r in res["terminal_phase"].values()], float)
+        # the overtakes the fit uses (summary.analyse's in_fit)
+        ot = np.array([r["overtake_time"] if r["in_fit"] else np.nan
+                       for r in res["terminal_phase"].values()], float)
         if np.isfinite(ot).sum() >= 2:
             figs.append(plots.scatter_fit(
                 np.log(betas), ot, out_dir / "overtake_t_vs_log_beta.png", xlabel="log β",

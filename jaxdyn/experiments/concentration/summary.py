@@ -153,7 +153,8 @@ def analyse(cfg, ds, angle_rad=None):
                          f"while below metastable_mass = {thr:g} (at its largest lead, t = "
                          f"{tt[k]:g}, mass_E = {lead_mass:.3g}); mass_V led through mass_E's peak "
                          f"({peak:.3g}): not the end of a metastable phase, left out of the fit")
-        if ot is not None and r["metastable"] and lead_mass >= thr:
+        r["in_fit"] = bool(ot is not None and r["metastable"] and lead_mass >= thr)
+        if r["in_fit"]:
             over[i] = ot
         tp[f"beta={b:g}"] = r
     res["terminal_phase"] = tp
