@@ -22,8 +22,10 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from ._results import (
         RESULTS as RESULTS,
+        STATUS_NAMES as STATUS_NAMES,
         Solution as Solution,
         is_successful as is_successful,
+        status_code as status_code,
         status_codes as status_codes,
         status_messages as status_messages,
         status_names as status_names,
@@ -75,7 +77,7 @@ if _typing.TYPE_CHECKING:
     from .models import DepthAttention as DepthAttention, layer_norm as layer_norm
     from .models import MultiHeadAttention as MultiHeadAttention
     from .simulation import simulate_sde as simulate_sde
-    from ._cache import (
+    from ._compile import (
         compile_stats as compile_stats,
         enable_compilation_cache as enable_compilation_cache,
     )
@@ -83,8 +85,8 @@ if _typing.TYPE_CHECKING:
 _SUBPACKAGES = ("clusters", "control", "distances", "gaussian", "integrators", "kernels", "models",
                 "simulation", "spectral", "sphere", "weights")
 _NAMES = {
-    "._results": ("RESULTS", "Solution", "is_successful", "status_codes", "status_messages",
-                  "status_names"),
+    "._results": ("RESULTS", "STATUS_NAMES", "Solution", "is_successful", "status_code",
+                  "status_codes", "status_messages", "status_names"),
     ".models": ("EuclideanAttention", "SphereAttention", "ZeroTemperature", "stack_models",
                 "DepthAttention", "layer_norm", "MultiHeadAttention"),
     ".sphere": ("normalize", "sample_mixture", "sample_sphere", "sample_vmf"),
@@ -95,9 +97,10 @@ _NAMES = {
     ".control": ("certificate", "reach"),
     ".clusters": ("cluster_count", "interaction_energy", "merge_events", "pair_fraction"),
     ".io": ("open_results",),
-    "._cache": ("compile_stats", "enable_compilation_cache"),
+    "._compile": ("compile_stats", "enable_compilation_cache"),
 }
 _WHERE = {name: mod for mod, names in _NAMES.items() for name in names}
+__all__ = sorted(_WHERE) + ["__version__", "io", *_SUBPACKAGES]
 
 
 def __getattr__(name):

@@ -10,7 +10,7 @@ Every driver returns a pytree built on :class:`Solution`: a ``result`` (a ``RESU
 whose value is an int array of any batch shape: one code per member under ``vmap``) and
 ``stats`` (a dict of arrays). On any such result
 
-    sol.status    # int array of codes (compare with int(RESULTS.<name>._value) or MomentStatus)
+    sol.status    # int array of codes (compare with status_code("blowup"), ...)
     sol.ok        # bool array: successful
     sol.messages  # str (one member) or array of str, one per member (concrete results)
     sol.names     # the same with the code names ("successful", "blowup", ...)
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["RESULTS", "Solution", "status_codes", "status_messages", "status_names",
+__all__ = ["RESULTS", "STATUS_NAMES", "Solution", "status_code", "status_codes", "status_messages", "status_names",
            "is_successful", "from_codes", "code", "raise_if_failed", "error_if_failed"]
 
 with warnings.catch_warnings():
@@ -69,9 +69,19 @@ with warnings.catch_warnings():
             "larger epsilon or a looser tolerance; the value returned is the last iterate.")
 
 
-def code(item) -> int:
-    """The int code of one concrete ``RESULTS`` member, e.g. ``code(RESULTS.blowup)``."""
-    return int(np.asarray(_promote(item)._value))
+#: The status names in code order: an int code is its name's index here (the codes stored in
+#: results files). diffrax's (and optimistix's, lineax's) codes first, then jaxdyn's. Each
+#: name is looked up on ``RESULTS`` through the public enumeration interface; a name that a
+#: later diffrax drops is left out.
+STATUS_NAMES = tuple(n for n in (
+    "successful", "max_steps_reached", "singular", "breakdown", "stagnation", "conlim",
+    "nonfinite_input", "nonlinear_max_steps_reached", "nonlinear_divergence", "nonfinite",
+    "dt_min_reached", "event_occurred", "max_steps_rejected", "internal_error",
+    "blowup", "large", "invalid_input", "stiff", "not_converged") if hasattr(RESULTS, n))
+_MEMBERS = tuple(getattr(RESULTS, n) for n in STATUS_NAMES)
+_NAMES = dict(enumerate(STATUS_NAMES))
+#: each code's message (``RESULTS[item]``: equinox's public lookup)
+_MESSAGES = {k: str(RESULTS[m]) for k, m in enumerate(_MEMBERS)}
 
 
 def _promote(result):
@@ -79,37 +89,75 @@ def _promote(result):
         result = result.result
     if isinstance(result, (int, np.integer)) or (
             isinstance(result, (np.ndarray, jax.Array)) and jnp.issubdtype(result.dtype, jnp.integer)):
-        return from_codes(np.asarray(result) if isinstance(result, (int, np.integer)) else result)
-    if not hasattr(result, "_enumeration"):
-        raise TypeError(f"expected a jaxdyn.RESULTS item or a result object, got {result!r}")
-    if result._enumeration is RESULTS:
+        return from_codes(result)
+    if isinstance(result, RESULTS):
         return result
+    if not isinstance(result, eqx.Module):
+        raise TypeError(f"expected a jaxdyn.RESULTS item or a result object, got {result!r}")
     return RESULTS.promote(result)
 
 
 def from_codes(codes):
-    """A ``RESULTS`` item holding an int array of codes (any shape, one per member)."""
-    if isinstance(codes, np.ndarray):  # host results (numpy fields) keep numpy codes
-        codes = codes.astype(np.int32)
-    else:
-        codes = jnp.asarray(codes, jnp.int32)
-    return eqx.tree_at(lambda r: r._value, RESULTS.successful, codes)
+    """A ``RESULTS`` item from int codes (any shape, one per member; the index in
+    :data:`STATUS_NAMES`). Works under jit/vmap."""
+    codes = jnp.asarray(codes, jnp.int32)
+
+    def one(c):  # equinox's ``where`` takes a scalar predicate: one member at a time
+        out = _MEMBERS[0]
+        for k, member in enumerate(_MEMBERS[1:], start=1):
+            out = RESULTS.where(c == k, member, out)
+        return out
+
+    if codes.ndim == 0:
+        return one(codes)
+    flat = jax.vmap(one)(codes.reshape(-1))
+    return jax.tree.map(lambda v: v.reshape(codes.shape), flat)
 
 
 def status_codes(result):
     """Int array of status codes (any batch shape) of a ``RESULTS`` item, a diffrax result
     (promoted), a result object, or stored integer codes (e.g. a ``status`` variable read
     back from a results file). Works under jit/vmap (then it is traced)."""
-    value = _promote(result)._value
-    return value if isinstance(value, np.ndarray) else jnp.asarray(value)
+    if isinstance(getattr(result, "result", None), eqx.Module):
+        result = result.result
+    if isinstance(result, (int, np.integer)) or (
+            isinstance(result, (np.ndarray, jax.Array)) and jnp.issubdtype(result.dtype, jnp.integer)):
+        return jnp.asarray(result, jnp.int32)
+    item = _promote(result)
+    codes = jnp.zeros(jnp.shape(item == _MEMBERS[0]), jnp.int32)
+    for k, member in enumerate(_MEMBERS[1:], start=1):
+        codes = jnp.where(item == member, jnp.int32(k), codes)
+    return codes
+
+
+def code(item) -> int:
+    """The int code of one concrete ``RESULTS`` member, e.g. ``code(RESULTS.blowup)``."""
+    with jax.ensure_compile_time_eval():  # a constant, also while a jit traces
+        return int(np.asarray(status_codes(item)))
+
+
+def status_code(status) -> int:
+    """The int code of one status, for comparisons with ``sol.status`` and stored codes.
+
+    Args:
+        status: a ``RESULTS`` member (``RESULTS.blowup``) or its name (``"blowup"``).
+
+    Returns:
+        The member's int code, e.g. ``sol.status == jaxdyn.status_code("blowup")``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if isinstance(status, str):
+        if status not in STATUS_NAMES:
+            raise ValueError(f"unknown status {status!r}; known: {list(STATUS_NAMES)}")
+        return STATUS_NAMES.index(status)
+    return code(status)
 
 
 def is_successful(result):
     """Bool array: which members are ``RESULTS.successful``."""
-    return status_codes(result) == code(RESULTS.successful)
-
-
-_NAMES = {code(item): name for name, item in RESULTS._name_to_item.items()}
+    return status_codes(result) == 0
 
 
 def _per_member(result, fn):
@@ -135,22 +183,21 @@ def status_names(result):
 def status_messages(result):
     """The message of each member's status (the name for ``successful``, whose message is
     empty): a ``str`` for one member, an object array of ``str`` for a batch."""
-    return _per_member(result, lambda c: RESULTS._index_to_message[c] or _NAMES[c])
+    return _per_member(result, lambda c: _MESSAGES[c] or _NAMES[c])
 
 
 def raise_if_failed(result, what: str = "solve"):
     """Raise ``RuntimeError`` (naming the first failed member and its message) if any member
     of a concrete result is not successful; returns None otherwise."""
     codes = np.asarray(status_codes(result))
-    bad = codes != code(RESULTS.successful)
+    bad = codes != 0
     if not np.any(bad):
         return
     first = tuple(int(i) for i in np.argwhere(bad)[0]) if codes.ndim else ()
     c = int(codes[first]) if first else int(codes)
     where = f" (member {first[0] if len(first) == 1 else first}; {int(bad.sum())} of {bad.size} " \
             "failed)" if first else ""
-    raise RuntimeError(f"{what} failed{where}: {_NAMES[c]}: "
-                       f"{RESULTS._index_to_message[c]}")
+    raise RuntimeError(f"{what} failed{where}: {_NAMES[c]}: {_MESSAGES[c]}")
 
 
 def error_if_failed(token, result):

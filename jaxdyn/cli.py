@@ -49,7 +49,7 @@ def _compilation_cache(disable: bool):
     """The persistent compilation cache, unless ``--no-cache`` or ``JAXDYN_NO_CACHE=1``."""
     if disable or os.environ.get("JAXDYN_NO_CACHE", "").strip() not in ("", "0"):
         return None
-    from ._cache import enable_compilation_cache
+    from ._compile import enable_compilation_cache
 
     return enable_compilation_cache()
 

@@ -16,6 +16,10 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+# The export cases (tests/export/) run in tests/test_export.py's child process, with
+# EQX_ON_ERROR=nan; collected here only there.
+collect_ignore = [] if os.environ.get("EQX_ON_ERROR") in ("nan", "off") else ["export"]
+
 # One persistent compilation cache per test session, in a temporary folder shared by the xdist
 # workers and the subprocesses of the tests (created by the controller before the workers start; they inherit the variable), so
 # that a program compiled by one worker (the same step of the same model in several test files)

@@ -287,7 +287,7 @@ def test_dopri5_max_steps_reports_max_steps_reached():
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
     tr = jaxdyn.simulate(_sphere_model(), x0, t1=1.0, dt=0.01, method="dopri5", max_steps=3)
     assert not bool(tr.ok)
-    assert int(tr.status) == int(jaxdyn.RESULTS.max_steps_reached._value)
+    assert int(tr.status) == jaxdyn.status_code("max_steps_reached")
     assert tr.names == "max_steps_reached"
     assert "max_steps" in tr.messages
     with pytest.raises(Exception, match="maximum number of solver steps"):
@@ -355,9 +355,9 @@ def test_saveat_ending_before_t1_and_bad_saveat():
     # x0 off the sphere under jit: flagged invalid_input by simulate_sde as by simulate
     off = x0.at[0].multiply(1.5)
     run = jax.jit(lambda x: jaxdyn.simulate_sde(model, x, jax.random.PRNGKey(1), sigma=0.1,
-                                                t1=0.1, dt=0.05).result._value)
-    assert int(run(off)) == int(jaxdyn.RESULTS.invalid_input._value)
-    assert int(run(x0)) == int(jaxdyn.RESULTS.successful._value)
+                                                t1=0.1, dt=0.05).status)
+    assert int(run(off)) == jaxdyn.status_code("invalid_input")
+    assert int(run(x0)) == jaxdyn.status_code("successful")
     # the traced check's tolerance is the concrete one's: float16 unit rows (~1e-3) are valid
     from jaxdyn.simulation._simulate import _x0_invalid
 

@@ -13,7 +13,7 @@ import scipy.special
 from conftest import tol
 from jaxdyn.distances import _multiscale as M
 from jaxdyn.distances import w2_exact, w2_sinkhorn
-from jaxdyn._cache import compile_stats
+from jaxdyn._compile import compile_stats
 from jaxdyn.distances._rounds import _debiased_round
 from jaxdyn.kernels import blocked_lse
 

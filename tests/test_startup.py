@@ -123,17 +123,17 @@ def test_lazy_top_level_names_match_their_imports():
 
 
 def test_cache_folder_is_keyed_by_versions_and_cpu(monkeypatch, tmp_path):
-    from jaxdyn import _cache
+    from jaxdyn import _compile
 
-    key = _cache.cache_key_folder()
+    key = _compile.cache_key_folder()
     assert f"jax{jax.__version__}" in key and "cpu" in key
-    monkeypatch.setattr(_cache, "_cpu_signature", lambda: "another CPU\navx2 fma")
-    assert _cache.cache_key_folder() != key
+    monkeypatch.setattr(_compile, "_cpu_signature", lambda: "another CPU\navx2 fma")
+    assert _compile.cache_key_folder() != key
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("JAXDYN_CACHE_DIR", raising=False)
-    assert _cache.default_cache_dir() == tmp_path / "jaxdyn" / "jax"
+    assert _compile.default_cache_dir() == tmp_path / "jaxdyn" / "jax"
     monkeypatch.setenv("JAXDYN_CACHE_DIR", str(tmp_path / "c"))
-    assert _cache.default_cache_dir() == tmp_path / "c"
+    assert _compile.default_cache_dir() == tmp_path / "c"
     # an unwritable place leaves the cache off instead of failing
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -148,7 +148,7 @@ def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
     """A run writes its compiled programs to the persistent cache (small programs included);
     after the in-memory caches are dropped, the same run loads them back (cache hits), and
     summary.json reports compile and compute seconds apart."""
-    from jaxdyn import _cache
+    from jaxdyn import _compile
 
     folder = jaxdyn.enable_compilation_cache(tmp_path / "cache")
     try:
@@ -167,7 +167,7 @@ def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
         saved = json.loads((tmp_path / "b" / "summary.json").read_text())
         assert {"compile_seconds", "compute_seconds", "compile_cache_hits"} <= set(saved)
     finally:
-        _cache.disable_compilation_cache()
+        _compile.disable_compilation_cache()
     assert jax.config.jax_compilation_cache_dir is None
 
 

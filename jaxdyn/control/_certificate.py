@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..distances import bures_w2_squared, sqrtm_psd
-from ..gaussian._solve import Control, MomentStatus
+from .._results import status_code
+from ..gaussian._solve import Control
 from ._problem import _check_problem, _ranks, controlled_moments
 
 
@@ -34,7 +35,7 @@ class Certificate:
       mean_residual: ``|G m0 + J b − m1|`` (algebraic).
       energy: ``∫_0^{t1} (‖A‖_F² + |b|²) dt``.
       w2: Bures W2 at t1 of the moment ODE solved with these controls (``solve_moments``),
-        None when ``verify=False``; status: that solve's :class:`MomentStatus` code.
+        None when ``verify=False``; status: that solve's status code (``jaxdyn.status_code``).
     """
 
     A: Control
@@ -200,7 +201,7 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
         sol = controlled_moments(ctr, m0, S0, t1=t1, rtol=rtol, atol=atol)
         status = int(sol.status)
         w2 = (float(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)))
-              if status == MomentStatus.OK else float("nan"))
+              if status == status_code("successful") else float("nan"))
     return Certificate(A=A_c, b=b_c, G=Phi, construction=construction, rank=r, rank_rtol=rt,
                        dropped=dropped, residual=cov_res, mean_residual=mean_res, energy=energy,
                        w2=w2, status=status)

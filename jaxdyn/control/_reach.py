@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._cache import cached_jit
 from ..distances import bures_w2_squared
-from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_names
-from ..gaussian._solve import Control, MomentStatus, moment_rhs, solve_moments
+from .._results import (RESULTS, Solution, stat, code, from_codes, raise_if_failed, status_code,
+                        status_names)
+from ..gaussian._solve import Control, moment_rhs, solve_moments
 from ..integrators.dopri8 import DOPRI8
 from ._certificate import Certificate, certificate
 from ._problem import (_energy_values, controlled_moments, CONTROL_NAMES, _ALL_FREE, _check_problem, _ranks)
@@ -194,15 +194,15 @@ def _loss(raw, prob: _Problem, opts: _Opts):
     vals = _physical(raw, prob)
     if opts.solver is None:
         m, S, ok, too_long, emax = _fixed_step_solve(vals, prob, opts)
-        status = jnp.where(ok, MomentStatus.OK,
-                           jnp.where(too_long, MomentStatus.MAX_STEPS, MomentStatus.NONFINITE))
+        status = jnp.where(ok, status_code("successful"),
+                           jnp.where(too_long, status_code("max_steps_reached"), status_code("nonfinite")))
     else:
         ctr = {k: Control(v, prob.t1, prob.kind) for k, v in zip(CONTROL_NAMES, vals)}
         sol = solve_moments(prob.m0, prob.S0, A=ctr["A"], B=ctr["B"], V=ctr["V"], b=ctr["b"],
                             t1=prob.t1, rtol=opts.rtol, atol=opts.atol, solver=opts.solver,
                             max_steps=opts.max_steps)
         m, S, status = sol.mean_final, sol.cov_final, sol.status
-        ok = status == MomentStatus.OK
+        ok = status == status_code("successful")
         emax = jnp.zeros((), S.dtype)
     w2sq = bures_w2_squared(m, S, prob.m1, prob.S1)
     energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
@@ -211,7 +211,7 @@ def _loss(raw, prob: _Problem, opts: _Opts):
     return jnp.where(ok, loss, nan), (jnp.where(ok, w2sq, nan), energy, status, emax)
 
 
-@cached_jit
+@eqx.filter_jit
 def _value_and_grad(raw, prob, opts):
     """``(scalars, grad)``: scalars = [loss, W2², energy, ok, too_long, error ratio] (ok:
     finite loss and grad; too_long: the fixed-step solve failed only on its step-error check;
@@ -220,7 +220,7 @@ def _value_and_grad(raw, prob, opts):
     ok = jnp.isfinite(v)
     for leaf in jax.tree.leaves(g):
         ok = ok & jnp.all(jnp.isfinite(leaf))
-    too_long = (status == MomentStatus.MAX_STEPS) if opts.solver is None else jnp.zeros((), bool)
+    too_long = (status == status_code("max_steps_reached")) if opts.solver is None else jnp.zeros((), bool)
     return jnp.stack([v, w2sq, en, ok.astype(v.dtype), too_long.astype(v.dtype), emax.astype(v.dtype)]), g
 
 
@@ -753,7 +753,7 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
     if verify:
         sol = controlled_moments(controls, m0, S0, t1=t1)
         status = int(sol.status)
-        if status == MomentStatus.OK:
+        if status == status_code("successful"):
             w2 = float(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)))
             w2_mean = float(jnp.linalg.norm(sol.mean_final - m1))
             w2_cov = float(jnp.sqrt(bures_w2_squared(jnp.zeros_like(m1), sol.cov_final,
@@ -761,9 +761,9 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, free: Sequence[str] = _A
         else:
             w2 = w2_mean = w2_cov = math.nan
     else:
-        status, w2, w2_mean, w2_cov = int(MomentStatus.OK), w2_opt, math.nan, math.nan
+        status, w2, w2_mean, w2_cov = status_code("successful"), w2_opt, math.nan, math.nan
     converged = bool(math.isfinite(w2) and w2 < tol)
-    if status != MomentStatus.OK:
+    if status != status_code("successful"):
         message += (f"; the verification solve of the final controls ended with status "
                     f"{status_names(from_codes(np.asarray(status)))} (W2 reported as NaN)")
     elif not converged:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
 
-from .._cache import cached_jit
 from ..kernels._lse import _sq_dists
 from ._geometries import online_geometry, sparse_geometry
 
@@ -262,13 +262,12 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     return div, pots, converged, n_iters
 
 
-# compiled once per shapes and settings and, with the compilation cache on, kept on disk: a
-# later process loads it instead of tracing ott's three Sinkhorn solves again (2-2.5 s)
-_round_program = cached_jit(_round_body)
+# compiled once per shapes and settings
+_round_program = eqx.filter_jit(_round_body)
 
 
 def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, **static):
-    """One debiased round (:func:`_round_body`) through :func:`jaxdyn._cache.cached_jit`.
+    """One debiased round (:func:`_round_body`) (one jitted program).
     ``eps`` and ``eps_start`` travel as arrays of the clouds' dtype, so that every round of a
     ladder runs the same program (a Python float would be baked in; the cast is the one the
     round makes inside)."""

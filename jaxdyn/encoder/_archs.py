@@ -53,7 +53,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._cache import cached_jit
 from ._bert import attend, layer_norm
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -120,12 +119,11 @@ class ModernBertParams(eqx.Module):
 
 
 def init_modernbert(cfg: ModernBertConfig, key, *, dtype=jnp.float32) -> ModernBertParams:
-    """ModernBERT's published random initialisation (module docstring). Jitted (one program,
-    kept on disk with the compilation cache on)."""
+    """ModernBERT's published random initialisation (module docstring). Jitted (one program)."""
     return ModernBertParams(**_init_modernbert_fields(cfg, key, np.dtype(dtype)))
 
 
-@cached_jit
+@eqx.filter_jit
 def _init_modernbert_fields(cfg: ModernBertConfig, key, dtype) -> dict:
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     std = cfg.initializer_range
@@ -174,7 +172,7 @@ def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
     return x + _mm(_gelu(g) * a, p["wf"])
 
 
-@cached_jit
+@eqx.filter_jit
 def _encode_modernbert(params, cfg, h0):
     hs, h = [h0], h0
     layers = {n: getattr(params, n) for n in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
@@ -255,7 +253,7 @@ def init_deit(cfg: DeitConfig, key, *, dtype=jnp.float32) -> DeitParams:
     return DeitParams(**_init_deit_fields(cfg, key, np.dtype(dtype)))
 
 
-@cached_jit
+@eqx.filter_jit
 def _init_deit_fields(cfg: DeitConfig, key, dtype) -> dict:
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     fan_in = cfg.channels * cfg.patch_size ** 2
@@ -292,7 +290,7 @@ def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W 
     return _embed_deit(params, cfg, images)
 
 
-@cached_jit
+@eqx.filter_jit
 def _embed_deit(params, cfg, images):
     tok = _mm(patchify(images, cfg.patch_size), params.patch_w) + params.patch_b
     cls = jnp.broadcast_to(params.cls_token, (images.shape[0], 1, cfg.hidden_size))
@@ -311,7 +309,7 @@ def deit_layer(p, cfg: DeitConfig, x):
 _DEIT_LAYER = ("wqkv", "bqkv", "wo", "bo", "w1", "b1", "w2", "b2", "ln1_g", "ln1_b", "ln2_g", "ln2_b")
 
 
-@cached_jit
+@eqx.filter_jit
 def _encode_deit(params, cfg, h0):
     def step(h, p):
         h = deit_layer(p, cfg, h)

@@ -51,7 +51,6 @@ from jaxtyping import Array, Float, Int
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
-from .._cache import cached_jit
 from ..encoder_host import MINILM_INSTALL, MINILM_PACKAGE, find_minilm  # noqa: F401 (JAX-free)
 
 # hidden_act names of the reference implementation -> JAX functions.
@@ -426,7 +425,7 @@ def _check_inputs(params, cfg, h0, mask):
         )
 
 
-@cached_jit
+@eqx.filter_jit
 def _encode_stacked(params, cfg, h0, mask, input_layernorm):
     if input_layernorm:
         e = params.embeddings

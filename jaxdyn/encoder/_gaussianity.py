@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._cache import cached_jit
 from ..distances import bures_w2, sqrtm_psd
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -180,7 +179,7 @@ def _bures_pairs(m0, s0, m1, s1):
     return jax.lax.map(lambda a: bures_w2(*a), (m0, s0, m1, s1))
 
 
-@cached_jit
+@eqx.filter_jit
 def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
     """h: (L1, n, d). Returns (values, floors) dicts of arrays.
 
@@ -424,7 +423,7 @@ def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype
 _CONTROL_KINDS = ("cube", "relu", "split")
 
 
-@cached_jit
+@eqx.filter_jit
 def nongaussian_stack(h0, key, *, n_layers: int = 6, kind: str = "cube") -> list[Array]:
     """A deliberately non-Gaussian "encoder" for the control: ``[h_0, h_1, ..., h_L]``.
 

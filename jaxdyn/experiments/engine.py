@@ -656,11 +656,6 @@ def _run_locked(cfg, kind, out, h, axes, points, chunks, warns, n_dev, writer, p
             part: c1[f"{part}_seconds"] - c0[f"{part}_seconds"] for part in ("trace", "lower", "backend")}
         summary["compiled_programs"] = c1["compiles"] - c0["compiles"]
         summary["compile_cache_hits"] = c1["cache_hits"] - c0["cache_hits"]
-        # of those hits, executables loaded without tracing or lowering (jaxdyn's programs)
-        summary["compile_program_hits"] = c1.get("program_hits", 0) - c0.get("program_hits", 0)
-        # stored executables that failed to run and were compiled again
-        summary["compile_program_load_failures"] = (c1.get("program_load_failures", 0)
-                                                    - c0.get("program_load_failures", 0))
         summary["elapsed_seconds"] = time.time() - t_start
         summary["compilation_cache"] = jax.config.jax_compilation_cache_dir
         summary["figures"] = [Path(f).name for f in figures]

@@ -91,10 +91,7 @@ def segment_fn(frame_fn, steps, dt, se, method):
             def seg(m, xx, *e):
                 tr = simulate(m, xx, t1=steps * dt, dt=dt, save_every=se, method=method)
                 return tr.xs[-1], frame_fn(m, tr.xs, *e), tr.finite
-        # traced once across processes (with the compilation cache on): the key is what
-        # determines seg besides jaxdyn's sources (a frame function of another module, or
-        # a closure, is not cached: sharded_vmap then jits as usual)
-        return sharded_vmap(seg, cache_key=("segment", frame_fn, steps, float(dt), int(se), method))
+        return sharded_vmap(seg)
 
     return _remember((frame_fn, steps, float(dt), int(se), method), make)
 
@@ -102,7 +99,7 @@ def segment_fn(frame_fn, steps, dt, se, method):
 def frames_of_stack(frame_fn):
     """``frame_fn`` over a batch of saved stacks (P, S, N, d), sharded; cached per function."""
     return _remember((frame_fn, "stack"),
-                     lambda: sharded_vmap(frame_fn, cache_key=("frames", frame_fn)))
+                     lambda: sharded_vmap(frame_fn))
 
 
 def integrate_segments(models, x0, frame_fn, extra=(), *, t1, dt, save_every, method,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models import MultiHeadAttention, SphereAttention
-from ..simulation import ENSEMBLE_METHODS, FASTER_MAX_PARTICLES, cached_program
+from ..simulation import ENSEMBLE_METHODS, FASTER_MAX_PARTICLES
 from ..sphere import sample_initial
 from . import segments
 from .segments import MAX_STEPS_PER_CALL
@@ -94,14 +94,12 @@ def models_for(pcs):
 @functools.lru_cache(maxsize=32)
 def _sampler(n, d, dist, dtype, kw):
     """A jitted sampler of one cloud per seed (its key ``PRNGKey(seed)`` made inside: one
-    program, not one more for the keys), cached so that chunks share one program, and traced
-    once across processes (``cached_program``: the key is these arguments)."""
-    key = ("sphere_common._sampler", n, d, dist, np.dtype(dtype), kw)
+    program, not one more for the keys), cached so that chunks share one program."""
     kw = dict(kw)
     if kw.get("mu") is not None:
         kw["mu"] = np.asarray(kw["mu"], dtype)
     sample = jax.vmap(lambda s: sample_initial(jax.random.PRNGKey(s), n, d, dist, dtype, **kw))
-    return cached_program(sample, key, fallback=jax.jit(sample))
+    return jax.jit(sample)
 
 
 def initial_clouds(pcs):

@@ -5,7 +5,6 @@ from ._solve import (
     Control as Control,
     MomentField as MomentField,
     MomentSolution as MomentSolution,
-    MomentStatus as MomentStatus,
     check_covariance as check_covariance,
     covariance_curves as covariance_curves,
     moment_rhs as moment_rhs,

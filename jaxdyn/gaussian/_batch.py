@@ -54,7 +54,7 @@ The design, three stages:
    10⁷–10¹⁵ and the member then creeps along the stiff slow manifold); they end LARGE, not
    BLOWUP (with thresholds 10⁹–10¹², most of them reach t1 = 1 with a finite Σ).
 
-Each member returns a status (a :class:`jaxdyn.RESULTS` code; :class:`MomentStatus` names
+Each member returns a status (a :class:`jaxdyn.RESULTS` code; ``jaxdyn.status_code(name)`` gives
 the codes), its final time and state, its blow-up time and its step counts. This driver is a Python function around jitted loops (the gather between them has a data-dependent size): call it, do not ``jit`` it, and
 for gradients use :func:`jaxdyn.solve_moments` (diffrax, differentiable).
 """
@@ -72,9 +72,8 @@ import numpy as np
 
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import RODAS5, rodas5_step
-from .._cache import cached_jit
-from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed
-from ._solve import (MomentStatus, _cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
+from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed, status_code
+from ._solve import (_cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
                         on_pole, pole_refine, pole_scale, remaining_time)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
@@ -102,7 +101,7 @@ class BatchSolution(Solution):
     t_final: (n,) time reached (t1 when successful, the detection time after a blow-up).
     mean: (n, d), cov: (n, d, d) — the state at ``t_final``. blowup_time: (n,) refined ``T*``
     (inf unless the status is ``blowup``). result: (n,) :class:`jaxdyn.RESULTS` codes
-    (``.status`` the ints, compare with :class:`MomentStatus`; ``.messages``, ``.ok``,
+    (``.status`` the ints, compare with ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``,
     ``.counts()``). stats: a dict of arrays: ``num_steps`` (n,) accepted + rejected steps
     over both stages; ``stiff`` (n,) True where the member was handed to the stiff (Rodas5)
     stage; ``explicit_iterations``, ``stiff_iterations``: loop counts; ``round_sizes``,
@@ -161,7 +160,7 @@ def _indicators_bl(S, dS, A):
 def _big_status(status, big, s, ell, q, vb):
     """Status after passing the threshold: BLOWUP on a pole, LARGE otherwise."""
     pole = on_pole(s, ell, q, vb)
-    return jnp.where(big, jnp.where(pole, MomentStatus.BLOWUP, MomentStatus.LARGE), status)
+    return jnp.where(big, jnp.where(pole, status_code("blowup"), status_code("large")), status)
 
 
 def _outcomes(status, tstar, acc, active, t, t_new, h_new, t1, thr, hmin_rel, s, ell, q, vb):
@@ -173,12 +172,12 @@ def _outcomes(status, tstar, acc, active, t, t_new, h_new, t1, thr, hmin_rel, s,
     big = acc & (s >= thr)
     done = acc & (t_new >= t1)
     tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
-    status = jnp.where(done, MomentStatus.OK, status)
+    status = jnp.where(done, status_code("successful"), status)
     near_pole = tiny & jnp.isfinite(s) & (s * s >= thr) & on_pole(s, ell, q, vb)
     status = _big_status(status, big | near_pole, s, ell, q, vb)
-    tstar = jnp.where((big | near_pole) & (status == MomentStatus.BLOWUP),
+    tstar = jnp.where((big | near_pole) & (status == status_code("blowup")),
                       t_new + remaining_time(s, ell, q), tstar)
-    return jnp.where(tiny & ~near_pole, MomentStatus.NONFINITE, status), tstar
+    return jnp.where(tiny & ~near_pole, status_code("nonfinite"), status), tstar
 
 
 def _errnorm(e, y0, y1, rtol, atol, axes):
@@ -207,7 +206,7 @@ def _explicit_start(m, S, A, B, V, b, t1, rtol, atol):
     return km, kS, h0.astype(S.dtype), fin0
 
 
-@cached_jit
+@eqx.filter_jit
 def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, min_active,
                     hmin_rel):
     """Run the explicit lock-step loop on a batch-last chunk until no member is active or at
@@ -222,7 +221,7 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
     km0, kS0, h0, fin0 = _explicit_start(carry["m"], carry["S"], A, B, V, b, t1, rtol, atol)
     carry = dict(carry, km=jnp.where(fresh, km0, carry["km"]), kS=jnp.where(fresh, kS0, carry["kS"]),
                  h=jnp.where(fresh, h0, carry["h"]),
-                 status=jnp.where(fresh & ~fin0, MomentStatus.NONFINITE,
+                 status=jnp.where(fresh & ~fin0, status_code("nonfinite"),
                                   carry["status"]).astype(jnp.int32))
     carry["status"] = jnp.where((carry["status"] == ACTIVE)
                                 & (carry["nacc"] + carry["nrej"] >= max_steps), HANDOFF,
@@ -343,12 +342,12 @@ def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, a
     c0 = dict(t=t, h=h, y=y, status=status, tstar=tstar, nsteps=nsteps,
               it=jnp.zeros((), jnp.int32))
     out = jax.lax.while_loop(cond, body, c0)
-    st = jnp.where(out["status"] == ACTIVE, MomentStatus.MAX_STEPS, out["status"])
+    st = jnp.where(out["status"] == ACTIVE, status_code("max_steps_reached"), out["status"])
     return (out["t"], out["y"][:, :d], out["y"][:, d:].reshape(n, d, d), st, out["tstar"],
             out["nsteps"], out["it"])
 
 
-@cached_jit
+@eqx.filter_jit
 def _pole_stage(t, S, A, B, V, active, rtol, atol, max_steps):
     return jax.vmap(lambda t_, S_, a, b_, v, act: pole_refine(
         t_, S_, a, b_, v, rtol=rtol, atol=atol, max_steps=max_steps, active=act))(t, S, A, B, V, active)
@@ -490,7 +489,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
             k = g.size
             sel = np.concatenate([g, np.full(W - k, g[0])])
             st_in = status[sel]
-            st_in[k:] = MomentStatus.OK  # padding: inactive copies, never written back
+            st_in[k:] = status_code("successful")  # padding: inactive copies, never written back
             carry = dict(t=t_fin[sel], h=h_last[sel], m=bl(mean[sel]), S=bl(cov[sel]),
                          km=bl(km[sel]), kS=bl(kS[sel]), status=st_in, tstar=tstar[sel],
                          **{c: v[sel] for c, v in counters.items()})
@@ -520,7 +519,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         size = max(min_bucket, 1 << max(0, math.ceil(math.log2(k))))
         idx = np.concatenate([hands, np.full(size - k, hands[0])])
         st_in = np.full(size, ACTIVE, np.int32)
-        st_in[k:] = MomentStatus.OK  # padding: inactive copies
+        st_in[k:] = status_code("successful")  # padding: inactive copies
         res = _stiff_stage(t_fin[idx], h_last[idx], mean[idx], cov[idx], st_in, tstar[idx],
                            nsteps[idx].astype(np.int32), A[idx], B[idx], V[idx], b[idx], t1,
                            thr[idx], rtol, atol, np.int32(int(max_stiff_iterations)), hmin_rel)
@@ -529,12 +528,12 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         status[hands], tstar[hands], nsteps[hands] = st2[:k], ts2[:k], ns2[:k]
         it2 = int(it2)
     elif hands.size:
-        status[hands] = MomentStatus.STIFF
+        status[hands] = status_code("stiff")
     stiff_seconds = time.perf_counter() - t_stiff
     # Pole stage: refine T* of every blow-up past its detection point (projective system in
     # reparametrised time, jaxdyn.gaussian._solve.pole_refine), vmapped over the blow-up members.
     t_pole = time.perf_counter()
-    bu = np.flatnonzero(status == MomentStatus.BLOWUP)
+    bu = np.flatnonzero(status == status_code("blowup"))
     # Two passes over chunks of W members: most poles converge in a few dozen τ-steps; the
     # rest (and the non-poles, which use the whole budget) are redone so they do not hold
     # the rest. (The step budget is traced: both passes run one compiled program.)
@@ -553,12 +552,12 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
                 np.asarray(x)[:g.size] for x in res)
         tstar[todo] = np.where(conv, T_ref, np.inf)
         if last:
-            status[todo[~conv]] = MomentStatus.LARGE
+            status[todo[~conv]] = status_code("large")
         todo, budget = todo[~conv], 400
     # A pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
     # before t1), so no blow-up is claimed: LARGE, as in solve_moments.
-    late = (status == MomentStatus.BLOWUP) & (tstar > t1)
-    status[late], tstar[late] = MomentStatus.LARGE, np.inf
+    late = (status == status_code("blowup")) & (tstar > t1)
+    status[late], tstar[late] = status_code("large"), np.inf
     pole_seconds = time.perf_counter() - t_pole
     cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
     rounds = np.asarray(rounds, np.float64).reshape(-1, 3)

@@ -12,11 +12,11 @@ The one PSD square root of the package is :func:`jaxdyn.distances.sqrtm_psd`.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
 from ..distances import bures_w2, sqrtm_psd
 from ..sphere._sampling import normal_rows
 
@@ -98,8 +98,8 @@ def cloud_stats(xs, dirs):
     return m, C, r, jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1)
 
 
-# one program (op by op: ~30 small ones), kept on disk with the compilation cache on
-_bures_w2_jit = cached_jit(bures_w2)
+# one program (op by op: ~30 small ones)
+_bures_w2_jit = eqx.filter_jit(bures_w2)
 
 
 def bures_distance(m0, S0, m1, S1):

@@ -33,13 +33,12 @@ order ``(T* − t)²``, i.e. ``1/s²``. Otherwise the status is ``large`` and no
 
 Status: ``MomentSolution.result`` is a :class:`jaxdyn.RESULTS` code (``successful``,
 ``blowup``, ``large``, ``nonfinite``, ``max_steps_reached``, ``invalid_input``, or another
-of diffrax's codes), one per member under ``vmap``; :class:`MomentStatus` names the same
-int codes for comparisons with ``sol.status``.
+of diffrax's codes), one per member under ``vmap``; ``jaxdyn.status_code(name)`` gives
+the int code of a name for comparisons with ``sol.status``.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Optional, Union
 
 import diffrax
@@ -50,9 +49,8 @@ import numpy as np
 
 from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
-from .._cache import cached_program
-from .._host_checked import check_times, host_checked
-from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes
+from .._checks import check_times
+from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes, status_code, status_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -61,7 +59,6 @@ __all__ = [
     "MomentField",
     "VariantMomentField",
     "MomentSolution",
-    "MomentStatus",
     "solve_moments",
     "covariance_curves",
     "check_covariance",
@@ -73,32 +70,6 @@ __all__ = [
 # Pole signature required before a large ‖Σ‖ is called a blow-up (see module doc).
 DOMINANCE = 100.0
 POLE_FRACTION = 1e-3
-
-
-class MomentStatus(enum.IntEnum):
-    """The int codes of :class:`jaxdyn.RESULTS` that the moment solvers return, by name (for
-    comparisons with ``sol.status`` and numpy tables; the messages are ``sol.messages``).
-
-    OK = ``successful``: reached ``t1``. BLOWUP = ``blowup``: ``‖Σ‖`` passed the threshold
-    on a pole (quadratic dominance): a finite-time blow-up, ``blowup_time`` is the refined
-    ``T*``. LARGE = ``large``: ``‖Σ‖`` passed the threshold *without* the pole signature
-    (e.g. growth along the stiff slow manifold met in random sweeps), or on a pole whose
-    refined ``T*`` lies after ``t1`` (the solution is finite on [0, t1]); the solve stopped
-    there and no ``T*`` is claimed (``blowup_time`` stays inf). NONFINITE = ``nonfinite``:
-    NaN/inf appeared, or the step size collapsed. MAX_STEPS = ``max_steps_reached``: the
-    step budget ran out before ``t1``. INVALID_INPUT = ``invalid_input``: ``S0`` was not a
-    covariance (flagged when the check could not raise, i.e. under ``jit``/``vmap``).
-    STIFF = ``stiff``: the batched solver found the member stiff and its stiff stage was
-    switched off.
-    """
-
-    OK = code(RESULTS.successful)
-    BLOWUP = code(RESULTS.blowup)
-    LARGE = code(RESULTS.large)
-    NONFINITE = code(RESULTS.nonfinite)
-    MAX_STEPS = code(RESULTS.max_steps_reached)
-    INVALID_INPUT = code(RESULTS.invalid_input)
-    STIFF = code(RESULTS.stiff)
 
 
 # ---------------------------------------------------------------------------------------
@@ -487,7 +458,7 @@ class MomentSolution(Solution):
     or after a blow-up or failure. t_final: time reached (the detection time after a
     blow-up); mean_final, cov_final: the state there. blowup_time: refined ``T*`` (inf if
     none before t1). result: :class:`jaxdyn.RESULTS` (``.status`` its int codes, compare
-    with :class:`MomentStatus`; ``.messages``, ``.ok``). stats: ``{"num_steps"`` (accepted
+    with ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``). stats: ``{"num_steps"`` (accepted
     + rejected), ``"num_accepted_steps"}``.
     """
 
@@ -570,11 +541,11 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
     ok = (sol.result == diffrax.RESULTS.successful) & finite
     maxed = sol.result == diffrax.RESULTS.max_steps_reached
     # diffrax's other codes (dt_min_reached, ...) pass through; a non-finite end is nonfinite
-    other = jnp.where(finite & ~event, RESULTS.promote(sol.result)._value, MomentStatus.NONFINITE)
-    status = jnp.where(ok, MomentStatus.OK,
-                       jnp.where(blew, MomentStatus.BLOWUP,
-                                 jnp.where(big, MomentStatus.LARGE,
-                                           jnp.where(maxed & finite, MomentStatus.MAX_STEPS,
+    other = jnp.where(finite & ~event, status_codes(sol.result), status_code("nonfinite"))
+    status = jnp.where(ok, status_code("successful"),
+                       jnp.where(blew, status_code("blowup"),
+                                 jnp.where(big, status_code("large"),
+                                           jnp.where(maxed & finite, status_code("max_steps_reached"),
                                                      other))))
     # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
     # that does not converge there is downgraded to LARGE.
@@ -585,11 +556,11 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
                               rtol=rtol, atol=atol, active=blew)
     # a pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
     # before t1), so no blow-up is claimed (blowup_time is inf unless T* <= t1): LARGE
-    status = jnp.where(blew & (~conv | (T_ref > t1)), MomentStatus.LARGE, status)
-    status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
-    tstar = jnp.where(status == MomentStatus.BLOWUP, T_ref, jnp.inf).astype(dtype)
+    status = jnp.where(blew & (~conv | (T_ref > t1)), status_code("large"), status)
+    status = jnp.where(invalid, status_code("invalid_input"), status).astype(jnp.int32)
+    tstar = jnp.where(status == status_code("blowup"), T_ref, jnp.inf).astype(dtype)
     # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
-    good = (ts < t_end) | (status == MomentStatus.OK)
+    good = (ts < t_end) | (status == status_code("successful"))
     nan = jnp.asarray(jnp.nan, dtype)
     mean = jnp.where(good[:, None], m_all, nan)
     cov = jnp.where(good[:, None, None], S_all, nan)
@@ -623,12 +594,12 @@ def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max
     big = event & finite & (s >= thr)
     ok = (sol.result == diffrax.RESULTS.successful) & finite
     maxed = sol.result == diffrax.RESULTS.max_steps_reached
-    other = jnp.where(finite & ~event, RESULTS.promote(sol.result)._value, MomentStatus.NONFINITE)
-    status = jnp.where(ok, MomentStatus.OK,
-                       jnp.where(big, MomentStatus.LARGE,
-                                 jnp.where(maxed & finite, MomentStatus.MAX_STEPS, other)))
-    status = jnp.where(invalid, MomentStatus.INVALID_INPUT, status).astype(jnp.int32)
-    good = (ts < t_end) | (status == MomentStatus.OK)
+    other = jnp.where(finite & ~event, status_codes(sol.result), status_code("nonfinite"))
+    status = jnp.where(ok, status_code("successful"),
+                       jnp.where(big, status_code("large"),
+                                 jnp.where(maxed & finite, status_code("max_steps_reached"), other)))
+    status = jnp.where(invalid, status_code("invalid_input"), status).astype(jnp.int32)
+    good = (ts < t_end) | (status == status_code("successful"))
     nan = jnp.asarray(jnp.nan, dtype)
     out = MomentSolution(ts=ts, mean=jnp.where(good[:, None], m_all, nan),
                          cov=jnp.where(good[:, None, None], S_all, nan),
@@ -707,50 +678,18 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
         raise ValueError(f"t1 must be > 0, got {t1}")
     t1 = jnp.asarray(t1, dtype)
     ts = _save_times(saveat, t1, dtype)
-    defaults = solver is None and adjoint is None
     solver = diffrax.Dopri8() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     run = _solve_jit if attention is None else _solve_variant_jit
-    # Concrete times are checked here, on the host (a clear ValueError before any tracing), and
-    # the program is then traced without diffrax's host callbacks, in a context of its own
-    # (jaxdyn._host_checked): JAX caches it across processes. Traced times, or a solve asked to
-    # raise, keep diffrax's in-program checks (that program is not persistently cached).
+    # concrete times are checked here, on the host (a clear ValueError before any tracing)
     concrete = _is_concrete(t1) and _is_concrete(ts) and (dt0 is None or _is_concrete(dt0))
     if concrete:
         check_times(0.0, t1, ts, dt0)
-    with host_checked(concrete and not throw):
-        if concrete and not throw and defaults:
-            # the default solver and adjoint: one program traced once across processes
-            # (jaxdyn._cache.cached_program, with the compilation cache on)
-            return _from_program(_closure_cached(field, m0, S0, t1, ts, rtol, atol,
-                                                 blowup_threshold, max_steps, dt0,
-                                                 attention is not None))
-        return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-                   adjoint, dt0, bool(throw))
-
-
-def _closure_program(field, m0, S0, t1, ts, rtol, atol, threshold, max_steps, dt0, variant):
-    """:func:`_solve_jit` (or the variant's) with the default solver and adjoint, its result as
-    a flat tuple of arrays (:func:`_from_program` rebuilds the :class:`MomentSolution`)."""
-    run = _solve_variant_jit if variant else _solve_jit
-    out = run(field, m0, S0, t1, ts, rtol, atol, threshold, diffrax.Dopri8(), max_steps,
-              diffrax.RecursiveCheckpointAdjoint(), dt0, False)
-    return (out.ts, out.mean, out.cov, out.t_final, out.mean_final, out.cov_final,
-            out.blowup_time, out.result._value, out.stats["num_steps"],
-            out.stats["num_accepted_steps"])
-
-
-def _from_program(vals):
-    ts, mean, cov, t_final, m_final, S_final, tstar, codes, n_steps, n_acc = vals
-    return MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_final, mean_final=m_final,
-                          cov_final=S_final, blowup_time=tstar, result=from_codes(codes),
-                          stats={"num_steps": n_steps, "num_accepted_steps": n_acc})
-
-
-_closure_cached = cached_program(_closure_program, ("jaxdyn.gaussian._solve._closure_program",))
+    return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
+               adjoint, dt0, bool(throw))
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
 from ..distances import sqrtm_psd
 from ._closed import (lyapunov_equilibrium, scalar_blowup_time, scalar_variance,
                       vi_blowup_time, vi_precision)
@@ -36,7 +36,7 @@ def scalar_v(V):
 _BLOCK = 64
 
 
-@cached_jit
+@eqx.filter_jit
 def _precision_block(ts, P0, A, B, v):
     P = jax.vmap(lambda t: vi_precision(t, P0, A, B, v))(ts)
     return P, jnp.linalg.eigvalsh(P)[..., 0]
@@ -148,7 +148,7 @@ def relu_initial_rates(A, B, V, b, m0, S0):
     return dm, G + G.T
 
 
-_sqrtm_psd_jit = cached_jit(sqrtm_psd)
+_sqrtm_psd_jit = eqx.filter_jit(sqrtm_psd)
 
 
 def tilt_index(S, B):

@@ -43,7 +43,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
 
 
 __all__ = ["CircleDensity", "circle_grid", "uniform_density", "cos_mode", "mode_amplitude",
@@ -312,10 +311,9 @@ class CircleDensity(eqx.Module):
         return -(F - jnp.roll(F, 1)) / self.h
 
 
-@cached_jit
+@eqx.filter_jit
 def spectral_norm(V):
-    """‖V‖₂ (an SVD: its program takes 0.1 s to lower, in every process; kept on disk with
-    the compilation cache on)."""
+    """‖V‖₂ (an SVD, in one jitted program)."""
     return jnp.linalg.norm(V, ord=2)
 
 

@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_program
-from .._host_checked import check_times, host_checked
+from .._checks import check_times
 from .._results import RESULTS, Solution, error_if_failed, from_codes
 from ._circle import CircleDensity, cfl_dt
 from ._sphere2 import sphere_cfl_dt
@@ -67,24 +66,6 @@ def _solve(model, rho0, ts, dt, method, max_steps, rtol, atol):
     return DensitySolution(ts=ts, rho=rho, result=result, stats=stats)
 
 
-def _density_program(model, rho0, ts, dt, method, max_steps, rtol, atol):
-    """:func:`_solve` with its result as a flat tuple of arrays (:func:`_from_program`)."""
-    sol = _solve(model, rho0, ts, dt, method, max_steps, rtol, atol)
-    st = sol.stats
-    return (sol.ts, sol.rho, sol.result._value, st["num_steps"], st["num_accepted_steps"],
-            st["dt"], st["mass_error"], st["min_rho"], st["mass"])
-
-
-def _from_program(vals):
-    ts, rho, codes, n_steps, n_acc, dt, mass_error, min_rho, mass = vals
-    return DensitySolution(ts=ts, rho=rho, result=from_codes(codes),
-                           stats={"num_steps": n_steps, "num_accepted_steps": n_acc, "dt": dt,
-                                  "mass_error": mass_error, "min_rho": min_rho, "mass": mass})
-
-
-_density_cached = cached_program(_density_program, ("jaxdyn.pde._solve._density_program",))
-
-
 def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
                   method="heun", max_steps=1_000_000, rtol=1e-8, atol=1e-12, throw=False):
     """Integrate ∂_t ρ = model(t, ρ) from the cell averages ``rho0`` on [0, t1].
@@ -127,21 +108,14 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     if dt is None:
         dt = cfl_dt(model, cfl) if isinstance(model, CircleDensity) else sphere_cfl_dt(model, cfl)
     dt = jnp.asarray(dt, rho0.dtype)
-    # Concrete times and step are checked here, on the host (a clear ValueError), and the
-    # program is then traced without diffrax's host callbacks, in a context of its own
-    # (jaxdyn._host_checked): JAX caches it across processes. Traced times keep diffrax's
-    # in-program checks. (``throw`` raises outside the program, below.)
+    # concrete times and step are checked here, on the host (a clear ValueError); ``throw``
+    # raises outside the program, below
     concrete = not isinstance(ts, jax.core.Tracer) and not isinstance(dt, jax.core.Tracer)
     if concrete:
         if float(ts[-1]) <= 0:
             raise ValueError(f"ts must end after t = 0 (rho0 is the density at t = 0), got {ts}")
         check_times(0.0, ts[-1], ts, dt, name="ts")
-    with host_checked(concrete):
-        if concrete:  # one program traced once across processes (jaxdyn._cache.cached_program)
-            sol = _from_program(_density_cached(model, rho0, ts, dt, method, int(max_steps),
-                                                rtol, atol))
-        else:
-            sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
+    sol = _solve(model, rho0, ts, dt, method, int(max_steps), rtol, atol)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))
     return sol

@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
 from ._circle import check_weights, spectral_norm
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
@@ -252,7 +251,7 @@ def zonal_growth_rate(model: SphereDensity, l):
     return rates if np.ndim(l) else rates[0]
 
 
-@cached_jit
+@eqx.filter_jit
 def _projected_jvp(model, cs):
     u = jnp.full(model.shape, 1 / (4 * math.pi), model.beta.dtype)
     a = model.cell_measure

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
 from ._circle import CircleDensity, cos_mode, mode_amplitude, uniform_density
 
 __all__ = ["linear_rates", "most_unstable_mode", "growth_rate"]
@@ -48,7 +47,7 @@ def growth_rate(model: CircleDensity, k):
     return rates if np.ndim(k) else rates[0]
 
 
-@cached_jit
+@eqx.filter_jit
 def _rates(model, cs, ks):
     u = uniform_density(model.m, model.beta.dtype)
     jv = jax.vmap(lambda c: jax.jvp(lambda r: model(0.0, r), (u,), (c,))[1])(cs)

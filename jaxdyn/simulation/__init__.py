@@ -36,5 +36,3 @@ from ._distributed import (
     initialize_distributed as initialize_distributed,
     is_lost_process_error as is_lost_process_error,
 )
-# programs traced once across processes (with the compilation cache on): jaxdyn._cache
-from .._cache import cached_program as cached_program

@@ -61,7 +61,6 @@ from jax.sharding import PartitionSpec as P
 from ..kernels._attention import SAFE_SHIFT, _ratio  # shared with the blocked kernel's bound shift
 from ..integrators import INTEGRATORS, Sphere
 from ..models._fields import SphereAttention
-from .._cache import cached_program, compiled_program
 from .._results import RESULTS, code, from_codes, raise_if_failed
 from ._simulate import Trajectory, _plan, save_indices, saved_states, unit_tolerance
 from ..sphere import tangent_project
@@ -204,15 +203,12 @@ def _status_codes_fn(xs):
     return jnp.where(finite, code(RESULTS.successful), code(RESULTS.nonfinite)).astype(jnp.int32)
 
 
-_status_codes = cached_program(_status_codes_fn, ("simulation._ensemble._status_codes", _status_codes_fn),
-                               fallback=jax.jit(_status_codes_fn))
+_status_codes = jax.jit(_status_codes_fn)
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, safe):
-    """The ensemble program, compiled ahead of time; with the compilation cache on, the
-    executable is kept across processes (``compiled_program``: keyed on these arguments, the
-    compiler options and the environment), so that a later process does not trace it again."""
+    """The ensemble program, compiled ahead of time (with the CPU compiler options)."""
     mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
 
     def build():
@@ -232,10 +228,7 @@ def _compiled(shapes, dtype, method, dt, idx, normalization, chunk, devices, saf
                               "with the defaults (slower on CPU)", RuntimeWarning, stacklevel=4)
         return lowered.compile()
 
-    key = ("simulation._ensemble._device_run", shapes, dtype, method, dt, idx, normalization,
-           chunk, [(d.platform, d.id) for d in devices], safe,
-           sorted((k, str(v)) for k, v in _CPU_OPTIONS.items()))
-    return compiled_program(key, len(shapes), build), mesh
+    return build(), mesh
 
 
 def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None,

@@ -60,12 +60,17 @@ QUERY_AXIS = "q"
 def _backends_initialized() -> bool:
     if "jax" not in sys.modules:
         return False
-    try:
-        from jax._src import xla_bridge
+    import jax
 
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # cannot tell: assume it is too late
+    # JAX's public ``jax_num_cpu_devices`` option refuses a change once a backend runs: set it
+    # to another value and back (nothing else changes while no backend runs)
+    current = jax.config.jax_num_cpu_devices
+    try:
+        jax.config.update("jax_num_cpu_devices", 1 if current != 1 else 2)
+    except RuntimeError:
         return True
+    jax.config.update("jax_num_cpu_devices", current)
+    return False
 
 
 def host_core_count() -> int:
@@ -190,7 +195,7 @@ def shard_batch(tree, mesh=None):
     return eqx.combine(arrays, static)
 
 
-def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None, cache_key=None):
+def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
     """``vmap(fn)`` with the batch split across devices.
 
     ``sharded_vmap(fn, mesh)(*args)`` equals ``jax.vmap(fn)(*args)``: every array leaf of
@@ -207,12 +212,6 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None, cache_key=None
       batch_size: if set, each device runs ``lax.map`` over chunks of this many systems
         (``vmap`` inside a chunk) instead of one ``vmap`` over its whole share: small
         systems then keep their intermediates in cache (e.g. 32 for n = 32 particles).
-      cache_key: if set, what determines ``fn`` together with jaxdyn's sources (e.g. the
-        module-level function it applies and its numbers, :func:`jaxdyn._cache.token`):
-        the program is then compiled ahead of time once per argument signature and, with
-        the compilation cache on, kept on disk, so that a later process loads it without
-        tracing ``fn`` again (:func:`jaxdyn._cache.cached_program`; a call whose key cannot
-        be formed runs as without it).
 
     Returns a jitted function; compiled once per argument structure and shapes.
     """
@@ -240,18 +239,6 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None, cache_key=None
         out = jax.shard_map(local, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
                             check_vma=False)(arrays)
         return jax.tree.map(lambda o: o[:b], out)
-
-    if cache_key is not None:
-        from .._cache import cached_program
-
-        program = cached_program(lambda args, m: run.__wrapped__(args, m),
-                                 ("sharded_vmap", cache_key, bs), fallback=run)
-
-        @functools.wraps(fn)
-        def wrapped(*args):
-            return program(args, _resolve_mesh(mesh, SWEEP_AXIS))
-
-        return wrapped
 
     @functools.wraps(fn)
     def wrapped(*args):

@@ -25,8 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._cache import cached_jit
-from .._results import RESULTS, Solution, error_if_failed, from_codes
+from .._results import RESULTS, Solution, error_if_failed, from_codes, status_codes
 from ..integrators import INTEGRATORS
 
 DIFFRAX_METHODS = {
@@ -293,7 +292,7 @@ def fixed_steps(integ, field, x, t0, dt, n_steps: int, args=None, *, k_start=0,
 def trajectory_leaves(traj):
     """A :class:`Trajectory` as a flat tuple of arrays (what a stored program returns; see
     :func:`trajectory_program`)."""
-    return (traj.ts, traj.xs, traj.result._value, traj.stats["num_steps"],
+    return (traj.ts, traj.xs, status_codes(traj.result), traj.stats["num_steps"],
             traj.stats["num_accepted_steps"])
 
 
@@ -305,14 +304,10 @@ def trajectory_from_leaves(vals):
 
 
 def trajectory_program(leaves_fn):
-    """``leaves_fn`` (a module-level function returning :func:`trajectory_leaves`) compiled
-    once per argument signature and, with the compilation cache on, kept on disk
-    (:func:`jaxdyn._cache.cached_program`: a later process loads the executable instead of
-    tracing the integrator again); returns a function giving the :class:`Trajectory`. Static
-    arguments (times, step indices, method names, a model's non-array fields) are baked in as
-    ``equinox.filter_jit`` does; a call under a transformation, or with a model or ``args``
-    the cache cannot key (a user's class), is the plain ``filter_jit``."""
-    program = cached_jit(leaves_fn)
+    """``leaves_fn`` (a function returning :func:`trajectory_leaves`) through
+    ``equinox.filter_jit``; returns a function giving the :class:`Trajectory`. Static
+    arguments (times, step indices, method names, a model's non-array fields) are baked in."""
+    program = eqx.filter_jit(leaves_fn)
 
     def run(*args):
         return trajectory_from_leaves(program(*args))

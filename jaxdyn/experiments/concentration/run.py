@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...distances import w2_coupling, w2_exact, w2_sinkhorn
-from ...simulation import cached_program
 from ...spectral import lyapunov, mass_near, subspace_angle
 from .. import progress
 from .. import sphere_common as sc
@@ -31,12 +30,9 @@ def _project_fn(pi, x):
     return pi(x)
 
 
-# one program each (called eagerly: one for each of their operations), traced once across
-# processes (the library's cached_program)
-_project = cached_program(_project_fn, ("concentration._project", _project_fn),
-                          fallback=jax.jit(_project_fn))
-_mass_near = cached_program(mass_near, ("concentration._mass_near", mass_near),
-                            fallback=jax.jit(mass_near))
+# one program each (called eagerly: one for each of their operations)
+_project = jax.jit(_project_fn)
+_mass_near = jax.jit(mass_near)
 
 
 def two_atoms(y, tol=None):

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ... import plots
-from ...gaussian import MomentStatus, fit_slope, parting_time, predicted_exponent
+from ... import status_code
+from ...gaussian import fit_slope, parting_time, predicted_exponent
 from .schema import parameters
 from .summary import (axis_values, closure_tilt, equilibrium_trace, error_table, error_time,
                       main_activation, relu_first_order, select, slopes_over_time, t_index)
@@ -264,16 +265,16 @@ def _plot_phase(cfg, ds, out_dir):
     lam = float(np.linalg.eigvalsh(parameters(cfg)["S0"])[-1])
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
     ext = [c[0], c[-1], a[0], a[-1]]
-    im = axes[0].imshow(np.where(st == MomentStatus.BLOWUP, T, np.nan), origin="lower", extent=ext,
+    im = axes[0].imshow(np.where(st == status_code("blowup"), T, np.nan), origin="lower", extent=ext,
                         aspect="auto", cmap="magma_r", vmin=0, vmax=t1)
     fig.colorbar(im, ax=axes[0], label="numerical blow-up time T*")
-    trp = np.where((st != MomentStatus.BLOWUP) & np.isfinite(tr) & (tr > 0), tr, np.nan)
+    trp = np.where((st != status_code("blowup")) & np.isfinite(tr) & (tr > 0), tr, np.nan)
     im2 = axes[1].imshow(trp, origin="lower", extent=ext, aspect="auto", cmap="viridis",
                          norm=LogNorm(vmin=max(np.nanmin(trp), 1e-8), vmax=np.nanmax(trp))
                          if np.any(np.isfinite(trp)) else None)
     fig.colorbar(im2, ax=axes[1], label=f"tr Σ(t1 = {t1:g}) (no blow-up)")
     with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where((st == MomentStatus.BLOWUP) & np.isfinite(Tth), np.abs(T - Tth) / Tth, np.nan)
+        rel = np.where((st == status_code("blowup")) & np.isfinite(Tth), np.abs(T - Tth) / Tth, np.nan)
         im3 = axes[2].imshow(np.log10(np.maximum(rel, 1e-17)), origin="lower", extent=ext,
                              aspect="auto", cmap="cividis")
     fig.colorbar(im3, ax=axes[2], label="log10 |T*_num − T*_theory| / T*_theory")

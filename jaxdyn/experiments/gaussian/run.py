@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...gaussian import (MomentStatus, bures_distance, cloud_stats, directions, gaussian_cloud,
+from ... import status_code
+from ...gaussian import (bures_distance, cloud_stats, directions, gaussian_cloud,
                          phase_theory, scalar_v, solve_moments, solve_moments_batch, tilt_index,
                          vi_closed_form)
 from ...models import EuclideanAttention
@@ -144,7 +145,7 @@ def _run_phase(pcs):
             "status": status, "num_steps": np.asarray(sol.num_steps).reshape(shp),
             "theory_blowup_time": Tth, "theory_trace": trth,
             "stiff": np.asarray(sol.stiff).reshape(shp),
-            "finite": bool(np.all(status != MomentStatus.NONFINITE)),
+            "finite": bool(np.all(status != status_code("nonfinite"))),
         })
     dims = {k: ("a", "c") for k in rows[0] if k != "finite"}
     dims["finite"] = ()

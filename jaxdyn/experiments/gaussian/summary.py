@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import status_names
-from ...gaussian import (MomentStatus, bures_distance, fit_slope, lyapunov_limit, moment_rhs,
+from ... import status_code
+from ...gaussian import (bures_distance, fit_slope, lyapunov_limit, moment_rhs,
                          parting_time, predicted_exponent, relu_initial_rates)
 from .schema import parameters
 
@@ -252,7 +253,7 @@ def _summarize_phase(cfg, ds):
     T = np.asarray(ds["blowup_time"].values).reshape(-1)
     Tth = np.asarray(ds["theory_blowup_time"].values).reshape(-1)
     t1 = cfg["t1"]
-    blow = st == MomentStatus.BLOWUP
+    blow = st == status_code("blowup")
     both = blow & np.isfinite(Tth)
     rel = np.abs(T[both] - Tth[both]) / Tth[both]
     pred = Tth < t1
@@ -261,7 +262,7 @@ def _summarize_phase(cfg, ds):
     dis = np.flatnonzero(~agree)
     tr = np.asarray(ds["trace_final"].values).reshape(-1)
     trth = np.asarray(ds["theory_trace"].values).reshape(-1)
-    okt = (st == MomentStatus.OK) & np.isfinite(trth)
+    okt = (st == status_code("successful")) & np.isfinite(trth)
     trel = np.abs(tr[okt] - trth[okt]) / np.abs(trth[okt])
     counts = {status_label(k): int(np.sum(st == k)) for k in np.unique(st)}
     return {

@@ -23,7 +23,7 @@ def _run_points(pcs):
     from ...control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
                             controlled_moments, gaussian_cloud, mode_options, random_target,
                             reach, transfer_particles, transformer_layers)
-    from ...gaussian import MomentStatus
+    from ... import status_code
 
     rows = []
     p0 = pcs[0]
@@ -56,7 +56,7 @@ def _run_points(pcs):
             "certificate_w2": np.nan if cert is None or cert.w2 is None else cert.w2,
             "certificate_energy": np.nan if cert is None else cert.energy,
             "finite": bool(math.isfinite(res.w2)
-                           and int(sol.status) == MomentStatus.OK),
+                           and int(sol.status) == status_code("successful")),
             "loss_history": res.loss_history, "w2_history": res.w2_history,
             "mean_t": np.asarray(sol.mean, np.float64), "cov_t": cov_t, "eig_t": eig_t,
             "target_mean": np.asarray(m1, np.float64), "target_cov": np.asarray(S1, np.float64),

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import clusters
-from ...simulation import cached_program
 from .. import sphere_common as sc
 from .schema import snapshot_index
 
@@ -34,9 +33,8 @@ def _cluster_stats_fn(xs, beta, B, pair_threshold, delta, gram_threshold):
             clusters.gram_rank(xs, gram_threshold), en)
 
 
-# one program, traced once across processes (the library's cached_program)
-_cluster_stats = cached_program(_cluster_stats_fn, ("sphere._cluster_stats", _cluster_stats_fn),
-                                fallback=jax.jit(_cluster_stats_fn))
+# one program (called eagerly: one for each of its operations)
+_cluster_stats = jax.jit(_cluster_stats_fn)
 
 
 #: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
