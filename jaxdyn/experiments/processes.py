@@ -1,0 +1,284 @@
+"""The processes of a run: one, or several of a ``jax.distributed`` cluster.
+
+With several processes every one plans the same chunks, process 0 alone reads and writes the run
+folder, and they agree before computing: a refusal on any of them stops all of them (naming the
+process), they must run the same config with the same arguments, and they skip the same finished
+chunks. A process that dies mid-run is noticed by the others (:class:`ProcessLostError`), and a
+SIGTERM to any of them stops all at one chunk boundary. A run in one process skips all of this:
+:class:`Processes` then answers without collectives (and without starting JAX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+
+import numpy as np
+
+from .. import io as jio
+from ..config import ConfigError
+
+
+class RunLockedError(ConfigError):
+    """Another process holds the run folder's lock (the message names it)."""
+
+
+class ProcessLostError(ConnectionError):
+    """Another process of a ``jax.distributed`` run stopped mid-run; this one stops too.
+
+    Finished chunks are kept: ``--resume`` with any number of processes.
+    """
+
+
+def exit_status(e: BaseException) -> int:
+    """The CLI's exit status for ``e`` (README, "What `jaxdyn run` writes").
+
+    Args:
+      e: the exception that ends the run.
+
+    Returns:
+      2 for a refused input, 4 for a locked folder, 128 + the signal for an interrupt, the code
+      of a ``SystemExit``, else 1.
+    """
+    if isinstance(e, ConfigError):
+        return 4 if isinstance(e, RunLockedError) else 2
+    if isinstance(e, KeyboardInterrupt):
+        return 128 + int(jio.PENDING_SIGNALS[-1] if jio.PENDING_SIGNALS else 2)
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else 1
+    return 1
+
+
+def _hash_row(h: str) -> list:
+    return [int(h[i:i + 4], 16) for i in range(0, 16, 4)]  # 16 hex digits in int32s
+
+
+def _raise_refusals(flags, failure):
+    """This process's ``failure`` if any, else a refusal naming the first flagged process."""
+    if failure is not None:
+        raise failure
+    bad = np.flatnonzero(flags)
+    if bad.size:
+        raise ConfigError(f"process {int(bad[0])} refused the run (its message says why); every "
+                          "process stops")
+
+
+@dataclasses.dataclass
+class Processes:
+    """This process's part in the run.
+
+    Attributes:
+      multi: several processes (a ``jax.distributed`` cluster of more than one).
+      writer: this process reads and writes the run folder (process 0, or the only one).
+      failure: a refusal held back until the processes share it (several processes only: a
+        single process raises at once).
+    """
+
+    multi: bool = False
+    writer: bool = True
+    failure: ConfigError | None = None
+
+    @classmethod
+    def current(cls) -> Processes:
+        """This process's role, without starting JAX when it has joined no cluster.
+
+        Returns:
+          The :class:`Processes` of this process.
+        """
+        import jax
+
+        if not jax.distributed.is_initialized() or jax.process_count() == 1:
+            return cls()
+        return cls(multi=True, writer=jax.process_index() == 0)
+
+    @staticmethod
+    def describe() -> str:
+        """``process i of n on HOST (k DEVICE device(s))``: this process, for its one line.
+
+        Returns:
+          The description.
+        """
+        import platform
+
+        import jax
+
+        return (f"process {jax.process_index()} of {jax.process_count()} on {platform.node()} "
+                f"({jax.local_device_count()} {jax.default_backend()} device(s))")
+
+    @contextlib.contextmanager
+    def refusals(self):
+        """Within the block a ``ConfigError`` is raised (one process) or held back (several).
+
+        Yields:
+          Nothing; with several processes a refusal is kept in :attr:`failure` until shared.
+
+        Raises:
+          ConfigError: the block's refusal, in a run of one process.
+        """
+        try:
+            yield
+        except ConfigError as e:
+            if not self.multi:
+                raise
+            self.failure = e
+
+    def gather(self, row) -> np.ndarray:
+        """Every process's ``row`` (a 1-D integer array of one length everywhere), stacked.
+
+        Args:
+          row: this process's row.
+
+        Returns:
+          An array (process count, length), the same on every process; a process lost
+          meanwhile is a :class:`ProcessLostError`.
+        """
+        from ..simulation import all_gather_rows
+
+        try:
+            return all_gather_rows(row)
+        except Exception as e:
+            lost = self.lost(e)
+            if lost is None:
+                raise
+            raise lost from None
+
+    def agree_on_run(self, config_hash: str, resume: bool, n_chunks: int):
+        """All processes start the run, or all refuse it.
+
+        Every process shares its refusal (:attr:`failure`), its config hash, resume flag and
+        chunk count; a difference from process 0 is a refusal on every process, naming it.
+
+        Args:
+          config_hash: the resolved config's hash.
+          resume: whether this process resumes.
+          n_chunks: the chunks this process planned.
+
+        Raises:
+          ConfigError: a process refused, or the processes disagree (named).
+        """
+        if not self.multi:
+            return
+        import jax
+
+        rows = self.gather([self.failure is not None, bool(resume), n_chunks] + _hash_row(config_hash))
+        _raise_refusals(rows[:, 0], self.failure)
+        for i in range(1, rows.shape[0]):
+            if rows[i, 1] != rows[0, 1]:
+                raise ConfigError(f"process {i} was started {'with' if rows[i, 1] else 'without'} "
+                                  f"--resume and process 0 {'with' if rows[0, 1] else 'without'}; "
+                                  "every process must be started with the same arguments")
+            if list(rows[i, 2:]) != list(rows[0, 2:]):
+                which = "this process" if i == jax.process_index() else f"process {i}"
+                raise ConfigError(f"{which}'s config differs from process 0's (config hash "
+                                  f"{''.join(f'{v:04x}' for v in rows[i, 3:])} vs "
+                                  f"{''.join(f'{v:04x}' for v in rows[0, 3:])}, {rows[i, 2]} vs "
+                                  f"{rows[0, 2]} chunks): every process must run the same config "
+                                  "(same file, --set and dtype)")
+
+    def share_refusal(self):
+        """Raise :attr:`failure` here, or a refusal naming the process that refused, if any did.
+
+        A process's refusal is a ``ConfigError`` on every process.
+        """
+        if self.multi:
+            _raise_refusals(self.gather([self.failure is not None])[:, 0], self.failure)
+
+    def shared_done(self, find_done, n_chunks: int) -> list:
+        """The finished chunks, as the writer finds them, so that every process skips the same.
+
+        Args:
+          find_done: called on the writer: the indices of the chunks on disk (a ``ConfigError``
+            there is a refusal on every process).
+          n_chunks: the planned chunk count.
+
+        Returns:
+          The indices of the finished chunks (the writer's refusal is a ``ConfigError`` on
+          every process).
+        """
+        if not self.multi:
+            return find_done()
+        done, err = [], None
+        if self.writer:
+            try:
+                done = find_done()
+            except ConfigError as e:
+                err = e
+        mask = np.zeros(n_chunks + 1, np.int32)
+        mask[0] = err is not None
+        mask[[1 + ci for ci in done]] = 1
+        rows = self.gather(mask)
+        _raise_refusals(rows[:1, 0], err)
+        return [int(ci) for ci in np.flatnonzero(rows[0, 1:])]
+
+    def stop_if_preempted(self):
+        """Several processes: SIGTERM to any of them stops all at this chunk boundary.
+
+        JAX's preemption service catches the signal (a preemption notice); every process asks it
+        at the same boundaries.
+
+        Raises:
+          KeyboardInterrupt: a process got the notice.
+        """
+        if not self.multi:
+            return
+        import signal
+
+        from jax.experimental import multihost_utils
+
+        try:
+            stop = multihost_utils.reached_preemption_sync_point(next(_SYNC_STEPS))
+        except RuntimeError:  # the preemption service is off: signals reach the CLI's handler
+            return
+        if stop:
+            jio.PENDING_SIGNALS.append(int(signal.SIGTERM))
+            raise KeyboardInterrupt(f"signal {int(signal.SIGTERM)} (a preemption notice: every "
+                                    "process stops at this chunk)")
+
+    def lost(self, e: BaseException) -> ProcessLostError | None:
+        """A :class:`ProcessLostError` if ``e`` says another process went away, else None.
+
+        The cluster is then marked abandoned (this process exits without JAX's shutdown barrier).
+
+        Args:
+          e: an exception raised during the run.
+
+        Returns:
+          The error to raise instead of ``e``, or None.
+        """
+        if not self.multi:
+            return None
+        import jax
+
+        from ..simulation import abandon_cluster, is_lost_process_error
+
+        if isinstance(e, ProcessLostError):
+            return e
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not is_lost_process_error(e):
+            return None
+        abandon_cluster()
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return ProcessLostError(f"process {jax.process_index()} of {jax.process_count()}: another "
+                                f"process of this run stopped ({first}); this one stops too")
+
+    def stopping(self, e: BaseException) -> BaseException:
+        """The exception that ends this process's run, and the cluster told so.
+
+        Args:
+          e: the exception raised during the run.
+
+        Returns:
+          ``e``, or the :class:`ProcessLostError` it stands for; when this process stops on its
+          own (several processes) it leaves the cluster at exit, so that the others stop too.
+        """
+        lost = self.lost(e)
+        if lost is not None:
+            return lost
+        if self.multi:
+            from ..simulation import abandon_cluster
+
+            abandon_cluster(exit_status(e))
+        return e
+
+
+_SYNC_STEPS = itertools.count()  # chunk boundaries, counted alike by every process

@@ -1,0 +1,205 @@
+"""Reporting a run: ``summary.json``, the merged ``data.nc``, the figures; ``jaxdyn report``.
+
+``jaxdyn report`` redraws the figures of a finished run from its ``data.nc``.
+
+``summary.json`` says ``running`` from the first chunk on, then ``ok``, ``nonfinite`` (some grid
+points hold non-finite states: named), ``interrupted`` or ``failed`` (with the error).
+``compile_seconds`` is the tracing, lowering and XLA compilation (or loading from JAX's
+persistent cache) of the whole run, ``compute_seconds`` the chunks' time without it.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .. import io as jio
+from ..config import ConfigError, parse_yaml
+from .folder import merge_chunks, read_text
+from .kinds import get_kind
+from .planning import resolve_config
+from .runner import Run, Tally, check_interrupt, max_rss
+
+
+def compile_stats() -> dict:
+    """JAX's compilation counters so far (:func:`jaxdyn.compile_stats`).
+
+    Returns:
+      The counters.
+    """
+    from .. import compile_stats as stats
+
+    return stats()
+
+
+def versions() -> dict:
+    """Python, JAX, the backend, the device count and jaxdyn's version.
+
+    Returns:
+      The versions.
+    """
+    import jax
+
+    out = {"python": platform.python_version(), "jax": jax.__version__,
+           "backend": jax.default_backend(), "devices": len(jax.devices())}
+    try:
+        from importlib.metadata import version
+        out["jaxdyn"] = version("jaxdyn")
+    except Exception:  # pragma: no cover
+        pass
+    return out
+
+
+def base_summary(run: Run) -> dict:
+    """The summary's fields known before the first chunk (``status: running``).
+
+    Args:
+      run: the run.
+
+    Returns:
+      The summary.
+    """
+    return {"status": "running", "kind": run.cfg["kind"], "name": run.cfg["name"],
+            "config_hash": run.config_hash, "n_points": len(run.plan.points),
+            "n_chunks": len(run.plan.chunks), "estimated_chunk_bytes": run.memory.peak_chunk,
+            "estimated_process_bytes": run.memory.process,
+            "runtime_allowance_bytes": run.memory.allowance,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions()}
+
+
+def compile_summary(before: dict, after: dict) -> dict:
+    """The compilation fields of the summary between two :func:`compile_stats`.
+
+    Args:
+      before: the counters at the run's start.
+      after: the counters at its end.
+
+    Returns:
+      ``compile_seconds``, ``compile_seconds_parts`` (trace, lower, backend),
+      ``compiled_programs`` and ``compile_cache_hits``.
+    """
+    return {
+        "compile_seconds": after["compile_seconds"] - before["compile_seconds"],
+        "compile_seconds_parts": {part: after[f"{part}_seconds"] - before[f"{part}_seconds"]
+                                  for part in ("trace", "lower", "backend")},
+        "compiled_programs": after["compiles"] - before["compiles"],
+        "compile_cache_hits": after["cache_hits"] - before["cache_hits"],
+    }
+
+
+def _nonfinite(run: Run, ds) -> dict:
+    """``status`` and, where grid points hold non-finite states, which and a message."""
+    finite = np.asarray(ds["finite"].values) if "finite" in ds else np.array(True)
+    bad = int(np.size(finite) - np.count_nonzero(finite))
+    if not bad:
+        return {"status": "ok"}
+    points = run.plan.points
+    bad_pts = [points[i] for i in np.flatnonzero(~finite.reshape(-1))][:20] if run.plan.axes else [{}]
+    return {"status": "nonfinite", "nonfinite_points": bad_pts,
+            "message": (f"non-finite states at {bad} of {len(points)} grid point(s), "
+                        f"e.g. {bad_pts[0]}")}
+
+
+def finish(run: Run, tally: Tally, base: dict, clock: tuple[float, dict]) -> tuple[dict, list]:
+    """Merge the chunks into ``data.nc``, summarise, draw the figures, write ``summary.json``.
+
+    Args:
+      run: the run (on the writer).
+      tally: what the chunk loop did.
+      base: the summary so far (:func:`base_summary`).
+      clock: ``(time.time(), compile_stats())`` at the run's start.
+
+    Returns:
+      ``(summary, figure paths)``.
+    """
+    import jax
+
+    t_start, compile0 = clock
+    plan = run.plan
+    ds = merge_chunks(run.cfg, run.out, plan.axes, plan.points, plan.chunks, config_hash=run.config_hash)
+    check_interrupt()
+    jio.write_dataset(ds, run.out / jio.DATA_FILE)
+    check_interrupt()
+    summary = dict(base)
+    summary.update({"status": "ok", "elapsed_seconds": time.time() - t_start,
+                    "chunks_computed": tally.computed, "chunks_resumed": len(tally.done),
+                    "measured_peak_rss_bytes": max_rss(), "warnings": run.warnings})
+    summary.update(_nonfinite(run, ds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary["results"] = run.kind.summarize(run.cfg, ds)
+    check_interrupt()
+    t_fig = time.time()
+    figures = [str(p) for p in run.kind.plot(run.cfg, ds, run.out)]
+    check_interrupt()
+    summary["figures_seconds"] = time.time() - t_fig
+    after = compile_stats()
+    # compile_seconds: tracing, lowering and XLA compilation (or loading from the persistent
+    # cache) over the whole run; compute_seconds: the chunks' time without it.
+    summary.update(compile_summary(compile0 or dict.fromkeys(after, 0), after))
+    summary["compute_seconds"] = tally.compute_seconds
+    summary["elapsed_seconds"] = time.time() - t_start
+    summary["compilation_cache"] = jax.config.jax_compilation_cache_dir
+    summary["figures"] = [Path(f).name for f in figures]
+    summary["data_file"] = jio.DATA_FILE
+    jio.write_json(run.out / jio.SUMMARY_FILE, summary)
+    return summary, figures
+
+
+def failed(run: Run, base: dict, tally: Tally, error: BaseException):
+    """Record a run that stops (``interrupted`` or ``failed``) in ``summary.json``.
+
+    A full disk keeps the summary's last state.
+
+    Args:
+      run: the run (on the writer).
+      base: the summary so far.
+      tally: what the chunk loop did.
+      error: why it stops.
+    """
+    status = "interrupted" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "failed"
+    try:
+        jio.write_json(run.out / jio.SUMMARY_FILE, {
+            **base, "status": status, "chunks_done": len(tally.done) + tally.computed,
+            "error": f"{type(error).__name__}: {error}"})
+    except OSError:  # the disk is full: the summary keeps its last state
+        pass
+
+
+def report(run_dir, log=print, movie: bool = False) -> list:
+    """Redraw every figure of a finished run from its saved results (no recomputation).
+
+    Args:
+      run_dir: the run folder.
+      log: unused (kept for callers that pass one).
+      movie: also write the kind's particle animation (kinds with a ``movie``).
+
+    Returns:
+      The paths of the figures written.
+
+    Raises:
+      ConfigError: no such folder, not a run folder, no finished results, or no movie for the
+        kind (named).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"report {run_dir}: no such folder")
+    cfg_file = run_dir / jio.CONFIG_FILE
+    if not cfg_file.exists():
+        raise ConfigError(f"{run_dir} holds no {jio.CONFIG_FILE}: not a jaxdyn run folder")
+    cfg = resolve_config(parse_yaml(read_text(cfg_file), str(cfg_file)))
+    try:
+        ds = jio.open_results(run_dir)
+    except (FileNotFoundError, jio.DamagedFileError) as e:
+        raise ConfigError(str(e)) from None
+    kind = get_kind(cfg["kind"])
+    figs = [str(p) for p in kind.plot(cfg, ds, run_dir)]
+    if movie:
+        if not hasattr(kind, "movie"):
+            raise ConfigError(f"kind {cfg['kind']!r} has no particle movie")
+        figs.append(str(kind.movie(cfg, ds, run_dir)))
+    return figs

@@ -1,0 +1,259 @@
+"""Running the chunks: the machine's limits, and the loop that computes and writes chunks.
+
+Every process computes every chunk it has not found on disk (with several processes a chunk's
+points are sharded over the devices of all of them) and the writer stores each one atomically
+as it finishes, so a killed run loses at most the chunk in flight. The loop checks for a signal
+between chunks, moves the progress bar within a chunk (:mod:`.progress`) and counts the time
+spent computing apart from compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from .. import io as jio
+from . import folder
+from . import progress as jprogress
+from .kinds import ExperimentKind
+from .planning import MemoryEstimate, Plan, point_config
+from .processes import Processes
+
+
+def check_interrupt():
+    """Raise ``KeyboardInterrupt`` if the CLI's handler saw a signal whose exception was lost.
+
+    Python ignores exceptions raised in garbage-collection callbacks (such as XLA's) during
+    the merge or the figures; the handler also records the signal in ``io.PENDING_SIGNALS``.
+
+    Raises:
+      KeyboardInterrupt: a SIGINT/SIGTERM is pending.
+    """
+    if jio.PENDING_SIGNALS:
+        raise KeyboardInterrupt(f"signal {jio.PENDING_SIGNALS[-1]}")
+
+
+def max_rss() -> int:
+    """Peak resident memory of this process so far, in bytes (Linux: ru_maxrss in KiB)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:  # pragma: no cover
+        return 0
+
+
+def current_rss() -> int:
+    """Resident memory of this process now, in bytes (0 where unknown)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover
+        return 0
+
+
+def host_memory_total() -> int:
+    """The host's memory in bytes (8 GiB where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 8 * 2**30
+
+
+def host_memory_available() -> tuple[int, str]:
+    """Bytes this process may still use on the host, and where that bound comes from.
+
+    Returns:
+      ``(bytes, where)``: MemAvailable plus what the process holds already, or ``ulimit -v``
+      if lower.
+    """
+    avail, where = None, "available on this host"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024 + current_rss()
+                break
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") + current_rss()
+        except (ValueError, OSError, AttributeError):  # pragma: no cover
+            avail = None
+    try:
+        import resource
+
+        lim = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if lim != resource.RLIM_INFINITY and (avail is None or lim < avail):
+            avail, where = lim, "allowed by `ulimit -v`"
+    except (ImportError, ValueError, OSError):  # pragma: no cover
+        pass
+    return (avail if avail is not None else 2**62), where
+
+
+def device_memory_limit() -> Optional[int]:
+    """Bytes on one accelerator (None on CPU or when the backend does not say)."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return None
+    try:
+        stats = dev.memory_stats() or {}
+    except Exception:  # pragma: no cover - backend without memory_stats
+        return None
+    return stats.get("bytes_limit")
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything the chunk loop and the report of one run need.
+
+    Attributes:
+      cfg: the resolved config.
+      kind: the experiment kind.
+      out: the run folder.
+      config_hash: the resolved config's hash.
+      plan: the grid and its chunks.
+      memory: the memory estimate.
+      processes: this process's part.
+      log: where to print (silent on processes other than the writer).
+      warnings: the run's warnings so far (appended to).
+    """
+
+    cfg: dict
+    kind: ExperimentKind
+    out: Path
+    config_hash: str
+    plan: Plan
+    memory: MemoryEstimate
+    processes: Processes
+    log: Callable
+    warnings: list
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the chunk loop did.
+
+    Attributes:
+      done: indices of the chunks found on disk (skipped).
+      computed: chunks computed by this process.
+      compute_seconds: the chunks' seconds less the compilation inside them.
+    """
+
+    done: list = dataclasses.field(default_factory=list)
+    computed: int = 0
+    compute_seconds: float = 0.0
+
+
+def finished_chunks(run: Run) -> list:
+    """The chunks already on disk for this config and plan, agreed by every process.
+
+    Args:
+      run: the run.
+
+    Returns:
+      Their indices.
+    """
+    def find():
+        return folder.existing_chunks(run.out, run.plan.chunks, run.config_hash, run.log, run.warnings)
+
+    return run.processes.shared_done(find, len(run.plan.chunks))
+
+
+def progress_bar(total: int, initial: int, enabled: bool):
+    """A tqdm bar in chunks that moves within a chunk too (fractions from :mod:`.progress`).
+
+    Args:
+      total: the chunk count.
+      initial: chunks already done.
+      enabled: False for no bar.
+
+    Returns:
+      The bar, or None.
+    """
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="chunk", desc="jaxdyn", dynamic_ncols=True,
+                leave=True, bar_format="{l_bar}{bar}| {n:.2f}/{total} chunks "
+                "[{elapsed}<{remaining}{postfix}]")
+
+
+def _bar_sink(bar, base):
+    """Moves ``bar`` to ``base`` + the fraction of the chunk in flight (at most every 0.2 s)."""
+    if bar is None:
+        return lambda frac: None
+    last = [0.0]
+
+    def sink(frac):
+        now = time.time()
+        if now - last[0] >= 0.2 or frac >= 1.0:
+            last[0] = now
+            bar.n = base + frac
+            bar.refresh()
+
+    return sink
+
+
+def _compile_seconds() -> float:
+    from .. import compile_stats
+
+    return compile_stats()["compile_seconds"]
+
+
+def compute_chunk(run: Run, ci: int, bar=None, position: int = 0) -> float:
+    """Compute chunk ``ci`` and (on the writer) write its file.
+
+    Args:
+      run: the run.
+      ci: the chunk's index.
+      bar: the progress bar (or None).
+      position: chunks finished before this one (where the bar starts).
+
+    Returns:
+      The chunk's seconds less the compilation inside them.
+    """
+    idxs = run.plan.chunks[ci]
+    pcs = [point_config(run.cfg, run.plan.points[i]) for i in idxs]
+    t0 = time.time()
+    c0 = _compile_seconds()
+    with jprogress.within_chunk(_bar_sink(bar, position)):
+        outputs = run.kind.run_points(pcs)
+    arrays, dims = folder.chunk_record(run.cfg["kind"], len(idxs), outputs)
+    if run.processes.writer:
+        jio.write_chunk(jio.chunk_path(run.out, ci), arrays,
+                        {"config_hash": run.config_hash, "points": idxs, "dims": dims,
+                         "seconds": time.time() - t0})
+    return (time.time() - t0) - (_compile_seconds() - c0)
+
+
+def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable] = None):
+    """Compute every chunk not in ``tally.done``, in order; the writer stores each.
+
+    Args:
+      run: the run.
+      tally: the finished chunks (``done``) on entry; counts of this loop on return.
+      bar: the progress bar (or None).
+      compute_hook: called with a chunk's index once it is computed (and written).
+    """
+    t_start = time.time()
+    for ci in range(len(run.plan.chunks)):
+        check_interrupt()
+        if ci in tally.done:
+            continue
+        run.processes.stop_if_preempted()
+        tally.compute_seconds += compute_chunk(run, ci, bar, len(tally.done) + tally.computed)
+        tally.computed += 1
+        if compute_hook is not None:
+            compute_hook(ci)
+        if bar is not None:
+            bar.n = len(tally.done) + tally.computed
+            bar.refresh()
+            bar.set_postfix_str(f"{tally.computed} computed, {len(tally.done)} resumed, "
+                                f"{time.time() - t_start:.0f}s")
+    check_interrupt()
