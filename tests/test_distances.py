@@ -20,7 +20,7 @@ import equinox as eqx
 import jaxdyn
 from conftest import tol
 from jaxdyn.distances import (
-    SinkhornW2,
+    W2Solution,
     bures_w2,
     bures_w2_squared,
     sqrtm_psd,
@@ -52,16 +52,16 @@ def test_exact_matches_brute_force_over_permutations(seed):
     n = 6
     x = rng.standard_normal((n, 3))
     y = rng.standard_normal((n, 3)) + 0.5
-    assert w2_exact(x, y) == pytest.approx(_brute_force_w2(x, y), rel=1e-12)
+    assert float(w2_exact(x, y).value) == pytest.approx(_brute_force_w2(x, y), rel=1e-12)
 
 
 def test_exact_of_permuted_copy_is_zero_and_symmetric():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((50, 4))
     y = x[rng.permutation(50)]
-    assert w2_exact(x, y) == pytest.approx(0.0, abs=1e-12)
+    assert float(w2_exact(x, y).value) == pytest.approx(0.0, abs=1e-12)
     z = rng.standard_normal((50, 4))
-    assert w2_exact(x, z) == pytest.approx(w2_exact(z, x), rel=1e-12)
+    assert float(w2_exact(x, z).value) == pytest.approx(float(w2_exact(z, x).value), rel=1e-12)
 
 
 def test_exact_of_translation_is_shift_length():
@@ -69,7 +69,7 @@ def test_exact_of_translation_is_shift_length():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((40, 3))
     tau = np.array([0.3, -1.2, 0.5])
-    assert w2_exact(x, x + tau) == pytest.approx(np.linalg.norm(tau), rel=1e-12)
+    assert float(w2_exact(x, x + tau).value) == pytest.approx(np.linalg.norm(tau), rel=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
@@ -83,8 +83,8 @@ def test_coupling_bounds_exact_from_above(n, d, seed, scale):
     rng = np.random.default_rng(seed)
     x = scale * rng.standard_normal((n, d))
     y = scale * rng.standard_normal((n, d))
-    ex = w2_exact(x, y)
-    cp = float(w2_coupling(jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64)))
+    ex = float(w2_exact(x, y).value)
+    cp = float(w2_coupling(jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64)).value)
     assert cp >= ex * (1 - 1e-12)
     assert ex == pytest.approx(_brute_force_w2(x, y), rel=1e-10, abs=1e-300)
 
@@ -95,12 +95,12 @@ def test_coupling_bounds_exact_on_sphere_clouds(seed, dtype):
     rng = np.random.default_rng(seed)
     x = _unit(rng.standard_normal((300, 3))).astype(dtype)
     y = _unit(x + 0.3 * rng.standard_normal((300, 3))).astype(dtype)
-    cp = w2_coupling(jnp.asarray(x), jnp.asarray(y))
+    cp = w2_coupling(jnp.asarray(x), jnp.asarray(y)).value
     assert cp.dtype == dtype
     # closed form of the coupling cost
     direct = math.sqrt(np.mean(np.sum((x.astype(np.float64) - y) ** 2, axis=1)))
     assert float(cp) == pytest.approx(direct, rel=tol(dtype, 1e-5, 1e-12))
-    assert float(cp) >= w2_exact(x, y) * (1 - tol(dtype, 1e-5, 1e-12))
+    assert float(cp) >= float(w2_exact(x, y).value) * (1 - tol(dtype, 1e-5, 1e-12))
 
 
 def test_coupling_broadcasts_over_a_trajectory():
@@ -108,9 +108,9 @@ def test_coupling_broadcasts_over_a_trajectory():
     xs = rng.standard_normal((5, 20, 3))
     y = rng.standard_normal((20, 3))
     out = w2_coupling(jnp.asarray(xs), jnp.asarray(y))
-    assert out.shape == (5,)
+    assert out.value.shape == (5,) and out.status.shape == (5,) and bool(np.all(out.ok))
     for k in range(5):
-        assert float(out[k]) == pytest.approx(float(w2_coupling(xs[k], y)), rel=1e-12)
+        assert float(out.value[k]) == pytest.approx(float(w2_coupling(xs[k], y).value), rel=1e-12)
 
 
 def test_structural_errors_name_the_argument():
@@ -133,7 +133,8 @@ def test_exact_returns_nan_on_nonfinite_input():
     x = np.zeros((4, 2))
     y = np.ones((4, 2))
     y[0, 0] = np.nan
-    assert math.isnan(w2_exact(x, y))
+    res = w2_exact(x, y)
+    assert math.isnan(float(res.value)) and res.names == "nonfinite"
 
 
 # ------------------------------------------------------------------------------ Sinkhorn
@@ -164,10 +165,10 @@ def _case(name, n, dtype, seed=0):
 @pytest.mark.slow_dtype("f64")  # f64 (~14 s, spread the most): the ε rule is the same in f32
 def test_sinkhorn_default_epsilon_within_2_percent_of_exact(name, dtype):
     x, y = _case(name, 1000, dtype)
-    exact = w2_exact(x, y)
+    exact = float(w2_exact(x, y).value)
     res = w2_sinkhorn(x, y)  # the DEFAULT ε rule: no ε given
     assert res.converged, res
-    assert not res.epsilon_floored
+    assert not res.stats["epsilon_floored"]
     assert abs(res.value / exact - 1) < 0.02, (res.value, exact, res.epsilon)
     # the final ε follows the distance: ε <= rel_epsilon · W2^2 (rule: ε = 0.005 · S_ε <= 0.005 · W2^2)
     assert res.epsilon <= 0.005 * exact**2 * 1.05
@@ -177,7 +178,7 @@ def test_sinkhorn_default_epsilon_within_2_percent_of_exact(name, dtype):
 
 def test_sinkhorn_near_limit_unnormalised_copy():
     x, y = _case("near_limit_raw", 1000, np.float32, seed=1)
-    exact = w2_exact(x, y)
+    exact = float(w2_exact(x, y).value)
     res = w2_sinkhorn(x, y)
     assert res.converged
     assert abs(res.value / exact - 1) < 0.02
@@ -186,7 +187,7 @@ def test_sinkhorn_near_limit_unnormalised_copy():
 def test_sinkhorn_fixed_large_epsilon_is_biased_as_documented():
     # at ε = 1e-3 (≈ 0.2 W2^2) the near-limit case is off by > 5 %: the reason ε must follow W2^2
     x, y = _case("near_limit", 1000, np.float64)
-    exact = w2_exact(x, y)
+    exact = float(w2_exact(x, y).value)
     res = w2_sinkhorn(x, y, epsilon=1e-3)
     assert res.epsilon == pytest.approx(1e-3)
     assert res.value < exact * 0.95
@@ -250,14 +251,26 @@ def test_sinkhorn_online_geometry_equals_dense():
     dense = w2_sinkhorn(x, y, batch_size=None)
     online = w2_sinkhorn(x, y, batch_size=32)  # 120 and 100 are not multiples of 32
     assert dense.converged and online.converged
-    assert np.asarray(online.epsilons) == pytest.approx(np.asarray(dense.epsilons), rel=1e-10)
+    assert dense.geometry == "dense" and online.geometry == "online"
+    assert int(online.stats["num_rounds"]) == int(dense.stats["num_rounds"])
+    k = int(dense.stats["num_rounds"])
+    assert np.asarray(online.stats["epsilons"])[:k] == pytest.approx(
+        np.asarray(dense.stats["epsilons"])[:k], rel=1e-10)
     assert float(online.divergence) == pytest.approx(float(dense.divergence), rel=1e-10)
 
 
-def test_w2_dispatch_and_nonconvergence_warning():
+def test_w2_dispatch_returns_the_methods_results():
     x, y = _case("spread", 200, np.float64, seed=6)
-    assert w2(x, y) == pytest.approx(w2_exact(x, y))
-    assert w2(x, y, method="coupling") == pytest.approx(float(w2_coupling(x, y)))
+    exact = float(w2_exact(x, y).value)
+    res = w2(x, y)
+    assert isinstance(res, W2Solution) and res.method == "exact"
+    assert float(res.value) == pytest.approx(exact) and float(res) == float(res.value)
+    assert float(res.divergence) == pytest.approx(exact ** 2) and float(res.bias_bound) == 0.0
+    cp = w2(x, y, method="coupling")
+    assert cp.method == "coupling"
+    assert float(cp.value) == pytest.approx(float(w2_coupling(x, y).value))
+    # the coupling is an upper bound: its bias bound is its own square, W2^2 in [0, C^2]
+    assert float(cp.bias_bound) == pytest.approx(float(cp.value) ** 2)
     # a converged solve warns nothing; import ott first, so that a third-party import-time
     # DeprecationWarning (jaxopt) does not depend on which test ran first in this process
     import ott.solvers.linear.sinkhorn  # noqa: F401
@@ -265,11 +278,17 @@ def test_w2_dispatch_and_nonconvergence_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         v = w2(x, y, method="sinkhorn")
-    assert v == pytest.approx(w2_exact(x, y), rel=0.02)
+    assert v.method == "sinkhorn" and bool(v.ok)
+    assert float(v.value) == pytest.approx(exact, rel=0.02)
+    # the bound holds: |S_ε - W2^2| <= ε log N
+    assert abs(float(v.divergence) - exact ** 2) <= float(v.bias_bound)
     res = w2_sinkhorn(x, y, max_iterations=20, max_rounds=2)
-    assert res.converged is False
-    with pytest.warns(RuntimeWarning, match="did not converge"):
-        assert w2(x, y, method="sinkhorn", max_iterations=20, max_rounds=2) == res.value
+    assert not bool(res.converged) and res.names == "not_converged"
+    # the status travels on the result (no warning): the same solve through w2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = w2(x, y, method="sinkhorn", max_iterations=20, max_rounds=2)
+    assert again.names == "not_converged" and float(again.value) == float(res.value)
 
 
 # -------------------------------------------------------------------------------- Bures
@@ -294,7 +313,7 @@ def test_bures_matches_scipy_sqrtm(seed):
     d = 5
     m0, m1 = rng.standard_normal(d), rng.standard_normal(d)
     S0, S1 = _random_spd(rng, d, 30.0), _random_spd(rng, d, 5.0)
-    got = float(bures_w2(m0, S0, m1, S1))
+    got = float(bures_w2(m0, S0, m1, S1).value)
     assert got == pytest.approx(_bures_scipy(m0, S0, m1, S1), rel=1e-12)
 
 
@@ -319,7 +338,7 @@ def test_bures_ill_conditioned_matches_scipy():
     S0, S1 = _random_spd(rng, d, 1e8), _random_spd(rng, d, 1e6)
     m = np.zeros(d)
     ref = _bures_scipy(m, S0, m, S1)
-    got = float(bures_w2(m, S0, m, S1))
+    got = float(bures_w2(m, S0, m, S1).value)
     assert got == pytest.approx(ref, rel=1e-9)
     # and W2^2 itself, absolutely, against the scale tr S0 + tr S1, with a 50-digit reference
     # (scipy's sqrtm is itself off by 1.6e-12 here: the eigenvalues of S1^½ S0 S1^½ near 1e-14
@@ -337,9 +356,9 @@ def test_bures_singular_covariances():
     S0 = a @ a.T  # rank 2
     S1 = _random_spd(rng, d, 10.0)
     m = np.zeros(d)
-    assert float(bures_w2(m, S0, m, S1)) == pytest.approx(_bures_scipy(m, S0, m, S1), rel=1e-7)
+    assert float(bures_w2(m, S0, m, S1).value) == pytest.approx(_bures_scipy(m, S0, m, S1), rel=1e-7)
     # same rank-2 Gaussian against itself: distance 0
-    assert float(bures_w2(m, S0, m, S0)) == pytest.approx(0.0, abs=1e-7)
+    assert float(bures_w2(m, S0, m, S0).value) == pytest.approx(0.0, abs=1e-7)
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
@@ -353,7 +372,7 @@ def test_bures_commuting_closed_form(dtype):
     q = q.astype(dtype)
     S0, S1 = (q * a) @ q.T, (q * b) @ q.T  # rotate both: still commuting
     ref = math.sqrt(np.sum((m0.astype(float) - m1) ** 2) + np.sum((np.sqrt(a.astype(float)) - np.sqrt(b)) ** 2))
-    got = bures_w2(jnp.asarray(m0), jnp.asarray(S0), jnp.asarray(m1), jnp.asarray(S1))
+    got = bures_w2(jnp.asarray(m0), jnp.asarray(S0), jnp.asarray(m1), jnp.asarray(S1)).value
     assert got.dtype == dtype
     assert float(got) == pytest.approx(ref, rel=tol(dtype, 1e-4, 1e-12))
 
@@ -366,11 +385,13 @@ def test_bures_is_symmetric_and_jit_vmap(dtype):
     ms1 = rng.standard_normal((k, d)).astype(dtype)
     S0 = np.stack([_random_spd(rng, d, 20.0) for _ in range(k)]).astype(dtype)
     S1 = np.stack([_random_spd(rng, d, 20.0) for _ in range(k)]).astype(dtype)
-    batched = jax.jit(jax.vmap(bures_w2))(ms0, S0, ms1, S1)
+    res = jax.jit(jax.vmap(bures_w2))(ms0, S0, ms1, S1)
+    assert res.value.shape == (k,) and list(res.names) == ["successful"] * k
+    batched = res.value
     for i in range(k):
         ref = _bures_scipy(ms0[i].astype(float), S0[i].astype(float), ms1[i].astype(float), S1[i].astype(float))
         assert float(batched[i]) == pytest.approx(ref, rel=tol(dtype, 1e-4, 1e-12))
-        swapped = float(bures_w2(ms1[i], S1[i], ms0[i], S0[i]))
+        swapped = float(bures_w2(ms1[i], S1[i], ms0[i], S0[i]).value)
         assert swapped == pytest.approx(float(batched[i]), rel=tol(dtype, 1e-4, 1e-12))
 
 
@@ -428,7 +449,7 @@ def test_bures_gradient_is_finite_at_coincidence_and_rank_deficiency():
     d = 3
     S = np.diag([1.0, 0.5, 0.0])  # singular
     m = np.zeros(d)
-    g = jax.grad(lambda S1: bures_w2(m, jnp.asarray(S), m, S1))(jnp.asarray(S))
+    g = jax.grad(lambda S1: bures_w2(m, jnp.asarray(S), m, S1).value)(jnp.asarray(S))
     assert np.all(np.isfinite(np.asarray(g)))
     g2 = jax.grad(lambda S1: bures_w2_squared(m, jnp.asarray(S), m, S1))(jnp.asarray(np.diag([1.0, 0.5, 0.2])))
     assert np.all(np.isfinite(np.asarray(g2)))
@@ -442,18 +463,18 @@ def test_bures_structural_errors():
 
 
 def test_sinkhorn_result_is_a_pytree_for_jit_and_vmap():
-    """SinkhornW2 holds arrays: it passes through jax.jit (in and out), stacks and vmaps;
+    """W2Solution holds arrays: it passes through jax.jit (in and out), stacks and vmaps;
     float(res.value) still works; throw=True raises with the status message."""
     x, y = _case("spread", 100, np.float64, seed=3)
     res = w2_sinkhorn(x, y)
     assert isinstance(res, jaxdyn.Solution) and bool(res.ok) and res.names == "successful"
-    assert isinstance(float(res.value), float) and int(res.n_iters) > 0
+    assert isinstance(float(res.value), float) and int(res.num_steps) > 0
     out = jax.jit(lambda r: r)(res)
-    assert isinstance(out, SinkhornW2) and float(out.value) == float(res.value)
+    assert isinstance(out, W2Solution) and float(out.value) == float(res.value)
     assert out.geometry == res.geometry
     doubled = jax.jit(lambda r: 2.0 * r.value)(res)
     assert float(doubled) == 2.0 * float(res.value)
-    # built inside jit: a SinkhornW2 returned from a jitted function
+    # built inside jit: a W2Solution returned from a jitted function
     made = jax.jit(lambda v: eqx.tree_at(lambda r: r.value, res, v))(jnp.asarray(0.5))
     assert float(made.value) == 0.5
     # a batch of results: status per member
@@ -482,14 +503,16 @@ def test_bad_options_and_list_inputs_and_nan_gaussians():
         with pytest.raises(ValueError, match=msg):  # (ran to an IndexError, a NaN, a long wait)
             w2_sinkhorn(x, y, **kw)
     # nested lists are point clouds as arrays are (the checks read .shape before converting)
-    assert w2_exact(x.tolist(), y.tolist()) == pytest.approx(w2_exact(x, y), rel=1e-12)
-    assert w2_exact(x.tolist(), y.tolist()) == pytest.approx(0.1 * np.sqrt(2), rel=1e-9)
-    assert w2_sinkhorn(x.tolist(), y.tolist(), epsilon=0.5).value == pytest.approx(
-        w2_sinkhorn(x, y, epsilon=0.5).value, rel=1e-9)
+    assert float(w2_exact(x.tolist(), y.tolist()).value) == pytest.approx(
+        float(w2_exact(x, y).value), rel=1e-12)
+    assert float(w2_exact(x.tolist(), y.tolist()).value) == pytest.approx(0.1 * np.sqrt(2), rel=1e-9)
+    assert float(w2_sinkhorn(x.tolist(), y.tolist(), epsilon=0.5).value) == pytest.approx(
+        float(w2_sinkhorn(x, y, epsilon=0.5).value), rel=1e-9)
     # a NaN in a Gaussian's parameters gives W2 = NaN (it read 0, "identical Gaussians")
     from jaxdyn.distances import bures_w2, bures_w2_squared
     S = np.eye(2)
     for m0, S0 in ((np.array([np.nan, 0.0]), S), (np.zeros(2), np.array([[np.nan, 0.0], [0.0, 1.0]]))):
         assert np.isnan(float(bures_w2_squared(m0, S0, np.zeros(2), S)))
-        assert np.isnan(float(bures_w2(m0, S0, np.zeros(2), S)))
-    assert float(bures_w2(np.zeros(2), S, np.zeros(2), S)) == 0.0
+        res = bures_w2(m0, S0, np.zeros(2), S)
+        assert np.isnan(float(res.value)) and res.names == "nonfinite"
+    assert float(bures_w2(np.zeros(2), S, np.zeros(2), S).value) == 0.0

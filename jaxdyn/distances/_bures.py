@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import functools
 
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._solution import W2Solution, closed_solution
 
 
 def _sym(a):
+    """The symmetric part of a (batch of) square matrices."""
     return 0.5 * (a + jnp.swapaxes(a, -1, -2))
 
 
 def _eigh_psd(s):
+    """Eigenvalues (clipped at 0) and eigenvectors of the symmetric part of s."""
     w, u = jnp.linalg.eigh(_sym(s))
     return jnp.maximum(w, 0.0), u
 
@@ -40,6 +42,12 @@ def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
     with the entries where both λ_i, λ_j are (numerically) zero set to 0 (the derivative of
     sqrt is infinite there; 0 is the safe choice). Jittable, vmappable, batched over leading
     dimensions.
+
+    Args:
+        s: symmetric PSD matrices (..., d, d).
+
+    Returns:
+        The square roots R (..., d, d), symmetric PSD with R R = S (for PSD S).
     """
     w, u = _eigh_psd(s)
     return jnp.matmul(u * jnp.sqrt(w)[..., None, :], jnp.swapaxes(u, -1, -2),
@@ -69,6 +77,12 @@ def trace_sqrtm_psd(c: Float[Array, "... d d"]) -> Float[Array, "..."]:
     Derivative ``d tr C^{1/2} = Σ_i (u_iᵀ dC u_i) / (2 sqrt λ_i)``, with numerically zero
     eigenvalues contributing 0 (safe at rank deficiency). It needs only eigenvalue
     derivatives, so repeated eigenvalues are fine.
+
+    Args:
+        c: symmetric PSD matrices (..., d, d).
+
+    Returns:
+        The traces of their square roots, shape (...).
     """
     w, _ = _eigh_psd(c)
     return jnp.sum(jnp.sqrt(w), axis=-1)
@@ -91,6 +105,7 @@ Cov = Float[Array, "... d d"]
 
 
 def _check_gaussian(mname, m, sname, s):
+    """Raise ValueError unless m is (..., d) and s is (..., d, d)."""
     if m.ndim < 1 or s.ndim < 2 or s.shape[-1] != s.shape[-2] or s.shape[-1] != m.shape[-1]:
         raise ValueError(
             f"{mname} must have shape (..., d) and {sname} shape (..., d, d) with the same d, "
@@ -108,6 +123,18 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     differentiable (also at repeated eigenvalues, e.g. S1 = I). The smooth choice for a
     loss. Covariances are symmetrised; they must be PSD (not checked: a negative
     eigenvalue is clipped to 0).
+
+    Args:
+        m0: means (..., d) of the first Gaussians.
+        S0: covariances (..., d, d) of the first Gaussians.
+        m1: means (..., d) of the second Gaussians.
+        S1: covariances (..., d, d) of the second Gaussians.
+
+    Returns:
+        W2^2, shape (...) (the inputs' batch shapes broadcast); NaN where an input is NaN.
+
+    Raises:
+        ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
     """
     m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
     _check_gaussian("m0", m0, "S0", S0)
@@ -139,20 +166,37 @@ def _bures_w2_squared(m0, S0, m1, S1):
     return jnp.maximum(jnp.sum((m0 - m1) ** 2, axis=-1) + cov_part, 0.0)
 
 
-def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
-    r"""W2 between N(m0, S0) and N(m1, S1): the square root of :func:`bures_w2_squared`.
+def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
+    r"""W2 between N(m0, S0) and N(m1, S1) in closed form (Bures–Wasserstein).
 
-        W2^2 = |m0 - m1|^2 + tr(S0 + S1 - 2 (S1^{1/2} S0 S1^{1/2})^{1/2})   (docs/math.md §B.11)
+    .. math::
 
-    Exact up to rounding (no bias). The square root is made safe at 0 (gradient 0 where the
-    two Gaussians coincide instead of NaN). Note that near coincidence W2 is not smooth; use
-    the squared form in losses.
+        W_2^2 = |m_0 - m_1|^2 + \operatorname{tr}\big(S_0 + S_1
+                - 2 (S_1^{1/2} S_0 S_1^{1/2})^{1/2}\big)      \qquad\text{(docs/math.md §B.11)}
+
+    computed by :func:`bures_w2_squared` (eigh-based square roots). Exact up to rounding (no
+    bias). Jittable, vmappable, batched over leading dimensions and differentiable: the
+    square root is made safe at 0 (gradient 0 where the two Gaussians coincide instead of
+    NaN). Near coincidence W2 is not smooth; use the squared form
+    (:func:`bures_w2_squared`, or ``divergence``) in losses.
+
+    Args:
+        m0: means (..., d) of the first Gaussians.
+        S0: covariances (..., d, d) of the first Gaussians (symmetric PSD).
+        m1: means (..., d) of the second Gaussians.
+        S1: covariances (..., d, d) of the second Gaussians (symmetric PSD).
+
+    Returns:
+        :class:`W2Solution` (``method="bures"``) of the broadcast batch shape: ``value`` is
+        W2, ``divergence`` W2^2; ``result`` is ``nonfinite`` where an input is not finite.
+
+    Raises:
+        ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
     """
-    return _safe_sqrt(bures_w2_squared(m0, S0, m1, S1))
+    return _bures_solution(bures_w2_squared(m0, S0, m1, S1))
 
 
 @jax.jit
-def _safe_sqrt(sq):
-    pos = sq > 0
-    # NaN stays NaN (``sq > 0`` is False for it: a NaN input read as W2 = 0 before)
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), jnp.where(jnp.isnan(sq), sq, 0.0))
+def _bures_solution(sq):
+    """The result of :func:`bures_w2` from W2^2 (one program a shape)."""
+    return closed_solution(sq, 0.0, "bures")

@@ -3,55 +3,97 @@ given pairing (coupling, an upper bound)."""
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-
 from ._checks import _as_float_array, _check_pair
+from ._solution import W2Solution, closed_solution, is_traced
 
 
-def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> float:
+def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
     r"""Exact W2 between two uniform clouds of equal size (optimal assignment).
 
-        W2(x, y)^2 = min_σ (1/N) Σ_i |x_i - y_σ(i)|^2   (σ a permutation)
+    .. math::
+
+        W_2(x, y)^2 = \min_\sigma \frac1N \sum_i |x_i - y_{\sigma(i)}|^2
+        \qquad (\sigma \text{ a permutation})
 
     For uniform weights and equal sizes the optimal plan is a permutation (Birkhoff), so
     the Hungarian-type solver ``scipy.optimize.linear_sum_assignment`` on the squared
     Euclidean cost gives W2 exactly. Computed in float64 on the host whatever the input
-    dtype.
+    dtype; the result's arrays take JAX's default float dtype (float64 under
+    ``jax_enable_x64``, else float32).
 
-    Bias: none. Cost: O(N^3) time and an N x N float64 matrix (N = 5000: 200 MB, seconds to
-    tens of seconds). Not jittable. Returns ``nan`` if either cloud has a non-finite entry.
+    Bias: none (``bias_bound`` 0). Cost: O(N^3) time and an N x N float64 matrix (N = 5000:
+    200 MB, seconds to tens of seconds).
+
+    Host only: the assignment is a SciPy (C++) solver on NumPy arrays, with no JAX
+    primitive, so ``w2_exact`` does not compose with ``jax.jit``, ``jax.vmap`` or
+    ``jax.grad`` (a host callback would make the program unexportable for accelerators, and
+    W2 is not differentiable where the optimal permutation changes). Under a transformation,
+    use :func:`w2_sinkhorn` (differentiable, any sizes) or :func:`w2_coupling`.
+
+    Args:
+        x: a cloud of N points in dimension d (array or nested lists).
+        y: a cloud of N points in dimension d.
+
+    Returns:
+        :class:`W2Solution` (``method="exact"``): ``value`` is W2, ``divergence`` W2^2;
+        ``result`` is ``nonfinite`` (and the value NaN) if either cloud has a non-finite
+        entry.
 
     Raises:
-      ValueError: if x or y is not (N, d), or if the sizes or dimensions differ.
+        ValueError: if x or y is not (N, d), or if the sizes or dimensions differ.
+        TypeError: if x or y is traced (under ``jit``, ``vmap`` or ``grad``).
     """
     from scipy.optimize import linear_sum_assignment
     from scipy.spatial.distance import cdist
 
     _check_pair(x, y, same_size=True)
+    if is_traced(x, y):
+        raise TypeError(
+            "w2_exact runs SciPy's assignment solver on the host and does not compose with "
+            "jax.jit, jax.vmap or jax.grad; call it on concrete arrays, or use w2_sinkhorn "
+            "(jittable, differentiable) or w2_coupling under a transformation")
     xn = np.asarray(x, dtype=np.float64)
     yn = np.asarray(y, dtype=np.float64)
     if not (np.all(np.isfinite(xn)) and np.all(np.isfinite(yn))):
-        return float("nan")
-    cost = cdist(xn, yn, metric="sqeuclidean")
-    rows, cols = linear_sum_assignment(cost)
-    return float(np.sqrt(cost[rows, cols].mean()))
+        sq = np.nan
+    else:
+        cost = cdist(xn, yn, metric="sqeuclidean")
+        rows, cols = linear_sum_assignment(cost)
+        sq = cost[rows, cols].mean()
+    return _exact_solution(np.asarray(sq, np.float64))
 
 
-def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> Float[Array, "..."]:
+def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Solution:
     r"""Cost of the natural (given) pairing: an upper bound on W2.
 
-        C(x, y) = ( (1/N) Σ_i |x_i - y_i|^2 )^{1/2}  >=  W2(x, y)
+    .. math::
+
+        C(x, y) = \Big(\frac1N \sum_i |x_i - y_i|^2\Big)^{1/2} \;\ge\; W_2(x, y)
 
     since the pairing i -> i is one admissible coupling. For particle dynamics the natural
-    pairing is ``y_i = Π(x_i(0))`` against ``x_i(t)``. Jittable and differentiable; leading
-    batch dimensions broadcast (e.g. a trajectory (T, N, d) against (N, d) gives (T,)).
+    pairing is ``y_i = Π(x_i(0))`` against ``x_i(t)``. Jittable, vmappable and
+    differentiable (the gradient of ``value`` is 0, not NaN, where x = y); leading batch
+    dimensions broadcast (e.g. a trajectory (T, N, d) against (N, d) gives a result of
+    batch shape (T,)).
 
-    Bias: upward (equality iff the given pairing is optimal). Cost: O(N d).
+    Bias: upward (equality iff the given pairing is optimal): ``bias_bound`` is
+    ``divergence`` itself (``0 <= W2^2 <= C^2``). Cost: O(N d).
+
+    Args:
+        x: clouds (..., N, d).
+        y: clouds (..., N, d), broadcasting against x.
+
+    Returns:
+        :class:`W2Solution` (``method="coupling"``) of the broadcast batch shape: ``value``
+        is C, ``divergence`` C^2; ``result`` is ``nonfinite`` where C is not finite.
+
+    Raises:
+        ValueError: if x or y is not (..., N, d) or their (N, d) differ.
     """
     x = _as_float_array(x)
     y = _as_float_array(y)
@@ -63,10 +105,17 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> Float
         raise ValueError(
             f"x and y must be paired clouds with the same (N, d), got shapes {x.shape} and {y.shape}"
         )
-    return _coupling_cost(x, y)
+    return _coupling(x, y)
 
 
 @jax.jit
-def _coupling_cost(x, y):
-    # one program a shape (eagerly: five small ones), inlined under a caller's jit
-    return jnp.sqrt(jnp.mean(jnp.sum((x - y) ** 2, axis=-1), axis=-1))
+def _exact_solution(sq):
+    """The result of :func:`w2_exact` from its squared cost (one program, not ten eager ops)."""
+    return closed_solution(sq, 0.0, "exact")
+
+
+@jax.jit
+def _coupling(x, y):
+    """:func:`w2_coupling` after its checks: one program a shape, inlined under a caller's jit."""
+    sq = jnp.mean(jnp.sum((x - y) ** 2, axis=-1), axis=-1)
+    return closed_solution(sq, sq, "coupling")

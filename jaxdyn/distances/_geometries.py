@@ -1,33 +1,50 @@
 """ott-jax point-cloud geometries whose log-sum-exp kernels are computed here: the dense online
 tiles (:func:`~jaxdyn.kernels.blocked_lse`) and the block-sparse tiles of the multiscale solver
-(:func:`sparse_lse`, only the key blocks that a certified bound keeps)."""
+(:func:`sparse_lse`, only the key blocks that a certified bound keeps).
+
+Both are subclasses of ott's ``PointCloud`` that override its public ``apply_lse_kernel`` (the
+one kernel that Sinkhorn's updates, its marginal error and its dual cost go through) and, for
+the block-sparse one, the pytree methods that carry its neighbour lists. The classes are built
+on first use, so that importing :mod:`jaxdyn.distances` does not import ott.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ..kernels._attention import pad_rows
-from ..kernels._lse import blocked_lse, lse_key_block, lse_tile
+from ..kernels import blocked_lse, lse_tile, pad_rows
 
 #: points per leaf block: tiles of 256 rows x 8 blocks of 256 keys ran at 4.0 G terms/s on
 #: the 2-core CPU (N = 16384, every block visited; 128-point blocks 3.2, the dense online
 #: kernel's 1024 x 512 tiles 2.0); smaller blocks prune more, larger tiles run faster.
 BLOCK = 256
 
+#: key block of the online geometry by platform: cache-sized on CPU, 8x larger on
+#: accelerators, where every block step is a kernel launch.
+ONLINE_KEY_BLOCK = {"cpu": 512, "gpu": 4096}
 
+
+def online_key_block() -> int:
+    """Key block of the online geometry on the default backend."""
+    return ONLINE_KEY_BLOCK["cpu" if jax.default_backend() == "cpu" else "gpu"]
+
+
+@functools.cache
 def _online_point_cloud_class():
     """ott ``PointCloud`` whose online log-sum-exp is computed here, tile by tile.
 
-    ott-jax 0.6's own online path (``PointCloud(batch_size=...)``) calls
-    ``jax.interpreters.batching.is_vmappable``, which jax 0.10 removed, so it fails. This
-    subclass keeps ott's solver and overrides only ``apply_lse_kernel`` (the one kernel the
-    Sinkhorn loop, its error and its cost use) with :func:`blocked_lse`: ``batch_size``
-    rows at a time against blocks of ``LSE_K_BLOCK`` points of the other cloud on CPU (8
-    times that on accelerators), memory O(batch_size · block). The signed, weighted form
-    (``vec``, used by ott only to apply a transport plan, never by Sinkhorn) is computed a
-    row block at a time.
+    Why a subclass: ott-jax 0.6 (the newest release) cannot run its own online path under
+    jax 0.10: ``PointCloud(x, y, batch_size=32)`` in a Sinkhorn solve raises
+    ``AttributeError: module 'jax.interpreters.batching' has no attribute 'is_vmappable'``
+    (measured), and a dense ``PointCloud`` forms the N x M cost. This subclass keeps ott's
+    solver and overrides only the public ``apply_lse_kernel`` with :func:`blocked_lse`:
+    ``batch_size`` rows at a time against blocks of :func:`online_key_block` points of the
+    other cloud, memory O(batch_size · block). The signed, weighted form (``vec``, used by
+    ott only to apply a transport plan, never by Sinkhorn) is computed a row block at a time.
     """
     from ott.geometry import pointcloud
 
@@ -40,7 +57,7 @@ def _online_point_cloud_class():
                 pts, other, pot = self.x, self.y, g
             if vec is None:
                 res = blocked_lse(pts, other, pot, eps, q_block=self.batch_size,
-                                  k_block=lse_key_block())
+                                  k_block=online_key_block())
                 return res, jnp.ones_like(res)
 
             def one(p):
@@ -53,14 +70,9 @@ def _online_point_cloud_class():
     return OnlinePointCloud
 
 
-_ONLINE_POINT_CLOUD = None
-
-
 def online_geometry(x, y, epsilon, batch_size):
-    global _ONLINE_POINT_CLOUD
-    if _ONLINE_POINT_CLOUD is None:
-        _ONLINE_POINT_CLOUD = _online_point_cloud_class()
-    return _ONLINE_POINT_CLOUD(x, y, epsilon=epsilon, batch_size=batch_size)
+    """An ott point cloud of x, y whose kernel is :func:`blocked_lse` (``batch_size`` rows)."""
+    return _online_point_cloud_class()(x, y, epsilon=epsilon, batch_size=batch_size)
 
 
 def _blocks(a, block, value=0.0):
@@ -122,8 +134,15 @@ def sparse_lse(pts, other, pot, eps, nbr, *, block: int = BLOCK):
     return out.reshape(-1)[:n]
 
 
+@functools.cache
 def _sparse_point_cloud_class():
-    """ott ``PointCloud`` whose log-sum-exp kernel visits only the selected blocks."""
+    """ott ``PointCloud`` whose log-sum-exp kernel visits only the selected blocks.
+
+    ott has no block-sparse geometry: this subclass carries the neighbour lists of the
+    multiscale solver as pytree leaves (its ``tree_flatten``/``tree_unflatten`` extend ott's
+    own, whatever their layout) and overrides the public ``apply_lse_kernel`` with
+    :func:`sparse_lse`.
+    """
     from ott.geometry import pointcloud
 
     @jtu.register_pytree_node_class
@@ -136,13 +155,15 @@ def _sparse_point_cloud_class():
 
         def tree_flatten(self):
             children, aux = super().tree_flatten()
-            return children + (self.nbr_x, self.nbr_y), {**aux, "block": self.block}
+            return (tuple(children), self.nbr_x, self.nbr_y), (aux, self.block)
 
         @classmethod
         def tree_unflatten(cls, aux_data, children):
-            x, y, epsilon, cost_fn, nbr_x, nbr_y = children
-            return cls(x, y, cost_fn=cost_fn, epsilon=epsilon, nbr_x=nbr_x, nbr_y=nbr_y,
-                       **aux_data)
+            base, nbr_x, nbr_y = children
+            aux, block = aux_data
+            geom = super().tree_unflatten(aux, list(base))
+            geom.nbr_x, geom.nbr_y, geom.block = nbr_x, nbr_y, block
+            return geom
 
         def apply_lse_kernel(self, f, g, eps, vec=None, axis=0):
             if vec is not None:
@@ -157,11 +178,7 @@ def _sparse_point_cloud_class():
     return SparsePointCloud
 
 
-_SPARSE_POINT_CLOUD = None
-
-
 def sparse_geometry(x, y, epsilon, nbr_x, nbr_y, block=BLOCK):
-    global _SPARSE_POINT_CLOUD
-    if _SPARSE_POINT_CLOUD is None:
-        _SPARSE_POINT_CLOUD = _sparse_point_cloud_class()
-    return _SPARSE_POINT_CLOUD(x, y, epsilon=epsilon, nbr_x=nbr_x, nbr_y=nbr_y, block=block)
+    """An ott point cloud of x, y whose kernel visits only the listed blocks (:func:`sparse_lse`)."""
+    return _sparse_point_cloud_class()(x, y, epsilon=epsilon, nbr_x=nbr_x, nbr_y=nbr_y,
+                                       block=block)

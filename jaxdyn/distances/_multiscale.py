@@ -31,8 +31,8 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    to the points by one c-transform against the centroids, then the ladder continues on
    the points with sparse kernels, ε falling at most 4x per round. Each round on the
    points starts at its own ε from the potentials of the two rounds before it (the first:
-   the last two coarse ones, carried) extrapolated linearly in ε. With the intermediate
-   level (``MID_LEVEL``), the ladder below the coarse floor first runs to its end on the
+   the last two coarse ones, carried) extrapolated linearly in ε. On the intermediate
+   level, the ladder below the coarse floor first runs to its end on the
    weighted centroids of runs of ``MID`` = 4 rows (N / 4 points, sparse rounds as on the
    points, no certificate: it only warm-starts; a run whose points lie farther than
    ``sqrt(MID_SPREAD · ε)`` from their centroid, ε the predicted final one, enters as two
@@ -66,8 +66,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels._lse import blocked_lse
-from ._geometries import BLOCK, sparse_lse  # noqa: F401
+from ..kernels import blocked_lse
+from ._geometries import BLOCK, sparse_lse
 from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
@@ -486,23 +486,12 @@ ATTEMPT_LIMIT = 600
 #: the lists of a round are selected with the margin enlarged by this many ε (the
 #: potentials move during the round; the final check uses the certificate's margin).
 _SELECT_EXTRA = 4.0
-#: Anderson mixing (memory ``FINE_ANDERSON``) instead of over-relaxation for the (x, y)
-#: problem of the rounds on the points; 0 = off. Measured at N = 10^4 (bench_w2 clouds),
-#: (x, y) iterations on the points: affine 190 with Anderson(4) against 330 with
-#: over-relaxation, but concentration 890 against 450: off by default.
-FINE_ANDERSON = 0
-#: without Anderson: the iteration at which the over-relaxation is measured in the rounds
-#: on the points (rounds started by extrapolation: at once, after two error records; annealed
-#: rounds: after their annealing over at most FINE_ROUND_RATIO, 14 iterations, so at 30).
-#: Measured at N = 10^4 (affine case): the first round on the points 70 -> 60 iterations.
+#: the iteration at which the over-relaxation is first measured in the rounds on the points
+#: (they start by extrapolation at their own ε: no annealing to wait for; then it is
+#: re-estimated at every error check). Measured at N = 10^4 (affine case), against waiting
+#: for an annealing over FINE_ROUND_RATIO (30): the first round on the points 70 -> 60
+#: iterations.
 FINE_MOMENTUM_START = 20
-#: re-estimate the over-relaxation of the (x, y) problem at every error check in the
-#: rounds on the points (:func:`jaxdyn.distances._rounds._reestimating_solver`) instead of
-#: once at FINE_MOMENTUM_START.
-FINE_REESTIMATE = True
-#: start each round on the points from the potentials of the two rounds before it,
-#: extrapolated linearly in ε, at the round's ε (no annealing).
-FINE_EXTRAPOLATE = True
 
 
 def _same(p, q) -> bool:
@@ -653,15 +642,10 @@ def _extrapolate(h1, h2, eps):
 FINE_BLOCK = 64
 
 
-#: solve an intermediate level (the centroids of runs of MID rows) at the first ε of the
-#: rounds on the points, and start those from its solution carried to the points.
-MID_LEVEL = True
 #: the rounds on the points start this fraction below the intermediate level's last ε.
 MID_EPS_BELOW = 0.02
 #: a round whose ε is at least this fraction of the previous round's keeps its lists.
 REUSE_LISTS_ABOVE = 0.9
-#: ... for clouds of at least this many cost entries (N x M).
-MID_MIN_ENTRIES = 0
 
 
 #: a group of MID rows becomes one point of the intermediate level only if its points lie
@@ -796,23 +780,14 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     def carry(e, cpots):
         return _carry_pots(bx, by, la, lb, cx, cy, e, cpots)
 
-    use_mid = MID_LEVEL and n * m >= MID_MIN_ENTRIES and len(coarse_hist) >= 1
-    pots = None if use_mid else carry(eps, info["pots"])
     a = jnp.where(bx.valid, jnp.asarray(1.0 / n, dtype), jnp.zeros((), dtype))
     b = jnp.where(by.valid, jnp.asarray(1.0 / m, dtype), jnp.zeros((), dtype))
 
     # 3. rounds on the points with certified sparse kernels
-    fine_kw = {**kw, "batch_size": None, "block": block}
-    if FINE_ANDERSON:
-        fine_kw["anderson"] = FINE_ANDERSON
-    elif FINE_EXTRAPOLATE:  # rounds start at their own ε: no annealing to wait for
-        fine_kw["momentum_start"] = min(kw["momentum_start"], FINE_MOMENTUM_START)
-    else:  # over-relaxation measured once the annealing over <= FINE_ROUND_RATIO is over
-        anneal = int(math.ceil(math.log(FINE_ROUND_RATIO) / math.log(1.0 / kw["decay"])))
-        fine_kw["momentum_start"] = min(kw["momentum_start"],
-                                        max(FINE_MOMENTUM_START, 10 * (anneal // 10 + 2)))
-    if FINE_REESTIMATE and not FINE_ANDERSON:
-        fine_kw["reestimate"] = True
+    # (the rounds start at their own ε, by extrapolation: no annealing to wait for; the
+    # (x, y) over-relaxation is re-estimated at every error check)
+    fine_kw = {**kw, "batch_size": None, "block": block, "reestimate": True,
+               "momentum_start": min(kw["momentum_start"], FINE_MOMENTUM_START)}
     # the intermediate level's rounds run in attempts of at most ATTEMPT_ITERATIONS
     attempt_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS)}
     sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
@@ -822,17 +797,9 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     nxt = rule(eps, c_div[-1]) if (c_div and np.isfinite(c_div[-1])) else None
     if nxt is not None:
         eps = max(nxt, eps / FINE_ROUND_RATIO)
-    eps_list, div_list = [], []
     n_total = n_coarse
-    converged, certified = False, False
-    div = float("nan")
-    dens = 1.0
     fine_rounds = int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
     hist = []  # (ε, potentials) of the finished rounds on the points
-    if (FINE_EXTRAPOLATE and not use_mid and len(coarse_hist) >= 2
-            and coarse_hist[-1][0] == eps_prev):
-        # the last two coarse solutions carried to the points start the extrapolation
-        hist = [(coarse_hist[-2][0], carry(*coarse_hist[-2])), (eps_prev, pots)]
 
     def ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label):
         """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``,
@@ -847,7 +814,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         nbrs, prev_eps = None, float("inf")
         for _ in range(fine_rounds):
             start = eps_prev
-            if FINE_EXTRAPOLATE and len(hist) >= 2:
+            if len(hist) >= 2:
                 # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
                 # extrapolation to the new ε, at that ε (the slow, smooth part of the
                 # correction is then mostly done)
@@ -940,53 +907,51 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
             converged = False
         return eps, div, converged, certified, n_it, eps_list, div_list, pots, dens
 
-    mid_eps = []
-    if use_mid:
-        # the ladder below the coarse floor runs on the intermediate level first (the
-        # coarse-to-fine error is corrected on N / MID points), and the points start from
-        # its last solution, at its ε
-        cpots = (_extrapolate(coarse_hist[-2], coarse_hist[-1], eps)
-                 if len(coarse_hist) >= 2 and coarse_hist[-2][0] != coarse_hist[-1][0]
-                 else coarse_hist[-1][1])
-        # the ladder's final ε as predicted from the coarse divergence (the rule asks for ε
-        # in proportion to it; S_ε barely moves below the coarse floor): the groups of the
-        # intermediate level must be compact at that ε
-        eps_end = eps
-        for _ in range(max_rounds):
-            e_next = rule(eps_end, c_div[-1]) if np.isfinite(c_div[-1]) else None
-            if e_next is None or e_next >= eps_end:
-                break
-            eps_end = e_next
-        mx, wmx = _mid_cloud(bx, dtype, block, MID_SPREAD * eps_end)
-        my, wmy = _mid_cloud(by, dtype, block, MID_SPREAD * eps_end)
-        nbm = _common_leaves(mx.centers.shape[0], my.centers.shape[0])
-        wmx = jnp.concatenate([wmx, jnp.zeros(((nbm - mx.centers.shape[0]) * block,), dtype)])
-        wmy = jnp.concatenate([wmy, jnp.zeros(((nbm - my.centers.shape[0]) * block,), dtype)])
-        mx, my = _pad_leaves(mx, nbm, block), _pad_leaves(my, nbm, block)
-        _log(f"mid points {int(np.asarray(mx.valid).sum())}, {int(np.asarray(my.valid).sum())} "
-             f"(groups compact at eps={eps_end:.3e})")
-        mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
-        msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + _MARGIN_EXTRA)
-        out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
-        eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
-        n_total += n_mid
-        if np.isfinite(div_m):
-            # (below) a fixed ε is never undercut
-            eps_fine = eps_m * (1.0 - MID_EPS_BELOW)
-            if epsilon is not None:
-                eps_fine = max(eps_fine, float(epsilon))
-            pots = _carry_pots(bx, by, la, lb, mx, my, eps_fine, mpots,
-                               sparse=(block, sel.margin))
-            _log("carried mid")
-            # the points start a little below the intermediate level's final ε: its
-            # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
-            # rule (stop once ε <= rel_epsilon · S_ε) would ask for one more round on the
-            # points, and that round's S_ε differs from the last by Sinkhorn's tolerance
-            # only, which can ask for yet another (measured at 10^5)
-            eps = eps_prev = eps_fine
-            hist = [(eps, pots)]
-        else:  # the intermediate level failed: start from the coarse solution
-            pots = carry(eps_prev, info["pots"])
+    # the ladder below the coarse floor runs on the intermediate level first (the
+    # coarse-to-fine error is corrected on N / MID points), and the points start from
+    # its last solution, at its ε (the coarse ladder always ran a round: max_rounds >= 1)
+    cpots = (_extrapolate(coarse_hist[-2], coarse_hist[-1], eps)
+             if len(coarse_hist) >= 2 and coarse_hist[-2][0] != coarse_hist[-1][0]
+             else coarse_hist[-1][1])
+    # the ladder's final ε as predicted from the coarse divergence (the rule asks for ε
+    # in proportion to it; S_ε barely moves below the coarse floor): the groups of the
+    # intermediate level must be compact at that ε
+    eps_end = eps
+    for _ in range(max_rounds):
+        e_next = rule(eps_end, c_div[-1]) if np.isfinite(c_div[-1]) else None
+        if e_next is None or e_next >= eps_end:
+            break
+        eps_end = e_next
+    mx, wmx = _mid_cloud(bx, dtype, block, MID_SPREAD * eps_end)
+    my, wmy = _mid_cloud(by, dtype, block, MID_SPREAD * eps_end)
+    nbm = _common_leaves(mx.centers.shape[0], my.centers.shape[0])
+    wmx = jnp.concatenate([wmx, jnp.zeros(((nbm - mx.centers.shape[0]) * block,), dtype)])
+    wmy = jnp.concatenate([wmy, jnp.zeros(((nbm - my.centers.shape[0]) * block,), dtype)])
+    mx, my = _pad_leaves(mx, nbm, block), _pad_leaves(my, nbm, block)
+    _log(f"mid points {int(np.asarray(mx.valid).sum())}, {int(np.asarray(my.valid).sum())} "
+         f"(groups compact at eps={eps_end:.3e})")
+    mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
+    msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + _MARGIN_EXTRA)
+    out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
+    eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
+    n_total += n_mid
+    if np.isfinite(div_m):
+        # (below) a fixed ε is never undercut
+        eps_fine = eps_m * (1.0 - MID_EPS_BELOW)
+        if epsilon is not None:
+            eps_fine = max(eps_fine, float(epsilon))
+        pots = _carry_pots(bx, by, la, lb, mx, my, eps_fine, mpots,
+                           sparse=(block, sel.margin))
+        _log("carried mid")
+        # the points start a little below the intermediate level's final ε: its
+        # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
+        # rule (stop once ε <= rel_epsilon · S_ε) would ask for one more round on the
+        # points, and that round's S_ε differs from the last by Sinkhorn's tolerance
+        # only, which can ask for yet another (measured at 10^5)
+        eps = eps_prev = eps_fine
+        hist = [(eps, pots)]
+    else:  # the intermediate level failed: start from the coarse solution
+        pots = carry(eps_prev, info["pots"])
     (eps, div, converged, certified, n_fine, eps_list, div_list, pots,
      dens) = ladder_on(bx, by, a, b, sel, eps, eps_prev, pots, hist, True, "fine")
     n_total += n_fine

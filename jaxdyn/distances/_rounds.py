@@ -1,9 +1,11 @@
-"""The Sinkhorn rounds behind :func:`w2_sinkhorn`: an annealed-ε scheduler, the online point
-cloud on the tiled log-sum-exp, one debiased round (three entropic problems), the ε ladder.
-Shared by the dense and the multiscale (block-sparse) solvers."""
+"""The Sinkhorn rounds behind :func:`w2_sinkhorn`: one debiased round (three entropic problems,
+annealed in ε and warm-started, on ott's Sinkhorn), the over-relaxation re-estimated at every
+error check (the multiscale solver's rounds), and the host-driven ε ladder of the multiscale
+solver."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import equinox as eqx
@@ -12,72 +14,12 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-
-from ..kernels._lse import _sq_dists
 from ._geometries import online_geometry, sparse_geometry
 
 
-def _annealed_epsilon_class():
-    """An ott ``Epsilon`` scheduler whose start multiple ``init`` is a pytree leaf.
-
-    ott's own ``Epsilon`` keeps ``init`` static, so each new start value would recompile;
-    here both the target and the start are traced (ε-scaling without recompilation):
-    ``ε(it) = max(init · decay^it, 1) · target``.
-    """
-    from ott.geometry import epsilon_scheduler
-
-    @jtu.register_pytree_node_class
-    class AnnealedEpsilon(epsilon_scheduler.Epsilon):
-        def tree_flatten(self):
-            return (self.target, self.init), {"decay": self.decay}
-
-        @classmethod
-        def tree_unflatten(cls, aux_data, children):
-            return cls(children[0], init=children[1], **aux_data)
-
-        def __repr__(self) -> str:
-            return f"AnnealedEpsilon(decay={self.decay})"
-
-    return AnnealedEpsilon
-
-
-_ANNEALED_EPSILON = None
-
-
-def _anderson_class():
-    """ott's ``AndersonAcceleration`` keeping the potentials' dtype (ott's own history
-    buffers and mixing weights take the default float dtype: float64 potentials under
-    ``jax_enable_x64`` with float32 clouds break Sinkhorn's loop)."""
-    from ott import utils
-    from ott.solvers.linear import acceleration
-
-    @utils.register_pytree_node
-    class Anderson(acceleration.AndersonAcceleration):
-        def extrapolation(self, xs, fxs):
-            return super().extrapolation(xs, fxs).astype(fxs.dtype)
-
-        def init_maps(self, pb, state):
-            fus = jnp.full((pb.geom.shape[0], self.memory), jnp.nan, dtype=state.fu.dtype)
-            return state.set(old_fus=fus, old_mapped_fus=fus)
-
-    return Anderson
-
-
-_ANDERSON = None
-
-
-def _anderson(memory):
-    global _ANDERSON
-    if _ANDERSON is None:
-        _ANDERSON = _anderson_class()
-    return _ANDERSON(memory=memory)
-
-
-def _annealed_epsilon(target, init, decay):
-    global _ANNEALED_EPSILON
-    if _ANNEALED_EPSILON is None:
-        _ANNEALED_EPSILON = _annealed_epsilon_class()
-    return _ANNEALED_EPSILON(target, init=init, decay=decay)
+def sq_dists(u, v):
+    """|u_i - v_j|^2 by differences (no |u|^2 + |v|^2 - 2 u.v cancellation, no matmul)."""
+    return jnp.sum((u[:, None, :] - v[None, :, :]) ** 2, axis=-1)
 
 
 #: the largest unaccelerated per-iteration contraction assumed by the re-estimated
@@ -100,6 +42,7 @@ def _lehmann(rho):
     return 2.0 / (1.0 + jnp.sqrt(1.0 - rho))
 
 
+@functools.cache
 def _reestimated_momentum_classes():
     """ott's adaptive momentum measures ω once (at ``start``, from the error ratio of the
     ten iterations before) and keeps it. After a warm start the early error is dominated by
@@ -145,6 +88,10 @@ def _reestimated_momentum_classes():
             w = jnp.where(bad, self.value * one, w)
             return jnp.where(iteration >= self.start, w, self.value * one)
 
+    # ott's ``Sinkhorn.__init__`` rebuilds the momentum it is given as a base-class
+    # ``acceleration.Momentum`` (to set its ``inner_iterations``), which drops this subclass's
+    # ``weight``: the solver wraps it again after ott's constructor (also when ott's
+    # ``tree_unflatten`` calls the constructor), through the public ``momentum`` attribute.
     @jtu.register_pytree_node_class
     class ReestimatingSinkhorn(sinkhorn.Sinkhorn):
         """ott's Sinkhorn keeping a :class:`ReestimatedMomentum` (ott rebuilds its base class)."""
@@ -158,14 +105,9 @@ def _reestimated_momentum_classes():
     return ReestimatedMomentum, ReestimatingSinkhorn
 
 
-_REESTIMATED = None
-
-
 def _reestimating_solver(threshold, max_iterations, start, value):
-    global _REESTIMATED
-    if _REESTIMATED is None:
-        _REESTIMATED = _reestimated_momentum_classes()
-    mom, solver = _REESTIMATED
+    """ott's Sinkhorn with the over-relaxation re-estimated at every error check."""
+    mom, solver = _reestimated_momentum_classes()
     return solver(threshold=threshold, max_iterations=max_iterations,
                   momentum=mom(start=start, value=value))
 
@@ -176,6 +118,7 @@ _MAX_ROUND_RATIO = 100.0
 
 
 def _anneal_length(decay: float) -> int:
+    """Iterations of an annealing over the ratio ``_MAX_ROUND_RATIO`` at ``decay``."""
     return int(math.ceil(math.log(_MAX_ROUND_RATIO) / math.log(1.0 / decay)))
 
 
@@ -184,7 +127,7 @@ SYM_INNER = 5
 
 
 def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
-                max_iterations, batch_size, decay, momentum_start, block=None, anderson=0,
+                max_iterations, batch_size, decay, momentum_start, block=None,
                 reestimate=False):
     """One round: the three entropic problems at ``eps``, annealed from ``eps_start`` and
     warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
@@ -192,8 +135,9 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     ``a``, ``b``: weights (default uniform). ``sparse``: block neighbour lists
     ``(xy rows x, xy rows y, xx, yy)`` of the block-sparse geometry (clouds in leaf order,
     see :mod:`jaxdyn.distances._multiscale`), ``block`` its leaf size; else dense (``batch_size``
-    None) or online (``batch_size`` rows)."""
-    from ott.geometry import geometry
+    None) or online (``batch_size`` rows). ``reestimate``: the (x, y) over-relaxation is
+    re-estimated at every error check (:func:`_reestimating_solver`)."""
+    from ott.geometry import epsilon_scheduler, geometry
     from ott.problems.linear import linear_problem
     from ott.solvers.linear import acceleration, sinkhorn
 
@@ -205,7 +149,9 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
         b = jnp.full((m,), 1.0 / m, dtype=dtype)
     eps = jnp.asarray(eps, dtype)
     start = jnp.maximum(jnp.asarray(eps_start, dtype) / eps, jnp.asarray(1.0, dtype))
-    sched = _annealed_epsilon(eps, start, decay)
+    # ε(it) = max(start · decay^it, 1) · eps: ott's scheduler, whose ``init`` (traced here: a
+    # value of the ladder) it keeps as pytree metadata; ott's solver only calls it
+    sched = epsilon_scheduler.Epsilon(eps, init=start, decay=decay)
     # Fix the gauge of the (x, y) potentials (f + c, g - c is the same plan): a warm start
     # can carry an offset (f ≈ -0.56, g ≈ +0.56 seen after the multiscale ladder), and
     # the kernel result R_i ≈ ε log a_i - f_i then loses |f| · 2^-24 / ε of relative
@@ -223,18 +169,14 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
                    "yy": (sparse[3], sparse[3])}[which]
             return sparse_geometry(u, v, sched, nbr[0], nbr[1], block)
         if batch_size is None:
-            return geometry.Geometry(cost_matrix=_sq_dists(u, v), epsilon=sched)
+            return geometry.Geometry(cost_matrix=sq_dists(u, v), epsilon=sched)
         return online_geometry(u, v, sched, batch_size)
 
     one = np.asarray(1.0, dtype)  # dtype-true constants: x64 mode must not promote f32 runs
     half = np.asarray(0.5, dtype)
     # (x, y): alternate updates, adaptive over-relaxation (Lehmann et al.) measured once the
     # annealing is over; it cuts the iterations at small ε by 10x on spread clouds.
-    if anderson:
-        solver_xy = sinkhorn.Sinkhorn(
-            threshold=threshold, max_iterations=max_iterations,
-            anderson=_anderson(anderson))
-    elif reestimate:
+    if reestimate:
         solver_xy = _reestimating_solver(threshold, max_iterations, momentum_start, one)
     else:
         solver_xy = sinkhorn.Sinkhorn(
@@ -260,6 +202,31 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     converged = jnp.stack([out_xy.converged, out_xx.converged, out_yy.converged])
     n_iters = jnp.stack([out_xy.n_iters, out_xx.n_iters, out_yy.n_iters])
     return div, pots, converged, n_iters
+
+
+def dual_divergence(x, y, eps, pots, batch_size):
+    """S_ε of uniform clouds from given potentials ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)):
+    ott's dual cost of each problem (:func:`ott.solvers.linear.sinkhorn.compute_kl_reg_cost`),
+    the value a round reports at its final potentials. With the potentials held fixed, its
+    gradient in x and y is that of S_ε at the optimum (Danskin: the dual cost is stationary
+    in optimal potentials), which is what ott's own ``use_danskin`` gradient uses."""
+    from ott.geometry import geometry
+    from ott.problems.linear import linear_problem
+    from ott.solvers.linear.sinkhorn import compute_kl_reg_cost
+
+    dtype = x.dtype
+    a = jnp.full((x.shape[0],), 1.0 / x.shape[0], dtype=dtype)
+    b = jnp.full((y.shape[0],), 1.0 / y.shape[0], dtype=dtype)
+
+    def cost(u, v, wu, wv, fg):
+        if batch_size is None:
+            geom = geometry.Geometry(cost_matrix=sq_dists(u, v), epsilon=eps)
+        else:
+            geom = online_geometry(u, v, eps, batch_size)
+        f, g = jax.lax.stop_gradient(fg)
+        return compute_kl_reg_cost(f, g, linear_problem.LinearProblem(geom, a=wu, b=wv), True)
+
+    return cost(x, y, a, b, pots[0]) - 0.5 * (cost(x, x, a, a, pots[1]) + cost(y, y, b, b, pots[2]))
 
 
 # compiled once per shapes and settings

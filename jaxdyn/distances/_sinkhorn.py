@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Optional, Union
 
 import equinox as eqx
@@ -10,78 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._results import RESULTS, Solution, stat, code, from_codes, raise_if_failed
-
+from .._results import RESULTS, code, error_if_failed, from_codes, raise_if_failed
 from ._checks import _as_float_array, _check_pair
-from ._rounds import _debiased_round, _ladder, _anneal_length, _MAX_ROUND_RATIO
-
-
-class SinkhornW2(Solution):
-    """Result of :func:`w2_sinkhorn`: a :class:`jaxdyn.Solution` pytree of arrays (it can be
-    returned from ``jax.jit``, stacked and ``vmap``-ed over; ``float(res.value)`` works).
-
-    Attributes:
-      value: the W2 estimate ``sqrt(max(divergence, 0))`` (``nan`` if the solve produced NaN).
-      divergence: the debiased Sinkhorn divergence S_ε at the final ε (≈ W2^2; may be
-        slightly negative at large ε or before convergence).
-      epsilon: the final ε (absolute, in units of the squared-Euclidean cost).
-      epsilons: (rounds,) the ε of each round (the ε-scaling ladder).
-      divergences: (rounds,) S_ε of each round.
-      epsilon_floored: bool; the rule ``ε = rel_epsilon · S_ε`` asked for an ε below the
-        floor (``epsilon_floor``), so the final ε is larger than the rule wanted and the bias
-        may exceed the usual one.
-      result: :class:`jaxdyn.RESULTS`: ``successful`` (all three entropic problems of the
-        final round met ``threshold``; ``converged`` is ``bool(ok)``), ``not_converged``, or
-        ``nonfinite`` (NaN/inf in the clouds or the solve).
-      stats: ``n_iters`` (Sinkhorn iterations of the (x, y) problem, summed over all
-        rounds) and ``kernel_density`` (for ``"multiscale"``, the fraction of the N x M cost
-        entries a kernel pass of the final round visited; 1.0 for the other geometries);
-        also attributes of the same names.
-      geometry: ``"dense"``, ``"online"`` or ``"multiscale"`` (block-sparse, certified
-        truncation, :mod:`jaxdyn.distances._multiscale`); static.
-    """
-
-    value: Array
-    divergence: Array
-    epsilon: Array
-    epsilons: Array
-    divergences: Array
-    epsilon_floored: Array
-    result: RESULTS
-    stats: dict
-    geometry: str = eqx.field(static=True, default="dense")
-
-    @property
-    def converged(self) -> bool:
-        """All three problems of the final round met ``threshold`` (``bool(self.ok)``)."""
-        return bool(self.ok)
-
-    n_iters = stat("n_iters")
-
-    kernel_density = stat("kernel_density")
-
-
-def _result(value, div, eps, converged, n_iters, eps_list, div_list, floored,
-            geometry="dense", kernel_density=1.0) -> SinkhornW2:
-    """A :class:`SinkhornW2` of arrays from the host values of the ε ladder: numpy float64
-    (the ladder's own host values, so the numbers are those the Python floats were; numpy
-    leaves go through jit/vmap like any array and compare with pytest.approx)."""
-    f = lambda v: np.asarray(v, np.float64)  # noqa: E731
-    if not (np.isfinite(value) and np.isfinite(div)):
-        status = code(RESULTS.nonfinite)
-    elif converged:
-        status = code(RESULTS.successful)
-    else:
-        status = code(RESULTS.not_converged)
-    return SinkhornW2(
-        value=f(value), divergence=f(div), epsilon=f(eps),
-        epsilons=f(np.asarray(eps_list, np.float64).reshape(-1)),
-        divergences=f(np.asarray(div_list, np.float64).reshape(-1)),
-        epsilon_floored=np.asarray(bool(floored)), result=from_codes(np.asarray(status)),
-        stats={"n_iters": np.asarray(int(n_iters)),
-               "kernel_density": f(kernel_density)},
-        geometry=geometry)
-
+from ._rounds import _MAX_ROUND_RATIO, _anneal_length, _round_body, dual_divergence
+from ._solution import W2Solution, is_traced, safe_sqrt, status_of
 
 #: row block of the online geometry by platform: cache-sized tiles on CPU (measured: 1024
 #: rows x 512 keys within noise of the best of 256-4096 x 256-1024 at N = 8192), large tiles
@@ -96,18 +30,55 @@ ONLINE_ROW_BLOCK = {"cpu": 1024, "gpu": 16384}
 MULTISCALE_MIN_ENTRIES = 2**24
 MULTISCALE_MAX_DIM = 6
 
+#: the rule's stopping slack: ε counts as reached at ``target · (1 + 1e-12)``.
+_REACHED = 1.0 + 1e-12
 
-def _default_multiscale(n: int, m: int, d: int) -> bool:
+
+def default_multiscale(n: int, m: int, d: int) -> bool:
+    """Whether ``w2_sinkhorn(multiscale="auto")`` takes the block-sparse solver.
+
+    Args:
+        n: points of the first cloud.
+        m: points of the second cloud.
+        d: their dimension.
+
+    Returns:
+        True beyond ``MULTISCALE_MIN_ENTRIES`` cost entries (n · m) in dimension at most
+        ``MULTISCALE_MAX_DIM`` on the CPU backend (for concrete clouds; traced clouds always
+        take the dense or online geometry).
+    """
     return (n * m > MULTISCALE_MIN_ENTRIES and d <= MULTISCALE_MAX_DIM
             and jax.default_backend() == "cpu")
 
 
-def _default_batch_size(n: int, m: int) -> Optional[int]:
-    # Dense cost matrices up to 2^24 entries (64 MB in float32; on CPU dense is faster up to
-    # there, measured at N = 1000-4000); beyond, the online geometry.
+def default_batch_size(n: int, m: int) -> Optional[int]:
+    """The online row block that ``w2_sinkhorn(batch_size="auto")`` uses.
+
+    Dense cost matrices up to 2^24 entries (64 MB in float32; on CPU dense is faster up to
+    there, measured at N = 1000-4000); beyond, the online geometry with
+    ``ONLINE_ROW_BLOCK`` rows.
+
+    Args:
+        n: points of the first cloud.
+        m: points of the second cloud.
+
+    Returns:
+        None (a dense N x M cost matrix) or the online geometry's row block.
+    """
     if n * m <= 2**24:
         return None
     return ONLINE_ROW_BLOCK["cpu" if jax.default_backend() == "cpu" else "gpu"]
+
+
+def _check_positive(name, v, allow_none=True):
+    """ValueError unless the concrete option ``v`` is a positive number (None allowed)."""
+    if v is None and allow_none:
+        return
+    if is_traced(v):
+        return  # flagged through the result code (invalid_input)
+    arr = np.asarray(v)
+    if arr.shape != () or not np.issubdtype(arr.dtype, np.number) or not float(arr) > 0:
+        raise ValueError(f"{name} must be a positive number, got {v!r}")
 
 
 def w2_sinkhorn(
@@ -124,11 +95,14 @@ def w2_sinkhorn(
     batch_size: Union[int, None, str] = "auto",
     multiscale: Union[bool, str] = "auto",
     throw: bool = False,
-) -> SinkhornW2:
+) -> W2Solution:
     r"""W2 from the debiased Sinkhorn divergence (ott-jax), with ε following the distance.
 
-        S_ε(x, y) = OT_ε(x, y) - ½ OT_ε(x, x) - ½ OT_ε(y, y),    W2 ≈ sqrt(max(S_ε, 0)),
-        OT_ε(μ, ν) = min_P ⟨P, C⟩ + ε KL(P | μ⊗ν),   C_ij = |x_i - y_j|^2,
+    .. math::
+
+        S_ε(x, y) = OT_ε(x, y) - ½ OT_ε(x, x) - ½ OT_ε(y, y),  \qquad  W_2 ≈ \sqrt{\max(S_ε, 0)},
+
+        OT_ε(μ, ν) = \min_P ⟨P, C⟩ + ε\, KL(P \,|\, μ⊗ν), \qquad  C_{ij} = |x_i - y_j|^2,
 
     uniform weights on each cloud (sizes may differ).
 
@@ -148,98 +122,241 @@ def w2_sinkhorn(
     nearly-concentrated clouds (``tests/test_distances.py``).
 
     Bias: S_ε is an entropic quantity; debiased, it still differs from W2^2 at finite ε
-    (usually below it). Report ``epsilon`` with the value. ``result`` (``ok``) must be
+    (usually below it): ``|S_ε - W2^2| <= ε log max(N, M)`` (``bias_bound``; the error
+    observed is far smaller). Report ``epsilon`` with the value. ``result`` (``ok``) must be
     checked: at small ε Sinkhorn may need many iterations (``not_converged``).
 
+    **Transformations.** The whole ε ladder (rule included) is one program of traced values:
+    ``w2_sinkhorn`` runs under ``jax.jit`` and ``jax.vmap`` (clouds and ``epsilon``,
+    ``rel_epsilon``, ``epsilon_floor`` may be traced; a traced option out of range gives
+    ``invalid_input``), and lowers for accelerators. ``jax.grad`` (and ``jax.jvp``) of
+    ``divergence`` or ``value`` flows to the points: the gradient of S_ε at the final ε
+    (Danskin: the dual cost at the optimal potentials, held fixed), ε being treated as a
+    constant (the rule's dependence of ε on the points is not differentiated; pass
+    ``epsilon`` to fix it). Its accuracy follows the marginal ``threshold``. Through the
+    online geometry, reverse mode stores the kernel's N x M terms.
+
+    Only concrete clouds can take the multiscale solver (its block selection runs on the
+    host); traced clouds take the dense or online geometry at any size.
+
     Args:
-      x, y: clouds (N, d) and (M, d), same d and dtype (the computation runs in x's dtype).
-      epsilon: a fixed ε (absolute). Disables the rule; the solve is still annealed from ε0.
-      rel_epsilon: the fraction of the estimated W2^2 used as ε.
-      epsilon_floor: the smallest ε the rule may pick; default ``mean(C) · 1e-7`` in
-        float64 and ``mean(C) · 2e-6`` in float32 (the log-sum-exp loses resolution below).
-      threshold: Sinkhorn's stopping tolerance (L1 marginal violation).
-      max_iterations: per round and per entropic problem.
-      max_rounds: at most this many ε rounds.
-      decay: the per-iteration annealing factor inside a round.
-      batch_size: ``None`` for a dense N x M cost matrix, an int for an online
-        geometry (the cost recomputed tile by tile, ``batch_size`` rows against blocks of
-        the other cloud, see :func:`blocked_lse`: memory O(batch_size · block), and a
-        compiled program that does not grow with N), or ``"auto"`` (dense up to 2^24
-        entries, else online with ``ONLINE_ROW_BLOCK`` rows: 1024 on CPU, 16384 on
-        accelerators). (The earlier online kernel formed ``batch_size`` x M rows at once;
-        on an H200 its first call compiled for about 1 min at N = 30 000 and over 2.5 min
-        at N = 100 000. The tiled kernel's program is the same at every N.)
-        Ignored when the multiscale solver runs.
-      multiscale: ``True`` for the multiscale, block-sparse solver
-        (:mod:`jaxdyn.distances._multiscale`: the large-ε part of the ladder on N/32 sub-block
-        centroids, then kernels that visit only the blocks a certified bound keeps, the
-        dropped terms weighing < 1.5e-8 of every row's sum); ``False`` for dense/online;
-        ``"auto"`` (default): multiscale beyond 2^24 cost entries in dimension <= 6, on
-        CPU (not yet measured on accelerators, where the online kernel stays the default). On
-        concentrated clouds at small ε the kernels touch a few % of the N x M entries,
-        which makes N = 10^5 a matter of minutes on a laptop CPU instead of hours.
-      throw: if True, raise ``RuntimeError`` with the status message when the result is not
-        successful (``not_converged`` or ``nonfinite``); default False.
+        x: the first cloud (N, d) (array or nested lists); the computation runs in its
+            float dtype.
+        y: the second cloud (M, d), same d (cast to x's dtype).
+        epsilon: a fixed ε (absolute). Disables the rule; the solve is still annealed from
+            ε0.
+        rel_epsilon: the fraction of the estimated W2^2 used as ε.
+        epsilon_floor: the smallest ε the rule may pick; default ``mean(C) · 1e-7`` in
+            float64 and ``mean(C) · 2e-6`` in float32 (the log-sum-exp loses resolution
+            below).
+        threshold: Sinkhorn's stopping tolerance (L1 marginal violation).
+        max_iterations: per round and per entropic problem.
+        max_rounds: at most this many ε rounds (the ladder of the multiscale solver may
+            take more, each smaller).
+        decay: the per-iteration annealing factor inside a round, in (0, 1).
+        batch_size: ``None`` for a dense N x M cost matrix, an int for an online geometry
+            (the cost recomputed tile by tile, ``batch_size`` rows against blocks of the
+            other cloud, see :func:`jaxdyn.kernels.blocked_lse`: memory O(batch_size ·
+            block), and a compiled program that does not grow with N), or ``"auto"``
+            (:func:`default_batch_size`: dense up to 2^24 entries, else online with
+            ``ONLINE_ROW_BLOCK`` rows, 1024 on CPU and 16384 on accelerators). Ignored when
+            the multiscale solver runs.
+        multiscale: ``True`` for the multiscale, block-sparse solver
+            (:mod:`jaxdyn.distances._multiscale`: the large-ε part of the ladder on N/32
+            sub-block centroids, then kernels that visit only the blocks a certified bound
+            keeps, the dropped terms weighing < 1.5e-8 of every row's sum; concrete clouds
+            only); ``False`` for dense/online; ``"auto"`` (default): multiscale for concrete
+            clouds beyond 2^24 cost entries in dimension <= 6, on CPU
+            (:func:`default_multiscale`). On concentrated clouds at small ε the kernels
+            touch a few % of the N x M entries, which makes N = 10^5 a matter of a minute on
+            a laptop CPU instead of hours.
+        throw: if True, raise with the status message when the result is not successful
+            (a ``RuntimeError`` for concrete clouds, ``eqx.error_if`` at run time under a
+            transformation); default False.
 
     Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
-    spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at N = 1000, 10 000 at
-    N = 30 000 on S^2), while concentrated clouds need a few hundred at any N.
+    spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at
+    N = 1000, 10 000 at N = 30 000 on S^2), while concentrated clouds need a few hundred at
+    any N.
 
     Returns:
-      :class:`SinkhornW2` (a pytree of arrays). The outer ε loop is Python
-      (so ``w2_sinkhorn`` itself is not jitted); each round is one jitted call whose ε
-      values are traced (no recompilation as ε changes).
+        :class:`W2Solution` (``method="sinkhorn"``; ``geometry`` ``"dense"``, ``"online"`` or
+        ``"multiscale"``): ``value`` W2, ``divergence`` S_ε, ``epsilon`` the final ε,
+        ``bias_bound``, ``result`` (``successful``: the three entropic problems of the final
+        round met ``threshold`` and the rule was satisfied; ``not_converged``; ``nonfinite``:
+        NaN/inf in the clouds or the solve; ``invalid_input``), ``stats``: ``num_steps``
+        (Sinkhorn iterations of the (x, y) problem, all rounds), ``num_rounds``,
+        ``epsilons``, ``divergences`` (per round, NaN after the last), ``epsilon_floored``,
+        ``kernel_density``.
+
+    Raises:
+        ValueError: if x or y is not (N, d) / (M, d) with one d, or an option is out of its
+            range (concrete values), or ``multiscale=True`` with traced clouds.
+        RuntimeError: with ``throw=True``, if a concrete result is not successful.
     """
     _check_pair(x, y, same_size=False)
     x = _as_float_array(x)
     y = jnp.asarray(y, dtype=x.dtype)
-    n, m = x.shape[0], y.shape[0]
+    n, m, d = x.shape[0], y.shape[0], x.shape[1]
     if multiscale not in ("auto", True, False):
         raise ValueError(f"multiscale must be 'auto', True or False, got {multiscale!r}")
-    use_multiscale = (_default_multiscale(n, m, x.shape[1]) if multiscale == "auto"
-                      else bool(multiscale))
     if batch_size == "auto":
-        batch_size = _default_batch_size(n, m)
-    elif batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+        batch_size = default_batch_size(n, m)
+    elif batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                     or batch_size <= 0):
         raise ValueError(f"batch_size must be None, 'auto' or a positive int, got {batch_size!r}")
-    geometry_name = ("multiscale" if use_multiscale
-                     else "dense" if batch_size is None else "online")
-    if not (0.0 < decay < 1.0):
-        raise ValueError(f"decay must lie in (0, 1), got {decay}")
-    if epsilon is not None and not epsilon > 0:
-        raise ValueError(f"epsilon must be positive, got {epsilon}")
+    if not isinstance(decay, (int, float)) or not (0.0 < decay < 1.0):
+        raise ValueError(f"decay must be a number in (0, 1), got {decay!r}")
     for name, v in (("max_iterations", max_iterations), ("max_rounds", max_rounds)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if not threshold > 0:
-        raise ValueError(f"threshold (the marginal tolerance) must be positive, got {threshold}")
-    if not rel_epsilon > 0:
-        raise ValueError(f"rel_epsilon must be positive, got {rel_epsilon}")
+    if is_traced(threshold) or not threshold > 0:
+        raise ValueError(f"threshold (the marginal tolerance) must be positive (a concrete "
+                         f"number), got {threshold!r}")
+    _check_positive("epsilon", epsilon)
+    _check_positive("rel_epsilon", rel_epsilon, allow_none=False)
+    _check_positive("epsilon_floor", epsilon_floor)
 
-    is64 = x.dtype == jnp.float64
+    traced = is_traced(x, y)
+    if multiscale is True and traced:
+        raise ValueError("multiscale=True needs concrete clouds (its block selection runs on the "
+                         "host); under jit/vmap/grad use multiscale=False or 'auto'")
+    use_multiscale = (not traced) and (default_multiscale(n, m, d) if multiscale == "auto"
+                                       else bool(multiscale))
+
+    anneal = _anneal_length(decay)
+    kw = dict(threshold=float(threshold), max_iterations=int(max_iterations),
+              decay=float(decay), momentum_start=10 * (anneal // 10 + 3))  # after the annealing
+    if use_multiscale:
+        sol = _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, int(max_rounds), kw)
+    else:
+        opt = lambda v: jnp.asarray(0.0 if v is None else v, x.dtype)  # noqa: E731
+        sol = _ladder_program(x, y, opt(epsilon), opt(rel_epsilon), opt(epsilon_floor),
+                              fixed=epsilon is not None, floor_given=epsilon_floor is not None,
+                              max_rounds=int(max_rounds), batch_size=batch_size, **kw)
+    if throw:
+        if is_traced(*jax.tree.leaves(sol)):
+            sol = eqx.tree_at(lambda s: s.value, sol, error_if_failed(sol.value, sol.result))
+        else:
+            raise_if_failed(sol, "w2_sinkhorn")
+    return sol
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "fixed", "floor_given", "max_rounds", "threshold", "max_iterations", "batch_size", "decay",
+    "momentum_start"))
+def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_given, max_rounds,
+                    threshold, max_iterations, batch_size, decay, momentum_start):
+    """The ε ladder of :func:`w2_sinkhorn` (dense or online geometry) as one program.
+
+    A ``lax.while_loop`` over rounds (each :func:`~jaxdyn.distances._rounds._round_body`: the
+    three problems at ε, annealed from the previous ε and warm-started from its potentials)
+    whose rule is traced arithmetic, on the clouds with their gradient stopped; then S_ε at
+    the final ε from the final potentials (:func:`dual_divergence`) carries the gradient to
+    the points, its value being the ladder's own."""
+    dtype = x.dtype
+    n, m = x.shape[0], y.shape[0]
+    xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
+    mx, my = jnp.mean(xs, 0), jnp.mean(ys, 0)
+    mean_cost = (jnp.mean(jnp.sum((xs - mx) ** 2, 1)) + jnp.mean(jnp.sum((ys - my) ** 2, 1))
+                 + jnp.sum((mx - my) ** 2))
+    is64 = dtype == jnp.float64
+    floor = epsilon_floor if floor_given else mean_cost * (1e-7 if is64 else 2e-6)
+    ok_opts = jnp.isfinite(rel_epsilon) & (rel_epsilon > 0)
+    if floor_given:
+        ok_opts &= jnp.isfinite(epsilon_floor) & (epsilon_floor > 0)
+    if fixed:
+        ok_opts &= jnp.isfinite(epsilon) & (epsilon > 0)
+    eps0 = 0.05 * mean_cost
+    zero_cost = mean_cost == 0  # identical single-point clouds: W2 = 0 without a solve
+    run = jnp.isfinite(mean_cost) & ~zero_cost & ok_opts
+    kw = dict(threshold=threshold, max_iterations=max_iterations, batch_size=batch_size,
+              decay=decay, momentum_start=momentum_start)
+
+    def rule(eps, div):
+        """(stop, next ε) after a round at ``eps`` with divergence ``div``."""
+        if fixed:
+            return eps <= epsilon, jnp.maximum(epsilon, eps / _MAX_ROUND_RATIO)
+        target = jnp.maximum(rel_epsilon * jnp.maximum(div, 0.0), floor)
+        return eps <= target * _REACHED, jnp.maximum(target, eps / _MAX_ROUND_RATIO)
+
+    def body(c):
+        k, eps, eps_prev, _, pots, _, _, iters, eps_hist, div_hist, _ = c
+        div, new_pots, conv, it = _round_body(xs, ys, eps, eps_prev, pots, **kw)
+        finite = jnp.isfinite(div)
+        stop, nxt = rule(eps, div)
+        stop = stop | ~finite
+        pots = jax.tree.map(lambda p, q: jnp.where(finite, p, q), new_pots, pots)
+        return (k + 1, jnp.where(stop, eps, nxt), jnp.where(stop, eps_prev, eps), eps, pots, div,
+                jnp.all(conv) & finite, iters + it[0].astype(jnp.int32),
+                eps_hist.at[k].set(eps), div_hist.at[k].set(div), stop)
+
+    z = lambda k: jnp.zeros((k,), dtype)  # noqa: E731
+    nan = jnp.asarray(jnp.nan, dtype)
+    hist = jnp.full((max_rounds,), jnp.nan, dtype)
+    start = epsilon if fixed else eps0
+    init = (jnp.int32(0), start, eps0, nan, ((z(n), z(m)), (z(n), z(n)), (z(m), z(m))), nan,
+            jnp.zeros((), bool), jnp.int32(0), hist, hist, ~run)
+    (rounds, _, _, eps, pots, div, conv, iters, eps_hist, div_hist, stopped) = jax.lax.while_loop(
+        lambda c: (c[0] < max_rounds) & ~c[-1], body, init)
+    ran = rounds > 0
+    # the value is the ladder's; the gradient that of S_ε at the final ε and potentials
+    dual = dual_divergence(x, y, jnp.where(ran, eps, 1.0), pots, batch_size)
+    div = jnp.where(ran & jnp.isfinite(div), div + (dual - jax.lax.stop_gradient(dual)), div)
+    div = jnp.where(zero_cost & ok_opts, jnp.zeros((), dtype), div)
+    eps = jnp.where(ran, eps, jnp.zeros((), dtype))
+    converged = (conv & stopped) | zero_cost  # out of rounds before ε settled: not converged
+    codes = jnp.where(ok_opts, status_of(div, converged), code(RESULTS.invalid_input))
+    floored = jnp.zeros((), bool)
+    if not fixed:
+        floored = (ran & jnp.isfinite(div) & (rel_epsilon * jnp.maximum(div, 0.0) < floor)
+                   & (eps <= floor * _REACHED))
+    return W2Solution(
+        value=safe_sqrt(div), divergence=div, epsilon=eps,
+        bias_bound=eps * math.log(max(n, m)), result=from_codes(codes),
+        stats={"num_steps": iters, "num_rounds": rounds, "epsilons": eps_hist,
+               "divergences": div_hist, "epsilon_floored": floored,
+               "kernel_density": jnp.ones((), dtype)},
+        method="sinkhorn", geometry="dense" if batch_size is None else "online")
+
+
+def _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, max_rounds, kw) -> W2Solution:
+    """The multiscale solver (concrete clouds; its ε ladder and block selection run on the
+    host), with the rule of :func:`w2_sinkhorn` in float64 on the host."""
+    from . import _multiscale
+
+    dtype = x.dtype
+    n, m = x.shape[0], y.shape[0]
     xn = np.asarray(x, dtype=np.float64)
     yn = np.asarray(y, dtype=np.float64)
     mx, my = xn.mean(0), yn.mean(0)
     mean_cost = float(((xn - mx) ** 2).sum(1).mean() + ((yn - my) ** 2).sum(1).mean()
                       + ((mx - my) ** 2).sum())
-    def done(res):
-        if throw:
-            raise_if_failed(res, "w2_sinkhorn")
-        return res
+
+    def done(div, eps, converged, n_iters=0, eps_list=(), div_list=(), floored=False,
+             density=1.0):
+        f = lambda v: jnp.asarray(v, dtype)  # noqa: E731
+        return W2Solution(
+            value=safe_sqrt(f(div)), divergence=f(div), epsilon=f(eps),
+            bias_bound=f(eps * math.log(max(n, m)) if np.isfinite(eps) else eps),
+            result=from_codes(status_of(f(div), converged)),
+            stats={"num_steps": jnp.asarray(n_iters, jnp.int32),
+                   "num_rounds": jnp.asarray(len(eps_list), jnp.int32),
+                   "epsilons": f(np.asarray(eps_list, np.float64).reshape(-1)),
+                   "divergences": f(np.asarray(div_list, np.float64).reshape(-1)),
+                   "epsilon_floored": jnp.asarray(bool(floored)),
+                   "kernel_density": f(density)},
+            method="sinkhorn", geometry="multiscale")
 
     if not np.isfinite(mean_cost):
-        nan = float("nan")
-        return done(_result(nan, nan, nan, False, 0, (), (), False, geometry_name))
+        return done(np.nan, np.nan, False)
     if mean_cost == 0.0:  # identical single-point clouds
-        return done(_result(0.0, 0.0, 0.0, True, 0, (), (), False, geometry_name))
+        return done(0.0, 0.0, True)
+    rel = float(rel_epsilon)
     if epsilon_floor is None:
-        epsilon_floor = mean_cost * (1e-7 if is64 else 2e-6)
+        epsilon_floor = mean_cost * (1e-7 if dtype == jnp.float64 else 2e-6)
+    floor = float(epsilon_floor)
     eps0 = 0.05 * mean_cost
-
-    anneal = _anneal_length(decay)
-    momentum_start = 10 * (anneal // 10 + 3)  # measured after the annealing is over
-    kw = dict(threshold=float(threshold), max_iterations=int(max_iterations),
-              batch_size=batch_size, decay=float(decay), momentum_start=momentum_start)
 
     def rule(eps, div):
         """The next ε, or None when the ladder is done."""
@@ -247,42 +364,16 @@ def w2_sinkhorn(
             if eps <= float(epsilon):
                 return None
             return max(float(epsilon), eps / _MAX_ROUND_RATIO)
-        target = max(rel_epsilon * max(div, 0.0), epsilon_floor)
-        if eps <= target * (1.0 + 1e-12):
+        target = max(rel * max(div, 0.0), floor)
+        if eps <= target * _REACHED:
             return None
         return max(target, eps / _MAX_ROUND_RATIO)
 
-    if use_multiscale:
-        from . import _multiscale
-
-        res = _multiscale.w2_multiscale(
-            x, y, eps0=eps0, rule=rule, epsilon=epsilon, max_rounds=max_rounds, **kw)
-    else:
-        zeros = lambda k: jnp.zeros((k,), x.dtype)  # noqa: E731
-        init = ((zeros(n), zeros(m)), (zeros(n), zeros(n)), (zeros(m), zeros(m)))
-        eps = eps0 if epsilon is None else max(float(epsilon), 0.0)
-
-        def solve(eps, eps_prev, init):
-            return _debiased_round(x, y, eps, eps_prev, init, **kw)
-
-        res = _ladder(solve, eps, eps0, init, rule, max_rounds)
-    eps, div, converged, n_total, eps_list, div_list, info = res
-    floored = False
-    if epsilon is None and div_list and np.isfinite(div):
-        floored = rel_epsilon * max(div, 0.0) < epsilon_floor and eps <= epsilon_floor * (1 + 1e-12)
-    value = float(np.sqrt(max(div, 0.0))) if np.isfinite(div) else float("nan")
-    return done(_result(value, div, float(eps), converged, n_total, eps_list, div_list,
-                        bool(floored), info.get("geometry", geometry_name),
-                        info.get("kernel_density", 1.0)))
-
-
-def default_multiscale(n: int, m: int, d: int) -> bool:
-    """Whether ``w2_sinkhorn(multiscale="auto")`` takes the block-sparse solver for clouds of
-    sizes n, m in dimension d (on this backend)."""
-    return _default_multiscale(n, m, d)
-
-
-def default_batch_size(n: int, m: int) -> Optional[int]:
-    """The online row block ``w2_sinkhorn(batch_size=None)`` uses for clouds of sizes n, m
-    (None: a dense cost matrix)."""
-    return _default_batch_size(n, m)
+    eps, div, converged, n_total, eps_list, div_list, info = _multiscale.w2_multiscale(
+        x, y, eps0=eps0, rule=rule, epsilon=epsilon, max_rounds=max_rounds,
+        batch_size=None, **kw)
+    floored = (epsilon is None and bool(div_list) and np.isfinite(div)
+               and rel * max(div, 0.0) < floor and eps <= floor * _REACHED)
+    # (the ε of the last round solved: a ladder out of rounds has picked one more)
+    return done(div, eps_list[-1] if eps_list else float(eps), converged, n_total, eps_list,
+                div_list, floored, info.get("kernel_density", 1.0))
