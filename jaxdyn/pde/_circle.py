@@ -1,4 +1,4 @@
-"""The mean-field equation on the circle S¹ on a uniform grid of M cells (docs/math.md §C):
+"""The mean-field equation on the circle S¹ on a uniform grid of M cells (docs/math.md §C).
 
     ∂_t ρ + ∂_θ(ρ v) = (σ²/2) ∂_θ² ρ,   v(θ) = ⟨t(θ), V m(θ)⟩,
     m(θ) = ∫ e^{β e(θ)ᵀB e(φ)} e(φ) ρ(φ) dφ / ∫ e^{β e(θ)ᵀB e(φ)} ρ(φ) dφ   (softmax; no denominator
@@ -43,8 +43,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-
 __all__ = ["CircleDensity", "circle_grid", "uniform_density", "cos_mode", "mode_amplitude",
            "velocity_bound", "cfl_dt"]
 
@@ -54,29 +52,88 @@ DIFFUSIONS = ("fd", "spectral")
 LIMITERS = ("mc", "minmod")
 
 
+def default_float():
+    """JAX's default floating dtype (float64 with ``jax_enable_x64``, else float32): no array made."""
+    return jax.dtypes.canonicalize_dtype(np.float64)
+
+
+def host_value(x, dtype):
+    """``x`` as a NumPy array of ``dtype`` on the host when it is concrete, None when traced.
+
+    Concrete: a Python number, a NumPy array or a concrete ``jax.Array``. Constructors check
+    their inputs on these host copies: no device computation runs when a model is built (also
+    inside ``jax.jit`` from NumPy weights), and traced inputs are left to the program
+    (``solve_density`` flags them through its result code).
+
+    Returns:
+      A NumPy array, or None.
+    """
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x, dtype)
+
+
 def circle_grid(m: int, dtype=None):
-    """Cell centres θ_j = j·2π/M (j = 0..M−1) and faces θ_{j+1/2}."""
-    dtype = dtype or jnp.zeros(()).dtype
+    """Cell centres θ_j = j·2π/M (j = 0..M−1) and faces θ_{j+1/2} = θ_j + h/2.
+
+    Args:
+      m: the number of cells M.
+      dtype: the floating dtype (default: JAX's default float).
+
+    Returns:
+      (centres, faces): two (M,) arrays.
+    """
+    dtype = dtype or default_float()
     h = 2 * math.pi / m
     c = jnp.arange(m, dtype=dtype) * h
     return c, c + h / 2
 
 
 def uniform_density(m: int, dtype=None):
-    """The uniform probability density 1/(2π) on M cells."""
-    dtype = dtype or jnp.zeros(()).dtype
+    """The uniform probability density 1/(2π) on M cells.
+
+    Args:
+      m: the number of cells M.
+      dtype: the floating dtype (default: JAX's default float).
+
+    Returns:
+      (M,) cell averages, all 1/(2π).
+    """
+    dtype = dtype or default_float()
     return jnp.full((m,), 1.0 / (2 * math.pi), dtype)
 
 
 def cos_mode(m: int, k: int, dtype=None, phase=0.0):
-    """Cell averages of cos(kθ + phase): sinc(k/M) cos(kθ_j + phase)."""
+    """Cell averages of cos(kθ + phase): sinc(k/M) cos(kθ_j + phase).
+
+    Args:
+      m: the number of cells M.
+      k: the mode (an integer).
+      dtype: the floating dtype (default: JAX's default float).
+      phase: the phase (radians).
+
+    Returns:
+      (M,) cell averages (the cell average of e^{ikθ} is sinc(k/M) e^{ikθ_j}).
+    """
     c, _ = circle_grid(m, dtype)
     return float(np.sinc(k / m)) * jnp.cos(k * c + phase)  # (a NumPy float64 scalar promoted float32)
 
 
 def mode_amplitude(rho, k: int):
-    """Complex amplitude of the k-th Fourier mode of the cell averages: (2/M) Σ_j ρ_j e^{−ikθ_j}
-    (k ≥ 1), so cos(kθ) has amplitude sinc(k/M)."""
+    """Complex amplitude of the k-th Fourier mode of the cell averages: (2/M) Σ_j ρ_j e^{−ikθ_j}.
+
+    For k ≥ 1, cos(kθ) has amplitude sinc(k/M) (its cell averages carry that factor).
+
+    Args:
+      rho: (..., M) cell averages.
+      k: the mode, 0 ≤ k ≤ M/2 (may be traced: then it is not checked).
+
+    Returns:
+      (...,) complex amplitudes.
+
+    Raises:
+      ValueError: a concrete k outside [0, M/2].
+    """
     m = rho.shape[-1]
     if not isinstance(k, jax.core.Tracer) and not 0 <= int(k) <= m // 2:
         raise ValueError(f"k must lie in [0, M/2] = [0, {m // 2}] for M = {m} cells, got {k}")
@@ -90,8 +147,7 @@ RESOLVED_CELLS = 1.0
 
 
 def _warn_unresolved(beta_norm: float, m: int):
-    """A warning (not an error: the solve runs) when the kernel is narrower than
-    ``RESOLVED_CELLS`` cells of the grid of ``m`` cells."""
+    """Warn (not an error: the solve runs) when the kernel is narrower than ``RESOLVED_CELLS`` cells."""
     h = 2 * math.pi / m
     width = 1.0 / math.sqrt(beta_norm) if beta_norm > 0 else math.inf
     if width < RESOLVED_CELLS * h:
@@ -111,7 +167,7 @@ def _caller_level() -> int:
 
 
 def _rotation_part(B):
-    """e(θ)ᵀBe(φ) = a cos(θ−φ) + b sin(θ−φ) + c cos(θ+φ) + d sin(θ+φ)."""
+    """E(θ)ᵀBe(φ) = a cos(θ−φ) + b sin(θ−φ) + c cos(θ+φ) + d sin(θ+φ): (a, b, c, d)."""
     a = (B[0, 0] + B[1, 1]) / 2
     b = (B[1, 0] - B[0, 1]) / 2
     c = (B[0, 0] - B[1, 1]) / 2
@@ -119,32 +175,116 @@ def _rotation_part(B):
     return a, b, c, d
 
 
+def _safe_sqrt(x):
+    """√x for x ≥ 0 with a zero derivative at 0 (the square root's is infinite there)."""
+    pos = x > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+
+
+def norm_2x2(V):
+    """‖V‖₂ of a 2 × 2 matrix in closed form: (√(‖V‖_F² + 2|det V|) + √(‖V‖_F² − 2|det V|))/2.
+
+    (σ₁ ± σ₂ = √(σ₁² + σ₂² ± 2σ₁σ₂); no SVD in the program, and a finite derivative where the two
+    singular values meet, e.g. V = I.)
+
+    Returns:
+      A scalar array.
+    """
+    f2 = jnp.sum(V * V)
+    det2 = 2 * jnp.abs(V[0, 0] * V[1, 1] - V[0, 1] * V[1, 0])
+    return (_safe_sqrt(f2 + det2) + _safe_sqrt(jnp.maximum(f2 - det2, 0.0))) / 2
+
 
 def check_weights(Q, K, V, d, dtype, what):
-    """Q, K, V as (d, d) arrays of one floating dtype (default: Q's, else JAX's default),
-    each shape checked; returns (Q, K, V, dtype). Shared by the S¹ and S² densities."""
+    """Q, K, V as (d, d) arrays of one floating dtype (default: Q's, else JAX's default).
+
+    Shared by the S¹ and S² densities and the S¹ particle field. The shapes and dtype are read
+    without any device computation; the host copies (NumPy, in that dtype) are None for traced
+    weights.
+
+    Returns:
+      (Q, K, V, dtype, (Q, K, V) on the host or None each).
+
+    Raises:
+      ValueError: a weight that is not (d, d).
+    """
     if dtype is None:
-        qd = jnp.asarray(Q).dtype
-        dtype = qd if jnp.issubdtype(qd, jnp.floating) else jnp.zeros(()).dtype
-    Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
+        qd = getattr(Q, "dtype", None)
+        qd = np.asarray(Q).dtype if qd is None else np.dtype(qd)
+        dtype = jax.dtypes.canonicalize_dtype(qd) if jnp.issubdtype(qd, jnp.floating) else default_float()
     for name, w in (("Q", Q), ("K", K), ("V", V)):
-        if w.shape != (d, d):
-            raise ValueError(f"{name} must be a {d}x{d} matrix {what}, got shape {w.shape}")
-    return Q, K, V, dtype
+        if np.shape(w) != (d, d):
+            raise ValueError(f"{name} must be a {d}x{d} matrix {what}, got shape {np.shape(w)}")
+    host = tuple(host_value(w, dtype) for w in (Q, K, V))
+    Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
+    return Q, K, V, dtype, host
+
+
+def check_temperature(beta, sigma, dtype):
+    """β and σ as scalars of ``dtype``, checked on the host where concrete (β > 0, σ ≥ 0).
+
+    Returns:
+      (beta, sigma, beta on the host or None).
+
+    Raises:
+      ValueError: β or σ not a scalar, β ≤ 0, σ < 0.
+    """
+    if np.ndim(beta) or np.ndim(sigma):
+        raise ValueError("beta and sigma must be scalars; to sweep them vmap over a stack of models")
+    hb, hs = host_value(beta, dtype), host_value(sigma, dtype)
+    if hb is not None and not hb > 0:
+        raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
+    if hs is not None and not hs >= 0:
+        raise ValueError(f"sigma (noise) must be >= 0, got {float(hs)}")
+    return jnp.asarray(beta, dtype), jnp.asarray(sigma, dtype), hb
+
+
+def _is_rotation(B, rtol):
+    """B (NumPy, on the host) of the form aI + bJ to ``rtol`` relative to its largest entry."""
+    _, _, c, d = _rotation_part(B)
+    return abs(c) + abs(d) <= rtol * (np.abs(B).max() + 1e-300)
+
 
 class CircleDensity(eqx.Module):
-    r"""The right-hand side of the mean-field equation on S¹ for the cell averages ρ (shape (M,)):
-    a vector field ``field(t, rho, args) -> dρ/dt``, usable as a ``diffrax.ODETerm``.
+    r"""The right-hand side of the mean-field equation on S¹ for the cell averages ρ (shape (M,)).
+
+    A vector field ``field(t, rho, args) -> dρ/dt``, usable as a ``diffrax.ODETerm``:
+    ∂_t ρ + ∂_θ(ρ v) = (σ²/2) ∂_θ² ρ with v(θ) = ⟨t(θ), V m(θ)⟩ and m(θ) the softmax mean of
+    e(φ) under the weights e^{β e(θ)ᵀBe(φ)} ρ(φ), B = QᵀK (module docstring).
+
+    Building a model runs no device computation: its inputs are checked on the host where they
+    are concrete (NumPy weights inside ``jax.jit`` included); traced β, σ are checked by
+    :func:`solve_density` (the result code ``invalid_input``).
 
     Args:
-      Q, K, V: (2, 2) arrays (the weights restricted to the plane).
-      beta: inverse temperature β > 0; sigma: noise σ ≥ 0 (array leaves: vmap over a stack
-        of models sweeps them).
-      m: grid size M (static).
-      kernel: ``"fft"`` (B = aI + bJ, O(M log M)), ``"dense"`` (any B, O(M²)), ``"auto"``.
+      Q: (2, 2) query weights on the plane of S¹.
+      K: (2, 2) key weights.
+      V: (2, 2) value weights.
+      beta: inverse temperature β > 0 (an array leaf: vmap over a stack of models sweeps it).
+      m: grid size M ≥ 8 (static).
+      sigma: noise σ ≥ 0 (an array leaf).
+      kernel: ``"fft"`` (B = aI + bJ, O(M log M)), ``"dense"`` (any B, O(M²)), or ``"auto"``:
+        ``"fft"`` when concrete Q, K give B = aI + bJ (to 1e-14 relative), else ``"dense"``.
+        Traced Q or K (weights that are jit arguments, vmapped or differentiated) take
+        ``"dense"``: the choice is static, and only the dense kernel is right for every B a
+        traced value can hold (its gradient in Q, K is the whole gradient; the FFT kernel's
+        sees a and b only).
       normalization: ``"softmax"`` or ``"unnormalized"`` (weights e^{β⟨Qx,Ky⟩} against ρ).
-      diffusion: ``"fd"`` or ``"spectral"`` (see the module docstring); limiter: ``"mc"`` or
-        ``"minmod"``.
+      diffusion: ``"fd"`` or ``"spectral"`` (see the module docstring).
+      limiter: ``"mc"`` or ``"minmod"``.
+      dtype: the floating dtype of the leaves (default: Q's, else JAX's default float).
+
+    Attributes:
+      Q, K, V, beta, sigma: the array leaves.
+      m, kernel, normalization, diffusion, limiter: static settings (``kernel`` resolved).
+
+    Raises:
+      ValueError: a weight not 2 × 2, β or σ not a scalar, a concrete β ≤ 0 or σ < 0, m < 8,
+        an unknown option, or ``kernel="fft"`` with a concrete B not of the form aI + bJ.
+
+    Warns:
+      UserWarning: concrete β, Q, K whose kernel width 1/√(β‖B‖₂) is below one cell (the grid
+        does not resolve the kernel; the warning names the M it needs).
     """
 
     Q: jax.Array
@@ -160,49 +300,39 @@ class CircleDensity(eqx.Module):
 
     def __init__(self, Q, K, V, beta, m, *, sigma=0.0, kernel="auto", normalization="softmax",
                  diffusion="fd", limiter="mc", dtype=None):
-        Q, K, V, dtype = check_weights(Q, K, V, 2, dtype, "(the weights on the plane of S¹)")
-        if int(m) != m or m < 8:
+        Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 2, dtype, "(the weights on the plane of S¹)")
+        if isinstance(m, bool) or int(m) != m or m < 8:
             raise ValueError(f"m (grid size) must be an integer >= 8, got {m!r}")
         for name, v, opts in (("kernel", kernel, KERNELS), ("normalization", normalization, NORMALIZATIONS),
                               ("diffusion", diffusion, DIFFUSIONS), ("limiter", limiter, LIMITERS)):
             if v not in opts:
                 raise ValueError(f"{name} must be one of {opts}, got {v!r}")
         self.Q, self.K, self.V = Q, K, V
-        self.beta = jnp.asarray(beta, dtype)
-        self.sigma = jnp.asarray(sigma, dtype)
-        if self.beta.ndim or self.sigma.ndim:
-            raise ValueError("beta and sigma must be scalars; to sweep them vmap over a stack of models")
-        if not isinstance(self.beta, jax.core.Tracer) and not bool(self.beta > 0):
-            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
-        if not isinstance(self.sigma, jax.core.Tracer) and not bool(self.sigma >= 0):
-            raise ValueError(f"sigma (noise) must be >= 0, got {float(self.sigma)}")
+        self.beta, self.sigma, hb = check_temperature(beta, sigma, dtype)
+        B = None if hq is None or hk is None else hq.T @ hk  # on the host, in the model's dtype
         if kernel == "auto":
-            B = np.asarray(Q).T @ np.asarray(K) if not isinstance(Q, jax.core.Tracer) else None
-            if B is None:
-                raise ValueError("kernel='auto' needs concrete Q, K; pass kernel='fft' or 'dense'")
-            _, _, c, d = _rotation_part(B)
-            kernel = "fft" if abs(c) + abs(d) <= 1e-14 * (np.abs(B).max() + 1e-300) else "dense"
-        elif kernel == "fft" and not isinstance(Q, jax.core.Tracer):
-            _, _, c, d = _rotation_part(np.asarray(Q).T @ np.asarray(K))
-            if abs(c) + abs(d) > 1e-12 * (np.abs(np.asarray(Q).T @ np.asarray(K)).max() + 1e-300):
-                raise ValueError("kernel='fft' needs B = QᵀK of the form aI + bJ (a kernel in θ − φ "
-                                 "only); this B has a cos(θ+φ)/sin(θ+φ) part: use kernel='dense'")
+            kernel = "fft" if B is not None and _is_rotation(B, 1e-14) else "dense"
+        elif kernel == "fft" and B is not None and not _is_rotation(B, 1e-12):
+            raise ValueError("kernel='fft' needs B = QᵀK of the form aI + bJ (a kernel in θ − φ "
+                             "only); this B has a cos(θ+φ)/sin(θ+φ) part: use kernel='dense'")
         self.m = int(m)
         self.kernel = kernel
         self.normalization = normalization
         self.diffusion = diffusion
         self.limiter = limiter
-        if not any(isinstance(a, jax.core.Tracer) for a in (self.beta, Q, K)):
-            # on the host (no device ops a model built): β‖B‖₂ (β, Q or K traced: no warning)
-            B = np.asarray(Q, np.float64).T @ np.asarray(K, np.float64)
-            _warn_unresolved(float(self.beta) * float(np.linalg.norm(B, 2)), self.m)
+        if B is not None and hb is not None:
+            # on the host: β‖B‖₂ (β, Q or K traced: no warning)
+            B64 = hq.astype(np.float64).T @ hk.astype(np.float64)
+            _warn_unresolved(float(hb) * float(np.linalg.norm(B64, 2)), self.m)
 
     @property
     def h(self):
+        """The cell width h = 2π/M."""
         return 2 * math.pi / self.m
 
     @property
     def shape(self):
+        """The shape (M,) of the cell averages."""
         return (self.m,)
 
     @property
@@ -215,7 +345,14 @@ class CircleDensity(eqx.Module):
         return jnp.arange(self.m // 2 + 1, dtype=dtype)
 
     def point_spectrum(self, rho):
-        """rfft of the band-limited point values: the cell-average spectrum / sinc(n/M)."""
+        """The rfft of the band-limited point values: the cell-average spectrum / sinc(n/M).
+
+        Args:
+          rho: (M,) cell averages.
+
+        Returns:
+          (M/2 + 1,) complex spectrum.
+        """
         n = self._freqs(rho.dtype)
         return jnp.fft.rfft(rho) / jnp.sinc(n / self.m)
 
@@ -225,14 +362,22 @@ class CircleDensity(eqx.Module):
         return jnp.fft.irfft(spec * jnp.exp(1j * n * self.h / 2), n=self.m)
 
     def _shift(self):
-        """s = β‖B‖₂, the maximum of β e(θ)ᵀBe(φ) (the kernel is evaluated as e^{β⟨·⟩ − s}).
-        (β‖B‖_F, used before, is √2 β for B = I: every kernel value was at most e^{−0.41β},
-        subnormal then 0 in float32 from β ≈ 200, and the density froze with status
-        ``successful``.) 2 × 2 closed form: ‖B‖₂² = (‖B‖_F² + √(‖B‖_F⁴ − 4 det² B)) / 2."""
-        B = self.Q.T @ self.K
+        """S = β‖B‖₂, the maximum of β e(θ)ᵀBe(φ) (the kernel is evaluated as e^{β⟨·⟩ − s}).
+
+        (A larger shift such as β‖B‖_F, √2 β for B = I, bounds every kernel value by
+        e^{−0.41β}: subnormal then 0 in float32 from β ≈ 200, a density frozen with status
+        ``successful``.) 2 × 2 closed form: ‖B‖₂² = (‖B‖_F² + √(‖B‖_F⁴ − 4 det² B)) / 2.
+        No derivative flows through it: the shift cancels in the softmax ratio and against the
+        e^{s} of the unnormalised field (and √ at 0, B = I, has an infinite one).
+
+        Returns:
+          A scalar array.
+        """
+        B = jax.lax.stop_gradient(self.Q.T @ self.K)
         f2 = jnp.sum(B * B)
         det = B[0, 0] * B[1, 1] - B[0, 1] * B[1, 0]
-        return self.beta * jnp.sqrt((f2 + jnp.sqrt(jnp.maximum(f2 * f2 - 4 * det * det, 0.0))) / 2)
+        return jax.lax.stop_gradient(self.beta) * jnp.sqrt(
+            (f2 + jnp.sqrt(jnp.maximum(f2 * f2 - 4 * det * det, 0.0))) / 2)
 
     def _moments(self, rho):
         """(Nc, Ns, D) at the faces: ∫ k(θ,φ) (cos φ, sin φ, 1) ρ(φ) dφ with k = e^{β⟨·⟩ − s}."""
@@ -250,7 +395,8 @@ class CircleDensity(eqx.Module):
         ef = jnp.stack([jnp.cos(f), jnp.sin(f)], -1)
         ec = jnp.stack([jnp.cos(c), jnp.sin(c)], -1)
         logits = self.beta * (ef @ B @ ec.T)
-        rowmax = jnp.max(logits, axis=1, keepdims=True)
+        # a shift per row (no derivative through it: it cancels, as s does)
+        rowmax = jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
         w = jnp.exp(logits - rowmax)
         g = jnp.stack([p * ec[:, 0], p * ec[:, 1], p], -1) * self.h
         mom = jnp.matmul(w, g, precision="highest")
@@ -261,7 +407,14 @@ class CircleDensity(eqx.Module):
         return mom[:, 0], mom[:, 1], mom[:, 2], s
 
     def velocity(self, rho):
-        """Angular velocity v(θ_{j+1/2}) at the M faces."""
+        """The angular velocity v(θ_{j+1/2}) = ⟨t(θ), V m(θ)⟩ at the M faces.
+
+        Args:
+          rho: (M,) cell averages.
+
+        Returns:
+          (M,) velocities at the faces θ_j + h/2.
+        """
         nc, ns, d, s = self._moments(rho)
         _, f = circle_grid(self.m, rho.dtype)
         if self.normalization == "softmax":
@@ -295,7 +448,14 @@ class CircleDensity(eqx.Module):
         return left, right
 
     def flux(self, rho):
-        """Total flux at the faces j+1/2 (advective upwind MUSCL + diffusive)."""
+        """The total flux at the faces j+1/2: advective upwind MUSCL plus diffusive −(σ²/2)∂_θρ.
+
+        Args:
+          rho: (M,) cell averages.
+
+        Returns:
+          (M,) fluxes at the faces θ_j + h/2.
+        """
         v = self.velocity(rho)
         left, right = self._face_states(rho)
         F = jnp.maximum(v, 0) * left + jnp.minimum(v, 0) * right
@@ -307,29 +467,49 @@ class CircleDensity(eqx.Module):
         return F - 0.5 * self.sigma ** 2 * grad
 
     def __call__(self, t, rho, args=None):
+        """The right-hand side dρ_j/dt = −(F_{j+1/2} − F_{j−1/2})/h.
+
+        Args:
+          t: time (unused: the field is autonomous).
+          rho: (M,) cell averages.
+          args: unused (diffrax's signature).
+
+        Returns:
+          (M,) time derivatives of the cell averages.
+        """
         F = self.flux(rho)
         return -(F - jnp.roll(F, 1)) / self.h
 
 
-@eqx.filter_jit
-def spectral_norm(V):
-    """‖V‖₂ (an SVD, in one jitted program)."""
-    return jnp.linalg.norm(V, ord=2)
-
-
 def velocity_bound(model: CircleDensity):
-    """An upper bound of |v| (softmax: ‖V‖₂ since |m| ≤ 1; unnormalised: ‖V‖₂ e^{s})."""
-    vn = spectral_norm(model.V)
+    """An upper bound of |v|: ‖V‖₂ (softmax, since |m| ≤ 1) or ‖V‖₂ e^{s} (unnormalised).
+
+    Args:
+      model: a :class:`CircleDensity`.
+
+    Returns:
+      A scalar array (traceable; ‖V‖₂ in closed form, no SVD).
+    """
+    vn = norm_2x2(model.V)
     if model.normalization == "softmax":
         return vn
     return vn * jnp.exp(model._shift())
 
 
 def cfl_dt(model: CircleDensity, cfl: float = 0.9):
-    """The positivity step: dt (2 v_max/h + σ²/h²) = cfl (≤ 1), the fd diffusion's
-    (largest eigenvalue 2σ²/h²). Spectral diffusion's largest eigenvalue is (σ²/2)(π/h)²:
-    its term is (π²/4) σ²/h², which keeps Heun's stability limit |dt λ| ≤ 2 (with σ²/h² the
-    default step blew up to NaN)."""
+    """The positivity step: dt (2 v_max/h + σ²/h²) = cfl (≤ 1), the fd diffusion's.
+
+    The fd diffusion's largest eigenvalue is 2σ²/h². Spectral diffusion's is (σ²/2)(π/h)²: its
+    term is (π²/4) σ²/h², which keeps Heun's stability limit |dt λ| ≤ 2 (with σ²/h² the
+    default step blew up to NaN).
+
+    Args:
+      model: a :class:`CircleDensity`.
+      cfl: the CFL number (≤ 1 keeps ρ ≥ 0 with Heun).
+
+    Returns:
+      A scalar array, the step (traceable).
+    """
     h = model.h
     diff = model.sigma ** 2 / h ** 2 * (1.0 if model.diffusion == "fd" else math.pi ** 2 / 4)
     return cfl / (2 * velocity_bound(model) / h + diff)

@@ -41,13 +41,13 @@ import numpy as np
 
 from ..models import AbstractQKVModel
 from ..sphere import tangent_project
-from ._circle import check_weights
+from ._circle import check_weights, host_value
 
 __all__ = ["CircleAttention", "fourier_modes", "bessel_ive"]
 
 
 def _log_tail_bound(K: int, r: float) -> float:
-    """log T(K, r) (module docstring); +inf where the geometric step q ≥ 1."""
+    """The logarithm of T(K, r) (module docstring); +inf where the geometric step q ≥ 1."""
     if r == 0:
         return -math.inf
     q = r / (2 * (K + 2))
@@ -58,8 +58,21 @@ def _log_tail_bound(K: int, r: float) -> float:
 
 
 def fourier_modes(r_max: float, tol: float) -> int:
-    """The smallest K with T(K, r_max) e^{r_max} ≤ tol: truncating the kernel's Fourier series at
-    |k| ≤ K changes every softmax sum by at most ``tol`` relative (module docstring)."""
+    """The smallest K with T(K, r_max) e^{r_max} ≤ tol (on the host: concrete inputs).
+
+    Truncating the kernel's Fourier series at |k| ≤ K changes every softmax sum by at most
+    ``tol`` relative (module docstring).
+
+    Args:
+      r_max: β‖B‖₂ ≥ 0, the largest |β Bᵀx|.
+      tol: the relative truncation error, in (0, 1).
+
+    Returns:
+      K, a Python int.
+
+    Raises:
+      ValueError: r_max negative or not finite, tol outside (0, 1).
+    """
     r_max, tol = float(r_max), float(tol)
     if not (r_max >= 0 and math.isfinite(r_max)):
         raise ValueError(f"r_max = β‖QᵀK‖₂ must be finite and >= 0, got {r_max}")
@@ -72,8 +85,19 @@ def fourier_modes(r_max: float, tol: float) -> int:
 
 
 def bessel_ive(r, K: int, extra: int | None = None):
-    """I_k(r) e^{−r} for k = 0..K (last axis), r ≥ 0 an array: i0e(r) times the products of the
-    ratios ρ_k = I_k/I_{k−1} = r/(2k + r ρ_{k+1}) (backward, from ρ_{L+1} = 0, L = 2K + 30)."""
+    """I_k(r) e^{−r} for k = 0..K (last axis), r ≥ 0 an array (traceable).
+
+    i0e(r) times the products of the ratios ρ_k = I_k/I_{k−1} = r/(2k + r ρ_{k+1}) (backward,
+    from ρ_{L+1} = 0, L = 2K + 30).
+
+    Args:
+      r: array of arguments ≥ 0 (any shape).
+      K: the largest order (static).
+      extra: start the backward recurrence at L = K + extra (default 2K + 30).
+
+    Returns:
+      r.shape + (K + 1,) array.
+    """
     r = jnp.asarray(r)
     L = 2 * K + 30 if extra is None else K + int(extra)
 
@@ -90,15 +114,31 @@ def bessel_ive(r, K: int, extra: int | None = None):
 
 
 class CircleAttention(AbstractQKVModel):
-    r"""Softmax (or unnormalised) self-attention of N particles on S¹ in O(N K) a field, equal to
-    :class:`jaxdyn.SphereAttention` with d = 2 up to rounding on the circle (module docstring).
+    r"""Softmax (or unnormalised) self-attention of N particles on S¹ in O(N K) a field.
+
+    Equal to :class:`jaxdyn.SphereAttention` with d = 2 up to rounding on the circle (module
+    docstring): ẋ_i = P⊥(x_i) V m_i, m_i = Σ_j e^{β x_iᵀBx_j} x_j / Σ_j e^{β x_iᵀBx_j}. Building
+    it runs no device computation (concrete inputs are checked on the host, NumPy weights inside
+    ``jax.jit`` included).
 
     Args:
-      Q, K, V: (2, 2) arrays (any; B = QᵀK need not be a rotation).
+      Q: (2, 2) query weights (any; B = QᵀK need not be a rotation).
+      K: (2, 2) key weights.
+      V: (2, 2) value weights.
       beta: inverse temperature β > 0 (concrete, unless ``n_modes`` is given).
       normalization: ``"softmax"`` or ``"unnormalized"`` (weights e^{β x_iᵀBx_j}/N).
-      n_modes: the truncation K; default :func:`fourier_modes`(β‖B‖₂, tol).
+      n_modes: the truncation K (static: the length of the series); default
+        :func:`fourier_modes`(β‖B‖₂, tol), which needs concrete β, Q, K.
       tol: relative truncation error of the sums (default: the dtype's unit roundoff).
+      dtype: the floating dtype of the leaves (default: Q's, else JAX's default float).
+
+    Attributes:
+      Q, K, V, beta: the array leaves.
+      normalization, n_modes: static settings.
+
+    Raises:
+      ValueError: a weight not 2 × 2, β not a scalar, a concrete β ≤ 0, an unknown
+        normalization, n_modes not an integer ≥ 0, or n_modes not given with traced β, Q or K.
     """
 
     beta: jax.Array
@@ -106,37 +146,44 @@ class CircleAttention(AbstractQKVModel):
     n_modes: int = eqx.field(static=True, default=0)
 
     def __init__(self, Q, K, V, beta, *, normalization="softmax", n_modes=None, tol=None, dtype=None):
-        Q, K, V, dtype = check_weights(Q, K, V, 2, dtype, "(CircleAttention: particles on S¹)")
+        Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 2, dtype, "(CircleAttention: particles on S¹)")
         self.Q, self.K, self.V = Q, K, V
-        self.beta = jnp.asarray(beta, dtype)
-        if self.beta.ndim:
+        if np.ndim(beta):
             raise ValueError("beta must be a scalar; to sweep it vmap over a stack of models")
+        hb = host_value(beta, dtype)
+        if hb is not None and not hb > 0:
+            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
+        self.beta = jnp.asarray(beta, dtype)
         if normalization not in ("softmax", "unnormalized"):
             raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
         self.normalization = normalization
         if n_modes is None:
-            if isinstance(self.beta, jax.core.Tracer) or isinstance(Q, jax.core.Tracer) \
-                    or isinstance(K, jax.core.Tracer):
+            if hb is None or hq is None or hk is None:
                 raise ValueError("CircleAttention: n_modes is chosen from concrete β, Q, K; pass "
-                                 "n_modes when building it under jit/vmap")
-            if not float(self.beta) > 0:
-                raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
+                                 "n_modes when building it from traced values under jit/vmap/grad")
             tol = float(jnp.finfo(dtype).eps) / 2 if tol is None else tol
-            r_max = float(self.beta) * float(np.linalg.norm(np.asarray(Q).T @ np.asarray(K), 2))
+            r_max = float(hb) * float(np.linalg.norm(hq.T @ hk, 2))
             n_modes = fourier_modes(r_max, tol)
-        if int(n_modes) != n_modes or n_modes < 0:
+        if isinstance(n_modes, bool) or int(n_modes) != n_modes or n_modes < 0:
             raise ValueError(f"n_modes must be an integer >= 0, got {n_modes!r}")
         self.n_modes = int(n_modes)
 
     def sums(self, x):
-        """(D, Nc, r) at the queries x (N, 2) against the keys x̂_j = x_j/|x_j|, scaled by e^{−r_i}
-        (r_i = β|Bᵀx_i|): D_i = Σ_j e^{β x_iᵀB x̂_j − r_i}, Nc_i the same sum of x̂_j,1 + i x̂_j,2.
+        """(D, Nc, r) at the queries x (N, 2) against the keys x̂_j = x_j/|x_j|, scaled by e^{−r_i}.
 
+        With r_i = β|Bᵀx_i|: D_i = Σ_j e^{β x_iᵀB x̂_j − r_i}, Nc_i the same sum of x̂_j,1 + i x̂_j,2.
         One forward pass for the power sums S_k = Σ_j z_j^k (z_j = e^{iφ_j}, k = 0..K+1), one
         backward pass for the ratios ρ_k = I_k/I_{k−1} (from L = 2K + 30 down to K+1), then
         Horner from k = K down to 1 with P_k = ρ_1⋯ρ_k (I_k e^{−r} = i0e(r) P_k), ū = e^{−iα_i}:
         D = i0e·Re[S_0 + 2H_1], H_k = ρ_k ū (S_k + H_{k+1}); Nc = i0e·(S_1 + G_1 + E_1),
-        G_k = ρ_k ū (S_{k+1} + G_{k+1}), E_k = ρ_k u (conj S_{k−1} + E_{k+1})."""
+        G_k = ρ_k ū (S_{k+1} + G_{k+1}), E_k = ρ_k u (conj S_{k−1} + E_{k+1}).
+
+        Args:
+          x: (N, 2) points (on the circle, or near it: RK stages).
+
+        Returns:
+          (D (N,), Nc (N,) complex, r (N,)).
+        """
         K = self.n_modes
         cdt = jnp.complex128 if x.dtype == jnp.float64 else jnp.complex64
         nx = jnp.sqrt(jnp.sum(x * x, -1))
@@ -176,7 +223,16 @@ class CircleAttention(AbstractQKVModel):
         return D, Nc, r
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection: V m_i (softmax mean, or the unnormalised sum)."""
+        """The field before the tangent projection: V m_i (softmax mean, or the unnormalised sum).
+
+        Args:
+          t: time (unused).
+          x: (N, 2) points.
+          args: unused (diffrax's signature).
+
+        Returns:
+          (N, 2) array.
+        """
         D, Nc, r = self.sums(x)
         if self.normalization == "softmax":
             m = Nc / jnp.maximum(D, jnp.finfo(x.dtype).tiny)
@@ -186,4 +242,14 @@ class CircleAttention(AbstractQKVModel):
         return jnp.matmul(m, self.V.T, precision="highest")
 
     def __call__(self, t, x, args=None):
+        """The velocities P⊥(x_i) V m_i.
+
+        Args:
+          t: time (unused).
+          x: (N, 2) points on S¹.
+          args: unused (diffrax's signature).
+
+        Returns:
+          (N, 2) tangent velocities.
+        """
         return tangent_project(x, self.ambient(t, x, args))

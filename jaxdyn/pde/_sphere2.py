@@ -1,4 +1,4 @@
-"""The mean-field equation on S² on a latitude–longitude finite-volume grid (a first version).
+"""The mean-field equation on S² on a latitude–longitude finite-volume grid.
 
 Cells: colatitude edges ϑ_i = iπ/n_lat, longitude edges φ_j = 2πj/n_lon; unknowns the cell
 averages ρ_ij; areas A_i = Δφ (cos ϑ_i − cos ϑ_{i+1}). The two kernel integrals
@@ -37,22 +37,61 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._circle import check_weights, spectral_norm
+from ._circle import check_temperature, check_weights
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
 
 
 def _mc(dm, dp):
+    """The MC-limited slope from the one-sided differences."""
     same = dm * dp > 0
     mag = jnp.minimum(jnp.minimum(2 * jnp.abs(dm), 2 * jnp.abs(dp)), jnp.abs(dm + dp) / 2)
     return jnp.where(same, jnp.sign(dm) * mag, 0.0)
 
 
+def _is_axial(B, rtol):
+    """B (NumPy, on the host) of the form [[a, −b, 0], [b, a, 0], [0, 0, c]] to ``rtol``."""
+    off = (abs(B[0, 0] - B[1, 1]) + abs(B[0, 1] + B[1, 0]) + np.abs(B[:2, 2]).sum()
+           + np.abs(B[2, :2]).sum())
+    return off <= rtol * (np.abs(B).max() + 1e-300)
+
+
+def _host_geometry(n_lat, n_lon):
+    """Colatitude edges (n_lat + 1,) and cell areas (n_lat,) in NumPy float64 (static sizes)."""
+    te = np.arange(n_lat + 1) * (math.pi / n_lat)
+    return te, (2 * math.pi / n_lon) * (np.cos(te[:-1]) - np.cos(te[1:]))
+
+
 class SphereDensity(eqx.Module):
     """Right-hand side of the mean-field equation on S² for the cell averages ρ (n_lat, n_lon).
 
-    Args: Q, K, V (3, 3); beta > 0; sigma ≥ 0; n_lat, n_lon grid sizes (static);
-    normalization ``"softmax"`` or ``"unnormalized"``.
+    A vector field ``field(t, rho, args) -> dρ/dt`` (a ``diffrax.ODETerm``): the finite-volume
+    discretisation of ∂_t ρ + div(ρ X) = (σ²/2) Δρ, X(x) = P⊥(x) V m(x), m(x) the softmax mean of
+    y under e^{β⟨Qx, Ky⟩} ρ(y) (module docstring). Building a model runs no device computation:
+    concrete inputs are checked on the host.
+
+    Args:
+      Q: (3, 3) query weights.
+      K: (3, 3) key weights.
+      V: (3, 3) value weights.
+      beta: inverse temperature β > 0 (an array leaf).
+      n_lat: number of colatitude cells (≥ 4, static).
+      n_lon: number of longitude cells (≥ 8, static).
+      sigma: noise σ ≥ 0 (an array leaf).
+      normalization: ``"softmax"`` or ``"unnormalized"``.
+      kernel: ``"dense"`` (any B, O(F·C) a step), ``"fft"`` (B invariant under rotations about
+        the z axis, [[a, −b, 0], [b, a, 0], [0, 0, c]]: FFTs in longitude), or ``"auto"``:
+        ``"fft"`` when concrete Q, K give such a B (to 1e-12 relative), else ``"dense"``
+        (traced Q or K: ``"dense"``, the kernel that is right for every value they can take).
+      dtype: the floating dtype of the leaves (default: Q's, else JAX's default float).
+
+    Attributes:
+      Q, K, V, beta, sigma: the array leaves.
+      n_lat, n_lon, normalization, kernel: static settings (``kernel`` resolved).
+
+    Raises:
+      ValueError: a weight not 3 × 3, β or σ not a scalar, a concrete β ≤ 0 or σ < 0, a grid
+        too small, an unknown option, or ``kernel="fft"`` with a concrete B that is not axial.
     """
 
     Q: jax.Array
@@ -67,39 +106,40 @@ class SphereDensity(eqx.Module):
 
     def __init__(self, Q, K, V, beta, n_lat, n_lon, *, sigma=0.0, normalization="softmax",
                  kernel="auto", dtype=None):
-        Q, K, V, dtype = check_weights(Q, K, V, 3, dtype, "on S²")
+        Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 3, dtype, "on S²")
         if n_lat < 4 or n_lon < 8:
             raise ValueError(f"grid too small: n_lat >= 4 and n_lon >= 8 needed, got {n_lat}, {n_lon}")
         if normalization not in ("softmax", "unnormalized"):
             raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
-        self.Q, self.K, self.V = Q, K, V
-        self.beta = jnp.asarray(beta, dtype)
-        self.sigma = jnp.asarray(sigma, dtype)
-        if not isinstance(self.beta, jax.core.Tracer) and not bool(self.beta > 0):
-            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
-        if not isinstance(self.sigma, jax.core.Tracer) and not bool(self.sigma >= 0):
-            raise ValueError(f"sigma (noise) must be >= 0, got {float(self.sigma)}")
-        self.n_lat, self.n_lon = int(n_lat), int(n_lon)
-        self.normalization = normalization
         if kernel not in ("auto", "dense", "fft"):
             raise ValueError(f"kernel must be 'auto', 'dense' or 'fft', got {kernel!r}")
-        if kernel != "dense" and not isinstance(Q, jax.core.Tracer):
-            Bn = np.asarray(Q).T @ np.asarray(K)
-            axial = (abs(Bn[0, 0] - Bn[1, 1]) + abs(Bn[0, 1] + Bn[1, 0]) + np.abs(Bn[:2, 2]).sum()
-                     + np.abs(Bn[2, :2]).sum()) <= 1e-12 * (np.abs(Bn).max() + 1e-300)
-            if kernel == "fft" and not axial:
-                raise ValueError("kernel='fft' needs B = QᵀK invariant under rotations about the "
-                                 "z axis ([[a, −b, 0], [b, a, 0], [0, 0, c]]); use kernel='dense'")
-            kernel = "fft" if axial else "dense"
-        elif kernel == "auto":
-            raise ValueError("kernel='auto' needs concrete Q, K; pass kernel='fft' or 'dense'")
+        self.Q, self.K, self.V = Q, K, V
+        self.beta, self.sigma, _ = check_temperature(beta, sigma, dtype)
+        self.n_lat, self.n_lon = int(n_lat), int(n_lon)
+        self.normalization = normalization
+        B = None if hq is None or hk is None else hq.T @ hk  # on the host, in the model's dtype
+        if kernel == "fft" and B is not None and not _is_axial(B, 1e-12):
+            raise ValueError("kernel='fft' needs B = QᵀK invariant under rotations about the "
+                             "z axis ([[a, −b, 0], [b, a, 0], [0, 0, c]]); use kernel='dense'")
+        if kernel == "auto":
+            kernel = "fft" if B is not None and _is_axial(B, 1e-12) else "dense"
         self.kernel = kernel
 
     @property
     def shape(self):
+        """The shape (n_lat, n_lon) of the cell averages."""
         return (self.n_lat, self.n_lon)
 
     def geometry(self, dtype=None):
+        """The grid: spacings, colatitude/longitude edges and centres, cell areas.
+
+        Args:
+          dtype: the floating dtype of the arrays (default: β's).
+
+        Returns:
+          dict with ``dth``, ``dph`` (floats), ``te`` (n_lat + 1,), ``tc`` (n_lat,), ``pc``,
+          ``pe`` (n_lon,), ``area`` (n_lat,).
+        """
         dtype = dtype or self.beta.dtype
         dth, dph = math.pi / self.n_lat, 2 * math.pi / self.n_lon
         te = jnp.arange(self.n_lat + 1, dtype=dtype) * dth
@@ -111,6 +151,7 @@ class SphereDensity(eqx.Module):
 
     @property
     def cell_measure(self):
+        """The cell areas A_i as an (n_lat, 1) array (mass = Σ A_i ρ_ij)."""
         return self.geometry()["area"][:, None]
 
     @staticmethod
@@ -121,7 +162,7 @@ class SphereDensity(eqx.Module):
         """X(x) = P⊥(x) V m(x) (softmax) at points (F, 3) from cells y (C, 3), weights w (C,)."""
         B = self.Q.T @ self.K
         logits = self.beta * (pts @ B @ y.T)
-        rowmax = jnp.max(logits, axis=1, keepdims=True)
+        rowmax = jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))  # cancels
         k = jnp.exp(logits - rowmax)
         num = jnp.matmul(k, y * w[:, None], precision="highest")
         den = jnp.matmul(k, w, precision="highest")[:, None]
@@ -133,15 +174,22 @@ class SphereDensity(eqx.Module):
         return X - jnp.sum(X * pts, -1, keepdims=True) * pts
 
     def _field_fft(self, rho, g, t_rows, offset):
-        """X at points (t_rows[i], pc_j + offset) by FFTs in longitude: for B axial the logit
-        β[sinϑ sinϑ' (a cos Δφ + b sin Δφ) + c cosϑ cosϑ'] depends on Δφ only, so every pair of
-        latitude rows is a circular convolution: O(n_lat² n_lon) a quantity instead of
-        O(n_lat² n_lon²)."""
+        """X at points (t_rows[i], pc_j + offset) by FFTs in longitude.
+
+        For B axial the logit β[sinϑ sinϑ' (a cos Δφ + b sin Δφ) + c cosϑ cosϑ'] depends on Δφ
+        only, so every pair of latitude rows is a circular convolution: O(n_lat² n_lon) a
+        quantity instead of O(n_lat² n_lon²).
+
+        Returns:
+          (len(t_rows) · n_lon, 3) tangent field.
+        """
         B = self.Q.T @ self.K
         a, b, c = (B[0, 0] + B[1, 1]) / 2, (B[1, 0] - B[0, 1]) / 2, B[2, 2]
-        # the maximum of the logit over two unit vectors (β(√(a²+b²) + |c|), used before, is
-        # 2β for B = I: kernel values below e^{−β}, a zero field in float32 from β ≈ 90)
-        shift = self.beta * jnp.maximum(jnp.sqrt(a * a + b * b), jnp.abs(c))
+        # the maximum of the logit over two unit vectors (a larger bound such as
+        # β(√(a²+b²) + |c|), 2β for B = I, puts kernel values below e^{−β}: a zero field in
+        # float32 from β ≈ 90); no derivative through it (it cancels in the softmax ratio and
+        # against the e^{shift} of the unnormalised field)
+        shift = jax.lax.stop_gradient(self.beta * jnp.maximum(jnp.sqrt(a * a + b * b), jnp.abs(c)))
         dm = jnp.arange(self.n_lon, dtype=rho.dtype) * g["dph"] + offset
         st, ct = jnp.sin(t_rows)[:, None, None], jnp.cos(t_rows)[:, None, None]
         ss, cs = jnp.sin(g["tc"])[None, :, None], jnp.cos(g["tc"])[None, :, None]
@@ -165,6 +213,16 @@ class SphereDensity(eqx.Module):
         return (X - jnp.sum(X * pts, -1, keepdims=True) * pts).reshape(-1, 3)
 
     def __call__(self, t, rho, args=None):
+        """The right-hand side dρ/dt = −div(flux)/A_i on every cell.
+
+        Args:
+          t: time (unused: the field is autonomous).
+          rho: (n_lat, n_lon) cell averages.
+          args: unused (diffrax's signature).
+
+        Returns:
+          (n_lat, n_lon) time derivatives of the cell averages.
+        """
         g = self.geometry(rho.dtype)
         nl, nn = self.n_lat, self.n_lon
         T, P = jnp.meshgrid(g["tc"], g["pc"], indexing="ij")
@@ -206,10 +264,23 @@ class SphereDensity(eqx.Module):
         return -div / g["area"][:, None]
 
 
+def _norm2(V):
+    """‖V‖₂ (a singular value decomposition in the program: cusolver/TPU ops on accelerators)."""
+    return jnp.linalg.norm(V, ord=2)
+
+
 def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
-    """Positivity step: dt (2 v_max ΣL_f + σ² Σ L_f/dist_f) / A_i ≤ cfl for every cell."""
+    """The positivity step: dt (2 v_max ΣL_f + σ² Σ L_f/dist_f) / A_i ≤ cfl for every cell.
+
+    Args:
+      model: a :class:`SphereDensity`.
+      cfl: the CFL number (≤ 1 keeps ρ ≥ 0 with Heun).
+
+    Returns:
+      A scalar array, the step (traceable).
+    """
     g = model.geometry()
-    vmax = spectral_norm(model.V)
+    vmax = _norm2(model.V)
     if model.normalization != "softmax":
         B = model.Q.T @ model.K
         vmax = vmax * jnp.exp(model.beta * jnp.sqrt(jnp.sum(B * B)))
@@ -223,7 +294,19 @@ def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
 
 
 def sphere_rates(beta, ls, sigma=0.0):
-    """λ_l = (l(l+1)/β) i_l(β)/i_0(β) − σ² l(l+1)/2 (softmax, S², B = V = I)."""
+    """λ_l = (l(l+1)/β) i_l(β)/i_0(β) − σ² l(l+1)/2 (softmax, S², B = V = I).
+
+    The closed form of the zonal growth rates, evaluated on the host with SciPy's Bessel
+    functions (orders l + 1/2; JAX's have orders 0 and 1 only): concrete inputs.
+
+    Args:
+      beta: inverse temperature β > 0.
+      ls: degrees l (array-like).
+      sigma: noise σ ≥ 0.
+
+    Returns:
+      NumPy float64 array of the rates, the shape of ``ls``.
+    """
     from scipy.special import ive
 
     ls = np.asarray(ls, float)
@@ -231,20 +314,39 @@ def sphere_rates(beta, ls, sigma=0.0):
 
 
 def zonal_mode(model: SphereDensity, l: int):
-    """Cell averages of P_l(cos ϑ) (exact: ∫ P_l dx = (P_{l+1} − P_{l−1})/(2l+1))."""
+    """Cell averages of P_l(cos ϑ) (exact: ∫ P_l dx = (P_{l+1} − P_{l−1})/(2l+1)).
+
+    Computed on the host from the grid sizes (static): also under ``jax.jit``.
+
+    Args:
+      model: a :class:`SphereDensity` (its grid and dtype).
+      l: the degree (an integer ≥ 1).
+
+    Returns:
+      (n_lat, n_lon) cell averages in β's dtype.
+    """
     from scipy.special import eval_legendre
 
-    g = model.geometry(np.float64)
-    ce = np.cos(np.asarray(g["te"]))
+    te, area = _host_geometry(model.n_lat, model.n_lon)
+    ce = np.cos(te)
     integ = (eval_legendre(l + 1, ce) - eval_legendre(l - 1, ce)) / (2 * l + 1)  # antiderivative
-    avg = (integ[:-1] - integ[1:]) * g["dph"] / np.asarray(g["area"])
+    avg = (integ[:-1] - integ[1:]) * (2 * math.pi / model.n_lon) / area
     return jnp.asarray(np.repeat(avg[:, None], model.n_lon, 1), model.beta.dtype)
 
 
 def zonal_growth_rate(model: SphereDensity, l):
-    """Growth rate of the zonal mode l (an int, or a list: one rate each) of the uniform state:
-    the JVP of the right-hand side on the cell averages of P_l, projected on them
-    (area-weighted)."""
+    """The solver's growth rate of the zonal mode l of the uniform state.
+
+    The JVP of the right-hand side at ρ = 1/(4π) on the cell averages of P_l, projected on them
+    (area-weighted); compare with :func:`sphere_rates`. Traceable in the model (β, σ, weights).
+
+    Args:
+      model: a :class:`SphereDensity`.
+      l: a degree (int), or a list of degrees (static).
+
+    Returns:
+      A scalar array, or one rate per degree.
+    """
     ls = np.atleast_1d(l)
     cs = jnp.stack([zonal_mode(model, int(k)) for k in ls])
     rates = _projected_jvp(model, cs)
@@ -253,6 +355,7 @@ def zonal_growth_rate(model: SphereDensity, l):
 
 @eqx.filter_jit
 def _projected_jvp(model, cs):
+    """The JVP at the uniform state on each mode, projected on it."""
     u = jnp.full(model.shape, 1 / (4 * math.pi), model.beta.dtype)
     a = model.cell_measure
     jv = jax.vmap(lambda c: jax.jvp(lambda r: model(0.0, r), (u,), (c,))[1])(cs)
