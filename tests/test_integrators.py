@@ -20,7 +20,7 @@ def test_unit_norm_after_1e4_steps(dtype, method):
     model = jaxdyn.SphereAttention(Q, K, V, 5.0)
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(1), 64, 3, dtype)
     tr = jaxdyn.simulate(model, x0, t1=10.0, dt=1e-3, save_every=2500, method=method)
-    assert int(tr.n_steps) == 10_000
+    assert int(tr.num_steps) == int(tr.num_accepted_steps) == 10_000
     assert bool(tr.ok) and tr.names == "successful"
     err = float(jnp.max(jnp.abs(jnp.linalg.norm(tr.xs, axis=-1) - 1.0)))
     assert err < tol(dtype, 1e-6, 1e-12), err
@@ -167,7 +167,7 @@ def test_euclidean_model_runs_without_retraction():
 def test_ensemble_step_is_the_integrator_class(dtype, method):
     """simulate_ensemble's batch-minor step is the integrator class on Sphere(axis=1): bitwise
     equal to the class stepping each system in the (N, d) layout of simulate."""
-    from jaxdyn.integrators import INTEGRATORS, Sphere
+    from jaxdyn.integrators import INTEGRATORS, Sphere, scheme_step
     from jaxdyn.simulation._ensemble import _field, _step
 
     rng = np.random.default_rng(3)
@@ -183,22 +183,21 @@ def test_ensemble_step_is_the_integrator_class(dtype, method):
         return _field(y, B, V, beta, "softmax", 1e30)
 
     got = jax.jit(lambda y: _step(method, y, dt, f))(x)
-    integ = INTEGRATORS[method]()
-    cls = jax.jit(lambda y: integ.step(lambda t, z, a: f(z), 0.0, y, dt, None,
-                                       geometry=Sphere(axis=1)))(x)
+    cls = jax.jit(lambda y: scheme_step(INTEGRATORS[method](Sphere(axis=1)),
+                                        lambda t, z, a: f(z), 0.0, y, dt))(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(cls))
 
     # the same scheme in simulate's layout, one system at a time (eager: op by op)
     for s in range(c):
         xs = x[..., s]
         f_s = lambda t, y, a, s=s: f(jnp.where(jnp.arange(c) == s, y[..., None], x))[..., s]
-        one = integ.step(f_s, 0.0, xs, dt, None, geometry=Sphere())
+        one = scheme_step(INTEGRATORS[method](Sphere()), f_s, 0.0, xs, dt)
         np.testing.assert_allclose(np.asarray(one), np.asarray(got[..., s]),
                                    rtol=0, atol=tol(dtype, 1e-6, 1e-15))
 
 
 def test_geometry_defaults_to_the_fields_manifold():
-    from jaxdyn.integrators import Euclidean, ProjectedEuler, Sphere, geometry_of
+    from jaxdyn.integrators import Euclidean, ProjectedEuler, Sphere, geometry_of, scheme_step
 
     Q = jnp.eye(3)
     assert geometry_of(jaxdyn.SphereAttention(Q, Q, Q, 1.0)) == Sphere()
@@ -206,9 +205,11 @@ def test_geometry_defaults_to_the_fields_manifold():
     assert geometry_of(lambda t, x, a: x) == Euclidean()
     x = jnp.asarray([[3.0, 4.0]])
     f = jaxdyn.EuclideanAttention(jnp.eye(2), 0 * jnp.eye(2), 0 * jnp.eye(2))
-    np.testing.assert_allclose(ProjectedEuler().step(f, 0.0, x, 0.5, None), 1.5 * x)
-    np.testing.assert_allclose(ProjectedEuler().step(f, 0.0, x, 0.5, None, geometry=Sphere()),
-                               [[0.6, 0.8]])
+    np.testing.assert_allclose(scheme_step(ProjectedEuler(), f, 0.0, x, 0.5), 1.5 * x)
+    np.testing.assert_allclose(scheme_step(ProjectedEuler(Sphere()), f, 0.0, x, 0.5), [[0.6, 0.8]])
+    # the geometry is an argument: a scheme without one takes the model's
+    assert ProjectedEuler().on(jaxdyn.SphereAttention(Q, Q, Q, 1.0)).geometry == Sphere()
+    assert ProjectedEuler(Euclidean()).on(jaxdyn.SphereAttention(Q, Q, Q, 1.0)).geometry == Euclidean()
 
 
 def _pair_ode(y):

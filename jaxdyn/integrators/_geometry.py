@@ -16,27 +16,43 @@ from ..sphere import exp_map, normalize
 
 
 class Euclidean(eqx.Module):
-    """R^d: retraction is the identity and ``exp(x, v) = x + v``."""
+    """R^d: the retraction is the identity and ``exp(x, v) = x + v``.
+
+    Attributes:
+      axis: the axis along which a state stores its vectors (unused in R^d; kept so that
+        every geometry has one).
+    """
 
     axis: int = eqx.field(static=True, default=-1)
 
     def retract(self, x):
+        """The point ``x`` itself (R^d needs no retraction)."""
         return x
 
     def exp(self, x, v):
+        """The straight line's end ``x + v``."""
         return x + v
 
 
 class Sphere(eqx.Module):
-    """The unit sphere S^{d-1}, vectors along ``axis``: retraction x ↦ x/|x|, the exponential
-    map along great circles (:func:`jaxdyn.sphere.exp_map`)."""
+    """The unit sphere S^{d-1}, vectors along ``axis``.
+
+    The retraction is x ↦ x/|x|; the exponential map follows great circles,
+    exp_x(v) = cos|v| x + sin|v| v/|v| (:func:`jaxdyn.sphere.exp_map`).
+
+    Attributes:
+      axis: the axis of a state along which its vectors lie (-1 for a cloud (N, d), 1 for
+        the ensemble's batch-minor chunks (N, d, c)).
+    """
 
     axis: int = eqx.field(static=True, default=-1)
 
     def retract(self, x):
+        """The radial projection x ↦ x/|x| onto the sphere."""
         return normalize(x, axis=self.axis)
 
     def exp(self, x, v):
+        """The exponential map exp_x(v) along the great circle through x with velocity v."""
         return exp_map(x, v, axis=self.axis)
 
 
@@ -45,7 +61,18 @@ GEOMETRIES = {"euclidean": Euclidean(), "sphere": Sphere()}
 
 
 def geometry_of(field):
-    """The geometry a field lives on: its ``manifold`` ("euclidean" when it has none)."""
+    """The geometry a field lives on, read from its ``manifold`` attribute.
+
+    Args:
+      field: a vector field; its ``manifold`` ("sphere" or "euclidean", default
+        "euclidean" when it has none) names the space.
+
+    Returns:
+      The :class:`Sphere` or :class:`Euclidean` geometry (vectors along the last axis).
+
+    Raises:
+      ValueError: a ``manifold`` other than those of :data:`GEOMETRIES`.
+    """
     name = getattr(field, "manifold", "euclidean")
     try:
         return GEOMETRIES[name]

@@ -59,7 +59,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ..kernels._attention import SAFE_SHIFT, _ratio  # shared with the blocked kernel's bound shift
-from ..integrators import INTEGRATORS, Sphere
+from ..integrators import INTEGRATORS, Sphere, scheme_step
 from ..models._fields import SphereAttention
 from .._results import RESULTS, code, from_codes, raise_if_failed
 from ._simulate import Trajectory, _plan, save_indices, saved_states, unit_tolerance
@@ -150,8 +150,7 @@ def _step(method, x, dt, f, ambient=None):
     """One step of the ``jaxdyn.integrators`` scheme ``method`` on a batch-minor chunk (the
     same class ``simulate`` uses; the field is autonomous, so its time is never read).
     ``f(y)``: the projected field; ``ambient(y)``: the field before the projection."""
-    return INTEGRATORS[method]().step(_ChunkField(f, ambient), 0.0, x, dt, None,
-                                      geometry=CHUNK_GEOMETRY)
+    return scheme_step(INTEGRATORS[method](CHUNK_GEOMETRY), _ChunkField(f, ambient), 0.0, x, dt)
 
 
 def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):

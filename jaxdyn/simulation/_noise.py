@@ -1,4 +1,4 @@
-"""``simulate_sde``: noisy particle dynamics (docs/math.md §H.3).
+"""``simulate_sde``: noisy particle dynamics (docs/math.md §H.3), one ``diffeqsolve`` call.
 
 On the sphere, each particle follows the Stratonovich SDE
 
@@ -11,12 +11,16 @@ placements) the noise is plain: dz_i = f_i dt + σ dW_i.
 Methods:
 
 * ``"geodesic_em"`` (default, fast, for sweeps): the geodesic Euler–Maruyama step
-  x ← exp_x(dt f(t, x) + σ P⊥(x) ΔW), ΔW ~ N(0, dt I); on the sphere it stays on S^{d−1} by
+  x ← exp_x(dt f(t, x) + σ P⊥(x) ΔW), ΔW ~ N(0, dt I)
+  (:class:`~jaxdyn.integrators.GeodesicEulerMaruyama`); on the sphere it stays on S^{d−1} by
   construction (|x_i| = 1 to round-off). Weak order 1 (measured in
-  ``tests/test_variants_dynamics.py``).
+  ``tests/test_variants_dynamics.py``). Its Brownian increments come from
+  :class:`GridBrownianPath`.
 * ``"heun"``, ``"midpoint"``: diffrax's Stratonovich solvers on a
   ``diffrax.VirtualBrownianTree`` (the reference; fixed step dt). Their states leave the
   sphere by the scheme's error (the exact flow keeps |x| = 1).
+* a diffrax solver object: a scheme of :mod:`jaxdyn.integrators` steps on the grid with
+  :class:`GridBrownianPath` (as ``"geodesic_em"``); any other diffrax solver as ``"heun"``.
 
 Keys: the Brownian increments of step k are drawn from ``fold_in(key, k)``, so a run is a
 deterministic function of its key (reproducible, independent of ``save_every``); a sweep
@@ -34,15 +38,15 @@ import lineax as lx
 import numpy as np
 
 from .._results import RESULTS, error_if_failed
-from ..integrators import geometry_of
+from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
-from ._simulate import (Trajectory, _check_x0, _plan, _x0_invalid, diffrax_trajectory, end_time,
-                        fixed_step_trajectory,
-                        trajectory_leaves, trajectory_program,
-                        save_indices)
+from ._simulate import (_check_x0, _plan, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
+                        save_indices, solver_of, step_grid)
 
+#: the method names ``simulate_sde`` takes
 SDE_METHODS = ("geodesic_em", "heun", "midpoint")
-_DIFFRAX_SDE = {"heun": diffrax.Heun, "midpoint": diffrax.Midpoint}
+_SDE_SOLVERS = {"geodesic_em": GeodesicEulerMaruyama, "heun": diffrax.Heun,
+                "midpoint": diffrax.Midpoint}
 
 
 def _project(model):
@@ -60,6 +64,67 @@ def _check_key(key):
                          f"got {type(key).__name__} {getattr(key, 'shape', '')}")
 
 
+class GridBrownianPath(diffrax.AbstractBrownianPath):
+    """Brownian increments on a step grid: step k's increment is drawn from ``fold_in(key, k)``.
+
+        W(t_{k+1}) − W(t_k) = √dt · N(0, I),   the normal draw from ``fold_in(key, k)``
+
+    A run is then a deterministic function of its key, whatever the saving, and each step
+    costs one draw (no tree of increments). It answers increments over one step of its grid
+    only (``evaluate(t_k, t_{k+1})``: the step is found by its start time), which is how a
+    fixed-step solver on ``diffrax.StepTo`` over that grid asks for them.
+
+    Attributes:
+      shape: the increments' shape and dtype.
+      key: the PRNG key.
+      grid: the step grid t_0 < t_1 < ... (the solver's ``StepTo`` times).
+      dt: the grid's step (the increments' variance).
+      levy_area: ``diffrax.BrownianIncrement`` (no Lévy area).
+    """
+
+    shape: jax.ShapeDtypeStruct = eqx.field(static=True)
+    key: jax.Array
+    grid: jax.Array
+    dt: jax.Array
+    levy_area: type = eqx.field(static=True, default=diffrax.BrownianIncrement)
+
+    @property
+    def t0(self):
+        """The grid's first time."""
+        return self.grid[0]
+
+    @property
+    def t1(self):
+        """The grid's last time."""
+        return self.grid[-1]
+
+    def evaluate(self, t0, t1=None, left=True, use_levy=False):
+        """The increment over the grid step that starts at ``t0``.
+
+        Args:
+          t0: the step's start (a time of the grid).
+          t1: the step's end (the next time of the grid).
+          left: ignored (Brownian motion has no jumps).
+          use_levy: return a ``diffrax.BrownianIncrement`` instead of the array.
+
+        Returns:
+          ``√dt · N(0, I)`` drawn from ``fold_in(key, k)``, k the step's index.
+
+        Raises:
+          ValueError: no ``t1`` (the path gives increments, not values).
+        """
+        del left
+        if t1 is None:
+            raise ValueError("GridBrownianPath gives the increments over steps of its grid; "
+                             "call evaluate(t_k, t_k+1)")
+        k = jnp.searchsorted(self.grid, t0)
+        w = jnp.sqrt(self.dt) * jax.random.normal(jax.random.fold_in(self.key, k),
+                                                  self.shape.shape, self.shape.dtype)
+        if use_levy:
+            return diffrax.BrownianIncrement(dt=t1 - t0, W=w)
+        return w
+
+
 def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, saveat=None,
                  method="geodesic_em", args=None, throw=False):
     """Integrate ``dx_i = model(t, x)_i dt + σ P⊥(x_i) ∘ dW_i`` from ``x0`` on [t0, t1].
@@ -70,16 +135,31 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
       x0: (N, d) initial particles (unit rows for sphere models).
       key: a PRNG key; the run is a deterministic function of it.
       sigma: noise level σ >= 0 (scalar; may be traced, e.g. vmapped over a σ sweep).
-      t1, dt, t0, save_every, saveat: as in :func:`jaxdyn.simulate` (fixed steps).
-      method: ``"geodesic_em"`` | ``"heun"`` | ``"midpoint"`` (see the module docstring).
+      t1: the end time (a Python number).
+      dt: the step (a Python number; rounded so that the steps tile [t0, t1]).
+      t0: the start time.
+      save_every: save every k steps (as in :func:`jaxdyn.simulate`).
+      saveat: or times on the step grid.
+      method: ``"geodesic_em"`` | ``"heun"`` | ``"midpoint"`` or a diffrax solver object
+        (see the module docstring).
+      args: passed to the model.
       throw: raise on an unsuccessful run instead of flagging it.
 
     Returns:
       :class:`jaxdyn.Trajectory` (``result``: ``successful`` or ``nonfinite``; a negative
-      traced σ is flagged ``invalid_input``).
+      traced σ or an invalid traced x0 is flagged ``invalid_input``).
+
+    Raises:
+      ValueError: a bad method, key, times, shapes or σ, or a concrete x0 that is
+        non-finite or off the sphere.
     """
-    if method not in SDE_METHODS:
-        raise ValueError(f"method must be one of {SDE_METHODS}, got {method!r}")
+    if isinstance(method, str):
+        if method not in SDE_METHODS:
+            raise ValueError(f"method must be one of {SDE_METHODS} or a diffrax solver, "
+                             f"got {method!r}")
+        solver = _SDE_SOLVERS[method]()
+    else:
+        solver, _ = solver_of(method, SDE_METHODS)
     _check_key(key)
     t0, t1, dt, n = _plan(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
@@ -87,14 +167,16 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     sigma = jnp.asarray(sigma, x0.dtype)
     if sigma.ndim != 0:
         raise ValueError(f"sigma must be a scalar, got shape {sigma.shape}; vmap to sweep σ")
-    if not isinstance(sigma, jax.core.Tracer) and not bool(sigma >= 0):
-        raise ValueError(f"sigma (noise level) must be >= 0, got {float(sigma)}")
+    if not isinstance(sigma, jax.core.Tracer) and not bool(np.asarray(sigma) >= 0):
+        raise ValueError(f"sigma (noise level) must be >= 0, got {float(np.asarray(sigma))}")
     idx = save_indices(n, save_every, saveat, t0, dt)
-    if method == "geodesic_em":
-        traj = _run_gem(model, x0, key, sigma, args, t0, dt, idx)
+    if isinstance(solver, AbstractIntegrator):
+        solver = solver.on(model)
+        traj = _solve_grid_sde(solver, solver.field_of(model), _project(model), x0, key, sigma,
+                               args, t0, dt, idx)
     else:
-        traj = _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method,
-                                end_time(t0, t1, dt, n, idx))
+        traj = _solve_tree_sde(solver, model, _project(model), x0, key, sigma, args, t0, t1, dt,
+                               idx, end_time(t0, t1, dt, n, idx))
     if isinstance(sigma, jax.core.Tracer):
         traj = eqx.tree_at(lambda t: t.result, traj,
                            RESULTS.where(sigma >= 0, traj.result, RESULTS.invalid_input))
@@ -108,50 +190,48 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     return traj
 
 
-def gem_step(model, t, x, dt, sigma, key, args=None):
-    """One geodesic Euler–Maruyama step exp_x(dt f(t, x) + σ P⊥(x) ΔW), ΔW ~ N(0, dt I) drawn
-    from ``key`` (on R^d: x + dt f + σ ΔW)."""
-    geom = geometry_of(model)
-    dw = jnp.sqrt(dt) * jax.random.normal(key, x.shape, x.dtype)
-    v = dt * model(t, x, args) + sigma * _project(model)(x, dw)
-    return geom.exp(x, v)
+def _diffusion(sigma, proj, struct):
+    """The diffusion σ P⊥(y) as a linear operator on the Brownian increment."""
+    def diffusion(t, y, args):
+        return lx.FunctionLinearOperator(lambda w: sigma * proj(y, w), struct)
 
-
-def _run_gem_leaves(model, x0, key, sigma, args, t0, dt, idx):
-    dtype = x0.dtype
-    t0 = jnp.asarray(t0, dtype)
-    dt_a = jnp.asarray(dt, dtype)
-
-    def advance(x, k_start, n_steps):
-        def body(x, k):
-            t = t0 + k.astype(dtype) * dt_a
-            return gem_step(model, t, x, dt_a, sigma, jax.random.fold_in(key, k), args), None
-
-        x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
-        return x
-
-    return trajectory_leaves(fixed_step_trajectory(x0, idx, advance, t0, dt_a))
-
-
-_run_gem = trajectory_program(_run_gem_leaves)
+    return diffusion
 
 
 @eqx.filter_jit
-def _run_diffrax_sde(model, x0, key, sigma, args, t0, t1, dt, idx, method, t_end):
+def _solve_grid_sde(solver, field, proj, x0, key, sigma, args, t0, dt, idx):
+    """A fixed-step scheme on the grid t0 + k dt with :class:`GridBrownianPath` increments."""
+    m = idx[-1]
+    grid = step_grid(t0, dt, m, x0.dtype)
+    ts = grid[np.asarray(idx)]
+    if m == 0:  # only t0 saved: nothing to integrate
+        return _trajectory(jnp.asarray(ts), x0[None], jnp.asarray(0))
+    struct = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
+    dt_a = jnp.asarray(dt, x0.dtype)
+    bm = GridBrownianPath(struct, key, jnp.asarray(grid), dt_a)
+    terms = diffrax.MultiTerm(GridODETerm(field, dt_a),
+                              diffrax.ControlTerm(_diffusion(sigma, proj, struct), bm))
+    sol = diffrax.diffeqsolve(terms, solver, t0, float(grid[-1]), None, x0, args=args,
+                              saveat=diffrax.SaveAt(ts=ts),
+                              stepsize_controller=diffrax.StepTo(grid), max_steps=m,
+                              throw=False)
+    return diffrax_trajectory(sol, sol.ts)
+
+
+@eqx.filter_jit
+def _solve_tree_sde(solver, model, proj, x0, key, sigma, args, t0, t1, dt, idx, t_end):
+    """A diffrax SDE solver on a ``VirtualBrownianTree`` over [t0, t1], fixed step dt."""
     # the solve ends at the last saved time t_end (a saveat before t1 ran out of steps); the
     # Brownian path is the one on [t0, t1] (the same path as a run saved up to t1)
     ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
     ts = ts.at[-1].set(t_end)
-    proj = _project(model)
     struct = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
-
-    def diffusion(t, y, args):
-        return lx.FunctionLinearOperator(lambda w: sigma * proj(y, w), struct)
-
     bm = diffrax.VirtualBrownianTree(t0, t1, tol=dt / 16, shape=struct, key=key)
-    terms = diffrax.MultiTerm(diffrax.ODETerm(model), diffrax.ControlTerm(diffusion, bm))
-    sol = diffrax.diffeqsolve(terms, _DIFFRAX_SDE[method](), t0, t_end, dt, x0, args=args,
+    terms = diffrax.MultiTerm(diffrax.ODETerm(model),
+                              diffrax.ControlTerm(_diffusion(sigma, proj, struct), bm))
+    sol = diffrax.diffeqsolve(terms, solver, t0, t_end, dt, x0, args=args,
                               saveat=diffrax.SaveAt(ts=ts),
                               stepsize_controller=diffrax.ConstantStepSize(),
                               max_steps=idx[-1] + 1, throw=False)
     return diffrax_trajectory(sol, ts)
+

@@ -1,4 +1,4 @@
-"""``simulate``: the one jitted driver of the particle integrators.
+"""``simulate``: the particle driver, one ``diffrax.diffeqsolve`` call.
 
     traj = simulate(model, x0, t1=10.0, dt=0.01, save_every=10, method="rk4")
     traj.ts  # (S,)        saved times
@@ -6,11 +6,15 @@
     traj.result  # jaxdyn.RESULTS: successful, nonfinite, max_steps_reached, invalid_input
     traj.ok, traj.status, traj.messages  # per member under vmap (never an exception)
 
-Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``, ``"euler_renormalise"``) run as
-nested ``lax.scan``s (reverse-mode differentiable); the diffrax methods (``"tsit5"``,
-``"dopri5"``, ``"dopri8"``) take adaptive steps for accuracy references. ``simulate`` works under
-``jax.vmap`` over a stack of models (a β sweep) and over initial conditions (seeds).
-Step counts and save indices are static: ``t0``, ``t1``, ``dt`` must be Python numbers.
+Fixed-step methods (``"euler"``, ``"rk4"``, ``"exp_euler"``, ``"euler_renormalise"``, or any
+non-adaptive diffrax solver object) step on the grid t_k = t0 + k dt with
+``diffrax.StepTo`` and the term :class:`~jaxdyn.integrators.GridODETerm` (its control on
+every step is dt itself); the adaptive methods (``"tsit5"``, ``"dopri5"``, ``"dopri8"``, or
+any adaptive diffrax solver object) take PID-controlled steps for accuracy references.
+Reverse-mode differentiable (diffrax's ``RecursiveCheckpointAdjoint``). ``simulate`` works
+under ``jax.jit``, ``jax.vmap`` (over a stack of models: a β sweep; over initial
+conditions: seeds) and ``jax.grad``. Step counts and save indices are static: ``t0``,
+``t1``, ``dt`` must be Python numbers.
 """
 
 from __future__ import annotations
@@ -25,14 +29,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._results import RESULTS, Solution, error_if_failed, from_codes, status_codes
-from ..integrators import INTEGRATORS
+from .._results import RESULTS, Solution, error_if_failed, stat
+from ..integrators import INTEGRATORS, AbstractIntegrator, GridODETerm, scheme_step
 
+#: the adaptive diffrax methods ``simulate`` takes by name
 DIFFRAX_METHODS = {
     "tsit5": diffrax.Tsit5,
     "dopri5": diffrax.Dopri5,
     "dopri8": diffrax.Dopri8,
 }
+#: every method name ``simulate`` takes
 METHODS = tuple(INTEGRATORS) + tuple(DIFFRAX_METHODS)
 
 
@@ -47,8 +53,8 @@ class Trajectory(Solution):
         state is NaN/inf); diffrax's own codes for adaptive methods (``max_steps_reached``,
         ``dt_min_reached``, ...); ``invalid_input`` (x0 non-finite or off the sphere, found
         under jit/vmap). Read it with ``.ok``, ``.status``, ``.messages`` (any batch shape).
-      stats: ``{"num_steps", "num_accepted_steps"}`` int arrays (fixed-step methods: the
-        step count; diffrax: attempted and accepted steps).
+      stats: ``{"num_steps", "num_accepted_steps"}`` int arrays: steps attempted (accepted
+        and rejected) and accepted (equal for fixed steps).
     """
 
     ts: jax.Array
@@ -56,16 +62,17 @@ class Trajectory(Solution):
     result: RESULTS
     stats: dict
 
-    @property
-    def finite(self):
-        """Bool array (one per run): every saved state is finite. (The status is ``result``;
-        this reads the states alone.)"""
-        return _all_finite(self.xs)
+    num_steps = stat("num_steps", "Steps attempted, accepted and rejected (``stats['num_steps']``).")
+    num_accepted_steps = stat("num_accepted_steps",
+                              "Steps accepted (``stats['num_accepted_steps']``).")
 
     @property
-    def n_steps(self):
-        """Steps taken (accepted steps for diffrax methods): ``stats["num_accepted_steps"]``."""
-        return self.stats["num_accepted_steps"]
+    def finite(self):
+        """Bool array (one per run): every saved state is finite.
+
+        The status is ``result``; this reads the states alone.
+        """
+        return _all_finite(self.xs)
 
 
 def _static_float(name, v):
@@ -96,9 +103,18 @@ def _plan(t0, t1, dt):
 
 
 def unit_tolerance(in_dtype) -> float:
-    """How far from 1 the norms of sphere rows given in ``in_dtype`` may be: 1e-8 in float64,
-    else max(1e-4, 8 eps) (float16 rows normalised by jaxdyn.normalize are unit to ~1e-3).
-    One rule for the concrete check, the traced one and ``simulate_ensemble``."""
+    """How far from 1 the norms of sphere rows given in ``in_dtype`` may be.
+
+    1e-8 in float64, else max(1e-4, 8 eps) (float16 rows normalised by jaxdyn.normalize are
+    unit to ~1e-3). One rule for the concrete check, the traced one and
+    ``simulate_ensemble``.
+
+    Args:
+      in_dtype: the dtype the rows were given in.
+
+    Returns:
+      The tolerance on ``| |x_i| − 1 |``.
+    """
     if not jnp.issubdtype(in_dtype, jnp.floating):
         return 1e-4
     return 1e-8 if in_dtype == jnp.float64 else max(1e-4, 8 * float(jnp.finfo(in_dtype).eps))
@@ -130,14 +146,43 @@ def _check_x0(model, x0):
 
 
 def plan_steps(t0, t1, dt):
-    """The fixed-step time grid of ``simulate``: ``(t0, t1, dt', n)`` with ``n`` steps of
-    ``dt' = (t1 − t0)/n`` (``dt`` rounded so that the steps land on t1)."""
+    """The fixed-step time grid of ``simulate``.
+
+    Args:
+      t0: the start time (a Python number).
+      t1: the end time (> t0).
+      dt: the requested step (> 0).
+
+    Returns:
+      ``(t0, t1, dt', n)``: ``n`` steps of ``dt' = (t1 − t0)/n`` (``dt`` rounded so that
+      the steps land on t1).
+
+    Raises:
+      ValueError: a time that is not a finite Python number, dt <= 0 or t1 <= t0.
+    """
     return _plan(t0, t1, dt)
 
 
+def step_grid(t0, dt, m, dtype):
+    """The step grid t_k = t0 + k dt, k = 0..m, in ``dtype`` (NumPy: a constant of the program).
+
+    The same floats as ``t0 + k·dt`` in ``dtype`` on the device (one rounding per operation).
+
+    Args:
+      t0: the start time.
+      dt: the step.
+      m: the number of steps.
+      dtype: the state's dtype.
+
+    Returns:
+      The (m + 1,) NumPy array of times.
+    """
+    dtype = np.dtype(dtype)
+    return np.asarray(t0, dtype) + np.arange(m + 1).astype(dtype) * np.asarray(dt, dtype)
+
+
 def _x0_invalid(model, x0, in_dtype):
-    """Traceable: True where x0 is non-finite or (sphere models) has rows off the sphere
-    (the checks of ``_check_x0`` that cannot raise under jit/vmap)."""
+    """Traceable: True where x0 is non-finite or (sphere models) has rows off the sphere."""
     tol = None
     if getattr(model, "manifold", "euclidean") == "sphere":
         tol = unit_tolerance(in_dtype)  # the concrete check's (_check_x0)
@@ -160,13 +205,39 @@ def _all_finite(xs):
 
 
 def end_time(t0, t1, dt, n_steps, idx):
-    """The time of the last saved step: ``t1`` itself when it is step ``n_steps`` (no rounding
-    of ``t0 + n dt``), else ``t0 + idx[-1] dt``."""
+    """The time of the last saved step of an adaptive solve.
+
+    Args:
+      t0: the start time.
+      t1: the end time.
+      dt: the grid step.
+      n_steps: the number of grid steps.
+      idx: the saved step indices.
+
+    Returns:
+      ``t1`` itself when the last saved step is step ``n_steps`` (no rounding of
+      ``t0 + n dt``), else ``t0 + idx[-1] dt``.
+    """
     return t1 if idx[-1] == n_steps else t0 + idx[-1] * dt
 
 
 def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0=0.0, dt=1.0):
-    """Static step indices at which states are saved (always includes 0 and n_steps)."""
+    """Static step indices at which states are saved.
+
+    Args:
+      n_steps: the number of steps.
+      save_every: save every k steps (default: about 100 frames), always with the last.
+      saveat: or times on the step grid t0 + k dt (strictly increasing).
+      t0: the start time.
+      dt: the step.
+
+    Returns:
+      A tuple of step indices.
+
+    Raises:
+      ValueError: both or a bad ``saveat``/``save_every`` (off the grid, outside [t0, t1],
+        not increasing, empty, not a positive integer).
+    """
     if saveat is not None and save_every is not None:
         raise ValueError("give either saveat or save_every, not both")
     if saveat is not None:
@@ -193,22 +264,55 @@ def save_indices(n_steps: int, save_every: Optional[int] = None, saveat=None, t0
     return tuple(idx)
 
 
+def solver_of(method, choices=METHODS):
+    """The diffrax solver of a ``method`` argument and whether it adapts its steps.
+
+    Args:
+      method: a name of ``choices`` or a ``diffrax.AbstractSolver`` instance.
+      choices: the names accepted.
+
+    Returns:
+      ``(solver, adaptive)``: a solver instance; ``adaptive`` for the adaptive methods
+      (``diffrax.AbstractAdaptiveSolver``), which run with a PID controller instead of the
+      step grid.
+
+    Raises:
+      ValueError: an unknown name or another object.
+    """
+    if isinstance(method, diffrax.AbstractSolver):
+        return method, isinstance(method, diffrax.AbstractAdaptiveSolver)
+    if isinstance(method, str) and method in choices:
+        if method in INTEGRATORS:
+            return INTEGRATORS[method](), False
+        return DIFFRAX_METHODS[method](), True
+    raise ValueError(f"method must be one of {choices} or a diffrax solver, got {method!r}")
+
+
 def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method="rk4", args=None,
              rtol=1e-8, atol=1e-10, max_steps=1_000_000, throw=False):
-    """Integrate a particle model from ``x0`` on [t0, t1].
+    """Integrate a particle model from ``x0`` on [t0, t1]: ``dx/dt = model(t, x, args)``.
 
     Args:
       model: a particle vector field (``SphereAttention``, ``ZeroTemperature``,
         ``EuclideanAttention``, or any ``field(t, x, args)`` with ``dim``/``manifold``).
       x0: (N, d) initial particles (unit rows for sphere models).
-      t1, dt, t0: Python numbers; dt is adjusted down so that the steps tile [t0, t1].
-      save_every: save every k steps (default: about 100 frames). Or ``saveat``: times on
-        the step grid.
+      t1: the end time (a Python number).
+      dt: the step (a Python number), adjusted down so that the steps tile [t0, t1]; the
+        first step of an adaptive method.
+      t0: the start time (a Python number).
+      save_every: save every k steps (default: about 100 frames).
+      saveat: or times on the step grid (instead of ``save_every``).
       method: ``"euler"`` (projected Euler), ``"rk4"`` (projected RK4), ``"exp_euler"``
         (exponential-map Euler), ``"euler_renormalise"`` (Euler on the unprojected field,
-        then x/|x|: the published rotf step; needs the model's ``ambient``), or a diffrax
-        adaptive method ``"tsit5"``, ``"dopri5"``,
-        ``"dopri8"`` (with ``rtol``, ``atol``, ``max_steps``; ``dt`` is the first step).
+        then x/|x|: the published rotf step; needs the model's ``ambient``), a diffrax
+        adaptive method ``"tsit5"``, ``"dopri5"``, ``"dopri8"`` (with ``rtol``, ``atol``,
+        ``max_steps``), or a diffrax solver object: an adaptive one runs as the adaptive
+        names, any other on the step grid (a scheme of :mod:`jaxdyn.integrators` without a
+        geometry takes the model's).
+      args: passed to the model.
+      rtol: relative tolerance of the adaptive methods.
+      atol: absolute tolerance of the adaptive methods.
+      max_steps: step budget of the adaptive methods.
       throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
         so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.
 
@@ -221,19 +325,22 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       ValueError: bad method/times/shapes, or a concrete x0 that is non-finite or off the
         sphere (under jit/vmap these are flagged as ``RESULTS.invalid_input`` instead).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    solver, adaptive = solver_of(method)
     t0, t1, dt, n = _plan(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     idx = save_indices(n, save_every, saveat, t0, dt)
-    if method in DIFFRAX_METHODS:
-        # a saveat ending before t1: the solve ends at its last time (it saved t1's state
-        # under that time's label)
-        traj = _run_diffrax(model, x0, args, t0, end_time(t0, t1, dt, n, idx), dt, idx, method,
-                            float(rtol), float(atol), int(max_steps))
+    if adaptive:
+        # a saveat ending before t1: the solve ends at its last time
+        traj = _solve_adaptive(solver, model, x0, args, t0, end_time(t0, t1, dt, n, idx), dt,
+                               idx, float(rtol), float(atol), int(max_steps))
     else:
-        traj = _run_fixed(model, x0, args, t0, dt, idx, method)
+        if isinstance(solver, AbstractIntegrator):
+            solver = solver.on(model)
+            field = solver.field_of(model)
+        else:
+            field = model
+        traj = _solve_fixed(solver, field, x0, args, t0, dt, idx)
     if isinstance(x0, jax.core.Tracer):
         # flagged, not raised: the concrete checks of _check_x0 cannot run under jit/vmap
         result = RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
@@ -244,12 +351,73 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     return traj
 
 
+@eqx.filter_jit
+def _solve_fixed(solver, field, x0, args, t0, dt, idx):
+    """The fixed-step solve on the grid t0 + k dt up to the last saved step ``idx[-1]``."""
+    m = idx[-1]
+    grid = step_grid(t0, dt, m, x0.dtype)
+    ts = grid[np.asarray(idx)]
+    if m == 0:  # only t0 saved: nothing to integrate
+        return _trajectory(jnp.asarray(ts), x0[None], jnp.asarray(0))
+    sol = diffrax.diffeqsolve(
+        GridODETerm(field, jnp.asarray(dt, x0.dtype)), solver, t0, float(grid[-1]), None, x0,
+        args=args, saveat=diffrax.SaveAt(ts=ts), stepsize_controller=diffrax.StepTo(grid),
+        max_steps=m, throw=False)
+    return diffrax_trajectory(sol, sol.ts)
+
+
+@eqx.filter_jit
+def _solve_adaptive(solver, model, x0, args, t0, t1, dt, idx, rtol, atol, max_steps):
+    # t1: the last saved time (end_time)
+    ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
+    ts = ts.at[-1].set(t1)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(model), solver, t0, t1, dt, x0, args=args,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        max_steps=max_steps, throw=False)
+    # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...)
+    return diffrax_trajectory(sol, ts)
+
+
+def _trajectory(ts, xs, steps, accepted=None, result=RESULTS.successful):
+    """A :class:`Trajectory` whose result is ``nonfinite`` when a successful run holds NaN/inf."""
+    result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(xs)),
+                           RESULTS.nonfinite, result)
+    return Trajectory(ts=ts, xs=xs, result=result,
+                      stats={"num_steps": steps,
+                             "num_accepted_steps": steps if accepted is None else accepted})
+
+
+def diffrax_trajectory(sol, ts):
+    """The :class:`Trajectory` of a diffrax solve saved at ``ts`` (ODE or SDE).
+
+    Args:
+      sol: a ``diffrax.Solution`` saved at ``ts``.
+      ts: the saved times.
+
+    Returns:
+      The trajectory: diffrax's code passes through; a successful solve with NaN/inf in it
+      is ``nonfinite``.
+    """
+    return _trajectory(ts, sol.ys, sol.stats["num_steps"], sol.stats["num_accepted_steps"],
+                       RESULTS.promote(sol.result))
+
+
 def saved_states(x0, idx, advance):
     """The states at the static step indices ``idx``, stacked on a new leading axis.
 
-    ``advance(x, k_start, n_steps)`` takes ``n_steps`` steps from step ``k_start``. States
-    before ``idx[0]`` are integrated but not saved (``saveat`` after t0); consecutive
+    States before ``idx[0]`` are integrated but not saved (``saveat`` after t0); consecutive
     equal-length segments share one nested scan (traced once per length).
+
+    Args:
+      x0: the state at step 0.
+      idx: the static step indices to save (increasing).
+      advance: ``advance(x, k_start, n_steps)`` takes ``n_steps`` steps from step
+        ``k_start``.
+
+    Returns:
+      The (len(idx), ...) stack of saved states.
     """
     seg = np.diff(np.asarray(idx))
     x = x0
@@ -275,95 +443,34 @@ def saved_states(x0, idx, advance):
 
 def fixed_steps(integ, field, x, t0, dt, n_steps: int, args=None, *, k_start=0,
                 geometry=None):
-    """``n_steps`` steps of the fixed-step scheme ``integ`` (a ``jaxdyn.integrators`` class
-    instance), steps ``k_start, k_start + 1, …``: step k starts at ``t0 + k dt`` (traced
-    ``k_start`` allowed; ``n_steps`` static). The one inner loop of every fixed-step driver
-    (:func:`simulate`, the transfer of controls to particles and layers)."""
+    """``n_steps`` steps of a fixed-step scheme on a bare field (a ``lax.scan``).
+
+    Step k starts at ``t0 + k dt`` (steps ``k_start, k_start + 1, …``; a traced ``k_start``
+    is allowed). The inner loop of the piecewise drivers whose field changes from one piece
+    to the next (the transfer of controls to particles and layers), where each piece is a
+    handful of steps; :func:`simulate` itself is one ``diffeqsolve``.
+
+    Args:
+      integ: a scheme of :mod:`jaxdyn.integrators` (an instance).
+      field: the model (the scheme integrates ``integ.field_of(field)``).
+      x: the state at step ``k_start``.
+      t0: the grid's start time.
+      dt: the step (an array in the state's dtype).
+      n_steps: the number of steps (static).
+      args: passed to the field.
+      k_start: the index of the first step.
+      geometry: the space (default: the scheme's, else the field's).
+
+    Returns:
+      The state after the steps.
+    """
+    if geometry is not None:
+        integ = eqx.tree_at(lambda s: s.geometry, integ, geometry, is_leaf=lambda v: v is None)
     dtype = x.dtype
 
     def body(x, k):
         t = t0 + k.astype(dtype) * dt
-        return integ.step(field, t, x, dt, args, geometry=geometry), None
+        return scheme_step(integ, field, t, x, dt, args), None
 
     x, _ = jax.lax.scan(body, x, k_start + jnp.arange(n_steps))
     return x
-
-
-def trajectory_leaves(traj):
-    """A :class:`Trajectory` as a flat tuple of arrays (what a stored program returns; see
-    :func:`trajectory_program`)."""
-    return (traj.ts, traj.xs, status_codes(traj.result), traj.stats["num_steps"],
-            traj.stats["num_accepted_steps"])
-
-
-def trajectory_from_leaves(vals):
-    """The :class:`Trajectory` of :func:`trajectory_leaves`' tuple."""
-    ts, xs, codes, n_steps, n_acc = vals
-    return Trajectory(ts=ts, xs=xs, result=from_codes(codes),
-                      stats={"num_steps": n_steps, "num_accepted_steps": n_acc})
-
-
-def trajectory_program(leaves_fn):
-    """``leaves_fn`` (a function returning :func:`trajectory_leaves`) through
-    ``equinox.filter_jit``; returns a function giving the :class:`Trajectory`. Static
-    arguments (times, step indices, method names, a model's non-array fields) are baked in."""
-    program = eqx.filter_jit(leaves_fn)
-
-    def run(*args):
-        return trajectory_from_leaves(program(*args))
-
-    return run
-
-
-def _run_fixed_leaves(model, x0, args, t0, dt, idx, method):
-    integ = INTEGRATORS[method]()
-    dtype = x0.dtype
-    t0 = jnp.asarray(t0, dtype)
-    dt_a = jnp.asarray(dt, dtype)
-
-    def advance(x, k_start, n_steps):
-        return fixed_steps(integ, model, x, t0, dt_a, n_steps, args, k_start=k_start)
-
-    return trajectory_leaves(fixed_step_trajectory(x0, idx, advance, t0, dt_a))
-
-
-_run_fixed = trajectory_program(_run_fixed_leaves)
-
-
-def fixed_step_trajectory(x0, idx, advance, t0, dt):
-    """The :class:`Trajectory` of a fixed-step run (deterministic or stochastic): the states at
-    the static step indices ``idx`` (:func:`saved_states` with ``advance``), their times
-    ``t0 + idx·dt`` (``t0``, ``dt`` arrays of the state's dtype), ``nonfinite`` if any saved
-    state is not finite, and the step counts."""
-    xs = saved_states(x0, idx, advance)
-    ts = t0 + jnp.asarray(np.asarray(idx), t0.dtype) * dt
-    result = RESULTS.where(jnp.all(jnp.isfinite(xs)), RESULTS.successful, RESULTS.nonfinite)
-    steps = jnp.asarray(idx[-1])
-    return Trajectory(ts=ts, xs=xs, result=result,
-                      stats={"num_steps": steps, "num_accepted_steps": steps})
-
-
-@eqx.filter_jit
-def _run_diffrax(model, x0, args, t0, t1, dt, idx, method, rtol, atol, max_steps):
-    # t1: the last saved time (end_time)
-    ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
-    ts = ts.at[-1].set(t1)
-    sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(model), DIFFRAX_METHODS[method](), t0, t1, dt, x0, args=args,
-        saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-        max_steps=max_steps, throw=False)
-    # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...)
-    return diffrax_trajectory(sol, ts)
-
-
-def diffrax_trajectory(sol, ts):
-    """The :class:`Trajectory` of a diffrax solve saved at ``ts`` (ODE or SDE): diffrax's code
-    passes through; a successful solve with NaN/inf in it is ``nonfinite``."""
-    result = RESULTS.promote(sol.result)
-    xs = sol.ys
-    result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(xs)),
-                           RESULTS.nonfinite, result)
-    return Trajectory(ts=ts, xs=xs, result=result,
-                      stats={"num_steps": sol.stats["num_steps"],
-                             "num_accepted_steps": sol.stats["num_accepted_steps"]})
