@@ -1,21 +1,29 @@
-"""Particle vector fields ``field(t, x, args) -> dx/dt`` as equinox Modules: softmax attention
-on the sphere (Paper A), its zero-temperature limit (Eq. 3), attention plus affine
-feed-forward in R^d (Paper B), whose parameters may be time-varying :class:`Control`s;
-multi-head attention with causal masks, ALiBi / RoPE positions, L2 or Sinkhorn weights.
-Parameters are array leaves: ``vmap`` over a stack of models is a parameter sweep."""
+r"""Particle vector fields ``field(t, x, args) -> dx/dt`` as equinox Modules.
 
+Softmax attention on the sphere (Paper A), its zero-temperature limit (Eq. 3), attention plus
+affine feed-forward in R^d (Paper B), whose parameters may be time-varying :class:`Control`\\ s;
+multi-head attention with causal masks, ALiBi / RoPE positions, L2 or Sinkhorn weights; weights
+that vary with depth; LayerNorm placements. Parameters are array leaves: ``vmap`` over a stack of
+models is a parameter sweep. Every model can be built inside ``jax.jit`` from NumPy or traced
+weights; ``model.invalid()`` flags traced parameters outside their domain (the drivers report it
+as ``RESULTS.invalid_input``).
+"""
+
+from .._choices import ATTENTIONS as ATTENTIONS, PLACEMENTS as PLACEMENTS
 from ._control import Control as Control
 from ._fields import (
+    AbstractAttentionModel as AbstractAttentionModel,
     AbstractParticleModel as AbstractParticleModel,
     AbstractQKVModel as AbstractQKVModel,
+    AbstractSphereModel as AbstractSphereModel,
     EuclideanAttention as EuclideanAttention,
     SphereAttention as SphereAttention,
     ZeroTemperature as ZeroTemperature,
     stack_models as stack_models,
 )
+from ._heads import MultiHeadAttention as MultiHeadAttention
 from ._layernorm import (
     NGPT as NGPT,
-    PLACEMENTS as PLACEMENTS,
     AbstractNormPlacement as AbstractNormPlacement,
     PeriLN as PeriLN,
     PostLN as PostLN,
@@ -23,5 +31,13 @@ from ._layernorm import (
     attention_output as attention_output,
     layer_norm as layer_norm,
 )
+from ._params import Domain as Domain
 from ._schedule import DepthAttention as DepthAttention, redrawn_weights as redrawn_weights
-from ._heads import ATTENTIONS as ATTENTIONS, MultiHeadAttention as MultiHeadAttention
+
+__all__ = [
+    "ATTENTIONS", "PLACEMENTS", "AbstractAttentionModel", "AbstractNormPlacement",
+    "AbstractParticleModel", "AbstractQKVModel", "AbstractSphereModel", "Control", "DepthAttention",
+    "Domain", "EuclideanAttention", "MultiHeadAttention", "NGPT", "PeriLN", "PostLN", "PreLN",
+    "SphereAttention", "ZeroTemperature", "attention_output", "layer_norm", "redrawn_weights",
+    "stack_models",
+]

@@ -5,10 +5,16 @@ Each model is a vector field ``field(t, x, args) -> dx/dt`` on a cloud ``x`` of 
 array leaves, so ``jax.vmap`` over a stack of models is a parameter sweep and ``jax.grad``
 with respect to a model is control. ``manifold`` ("sphere" or "euclidean") tells the
 integrators whether to retract onto S^{d-1}.
+
+Every model can be built inside ``jax.jit`` (or ``jax.export``) from NumPy or traced weights:
+concrete values are checked on the host (a ``ValueError`` naming the parameter), traced ones by
+the program, through :meth:`AbstractParticleModel.invalid`, which the drivers turn into
+``RESULTS.invalid_input``.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import ClassVar, Mapping, Optional, Union
 
@@ -17,13 +23,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels._attention import KERNELS, NORMALIZATIONS, HIGHEST, interaction
+from ..kernels._attention import HIGHEST, KERNELS, NORMALIZATIONS, interaction
 from ..sphere import tangent_project
 from ._control import Control, at
+from ._params import Domain, float_dtype, invalid_parameters, is_traced, parameter, to_array
 
 
-def _is_concrete(a) -> bool:
-    return not isinstance(a, jax.core.Tracer)
+def check_shape(name: str, a, shape: tuple, what: str = "") -> None:
+    """Raise unless ``a`` has exactly ``shape``.
+
+    Args:
+      name: the argument's name, as the error message shows it.
+      a: an array, a tracer or a :class:`~jaxdyn.models.Control` (its values' shape per time).
+      shape: the shape it must have.
+      what: what the shape means, appended to the message.
+
+    Raises:
+      ValueError: naming ``name``, the expected and the given shape.
+    """
+    got = tuple(np.shape(a)) if not hasattr(a, "shape") else tuple(a.shape)
+    if got != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}{what}, got {got}")
 
 
 def _check_square(name, a, d=None):
@@ -33,52 +53,152 @@ def _check_square(name, a, d=None):
         raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {shape}")
 
 
-def _as_array(a, dtype=None):
-    if isinstance(a, (jax.Array, np.ndarray)) and dtype is None:
-        return jnp.asarray(a)
-    return jnp.asarray(a, dtype=dtype)
+def weights(*arrays):
+    """Weight arrays in one floating dtype (the one they promote to), without device work.
 
+    Args:
+      *arrays: array-likes or tracers (Python lists and integer arrays take the others' dtype,
+        float32 when none has a floating one).
 
-def _dtype_of(*arrays):
-    dts = [a.dtype for a in arrays if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)]
-    return jnp.result_type(*dts) if dts else jnp.float32
+    Returns:
+      The arrays as JAX arrays (or tracers) of one floating dtype, in the given order.
+    """
+    dt = float_dtype(*arrays)
+    return tuple(to_array(a, dt) for a in arrays)
 
 
 def _qkv(Q, K, V):
     """Q, K, V as arrays of one floating dtype, checked to be square of the same size."""
-    dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
-    Q, K, V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
-    _check_square("Q", Q)
-    d = Q.shape[0]
-    _check_square("K", K, d)
-    _check_square("V", V, d)
-    return Q, K, V
+    for name, a in (("Q", Q), ("K", K), ("V", V)):
+        if not hasattr(a, "shape"):
+            a = np.asarray(a)
+        _check_square(name, a, None if name == "Q" else np.shape(Q)[0])
+    return weights(Q, K, V)
+
+
+def kernel_options(kernel: str, k_block, q_block) -> tuple:
+    """The kernel choice and block sizes of an attention model, checked.
+
+    Args:
+      kernel: ``"dense"``, ``"blocked"`` or ``"auto"`` (see :func:`jaxdyn.kernels.interaction`).
+      k_block: key block size of the blocked kernel (None: the platform's default).
+      q_block: query block size of the blocked kernel (None: the platform's default).
+
+    Returns:
+      ``(kernel, k_block, q_block)`` with the block sizes as Python ints (or None).
+
+    Raises:
+      ValueError: for an unknown kernel or a block size that is not an integer >= 1.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    blocks = []
+    for name, b in (("k_block", k_block), ("q_block", q_block)):
+        if b is not None and (isinstance(b, bool) or int(b) != b or int(b) < 1):
+            raise ValueError(f"{name} must be an integer >= 1 (or None), got {b!r}")
+        blocks.append(None if b is None else int(b))
+    return (kernel, *blocks)
 
 
 class AbstractParticleModel(eqx.Module):
-    """Base of all particle fields: ``__call__(t, x, args) -> dx/dt`` with x of shape (N, d)."""
+    """Base of every particle field: ``__call__(t, x, args) -> dx/dt`` with x of shape (N, d).
+
+    Attributes:
+      manifold: class attribute, ``"euclidean"`` or ``"sphere"``: where the state lives (the
+        integrators retract onto S^{d-1} for ``"sphere"``).
+      domains: class attribute, the value-constrained parameters (name → :class:`Domain`):
+        checked on the host when concrete, reported by :meth:`invalid` when traced.
+    """
 
     manifold: ClassVar[str] = "euclidean"
+    domains: ClassVar[Mapping[str, Domain]] = {}
 
     @property
     def dim(self) -> int:
+        """The dimension d of the particles."""
         raise NotImplementedError
 
+    def invalid(self):
+        """Whether a parameter of the model lies outside its domain (e.g. a traced β <= 0).
 
-class AbstractQKVModel(AbstractParticleModel):
-    """Sphere fields built from attention weights Q, K, V (B = QᵀK)."""
+        Concrete parameters are refused on the host when the model is built; a traced one (a β
+        computed under ``jit`` or swept under ``vmap``) cannot be, so the drivers
+        (``jaxdyn.simulate`` and the others) OR this flag into their result as
+        ``RESULTS.invalid_input``. Sub-models (a LayerNorm placement's ``field``) and
+        :class:`~jaxdyn.models.Control` parameters are included. Non-finite weights (Q, K, V)
+        are not flagged here: they make the state non-finite, which the drivers report.
+
+        Returns:
+          A boolean array: a scalar for one model, the stack's shape for a stack of models
+          (``stack_models``); NumPy when every parameter involved is concrete.
+        """
+        return invalid_parameters(self)
+
+
+class AbstractSphereModel(AbstractParticleModel):
+    """A field on S^{d-1}: the tangent projection of an ambient field, ẋ_i = P⊥(x_i) a_i(x).
+
+    Attributes:
+      manifold: ``"sphere"`` (class attribute).
+    """
 
     manifold: ClassVar[str] = "sphere"
+
+    @abc.abstractmethod
+    def ambient(self, t, x, args=None):
+        """The field before the tangent projection (the step of ``method="euler_renormalise"``).
+
+        Args:
+          t: time.
+          x: (N, d) points (unit rows on the sphere).
+          args: unused (diffrax's signature).
+        """
+
+    def __call__(self, t, x, args=None):
+        """ẋ = P⊥(x) a(t, x): the ambient field projected onto the tangent spaces.
+
+        Args:
+          t: time.
+          x: (N, d) points on S^{d-1}.
+          args: unused (diffrax's signature).
+
+        Returns:
+          dx/dt, shape (N, d), tangent at every row of x.
+        """
+        return tangent_project(x, self.ambient(t, x, args))
+
+
+class AbstractAttentionModel(AbstractSphereModel):
+    """Attention on the sphere from weights Q, K, V (their last axis is the dimension d).
+
+    Attributes:
+      Q: query weights.
+      K: key weights.
+      V: value weights.
+    """
+
     Q: jax.Array
     K: jax.Array
     V: jax.Array
 
     @property
     def dim(self) -> int:
-        return self.Q.shape[0]
+        """The dimension d of the particles (Q's last axis)."""
+        return self.Q.shape[-1]
+
+
+class AbstractQKVModel(AbstractAttentionModel):
+    """Sphere fields built from (d, d) attention weights Q, K, V (B = QᵀK).
+
+    Attributes:
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+    """
 
     @property
     def B(self):
+        """The bilinear form B = QᵀK of the attention logits x_iᵀ B x_j."""
         return jnp.matmul(self.Q.T, self.K, precision=HIGHEST)
 
 
@@ -92,12 +212,22 @@ class SphereAttention(AbstractQKVModel):
     ``"hardmax"`` attends to argmax_j x_iᵀ B x_j (β = ∞ on the empirical measure).
 
     Args:
-      Q, K, V: (d, d) arrays.
-      beta: inverse temperature β > 0 (an array leaf: vmap over a stack of models sweeps β).
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+      beta: inverse temperature β > 0, finite (an array leaf: vmap over a stack of models sweeps
+        β; a traced β <= 0 is reported by :meth:`invalid`).
       kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (see :func:`jaxdyn.interaction`).
-      k_block, q_block: blocked-kernel block sizes (None: the platform's tuned default).
+      normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
+      k_block: blocked-kernel key block size (None: the platform's tuned default).
+      q_block: blocked-kernel query block size (None: the platform's tuned default).
+
+    Raises:
+      ValueError: for weights that are not (d, d), a concrete β that is not finite and > 0, an
+        unknown kernel or normalization.
     """
 
+    domains: ClassVar[Mapping[str, Domain]] = {"beta": Domain("positive", 0, "inverse temperature")}
     beta: jax.Array
     kernel: str = eqx.field(static=True, default="auto")
     normalization: str = eqx.field(static=True, default="softmax")
@@ -107,63 +237,65 @@ class SphereAttention(AbstractQKVModel):
     def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=None,
                  q_block=None):
         self.Q, self.K, self.V = _qkv(Q, K, V)
-        # a concrete β is cast on the host and moved (a cast on the device compiles a program)
-        self.beta = (jax.device_put(np.asarray(beta, dtype=self.Q.dtype)) if _is_concrete(beta)
-                     else jnp.asarray(beta, dtype=self.Q.dtype))
-        if self.beta.ndim != 0:
-            raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}; to sweep β, vmap "
-                             "over a stack of models (jaxdyn.stack_models)")
-        if _is_concrete(self.beta):
-            # on the host (``self.beta > 0`` on the device array would compile a program)
-            if not float(np.asarray(self.beta)) > 0:
-                raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
-        else:  # built under jit/vmap (e.g. a β computed in a traced sweep): checked at run time
-            self.beta = eqx.error_if(self.beta, ~(self.beta > 0),
-                                     "SphereAttention: beta (inverse temperature) must be > 0")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.beta = parameter(SphereAttention, "beta", beta, self.Q.dtype)
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-        self.kernel = kernel
         self.normalization = normalization
-        self.k_block = None if k_block is None else int(k_block)
-        self.q_block = None if q_block is None else int(q_block)
+        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection: a_i = V Σ_j w_ij x_j (so that
-        ``__call__ = P⊥(x) ambient``); the step of ``method="euler_renormalise"``."""
+        """The field before the tangent projection, a_i = V Σ_j w_ij x_j.
+
+        Args:
+          t: time (unused: the field is autonomous).
+          x: (N, d) points.
+          args: unused.
+
+        Returns:
+          (N, d) array a, with ``self(t, x) = P⊥(x) a``.
+        """
         m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
                         kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
         return jnp.matmul(m, self.V.T, precision=HIGHEST)
 
-    def __call__(self, t, x, args=None):
-        return tangent_project(x, self.ambient(t, x, args))
-
 
 class ZeroTemperature(AbstractQKVModel):
-    r"""Zero-temperature limit field (Paper A, Eq. 3), local (no interaction):
+    r"""Zero-temperature limit field (Paper A, Eq. 3), local (no interaction).
 
         X_∞(x) = P⊥(x) V Bᵀx / |Bᵀx| = P⊥(x) M x / |Bᵀx|,   M = V Bᵀ,  B = QᵀK.
 
     Valid while ρ has full support (Assumption 3). Its flow converges to Π(x0) (docs/math.md §A.4).
+
+    Args:
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+
+    Raises:
+      ValueError: for weights that are not (d, d) of one d.
     """
 
     def __init__(self, Q, K, V):
         self.Q, self.K, self.V = _qkv(Q, K, V)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection: V Bᵀx / |Bᵀx|."""
+        """The field before the tangent projection, V Bᵀx / |Bᵀx|.
+
+        Args:
+          t: time (unused).
+          x: (N, d) points.
+          args: unused.
+
+        Returns:
+          (N, d) array.
+        """
         bx = jnp.matmul(x, self.B, precision=HIGHEST)  # rows: (Bᵀ x_i)ᵀ
         y = bx / jnp.linalg.norm(bx, axis=-1, keepdims=True)
         return jnp.matmul(y, self.V.T, precision=HIGHEST)
 
-    def __call__(self, t, x, args=None):
-        return tangent_project(x, self.ambient(t, x, args))
-
 
 class EuclideanAttention(AbstractParticleModel):
-    r"""Attention plus affine feed-forward in R^d (Paper B), with constant or time-varying
-    parameters:
+    r"""Attention plus affine feed-forward in R^d (Paper B), constant or time-varying parameters.
 
         ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j,
         w_ij = exp(x_jᵀ B(t) x_i) / Σ_k exp(x_kᵀ B(t) x_i),
@@ -171,14 +303,23 @@ class EuclideanAttention(AbstractParticleModel):
     with σ = identity (Gaussians stay Gaussian) or ReLU. The inverse temperature is absorbed
     in B. In Q/K terms B = Kᵀ Q.
 
-    ``A, B, V``: (d, d) arrays or :class:`~jaxdyn.models.Control` (values (n, d, d));
-    ``b``: (d,) array, Control or None (0). With Controls it is the particle field of the
-    controlled moment system (:func:`jaxdyn.gaussian.solve_moments` with the same controls
-    follows a Gaussian cloud's moments up to Monte-Carlo error); ``at(t)`` freezes them.
+    With Controls it is the particle field of the controlled moment system
+    (:func:`jaxdyn.gaussian.solve_moments` with the same controls follows a Gaussian cloud's
+    moments up to Monte-Carlo error); ``at(t)`` freezes them.
     ``jaxdyn.control.ControlledEuclideanAttention`` is this class.
+
+    Args:
+      A: (d, d) array or :class:`~jaxdyn.models.Control` (values (n, d, d)).
+      B: (d, d) array or Control.
+      V: (d, d) array or Control.
+      b: (d,) array, Control (values (n, d)) or None (0).
+      activation: ``"identity"`` or ``"relu"`` (σ).
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+
+    Raises:
+      ValueError: for shapes that do not fit one d, an unknown activation or kernel.
     """
 
-    manifold: ClassVar[str] = "euclidean"
     A: Union[jax.Array, Control]
     B: Union[jax.Array, Control]
     V: Union[jax.Array, Control]
@@ -187,12 +328,10 @@ class EuclideanAttention(AbstractParticleModel):
     kernel: str = eqx.field(static=True, default="auto")
 
     def __init__(self, A, B, V, b=None, *, activation="identity", kernel="auto"):
-        dt = _dtype_of(*(a for a in (A, B, V) if hasattr(a, "dtype")))
+        dt = float_dtype(A, B, V)
 
         def conv(p):
-            if isinstance(p, Control):
-                return p
-            return _as_array(p, None if hasattr(p, "dtype") else dt)
+            return p if isinstance(p, Control) else to_array(p, dt)
 
         A, B, V = conv(A), conv(B), conv(V)
         sA = tuple(A.shape)
@@ -201,44 +340,69 @@ class EuclideanAttention(AbstractParticleModel):
                              f"(n, d, d)), got shape {sA}")
         d = sA[0]
         for name, p in (("B", B), ("V", V)):
-            if tuple(p.shape) != (d, d):
-                raise ValueError(f"{name} must have shape ({d}, {d}) (or be a Control with values "
-                                 f"(n, {d}, {d})), got shape {tuple(p.shape)}")
-        if b is None:
-            b = jnp.zeros((d,), A.dtype)
-        elif not isinstance(b, Control):
-            b = jnp.asarray(b, A.dtype)
-        if tuple(b.shape) != (d,):
-            raise ValueError(f"b must have shape ({d},) (or be a Control with values (n, {d})), "
-                             f"got {tuple(b.shape)}")
+            check_shape(name, p, (d, d), f" (or be a Control with values (n, {d}, {d}))")
+        b = conv(np.zeros((d,), A.dtype) if b is None else b)
+        check_shape("b", b, (d,), f" (or be a Control with values (n, {d}))")
         if activation not in ("identity", "relu"):
             raise ValueError(f"activation must be 'identity' or 'relu', got {activation!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self.A, self.B, self.V, self.b = A, B, V, b
         self.activation = activation
-        self.kernel = kernel
+        self.kernel = kernel_options(kernel, None, None)[0]
 
     @classmethod
     def from_controls(cls, controls: Mapping, *, activation="identity", kernel: str = "auto"):
-        """From ``{"A", "B", "V", "b"}`` (e.g. ``ReachResult.controls``)."""
+        """The field of a dict of controls (e.g. ``ReachResult.controls``).
+
+        Args:
+          controls: ``{"A", "B", "V"}`` and optionally ``"b"``: arrays or Controls.
+          activation: ``"identity"`` or ``"relu"``.
+          kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+
+        Returns:
+          The :class:`EuclideanAttention` with those parameters.
+        """
         return cls(controls["A"], controls["B"], controls["V"], controls.get("b"),
                    activation=activation, kernel=kernel)
 
     @property
     def dim(self) -> int:
-        return self.A.shape[0]
+        """The dimension d."""
+        return self.A.shape[-1]
 
     def params(self, t):
-        """``(A, B, V, b)`` at time t."""
+        """The parameters at time t.
+
+        Args:
+          t: time.
+
+        Returns:
+          ``(A, B, V, b)`` as arrays (Controls evaluated at t).
+        """
         return at(self.A, t), at(self.B, t), at(self.V, t), at(self.b, t)
 
     def at(self, t) -> "EuclideanAttention":
-        """The field with its Controls frozen at time t (constant arrays)."""
+        """The field with its Controls frozen at time t.
+
+        Args:
+          t: time.
+
+        Returns:
+          An :class:`EuclideanAttention` with constant arrays.
+        """
         A, B, V, b = self.params(t)
         return EuclideanAttention(A, B, V, b, activation=self.activation, kernel=self.kernel)
 
     def __call__(self, t, x, args=None):
+        """ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j (the class docstring).
+
+        Args:
+          t: time.
+          x: (N, d) points.
+          args: unused.
+
+        Returns:
+          dx/dt, shape (N, d).
+        """
         A, B, V, b = self.params(t)
         # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
         m = interaction(x, x, B.T, 1.0, kernel=self.kernel)
@@ -248,14 +412,27 @@ class EuclideanAttention(AbstractParticleModel):
 
 
 def stack_models(models):
-    """Stack a list of models with equal static structure into one batched model, ready for
-    ``jax.vmap`` (e.g. a β sweep: ``[SphereAttention(Q, K, V, b) for b in betas]``)."""
+    """Stack models that differ only in their arrays into one batched model, ready for ``jax.vmap``.
+
+    E.g. a β sweep: ``stack_models([SphereAttention(Q, K, V, b) for b in betas])``; every array
+    leaf gains a leading axis of length ``len(models)``.
+
+    Args:
+      models: a non-empty sequence of models of one type, with equal static fields (kernel,
+        normalization, ...) and equal array shapes.
+
+    Returns:
+      One model whose leaves are the stacked leaves.
+
+    Raises:
+      ValueError: for an empty list, models of different types, static fields or array shapes.
+    """
     models = list(models)
     if not models:
         raise ValueError("stack_models needs at least one model")
-    flat = [jax.tree.flatten(m) for m in models]
+    flat = [jax.tree_util.tree_flatten_with_path(m) for m in models]
     first = flat[0][1]
-    for i, (m, (_, tdef)) in enumerate(zip(models[1:], flat[1:]), 1):
+    for i, (m, (leaves, tdef)) in enumerate(zip(models[1:], flat[1:]), 1):
         if type(m) is not type(models[0]):
             raise ValueError(f"stack_models: model {i} is a {type(m).__name__}, model 0 a "
                              f"{type(models[0]).__name__}; stack models of one type")
@@ -265,31 +442,43 @@ def stack_models(models):
             raise ValueError(f"stack_models: model {i} differs from model 0 in its static fields "
                              f"({', '.join(diff) or 'structure'}: e.g. kernel='dense' vs 'blocked'); "
                              "stack models that differ only in their arrays")
-    columns = zip(*(leaves for leaves, _ in flat))
+        for (path, a), (_, a0) in zip(leaves, flat[0][0]):
+            if np.shape(a) != np.shape(a0):
+                raise ValueError(f"stack_models: model {i}'s {jax.tree_util.keystr(path)[1:]} has "
+                                 f"shape {np.shape(a)}, model 0's {np.shape(a0)}; stack models "
+                                 "whose arrays have equal shapes")
+    columns = zip(*([a for _, a in leaves] for leaves, _ in flat))
     return jax.tree.unflatten(first, [_stack_leaves(col) for col in columns])
 
 
 def _stack_leaves(leaves):
-    """One stacked leaf. Concrete arrays are stacked on the host and moved to the device in
-    one transfer (``jnp.stack`` over thousands of separate device arrays costs ~10 ms each);
-    traced leaves (under ``jit``/``vmap``), weakly typed ones and arrays of several processes
-    use ``jnp.stack``, which keeps their weak type (a weak β must not promote a float32
-    cloud) and their sharding."""
+    """One stacked leaf.
+
+    Concrete arrays are stacked on the host and moved to the device in one transfer
+    (``jnp.stack`` over thousands of separate device arrays costs ~10 ms each); traced leaves
+    (under ``jit``/``vmap``), weakly typed ones and arrays of several processes use
+    ``jnp.stack``, which keeps their weak type (a weak β must not promote a float32 cloud) and
+    their sharding.
+
+    Returns:
+      The leaves stacked along a new leading axis.
+    """
     host = []
     for a in leaves:
         if isinstance(a, np.ndarray):
             host.append(a)
-        elif isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and not a.weak_type:
+        elif isinstance(a, jax.Array) and not is_traced(a) and not a.weak_type:
             try:
                 host.append(np.asarray(a))
             except RuntimeError:  # not addressable from this process
                 return jnp.stack(leaves)
         else:
             return jnp.stack(leaves)
-    return jnp.asarray(np.stack(host))
+    return jax.device_put(np.stack(host))
 
 
 def _same_static(a, b):
+    """Whether two static field values are equal (arrays: by shape)."""
     if hasattr(a, "shape") or hasattr(b, "shape"):
         return getattr(a, "shape", None) == getattr(b, "shape", None)
     try:

@@ -1,25 +1,54 @@
-"""Multi-head attention on the sphere, with causal masks, ALiBi / RoPE positions and L2 or
-Sinkhorn weights (issue 15): :class:`MultiHeadAttention`."""
+"""Multi-head attention on the sphere: :class:`MultiHeadAttention`.
+
+Causal masks, ALiBi / RoPE positions and L2 or Sinkhorn weights.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar, Mapping, Optional
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels._attention import KERNELS, HIGHEST
-from ..kernels._variants import MASKS, default_rope_freqs, heads_interaction, rope
-from ..sphere import tangent_project
-from ._fields import AbstractParticleModel, _as_array, _dtype_of, _is_concrete
+from .._choices import ATTENTIONS, MASKS
+from ..kernels._attention import HIGHEST
+from ..kernels._variants import heads_interaction, rope
+from ._fields import AbstractAttentionModel, kernel_options
+from ._params import Domain, check_domain, float_dtype, is_traced, parameter, to_array
 
-ATTENTIONS = ("softmax", "l2", "sinkhorn")
+
+def host_or_traced(a):
+    """``a`` itself if traced, else as a NumPy array (reshaped on the host, not by a program)."""
+    return a if is_traced(a) else np.asarray(a)
 
 
-class MultiHeadAttention(AbstractParticleModel):
-    r"""Multi-head self-attention dynamics on S^{d−1} (docs/math.md §G):
+def rope_frequencies(p: int, base) -> np.ndarray:
+    """RoPE's frequencies ω_c = base^(−2c/p), c = 0 … p//2 − 1 (Su et al. 2021), in float64.
+
+    Args:
+      p: the head dimension.
+      base: the RoPE base, finite and > 0.
+
+    Returns:
+      A float64 NumPy array of p // 2 frequencies.
+
+    Raises a ValueError (through :func:`check_domain`) for a base that is not finite and > 0.
+    """
+    check_domain("rope_base", base, Domain("positive", 0, "RoPE base"))
+    return float(base) ** (-2.0 * np.arange(p // 2) / p)
+
+
+def _check_choice(name: str, value, choices: tuple) -> str:
+    """Return ``value`` if it is one of ``choices``; else raise a ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+class MultiHeadAttention(AbstractAttentionModel):
+    r"""Multi-head self-attention dynamics on S^{d−1} (docs/math.md §G).
 
         ẋ_i = P⊥(x_i) Σ_h V_h Σ_j w^h_ij x_j,
         w^h_ij ∝ exp(l^h_ij),   l^h_ij = β ⟨R_i Q_h x_i, R_j K_h x_j⟩ − α_h |i − j|
@@ -36,20 +65,31 @@ class MultiHeadAttention(AbstractParticleModel):
     :class:`~jaxdyn.SphereAttention` with B = QᵀK (equal up to rounding).
 
     Args:
-      Q, K: (H, p, d) (or (p, d): one head); V: (H, d, d) (or (d, d)).
-      beta: inverse temperature β > 0 (array leaf).
+      Q: (H, p, d) query weights (or (p, d): one head).
+      K: (H, p, d) key weights (or (p, d)).
+      V: (H, d, d) value maps (or (d, d)).
+      beta: inverse temperature β > 0, finite (array leaf; a traced β <= 0 is reported by
+        :meth:`invalid`).
       mask: ``"none"`` | ``"causal"``.
       alibi: ALiBi slopes α_h ≥ 0, (H,) or a scalar for every head; None: no bias.
-      rope: RoPE frequencies, (p // 2,), or ``True`` for ``base^(−2c/p)`` (``rope_base``);
-        None: no rotation.
-      attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``; sinkhorn_iters: sweeps (≥ 1).
-      kernel, k_block, q_block: as :class:`~jaxdyn.SphereAttention`.
+      rope: RoPE frequencies, (p // 2,), or ``True`` for ``rope_base^(−2c/p)``; None: no
+        rotation.
+      rope_base: the base of ``rope=True``'s frequencies (finite, > 0).
+      attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
+      sinkhorn_iters: Sinkhorn sweeps (an integer ≥ 1) of ``attention="sinkhorn"``.
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``, as :class:`~jaxdyn.SphereAttention`.
+      k_block: blocked-kernel key block size (None: the platform's default).
+      q_block: blocked-kernel query block size (None: the platform's default).
+
+    Raises:
+      ValueError: for shapes that do not fit (H, p, d), an empty head, a concrete β or slope out
+        of its domain, an unknown mask, attention or kernel, a causal Sinkhorn, a bad
+        ``sinkhorn_iters``, ``rope`` or ``rope_base``.
     """
 
-    manifold: ClassVar[str] = "sphere"
-    Q: jax.Array
-    K: jax.Array
-    V: jax.Array
+    domains: ClassVar[Mapping[str, Domain]] = {
+        "beta": Domain("positive", 0, "inverse temperature"),
+        "alibi": Domain("nonnegative", 1, "alibi slopes")}
     beta: jax.Array
     alibi: Optional[jax.Array]
     rope: Optional[jax.Array]
@@ -63,63 +103,63 @@ class MultiHeadAttention(AbstractParticleModel):
     def __init__(self, Q, K, V, beta, *, mask="none", alibi=None, rope=None, rope_base=10000.0,
                  attention="softmax", sinkhorn_iters=5, kernel="auto", k_block=None,
                  q_block=None):
-        dt = _dtype_of(*(a for a in (Q, K, V) if hasattr(a, "dtype")))
-        Q, K, V = (_as_array(a, None if hasattr(a, "dtype") else dt) for a in (Q, K, V))
+        dt = float_dtype(Q, K, V)
+        Q, K, V = (host_or_traced(a) for a in (Q, K, V))
         Q, K, V = (a[None] if a.ndim == 2 else a for a in (Q, K, V))
         if Q.ndim != 3 or K.shape != Q.shape:
             raise ValueError(f"Q and K must have the same shape (H, p, d) (or (p, d)); got "
                              f"{Q.shape} and {K.shape}")
         H, p, d = Q.shape
+        if min(H, p, d) < 1:
+            raise ValueError(f"Q and K must have at least one head, one row and one column, "
+                             f"got shape {Q.shape}")
         if V.shape != (H, d, d):
             raise ValueError(f"V must have shape ({H}, {d}, {d}) (one (d, d) value map a head, "
                              f"the output projection absorbed), got {V.shape}")
-        self.Q, self.K, self.V = Q, K, V
-        self.beta = jnp.asarray(beta, dtype=Q.dtype)
-        if self.beta.ndim != 0:
-            raise ValueError(f"beta must be a scalar, got shape {self.beta.shape}")
-        if _is_concrete(self.beta):
-            if not bool(self.beta > 0):
-                raise ValueError(f"beta (inverse temperature) must be > 0, got {float(self.beta)}")
-        if mask not in MASKS:
-            raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.Q, self.K, self.V = (to_array(a, dt) for a in (Q, K, V))
+        self.beta = parameter(MultiHeadAttention, "beta", beta, dt)
+        self.mask = _check_choice("mask", mask, MASKS)
+        self.attention = _check_choice("attention", attention, ATTENTIONS)
         if attention == "sinkhorn":
-            if isinstance(sinkhorn_iters, bool) or int(sinkhorn_iters) < 1:
-                raise ValueError(f"sinkhorn_iters must be >= 1, got {sinkhorn_iters!r}")
+            if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, (int, np.integer)) \
+                    or sinkhorn_iters < 1:
+                raise ValueError(f"sinkhorn_iters must be an integer >= 1, got {sinkhorn_iters!r}")
             if mask == "causal":
                 raise ValueError("attention='sinkhorn' takes no causal mask (a lower-triangular "
                                  "doubly stochastic matrix is the identity)")
-        if alibi is not None:
-            alibi = jnp.broadcast_to(jnp.asarray(alibi, Q.dtype), (H,))
-            if _is_concrete(alibi) and not np.all(np.asarray(alibi) >= 0):
-                raise ValueError(f"alibi slopes must be >= 0, got {alibi}")
-        if rope is True:
-            rope = default_rope_freqs(p, rope_base, Q.dtype)
-        elif rope is not None:
-            rope = jnp.asarray(rope, Q.dtype)
-            if rope.shape != (p // 2,):
-                raise ValueError(f"rope must hold p // 2 = {p // 2} frequencies, got shape "
-                                 f"{rope.shape}")
-        self.alibi, self.rope = alibi, rope
-        self.mask, self.attention = mask, attention
         self.sinkhorn_iters = int(sinkhorn_iters) if attention == "sinkhorn" else 0
-        self.kernel = kernel
-        self.k_block = None if k_block is None else int(k_block)
-        self.q_block = None if q_block is None else int(q_block)
-
-    @property
-    def dim(self) -> int:
-        return self.Q.shape[2]
+        if alibi is not None:
+            alibi = host_or_traced(alibi)
+            if alibi.ndim == 0:
+                alibi = (jnp if is_traced(alibi) else np).broadcast_to(alibi, (H,))
+            if alibi.shape != (H,):
+                raise ValueError(f"alibi must be a scalar or hold one slope a head, H = {H}, got "
+                                 f"shape {alibi.shape}")
+            alibi = parameter(MultiHeadAttention, "alibi", alibi, dt)
+        if rope is True:
+            rope = rope_frequencies(p, rope_base)
+        if rope is not None:
+            if tuple(np.shape(rope)) != (p // 2,):
+                raise ValueError(f"rope must hold p // 2 = {p // 2} frequencies, got shape "
+                                 f"{tuple(np.shape(rope))}")
+            rope = to_array(rope, dt)
+        self.alibi, self.rope = alibi, rope
+        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
 
     @property
     def heads(self) -> int:
-        return self.Q.shape[0]
+        """The number of heads H."""
+        return self.Q.shape[-3]
 
     def head_averages(self, x):
-        """``m_hi = Σ_j w^h_ij x_j`` for every head, (H, N, d)."""
+        """Every head's attention average m_hi = Σ_j w^h_ij x_j.
+
+        Args:
+          x: (N, d) points (the row index is the position).
+
+        Returns:
+          (H, N, d) array.
+        """
         q = jnp.einsum("hpd,nd->hnp", self.Q, x, precision=HIGHEST)
         k = jnp.einsum("hpd,nd->hnp", self.K, x, precision=HIGHEST)
         if self.rope is not None:
@@ -131,8 +171,14 @@ class MultiHeadAttention(AbstractParticleModel):
             q_block=self.q_block)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection, Σ_h V_h m_hi."""
-        return jnp.einsum("hne,hde->nd", self.head_averages(x), self.V, precision=HIGHEST)
+        """The field before the tangent projection, Σ_h V_h m_hi.
 
-    def __call__(self, t, x, args=None):
-        return tangent_project(x, self.ambient(t, x, args))
+        Args:
+          t: time (unused).
+          x: (N, d) points.
+          args: unused.
+
+        Returns:
+          (N, d) array.
+        """
+        return jnp.einsum("hne,hde->nd", self.head_averages(x), self.V, precision=HIGHEST)

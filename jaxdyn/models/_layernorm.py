@@ -24,123 +24,222 @@ flagged ``nonfinite``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import jax
 import jax.numpy as jnp
 
-from ..sphere import normalize, tangent_project
-from ._fields import AbstractParticleModel
-
-PLACEMENTS = ("postln", "preln", "periln", "ngpt")
+from .._choices import PLACEMENTS
+from ..sphere import normalize
+from ._fields import AbstractParticleModel, AbstractSphereModel
+from ._params import Domain, float_dtype, parameter
 
 
 def attention_output(field, t, x, args=None):
-    """A_i(x): ``field.ambient`` (sphere attention models) or ``field`` itself (Euclidean)."""
+    """The attention output A_i(x) of a field.
+
+    Args:
+      field: a particle model: sphere attention models give ``field.ambient`` (before the
+        tangent projection), Euclidean ones the field itself.
+      t: time.
+      x: (N, d) points.
+      args: passed on.
+
+    Returns:
+      (N, d) array A(x).
+    """
     amb = getattr(field, "ambient", None)
     return amb(t, x, args) if amb is not None else field(t, x, args)
 
 
 class AbstractNormPlacement(AbstractParticleModel):
-    """A LayerNorm placement around an attention field (``field``)."""
+    """A LayerNorm placement around an attention field (module docstring).
+
+    Attributes:
+      field: the attention field (a particle model).
+      placement: class attribute, the placement's name (one of ``PLACEMENTS``).
+    """
 
     field: AbstractParticleModel
     placement: ClassVar[str]
 
+    def __check_init__(self):
+        """Refuse a field that is not a jaxdyn particle model.
+
+        Raises:
+          ValueError: naming the field's type.
+        """
+        if not isinstance(self.field, AbstractParticleModel):
+            raise ValueError(f"field must be a jaxdyn particle model (SphereAttention, "
+                             f"EuclideanAttention, DepthAttention, ...), got "
+                             f"{type(self.field).__name__}")
+
     @property
     def dim(self) -> int:
+        """The dimension d of the field."""
         return self.field.dim
 
     @staticmethod
     def radius(z):
-        """|z_i| row-wise (1 on the sphere placements)."""
+        """|z_i| row-wise (1 on the sphere placements).
+
+        Args:
+          z: (N, d) states.
+
+        Returns:
+          (N,) radii.
+        """
         return jnp.linalg.norm(z, axis=-1)
 
     @staticmethod
     def direction(z):
-        """z_i/|z_i|: the points the attention sees."""
+        """z_i/|z_i|: the points the attention sees.
+
+        Args:
+          z: (N, d) states.
+
+        Returns:
+          (N, d) unit rows.
+        """
         return normalize(z)
 
 
-def _check_field(field):
-    if not isinstance(field, AbstractParticleModel):
-        raise ValueError(f"field must be a jaxdyn particle model (SphereAttention, "
-                         f"EuclideanAttention, DepthAttention, ...), got {type(field).__name__}")
-    return field
+class PostLN(AbstractNormPlacement, AbstractSphereModel):
+    """Post-LN: ẋ_i = P⊥(x_i) A_i(x) on the sphere (the engine's SphereAttention dynamics).
 
+    Args:
+      field: the attention field.
 
-class PostLN(AbstractNormPlacement):
-    """Post-LN: ẋ_i = P⊥(x_i) A_i(x) on the sphere (the engine's SphereAttention dynamics)."""
+    Raises:
+      ValueError: if ``field`` is not a particle model.
+    """
 
     manifold: ClassVar[str] = "sphere"
     placement: ClassVar[str] = "postln"
 
-    def __init__(self, field):
-        self.field = _check_field(field)
-
     def ambient(self, t, x, args=None):
-        return attention_output(self.field, t, x, args)
+        """A(x), the field before the tangent projection.
 
-    def __call__(self, t, x, args=None):
-        return tangent_project(x, self.ambient(t, x, args))
+        Args:
+          t: time.
+          x: (N, d) points on the sphere.
+          args: passed on.
+
+        Returns:
+          (N, d) array.
+        """
+        return attention_output(self.field, t, x, args)
 
 
 class PreLN(AbstractNormPlacement):
-    """Pre-LN: ż_i = A_i(z/|z|) in R^d (the radius r_i = |z_i| evolves)."""
+    """Pre-LN: ż_i = A_i(z/|z|) in R^d (the radius r_i = |z_i| evolves).
+
+    Args:
+      field: the attention field.
+
+    Raises:
+      ValueError: if ``field`` is not a particle model.
+    """
 
     manifold: ClassVar[str] = "euclidean"
     placement: ClassVar[str] = "preln"
 
-    def __init__(self, field):
-        self.field = _check_field(field)
-
     def __call__(self, t, z, args=None):
+        """ż = A(z/|z|).
+
+        Args:
+          t: time.
+          z: (N, d) states in R^d.
+          args: passed on.
+
+        Returns:
+          dz/dt, shape (N, d).
+        """
         return attention_output(self.field, t, normalize(z), args)
 
 
 class PeriLN(AbstractNormPlacement):
-    """Peri-LN: ż_i = Â_i, Â = A/|A|, A evaluated at z/|z| (in R^d)."""
+    """Peri-LN: ż_i = Â_i, Â = A/|A|, A evaluated at z/|z| (in R^d).
+
+    Args:
+      field: the attention field.
+
+    Raises:
+      ValueError: if ``field`` is not a particle model.
+    """
 
     manifold: ClassVar[str] = "euclidean"
     placement: ClassVar[str] = "periln"
 
-    def __init__(self, field):
-        self.field = _check_field(field)
-
     def __call__(self, t, z, args=None):
+        """ż = Â(z/|z|), Â = A/|A|.
+
+        Args:
+          t: time.
+          z: (N, d) states in R^d.
+          args: passed on.
+
+        Returns:
+          dz/dt, shape (N, d), unit rows.
+        """
         return normalize(attention_output(self.field, t, normalize(z), args))
 
 
-class NGPT(AbstractNormPlacement):
-    """nGPT: ẋ_i = α P⊥(x_i) A_i/|A_i| on the sphere (α an array leaf)."""
+class NGPT(AbstractNormPlacement, AbstractSphereModel):
+    """nGPT: ẋ_i = α P⊥(x_i) A_i/|A_i| on the sphere (α an array leaf).
+
+    Args:
+      field: the attention field.
+      alpha: the eigen learning rate α, finite and > 0 (simuformer's 0.2; a traced α <= 0 is
+        reported by :meth:`invalid`).
+
+    Raises:
+      ValueError: if ``field`` is not a particle model, or for a concrete α that is not finite
+        and > 0.
+    """
 
     manifold: ClassVar[str] = "sphere"
     placement: ClassVar[str] = "ngpt"
+    domains: ClassVar[Mapping[str, Domain]] = {"alpha": Domain("positive", 0, "nGPT step size")}
     alpha: jax.Array
 
     def __init__(self, field, alpha=0.2):
-        self.field = _check_field(field)
-        dts = [l.dtype for l in jax.tree.leaves(field) if hasattr(l, "dtype")
-               and jnp.issubdtype(l.dtype, jnp.floating)]
-        self.alpha = jnp.asarray(alpha, jnp.result_type(*dts) if dts else None)
-        if self.alpha.ndim != 0:
-            raise ValueError(f"alpha must be a scalar, got shape {self.alpha.shape}")
-        if not isinstance(self.alpha, jax.core.Tracer) and not bool(self.alpha > 0):
-            raise ValueError(f"alpha (nGPT step size) must be > 0, got {float(self.alpha)}")
+        self.field = field
+        self.alpha = parameter(NGPT, "alpha", alpha, float_dtype(*jax.tree.leaves(field)))
 
     def ambient(self, t, x, args=None):
-        return self.alpha * normalize(attention_output(self.field, t, x, args))
+        """α A(x)/|A(x)|, the field before the tangent projection.
 
-    def __call__(self, t, x, args=None):
-        return tangent_project(x, self.ambient(t, x, args))
+        Args:
+          t: time.
+          x: (N, d) points on the sphere.
+          args: passed on.
+
+        Returns:
+          (N, d) array.
+        """
+        return self.alpha * normalize(attention_output(self.field, t, x, args))
 
 
 _CLASSES = {"postln": PostLN, "preln": PreLN, "periln": PeriLN, "ngpt": NGPT}
 
 
 def layer_norm(field, placement: str = "postln", **kw) -> AbstractNormPlacement:
-    """The placement ``"postln" | "preln" | "periln" | "ngpt"`` around ``field`` (``alpha``
-    for nGPT). Pre-/peri-LN states live in R^d: start them from unit rows (r = 1)."""
+    """The LayerNorm placement ``placement`` around ``field``.
+
+    Pre-/peri-LN states live in R^d: start them from unit rows (r = 1).
+
+    Args:
+      field: the attention field (a particle model).
+      placement: ``"postln"`` | ``"preln"`` | ``"periln"`` | ``"ngpt"``.
+      **kw: ``alpha`` for nGPT; the other placements take no options.
+
+    Returns:
+      The placement model.
+
+    Raises:
+      ValueError: for an unknown placement, or options a placement does not take.
+    """
     if placement not in _CLASSES:
         raise ValueError(f"placement (norm) must be one of {PLACEMENTS}, got {placement!r}")
     if kw and placement != "ngpt":

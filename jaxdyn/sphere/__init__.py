@@ -1,5 +1,8 @@
-"""The unit sphere S^{d-1}: geometry (projection, retraction, exponential map, distance) and
-sampling (uniform, von Mises–Fisher, mixtures)."""
+"""The unit sphere S^{d-1}: geometry and sampling.
+
+Geometry: tangent projection, retraction (normalisation), exponential map, geodesic distance.
+Sampling: uniform, von Mises–Fisher, mixtures; jittable and vmappable over keys.
+"""
 
 from ._geometry import (
     exp_map as exp_map,
@@ -13,3 +16,6 @@ from ._sampling import (
     sample_sphere as sample_sphere,
     sample_vmf as sample_vmf,
 )
+
+__all__ = ["exp_map", "geodesic_distance", "normalize", "tangent_project", "sample_initial",
+           "sample_mixture", "sample_sphere", "sample_vmf"]

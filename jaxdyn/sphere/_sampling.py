@@ -1,6 +1,10 @@
-"""Sampling on S^{d-1}: uniform; von Mises–Fisher vMF(μ, κ) (Wood 1994 rejection sampler);
-and a mixture ``(1 − w)·uniform + w·vMF(μ, κ)``, whose density is strictly positive and
-Lipschitz (Paper A, Assumption 3) while still far from uniform.
+"""Sampling on S^{d-1}: uniform, von Mises–Fisher, and a mixture of the two.
+
+Uniform; von Mises–Fisher vMF(μ, κ) (Wood 1994 rejection sampler); and a mixture
+``(1 − w)·uniform + w·vMF(μ, κ)``, whose density is strictly positive and Lipschitz (Paper A,
+Assumption 3) while still far from uniform. The samplers are jittable and vmappable over their
+keys (and their array parameters); their random streams are JAX's, unchanged by the bucketing of
+:func:`normal_rows`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ._geometry import normalize, tangent_project
 
 
 def _check_n_d(n, d):
+    """Refuse a sample size or dimension that is not an integer in range (a ValueError)."""
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n (number of particles) must be an integer >= 1, got {n!r}")
     if not isinstance(d, (int, np.integer)) or d < 2:
@@ -28,9 +33,14 @@ def _bucket_rows(n: int) -> int:
 
 
 def _prefix_stable() -> bool:
-    """``jax.random.normal(key, (R, d))[:n] == jax.random.normal(key, (n, d))`` bit for bit:
-    true of the partitionable threefry (each number depends on the key and its flat index only),
-    JAX's default; not of the older, non-partitionable stream, nor of other generators."""
+    """Whether ``jax.random.normal(key, (R, d))[:n] == jax.random.normal(key, (n, d))`` bit for bit.
+
+    True of the partitionable threefry (each number depends on the key and its flat index only),
+    JAX's default; not of the older, non-partitionable stream, nor of other generators.
+
+    Returns:
+      A Python bool.
+    """
     return bool(jax.config.jax_threefry_partitionable) and \
         jax.config.jax_default_prng_impl == "threefry2x32"
 
@@ -41,11 +51,22 @@ def _normal_rows_program(key, rows, d, dtype):
 
 
 def normal_rows(key, n: int, d: int, dtype=jnp.float32):
-    """``jax.random.normal(key, (n, d), dtype)``, the same numbers bit for bit, from a program
-    compiled once per power-of-two row count rather than once per n: a sweep over particle
-    counts compiles a few generators, not one per count (each ~0.3 s of compilation for ~1 ms
-    of work). Under a transformation (a traced key), or with a random stream whose prefixes
-    differ (:func:`_prefix_stable`), it is the direct call."""
+    """``jax.random.normal(key, (n, d), dtype)``, the same numbers bit for bit, compiled per bucket.
+
+    The program is compiled once per power-of-two row count rather than once per n: a sweep over
+    particle counts compiles a few generators, not one per count (each ~0.3 s of compilation
+    for ~1 ms of work). Under a transformation (a traced key), or with a random stream whose
+    prefixes differ (:func:`_prefix_stable`), it is the direct call.
+
+    Args:
+      key: a JAX PRNG key.
+      n: the number of rows.
+      d: the number of columns.
+      dtype: the floating dtype.
+
+    Returns:
+      (n, d) standard normal array.
+    """
     if isinstance(key, jax.core.Tracer) or not _prefix_stable():
         return jax.random.normal(key, (n, d), dtype=dtype)
     rows = _bucket_rows(n)
@@ -54,7 +75,19 @@ def normal_rows(key, n: int, d: int, dtype=jnp.float32):
 
 
 def sample_sphere(key, n: int, d: int, dtype=jnp.float32):
-    """n points uniform on S^{d-1}: normalised standard Gaussians. Shape (n, d)."""
+    """N points uniform on S^{d-1}: normalised standard Gaussians.
+
+    Jittable and vmappable over ``key`` (n, d and dtype are static).
+
+    Args:
+      key: a JAX PRNG key.
+      n: the number of points, an integer >= 1.
+      d: the ambient dimension, an integer >= 2.
+      dtype: the floating dtype.
+
+    Returns:
+      (n, d) array of unit rows (a ValueError for n < 1 or d < 2, or non-integers).
+    """
     _check_n_d(n, d)
     # normalised outside the generator's program: the same rounding as an eager x / |x|
     # (inside one program XLA may rewrite the division, 1 ulp apart)
@@ -99,24 +132,66 @@ def _vmf_cosines(key, n, d, kappa, dtype):
     return w
 
 
+def _is_traced(a) -> bool:
+    return isinstance(a, jax.core.Tracer)
+
+
+def _kappa_checked(kappa):
+    """κ checked on the host when concrete, guarded when traced.
+
+    A traced κ outside (0, ∞) is replaced by 1 (so that the rejection loop ends) and reported as
+    the mask of the samples to set to NaN.
+
+    Returns:
+      ``(kappa, bad)``: bad is None for a concrete κ.
+
+    Raises:
+      ValueError: for a concrete κ that is not a finite number > 0.
+    """
+    if not _is_traced(kappa):
+        k = np.asarray(kappa)
+        if k.ndim != 0 or not (np.isfinite(k) and k > 0):
+            raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
+        return kappa, None
+    bad = ~(jnp.isfinite(kappa) & (kappa > 0))
+    return jnp.where(bad, jnp.ones_like(kappa), kappa), bad
+
+
 def sample_vmf(key, n: int, mu, kappa: float, dtype=jnp.float32):
-    """n points from the von Mises–Fisher law on S^{d-1}, density ∝ exp(κ ⟨μ, x⟩).
+    """N points from the von Mises–Fisher law on S^{d-1}, density ∝ exp(κ ⟨μ, x⟩).
+
+    Wood's (1994) rejection sampler for w = ⟨x, μ⟩, then a uniform tangent direction. Jittable
+    and vmappable over ``key``, ``mu`` and ``kappa``; a traced κ that is not finite and > 0
+    gives NaN samples (a concrete one raises).
 
     Args:
-      mu: mean direction, shape (d,) (normalised here).
-      kappa: concentration κ > 0.
+      key: a JAX PRNG key.
+      n: the number of points, an integer >= 1.
+      mu: mean direction, shape (d,) (normalised here; nonzero and finite).
+      kappa: concentration κ > 0, finite.
+      dtype: the floating dtype.
+
+    Returns:
+      (n, d) array of unit rows.
+
+    Raises:
+      ValueError: for a ``mu`` that is not a vector (or, when concrete, zero or non-finite), a
+        concrete κ that is not finite and > 0, n < 1 or d < 2.
     """
-    mu = jnp.asarray(mu, dtype)
-    if mu.ndim != 1:
+    if not _is_traced(mu):
+        m = np.asarray(mu)
+        if m.ndim != 1:
+            raise ValueError(f"mu must be a vector of shape (d,), got shape {m.shape}")
+        norm = float(np.linalg.norm(m.astype(np.float64)))
+        if not 0 < norm < math.inf:
+            raise ValueError(f"mu must be a nonzero (finite) direction, got {m}")
+    elif mu.ndim != 1:
         raise ValueError(f"mu must be a vector of shape (d,), got shape {mu.shape}")
-    d = mu.shape[0]
+    d = int(np.shape(mu)[0])
     _check_n_d(n, d)
-    if not (float(kappa) > 0 and math.isfinite(float(kappa))):
-        raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
-    norm = jnp.linalg.norm(mu)
-    if not isinstance(norm, jax.core.Tracer) and not 0 < float(norm) < math.inf:
-        raise ValueError(f"mu must be a nonzero (finite) direction, got {mu}")
-    mu = mu / norm
+    kappa, bad = _kappa_checked(kappa)
+    mu = jnp.asarray(mu, dtype)
+    mu = mu / jnp.linalg.norm(mu)
     kw, kv = jax.random.split(key)
     omw = _vmf_cosines(kw, n, d, kappa, dtype)  # 1 − ⟨x, μ⟩
     v = tangent_project(mu[None, :], normal_rows(kv, n, d, dtype))
@@ -124,31 +199,71 @@ def sample_vmf(key, n: int, mu, kappa: float, dtype=jnp.float32):
     # the tangent length √(1 − w²) = √((1 − w)(1 + w)) from 1 − w (from w it was 0 once w
     # rounded to 1: every sample at μ from κ ~ 1e8 in float32)
     tang = jnp.sqrt(jnp.clip(omw * (2.0 - omw), 0.0))
-    return normalize((1.0 - omw)[:, None] * mu[None, :] + tang[:, None] * v)
+    x = normalize((1.0 - omw)[:, None] * mu[None, :] + tang[:, None] * v)
+    return x if bad is None else jnp.where(bad, jnp.nan, x)
 
 
 def sample_mixture(key, n: int, d: int, *, mu=None, kappa: float = 4.0, weight: float = 0.5,
                    dtype=jnp.float32):
-    """n points from ``(1 − weight)·uniform + weight·vMF(μ, κ)`` on S^{d-1}.
+    """N points from ``(1 − weight)·uniform + weight·vMF(μ, κ)`` on S^{d-1}.
 
     Its density is strictly positive (≥ (1 − weight)/|S^{d-1}|) and Lipschitz, as Paper A's
-    Assumption 3 requires, yet non-uniform. ``mu`` defaults to (1, 1, …, 1)/√d.
+    Assumption 3 requires, yet non-uniform. Jittable and vmappable over ``key``, ``mu``,
+    ``kappa`` and ``weight``; a traced weight outside [0, 1) or κ outside (0, ∞) gives NaN
+    samples (concrete ones raise).
+
+    Args:
+      key: a JAX PRNG key.
+      n: the number of points, an integer >= 1.
+      d: the ambient dimension, an integer >= 2.
+      mu: the vMF mean direction, (d,); default (1, 1, …, 1)/√d.
+      kappa: the vMF concentration κ > 0.
+      weight: the vMF share, in [0, 1).
+      dtype: the floating dtype.
+
+    Returns:
+      (n, d) array of unit rows.
+
+    Raises:
+      ValueError: for a concrete weight outside [0, 1) (and as :func:`sample_vmf` for mu and κ).
     """
     _check_n_d(n, d)
-    if not 0.0 <= float(weight) < 1.0:
-        raise ValueError(f"weight must lie in [0, 1) for a strictly positive density, got {weight!r}")
+    bad = None
+    if not _is_traced(weight):
+        if not 0.0 <= float(weight) < 1.0:
+            raise ValueError(f"weight must lie in [0, 1) for a strictly positive density, got "
+                             f"{weight!r}")
+    else:
+        bad = ~((weight >= 0) & (weight < 1))
     if mu is None:
         mu = jnp.ones((d,), dtype) / math.sqrt(d)
     ku, kv, kc = jax.random.split(key, 3)
     xu = sample_sphere(ku, n, d, dtype)
     xv = sample_vmf(kv, n, mu, kappa, dtype)
     pick = jax.random.uniform(kc, (n, 1)) < weight
-    return jnp.where(pick, xv, xu)
+    x = jnp.where(pick, xv, xu)
+    return x if bad is None else jnp.where(bad, jnp.nan, x)
 
 
 def sample_initial(key, n: int, d: int, dist: str = "uniform", dtype=jnp.float32, **kw):
-    """Dispatch by name: ``"uniform"``, ``"vmf"`` (kw: mu, kappa), ``"mixture"`` (kw: mu, kappa,
-    weight)."""
+    """N points of the initial law named ``dist`` (the experiments' ``init`` section).
+
+    Args:
+      key: a JAX PRNG key.
+      n: the number of points.
+      d: the ambient dimension.
+      dist: ``"uniform"`` (:func:`sample_sphere`), ``"vmf"`` (:func:`sample_vmf`; kw: mu,
+        default e_1, and kappa, default 4) or ``"mixture"`` (:func:`sample_mixture`; kw: mu,
+        kappa, weight).
+      dtype: the floating dtype.
+      **kw: the law's options.
+
+    Returns:
+      (n, d) array of unit rows.
+
+    Raises:
+      ValueError: for an unknown ``dist`` (and as the samplers for their arguments).
+    """
     if dist == "uniform":
         return sample_sphere(key, n, d, dtype)
     if dist == "vmf":
