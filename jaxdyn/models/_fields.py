@@ -244,16 +244,7 @@ class SphereAttention(AbstractQKVModel):
         self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection, a_i = V Σ_j w_ij x_j.
-
-        Args:
-          t: time (unused: the field is autonomous).
-          x: (N, d) points.
-          args: unused.
-
-        Returns:
-          (N, d) array a, with ``self(t, x) = P⊥(x) a``.
-        """
+        """a_i = V Σ_j w_ij x_j for x of shape (N, d): the field before the tangent projection."""
         m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
                         kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
         return jnp.matmul(m, self.V.T, precision=HIGHEST)
@@ -279,16 +270,7 @@ class ZeroTemperature(AbstractQKVModel):
         self.Q, self.K, self.V = _qkv(Q, K, V)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection, V Bᵀx / |Bᵀx|.
-
-        Args:
-          t: time (unused).
-          x: (N, d) points.
-          args: unused.
-
-        Returns:
-          (N, d) array.
-        """
+        """V Bᵀx / |Bᵀx| row-wise: the zero-temperature field before the tangent projection."""
         bx = jnp.matmul(x, self.B, precision=HIGHEST)  # rows: (Bᵀ x_i)ᵀ
         y = bx / jnp.linalg.norm(bx, axis=-1, keepdims=True)
         return jnp.matmul(y, self.V.T, precision=HIGHEST)
@@ -393,16 +375,7 @@ class EuclideanAttention(AbstractParticleModel):
         return EuclideanAttention(A, B, V, b, activation=self.activation, kernel=self.kernel)
 
     def __call__(self, t, x, args=None):
-        """ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j (the class docstring).
-
-        Args:
-          t: time.
-          x: (N, d) points.
-          args: unused.
-
-        Returns:
-          dx/dt, shape (N, d).
-        """
+        """ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j for x of shape (N, d) (class docstring)."""
         A, B, V, b = self.params(t)
         # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
         m = interaction(x, x, B.T, 1.0, kernel=self.kernel)

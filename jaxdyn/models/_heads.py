@@ -171,14 +171,5 @@ class MultiHeadAttention(AbstractAttentionModel):
             q_block=self.q_block)
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection, Σ_h V_h m_hi.
-
-        Args:
-          t: time (unused).
-          x: (N, d) points.
-          args: unused.
-
-        Returns:
-          (N, d) array.
-        """
+        """Σ_h V_h m_hi for x of shape (N, d): the field before the tangent projection."""
         return jnp.einsum("hne,hde->nd", self.head_averages(x), self.V, precision=HIGHEST)

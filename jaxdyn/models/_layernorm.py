@@ -24,6 +24,7 @@ flagged ``nonfinite``.
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar, Mapping
 
 import jax
@@ -55,8 +56,12 @@ def attention_output(field, t, x, args=None):
 class AbstractNormPlacement(AbstractParticleModel):
     """A LayerNorm placement around an attention field (module docstring).
 
+    A placement on the sphere is ẋ_i = P⊥(x_i) output(A_i(x)); one in R^d is
+    ż_i = output(A_i(z/|z|)).
+
     Attributes:
-      field: the attention field (a particle model).
+      field: the attention field (a particle model); a field that is not one raises a
+        ValueError when the placement is built.
       placement: class attribute, the placement's name (one of ``PLACEMENTS``).
     """
 
@@ -78,6 +83,14 @@ class AbstractNormPlacement(AbstractParticleModel):
     def dim(self) -> int:
         """The dimension d of the field."""
         return self.field.dim
+
+    @abc.abstractmethod
+    def output(self, a):
+        """The map the placement applies to the attention output A (after the block).
+
+        Args:
+          a: (N, d) attention output.
+        """
 
     @staticmethod
     def radius(z):
@@ -104,88 +117,69 @@ class AbstractNormPlacement(AbstractParticleModel):
         return normalize(z)
 
 
-class PostLN(AbstractNormPlacement, AbstractSphereModel):
+class _SpherePlacement(AbstractNormPlacement, AbstractSphereModel):
+    """A placement on the sphere: ẋ_i = P⊥(x_i) output(A_i(x))."""
+
+    manifold: ClassVar[str] = "sphere"
+
+    def ambient(self, t, x, args=None):
+        """output(A(x)), the field before the tangent projection."""
+        return self.output(attention_output(self.field, t, x, args))
+
+
+class _RadialPlacement(AbstractNormPlacement):
+    """A placement in R^d, the attention seeing the directions: ż_i = output(A_i(z/|z|))."""
+
+    manifold: ClassVar[str] = "euclidean"
+
+    def __call__(self, t, z, args=None):
+        """ż = output(A(z/|z|)) for states z of shape (N, d), any radius."""
+        return self.output(attention_output(self.field, t, normalize(z), args))
+
+
+class PostLN(_SpherePlacement):
     """Post-LN: ẋ_i = P⊥(x_i) A_i(x) on the sphere (the engine's SphereAttention dynamics).
 
     Args:
-      field: the attention field.
-
-    Raises:
-      ValueError: if ``field`` is not a particle model.
+      field: the attention field A (a particle model).
     """
 
-    manifold: ClassVar[str] = "sphere"
     placement: ClassVar[str] = "postln"
 
-    def ambient(self, t, x, args=None):
-        """A(x), the field before the tangent projection.
-
-        Args:
-          t: time.
-          x: (N, d) points on the sphere.
-          args: passed on.
-
-        Returns:
-          (N, d) array.
-        """
-        return attention_output(self.field, t, x, args)
+    def output(self, a):
+        """The attention output unchanged."""
+        return a
 
 
-class PreLN(AbstractNormPlacement):
-    """Pre-LN: ż_i = A_i(z/|z|) in R^d (the radius r_i = |z_i| evolves).
+class PreLN(_RadialPlacement):
+    """Pre-LN: ż_i = A_i(z/|z|) in R^d (the radius r_i = |z_i| evolves and slows the angles).
 
     Args:
-      field: the attention field.
-
-    Raises:
-      ValueError: if ``field`` is not a particle model.
+      field: the attention field A, seen at the directions z/|z|.
     """
 
-    manifold: ClassVar[str] = "euclidean"
     placement: ClassVar[str] = "preln"
 
-    def __call__(self, t, z, args=None):
-        """ż = A(z/|z|).
-
-        Args:
-          t: time.
-          z: (N, d) states in R^d.
-          args: passed on.
-
-        Returns:
-          dz/dt, shape (N, d).
-        """
-        return attention_output(self.field, t, normalize(z), args)
+    def output(self, a):
+        """A itself: no norm after the block."""
+        return a
 
 
-class PeriLN(AbstractNormPlacement):
+class PeriLN(_RadialPlacement):
     """Peri-LN: ż_i = Â_i, Â = A/|A|, A evaluated at z/|z| (in R^d).
 
     Args:
-      field: the attention field.
-
-    Raises:
-      ValueError: if ``field`` is not a particle model.
+      field: the attention field A; its output is normalised again after the block.
     """
 
-    manifold: ClassVar[str] = "euclidean"
     placement: ClassVar[str] = "periln"
 
-    def __call__(self, t, z, args=None):
-        """ż = Â(z/|z|), Â = A/|A|.
-
-        Args:
-          t: time.
-          z: (N, d) states in R^d.
-          args: passed on.
-
-        Returns:
-          dz/dt, shape (N, d), unit rows.
-        """
-        return normalize(attention_output(self.field, t, normalize(z), args))
+    def output(self, a):
+        """Â = A/|A|, row-wise."""
+        return normalize(a)
 
 
-class NGPT(AbstractNormPlacement, AbstractSphereModel):
+class NGPT(_SpherePlacement):
     """nGPT: ẋ_i = α P⊥(x_i) A_i/|A_i| on the sphere (α an array leaf).
 
     Args:
@@ -198,7 +192,6 @@ class NGPT(AbstractNormPlacement, AbstractSphereModel):
         and > 0.
     """
 
-    manifold: ClassVar[str] = "sphere"
     placement: ClassVar[str] = "ngpt"
     domains: ClassVar[Mapping[str, Domain]] = {"alpha": Domain("positive", 0, "nGPT step size")}
     alpha: jax.Array
@@ -207,18 +200,9 @@ class NGPT(AbstractNormPlacement, AbstractSphereModel):
         self.field = field
         self.alpha = parameter(NGPT, "alpha", alpha, float_dtype(*jax.tree.leaves(field)))
 
-    def ambient(self, t, x, args=None):
-        """α A(x)/|A(x)|, the field before the tangent projection.
-
-        Args:
-          t: time.
-          x: (N, d) points on the sphere.
-          args: passed on.
-
-        Returns:
-          (N, d) array.
-        """
-        return self.alpha * normalize(attention_output(self.field, t, x, args))
+    def output(self, a):
+        """α A/|A|, row-wise."""
+        return self.alpha * normalize(a)
 
 
 _CLASSES = {"postln": PostLN, "preln": PreLN, "periln": PeriLN, "ngpt": NGPT}

@@ -170,16 +170,7 @@ class DepthAttention(AbstractAttentionModel):
         return jnp.einsum("hne,hde->nd", m, self.V[l], precision=HIGHEST) + self.c[l]
 
     def ambient(self, t, x, args=None):
-        """The field before the tangent projection: the ambient field of the layer l(t).
-
-        Args:
-          t: time.
-          x: (N, d) points.
-          args: unused.
-
-        Returns:
-          (N, d) array.
-        """
+        """The ambient field of the layer l(t) acting at time t (before the tangent projection)."""
         return self.layer_ambient(self.layer(t), x)
 
 
