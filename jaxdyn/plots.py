@@ -1,8 +1,11 @@
-"""Figures (matplotlib, Agg backend). Plain Python around the results; the core never
-imports this module."""
+"""Figures (matplotlib, Agg backend).
+
+Plain Python around the results; the core never imports this module.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib
@@ -18,8 +21,15 @@ def pyplot():
 
 
 def save(fig, path):
-    """Write ``fig`` to ``path`` (atomically: a temporary file, then a rename), close it and
-    return the path."""
+    """Write ``fig`` to ``path`` as PNG (atomically: a temporary file, then a rename) and close it.
+
+    Args:
+      fig: a matplotlib Figure.
+      path: the file to write.
+
+    Returns:
+      The path written.
+    """
     import io
 
     from .io import atomic_write_bytes
@@ -65,51 +75,98 @@ def ellipse(ax, m, S, **kw):
     ax.plot(pts[0], pts[1], **kw)
 
 
-def _style(ax, *, xlabel, ylabel, title, logx, logy, title_size=None):
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, **({} if title_size is None else {"fontsize": title_size}))
-    ax.grid(alpha=0.3)
+@dataclasses.dataclass(frozen=True)
+class Axes:
+    """Labels and scales of one plot.
+
+    Attributes:
+      xlabel: the x axis's label.
+      ylabel: the y axis's label.
+      title: the title.
+      logx: a logarithmic x axis.
+      logy: a logarithmic y axis.
+      title_size: the title's font size (None: matplotlib's).
+    """
+
+    xlabel: str = ""
+    ylabel: str = ""
+    title: str = ""
+    logx: bool = False
+    logy: bool = False
+    title_size: float | None = None
+
+    def apply(self, ax):
+        """Label and scale ``ax``, with a light grid.
+
+        Args:
+          ax: a matplotlib Axes.
+        """
+        if self.logx:
+            ax.set_xscale("log")
+        if self.logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(self.xlabel)
+        ax.set_ylabel(self.ylabel)
+        ax.set_title(self.title, **({} if self.title_size is None else {"fontsize": self.title_size}))
+        ax.grid(alpha=0.3)
 
 
-def curves(x, ys: dict, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
-           reference: dict | None = None, cmap="viridis"):
-    """One curve per entry of ``ys`` (label -> y), coloured along a colormap; optional
-    dashed reference curves (label -> (x, y))."""
+def curves(x, ys: dict, path, *, reference: dict | None = None, cmap="viridis", **labels):
+    """One curve per entry of ``ys``, coloured along a colormap, with dashed reference curves.
+
+    Args:
+      x: the abscissae.
+      ys: label → ordinates.
+      path: the PNG to write.
+      reference: label → ``(x, y)`` of dashed reference curves.
+      cmap: the colormap.
+      **labels: the fields of :class:`Axes` (``xlabel``, ``ylabel``, ``title``, ``logx``, ``logy``).
+
+    Returns:
+      The path written.
+    """
+    axes = Axes(**labels)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colors = plt.get_cmap(cmap)(np.linspace(0.05, 0.9, max(len(ys), 1)))
     for (label, y), c in zip(ys.items(), colors):
         ax.plot(x, y, color=c, label=label, lw=1.6)
     for label, (xr, yr) in (reference or {}).items():
         ax.plot(xr, yr, "k--", lw=1.2, label=label)
-    _style(ax, xlabel=xlabel, ylabel=ylabel, title=title, logx=logx, logy=logy)
+    axes.apply(ax)
     ax.legend(fontsize=7, ncol=2 if len(ys) > 6 else 1)
     return save(fig, path)
 
 
-def scatter_fit(x, y, path, *, xlabel="", ylabel="", title="", logx=False, logy=False,
-                reference=None, line=False):
-    """Points with, optionally, a least-squares line (in the plotted axes) and a reference
-    curve ``(x, y, label)``."""
+def scatter_fit(x, y, path, *, reference=None, line=False, **labels):
+    """Points with, optionally, a least-squares line (in the plotted axes) and a reference curve.
+
+    Args:
+      x: the abscissae.
+      y: the ordinates.
+      path: the PNG to write.
+      reference: ``(x, y, label)`` of a dashed reference curve.
+      line: draw the least-squares line (on the log scales where the axes are logarithmic).
+      **labels: the fields of :class:`Axes`.
+
+    Returns:
+      The path written.
+    """
+    axes = Axes(**{"title_size": 10, **labels})
     x, y = np.asarray(x, float), np.asarray(y, float)
     fig, ax = plt.subplots(figsize=(5.6, 4.0))
     ax.plot(x, y, "o", color="C0", label="measured")
-    ok = np.isfinite(x) & np.isfinite(y) & ((y > 0) if logy else True) & ((x > 0) if logx else True)
+    ok = np.isfinite(x) & np.isfinite(y) & ((y > 0) if axes.logy else True) & ((x > 0) if axes.logx else True)
     if line and ok.sum() >= 2:
-        fx = np.log(x[ok]) if logx else x[ok]
-        fy = np.log(y[ok]) if logy else y[ok]
+        fx = np.log(x[ok]) if axes.logx else x[ok]
+        fy = np.log(y[ok]) if axes.logy else y[ok]
         s, c = np.polyfit(fx, fy, 1)
         xs = np.linspace(fx.min(), fx.max(), 50)
-        ax.plot(np.exp(xs) if logx else xs, np.exp(s * xs + c) if logy else s * xs + c, "C0-",
+        ax.plot(np.exp(xs) if axes.logx else xs, np.exp(s * xs + c) if axes.logy else s * xs + c, "C0-",
                 alpha=0.6, label=f"fit, slope {s:.3g}")
     if reference is not None:
         rx, ry, rl = reference
         ax.plot(rx, ry, "k--", label=rl)
-    _style(ax, xlabel=xlabel, ylabel=ylabel, title=title, logx=logx, logy=logy, title_size=10)
+    axes.apply(ax)
     ax.legend(fontsize=8)
     return save(fig, path)
 
@@ -132,14 +189,24 @@ def mass_fractions(t, betas, mass_E, mass_V, path, *, angle, title=""):
     return save(fig, path)
 
 
-def heatmaps(x, y, panels: dict, path, *, xlabel="", ylabel="", title="", cbar_labels=None,
-             log_panels=()):
-    """One heat map a panel, side by side: ``panels`` maps a panel title to a (len(y), len(x))
-    array drawn with ``pcolormesh`` on the grid (x, y) (e.g. t across, β up, as the rotf
-    phase diagrams); ``cbar_labels`` names each panel's colour bar; panels whose index is in
-    ``log_panels`` use a logarithmic colour scale (positive data)."""
+def heatmaps(x, y, panels: dict, path, *, cbar_labels=None, log_panels=(), **labels):
+    """One heat map a panel, side by side.
+
+    Args:
+      x: the grid's abscissae (e.g. t across).
+      y: the grid's ordinates (e.g. β up, as the rotf phase diagrams).
+      panels: a panel title → a (len(y), len(x)) array drawn with ``pcolormesh``.
+      path: the PNG to write.
+      cbar_labels: each panel's colour-bar label.
+      log_panels: indices of the panels with a logarithmic colour scale (positive data).
+      **labels: ``xlabel``, ``ylabel`` (every panel) and ``title`` (the figure's).
+
+    Returns:
+      The path written.
+    """
     from matplotlib.colors import LogNorm
 
+    title = labels.pop("title", "")
     k = len(panels)
     fig, axes = plt.subplots(1, k, figsize=(5.2 * k, 4.0), squeeze=False)
     for i, (name, z) in enumerate(panels.items()):
@@ -148,11 +215,10 @@ def heatmaps(x, y, panels: dict, path, *, xlabel="", ylabel="", title="", cbar_l
         norm = LogNorm(vmin=np.nanmin(z), vmax=np.nanmax(z)) if i in log_panels else None
         mesh = ax.pcolormesh(np.asarray(x), np.asarray(y), z, shading="nearest",
                              cmap="viridis", norm=norm)
-        ax.grid(False)
         cb = fig.colorbar(mesh, ax=ax)
         if cbar_labels:
             cb.set_label(cbar_labels[i])
-        _style(ax, xlabel=xlabel, ylabel=ylabel, title=name, logx=False, logy=False)
+        Axes(**labels, title=name).apply(ax)
         ax.grid(False)
     if title:
         fig.suptitle(title)
@@ -166,7 +232,20 @@ def particle_movie(xs, ts, path, *, title="", fps=8, colors=None):
     wire-frame sphere (d > 3: the first three coordinates). The format follows the suffix of
     ``path``: ``.gif`` (pillow, always available with matplotlib) or ``.mp4`` (needs the
     ``ffmpeg`` program; without it a ``.gif`` is written beside and its path returned).
-    Returns the path written.
+
+    Args:
+      xs: (S, N, d) saved particles, d >= 2.
+      ts: (S,) their times.
+      path: the file to write (``.gif`` or ``.mp4``).
+      title: the frames' title (the time is appended).
+      fps: frames per second.
+      colors: one colour value in [0, 1] a particle (default: by index).
+
+    Returns:
+      The path written.
+
+    Raises:
+      ValueError: ``xs`` and ``ts`` of the wrong shapes.
     """
     from matplotlib import animation
 
@@ -207,7 +286,8 @@ def particle_movie(xs, ts, path, *, title="", fps=8, colors=None):
         ax.set_axis_off()
 
         def draw(k):
-            sc._offsets3d = (xs[k, :, 0], xs[k, :, 1], xs[k, :, 2])
+            sc.set_offsets(xs[k, :, :2])
+            sc.set_3d_properties(xs[k, :, 2], "z")
             ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
             return (sc,)
 

@@ -1,4 +1,4 @@
-"""Issue 18's first experience: an instant CLI (what `--help` imports), the persistent
+"""The first experience: an instant CLI (what `--help` imports), the persistent
 compilation cache (in a temporary folder: the user's cache is never written), the timings in
 summary.json, the progress bar within a chunk, and stack_models on the host.
 Speed itself is measured in benchmarks/bench_startup.py, not here."""
@@ -182,8 +182,8 @@ def test_progress_moves_within_a_chunk():
     with progress.within_chunk(seen.append):
         progress.plan(integrate=3, w2=1)
         progress.stage("integrate")
-        (xs,), fin = segments.integrate_segments(models, x0, _frames, t1=0.8, dt=0.1, save_every=1,
-                                                 method="euler", max_steps_per_call=2)
+        (xs,), fin = segments.integrate_segments(
+            models, x0, _frames, schedule=segments.Schedule(0.8, 0.1, 1, "euler", max_steps_per_call=2))
         progress.stage("w2")
         for j in range(4):
             progress.advance(j + 1, 4)

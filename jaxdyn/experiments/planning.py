@@ -207,7 +207,7 @@ def estimate_memory(cfg: dict, kind, plan: Plan, devices: tuple[int, int], base_
 
     Args:
       cfg: a resolved config.
-      kind: the experiment kind (its optional ``output_bytes``).
+      kind: the experiment kind (its ``output_bytes``).
       plan: the run's plan.
       devices: ``(devices a chunk spans, devices of this process)``.
       base_rss: bytes the process holds already.
@@ -215,7 +215,7 @@ def estimate_memory(cfg: dict, kind, plan: Plan, devices: tuple[int, int], base_
     Returns:
       The :class:`MemoryEstimate`.
     """
-    out_bytes = sum(int(getattr(kind, "output_bytes", lambda pc: 0)(point_config(cfg, p)))
+    out_bytes = sum(int(kind.output_bytes(point_config(cfg, p)))
                     for p in plan.points)
     n_dev, local = devices
     allowance = RUNTIME_ALLOWANCE + RUNTIME_ALLOWANCE_PER_DEVICE * (local - 1)

@@ -129,22 +129,70 @@ def uses_ensemble(pc) -> bool:
             and pc["n"] <= FASTER_MAX_PARTICLES and pc["method"] in ENSEMBLE_METHODS)
 
 
+def schedule(pc: dict, max_steps_per_call: int = MAX_STEPS_PER_CALL) -> segments.Schedule:
+    """The segments of a point's integration.
+
+    Args:
+      pc: a point config.
+      max_steps_per_call: the longest segment.
+
+    Returns:
+      The :class:`segments.Schedule` (``ensemble`` as :func:`uses_ensemble`).
+    """
+    return segments.Schedule(pc["t1"], pc["dt"], pc["save_every"], pc["method"],
+                             ensemble=uses_ensemble(pc), max_steps_per_call=max_steps_per_call)
+
+
 def integrate_chunk(pcs, frame_fn, extra=(), consts=(), max_steps_per_call: int = MAX_STEPS_PER_CALL):
-    """Integrate a chunk of sphere points (sharing every static field) with
-    :func:`segments.integrate_segments`: the chunk's stacked models (:func:`models_for`), its
+    """Integrate a chunk of sphere points (sharing every static field) in segments.
+
+    :func:`segments.integrate_segments` with the chunk's stacked models (:func:`models_for`), its
     initial clouds (:func:`initial_clouds`), ``simulate_ensemble`` when :func:`uses_ensemble`.
 
-    ``frame_fn(model, xs, *extra, *consts)``: ``extra`` are arrays with a leading point axis
-    (per-system data such as Π(x0)); ``consts`` are arrays shared by all systems (broadcast
-    to every system, not closed over, so that chunks share the compiled programs).
+    Args:
+      pcs: the chunk's point configs.
+      frame_fn: ``frame_fn(model, xs, *extra, *consts)``.
+      extra: arrays with a leading point axis (per-system data such as Π(x0)).
+      consts: arrays shared by all systems (broadcast to every system, not closed over, so that
+        chunks share the compiled programs).
+      max_steps_per_call: the longest segment.
 
-    Returns (outputs, finite): outputs a tuple of NumPy arrays (P, S_total, ...) over all
-    saved times (``save_times``), finite a (P,) bool array.
+    Returns:
+      ``(outputs, finite)``: outputs a tuple of NumPy arrays (P, S_total, ...) over all saved
+      times (``save_times``), finite a (P,) bool array.
     """
-    p0 = pcs[0]
     P = len(pcs)
     extra = tuple(extra) + tuple(segments.host_broadcast(c, P) for c in consts)
-    return segments.integrate_segments(
-        models_for(pcs), initial_clouds(pcs), frame_fn, extra, t1=p0["t1"], dt=p0["dt"],
-        save_every=p0["save_every"], method=p0["method"], ensemble=uses_ensemble(p0),
-        max_steps_per_call=max_steps_per_call)
+    return segments.integrate_segments(models_for(pcs), initial_clouds(pcs), frame_fn, extra,
+                                       schedule=schedule(pcs[0], max_steps_per_call))
+
+
+def segment_steps(pc: dict, frame_fn, extra=(), consts=()) -> dict:
+    """The device computation of a sphere point: its first segment and the segment's frames.
+
+    Args:
+      pc: a point config.
+      frame_fn: the kind's frame function.
+      extra: arrays with a leading point axis of length 1 (the point's per-system data).
+      consts: arrays shared by all systems.
+
+    Returns:
+      ``{"segment": StepFunction}``: :func:`segments.segment_step` of one system (its model and
+      cloud), or :func:`segments.ensemble_step` of a batch of one when :func:`uses_ensemble`.
+    """
+    import equinox as eqx
+
+    from .kinds import StepFunction
+
+    sched = schedule(pc)
+    dt, bounds = sched.bounds()
+    steps = bounds[1] - bounds[0] if len(bounds) > 1 else 0
+    models, x0s = models_for([pc]), initial_clouds([pc])
+    batch = (models, x0s, *extra, *(segments.host_broadcast(c, 1) for c in consts))
+    x64 = pc["dtype"] == "float64"
+    if sched.ensemble and steps:
+        fn = segments.ensemble_step(frame_fn, steps, dt, sched.save_every, sched.method)
+        return {"segment": StepFunction(fn, batch, x64)}
+    one = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, batch)
+    fn = segments.segment_step(frame_fn, steps, dt, sched.save_every, sched.method)
+    return {"segment": StepFunction(fn, one, x64)}

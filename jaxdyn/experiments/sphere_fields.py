@@ -116,7 +116,7 @@ SPHERE_FIELDS = {
 }
 
 
-# ---- attention variants (issue 15: heads, masks, positions, attention weights) ----------
+# ---- attention variants: heads, masks, positions, attention weights -------------------
 # Fields of the sphere kind (not of concentration); a point with their defaults runs the
 # plain SphereAttention exactly as before, any other value a MultiHeadAttention.
 POSITIONS = ("none", "alibi", "rope")

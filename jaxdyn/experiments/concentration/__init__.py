@@ -15,17 +15,8 @@ slope of sqrt(log(β+1)/β) on the same β; (b) argmin_t W2 against log β (slop
 (c) the time at which mass_V overtakes mass_E, per β, if it does.
 """
 
-from .. import lazy_names
-from .schema import BATCH_AXES, SCHEMA, W2_METHODS, check, estimate_bytes, output_bytes, spectral_info
+from ..kinds import kind_exports
+from .schema import (BATCH_AXES, SCHEMA, W2_METHODS, check, estimate_bytes,
+                     output_bytes, spectral_info)
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "run_points": "run",
-    "analyse": "summary",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "W2_METHODS", "check", "estimate_bytes", "output_bytes",
-           "spectral_info", "run_points", "summarize", "analyse", "plot"]
+__getattr__, __all__ = kind_exports(__name__, ("W2_METHODS", "spectral_info"), lazy_extra={"analyse": "summary"})

@@ -84,7 +84,9 @@ def _w2_exact_frames(xs, target, on_frame=lambda j: None):
     return np.asarray(out)
 
 
-def run_points(pcs):
+def _frame_inputs(pcs):
+    """Π (in the particles' dtype), a basis of E(V), the 'near' angle, and the targets Π(x_i(0))
+    of a chunk: the frame function's extra arrays and constants."""
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     pi, basis_V = spectral_info(p0)
@@ -93,12 +95,49 @@ def run_points(pcs):
     bV = np.asarray(basis_V, dtype)
     near = np.asarray(math.radians(p0["near_angle_deg"]), dtype)
     targets = _project(pi, sc.initial_clouds(pcs))  # Π(x_i(0))
+    return pi, basis_V, (targets,), (pi.projector, pi.basis, bV, near)
+
+
+def step_functions(pc):
+    """The device computations of a point: its segment with the W2/Lyapunov/mass frames, and
+    the debiased Sinkhorn W2 of a frame when ``w2_methods`` has ``sinkhorn``.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``{"segment": ...}`` (:func:`sphere_common.segment_steps`), with ``"w2_sinkhorn"``.
+    """
+    from ..kinds import StepFunction
+
+    _, _, extra, consts = _frame_inputs([pc])
+    steps = sc.segment_steps(pc, _frames, extra, consts)
+    if "sinkhorn" in pc["w2_methods"]:
+        x0 = np.asarray(sc.initial_clouds([pc])[0])
+        steps["w2_sinkhorn"] = StepFunction(w2_sinkhorn, (x0, np.asarray(extra[0][0])),
+                                            pc["dtype"] == "float64")
+    return steps
+
+
+def run_points(pcs):
+    """Compute a chunk of points (module doc).
+
+    Args:
+      pcs: the chunk's point configs.
+
+    Returns:
+      ``(vars, coords)`` (the engine's contract).
+    """
+    p0 = pcs[0]
+    dtype = sc.np_dtype(p0)
+    pi, basis_V, extra, consts = _frame_inputs(pcs)
+    (targets,) = extra
+    near = consts[3]
     if {"exact", "sinkhorn"} & set(p0["w2_methods"]):
         progress.plan(integrate=2, w2=1)
     progress.stage("integrate")
 
-    (xs_np, coup, Lmean, Lmed, mE, mV), finite = sc.integrate_chunk(
-        pcs, _frames, (targets,), consts=(pi.projector, pi.basis, bV, near))
+    (xs_np, coup, Lmean, Lmed, mE, mV), finite = sc.integrate_chunk(pcs, _frames, extra, consts=consts)
     tg_np = np.asarray(targets)
     ts = sc.save_times(p0)
     k = np.arange(0, len(ts), p0["w2_every"])

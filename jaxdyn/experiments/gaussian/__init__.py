@@ -39,24 +39,10 @@ blow-up before t1 where ``T* = t1``; blow-up ever iff ``vc > 0`` and ``vcλmax >
 Colour: the numerical blow-up time, and ``tr Σ(t1)`` where there is none.
 """
 
-from .. import lazy_names
-from .schema import (BATCH_AXES, PHASE_SCHEMA, SCHEMA, check, estimate_bytes, output_bytes,
-                     parameters)
+from ..kinds import kind_exports
+from .schema import (BATCH_AXES, PHASE_SCHEMA, SCHEMA, check, estimate_bytes,
+                     output_bytes, parameters)
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "closed_form": "run",
-    "closure": "run",
-    "make_model": "run",
-    "run_particles": "run",
-    "run_points": "run",
-    "relu_first_order": "summary",
-    "summarize": "summary",
-    "zscores": "summary",
-})
-
-__all__ = ["SCHEMA", "PHASE_SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes",
-           "parameters", "make_model", "run_particles", "closure", "closed_form", "run_points",
-           "summarize", "zscores", "relu_first_order", "plot"]
+__getattr__, __all__ = kind_exports(__name__, ("PHASE_SCHEMA", "parameters"), lazy_extra={
+    "closed_form": "run", "closure": "run", "make_model": "run", "run_particles": "run",
+    "relu_first_order": "summary", "zscores": "summary"})

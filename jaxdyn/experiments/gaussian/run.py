@@ -3,6 +3,7 @@ Gaussian closure and its closed forms (:mod:`jaxdyn.gaussian`), and the phase di
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -39,25 +40,55 @@ def _stats_frames(n_snapshot: int):
     return functools.partial(_frames_stats, n_snapshot=n_snapshot)
 
 
-def run_particles(model, x0s, *, t1, dt, save_every, method="rk4", n_directions=16,
-                  snapshot_index=(), snapshot_particles=0):
-    """Integrate a batch of clouds ``x0s`` (P, N, d) under one particle model and return
-    per-frame statistics at the saved times (``save_every`` steps of ``dt``) without keeping
-    the trajectories: a dict of NumPy arrays with leading axes (P, S) — ``mean``, ``cov``,
-    ``radius``, ``skew``, ``kurt`` (see :func:`jaxdyn.gaussian.cloud_stats`), ``snapshots``
-    (P, len snapshot_index, snapshot_particles, d) — plus ``ts`` (S,) and ``finite`` (P,).
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What the particle runs record at each saved time besides the moments.
+
+    Attributes:
+      n_directions: projections for skewness and kurtosis (:func:`jaxdyn.gaussian.cloud_stats`).
+      snapshot_index: saved-time indices whose particles are kept.
+      snapshot_particles: particles kept per snapshot (the first ones).
+    """
+
+    n_directions: int = 16
+    snapshot_index: tuple = ()
+    snapshot_particles: int = 0
+
+
+def _particle_inputs(model, x0s, record: Record):
+    """The stacked models, the frame function and its directions of a batch of clouds."""
+    P, n, d = x0s.shape
+    models = jax.tree.map(lambda a: segments.host_broadcast(a, P) if eqx.is_array(a) else a, model)
+    dirs = segments.host_broadcast(directions(d, record.n_directions, x0s.dtype), P)
+    return models, _stats_frames(int(min(record.snapshot_particles, n))), (dirs,)
+
+
+def run_particles(model, x0s, *, t1, dt, save_every, method="rk4", record: Record = Record()):
+    """Integrate a batch of clouds under one particle model; per-frame statistics at saved times.
 
     The run goes through the experiments' one chunk integrator
     (:func:`..segments.integrate_segments`: sharded over devices, segments of at most
-    ``MAX_STEPS_PER_CALL`` steps); the model is broadcast to every cloud.
+    ``MAX_STEPS_PER_CALL`` steps); the model is broadcast to every cloud. The trajectories are
+    not kept.
+
+    Args:
+      model: the particle model (:func:`make_model`).
+      x0s: (P, N, d) initial clouds.
+      t1: final time.
+      dt: the step.
+      save_every: steps between saved times.
+      method: the fixed-step method.
+      record: what else to record (:class:`Record`).
+
+    Returns:
+      A dict of NumPy arrays with leading axes (P, S): ``mean``, ``cov``, ``radius``, ``skew``,
+      ``kurt`` (see :func:`jaxdyn.gaussian.cloud_stats`), ``snapshots`` (P, len snapshot_index,
+      snapshot_particles, d), plus ``ts`` (S,) and ``finite`` (P,).
     """
-    P, n, d = x0s.shape
-    models = jax.tree.map(lambda a: segments.host_broadcast(a, P) if eqx.is_array(a) else a, model)
-    dirs = segments.host_broadcast(directions(d, n_directions, x0s.dtype), P)
-    frames = _stats_frames(int(min(snapshot_particles, n)))
-    cat, finite = segments.integrate_segments(models, x0s, frames, (dirs,), t1=t1, dt=dt,
-                                              save_every=save_every, method=method)
-    snap = np.asarray(snapshot_index, int)
+    models, frames, extra = _particle_inputs(model, x0s, record)
+    cat, finite = segments.integrate_segments(
+        models, x0s, frames, extra, schedule=segments.Schedule(t1, dt, save_every, method))
+    snap = np.asarray(record.snapshot_index, int)
     return dict(mean=cat[0], cov=cat[1], radius=cat[2], skew=cat[3], kurt=cat[4],
                 snapshots=cat[5][:, snap] if snap.size else cat[5][:, :0],
                 ts=segments.save_times(t1, dt, save_every), finite=finite)
@@ -80,14 +111,37 @@ def _key(p, ts, *extra):
             np.asarray(ts, np.float64).tobytes()) + extra
 
 
+def _closure_fn(ts, rtol, atol, blowup_threshold):
+    """The closure's solve (:func:`solve_moments`, saved at ``ts``) as a function of its
+    parameters ``(m0, S0, A, B, V, b)``."""
+    def solve(m0, S0, A, B, V, b):
+        return solve_moments(m0, S0, A=A, B=B, V=V, b=b, t1=float(ts[-1]),
+                             saveat=jnp.asarray(ts, S0.dtype), rtol=rtol, atol=atol,
+                             blowup_threshold=blowup_threshold)
+
+    return solve
+
+
+def _closure_args(p, dtype):
+    return tuple(jnp.asarray(p[k], dtype) for k in ("m0", "S0", "A", "B", "V", "b"))
+
+
 def closure(p, ts, *, dtype=np.float64, rtol=1e-10, atol=1e-12, blowup_threshold=1e6):
-    """The identity model's Gaussian closure at times ``ts``: ``(mean (S, d), cov (S, d, d),
-    status, blowup_time)`` (NaN at and after a blow-up), via :func:`solve_moments`."""
+    """The identity model's Gaussian closure at times ``ts`` (memoised per process).
+
+    Args:
+      p: the parameters (:func:`.schema.parameters`).
+      ts: the saved times.
+      dtype: the solve's floating type.
+      rtol: relative tolerance.
+      atol: absolute tolerance.
+      blowup_threshold: the solve stops at ‖Σ‖ ≥ threshold·max(‖S0‖, 1).
+
+    Returns:
+      ``(mean (S, d), cov (S, d, d), status, blowup_time)`` (NaN at and after a blow-up).
+    """
     def solve():
-        c = lambda k: jnp.asarray(p[k], dtype)  # noqa: E731
-        sol = solve_moments(c("m0"), c("S0"), A=c("A"), B=c("B"), V=c("V"), b=c("b"),
-                            t1=float(ts[-1]), saveat=jnp.asarray(ts, dtype), rtol=rtol, atol=atol,
-                            blowup_threshold=blowup_threshold)
+        sol = _closure_fn(ts, rtol, atol, blowup_threshold)(*_closure_args(p, dtype))
         return (np.asarray(sol.mean, np.float64), np.asarray(sol.cov, np.float64),
                 int(sol.status), float(sol.blowup_time))
 
@@ -118,27 +172,40 @@ def grid_values(spec):
     return np.linspace(float(spec[0]), float(spec[1]), int(spec[2]))
 
 
+def _phase_inputs(pc):
+    """The phase diagram's grid (a, c) and the batch ``(m0, S0, A, B, V, b)`` of its points."""
+    dt = dtype_of(pc)
+    p = parameters(pc)
+    eye = np.eye(pc["d"])
+    ph = pc["phase"]
+    a, c = grid_values(ph["a"]), grid_values(ph["c"])
+    aa, cc = np.meshgrid(a, c, indexing="ij")
+    A = (aa.reshape(-1, 1, 1) * eye).astype(dt)
+    B = (cc.reshape(-1, 1, 1) * eye).astype(dt)
+    V = np.broadcast_to(ph["v"] * eye, A.shape).astype(dt)
+    return (a, c), (p["m0"].astype(dt), p["S0"].astype(dt), A, B, V, p["b"].astype(dt))
+
+
+def _phase_fn(pc):
+    """:func:`solve_moments_batch` of the phase diagram as a function of ``(m0, S0, A, B, V, b)``."""
+    rtol, atol = tolerances(pc)
+
+    def solve(m0, S0, A, B, V, b):
+        return solve_moments_batch(m0, S0, A=A, B=B, V=V, b=b, t1=pc["t1"], rtol=rtol, atol=atol,
+                                   blowup_threshold=pc["blowup_threshold"])
+
+    return solve
+
+
 def _run_phase(pcs):
     rows = []
     for pc in pcs:
-        dt = dtype_of(pc)
-        p = parameters(pc)
-        d = pc["d"]
-        ph = pc["phase"]
-        a, c = grid_values(ph["a"]), grid_values(ph["c"])
-        aa, cc = np.meshgrid(a, c, indexing="ij")
-        eye = np.eye(d)
-        A = (aa.reshape(-1, 1, 1) * eye).astype(dt)
-        B = (cc.reshape(-1, 1, 1) * eye).astype(dt)
-        V = np.broadcast_to(ph["v"] * eye, A.shape).astype(dt)
-        rtol, atol = tolerances(pc)
-        sol = solve_moments_batch(p["m0"].astype(dt), p["S0"].astype(dt), A=A, B=B, V=V,
-                                  b=p["b"].astype(dt), t1=pc["t1"], rtol=rtol, atol=atol,
-                                  blowup_threshold=pc["blowup_threshold"])
-        shp = aa.shape
+        (a, c), args = _phase_inputs(pc)
+        sol = _phase_fn(pc)(*args)
+        shp = (len(a), len(c))
         status = np.asarray(sol.status).reshape(shp)
         tr = np.trace(np.asarray(sol.cov, np.float64), axis1=-2, axis2=-1).reshape(shp)
-        Tth, trth = phase_theory(p["S0"], a, c, ph["v"], pc["t1"])
+        Tth, trth = phase_theory(parameters(pc)["S0"], a, c, pc["phase"]["v"], pc["t1"])
         rows.append({
             "blowup_time": np.asarray(sol.blowup_time, np.float64).reshape(shp),
             "trace_final": tr, "t_final": np.asarray(sol.t_final, np.float64).reshape(shp),
@@ -153,6 +220,52 @@ def _run_phase(pcs):
     return vars_, {"a": a, "c": c}
 
 
+def _record(pc) -> Record:
+    return Record(pc["n_directions"], tuple(int(i) for i in snapshot_index(pc)), pc["snapshot_particles"])
+
+
+def _clouds(pcs, p, dtype):
+    """(P, N, d) initial clouds from N(m0, S0), keys PRNGKey(seed), stacked on the host."""
+    return jax.device_put(np.stack([  # stacked on the host (jnp.stack: one more program)
+        np.asarray(gaussian_cloud(jax.random.PRNGKey(pc["seed"]), pcs[0]["n"], p["m0"], p["S0"], dtype=dtype))
+        for pc in pcs]))
+
+
+def step_functions(pc):
+    """The device computations of a point.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Study ``trajectory``: ``"segment"`` (one cloud's first segment and its frames,
+      :func:`segments.segment_step`) and ``"closure"`` (:func:`solve_moments` in float64);
+      ``phase_diagram``: ``"moments_batch"`` (:func:`solve_moments_batch` over the grid).
+    """
+    from ..kinds import StepFunction
+
+    if pc["study"] == "phase_diagram":
+        with jax.enable_x64(pc["dtype"] == "float64"):
+            _, args = _phase_inputs(pc)
+            return {"moments_batch": StepFunction(_phase_fn(pc), args, pc["dtype"] == "float64")}
+    with jax.enable_x64(True):
+        dt = dtype_of(pc)
+        p = parameters(pc)
+        x0s = _clouds([pc], p, dt)
+        models, frames, extra = _particle_inputs(make_model(p, pc["activation"], dt, pc["kernel"]),
+                                                 x0s, _record(pc))
+        sdt, bounds = segments.Schedule(pc["t1"], pc["dt"], pc["save_every"], pc["method"]).bounds()
+        steps = bounds[1] - bounds[0] if len(bounds) > 1 else 0
+        one = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, (models, x0s, *extra))
+        rtol, atol = tolerances(pc)
+        return {
+            "segment": StepFunction(segments.segment_step(frames, steps, sdt, pc["save_every"],
+                                                          pc["method"]), one, True),
+            "closure": StepFunction(_closure_fn(save_times(pc), rtol, atol, pc["blowup_threshold"]),
+                                    _closure_args(p, np.float64), True),
+        }
+
+
 def _run_trajectory(pcs):
     p0 = pcs[0]
     dt = dtype_of(p0)
@@ -162,12 +275,9 @@ def _run_trajectory(pcs):
     ts = save_times(p0)
     snap = snapshot_index(p0)
     model = make_model(p, p0["activation"], dt, p0["kernel"])
-    x0s = jax.device_put(np.stack([  # stacked on the host (jnp.stack: one more program)
-        np.asarray(gaussian_cloud(jax.random.PRNGKey(pc["seed"]), p0["n"], p["m0"], p["S0"], dtype=dt))
-        for pc in pcs]))
+    x0s = _clouds(pcs, p, dt)
     res = run_particles(model, x0s, t1=p0["t1"], dt=p0["dt"], save_every=p0["save_every"],
-                        method=p0["method"], n_directions=p0["n_directions"], snapshot_index=snap,
-                        snapshot_particles=p0["snapshot_particles"])
+                        method=p0["method"], record=_record(p0))
     mc, Cc, status, tstar = closure(p, ts, dtype=np.float64, rtol=rtol, atol=atol,
                                     blowup_threshold=p0["blowup_threshold"])
     Ccf, Tcf = closed_form(p, ts)

@@ -10,16 +10,7 @@ exact Gaussian samples of the same size and covariance). Controls: the same arch
 random weights, and a deliberately non-Gaussian map (``model: nongaussian``).
 """
 
-from .. import lazy_names
-from .schema import BATCH_AXES, KEY_METRICS, MODELS, SCHEMA, check, estimate_bytes
+from ..kinds import kind_exports
+from .schema import BATCH_AXES, KEY_METRICS, MODELS, SCHEMA, check, estimate_bytes, output_bytes
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "run_points": "run",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "MODELS", "KEY_METRICS", "check", "estimate_bytes",
-           "run_points", "summarize", "plot"]
+__getattr__, __all__ = kind_exports(__name__, ("MODELS", "KEY_METRICS"))

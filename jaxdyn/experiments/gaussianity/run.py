@@ -9,35 +9,65 @@ import numpy as np
 from .schema import arch_config, load_model, model_path
 
 
+def _encoder(pc):
+    """The point's encoder pass ``fn(params, h0) -> hidden states``, its params, its inputs h0
+    and the key of the profile's directions."""
+    from ...encoder import (encode, encode_deit, encode_modernbert, gaussian_tokens, init_deit,
+                            init_modernbert, nongaussian_stack, random_like)
+
+    k_in, k_w, k_c, k_p = jax.random.split(jax.random.PRNGKey(pc["seed"]), 4)
+    if pc["architecture"] != "bert":  # Paper B's own architectures: random weights only
+        bcfg = arch_config(pc)
+        init, enc = ((init_modernbert, encode_modernbert) if pc["architecture"] == "modernbert"
+                     else (init_deit, encode_deit))
+        params = init(bcfg, k_w) if pc["model"] == "random" else None
+    else:
+        params, bcfg = load_model(str(model_path(pc)))
+        enc = encode
+        if pc["model"] == "random":
+            params = random_like(params, k_w)
+    h0 = gaussian_tokens(k_in, pc["batch"], pc["seq"], bcfg.hidden_size, pc["scale"])
+    if pc["model"] == "nongaussian":
+        def fn(prm, h):
+            return nongaussian_stack(h, k_c, n_layers=bcfg.num_hidden_layers, kind=pc["control_kind"])
+    else:
+        def fn(prm, h):
+            return enc(prm, bcfg, h)
+    return fn, params, h0, k_p
+
+
+def step_functions(pc):
+    """The device computation of a point: the encoder pass of its Gaussian inputs.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``{"encoder": StepFunction}``: the hidden states of every layer from the inputs h0.
+    """
+    from ..kinds import StepFunction
+
+    fn, params, h0, _ = _encoder(pc)
+    return {"encoder": StepFunction(fn, (params, h0))}
+
+
 def run_points(pcs):
-    from ...encoder import (encode, encode_deit, encode_modernbert, gaussian_tokens, gaussianity_profile,
-                            init_deit, init_modernbert, nongaussian_stack, random_like)
+    """Compute a chunk of points (module doc).
+
+    Args:
+      pcs: the chunk's point configs.
+
+    Returns:
+      ``(vars, coords)`` (the engine's contract).
+    """
+    from ...encoder import gaussianity_profile
 
     rows = []
     for pc in pcs:
-        k_in, k_w, k_c, k_p = jax.random.split(jax.random.PRNGKey(pc["seed"]), 4)
-        if pc["architecture"] != "bert":  # Paper B's own architectures: random weights only
-            bcfg = arch_config(pc)
-            h0 = gaussian_tokens(k_in, pc["batch"], pc["seq"], bcfg.hidden_size, pc["scale"])
-            if pc["model"] == "random":
-                init, enc = ((init_modernbert, encode_modernbert) if pc["architecture"] == "modernbert"
-                             else (init_deit, encode_deit))
-                hs = enc(init(bcfg, k_w), bcfg, h0)
-            else:
-                hs = nongaussian_stack(h0, k_c, n_layers=bcfg.num_hidden_layers, kind=pc["control_kind"])
-            rows.append(gaussianity_profile(hs, k_p, n_dirs=pc["n_dirs"], n_floor=pc["n_floor"],
-                                            n_pc=pc["n_pc"]))
-            continue
-        params, bcfg = load_model(str(model_path(pc)))
-        h0 = gaussian_tokens(k_in, pc["batch"], pc["seq"], bcfg.hidden_size, pc["scale"])
-        if pc["model"] == "pretrained":
-            hs = encode(params, bcfg, h0)
-        elif pc["model"] == "random":
-            hs = encode(random_like(params, k_w), bcfg, h0)
-        else:
-            hs = nongaussian_stack(h0, k_c, n_layers=bcfg.num_hidden_layers, kind=pc["control_kind"])
-        prof = gaussianity_profile(hs, k_p, n_dirs=pc["n_dirs"], n_floor=pc["n_floor"], n_pc=pc["n_pc"])
-        rows.append(prof)
+        fn, params, h0, k_p = _encoder(pc)
+        hs = fn(params, h0)
+        rows.append(gaussianity_profile(hs, k_p, n_dirs=pc["n_dirs"], n_floor=pc["n_floor"],
+                                        n_pc=pc["n_pc"]))
     names = sorted(rows[0].values)
     vars_ = {}
     for name in names:

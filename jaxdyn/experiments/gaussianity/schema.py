@@ -107,3 +107,9 @@ def estimate_bytes(pc):
     param_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
     return 4 * (layers * n * h * 3 + n * bcfg.intermediate_size + pc["batch"] * pc["seq"] ** 2 *
                 bcfg.num_attention_heads) + 2 * param_bytes
+
+
+def output_bytes(pc):
+    """Bytes one point adds to the merged Dataset: each metric's profile and its floor's mean
+    and spread, per layer (at most 32 metrics and 64 layers, float64)."""
+    return 8 * 3 * 32 * 64

@@ -21,16 +21,7 @@ particles to N samples of ρ(t) against the null level of two samples of ρ(t) (
 one cloud's kernel density on the grid for the figure; the zonal growth rates.
 """
 
-from .. import lazy_names
+from ..kinds import kind_exports
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "run_points": "run",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
-           "summarize", "plot"]
+__getattr__, __all__ = kind_exports(__name__)

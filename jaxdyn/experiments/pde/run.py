@@ -25,6 +25,36 @@ def _model(pc, m=None):
                              dtype=_dtype(pc))
 
 
+def _particle_dtype(pc):
+    return jnp.float64 if pc["particles"]["dtype"] == "float64" else jnp.float32
+
+
+def _particle_field(pc):
+    """The particles' field: SphereAttention (identity weights) on S¹, or S² in mode s2; on S¹
+    with ``particles.kernel: fourier`` the O(N K) ``pde.CircleAttention`` (equal to the dense
+    field to rounding)."""
+    p = pc["particles"]
+    d = 3 if pc["mode"] == "s2" else 2
+    eye = jnp.eye(d, dtype=_particle_dtype(pc))
+    if d == 3:
+        return SphereAttention(eye, eye, eye, pc["beta"], normalization=pc["normalization"])
+    if p["kernel"] == "fourier":
+        return pde.CircleAttention(eye, eye, eye, pc["beta"], normalization=pc["normalization"])
+    return SphereAttention(eye, eye, eye, pc["beta"], kernel=p["kernel"], normalization=pc["normalization"])
+
+
+def _s2_model(pc):
+    I3 = np.eye(3)
+    nl = pc["n_lat"]
+    return pde.SphereDensity(I3, I3, I3, pc["beta"], nl, 2 * nl, sigma=pc["sigma"],
+                             normalization=pc["normalization"], dtype=_dtype(pc))
+
+
+def _s2_rho0(pc, model):
+    rho0 = pde.sphere_cell_averages(model, _s2_bumps(pc))
+    return rho0 / float(np.sum(rho0 * np.asarray(model.cell_measure)))
+
+
 def _rho0(pc):
     m = pc["m"]
     if pc["mode"] == "clusters":
@@ -46,7 +76,7 @@ def _median_seconds(fn, x, reps=5):
 def _one_point(pc):
     model = _model(pc)
     rho0 = _rho0(pc)
-    ts = np.linspace(0.0, pc["t1"], pc["n_save"])
+    ts = _save_times(pc)
     t0 = time.perf_counter()
     sol = pde.solve_density(model, rho0, t1=pc["t1"], ts=ts, cfl=pc["cfl"])
     rho = np.asarray(jax.block_until_ready(sol.rho), float)
@@ -117,12 +147,8 @@ def _cluster_particles(pc, rho0, ts, t_first, ks):
     counts = np.full((len(starts), n_t), np.nan)
     amps = np.full((len(starts), n_t, len(ks)), np.nan)
     if not p["seeds"] or pc["seed"] in p["seeds"]:
-        pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
-        I2 = jnp.eye(2, dtype=pdt)
-        if p["kernel"] == "fourier":
-            field = pde.CircleAttention(I2, I2, I2, pc["beta"], normalization=pc["normalization"])
-        else:
-            field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"], normalization=pc["normalization"])
+        pdt = _particle_dtype(pc)
+        field = _particle_field(pc)
         t_stop = pc["t1"] if not np.isfinite(t_first) else min(pc["t1"], t_first + p["t_extra"])
         save = ts[ts <= t_stop + 1e-9]
         for i, start in enumerate(starts):
@@ -160,13 +186,8 @@ def _particles(pc, model, rho0):
     ref_rho = np.asarray(ref.rho, float)
     rho_at = [ref_rho[int(np.argmin(np.abs(ref_ts - t)))] for t in times]
     reps = p["repeats"] * len(p["n"]) if len(p["repeats"]) == 1 else p["repeats"]
-    pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
-    I2 = jnp.eye(2, dtype=pdt)
-    if p["kernel"] == "fourier":  # O(N K), equal to the dense field to rounding on S¹
-        field = pde.CircleAttention(I2, I2, I2, pc["beta"], normalization=pc["normalization"])
-    else:
-        field = SphereAttention(I2, I2, I2, pc["beta"], kernel=p["kernel"],
-                                normalization=pc["normalization"])
+    pdt = _particle_dtype(pc)
+    field = _particle_field(pc)
     w_mean, w_std, step_s = [], [], []
     kde = None
     for n, r in zip(p["n"], reps):
@@ -222,15 +243,11 @@ def _one_point_s2(pc):
     """S²: the density on the lat–lon grid from two bumps; N particles sampled from ρ0 and run by
     jaxdyn.simulate (d = 3); W2 (exact assignment) to samples of ρ(t) against the null level of
     two samples of ρ(t); the kernel density of one cloud; the zonal growth rates."""
-    I3 = np.eye(3)
-    nl = pc["n_lat"]
-    model = pde.SphereDensity(I3, I3, I3, pc["beta"], nl, 2 * nl, sigma=pc["sigma"],
-                              normalization=pc["normalization"], dtype=_dtype(pc))
-    rho0 = pde.sphere_cell_averages(model, _s2_bumps(pc))
-    rho0 = rho0 / float(np.sum(rho0 * np.asarray(model.cell_measure)))
+    model = _s2_model(pc)
+    rho0 = _s2_rho0(pc, model)
     p = pc["particles"]
     times = np.asarray(p["times"], float)
-    ts = np.unique(np.concatenate([np.linspace(0.0, pc["t1"], pc["n_save"]), times]))
+    ts = _save_times(pc)
     t0 = time.perf_counter()
     sol = pde.solve_density(model, rho0, t1=pc["t1"], ts=ts, cfl=pc["cfl"])
     rho = np.asarray(jax.block_until_ready(sol.rho), float)
@@ -240,9 +257,8 @@ def _one_point_s2(pc):
     grow = np.asarray(pde.zonal_growth_rate(model, ls))
     theory = pde.sphere_rates(pc["beta"], ls, sigma=pc["sigma"])
     reps = p["repeats"] * len(p["n"]) if len(p["repeats"]) == 1 else p["repeats"]
-    pdt = jnp.float64 if p["dtype"] == "float64" else jnp.float32
-    field = SphereAttention(jnp.eye(3, dtype=pdt), jnp.eye(3, dtype=pdt), jnp.eye(3, dtype=pdt),
-                            pc["beta"], normalization=pc["normalization"])
+    pdt = _particle_dtype(pc)
+    field = _particle_field(pc)
     dp_mean, dd_mean, dp_sem, dd_sem = [], [], [], []
     kde = None
     for n, r in zip(p["n"], reps):
@@ -292,3 +308,55 @@ def run_points(pcs):
     vars_ = {name: (rows[0][name][0], np.stack([np.asarray(r[name][1]) for r in rows]))
              for name in rows[0]}
     return vars_, coords
+
+
+def _save_times(pc):
+    ts = np.linspace(0.0, pc["t1"], pc["n_save"])
+    if pc["mode"] == "s2":
+        ts = np.unique(np.concatenate([ts, np.asarray(pc["particles"]["times"], float)]))
+    return ts
+
+
+def step_functions(pc):
+    """The device computations of a point: the density solve, and the particles' integration.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``"density"`` (:func:`jaxdyn.pde.solve_density` of ρ0, the model built inside from NumPy
+      weights, as ``run_points`` builds it) and, where the mode runs particles, ``"particles"``
+      (:func:`jaxdyn.simulate` of N particles under the particles' field).
+    """
+    from ..kinds import StepFunction
+
+    x64 = pc["dtype"] == "float64"
+    ts = _save_times(pc)
+    p = pc["particles"]
+    with jax.enable_x64(x64 or p["dtype"] == "float64"):
+        if pc["mode"] == "s2":
+            rho0 = np.asarray(_s2_rho0(pc, _s2_model(pc)))
+            make = _s2_model
+        else:
+            rho0 = np.asarray(_rho0(pc))
+            make = _model
+        n = max(p["n"]) if pc["mode"] != "clusters" else p["cluster_n"]
+        x0 = None
+        if n:
+            x0 = np.asarray(pde.quantile_points(np.asarray(_rho0(pc)), n) if pc["mode"] != "s2"
+                            else pde.sample_sphere_density(jax.random.PRNGKey(0), _s2_model(pc), rho0, n))
+
+    def density(r0):
+        return pde.solve_density(make(pc), r0, t1=pc["t1"], ts=ts, cfl=pc["cfl"])
+
+    steps = {"density": StepFunction(density, (rho0,), x64)}
+    if x0 is not None:
+        times = [float(t) for t in p["times"]] if pc["mode"] != "clusters" else [float(ts[-1])]
+
+        def particles(x):
+            return simulate(_particle_field(pc), x, t1=max(max(times), p["dt"]), dt=p["dt"],
+                            saveat=times, method="rk4")
+
+        steps["particles"] = StepFunction(particles, (x0.astype(_particle_dtype(pc)),),
+                                          p["dtype"] == "float64")
+    return steps

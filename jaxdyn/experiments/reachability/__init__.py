@@ -22,16 +22,7 @@ Figures: covariance ellipses along the way (d = 2) or eigenvalues of Σ(t) (d > 
 curves, control profiles, and transfer W2 against N and L.
 """
 
-from .. import lazy_names
+from ..kinds import kind_exports
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "run_points": "run",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
-           "summarize", "plot"]
+__getattr__, __all__ = kind_exports(__name__)

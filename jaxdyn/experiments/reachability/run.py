@@ -21,8 +21,8 @@ def _run_points(pcs):
     import jax.numpy as jnp
 
     from ...control import (ControlledEuclideanAttention, cloud_w2_to_gaussian,
-                            controlled_moments, gaussian_cloud, mode_options, random_target,
-                            reach, transfer_particles, transformer_layers)
+                            controlled_moments, gaussian_cloud, mode_options, reach,
+                            transfer_particles, transformer_layers)
     from ... import status_code
 
     rows = []
@@ -32,11 +32,7 @@ def _run_points(pcs):
     for pc in pcs:
         dt = dtype_of(pc)
         d = pc["d"]
-        tg = pc["target"]
-        m1, S1 = random_target(pc["seed"], d, mean_scale=tg["mean_scale"],
-                               eig_range=(tg["eig_min"], tg["eig_max"]), dtype=dt)
-        m0 = initial_mean(pc, d).astype(dt)
-        S0 = (pc["s0_scale"] * np.eye(d)).astype(dt)
+        m0, S0, m1, S1 = _problem(pc)
         opts = mode_options(pc["mode"], bound=pc["bound"], energy_weight=pc["energy_weight"])
         res = reach(m0, S0, m1, S1, t1=pc["t1"], n_pieces=pc["n_pieces"], kind=pc["control_kind"],
                     init=pc["init"], init_scale=pc["init_scale"], seed=pc["seed"],
@@ -140,3 +136,74 @@ def _run_points(pcs):
     coords = {"t": ts, "n_particles": np.asarray(tr0["n_particles"]),
               "layers": np.asarray(tr0["layers"])}
     return vars_, coords
+
+
+def _problem(pc):
+    """The point's target (m1, S1) and start (m0, S0), in its dtype."""
+    from ...control import random_target
+
+    dt = dtype_of(pc)
+    tg = pc["target"]
+    m1, S1 = random_target(pc["seed"], pc["d"], mean_scale=tg["mean_scale"],
+                           eig_range=(tg["eig_min"], tg["eig_max"]), dtype=dt)
+    m0 = initial_mean(pc, pc["d"]).astype(dt)
+    S0 = (pc["s0_scale"] * np.eye(pc["d"])).astype(dt)
+    return m0, S0, np.asarray(m1, dt), np.asarray(S1, dt)
+
+
+def step_functions(pc):
+    """The device computations of a point, at controls drawn small and at random.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``"loss"`` (the objective W2²(N(m(t1), Σ(t1)), N(m1, S1)) of the controlled moment flow
+      and its gradient with respect to the control values: what the optimiser evaluates),
+      ``"verify"`` (the tight reference solve of the controls, :func:`controlled_moments`),
+      ``"transfer"`` (the particles under the controls, :func:`transfer_particles`) and
+      ``"layers"`` (the L-layer transformer, :func:`transformer_layers`).
+    """
+    import jax.numpy as jnp
+
+    from ...control import (CONTROL_NAMES, ControlledEuclideanAttention, controlled_moments,
+                            gaussian_cloud, transfer_particles, transformer_layers)
+    from ...distances import bures_w2_squared
+    from ...gaussian import Control
+    from ..kinds import StepFunction
+
+    x64 = pc["dtype"] == "float64"
+    t1, d, kind = pc["t1"], pc["d"], pc["control_kind"]
+    n = pc["n_pieces"] + (1 if kind == "linear" else 0)
+    tr = pc["transfer"]
+    with jax.enable_x64(x64):
+        dt = dtype_of(pc)
+        m0, S0, m1, S1 = _problem(pc)
+        rng = np.random.default_rng(pc["seed"])
+        values = {k: (0.1 * rng.standard_normal((n, d) if k == "b" else (n, d, d))).astype(dt)
+                  for k in CONTROL_NAMES}
+        x0 = np.asarray(gaussian_cloud([pc["seed"], 0, 0], 8, m0, S0, dtype=dt))
+
+    def controls(vals):
+        return {k: Control(v, t1, kind) for k, v in vals.items()}
+
+    def verify(vals):
+        return controlled_moments(controls(vals), m0, S0, t1=t1,
+                                  saveat=jnp.linspace(0.0, t1, pc["n_save"], dtype=dt))
+
+    def w2_squared(vals):
+        sol = controlled_moments(controls(vals), m0, S0, t1=t1, saveat=jnp.asarray([t1], dt))
+        return bures_w2_squared(sol.mean[-1], sol.cov[-1], m1, S1)
+
+    def transfer(vals, x):
+        model = ControlledEuclideanAttention.from_controls(controls(vals))
+        return transfer_particles(model, x, t1=t1, steps_per_piece=tr["steps_per_piece"])
+
+    def layers(vals, x):
+        model = ControlledEuclideanAttention.from_controls(controls(vals))
+        return transformer_layers(model, x, t1=t1, n_layers=min(tr["layers"] or [1]))
+
+    return {"loss": StepFunction(jax.value_and_grad(w2_squared), (values,), x64),
+            "verify": StepFunction(verify, (values,), x64),
+            "transfer": StepFunction(transfer, (values, x0), x64),
+            "layers": StepFunction(layers, (values, x0), x64)}

@@ -10,17 +10,7 @@ the β × t heat maps of the pair fraction and the cluster count. ``movie``: an 
 the snapshots (``jaxdyn report DIR --movie``).
 """
 
-from .. import lazy_names
+from ..kinds import kind_exports
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "movie": "figures",
-    "plot": "figures",
-    "run_points": "run",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
-           "summarize", "plot", "movie"]
+__getattr__, __all__ = kind_exports(__name__, lazy_extra={"movie": "figures"})

@@ -52,7 +52,7 @@ def plot(cfg, ds, out_dir):
     return figs
 
 
-#: sweep axes of the attention variants (issue 15), drawn as curves of one panel per β
+#: sweep axes of the attention variants, drawn as curves of one panel per β
 VARIANT_AXES = ("heads", "mask", "positions", "attention")
 
 

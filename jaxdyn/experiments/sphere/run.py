@@ -96,3 +96,26 @@ def run_points(pcs):
         })
     coords = {"t": ts, "t_snapshot": ts[snap]}
     return vars_, coords
+
+
+def step_functions(pc):
+    """The device computations of a point: its segment, and the cluster statistics of its frames.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``{"segment": ...}`` (:func:`sphere_common.segment_steps`), with ``"cluster_stats"`` (one
+      block of systems) when ``cluster_stats`` is on.
+    """
+    from ..kinds import StepFunction
+
+    steps = sc.segment_steps(pc, _frames)
+    if pc["cluster_stats"]:
+        dtype = sc.np_dtype(pc)
+        xs = np.repeat(np.asarray(sc.initial_clouds([pc]))[:, None], 2, axis=1)  # (1, 2, N, d)
+        thr = tuple(np.asarray(pc[k], dtype) for k in ("pair_threshold", "cluster_delta",
+                                                       "gram_threshold"))
+        args = (xs, np.array([pc["beta"]], dtype), sc.energy_forms(pc), *thr)
+        steps["cluster_stats"] = StepFunction(_cluster_stats_fn, args, pc["dtype"] == "float64")
+    return steps

@@ -1,4 +1,4 @@
-"""Experiment kind ``variants``: Transformer variants of the sphere dynamics (issue 15).
+"""Experiment kind ``variants``: Transformer variants of the sphere dynamics.
 
 Per grid point: a LayerNorm placement (``norm``: post-LN, pre-LN, peri-LN, nGPT), weights that
 are constant, redrawn from an ensemble every ``depth.period`` (rotf's ``--regen_period``), or
@@ -11,16 +11,7 @@ integrator assumes autonomous, noiseless systems on the sphere (every segment re
 t = 0), and these points are time-dependent, noisy, or live in R^d.
 """
 
-from .. import lazy_names
+from ..kinds import kind_exports
 from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
 
-# run, summary and figures load JAX (and matplotlib): loaded on first use, so that the
-# config check (schema) of `jaxdyn config` loads neither.
-__getattr__ = lazy_names(__name__, {
-    "plot": "figures",
-    "run_points": "run",
-    "summarize": "summary",
-})
-
-__all__ = ["SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
-           "summarize", "plot"]
+__getattr__, __all__ = kind_exports(__name__)

@@ -90,8 +90,43 @@ def _frames(xs):
     return (n * jnp.sum(ubar * ubar, axis=-1) - 1.0) / max(n - 1, 1), jnp.mean(r, axis=1)
 
 
+def layer_step(pc, t0: float, t1: float):
+    """One layer's integration on [t0, t1] and the frames of its saved states.
+
+    Args:
+      pc: a point config.
+      t0: the layer's start.
+      t1: the layer's end.
+
+    Returns:
+      ``fn(model, x, key) -> (Trajectory, (mean inner product, mean radius))``: with noise
+      (``sigma > 0``) :func:`jaxdyn.simulate_sde` (``key`` its noise), else
+      :func:`jaxdyn.simulate` (``key`` unused).
+    """
+    _, _, dt, _ = plan_steps(0.0, pc["t1"], pc["dt"])
+
+    def fn(m, x, key):
+        if pc["sigma"] > 0:
+            tr = simulate_sde(m, x, key, sigma=pc["sigma"], t0=t0, t1=t1, dt=dt,
+                              save_every=pc["save_every"], method=pc["noise_method"])
+        else:
+            tr = simulate(m, x, t0=t0, t1=t1, dt=dt, save_every=pc["save_every"], method=pc["method"])
+        return tr, _frames(tr.xs)
+
+    return fn
+
+
 def run_point(pc, x0):
-    """Frames (mean inner product, mean radius) over the saved times, the final state, finite."""
+    """Integrate one point layer by layer.
+
+    Args:
+      pc: a point config.
+      x0: (N, d) initial particles.
+
+    Returns:
+      ``(mean inner product (S,), mean radius (S,), final state (N, d), finite)`` over the
+      saved times.
+    """
     _, _, dt, n_total = plan_steps(0.0, pc["t1"], pc["dt"])
     seg = segment_steps(pc) or n_total
     key = noise_key(pc)
@@ -100,14 +135,8 @@ def run_point(pc, x0):
     while k0 < n_total:
         k1 = min(k0 + seg, n_total)
         m = point_model(pc, min(layer, n_layers(pc) - 1))
-        t0, t1 = k0 * dt, k1 * dt
-        if pc["sigma"] > 0:
-            tr = simulate_sde(m, x, jax.random.fold_in(key, layer), sigma=pc["sigma"], t0=t0,
-                              t1=t1, dt=dt, save_every=pc["save_every"], method=pc["noise_method"])
-        else:
-            tr = simulate(m, x, t0=t0, t1=t1, dt=dt, save_every=pc["save_every"], method=pc["method"])
-        xs = tr.xs if k0 == 0 else tr.xs[1:]
-        outs.append([np.asarray(o) for o in _frames(xs)])
+        tr, frames = layer_step(pc, k0 * dt, k1 * dt)(m, x, jax.random.fold_in(key, layer))
+        outs.append([np.asarray(o) if k0 == 0 else np.asarray(o)[1:] for o in frames])
         finite = finite and bool(tr.ok)
         x = tr.xs[-1]
         k0, layer = k1, layer + 1
@@ -115,8 +144,32 @@ def run_point(pc, x0):
     return ip, rad, np.asarray(x), finite
 
 
+def initial_states(pcs):
+    """(P, N, d) initial particles of a chunk: MiniLM's token embeddings (``init_tokens``) or
+    the sphere kinds' clouds."""
+    return np.asarray(token_clouds(pcs) if pcs[0]["init_tokens"] else sc.initial_clouds(pcs))
+
+
+def step_functions(pc):
+    """The device computation of a point: its first layer's integration and frames.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      ``{"layer": StepFunction}`` (:func:`layer_step` of the first layer's segment).
+    """
+    from ..kinds import StepFunction
+
+    _, _, dt, n_total = plan_steps(0.0, pc["t1"], pc["dt"])
+    k1 = min(segment_steps(pc) or n_total, n_total)
+    fn = layer_step(pc, 0.0, k1 * dt)
+    args = (point_model(pc, 0), initial_states([pc])[0], jax.random.fold_in(noise_key(pc), 0))
+    return {"layer": StepFunction(fn, args, pc["dtype"] == "float64")}
+
+
 def run_points(pcs):
-    x0s = np.asarray(token_clouds(pcs) if pcs[0]["init_tokens"] else sc.initial_clouds(pcs))
+    x0s = initial_states(pcs)
     rows = [run_point(pc, jnp.asarray(x0)) for pc, x0 in zip(pcs, x0s)]
     ts = sc.save_times(pcs[0])
     vars_ = {
