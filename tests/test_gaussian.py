@@ -342,13 +342,13 @@ def test_batch_agrees_with_diffrax_and_closed_forms():
     np.testing.assert_array_equal(st, np.asarray(ref.status))
     ok = st == status_code("successful")
     assert ok.sum() > n // 2
-    err = np.abs(sol.cov[ok] - np.asarray(ref.cov_final)[ok]).max(axis=(1, 2)) / np.abs(sol.cov[ok]).max(axis=(1, 2))
+    err = np.abs(sol.cov_final[ok] - np.asarray(ref.cov_final)[ok]).max(axis=(1, 2)) / np.abs(sol.cov_final[ok]).max(axis=(1, 2))
     assert err.max() < 1e-8
-    np.testing.assert_allclose(sol.mean[ok], np.asarray(ref.mean_final)[ok], rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(sol.mean_final[ok], np.asarray(ref.mean_final)[ok], rtol=1e-7, atol=1e-9)
     bu = st == status_code("blowup")
     np.testing.assert_allclose(sol.blowup_time[bu], np.asarray(ref.blowup_time)[bu], rtol=1e-8)
     assert np.all(np.isinf(sol.blowup_time[ok]))
-    assert np.array_equal(sol.cov, np.swapaxes(sol.cov, -1, -2))
+    assert np.array_equal(sol.cov_final, np.swapaxes(sol.cov_final, -1, -2))
 
 
 def test_batch_stiff_stage_matches_explicit_stage():
@@ -366,7 +366,7 @@ def test_batch_stiff_stage_matches_explicit_stage():
     assert int(forced.status[0]) == status_code("blowup")
     np.testing.assert_allclose(forced.blowup_time[0], 0.3125, rtol=1e-8)
     ok = full.status == status_code("successful")
-    rel = np.abs(full.cov[ok] - forced.cov[ok]).max(axis=(1, 2)) / np.abs(full.cov[ok]).max(axis=(1, 2))
+    rel = np.abs(full.cov_final[ok] - forced.cov_final[ok]).max(axis=(1, 2)) / np.abs(full.cov_final[ok]).max(axis=(1, 2))
     assert rel.max() < 1e-7
     off = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, stiff=False,
                               max_explicit_iterations=1, **kw)
@@ -407,10 +407,10 @@ def test_batch_float32_runs():
     sol = solve_moments_batch(m0.astype(f), 2 * np.eye(D, dtype=f), A=A.astype(f), B=B.astype(f),
                               V=V.astype(f), b=b.astype(f), t1=1.0, rtol=1e-6, atol=1e-8)
     ref = solve_moments_batch(m0, 2 * np.eye(D), A=A, B=B, V=V, b=b, t1=1.0, **KW64)
-    assert sol.cov.dtype == np.float32
+    assert sol.cov_final.dtype == np.float32
     ok = (sol.status == status_code("successful")) & (ref.status == status_code("successful"))
     assert ok.sum() >= 40
-    rel = np.abs(sol.cov[ok] - ref.cov[ok]).max(axis=(1, 2)) / np.abs(ref.cov[ok]).max(axis=(1, 2))
+    rel = np.abs(sol.cov_final[ok] - ref.cov_final[ok]).max(axis=(1, 2)) / np.abs(ref.cov_final[ok]).max(axis=(1, 2))
     assert rel.max() < 1e-4
 
 

@@ -1,62 +1,61 @@
 r"""Batched moment solves where members blow up (or turn stiff) without holding the batch hostage.
 
-The problem (issue 5): ``jax.vmap`` of an adaptive diffrax solve over thousands of
-parameter sets runs every member until the slowest one ends, and the slowest are those
-near a blow-up, or — found while building this — members whose covariance grows to
-``‖Σ‖ ~ 10⁷`` on a slow manifold where the moment ODE is stiff (linearisation eigenvalues
-``~ −0.1 ‖Σ‖``): an explicit method needs 10⁵–10⁶ steps there (scipy's DOP853 too).
+``jax.vmap`` of an adaptive diffrax solve over thousands of parameter sets runs every
+member until the slowest one ends, and the slowest are those near a blow-up, or members
+whose covariance grows to ``‖Σ‖ ~ 10⁷`` on a slow manifold where the moment ODE is stiff
+(linearisation eigenvalues ``~ −0.1 ‖Σ‖``): an explicit method needs 10⁵–10⁶ steps there
+(scipy's DOP853 too).
 
-The design, three stages:
+:func:`solve_moments_batch` has two paths with the same stages and the same statuses:
 
-1. **Explicit lock-step stage** (jitted ``lax.while_loop`` over the whole batch). Every
-   member carries its own time, step size and status; one iteration advances every active
-   member by one step of the Dormand–Prince 8(7) pair (diffrax's ``Dopri8`` tableau, 13
-   stages + FSAL) with its own error control (I-controller, exponent 1/8). The state is
-   laid out batch-last, ``Σ`` as ``(d, d, n)``, products as ``einsum("ikn,kjn->ijn")``.
-   (Writing them as broadcast multiply-adds is faster for one evaluation, but XLA's CPU
-   fusion then recomputes inner products across the 13 stages: a step cost 100× more.)
-   The loop runs on chunks of a fixed width (``chunk``, 64 members): each chunk runs until
-   at most 1/4 of it is still active, then the survivors of all chunks are regrouped into
-   full chunks (host-side gather) and the passes go on, the last chunk until its members
-   end: the long tail of blow-up members costs one chunk's width, not the batch's, and
-   every call has the same shapes, so the stage compiles one program whatever n (it
-   compiled one per compaction size before, five on the benchmark workload). Per member
-   of a wide batch a 64-wide chunk step costs about what a 1024-wide one does. A member stops when it
-   reaches ``t1`` (OK), when ``‖Σ‖`` passes the threshold (a candidate blow-up if the pole
-   test of :mod:`jaxdyn.gaussian._solve` passes, else LARGE), when its state is non-finite, or
-   when it is found **stiff**: Hairer's DOP853 test
-   ``h ‖f(y₁) − f(Y₁₂)‖ / ‖y₁ − Y₁₂‖ > 3.9`` (0.75 of this pair's real stability boundary
-   5.15; the step is limited by stability, not accuracy) on 15 accepted steps.
+* **Composable** (inputs traced by ``jax.jit``, ``jax.vmap`` or ``jax.grad``, a call inside a
+  jitted function, or save times other than t1): ``jax.vmap`` of the single-member solve of
+  :func:`jaxdyn.solve_moments` (diffrax ``Dopri8``, the blow-up ``diffrax.Event``), where a
+  member whose explicit step budget runs out continues with the diffrax solver
+  :class:`jaxdyn.integrators.rodas5.Rodas5`, and a blow-up's T* is refined by
+  :func:`jaxdyn.gaussian._solve.pole_refine` (a diffrax solve with an Event).
+  Differentiable (``diffrax.RecursiveCheckpointAdjoint``); every member runs as long as
+  the slowest one.
+* **Fast** (concrete inputs, final states only): the members are driven from the host in
+  three stages.
 
-   In physical time, adaptive steps approach a pole geometrically (each step removes a
-   fixed fraction of ``T* − t`` at a given tolerance), so a blow-up costs a bounded number
-   of steps, ``~ log(threshold)/x`` with ``x ≈ tol^{1/8}`` — the same count as stepping the
-   reparametrised time ``dt/dτ = 1/(1 + ‖Σ‖)`` at constant relative accuracy, without its
-   overshoot problem at ``t1``.
+  1. **Explicit lock-step stage** (jitted ``lax.while_loop`` on a chunk of members). Every
+     member carries its own time, step size and status; one iteration advances every
+     active member by one step of the Dormand–Prince 8(7) pair (diffrax's ``Dopri8``
+     tableau, 13 stages + FSAL, :mod:`jaxdyn.integrators.dopri8`) with its own error
+     control (I-controller, exponent 1/8). The state is laid out batch-last, ``Σ`` as
+     ``(d, d, n)``. Each chunk of ``chunk`` (64) members runs until at most 1/4 of it is
+     still active, then the survivors of all chunks are regrouped into full chunks
+     (host-side gather): the long tail of blow-up members costs one chunk's width, not the
+     batch's, and every call has the same shapes (one compiled program whatever n). A
+     member stops when it reaches ``t1`` (OK), when ``‖Σ‖`` passes the threshold (a
+     candidate blow-up if the pole test of :mod:`jaxdyn.gaussian._solve` passes, else
+     LARGE), when its state is non-finite, or when it is found **stiff**: Hairer's DOP853
+     test ``h ‖f(y₁) − f(Y₁₂)‖ / ‖y₁ − Y₁₂‖ > 3.9`` (0.75 of this pair's real stability
+     boundary 5.15) on 15 accepted steps.
+  2. **Stiff stage**: members flagged stiff (or out of explicit iterations) are gathered
+     into a small batch (padded to a power of two) and continued by ``jax.vmap`` of a
+     diffrax solve with :class:`~jaxdyn.integrators.rodas5.Rodas5` and the blow-up Event.
+     (diffrax's ESDIRK ``Kvaerno5`` on these members rejected half its steps, Newton
+     failures, and ran out of 20 000 steps before t ≈ 0.83.)
+  3. **Pole stage**: every member declared a blow-up has its ``T*`` refined by
+     :func:`jaxdyn.gaussian._solve.pole_refine`, vmapped over chunks of the same width in
+     two passes (64 steps, then 400 for the members not converged yet), so that the few
+     non-poles (which use the whole budget) do not hold the rest. The refinement is also
+     the final pole test: on the benchmark workload ~15 members pass the local test at
+     ``‖Σ‖ = 10⁶`` but their projective flow turns onto the cone ``uᵀBu = 0`` where the
+     quadratic growth stops; they end LARGE.
 
-2. **Stiff stage**: members flagged stiff (and any still running when the explicit
-   iteration cap is hit) are gathered into a small batch (padded to a power of two to bound
-   recompilation) and continued from where they stopped by a vectorised **Rodas5**
-   (Di Marzo's L-stable, stiffly accurate Rosenbrock method of order 5(4): no Newton
-   iterations, so it runs lock-step; exact Jacobian by ``jax.jacfwd``; one LU per step).
-   diffrax's ESDIRK ``Kvaerno5`` was tried first on these members: half its steps were
-   rejected (Newton failures) and it ran out of 20 000 steps before t ≈ 0.83.
+  Why the explicit stage is not a diffrax solve: on the ``benchmarks/bench_moments.py``
+  workload (4096 members, d = 3, float64, 2 CPU cores) a step of this lock-step loop costs
+  about 3 µs per member; ``jax.vmap`` of ``diffeqsolve(Dopri8)`` costs 9 µs per
+  member-step without an event and 20–28 µs with the blow-up Event (member-major layout,
+  and the event's per-step state), and without the host-side regrouping every member runs
+  as long as the slowest (2169 steps where the median member needs 14): about 30 s against
+  1 s for the whole workload.
 
-3. **Pole stage**: every member declared a blow-up has its ``T*`` refined past the detection
-   point by integrating the bounded projective system in the reparametrised time
-   ``dt/dτ = 1/‖Σ‖`` (``T* = lim t(τ)``; :func:`jaxdyn.gaussian._solve.pole_refine`), vmapped
-   over chunks of the same width (one compiled program for both passes).
-   The local (Bernoulli) extrapolation from ``‖Σ‖ = 10⁶`` alone was off by up to 2.5e-5 on
-   the benchmark workload (sub-leading singular parts of Σ); after refinement T* from the
-   thresholds 10⁵, 10⁶ and 10⁸ agree to 1e-14. The refinement is also the final pole test:
-   on that workload ~15 members pass the local test at 10⁶ but their projective flow turns
-   onto the cone ``uᵀBu = 0`` where the quadratic growth stops (‖Σ‖ saturates at
-   10⁷–10¹⁵ and the member then creeps along the stiff slow manifold); they end LARGE, not
-   BLOWUP (with thresholds 10⁹–10¹², most of them reach t1 = 1 with a finite Σ).
-
-Each member returns a status (a :class:`jaxdyn.RESULTS` code; ``jaxdyn.status_code(name)`` gives
-the codes), its final time and state, its blow-up time and its step counts. This driver is a Python function around jitted loops (the gather between them has a data-dependent size): call it, do not ``jit`` it, and
-for gradients use :func:`jaxdyn.solve_moments` (diffrax, differentiable).
+Each member returns a status (a :class:`jaxdyn.RESULTS` code; ``jaxdyn.status_code(name)``
+gives the codes), its final time and state, its blow-up time and its step counts.
 """
 
 from __future__ import annotations
@@ -65,16 +64,18 @@ import math
 import time
 from typing import Optional
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..integrators.dopri8 import DOPRI8, dopri8_step
-from ..integrators.rodas5 import RODAS5, rodas5_step
-from .._results import RESULTS, Solution, stat, from_codes, raise_if_failed, status_code
-from ._solve import (_cov_tol, dtype_threshold, dtype_tolerances, moment_rhs,
-                        on_pole, pole_refine, pole_scale, remaining_time)
+from ..integrators.rodas5 import Rodas5
+from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
+from ._solve import (MomentField, MomentSolution, _cov_tol, _member_solve, _save_times, _solve_until,
+                     _threshold_event, dtype_threshold, dtype_tolerances,
+                     on_pole, pole_refine, pole_scale, remaining_time, blowup_indicators)
 
 __all__ = ["BatchSolution", "solve_moments_batch"]
 
@@ -82,45 +83,39 @@ ACTIVE = -1  # internal: still integrating
 HANDOFF = -2  # internal: stiff (or out of explicit iterations), continue in the stiff stage
 
 # Dormand–Prince 8(7) (jaxdyn.integrators.dopri8).
-_NSTAGE = len(DOPRI8.b)  # 14 = 13 stages + the FSAL stage (weight 0)
 _STIFF_STAGE = 12  # stage with c = 1 compared with the FSAL derivative (stiffness test)
 _ERR_EXP = 1.0 / DOPRI8.order
 # |R(z)| = 1 at z ≈ −5.15 on the negative real axis for this pair; a step is "stiff" when
 # the estimated h ρ passes 0.75 of that (Hairer's DOP853 uses 6.1 for its own pair).
 _STIFF_HRHO = 3.9
 
-# Rodas5 (jaxdyn.integrators.rodas5). Measured on the stiff members of the benchmark
-# workload: 2.6–3× fewer steps than Rodas4 at rtol = 1e-10 for the same error.
-_R_ERR_EXP = 1.0 / RODAS5.order
 
+class BatchSolution(MomentSolution):
+    """Result of :func:`solve_moments_batch`: a :class:`MomentSolution` per member.
 
-class BatchSolution(Solution):
-    """Result of :func:`solve_moments_batch`, one entry per member (leading axis n); a
-    :class:`jaxdyn.Solution` pytree of arrays (no static fields).
+    Every leaf has the leading member axis n (as ``jax.vmap`` of :func:`jaxdyn.solve_moments`
+    gives).
 
-    t_final: (n,) time reached (t1 when successful, the detection time after a blow-up).
-    mean: (n, d), cov: (n, d, d) — the state at ``t_final``. blowup_time: (n,) refined ``T*``
-    (inf unless the status is ``blowup``). result: (n,) :class:`jaxdyn.RESULTS` codes
-    (``.status`` the ints, compare with ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``,
-    ``.counts()``). stats: a dict of arrays: ``num_steps`` (n,) accepted + rejected steps
-    over both stages; ``stiff`` (n,) True where the member was handed to the stiff (Rodas5)
-    stage; ``explicit_iterations``, ``stiff_iterations``: loop counts; ``round_sizes``,
-    ``round_iterations``, ``round_seconds``: each explicit round's batch size, iterations
-    and wall time (compaction schedule); ``stiff_seconds``, ``pole_seconds``: wall time of
-    the stiff stage and of the T* refinement (timings include compilation on a first call).
+    Attributes:
+        ts: (n, n_save) save times (t1 alone by default).
+        mean: (n, n_save, d) the mean at ``ts`` (NaN at or after a blow-up or a failure).
+        cov: (n, n_save, d, d) the covariance at ``ts`` (NaN there likewise).
+        t_final: (n,) time reached (t1 when successful, the detection time after a blow-up).
+        mean_final: (n, d) the mean at ``t_final``.
+        cov_final: (n, d, d) the covariance at ``t_final``.
+        blowup_time: (n,) refined ``T*`` (inf unless the status is ``blowup``).
+        result: (n,) :class:`jaxdyn.RESULTS` codes (``.status`` the ints, compare with
+            ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``, ``.counts()``).
+        stats: a dict of arrays: ``num_steps`` (n,) steps attempted (accepted + rejected)
+            over both stages, ``num_accepted_steps`` (n,), ``stiff`` (n,) True where the
+            member went to the stiff (Rodas5) stage; the fast path adds its schedule:
+            ``explicit_iterations``, ``stiff_iterations`` (loop counts), ``round_sizes``,
+            ``round_iterations``, ``round_seconds`` (each explicit round's batch size,
+            iterations and wall time), ``stiff_seconds``, ``pole_seconds`` (wall time of
+            the stiff stage and of the T* refinement, compilation included on a first call).
     """
 
-    t_final: jax.Array
-    mean: jax.Array
-    cov: jax.Array
-    blowup_time: jax.Array
-    result: RESULTS
-    stats: dict
-
-    num_steps = stat("num_steps", "Accepted + rejected steps per member: ``stats['num_steps']``.")
-
-    stiff = stat("stiff", "True where the member was handed to the stiff stage: ``stats['stiff']``.")
-
+    stiff = stat("stiff", "True where the member went to the stiff stage: ``stats['stiff']``.")
 
 # ---------------------------------------------------------------------------------------
 # Batch-last algebra: matrices (d, d, n), vectors (d, n)
@@ -283,68 +278,36 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
     return jax.lax.while_loop(cond, body, (carry, jnp.zeros((), jnp.int32)))
 
 
+
 # ---------------------------------------------------------------------------------------
-# Stage 2: Rodas5, member-major, vmapped per-member step, lock-step
+# Stage 2: Rodas5 (diffrax), vmapped over the gathered stiff members
 # ---------------------------------------------------------------------------------------
-
-
-def _rodas_step(t, h, y, A, B, V, b, d):
-    def f(yy):
-        m, S = yy[:d], yy[d:].reshape(d, d)
-        dm, dS = moment_rhs(m, S, A, B, V, b)
-        return jnp.concatenate([dm, dS.reshape(-1)])
-
-    return rodas5_step(f, y, h)
 
 
 @eqx.filter_jit
-def _stiff_stage(t, h, m, S, status, tstar, nsteps, A, B, V, b, t1, thr, rtol, atol, max_iter,
-                 hmin_rel):
-    """Member-major arrays of a small gathered batch; continues members with status ACTIVE."""
-    n, d = m.shape
-    y = jnp.concatenate([m, S.reshape(n, d * d)], axis=1)
-    ncomp = d + d * d
-    step = jax.vmap(lambda tt, hh, yy, a, bb, v, c: _rodas_step(tt, hh, yy, a, bb, v, c, d))
+def _stiff_stage(t, m, S, A, B, V, b, t1, thr, rtol, atol, max_steps):
+    """Continue member-major members from ``(t, m, S)`` to ``t1`` with Rodas5 and the blow-up
+    event: (time, mean, covariance, status, T* estimate, steps, accepted steps). A member
+    past the threshold on a pole is a BLOWUP candidate (refined by the pole stage)."""
 
-    def body(c):
-        t, h, y, status = c["t"], c["h"], c["y"], c["status"]
-        active = status == ACTIVE
-        hh = jnp.where(active, jnp.minimum(h, t1 - t), t1)  # inactive: any safe value
-        y1, e, f1 = step(t, hh, y, A, B, V, b)
-        sc = atol + rtol * jnp.maximum(jnp.abs(y), jnp.abs(y1))
-        err = jnp.sqrt(jnp.sum((e / sc) ** 2, axis=1) / ncomp)
-        fin = jnp.all(jnp.isfinite(y1), axis=1)
-        err = jnp.where(fin & jnp.isfinite(err), err, jnp.inf)
-        acc = active & (err <= 1.0)
-        fac = 0.9 * jnp.where(err > 0, err, 1e-10) ** (-_R_ERR_EXP)
-        fac = jnp.where(err <= 1.0, jnp.clip(fac, 0.2, 6.0), jnp.clip(fac, 0.2, 0.9))
-        t_new = jnp.where(acc, jnp.where(hh >= t1 - t, t1, t + hh), t)
-        y = jnp.where(acc[:, None], y1, y)
-        h_new = jnp.where(active, hh * fac, h)
-        S1 = y[:, d:].reshape(n, d, d)
-        dS = f1[:, d:].reshape(n, d, d)
-        # indicators, member-major
-        s = jnp.sqrt(jnp.sum(S1 * S1, axis=(1, 2)))
-        safe = jnp.where(s > 0, s, 1.0)
-        lin = 2.0 * jnp.sum(S1 * jnp.matmul(A, S1, precision=jax.lax.Precision.HIGHEST), axis=(1, 2))
-        tot = jnp.sum(S1 * dS, axis=(1, 2))
-        ell = lin / safe**2
-        q = (tot - lin) / safe**3
-        status, tstar = _outcomes(status, c["tstar"], acc, active, t, t_new, h_new, t1, thr,
-                                  hmin_rel, s, ell, q, pole_scale(S1, V, B))
-        status = status.astype(jnp.int32)
-        return dict(t=t_new, h=h_new, y=y, status=status, tstar=tstar,
-                    nsteps=c["nsteps"] + active, it=c["it"] + 1)
+    def one(t0, m0, S0, A, B, V, b, thr):
+        field = MomentField(A, B, V, b)
+        sol, _, (m_end, S_end, t_end) = _solve_until(
+            field, Rodas5(), (m0, S0), t0, t1, jnp.reshape(t1, (1,)), None, rtol, atol,
+            _threshold_event(thr), max_steps, diffrax.ForwardMode())
+        result = status_codes(sol.result)
+        s, ell, q = blowup_indicators(S_end, A, B, V)
+        finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end))
+        big = (result == status_code("event_occurred")) & finite & (s >= thr)
+        pole = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
+        status = jnp.where(result == status_code("event_occurred"), status_code("nonfinite"), result)
+        status = jnp.where(big, jnp.where(pole, status_code("blowup"), status_code("large")), status)
+        status = jnp.where(finite | big, status, status_code("nonfinite"))
+        tstar = jnp.where(pole, t_end + remaining_time(s, ell, q), jnp.inf)
+        return (t_end, m_end, S_end, status.astype(jnp.int32), tstar.astype(S0.dtype),
+                sol.stats["num_steps"], sol.stats["num_accepted_steps"])
 
-    def cond(c):
-        return jnp.any(c["status"] == ACTIVE) & (c["it"] < max_iter)
-
-    c0 = dict(t=t, h=h, y=y, status=status, tstar=tstar, nsteps=nsteps,
-              it=jnp.zeros((), jnp.int32))
-    out = jax.lax.while_loop(cond, body, c0)
-    st = jnp.where(out["status"] == ACTIVE, status_code("max_steps_reached"), out["status"])
-    return (out["t"], out["y"][:, :d], out["y"][:, d:].reshape(n, d, d), st, out["tstar"],
-            out["nsteps"], out["it"])
+    return jax.vmap(one)(t, m, S, A, B, V, b, thr)
 
 
 @eqx.filter_jit
@@ -354,81 +317,63 @@ def _pole_stage(t, S, A, B, V, active, rtol, atol, max_steps):
 
 
 # ---------------------------------------------------------------------------------------
+# The composable path: vmap of the single-member diffrax solve
+# ---------------------------------------------------------------------------------------
+
+
+@eqx.filter_jit
+def _composable(m0, S0, A, B, V, b, t1, ts, rtol, atol, threshold, max_explicit, max_stiff,
+                stiff, throw):
+    stiff_status = None if stiff else status_code("stiff")
+
+    def one(m0, S0, A, B, V, b):
+        return _member_solve(MomentField(A, B, V, b), m0, S0, t1, ts, rtol, atol, threshold,
+                             diffrax.Dopri8(), max_explicit, diffrax.RecursiveCheckpointAdjoint(),
+                             None, stiff_steps=max_stiff if stiff else 0,
+                             stiff_status=stiff_status)
+
+    sols, handed = jax.vmap(one)(m0, S0, A, B, V, b)
+    out = BatchSolution(**{k: getattr(sols, k) for k in _FIELDS},
+                        stats=dict(sols.stats, stiff=handed))
+    return error_if_failed(out, out.result) if throw else out
+
+
+_FIELDS = ("ts", "mean", "cov", "t_final", "mean_final", "cov_final", "blowup_time", "result")
+
+
+# ---------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------
 
 
-def _batched(x, n, shape, name, dtype):
-    x = np.asarray(x, dtype)
+def _is_traced(*xs) -> bool:
+    """Whether any input is traced, or the call is being staged into a jitted program
+    (where even constants become tracers, so the host-driven path cannot run)."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs)):
+        return True
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+def _batched(x, n, shape, name, xp):
+    x = xp.asarray(x)
     if x.shape == tuple(shape):
-        return np.broadcast_to(x, (n, *shape)).copy()
+        return xp.broadcast_to(x, (n, *shape))
     if x.shape == (n, *shape):
         return x
     raise ValueError(f"{name} must have shape {tuple(shape)} or ({n}, *{tuple(shape)}), got {x.shape}")
 
 
-def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, atol: float = 1e-12,
-                        blowup_threshold: float = 1e6, max_explicit_iterations: int = 4096,
-                        stiff: bool = True, max_stiff_iterations: int = 20000,
-                        hmin_rel: Optional[float] = None, min_bucket: int = 16, chunk: int = 64,
-                        throw: bool = False) -> BatchSolution:
-    r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not
-    hold the batch hostage (two-stage design: see :mod:`jaxdyn.gaussian._batch`).
-
-        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
-
-    Args:
-      m0: (n, d) or (d,) (broadcast), or None (= 0). S0: (n, d, d) or (d, d) symmetric PSD
-        (ValueError naming S0 and the measured defect otherwise).
-      A, B, V: (n, d, d) or (d, d) constant parameters; b: (n, d), (d,) or None (= 0).
-        The leading axis n is the batch. (Time-dependent controls: use
-        :func:`jaxdyn.solve_moments`, vmapped.)
-      t1: final time (scalar). rtol, atol: per-member error tolerances (both stages),
-        raised to what the dtype resolves (``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``:
-        :func:`jaxdyn.gaussian._solve.dtype_tolerances`).
-      blowup_threshold: blow-up is declared when ``‖Σ‖_F ≥ blowup_threshold ·
-        max(‖Σ0‖_F, 1)`` on a pole (quadratic dominance); ``T*`` is then refined. Capped at
-        what the dtype resolves, ``1e-3 / eps`` (float32: 8389).
-      max_explicit_iterations: cap on the explicit lock-step loop; members still running
-        are handed to the stiff stage. stiff: run the Rodas5 stage on stiff members (if
-        False they end with status STIFF at the time reached).
-      max_stiff_iterations: cap on the stiff loop (members left get MAX_STEPS).
-      hmin_rel: a member whose step falls below ``hmin_rel · max(t, t1)`` ends NONFINITE
-        (default ``100 eps``). min_bucket: smallest batch the stiff stage pads to.
-      chunk: the explicit and pole stages run on chunks of this many members (one compiled
-        program each per chunk width, d and dtype, whatever n; members are regrouped into
-        full chunks as others finish).
-      throw: if True, raise ``RuntimeError`` with the message of the first member that is not
-        successful (a blow-up included); default False (read ``result`` per member).
-
-    Returns: :class:`BatchSolution` (numpy-convertible arrays with leading axis n).
-    """
-    # Host-side preparation in numpy (no per-shape compilation of small eager ops).
-    if not np.issubdtype(np.asarray(S0).dtype, np.floating):
-        # as solve_moments: the solve's dtype is S0's (an integer S0 ran the batch in float32
-        # whatever the other inputs' precision)
-        raise ValueError(f"S0 must have a floating dtype, got {np.asarray(S0).dtype}")
-    dtype = np.dtype(jnp.asarray(np.zeros((), np.asarray(S0).dtype)).dtype)  # respects jax_enable_x64
-    A = np.asarray(A, dtype)
-    if A.ndim not in (2, 3) or A.shape[-1] != A.shape[-2]:
-        raise ValueError(f"A must have shape (d, d) or (n, d, d), got {A.shape}")
-    d = A.shape[-1]
-    pairs = [(np.shape(x), k) for x, k in zip((m0, S0, A, B, V, b), (1, 2, 2, 2, 2, 1))
-             if x is not None]
-    leads = {s[0] for s, k in pairs if len(s) == k + 1}
-    if len(leads) > 1:
-        raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
-    n = leads.pop() if leads else 1
-    S0 = _batched(S0, n, (d, d), "S0", dtype)
-    for name, x in (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)):
+def _check_concrete(n, d, dtype, S0, named):
+    """The host checks of concrete inputs: finite values (naming the member) and S0 a
+    symmetric PSD covariance per member (naming the member and the defect)."""
+    for name, x in named:
         if x is None:
             continue
         x = np.asarray(x, dtype)
         fin = np.isfinite(x)
         if not fin.all():
             where = ""
-            if x.ndim > 0 and x.shape[0] == n and (name == "S0" or x.ndim == (3 if name in
-                                                                              "ABV" else 2)):
+            if x.ndim > 0 and x.shape[0] == n and (name == "S0" or x.ndim == (3 if name in "ABV" else 2)):
                 where = f": member {int(np.argmin(fin.reshape(n, -1).all(axis=1)))}"
             raise ValueError(f"{name} must be finite (it holds NaN or inf{where})")
     asym = np.abs(S0 - np.swapaxes(S0, -1, -2)).max(axis=(1, 2))
@@ -443,26 +388,128 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         i = int(np.argmax(bad_psd))
         raise ValueError(f"S0 must be positive semi-definite: member {i} has min eigenvalue "
                          f"{float(lmin[i]):.3e} (tolerance -{tol[i]:.1e})")
-    S0 = 0.5 * (S0 + np.swapaxes(S0, -1, -2))
-    A = _batched(A, n, (d, d), "A", dtype)
-    B = _batched(B, n, (d, d), "B", dtype)
-    V = _batched(V, n, (d, d), "V", dtype)
-    b = np.zeros((n, d), dtype) if b is None else _batched(b, n, (d,), "b", dtype)
-    m0 = np.zeros((n, d), dtype) if m0 is None else _batched(m0, n, (d,), "m0", dtype)
-    if not float(t1) > 0:
+
+
+def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-10,
+                        atol: float = 1e-12, blowup_threshold: float = 1e6,
+                        max_explicit_iterations: int = 4096, stiff: bool = True,
+                        max_stiff_iterations: int = 20000, hmin_rel: Optional[float] = None,
+                        min_bucket: int = 16, chunk: int = 64, throw: bool = False) -> BatchSolution:
+    r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not hold the batch.
+
+    The moment ODE of each member (docs/math.md §B.2),
+
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ,
+
+    with the blow-up rule of :func:`jaxdyn.solve_moments` (threshold event, pole test,
+    refined T*). Concrete inputs (final states only) run the fast host-driven stages;
+    traced inputs (``jax.jit``, ``jax.vmap``, ``jax.grad``) or save times run ``jax.vmap``
+    of the single-member diffrax solve with the Rodas5 stiff stage (module doc): the same
+    statuses, values within the tolerances.
+
+    Args:
+        m0: (n, d) or (d,) (broadcast) initial means, or None (= 0).
+        S0: (n, d, d) or (d, d) symmetric PSD initial covariances (concrete: a ValueError
+            naming the member and the defect otherwise; traced: ``invalid_input``).
+        A: (n, d, d) or (d, d) constant parameter; the leading axis n is the batch.
+            (Time-dependent controls: :func:`jaxdyn.solve_moments`, vmapped.)
+        B: (n, d, d) or (d, d).
+        V: (n, d, d) or (d, d).
+        b: (n, d), (d,) or None (= 0).
+        t1: final time (scalar).
+        saveat: None (t1 alone), an int k (k uniform times on [0, t1]) or a 1-D array of
+            times in [0, t1], the same for every member; anything but t1 alone runs the
+            composable path.
+        rtol: relative tolerance (per member, both stages), raised to what the dtype
+            resolves (``rtol ≥ 10 eps``: :func:`jaxdyn.gaussian._solve.dtype_tolerances`).
+        atol: absolute tolerance (``atol ≥ 0.1 eps``).
+        blowup_threshold: a solve stops when ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``;
+            a blow-up on a pole, with ``T*`` refined. Capped at what the dtype resolves,
+            ``1e-3 / eps`` (float32: 8389).
+        max_explicit_iterations: step budget of the explicit (Dopri8) stage; members still
+            running go to the stiff stage.
+        stiff: run the Rodas5 stage (if False, those members end with status ``stiff`` at
+            the time reached).
+        max_stiff_iterations: step budget of the stiff stage (members left end
+            ``max_steps_reached``).
+        hmin_rel: fast path: a member whose explicit step falls below
+            ``hmin_rel · max(t, t1)`` ends ``nonfinite`` (default ``100 eps``), unless it is
+            then on a pole past ``√threshold`` (a blow-up the dtype cannot follow further).
+        min_bucket: fast path: the smallest batch the stiff stage pads to.
+        chunk: fast path: the explicit and pole stages run on chunks of this many members
+            (one compiled program each per chunk width, d and dtype, whatever n).
+        throw: if True, a member that is not successful (a blow-up included) raises: a
+            ``RuntimeError`` naming the first such member (fast path) or ``eqx.error_if``'s
+            error (composable path). Default False (read ``result`` per member).
+
+    Returns:
+        A :class:`BatchSolution` (every leaf with the leading axis n).
+
+    Raises:
+        ValueError: a concrete input with a wrong shape, a non-floating S0, non-finite
+            values, an S0 that is not a covariance, ``t1 <= 0`` or ``chunk < 1``.
+        RuntimeError: ``throw=True`` and a member is not successful (fast path).
+    """
+    S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
+    if not jnp.issubdtype(S0_dtype, jnp.floating):
+        # as solve_moments: the solve's dtype is S0's
+        raise ValueError(f"S0 must have a floating dtype, got {S0_dtype}")
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(S0_dtype))  # respects jax_enable_x64
+    shape_A = np.shape(A)
+    if len(shape_A) not in (2, 3) or shape_A[-1] != shape_A[-2]:
+        raise ValueError(f"A must have shape (d, d) or (n, d, d), got {shape_A}")
+    d = shape_A[-1]
+    pairs = [(np.shape(x), k) for x, k in zip((m0, S0, A, B, V, b), (1, 2, 2, 2, 2, 1))
+             if x is not None]
+    leads = {s[0] for s, k in pairs if len(s) == k + 1}
+    if len(leads) > 1:
+        raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
+    n = leads.pop() if leads else 1
+    if int(chunk) < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    rtol, atol = dtype_tolerances(dtype, rtol, atol)
+    blowup_threshold = dtype_threshold(dtype, blowup_threshold)
+    traced = _is_traced(m0, S0, A, B, V, b, t1, saveat)
+    if not traced and not float(t1) > 0:
         raise ValueError(f"t1 must be > 0, got {t1}")
+    if traced or saveat is not None and not (isinstance(saveat, int) and saveat == 1):
+        xp = jnp
+        cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+        S0b = _batched(cast(S0), n, (d, d), "S0", xp)
+        A, B, V = (_batched(cast(x), n, (d, d), k, xp) for x, k in ((A, "A"), (B, "B"), (V, "V")))
+        b = jnp.zeros((n, d), dtype) if b is None else _batched(cast(b), n, (d,), "b", xp)
+        m0 = jnp.zeros((n, d), dtype) if m0 is None else _batched(cast(m0), n, (d,), "m0", xp)
+        if not traced:
+            _check_concrete(n, d, dtype, np.asarray(S0b),
+                            (("S0", S0b), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)))
+        t1 = jnp.asarray(t1, dtype)
+        ts = _save_times(saveat, t1, dtype)
+        return _composable(m0, S0b, A, B, V, b, t1, ts, rtol, atol, blowup_threshold,
+                           int(max_explicit_iterations), int(max_stiff_iterations), bool(stiff),
+                           bool(throw))
+    return _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
+                 max_explicit_iterations, stiff, max_stiff_iterations, hmin_rel, min_bucket,
+                 int(chunk), throw)
+
+
+def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
+          max_explicit_iterations, stiff, max_stiff_iterations, hmin_rel, min_bucket, W, throw):
+    """The host-driven path of :func:`solve_moments_batch` (module doc)."""
+    # Host-side preparation in numpy (no per-shape compilation of small eager ops).
+    S0 = np.array(_batched(np.asarray(S0, dtype), n, (d, d), "S0", np))
+    _check_concrete(n, d, dtype, S0, (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)))
+    S0 = 0.5 * (S0 + np.swapaxes(S0, -1, -2))
+    A, B, V = (np.array(_batched(np.asarray(x, dtype), n, (d, d), k, np))
+               for x, k in ((A, "A"), (B, "B"), (V, "V")))
+    b = np.zeros((n, d), dtype) if b is None else np.array(_batched(np.asarray(b, dtype), n, (d,), "b", np))
+    m0 = np.zeros((n, d), dtype) if m0 is None else np.array(_batched(np.asarray(m0, dtype), n, (d,), "m0", np))
     t1 = np.asarray(t1, dtype)
     if hmin_rel is None:
         hmin_rel = 100 * float(np.finfo(dtype).eps)
-    rtol, atol = dtype_tolerances(dtype, rtol, atol)
-    blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     thr = (blowup_threshold * np.maximum(np.sqrt(np.sum(S0 * S0, axis=(1, 2))), 1.0)).astype(dtype)
 
     bl = lambda X: np.ascontiguousarray(np.moveaxis(X, 0, -1))  # noqa: E731
     mm = lambda X: np.moveaxis(X, -1, 0)  # noqa: E731
-    W = int(chunk)
-    if W < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
     # Global (host) state of every member, member-major; chunks of W members are gathered
     # from it, run, and written back.
     dt_ = np.dtype(dtype)
@@ -507,6 +554,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         rounds.append((int(pool.size), its, time.perf_counter() - t_round))
         pool = pool[status[pool] == ACTIVE]
     nsteps = counters["nacc"] + counters["nrej"]
+    nacc = counters["nacc"].copy()
     it1 = int(nsteps.max()) if n else 0
     status[status == ACTIVE] = HANDOFF
     t_stiff = time.perf_counter()
@@ -518,15 +566,16 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
         k = hands.size
         size = max(min_bucket, 1 << max(0, math.ceil(math.log2(k))))
         idx = np.concatenate([hands, np.full(size - k, hands[0])])
-        st_in = np.full(size, ACTIVE, np.int32)
-        st_in[k:] = status_code("successful")  # padding: inactive copies
-        res = _stiff_stage(t_fin[idx], h_last[idx], mean[idx], cov[idx], st_in, tstar[idx],
-                           nsteps[idx].astype(np.int32), A[idx], B[idx], V[idx], b[idx], t1,
-                           thr[idx], rtol, atol, np.int32(int(max_stiff_iterations)), hmin_rel)
-        t2, m2, S2, st2, ts2, ns2, it2 = (np.asarray(x) for x in res)
-        t_fin[hands], mean[hands], cov[hands] = t2[:k], m2[:k], S2[:k]
-        status[hands], tstar[hands], nsteps[hands] = st2[:k], ts2[:k], ns2[:k]
-        it2 = int(it2)
+        t_in = t_fin[idx]
+        t_in[k:] = t1  # padding: copies that start at t1 and take no step
+        res = _stiff_stage(t_in, mean[idx], cov[idx], A[idx], B[idx], V[idx], b[idx], t1, thr[idx],
+                           rtol, atol, int(max_stiff_iterations))
+        t2, m2, S2, st2, ts2, ns2, na2 = (np.asarray(x)[:k] for x in res)
+        t_fin[hands], mean[hands], cov[hands] = t2, m2, S2
+        status[hands], tstar[hands] = st2, ts2
+        nsteps[hands] += ns2.astype(nsteps.dtype)
+        nacc[hands] += na2.astype(nacc.dtype)
+        it2 = int(ns2.max())
     elif hands.size:
         status[hands] = status_code("stiff")
     stiff_seconds = time.perf_counter() - t_stiff
@@ -536,7 +585,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     bu = np.flatnonzero(status == status_code("blowup"))
     # Two passes over chunks of W members: most poles converge in a few dozen τ-steps; the
     # rest (and the non-poles, which use the whole budget) are redone so they do not hold
-    # the rest. (The step budget is traced: both passes run one compiled program.)
+    # the rest.
     todo, budget = bu, 64
     for last in (False, True):
         if todo.size == 0:
@@ -546,8 +595,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
             g = todo[start:start + W]
             sel = np.concatenate([g, np.full(W - g.size, g[0])])
             act = np.arange(W) < g.size
-            res = _pole_stage(t_fin[sel], cov[sel], A[sel], B[sel], V[sel], act, rtol, atol,
-                              np.int32(budget))
+            res = _pole_stage(t_fin[sel], cov[sel], A[sel], B[sel], V[sel], act, rtol, atol, budget)
             T_ref[start:start + g.size], conv[start:start + g.size] = (
                 np.asarray(x)[:g.size] for x in res)
         tstar[todo] = np.where(conv, T_ref, np.inf)
@@ -558,16 +606,24 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, rtol: float = 1e-10, ato
     # before t1), so no blow-up is claimed: LARGE, as in solve_moments.
     late = (status == status_code("blowup")) & (tstar > t1)
     status[late], tstar[late] = status_code("large"), np.inf
+    tstar[status != status_code("blowup")] = np.inf
     pole_seconds = time.perf_counter() - t_pole
     cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
+    ok = status == status_code("successful")
     rounds = np.asarray(rounds, np.float64).reshape(-1, 3)
-    stats = {"num_steps": nsteps, "stiff": stiff_mask,
+    stats = {"num_steps": nsteps, "num_accepted_steps": nacc, "stiff": stiff_mask,
              "explicit_iterations": np.asarray(it1), "stiff_iterations": np.asarray(it2),
              "round_sizes": rounds[:, 0].astype(np.int64),
              "round_iterations": rounds[:, 1].astype(np.int64), "round_seconds": rounds[:, 2],
              "stiff_seconds": np.asarray(stiff_seconds), "pole_seconds": np.asarray(pole_seconds)}
-    out = BatchSolution(t_final=t_fin, mean=mean, cov=cov, blowup_time=tstar,
-                        result=from_codes(status), stats=stats)
+    nan = np.asarray(np.nan, dt_)
+    out = BatchSolution(ts=jnp.asarray(np.broadcast_to(t1, (n, 1))),
+                        mean=jnp.asarray(np.where(ok[:, None, None], mean[:, None], nan)),
+                        cov=jnp.asarray(np.where(ok[:, None, None, None], cov[:, None], nan)),
+                        t_final=jnp.asarray(t_fin), mean_final=jnp.asarray(mean),
+                        cov_final=jnp.asarray(cov), blowup_time=jnp.asarray(tstar),
+                        result=from_codes(status),
+                        stats={k: jnp.asarray(v) for k, v in stats.items()})
     if throw:
         raise_if_failed(out, "solve_moments_batch")
     return out

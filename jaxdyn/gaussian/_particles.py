@@ -4,7 +4,7 @@ r"""Gaussian clouds of particles and their empirical statistics (Paper B's parti
   NumPy seed, optionally with exactly the moments (m, S);
 * :func:`directions`, :func:`cloud_stats`: per-frame mean, covariance, radius and the largest
   |skewness| / |excess kurtosis| over fixed projections;
-* :func:`bures_distance`: Bures–Wasserstein distance of moment pairs on the host, NaN-aware;
+* :func:`bures_distance`: :func:`jaxdyn.distances.bures_w2` of moment pairs, read on the host;
 * :func:`parting_time`, :func:`fit_slope`: when particles and closure part ways; log–log slopes.
 
 The one PSD square root of the package is :func:`jaxdyn.distances.sqrtm_psd`.
@@ -98,20 +98,25 @@ def cloud_stats(xs, dirs):
     return m, C, r, jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1)
 
 
-# one program (op by op: ~30 small ones)
-_bures_w2_jit = eqx.filter_jit(bures_w2)
-
-
 def bures_distance(m0, S0, m1, S1):
-    """Bures–Wasserstein distance between N(m0, S0) and N(m1, S1) (:func:`jaxdyn.distances.bures_w2`
-    in float64), broadcast over leading axes, as a NumPy array; NaN where an input is not
-    finite (a blown-up closure)."""
-    bad = ~(np.all(np.isfinite(S0), axis=(-2, -1)) & np.all(np.isfinite(S1), axis=(-2, -1))
-            & np.all(np.isfinite(m0), axis=-1) & np.all(np.isfinite(m1), axis=-1))
-    f = lambda a: np.nan_to_num(np.asarray(a, np.float64))  # noqa: E731
-    with jax.enable_x64(True):  # one program (op by op: ~30 small ones, each traced, lowered)
-        w = np.asarray(_bures_w2_jit(f(m0), f(S0), f(m1), f(S1)), np.float64)
-    return np.where(bad, np.nan, w)
+    """Bures–Wasserstein W2 between N(m0, S0) and N(m1, S1) in float64, as a NumPy array.
+
+    The host-side reading of :func:`jaxdyn.distances.bures_w2` (its ``value``, computed in
+    float64 whatever the inputs' dtype), for comparing saved moments.
+
+    Args:
+        m0: (..., d) means.
+        S0: (..., d, d) covariances.
+        m1: (..., d) means (broadcast against m0).
+        S1: (..., d, d) covariances (broadcast against S0).
+
+    Returns:
+        W2 of the broadcast batch shape, float64 NumPy; NaN where an input is not finite
+        (a blown-up closure).
+    """
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    with jax.enable_x64(True):
+        return np.asarray(bures_w2(f(m0), f(S0), f(m1), f(S1)).value, np.float64)
 
 
 def parting_time(ts, tr_particles, tr_closure, threshold):

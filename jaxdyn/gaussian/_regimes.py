@@ -5,7 +5,7 @@ r"""Stationary covariances, their stability, regimes, and parameter-grid sweeps 
     F(Σ) := A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ = 0.
 
 Σ = 0 always solves it; :func:`stationary_covariance` looks for a nonzero solution by
-damped Newton on the ``d(d+1)/2`` symmetric unknowns, started from the Lyapunov equilibrium
+Newton's method (``optimistix.Newton``) on the ``d(d+1)/2`` symmetric unknowns, started from the Lyapunov equilibrium
 of ``V̄ = (tr V / d) I`` (exact when ``V = v I``) and continued in ``V(θ) = V̄ + θ (V − V̄)``,
 θ: 0 → 1. It reports the residual ``‖F(Σ*)‖_F``, PSD-ness, and the spectrum of the
 linearisation ``DF(Σ*)`` on symmetric matrices (stable iff every real part is < 0).
@@ -35,7 +35,9 @@ from typing import Callable, NamedTuple, Optional
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
+import optimistix as optx
 
 from ._solve import moment_rhs
 from ._batch import solve_moments_batch
@@ -107,24 +109,17 @@ class StationaryPoint(eqx.Module):
 
 
 def _newton(x0, A, B, V, d, iters):
-    def R(x):
+    """Newton's method on the symmetric unknowns (``optimistix.Newton``, least-squares steps
+    by SVD where the Jacobian is singular), ``iters`` steps at most; the last iterate (the
+    caller reads the residual)."""
+    def R(x, args):
+        A, B, V = args
         return _vech(bernoulli_residual(_unvech(x, d), A, B, V))
 
-    alphas = jnp.asarray([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125], x0.dtype)
-
-    def step(x, _):
-        r = R(x)
-        J = jax.jacfwd(R)(x)
-        dx = jnp.linalg.lstsq(J, -r)[0]
-        cand = x[None, :] + alphas[:, None] * dx[None, :]
-        norms = jax.vmap(lambda c: jnp.sum(R(c) ** 2))(cand)
-        norms = jnp.where(jnp.isfinite(norms), norms, jnp.inf)
-        k = jnp.argmin(norms)
-        better = norms[k] < jnp.sum(r**2)
-        return jnp.where(better, cand[k], x), None
-
-    x, _ = jax.lax.scan(step, x0, None, length=iters)
-    return x
+    eps = float(jnp.finfo(x0.dtype).eps)
+    solver = optx.Newton(rtol=8 * eps, atol=8 * eps, linear_solver=lx.SVD())
+    sol = optx.root_find(R, solver, x0, (A, B, V), max_steps=iters, throw=False)
+    return sol.value
 
 
 @eqx.filter_jit
@@ -324,7 +319,7 @@ def moment_grid(make_params: Callable, x, y, S0, *, t1, m0=None, **solver_kw) ->
     b = np.stack([p["b"] for p in pars]) if "b" in pars[0] else None
     sol = solve_moments_batch(m0, S0.astype(A.dtype), A=A, B=B, V=V, b=b, t1=t1, **solver_kw)
     shp = (x.size, y.size)
-    tr = np.trace(np.asarray(sol.cov), axis1=-2, axis2=-1)
+    tr = np.trace(np.asarray(sol.cov_final), axis1=-2, axis2=-1)
     return GridResult(x, y, np.asarray(sol.blowup_time).reshape(shp), tr.reshape(shp),
                       np.asarray(sol.status).reshape(shp), None, None)
 

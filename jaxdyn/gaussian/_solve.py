@@ -47,10 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..integrators.dopri8 import dopri8_step
 from ..models._control import Control
 from .._checks import check_times
-from .._results import RESULTS, Solution, stat, code, error_if_failed, from_codes, status_code, status_codes
+from .._results import RESULTS, Solution, stat, error_if_failed, from_codes, status_code, status_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -259,6 +258,38 @@ def remaining_time(s, ell, q):
     return ratio / jnp.where(qs != 0, qs, 1.0)
 
 
+class _PoleField(eqx.Module):
+    r"""The projective blow-up system in the time τ (:func:`pole_refine`), ``z = (t, Ŝ, w)``."""
+
+    A: jax.Array
+    B: jax.Array
+    V: jax.Array
+
+    def rates(self, z):
+        """``(L(Ŝ), Q(Ŝ), g)`` at ``z``."""
+        _, Sh, w = z
+        L = _mm(self.A, Sh)
+        L = L + L.T
+        G = _mm(_mm(self.V, _mm(Sh, self.B)), Sh)
+        Q = G + G.T
+        g = jnp.sum(Sh * (jnp.exp(w) * L + Q)) / jnp.sum(Sh * Sh)
+        return L, Q, g
+
+    def done(self, z):
+        """Converged: the remaining time ``u/g`` is below ``8 eps max(|t|, 1)``."""
+        t_, _, w = z
+        _, _, g = self.rates(z)
+        eps = jnp.finfo(w.dtype).eps
+        return (g > 0) & (jnp.exp(w) <= 8 * eps * jnp.maximum(jnp.abs(t_), 1.0) * g)
+
+    def __call__(self, tau, z, args):
+        """``dz/dτ``."""
+        _, Sh, _ = z
+        L, Q, g = self.rates(z)
+        u = jnp.exp(z[2])
+        return (u, u * L + Q - g * Sh, -g)
+
+
 def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400, active=True):
     r"""Refine a blow-up time from a state ``(t, Σ)`` near the pole: ``T* = lim_{τ→∞} t(τ)``.
 
@@ -273,69 +304,58 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
     (``L(Ŝ) = AŜ + ŜAᵀ``, ``Q(Ŝ) = VŜBŜ + ŜBᵀŜVᵀ``; the gauge g keeps ‖Ŝ‖ = 1; ``log u``
     rather than u keeps ``t' > 0`` when steps grow). It is bounded and tends to the fixed
     point ``u = 0``, ``Ŝ`` rank one, so adaptive steps in τ grow and ``t → T*``
-    exponentially: stop when the remaining time ``u/g`` is below ``8 eps max(t, 1)``.
-    Returns ``(T*, converged)``; not converged within ``max_steps`` means the flow left the
-    pole (it turned onto the cone ``uᵀBu = 0``, where g → 0 and ‖Σ‖ saturates). g may dip,
-    even below 0, and recover on a genuine pole whose direction is still turning, so a dip
-    alone is not a verdict. Single member, jnp (jit/vmap friendly); Dopri8 with
-    per-step error control in τ. ``active=False`` skips the loop (members without a
-    blow-up under ``vmap``).
+    exponentially. One ``diffrax.diffeqsolve`` (Dopri8, PID steps in τ from
+    ``0.05/g``) stopped by a ``diffrax.Event`` once the remaining time ``u/g`` is below
+    ``8 eps max(t, 1)``; then ``T* = t + log(1 + ℓ/(q s))/ℓ`` at that point (the
+    frozen-coefficient Bernoulli remainder, of the size of the stopping tolerance).
+    Not converged within ``max_steps`` means the flow left the pole (it turned onto the
+    cone ``uᵀBu = 0``, where g → 0 and ‖Σ‖ saturates). g may dip, even below 0, and
+    recover on a genuine pole whose direction is still turning, so a dip alone is not a
+    verdict.
+
+    Args:
+        t: detection time.
+        S: (d, d) covariance at t (large: ``‖Σ‖`` at the blow-up threshold).
+        A: (d, d) parameter at t.
+        B: (d, d) parameter at t.
+        V: (d, d) parameter at t.
+        rtol: relative tolerance of the steps in τ.
+        atol: absolute tolerance of the steps in τ.
+        max_steps: step budget of the solve in τ.
+        active: False skips the solve (members without a blow-up under ``vmap``; the
+            returned T* is then meaningless).
+
+    Returns:
+        ``(T*, converged)``, scalars of S's dtype and bool.
     """
     dtype = S.dtype
-    eps = jnp.finfo(dtype).eps
+    field = _PoleField(A, B, V)
     active = jnp.asarray(active, bool)
     s = jnp.sqrt(jnp.sum(S * S))
+    s = jnp.where(s > 0, s, 1.0)
     z0 = (jnp.asarray(t, dtype), S / s, -jnp.log(s))
-
-    def rates(z):
-        _, Sh, w = z
-        L = _mm(A, Sh)
-        L = L + L.T
-        G = _mm(_mm(V, _mm(Sh, B)), Sh)
-        Q = G + G.T
-        g = jnp.sum(Sh * (jnp.exp(w) * L + Q)) / jnp.sum(Sh * Sh)
-        return L, Q, g
-
-    def f(z):
-        _, Sh, w = z
-        L, Q, g = rates(z)
-        u = jnp.exp(w)
-        return (u, u * L + Q - g * Sh, -g)
-
-    def done(z):
-        t_, _, w = z
-        _, _, g = rates(z)
-        return (g > 0) & (jnp.exp(w) <= 8 * eps * jnp.maximum(jnp.abs(t_), 1.0) * g)
-
-    def body(c):
-        z, h, k, _ = c
-        z1, e, _, _ = dopri8_step(f, z, h)
-        sc = jax.tree_util.tree_map(lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), z, z1)
-        tot = sum(jnp.sum((ee / ss) ** 2) for ee, ss in zip(jax.tree_util.tree_leaves(e),
-                                                          jax.tree_util.tree_leaves(sc)))
-        err = jnp.sqrt(tot / (2 + S.size))
-        fin = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(z1)]))
-        err = jnp.where(fin & jnp.isfinite(err), err, jnp.inf)
-        acc = err <= 1.0
-        fac = 0.9 * jnp.where(err > 0, err, 1e-10) ** (-1.0 / 8.0)
-        fac = jnp.where(acc, jnp.clip(fac, 0.2, 6.0), jnp.clip(fac, 0.2, 0.9))
-        z = jax.tree_util.tree_map(lambda a, b: jnp.where(acc, b, a), z, z1)
-        return z, h * fac, k + 1, done(z)
-
-    def cond(c):
-        _, h, k, fin = c
-        return (~fin) & (k < max_steps) & (h > 0)
-
-    _, _, g0 = rates(z0)
-    h0 = 0.05 / jnp.where(g0 > 0, g0, 1.0)
-    z, _, _, conv = jax.lax.while_loop(cond, body, (z0, h0.astype(dtype), 0, done(z0) | ~active))
+    _, _, g0 = field.rates(z0)
+    h0 = (0.05 / jnp.where(g0 > 0, g0, 1.0)).astype(dtype)
+    # an inactive member (or one already converged) stops at once: the event holds at τ = 0
+    stop = lambda tau, z, args, **kw: field.done(z) | ~active  # noqa: E731
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field), diffrax.Dopri8(), jnp.zeros((), dtype), jnp.asarray(_TAU_END, dtype),
+        h0, z0, saveat=diffrax.SaveAt(t1=True),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        event=diffrax.Event(stop), max_steps=max_steps, throw=False, adjoint=diffrax.ForwardMode())
+    z = jax.tree.map(lambda x: x[0], sol.ys)
     t_, Sh, w = z
-    L, Q, g = rates(z)
+    L, Q, _ = field.rates(z)
     nS2 = jnp.sum(Sh * Sh)
     ell = jnp.sum(Sh * L) / nS2
     q = jnp.sum(Sh * Q) / nS2 / jnp.sqrt(nS2)
     tstar = t_ + remaining_time(jnp.sqrt(nS2) * jnp.exp(-w), ell, q)
-    return tstar, done(z)
+    return tstar, field.done(z)
+
+
+# The end of the τ interval of pole_refine: never reached (the event or the step budget ends
+# the solve first); finite, as diffrax's controller wants.
+_TAU_END = 1e30
 
 
 def on_pole(s, ell, q, vb):
@@ -452,14 +472,23 @@ def check_covariance(S, name: str = "S0"):
 
 
 class MomentSolution(Solution):
-    r"""Result of :func:`solve_moments` (a :class:`jaxdyn.Solution`).
+    r"""Result of :func:`solve_moments` (a :class:`jaxdyn.Solution`; every leaf an array).
 
-    ts: (n_save,) save times; mean: (n_save, d); cov: (n_save, d, d) — NaN at save times at
-    or after a blow-up or failure. t_final: time reached (the detection time after a
-    blow-up); mean_final, cov_final: the state there. blowup_time: refined ``T*`` (inf if
-    none before t1). result: :class:`jaxdyn.RESULTS` (``.status`` its int codes, compare
-    with ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``). stats: ``{"num_steps"`` (accepted
-    + rejected), ``"num_accepted_steps"}``.
+    The moments at the save times (a trajectory, as diffrax's ``ys``) and the state where
+    the solve ended. Under ``vmap`` every leaf gains the leading member axis.
+
+    Attributes:
+        ts: (n_save,) save times.
+        mean: (n_save, d) the mean at ``ts``; NaN at save times at or after a blow-up or a
+            failure.
+        cov: (n_save, d, d) the covariance at ``ts``; NaN there likewise.
+        t_final: the time reached (t1 when successful, the detection time after a blow-up).
+        mean_final: (d,) the mean at ``t_final``.
+        cov_final: (d, d) the covariance at ``t_final``.
+        blowup_time: the refined ``T*`` (inf unless the status is ``blowup``).
+        result: :class:`jaxdyn.RESULTS` (``.status`` its int codes, compare with
+            ``jaxdyn.status_code(name)``; ``.messages``, ``.ok``).
+        stats: ``{"num_steps"`` (attempted: accepted + rejected), ``"num_accepted_steps"}``.
     """
 
     ts: jax.Array
@@ -472,7 +501,9 @@ class MomentSolution(Solution):
     result: RESULTS
     stats: dict
 
-    num_steps = stat("num_steps", "Accepted + rejected steps: ``stats['num_steps']``.")
+    num_steps = stat("num_steps", "Steps attempted (accepted + rejected): ``stats['num_steps']``.")
+    num_accepted_steps = stat("num_accepted_steps",
+                              "Accepted steps: ``stats['num_accepted_steps']``.")
 
 
 def _save_times(saveat, t1, dtype):
@@ -490,7 +521,6 @@ def _save_times(saveat, t1, dtype):
     return ts
 
 
-
 def _prepared_start(S0, threshold):
     """(S0 symmetrised, whether it is not a covariance to its dtype's tolerance, the event
     threshold on ‖S‖_F relative to max(‖S0‖_F, 1)), as both solve paths use them."""
@@ -501,14 +531,14 @@ def _prepared_start(S0, threshold):
     return S0, invalid, threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
 
 
-
-def _solve_until(field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint):
-    """One adaptive diffrax solve of ``field`` from (m0, S0) on [0, t1], saved at ``ts`` and at
-    its end, stopped by the event ``cond_fn`` (PID steps, the field's breakpoints as jump
-    times): (the solution, (means, covariances) at ts, (mean, covariance, time) at the end)."""
+def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint):
+    """One adaptive diffrax solve of ``field`` from ``y0 = (m0, S0)`` on [t0, t1], saved at
+    ``ts`` (within [t0, t1]) and at its end, stopped by the event ``cond_fn`` (PID steps, the
+    field's breakpoints as jump times): (the solution, (means, covariances) at ts, (mean,
+    covariance, time) at the end)."""
     controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), solver, jnp.zeros((), S0.dtype), t1, dt0, (m0, S0),
+        diffrax.ODETerm(field), solver, t0, t1, dt0, y0,
         saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
         stepsize_controller=controller, event=diffrax.Event(cond_fn), max_steps=max_steps,
         throw=False, adjoint=adjoint)
@@ -516,59 +546,105 @@ def _solve_until(field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_st
     return sol, (m_all, S_all), (m_end[0], S_end[0], sol.ts[1][0])
 
 
-@eqx.filter_jit
-def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
-               throw=False):
+def _threshold_event(thr):
+    """The blow-up event: ``‖Σ‖_F ≥ thr`` or a non-finite state (a boolean ``diffrax.Event``
+    condition: the solve ends at the end of the step that passed it)."""
+    def cond_fn(t, y, args, **kwargs):
+        m, S = y
+        bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
+        return (jnp.sum(S * S) >= thr * thr) | bad
+
+    return cond_fn
+
+
+def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
+                  *, stiff_steps: int = 0, stiff_status=None, pole: bool = True,
+                  pole_steps: int = 400):
+    """One member's solve and status (jit/vmap/grad friendly; the core of both drivers).
+
+    ``solver`` from (m0, S0) on [0, t1] with the blow-up event; with ``stiff_steps > 0`` a
+    member whose step budget ``max_steps`` ran out continues from there with
+    :class:`jaxdyn.integrators.rodas5.Rodas5` for at most ``stiff_steps`` steps (the stiff
+    stage of :func:`jaxdyn.gaussian.solve_moments_batch`); a budget that runs out with
+    ``stiff_steps = 0`` is ``stiff_status`` (default ``max_steps_reached``). ``pole``: the
+    pole test and T* refinement (:func:`pole_refine`) of a member past the threshold, else
+    ``large``. Returns ``(MomentSolution, handed to the stiff stage)``.
+    """
+    from ..integrators.rodas5 import Rodas5
+
     dtype = S0.dtype
     d = S0.shape[0]
     S0, invalid, thr = _prepared_start(S0, threshold)
-
-    def cond_fn(t, y, args, **kwargs):
-        m, S = y
-        A, B, V, _ = field.params(t)
-        s = jnp.sqrt(jnp.sum(S * S))
-        bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
-        return (s >= thr) | bad
-
+    cond_fn = _threshold_event(thr)
+    zero = jnp.zeros((), dtype)
     sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
-        field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
-    A, B, V, _ = field.params(t_end)
-    s, ell, q = blowup_indicators(S_end, A, B, V)
+        field, solver, (m0, S0), zero, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
+    result = status_codes(sol.result)
+    nsteps, nacc = sol.stats["num_steps"], sol.stats["num_accepted_steps"]
+    maxed_code = status_code("max_steps_reached")
+    handed = result == maxed_code
+    if stiff_steps:
+        # Continue the members whose explicit budget ran out (stiff, in practice) with Rodas5;
+        # the others start at t1 and take no step.
+        t_start = jnp.where(handed, t_end, t1)
+        sol2, (m_all2, S_all2), (m_end2, S_end2, t_end2) = _solve_until(
+            field, Rodas5(), (m_end, S_end), t_start, t1, jnp.clip(ts, t_start, t1), None, rtol,
+            atol, cond_fn, stiff_steps, adjoint)
+        later = handed & (ts > t_end)
+        m_all = jnp.where(later[:, None], m_all2, m_all)
+        S_all = jnp.where(later[:, None, None], S_all2, S_all)
+        m_end, S_end = jnp.where(handed, m_end2, m_end), jnp.where(handed, S_end2, S_end)
+        t_end = jnp.where(handed, t_end2, t_end)
+        result = jnp.where(handed, status_codes(sol2.result), result)
+        nsteps = nsteps + jnp.where(handed, sol2.stats["num_steps"], 0)
+        nacc = nacc + jnp.where(handed, sol2.stats["num_accepted_steps"], 0)
+    elif stiff_status is not None:
+        maxed_code = stiff_status
+    s = jnp.sqrt(jnp.sum(S_end * S_end))
     finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
-    event = sol.result == diffrax.RESULTS.event_occurred
+    event = result == status_code("event_occurred")
     big = event & finite & (s >= thr)
-    blew = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
-    ok = (sol.result == diffrax.RESULTS.successful) & finite
-    maxed = sol.result == diffrax.RESULTS.max_steps_reached
+    ok = (result == status_code("successful")) & finite
+    maxed = result == status_code("max_steps_reached")
     # diffrax's other codes (dt_min_reached, ...) pass through; a non-finite end is nonfinite
-    other = jnp.where(finite & ~event, status_codes(sol.result), status_code("nonfinite"))
-    status = jnp.where(ok, status_code("successful"),
-                       jnp.where(blew, status_code("blowup"),
-                                 jnp.where(big, status_code("large"),
-                                           jnp.where(maxed & finite, status_code("max_steps_reached"),
-                                                     other))))
-    # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
-    # that does not converge there is downgraded to LARGE.
-    # (T* is not differentiated: stop_gradient keeps the refinement loop out of JVP/VJP traces.)
-    S_safe = jnp.where(blew, S_end, jnp.eye(d, dtype=dtype))
-    sg = jax.lax.stop_gradient
-    T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
-                              rtol=rtol, atol=atol, active=blew)
-    # a pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
-    # before t1), so no blow-up is claimed (blowup_time is inf unless T* <= t1): LARGE
-    status = jnp.where(blew & (~conv | (T_ref > t1)), status_code("large"), status)
+    other = jnp.where(finite & ~event, result, status_code("nonfinite"))
+    status = jnp.where(big, status_code("large"),
+                       jnp.where(maxed & finite, maxed_code, other))
+    status = jnp.where(ok, status_code("successful"), status)
+    tstar = jnp.full((), jnp.inf, dtype)
+    if pole:
+        A, B, V, _ = field.params(t_end)
+        s, ell, q = blowup_indicators(S_end, A, B, V)
+        blew = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
+        # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
+        # that does not converge there, or is refined past t1 (the solution is finite on
+        # [0, t1]: it only passed the threshold before t1), is LARGE. T* is not
+        # differentiated: stop_gradient keeps the refinement out of JVP/VJP traces.
+        sg = jax.lax.stop_gradient
+        S_safe = jnp.where(blew, S_end, jnp.eye(d, dtype=dtype))
+        T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
+                                  rtol=rtol, atol=atol, max_steps=pole_steps, active=blew)
+        blew = blew & conv & (T_ref <= t1)
+        status = jnp.where(blew, status_code("blowup"), status)
+        tstar = jnp.where(blew, T_ref, tstar).astype(dtype)
     status = jnp.where(invalid, status_code("invalid_input"), status).astype(jnp.int32)
-    tstar = jnp.where(status == status_code("blowup"), T_ref, jnp.inf).astype(dtype)
     # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
     good = (ts < t_end) | (status == status_code("successful"))
     nan = jnp.asarray(jnp.nan, dtype)
-    mean = jnp.where(good[:, None], m_all, nan)
-    cov = jnp.where(good[:, None, None], S_all, nan)
-    out = MomentSolution(ts=ts, mean=mean, cov=cov, t_final=t_end.astype(dtype),
-                         mean_final=m_end, cov_final=S_end, blowup_time=tstar,
-                         result=from_codes(status),
-                         stats={"num_steps": sol.stats["num_steps"],
-                                "num_accepted_steps": sol.stats["num_accepted_steps"]})
+    out = MomentSolution(ts=ts, mean=jnp.where(good[:, None], m_all, nan),
+                         cov=jnp.where(good[:, None, None], S_all, nan),
+                         t_final=t_end.astype(dtype), mean_final=m_end, cov_final=S_end,
+                         blowup_time=tstar, result=from_codes(status),
+                         stats={"num_steps": nsteps, "num_accepted_steps": nacc})
+    return out, handed
+
+
+@eqx.filter_jit
+def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
+               throw=False):
+    """:func:`_member_solve` of Paper B's field, jitted; ``throw`` raises on a failed result."""
+    out, _ = _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps,
+                           adjoint, dt0)
     return error_if_failed(out, out.result) if throw else out
 
 
@@ -578,35 +654,8 @@ def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max
     """:func:`_solve_jit` for a :class:`VariantMomentField`: the same event at the threshold,
     reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
     sides have no single (V, B) quadratic part)."""
-    dtype = S0.dtype
-    S0, invalid, thr = _prepared_start(S0, threshold)
-
-    def cond_fn(t, y, args, **kwargs):
-        m, S = y
-        bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
-        return (jnp.sqrt(jnp.sum(S * S)) >= thr) | bad
-
-    sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
-        field, solver, m0, S0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
-    s = jnp.sqrt(jnp.sum(S_end * S_end))
-    finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
-    event = sol.result == diffrax.RESULTS.event_occurred
-    big = event & finite & (s >= thr)
-    ok = (sol.result == diffrax.RESULTS.successful) & finite
-    maxed = sol.result == diffrax.RESULTS.max_steps_reached
-    other = jnp.where(finite & ~event, status_codes(sol.result), status_code("nonfinite"))
-    status = jnp.where(ok, status_code("successful"),
-                       jnp.where(big, status_code("large"),
-                                 jnp.where(maxed & finite, status_code("max_steps_reached"), other)))
-    status = jnp.where(invalid, status_code("invalid_input"), status).astype(jnp.int32)
-    good = (ts < t_end) | (status == status_code("successful"))
-    nan = jnp.asarray(jnp.nan, dtype)
-    out = MomentSolution(ts=ts, mean=jnp.where(good[:, None], m_all, nan),
-                         cov=jnp.where(good[:, None, None], S_all, nan),
-                         t_final=t_end.astype(dtype), mean_final=m_end, cov_final=S_end,
-                         blowup_time=jnp.full((), jnp.inf, dtype), result=from_codes(status),
-                         stats={"num_steps": sol.stats["num_steps"],
-                                "num_accepted_steps": sol.stats["num_accepted_steps"]})
+    out, _ = _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps,
+                           adjoint, dt0, pole=False)
     return error_if_failed(out, out.result) if throw else out
 
 
