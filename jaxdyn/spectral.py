@@ -12,21 +12,41 @@ decays along that flow at rate at least ``2γ / ‖B‖``.
 
 The checks and eigen-decompositions run on the host in float64 (numpy, in
 :mod:`jaxdyn.spectral_host`, which imports no JAX; re-exported here): they are set-up
-steps, not part of a jitted loop. :class:`Projection`, :func:`lyapunov`, :func:`mass_near`
-and :func:`angle_to_subspace` are jittable JAX functions of the particle positions.
+steps, not part of a jitted loop, and need concrete weights (host-only). :class:`Projection`,
+:func:`lyapunov`, :func:`mass_near` and :func:`angle_to_subspace` are JAX functions of the
+particle positions: they jit, vmap and (but for the count ``mass_near``) differentiate.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+import typing as _typing
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+
+from .spectral_host import (  # the host (NumPy) half, re-exported
+    DEFAULT_RTOL as DEFAULT_RTOL,
+    AssumptionReport as AssumptionReport,
+    Eigenspace as Eigenspace,
+    SpectralWeights as SpectralWeights,
+    _square64,
+    check_assumptions as check_assumptions,
+    random_orthogonal,
+    rotation_matrix as rotation_matrix,
+    spectral_weights_host,
+    subspace_angle as subspace_angle,
+    top_eigenspace as top_eigenspace,
+)
+
+if _typing.TYPE_CHECKING:
+    from typing import Optional, Sequence
+
+    from jaxtyping import Array, Float
 
 __all__ = [
+    "DEFAULT_RTOL",
     "AssumptionReport",
     "check_assumptions",
     "Projection",
@@ -42,33 +62,27 @@ __all__ = [
     "spectral_weights",
 ]
 
-from .spectral_host import (  # the host (NumPy) half, re-exported
-    DEFAULT_RTOL as DEFAULT_RTOL,
-    AssumptionReport as AssumptionReport,
-    Eigenspace as Eigenspace,
-    _square64,
-    check_assumptions as check_assumptions,
-    random_orthogonal,
-    rotation_matrix as rotation_matrix,
-    spectral_weights_host,
-    subspace_angle as subspace_angle,
-    top_eigenspace as top_eigenspace,
-)
-
-# --------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _float_dtype(*arrays, default=None):
-    dts = []
-    for a in arrays:
-        dt = getattr(a, "dtype", None)
-        if dt is not None and jnp.issubdtype(dt, jnp.floating):
-            dts.append(dt)
+def _float_dtype(*arrays, default=None) -> np.dtype:
+    """The canonical floating dtype the arrays promote to (``default``, else JAX's default float)."""
+    dts = [jax.dtypes.canonicalize_dtype(a.dtype) for a in arrays
+           if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)]
     if dts:
-        return jnp.result_type(*dts)
-    return jnp.dtype(default) if default is not None else jnp.result_type(float)
+        return np.dtype(jnp.result_type(*dts))
+    return np.dtype(jax.dtypes.canonicalize_dtype(default if default is not None else float))
+
+
+def _host_array(a, dtype):
+    """A float64 NumPy result placed on the device in ``dtype`` (cast on the host, one transfer).
+
+    No program of its own; inside a trace it becomes a constant of the program.
+
+    Returns:
+      The JAX array.
+    """
+    return jax.device_put(np.asarray(a, dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -81,7 +95,7 @@ class Projection(eqx.Module):
 
     Call it on points of shape (..., d). Undefined on E⊥: there ``P_E x = 0`` and the result
     is NaN (0/0), which is honest; such starts have measure zero under Assumption 2.
-    Jittable and vmappable (the projector is an array leaf).
+    Jittable, vmappable and differentiable in x (the projector is an array leaf).
 
     Attributes:
       projector: (d, d) orthogonal projector P_E.
@@ -95,14 +109,17 @@ class Projection(eqx.Module):
 
     @property
     def dim(self) -> int:
+        """The dimension d of the ambient space."""
         return int(self.basis.shape[0])
 
     @property
     def dim_E(self) -> int:
+        """The dimension k of E."""
         return int(self.basis.shape[1])
 
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
-        px = jnp.matmul(x, self.projector, precision=jax.lax.Precision.HIGHEST)  # P symmetric
+        """Π(x) = P_E x / |P_E x| for points x of shape (..., d) (NaN on E⊥)."""
+        px = jnp.matmul(x, self.projector, precision=_HIGHEST)  # P symmetric
         return px / jnp.linalg.norm(px, axis=-1, keepdims=True)
 
 
@@ -114,11 +131,22 @@ def projection(Q, K, V, *, force: bool = False, rtol: float = DEFAULT_RTOL) -> P
     part fails, raises unless ``force=True``, in which case E is the top eigenspace of the
     symmetric part (M + Mᵀ)/2 (with no gap at all, E is the whole space and Π(x) = x/|x|).
 
-    Arrays are returned in the floating dtype of the inputs.
+    Host-only: the eigen-decomposition runs in float64 NumPy, so Q, K, V must be concrete
+    (NumPy or JAX arrays; it may be called inside ``jax.jit`` on concrete weights, the projector
+    then being a constant of the program). The returned :class:`Projection` is jittable.
+
+    Args:
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+      force: build Π even if Assumption 1 fails (from the symmetric part of M).
+      rtol: the tolerance of :func:`check_assumptions` and of the eigenvalue clusters.
+
+    Returns:
+      The :class:`Projection`, its arrays in the floating dtype of the inputs.
 
     Raises:
-      ValueError: naming each failing part of Assumption 1 (unless ``force``), or for
-        malformed inputs.
+      ValueError: naming each failing part of Assumption 1 (unless ``force``).
     """
     report = check_assumptions(Q, K, V, rtol=rtol)
     if not report.ok and not force:
@@ -129,14 +157,12 @@ def projection(Q, K, V, *, force: bool = False, rtol: float = DEFAULT_RTOL) -> P
     q, k, v = (_square64(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
     es = top_eigenspace(v @ (q.T @ k).T, symmetric=True, rtol=rtol)
     dtype = _float_dtype(Q, K, V)
-    return Projection(
-        projector=jnp.asarray(es.projector, dtype=dtype),
-        basis=jnp.asarray(es.basis, dtype=dtype),
-        report=report,
-    )
+    return Projection(projector=_host_array(es.projector, dtype),
+                      basis=_host_array(es.basis, dtype), report=report)
 
 
 def _projector_of(P):
+    """The (d, d) projector of a :class:`Projection` or an array (a ValueError otherwise)."""
     if isinstance(P, Projection):
         return P.projector
     P = jnp.asarray(P)
@@ -148,18 +174,26 @@ def _projector_of(P):
 def lyapunov(x: Float[Array, "... d"], P_E) -> Float[Array, "..."]:
     r"""Lyapunov functional ``L(x) = |P_{E⊥} x|^2 / |P_E x|^2`` (tan² of the angle to E).
 
-    Along the zero-temperature flow ``dL/dt <= -(2γ/‖B‖) L`` (docs/math.md §A.6). ``P_E`` is the
-    (d, d) orthogonal projector (or a :class:`Projection`). Infinite on E⊥. Jittable.
+    Along the zero-temperature flow ``dL/dt <= -(2γ/‖B‖) L`` (docs/math.md §A.6). Infinite on
+    E⊥. Jittable, vmappable and differentiable in x.
+
+    Args:
+      x: (..., d) points.
+      P_E: the (d, d) orthogonal projector onto E, or a :class:`Projection`.
+
+    Returns:
+      (...) values of L.
     """
     P = _projector_of(P_E)
     x = jnp.asarray(x)
-    px = jnp.matmul(x, P.T, precision=jax.lax.Precision.HIGHEST)
+    px = jnp.matmul(x, P.T, precision=_HIGHEST)
     num = jnp.sum((x - px) ** 2, axis=-1)
     den = jnp.sum(px**2, axis=-1)
     return num / den
 
 
 def _basis_of(basis):
+    """(d, k) orthonormal columns of a :class:`Projection`, :class:`Eigenspace` or array."""
     if isinstance(basis, Projection):
         return basis.basis
     if isinstance(basis, Eigenspace):
@@ -177,13 +211,19 @@ def angle_to_subspace(x: Float[Array, "... d"], basis) -> Float[Array, "..."]:
 
         θ(x) = arctan2(|x - P x|, |P x|),   P = basis basisᵀ
 
-    ``basis`` is (d, k) with orthonormal columns (or an :class:`Eigenspace` /
-    :class:`Projection`). Jittable.
+    Jittable, vmappable and differentiable in x (away from θ = 0).
+
+    Args:
+      x: (..., d) points.
+      basis: (d, k) orthonormal columns (or an :class:`Eigenspace` / :class:`Projection`).
+
+    Returns:
+      (...) angles.
     """
     b = _basis_of(basis)
     x = jnp.asarray(x)
-    c = jnp.matmul(x, b.astype(x.dtype), precision=jax.lax.Precision.HIGHEST)  # coordinates in E
-    px = jnp.matmul(c, b.T.astype(x.dtype), precision=jax.lax.Precision.HIGHEST)
+    c = jnp.matmul(x, b.astype(x.dtype), precision=_HIGHEST)  # coordinates in E
+    px = jnp.matmul(c, b.T.astype(x.dtype), precision=_HIGHEST)
     return jnp.arctan2(jnp.linalg.norm(x - px, axis=-1), jnp.linalg.norm(c, axis=-1))
 
 
@@ -192,8 +232,16 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
 
         mass = (1/N) #{ i : θ(x_i) <= angle },   θ as in :func:`angle_to_subspace`.
 
-    ``x`` is (..., N, d); returns (...). Use it to track the mass near E(VBᵀ) and near E(V)
-    over time (Conjecture 1). Jittable.
+    Use it to track the mass near E(VBᵀ) and near E(V) over time (Conjecture 1). Jittable and
+    vmappable (a count: its derivative in x is zero).
+
+    Args:
+      x: (..., N, d) clouds.
+      basis: (d, k) orthonormal columns (or an :class:`Eigenspace` / :class:`Projection`).
+      angle: the angle, radians.
+
+    Returns:
+      (...) fractions in [0, 1].
     """
     th = angle_to_subspace(x, basis)
     return jnp.mean((th <= angle).astype(th.dtype), axis=-1)
@@ -202,32 +250,6 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
 # --------------------------------------------------------------------------------------
 # builders
 # --------------------------------------------------------------------------------------
-
-
-class SpectralWeights(NamedTuple):
-    """Weights built by :func:`spectral_weights` (JAX arrays in the requested dtype).
-
-    Attributes:
-      Q, K, V: the weights (Q = I, K = B, V = M B^{-T}).
-      M: U diag(mu) Uᵀ = V Bᵀ (symmetric by construction).
-      B: QᵀK = B.
-      U: orthogonal eigenvectors of M (column i has eigenvalue mu[i]).
-      mu: the requested eigenvalues, in the given order.
-      angle: largest principal angle (radians) between E(VBᵀ) = E(M) and E(V) (the dominant
-        eigenspace of V, by real part; see :func:`top_eigenspace`).
-      rotation_angle: the rotation angle of B when built from ``rotation`` or
-        ``eigenspace_angle``; ``None`` otherwise.
-    """
-
-    Q: jax.Array
-    K: jax.Array
-    V: jax.Array
-    M: jax.Array
-    B: jax.Array
-    U: jax.Array
-    mu: jax.Array
-    angle: float
-    rotation_angle: Optional[float]
 
 
 def spectral_weights(
@@ -252,8 +274,8 @@ def spectral_weights(
 
     - ``rotation=θ``: B rotates by θ (radians) in the plane of eigenvectors
       ``U[:, i], U[:, j]``, ``(i, j) = plane`` (see :func:`rotation_matrix`);
-    - ``eigenspace_angle=φ``: the same, with θ in (0, π/2] solved (brentq) so that the angle
-      between E(VBᵀ) and E(V) equals φ; raises ValueError if φ is not reached.
+    - ``eigenspace_angle=φ``: the same, with θ in (0, π/2] solved (by bisection) so that the
+      angle between E(VBᵀ) and E(V) equals φ; raises ValueError if φ is not reached.
 
     The plane matters: on it V acts as the 2x2 block ``diag(μ_i, μ_j) R(θ)``, whose
     eigenvalues turn complex once ``(μ_i - μ_j)^2 cos^2 θ < 4 μ_i μ_j sin^2 θ``; then the
@@ -263,12 +285,19 @@ def spectral_weights(
     plane (0, 1) gives angle 0; ``eigenspace_angle`` = 8° needs θ ≈ 0.198 in plane (0, 1)
     and θ ≈ 0.752 in the default plane (0, 2).
 
+    Host-only (a set-up step, built in float64 NumPy; concrete arguments): the result's arrays
+    are JAX arrays of ``dtype``.
+
     Args:
       mu: (d,) eigenvalues of M (any order; column i of U belongs to mu[i]).
       B: explicit (d, d) invertible B (exclusive with ``rotation``/``eigenspace_angle``).
+      U: (d, d) orthogonal eigenvectors; default a Haar-random one from ``key`` or ``seed`` if
+        given, else the identity.
+      rotation: the rotation angle θ of B, radians.
+      eigenspace_angle: the angle φ wanted between E(VBᵀ) and E(V), radians in (0, π/2).
       plane: (i, j) indices into mu / columns of U; default (argmax mu, argmin mu).
-      U: (d, d) orthogonal eigenvectors; default a Haar-random one from ``key`` (a JAX PRNG
-        key) or ``seed`` if given, else the identity.
+      key: a JAX PRNG key for a Haar-random U (concrete).
+      seed: a NumPy seed for a Haar-random U (when no key is given).
       dtype: dtype of the returned arrays (built in float64, then cast).
       rtol: tolerance for the eigenspaces (clusters of equal eigenvalues).
 
@@ -283,8 +312,5 @@ def spectral_weights(
                 jax.random.normal(key, (d, d), dtype=jnp.float32), dtype=np.float64))
     sw = spectral_weights_host(mu, B, U, rotation=rotation, eigenspace_angle=eigenspace_angle,
                                plane=plane, seed=seed, rtol=rtol)
-    cast = lambda a: jnp.asarray(a, dtype=dtype)  # noqa: E731
-    return SpectralWeights(
-        Q=cast(sw.Q), K=cast(sw.K), V=cast(sw.V), M=cast(sw.M), B=cast(sw.B), U=cast(sw.U),
-        mu=cast(sw.mu), angle=sw.angle, rotation_angle=sw.rotation_angle,
-    )
+    dt = _float_dtype(default=dtype)
+    return sw._replace(**{f: _host_array(getattr(sw, f), dt) for f in ("Q", "K", "V", "M", "B", "U", "mu")})

@@ -1,5 +1,6 @@
-r"""The host half of :mod:`jaxdyn.spectral`: Assumption 1, top eigenspaces, principal angles and
-the spectral weights, in float64 NumPy, importing no JAX.
+r"""The host half of :mod:`jaxdyn.spectral`, in float64 NumPy, importing no JAX.
+
+Assumption 1, top eigenspaces, principal angles and the spectral weights.
 
 These are set-up steps (config checks, building weights), not part of a jitted loop; the config
 check of ``jaxdyn config`` runs them without loading JAX. :mod:`jaxdyn.spectral` re-exports
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple
+import typing as _typing
 
 import numpy as np
+
+if _typing.TYPE_CHECKING:
+    from typing import Optional, Sequence, Tuple
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -25,7 +29,7 @@ __all__ = [
     "subspace_angle",
     "rotation_matrix",
     "random_orthogonal",
-    "HostSpectralWeights",
+    "SpectralWeights",
     "spectral_weights_host",
 ]
 
@@ -183,11 +187,21 @@ def check_assumptions(Q, K, V, *, rtol: float = DEFAULT_RTOL) -> AssumptionRepor
     ``σ_min(B) <= rtol · σ_max(B)``; M is asymmetric when ``‖M - Mᵀ‖_F > rtol ‖M‖_F``;
     eigenvalues within ``rtol · max|μ|`` of μ1 count as equal to it (they span E).
 
-    Runs on the host in float64. Returns an :class:`AssumptionReport` (``.ok``,
-    ``.failures``, a readable ``str``); it never raises for a failing assumption.
+    Runs on the host in float64 (host-only: concrete weights); it never raises for a failing
+    assumption.
+
+    Args:
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+      rtol: the tolerance of the three tests, > 0.
+
+    Returns:
+      An :class:`AssumptionReport` (``.ok``, ``.failures``, a readable ``str``).
 
     Raises:
-      ValueError: if Q, K, V are not real square (d, d) matrices of one d, or not finite.
+      ValueError: if Q, K, V are not real square (d, d) matrices of one d, or not finite, or
+        for rtol <= 0.
     """
     q = _square64("Q", Q)
     d = q.shape[0]
@@ -203,7 +217,7 @@ def check_assumptions(Q, K, V, *, rtol: float = DEFAULT_RTOL) -> AssumptionRepor
 # --------------------------------------------------------------------------------------
 
 
-class Eigenspace(NamedTuple):
+class Eigenspace(_typing.NamedTuple):
     """A dominant eigenspace (host-side, float64 numpy).
 
     Attributes:
@@ -221,6 +235,7 @@ class Eigenspace(NamedTuple):
 
     @property
     def dim(self) -> int:
+        """The dimension k of the space."""
         return int(self.basis.shape[1])
 
 
@@ -244,8 +259,20 @@ def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL,
     dominate the power iteration Vᵏx, not the flow e^{tV}x). The two readings differ when
     V has a dominant negative eigenvalue. ``value`` is then the modulus.
 
+    Host-only (float64 NumPy).
+
+    Args:
+      M: a real (d, d) matrix.
+      symmetric: use the symmetric part and ``eigh`` (else ``eig`` of M itself).
+      rtol: the relative tolerance of the top cluster, > 0.
+      by: ``"real"`` (largest real part) or ``"magnitude"`` (largest modulus; ``symmetric=False``).
+
     Returns:
       :class:`Eigenspace` (basis, projector, value, eigenvalues), float64 numpy.
+
+    Raises:
+      ValueError: for a matrix that is not real, square and finite, rtol <= 0, an unknown
+        ``by``, or ``by="magnitude"`` with ``symmetric=True``.
     """
     m = _square64("M", M)
     if not rtol > 0:
@@ -279,7 +306,17 @@ def subspace_angle(A, B) -> float:
     r"""Largest principal angle (radians) between span(A) and span(B), columns as vectors.
 
     If the dimensions differ, the angle of the smaller space into the larger one (0 when
-    it is contained). A and B need not be orthonormal.
+    it is contained). A and B need not be orthonormal. Host-only (float64 NumPy).
+
+    Args:
+      A: (d, k) columns (or a (d,) vector).
+      B: (d, l) columns (or a (d,) vector).
+
+    Returns:
+      The angle in [0, π/2], a Python float.
+
+    Raises:
+      ValueError: for bases of different d or spanning only 0.
     """
     a = np.asarray(A, dtype=np.float64)
     b = np.asarray(B, dtype=np.float64)
@@ -303,8 +340,19 @@ def rotation_matrix(d: int, angle: float, plane: Sequence[int] = (0, 1), basis=N
 
         R = I + (cos θ - 1)(u uᵀ + v vᵀ) + sin θ (v uᵀ - u vᵀ),   R u = cos θ u + sin θ v,
 
-    with ``u, v = basis[:, i], basis[:, j]`` for ``plane = (i, j)`` (``basis`` default I).
-    Returns a float64 numpy (d, d) orthogonal matrix with det +1.
+    with ``u, v = basis[:, i], basis[:, j]`` for ``plane = (i, j)``.
+
+    Args:
+      d: the dimension.
+      angle: θ, radians.
+      plane: (i, j), two distinct column indices of ``basis``.
+      basis: (d, d) orthonormal columns (default I).
+
+    Returns:
+      A float64 NumPy (d, d) orthogonal matrix with det +1.
+
+    Raises:
+      ValueError: for a plane that is not two distinct indices in [0, d).
     """
     d = int(d)
     i, j = (int(p) for p in plane)
@@ -317,6 +365,7 @@ def rotation_matrix(d: int, angle: float, plane: Sequence[int] = (0, 1), basis=N
 
 
 def _eig_angle(m: np.ndarray, b: np.ndarray, rtol: float) -> float:
+    """The angle between E(M) and E(V), V = M B^{-T}."""
     e_m = top_eigenspace(m, symmetric=True, rtol=rtol)
     v = m @ np.linalg.inv(b).T
     e_v = top_eigenspace(v, symmetric=False, rtol=rtol)
@@ -324,8 +373,13 @@ def _eig_angle(m: np.ndarray, b: np.ndarray, rtol: float) -> float:
 
 
 def _bisect(f, lo: float, hi: float) -> float:
-    """The root of f on [lo, hi] (f(lo) < 0 <= f(hi), f continuous) by bisection to the
-    spacing of floats (about 50 halvings; no SciPy, which ``jaxdyn config`` would load)."""
+    """The root of f on [lo, hi] (f(lo) < 0 <= f(hi), f continuous) by bisection.
+
+    To the spacing of floats (about 50 halvings; no SciPy, which ``jaxdyn config`` would load).
+
+    Returns:
+      The right end of the final bracket.
+    """
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
@@ -338,24 +392,48 @@ def _bisect(f, lo: float, hi: float) -> float:
 
 
 def random_orthogonal(d: int, seed=None, gaussian=None) -> np.ndarray:
-    """A Haar-random orthogonal (d, d) matrix: the QR factor of a Gaussian matrix (``gaussian``
-    if given, else drawn from ``numpy.random.default_rng(seed)``), signs fixed by diag(R)."""
+    """A Haar-random orthogonal (d, d) matrix: the QR factor of a Gaussian matrix.
+
+    Args:
+      d: the dimension.
+      seed: the seed of ``numpy.random.default_rng`` (when ``gaussian`` is None).
+      gaussian: a (d, d) standard Gaussian matrix to use instead of drawing one.
+
+    Returns:
+      Q with its column signs fixed by diag(R) (Haar measure), float64 NumPy.
+    """
     g = np.random.default_rng(seed).standard_normal((d, d)) if gaussian is None else gaussian
     q, r = np.linalg.qr(np.asarray(g, np.float64))
     return q * np.sign(np.diag(r))[None, :]  # Haar measure
 
 
-class HostSpectralWeights(NamedTuple):
-    """:func:`spectral_weights_host`'s weights, float64 NumPy (fields as
-    :class:`jaxdyn.spectral.SpectralWeights`)."""
+class SpectralWeights(_typing.NamedTuple):
+    """Weights with a prescribed spectrum of M = V Bᵀ (:func:`jaxdyn.spectral.spectral_weights`).
 
-    Q: np.ndarray
-    K: np.ndarray
-    V: np.ndarray
-    M: np.ndarray
-    B: np.ndarray
-    U: np.ndarray
-    mu: np.ndarray
+    Its arrays are float64 NumPy from :func:`spectral_weights_host`, JAX arrays of the requested
+    dtype from :func:`jaxdyn.spectral.spectral_weights`.
+
+    Attributes:
+      Q: the query weights, I.
+      K: the key weights, B.
+      V: the value weights, M B^{-T}.
+      M: U diag(mu) Uᵀ = V Bᵀ (symmetric by construction).
+      B: QᵀK = B.
+      U: orthogonal eigenvectors of M (column i has eigenvalue mu[i]).
+      mu: the requested eigenvalues, in the given order.
+      angle: largest principal angle (radians) between E(VBᵀ) = E(M) and E(V) (the dominant
+        eigenspace of V, by real part; see :func:`top_eigenspace`).
+      rotation_angle: the rotation angle of B when built from ``rotation`` or
+        ``eigenspace_angle``; ``None`` otherwise.
+    """
+
+    Q: object
+    K: object
+    V: object
+    M: object
+    B: object
+    U: object
+    mu: object
     angle: float
     rotation_angle: Optional[float]
 
@@ -363,11 +441,31 @@ class HostSpectralWeights(NamedTuple):
 def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = None,
                           eigenspace_angle: Optional[float] = None,
                           plane: Optional[Sequence[int]] = None, seed: Optional[int] = None,
-                          rtol: float = DEFAULT_RTOL) -> HostSpectralWeights:
-    r"""Weights with a prescribed spectrum of M = V Bᵀ, float64 NumPy: ``M = U diag(mu) Uᵀ``,
-    ``Q = I``, ``K = B``, ``V = M B^{-T}``. The arguments are those of
-    :func:`jaxdyn.spectral.spectral_weights` (which documents them) but for ``key`` and
-    ``dtype``: a random U comes from ``seed`` only."""
+                          rtol: float = DEFAULT_RTOL) -> SpectralWeights:
+    r"""Weights with a prescribed spectrum of M = V Bᵀ, in float64 NumPy.
+
+        M = U diag(mu) Uᵀ,   Q = I,   K = B,   V = M B^{-T}.
+
+    :func:`jaxdyn.spectral.spectral_weights` documents the construction; this is its host
+    half, without ``key`` and ``dtype`` (a random U comes from ``seed`` only).
+
+    Args:
+      mu: (d,) eigenvalues of M, d >= 2.
+      B: explicit (d, d) invertible B (exclusive with ``rotation``/``eigenspace_angle``).
+      U: (d, d) orthogonal eigenvectors (default: Haar-random from ``seed``, else I).
+      rotation: the rotation angle θ of B, radians.
+      eigenspace_angle: the angle wanted between E(VBᵀ) and E(V), radians in (0, π/2).
+      plane: (i, j) the eigenvector pair of the rotation (default: argmax mu, argmin mu).
+      seed: a NumPy seed for a Haar-random U.
+      rtol: tolerance for the eigenspaces.
+
+    Returns:
+      :class:`SpectralWeights` of float64 NumPy arrays.
+
+    Raises:
+      ValueError: for a bad mu, U, B or plane, more than one of B/rotation/eigenspace_angle,
+        an angle out of range or not reached, or a singular B.
+    """
     mu_np = np.asarray(mu, dtype=np.float64)
     if mu_np.ndim != 1 or mu_np.size < 2:
         raise ValueError(f"mu must be a vector of d >= 2 eigenvalues, got shape {mu_np.shape}")
@@ -418,5 +516,5 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
     if not sv[-1] > rtol * sv[0]:
         raise ValueError(f"B must be invertible, got cond(B) = {sv[0] / sv[-1] if sv[-1] else math.inf:.3g}")
     v = m @ np.linalg.inv(b).T
-    return HostSpectralWeights(Q=np.eye(d), K=b, V=v, M=m, B=b, U=u, mu=mu_np,
+    return SpectralWeights(Q=np.eye(d), K=b, V=v, M=m, B=b, U=u, mu=mu_np,
                                angle=float(_eig_angle(m, b, rtol)), rotation_angle=rot)

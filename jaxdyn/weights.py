@@ -1,27 +1,38 @@
 """Weight ensembles (Q, K, V) for sphere experiments: named builders over a plain dict of options.
 
 ``weights: {ensemble: NAME, ...}`` with NAME one of :data:`ENSEMBLES`. Each builder takes
-the section, the dimension d and a NumPy dtype and returns three (d, d) float64 NumPy arrays
-(cast by the caller). Seeds are explicit (``weights.seed``), separate from the particle seed.
+the section and the dimension d and returns three (d, d) float64 NumPy arrays (cast by the
+caller). Seeds are explicit (``weights.seed``, default 0), separate from the particle seed;
+``scale`` and ``sign`` default to 1. Host-only and JAX-free (``jaxdyn config`` builds weights
+without loading JAX).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict
-
 import numpy as np
 
+__all__ = ["ENSEMBLES", "WeightsError", "build_weights", "register"]
 
-ENSEMBLES: Dict[str, Callable] = {}
+#: name -> builder ``fn(spec, d) -> (Q, K, V)``
+ENSEMBLES: dict = {}
 
 
 class WeightsError(ValueError):
-    """A weight specification that cannot be built; the message names the field
-    (``weights.<name>``), as a config section would."""
+    """A weight specification that cannot be built.
 
+    The message names the field (``weights.<name>``), as a config section would.
+    """
 
 
 def register(name):
+    """Register a builder ``fn(spec, d) -> (Q, K, V)`` under ``name`` (a decorator).
+
+    Args:
+      name: the ensemble's name in a ``weights`` section.
+
+    Returns:
+      The decorator, which returns the builder unchanged.
+    """
     def deco(fn):
         ENSEMBLES[name] = fn
         return fn
@@ -31,6 +42,7 @@ def register(name):
 
 @register("identity")
 def _identity(spec, d):
+    """Q = K = V = I."""
     eye = np.eye(d)
     return eye, eye.copy(), eye.copy()
 
@@ -38,38 +50,34 @@ def _identity(spec, d):
 @register("gaussian")
 def _gaussian(spec, d):
     """Entries i.i.d. N(0, scale²/d) (independent Q, K, V)."""
-    rng = np.random.default_rng(spec["seed"])
-    s = spec["scale"] / np.sqrt(d)
+    rng = np.random.default_rng(spec.get("seed", 0))
+    s = spec.get("scale", 1.0) / np.sqrt(d)
     return tuple(s * rng.normal(size=(d, d)) for _ in range(3))
 
 
 @register("goe")
 def _goe(spec, d):
-    """Independent GOE/Wigner matrices (G + Gᵀ)/√(2d), times scale: symmetric, semicircle
-    spectrum on [−2·scale, 2·scale]."""
-    rng = np.random.default_rng(spec["seed"])
+    """Independent GOE/Wigner matrices scale·(G + Gᵀ)/√(2d): semicircle spectrum on [−2s, 2s]."""
+    rng = np.random.default_rng(spec.get("seed", 0))
     out = []
     for _ in range(3):
         g = rng.normal(size=(d, d))
-        out.append(spec["scale"] * (g + g.T) / np.sqrt(2 * d))
+        out.append(spec.get("scale", 1.0) * (g + g.T) / np.sqrt(2 * d))
     return tuple(out)
 
 
 @register("kq")
 def _kq(spec, d):
-    """Gaussian Q, K (entries N(0, scale²/d)) and V = sign · KᵀQ (``sign`` = ±1), the
-    choice of Geshkovski–Letrouit–Polyanskiy–Rigollet's examples."""
-    rng = np.random.default_rng(spec["seed"])
-    s = spec["scale"] / np.sqrt(d)
+    """Gaussian Q, K (entries N(0, scale²/d)) and V = sign · KᵀQ (Geshkovski et al.'s examples)."""
+    rng = np.random.default_rng(spec.get("seed", 0))
+    s = spec.get("scale", 1.0) / np.sqrt(d)
     Q, K = s * rng.normal(size=(d, d)), s * rng.normal(size=(d, d))
-    return Q, K, spec["sign"] * K.T @ Q
+    return Q, K, spec.get("sign", 1.0) * K.T @ Q
 
 
 @register("spectral")
 def _spectral(spec, d):
-    """Q = I, K = B, V = M B^{-T} with M = U diag(mu) Uᵀ (Paper A's Assumption 1 by
-    construction); B a rotation (``rotation`` rad, or ``eigenspace_angle_deg`` between E(VBᵀ)
-    and E(V)) in the ``plane`` of two eigenvectors; B = I if neither is given."""
+    """Q = I, K = B, V = M B^{-T}, M = U diag(mu) Uᵀ: Assumption 1 by construction (B a rotation)."""
     from .spectral_host import spectral_weights_host
 
     mu = spec.get("mu")
@@ -86,7 +94,7 @@ def _spectral(spec, d):
         sw = spectral_weights_host(
             mu, rotation=spec.get("rotation"),
             eigenspace_angle=None if angle is None else np.deg2rad(angle),
-            plane=spec.get("plane"), seed=spec["seed"] if spec.get("random_basis") else None)
+            plane=spec.get("plane"), seed=spec.get("seed", 0) if spec.get("random_basis") else None)
     except ValueError as e:
         raise WeightsError(f"config section 'weights' (spectral): {e}") from None
     return tuple(np.asarray(a, np.float64) for a in (sw.Q, sw.K, sw.V))
@@ -94,6 +102,7 @@ def _spectral(spec, d):
 
 @register("explicit")
 def _explicit(spec, d):
+    """The matrices given as ``weights.Q``, ``weights.K``, ``weights.V``."""
     out = []
     for name in ("Q", "K", "V"):
         m = spec.get(name)
@@ -114,7 +123,19 @@ _OWN_FIELDS = {"explicit": ("Q", "K", "V"),
 
 
 def build_weights(spec: dict, d: int):
-    """(Q, K, V) as float64 NumPy arrays from a validated ``weights`` section."""
+    """(Q, K, V) as float64 NumPy arrays from a ``weights`` section.
+
+    Args:
+      spec: the section: ``ensemble`` (default ``"identity"``) and its options.
+      d: the dimension.
+
+    Returns:
+      ``(Q, K, V)``, three (d, d) float64 NumPy arrays.
+
+    Raises:
+      WeightsError: for an unknown ensemble, fields another ensemble reads, or a section the
+        ensemble cannot build (the message names the field).
+    """
     name = spec.get("ensemble", "identity")
     if name not in ENSEMBLES:
         raise WeightsError(f"config field 'weights.ensemble': unknown ensemble {name!r}; "
