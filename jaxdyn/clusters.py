@@ -4,8 +4,13 @@ Every function takes clouds ``xs`` of shape (..., N, d) — one cloud, a traject
 frames (S, N, d), an ensemble (B, S, N, d) — and returns one value per cloud (shape ``...``,
 or ``(..., N)`` / ``(..., N, d)`` for per-cluster arrays). Parameters (``beta``, ``B``,
 thresholds) broadcast against the leading axes: a β per system is ``beta`` of shape (B, 1)
-against frames (B, S, N, d). Everything is jit- and vmap-able (fixed shapes; the component
-labelling is a ``lax.while_loop`` to a fixed point).
+against frames (B, S, N, d). Every statistic is a fixed-shape array computation that runs under
+``jax.jit`` and ``jax.vmap`` with traced clouds and parameters (the component labelling is a
+fixed number of boolean squarings, or a ``lax.while_loop`` to a fixed point), and lowers for
+accelerators; ``jax.grad`` flows through the energies. The one exception is
+:func:`merge_events`: its output has as many entries as there are merges (a data-dependent
+length), so it runs on the host in NumPy; :func:`hitting_times` is its fixed-shape, traceable
+counterpart.
 
 Graph and pair conventions (stated once, used everywhere):
 
@@ -45,9 +50,17 @@ __all__ = [
 # ------------------------------------------------------------------ batching over leading axes
 
 def _batched(core, xs, params, core_ndims):
-    """Apply ``core(x, *params)`` (x one cloud (N, d)) over the leading axes of ``xs``;
-    each param broadcasts against the leading shape (its trailing ``core_ndims`` axes are its
-    own)."""
+    """Apply ``core(x, *params)`` (x one cloud (N, d)) over the leading axes of ``xs``.
+
+    Each param broadcasts against the leading shape (its trailing ``core_ndims`` axes are its
+    own).
+
+    Returns:
+      ``core``'s output with the leading axes of ``xs`` in front.
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d), or a parameter that does not broadcast.
+    """
     xs = jnp.asarray(xs)
     if xs.ndim < 2:
         raise ValueError(f"xs must have shape (..., N, d), got {xs.shape}")
@@ -72,7 +85,14 @@ def _gram(x):
 
 
 def gram(xs):
-    """Gram matrices ⟨x_i, x_j⟩: (..., N, d) → (..., N, N)."""
+    """Gram matrices G_ij = ⟨x_i, x_j⟩.
+
+    Args:
+      xs: (..., N, d) clouds.
+
+    Returns:
+      (..., N, N) array.
+    """
     xs = jnp.asarray(xs)
     return jnp.matmul(xs, jnp.swapaxes(xs, -1, -2), precision=HIGHEST)
 
@@ -93,9 +113,16 @@ def _pair_fraction(x, thr, include_self):
 def pair_fraction(xs, threshold=0.999, *, include_self=False):
     """Fraction of unordered pairs i < j with ⟨x_i, x_j⟩ > ``threshold`` (module doc).
 
-    ``include_self=True``: over all N² ordered pairs, the diagonal counted (each
-    ⟨x_i, x_i⟩ = 1 > threshold). N = 1 gives 0 (no pair) without ``include_self``.
-    Returns shape ``xs.shape[:-2]``.
+    #{i < j : ⟨x_i, x_j⟩ > threshold} / (N(N−1)/2); N = 1 gives 0 (no pair).
+
+    Args:
+      xs: (..., N, d) clouds.
+      threshold: the inner-product threshold (broadcasts against ``xs.shape[:-2]``).
+      include_self: over all N² ordered pairs, the diagonal counted (each
+        ⟨x_i, x_i⟩ = 1 > threshold): (2·count + N)/N² (static).
+
+    Returns:
+      Shape ``xs.shape[:-2]``, xs's dtype.
     """
     return _batched(lambda x, t: _pair_fraction(x, t, include_self), xs, (threshold,), (0,))
 
@@ -113,7 +140,11 @@ def _labels(x, delta):
     N <= ``CLOSURE_MAX_PARTICLES``: the reachability matrix R = (I ∨ A)^(2^k) by ⌈log₂ N⌉
     boolean squarings (O(N³ log N), fixed trip count); label_i = min{j : R_ij}. Larger N:
     min-label propagation with pointer jumping in a ``lax.while_loop`` to the fixed point
-    (O(N²) a round). Both give the same labels (docs/math.md §F.1)."""
+    (O(N²) a round). Both give the same labels (docs/math.md §F.1).
+
+    Returns:
+      (N,) int32 labels.
+    """
     n = x.shape[0]
     adj = _gram(x) > 1.0 - delta
     adj = adj | jnp.eye(n, dtype=bool)
@@ -140,15 +171,29 @@ def _labels(x, delta):
 
 @jax.jit
 def cluster_labels(xs, delta=1e-3):
-    """Connected-component labels of the graph ⟨x_i, x_j⟩ > 1 − δ: (..., N) int32, each
-    particle labelled by the smallest particle index in its component."""
+    """Connected-component labels of the graph with edges ⟨x_i, x_j⟩ > 1 − δ.
+
+    Args:
+      xs: (..., N, d) clouds.
+      delta: δ (broadcasts against ``xs.shape[:-2]``).
+
+    Returns:
+      (..., N) int32: each particle labelled by the smallest particle index in its component.
+    """
     return _batched(_labels, xs, (delta,), (0,))
 
 
 @jax.jit
 def cluster_count(xs, delta=1e-3):
-    """Number of connected components of the graph ⟨x_i, x_j⟩ > 1 − δ (module doc);
-    shape ``xs.shape[:-2]``, int32."""
+    """Number of connected components of the graph with edges ⟨x_i, x_j⟩ > 1 − δ (module doc).
+
+    Args:
+      xs: (..., N, d) clouds.
+      delta: δ (broadcasts against ``xs.shape[:-2]``).
+
+    Returns:
+      Shape ``xs.shape[:-2]``, int32.
+    """
     def core(x, d):
         lab = _labels(x, d)
         return jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
@@ -158,8 +203,16 @@ def cluster_count(xs, delta=1e-3):
 
 @jax.jit
 def gram_rank(xs, threshold=0.9999, *, rtol=None):
-    """Numerical rank of the 0/1 matrix 1[⟨x_i, x_j⟩ > threshold] (the rotf count; module
-    doc). ``rtol``: singular values below ``rtol·σ_max`` are zero (default N·eps)."""
+    """Numerical rank of the 0/1 matrix 1[⟨x_i, x_j⟩ > threshold] (the rotf count; module doc).
+
+    Args:
+      xs: (..., N, d) clouds.
+      threshold: the inner-product threshold (broadcasts against ``xs.shape[:-2]``).
+      rtol: singular values below ``rtol·σ_max`` count as zero (default N·eps).
+
+    Returns:
+      Shape ``xs.shape[:-2]``, int32.
+    """
     def core(x, t):
         n = x.shape[0]
         a = (_gram(x) > t).astype(x.dtype)
@@ -184,23 +237,48 @@ def _masses_centres(x, delta):
 
 @jax.jit
 def cluster_masses(xs, delta=1e-3):
-    """Cluster masses (fractions of the N particles), largest first, padded with zeros to N
-    entries: (..., N). Their number of non-zero entries is :func:`cluster_count`."""
+    """Cluster masses (fractions of the N particles), largest first, padded with zeros to N entries.
+
+    Their number of non-zero entries is :func:`cluster_count`.
+
+    Args:
+      xs: (..., N, d) clouds.
+      delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
+
+    Returns:
+      (..., N) array.
+    """
     return _batched(lambda x, d: _masses_centres(x, d)[0], xs, (delta,), (0,))
 
 
 @jax.jit
 def cluster_centres(xs, delta=1e-3):
-    """Cluster centres Σ_{i∈C} x_i / |Σ_{i∈C} x_i| (a point of the sphere), in the order of
-    :func:`cluster_masses`, zero rows as padding: (..., N, d)."""
+    """Cluster centres Σ_{i∈C} x_i / |Σ_{i∈C} x_i| (points of the sphere), in the order of :func:`cluster_masses`.
+
+    Args:
+      xs: (..., N, d) clouds.
+      delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
+
+    Returns:
+      (..., N, d) array, zero rows as padding.
+    """
     return _batched(lambda x, d: _masses_centres(x, d)[1], xs, (delta,), (0,))
 
 
 @jax.jit
 def span_dimension(xs, rtol=1e-3):
-    """Dimension of the linear span of the cloud: the number of singular values of the
-    (N, d) matrix of particles above ``rtol·σ_max`` (1 for one cluster, 2 for two distinct
-    non-antipodal clusters, …; ``rtol`` sets what counts as flat). Int32, shape ``...``."""
+    """Dimension of the linear span of the cloud: the singular values of (x_1; …; x_N) above ``rtol·σ_max``.
+
+    1 for one cluster, 2 for two distinct non-antipodal clusters, …; ``rtol`` sets what counts
+    as flat.
+
+    Args:
+      xs: (..., N, d) clouds.
+      rtol: the relative threshold on the singular values.
+
+    Returns:
+      Shape ``xs.shape[:-2]``, int32.
+    """
     def core(x, r):
         s = jnp.linalg.svd(x, compute_uv=False)
         return jnp.sum(s > r * s[0]).astype(jnp.int32)
@@ -216,7 +294,8 @@ def _logits(x, beta, B):
 
 @jax.jit
 def interaction_energy(xs, beta, B=None):
-    r"""The interaction energy E_β = (1/(2β N²)) Σ_{i,j} exp(β ⟨Q x_i, K x_j⟩),
+    r"""The interaction energy E_β = (1/(2β N²)) Σ_{i,j} exp(β ⟨Q x_i, K x_j⟩).
+
     ⟨Q x_i, K x_j⟩ = x_iᵀ B x_j with B = QᵀK (default B = I: Q = K = I).
 
     Along USA (``normalization="unnormalized"``) and SA (softmax) with V = B symmetric, E_β
@@ -224,8 +303,12 @@ def interaction_energy(xs, beta, B=None):
     the metric weighted by Z_i/N² (Z_i = Σ_j exp(β x_iᵀBx_j)) — docs/math.md §F.3.
 
     Args:
-      xs: (..., N, d) clouds. beta: scalar or broadcastable to ``xs.shape[:-2]``.
-      B: (d, d) or (..., d, d) bilinear form QᵀK.
+      xs: (..., N, d) clouds.
+      beta: β, a scalar or broadcastable to ``xs.shape[:-2]``.
+      B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
+
+    Returns:
+      Shape ``xs.shape[:-2]``.
     """
     xs = jnp.asarray(xs)
     d = xs.shape[-1]
@@ -240,10 +323,20 @@ def interaction_energy(xs, beta, B=None):
 
 @jax.jit
 def log_partition_energy(xs, beta, B=None):
-    r"""The softmax (SA) variant: F_β = (1/(β N)) Σ_i log((1/N) Σ_j exp(β x_iᵀ B x_j)), the
-    mean of the particles' log-partition functions (the log of the normalisation of their
+    r"""The softmax (SA) variant: F_β = (1/(β N)) Σ_i log((1/N) Σ_j exp(β x_iᵀ B x_j)).
+
+    The mean of the particles' log-partition functions (the log of the normalisation of their
     attention rows); F_β ≤ (1/β) log(2β E_β) by Jensen, with equality when all rows have the
-    same partition function (one cluster). Computed with log-sum-exp (no overflow)."""
+    same partition function (one cluster). Computed with log-sum-exp (no overflow).
+
+    Args:
+      xs: (..., N, d) clouds.
+      beta: β, a scalar or broadcastable to ``xs.shape[:-2]``.
+      B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
+
+    Returns:
+      Shape ``xs.shape[:-2]``.
+    """
     xs = jnp.asarray(xs)
     d = xs.shape[-1]
     B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
@@ -260,13 +353,22 @@ def log_partition_energy(xs, beta, B=None):
 
 @jax.jit
 def hitting_times(ts, counts, levels):
-    r"""The first saved time at which the cluster count is ≤ each level: (..., L) for counts
-    (..., S) and ``levels`` (L,) ints; +inf where never. Jittable and batched.
+    r"""The first saved time at which the cluster count is ≤ each level (traceable, batched).
 
     With saves at t_0 < t_1 < …, a merge from above ``k`` to ≤ ``k`` that happens at time τ
     is reported as the first saved t_s ≥ τ: τ ∈ (t_{s−1}, t_s] — within one save interval.
     The length of the plateau at exactly k clusters is
-    ``hitting(k − 1) − hitting(k)`` (inf when the count never falls below k)."""
+    ``hitting(k − 1) − hitting(k)`` (inf when the count never falls below k). The fixed-shape
+    counterpart of :func:`merge_events`.
+
+    Args:
+      ts: (S,) saved times.
+      counts: (..., S) cluster counts at those times.
+      levels: (L,) integer levels.
+
+    Returns:
+      (..., L) times; +inf where the count never reaches the level.
+    """
     ts = jnp.asarray(ts)
     counts = jnp.asarray(counts)
     levels = jnp.asarray(levels)
@@ -278,9 +380,18 @@ def hitting_times(ts, counts, levels):
 
 
 class MergeEvents:
-    """Merges and plateaus of one trajectory (:func:`merge_events`).
+    """Merges and plateaus of one trajectory (:func:`merge_events`; NumPy arrays on the host).
 
-    Attributes (NumPy):
+    Args:
+      times: see Attributes.
+      before: see Attributes.
+      from_count: see Attributes.
+      to_count: see Attributes.
+      plateau_counts: see Attributes.
+      plateau_start: see Attributes.
+      plateau_end: see Attributes.
+
+    Attributes:
       times: (M,) first saved time after each drop of the count (the drop happened in
         (``before[m]``, ``times[m]``]).
       before: (M,) the saved time just before each drop.
@@ -307,11 +418,14 @@ class MergeEvents:
 
 
 def merge_events(ts, counts, *, monotone=True):
-    """Merge times and plateaus of one trajectory (NumPy; variable-length output).
+    """Merge times and plateaus of one trajectory, on the host (NumPy; variable-length output).
+
+    As many merges as the trajectory has: a data-dependent length, hence not traceable
+    (:func:`hitting_times` is the fixed-shape counterpart that runs under ``jax.jit``).
 
     Args:
-      ts: (S,) increasing saved times. counts: (S,) cluster counts at those times
-        (:func:`cluster_count` of the saved frames).
+      ts: (S,) increasing saved times (concrete).
+      counts: (S,) cluster counts at those times (:func:`cluster_count` of the saved frames).
       monotone: count a drop only when the running minimum of the count drops (a count that
         flickers up for a frame, a pair near the threshold, is not a split then a merge).
         False: every decrease of the raw count is a drop.
@@ -320,7 +434,15 @@ def merge_events(ts, counts, *, monotone=True):
       :class:`MergeEvents`. Because only the saved frames are seen, each merge time is known
       to within the save interval that contains it; the plateaus' lengths are exact up to
       one save interval at each end, whatever the saving frequency.
+
+    Raises:
+      ValueError: traced inputs, ``ts`` and ``counts`` not 1-D of one non-zero length, or
+        ``ts`` not strictly increasing.
     """
+    if any(isinstance(a, jax.core.Tracer) for a in (ts, counts)):
+        raise ValueError("merge_events returns as many merges as there are (a data-dependent "
+                         "length) and runs on the host: call it on concrete arrays, or use "
+                         "hitting_times under jit/vmap")
     ts = np.asarray(ts, float)
     c = np.asarray(counts)
     if ts.ndim != 1 or c.shape != ts.shape or ts.size == 0:

@@ -16,6 +16,13 @@ Modules: ``_circle`` (S¹ grid, kernels, flux), ``_sphere2`` (S²), ``_solve`` (
 driver and the result type), ``_theory`` (rates), ``_particles`` (sampling, KDE, W1),
 ``_clusters`` (cluster analysis), ``_fourier`` (the O(N K) particle field on S¹), ``_particles_s2``
 (particles ↔ density on S²).
+
+Composability: the models are built without device work (concrete inputs checked on the host);
+``solve_density``, ``growth_rate``, ``zonal_growth_rate``, ``CircleAttention``, ``cluster_counts``,
+``first_clusters`` and ``perturbed_uniform`` run under ``jax.jit``/``jax.vmap`` with traced inputs,
+and ``jax.grad`` flows through ``solve_density``. The closed-form rates (SciPy's Bessel functions),
+the samplers, kernel densities, W1/W2 checks, ``clusters`` and ``merge_times`` (data-dependent
+lengths) are host functions on concrete arrays.
 """
 
 from ._circle import (
@@ -69,3 +76,14 @@ from ._particles_s2 import (
     sphere_cell_centres as sphere_cell_centres,
     w2_sphere_check as w2_sphere_check,
 )
+
+__all__ = [
+    "CircleAttention", "CircleDensity", "DensitySolution", "METHODS", "SphereDensity", "angles",
+    "bessel_ive", "cfl_dt", "circle_grid", "cluster_counts", "clusters", "cos_mode",
+    "empirical_modes", "first_clusters", "fourier_modes", "growth_rate", "histogram_circle",
+    "kde_circle", "kde_sphere", "linear_rates", "merge_times", "mode_amplitude",
+    "most_unstable_mode", "perturbed_uniform", "quantile_points", "sample_density",
+    "sample_sphere_density", "solve_density", "sphere_cell_averages", "sphere_cell_centres",
+    "sphere_cfl_dt", "sphere_rates", "uniform_density", "velocity_bound", "w1_circle",
+    "w1_circle_densities", "w2_sphere_check", "zonal_growth_rate", "zonal_mode",
+]

@@ -1,5 +1,10 @@
-"""Particles ↔ density on S¹: sampling from cell averages, a kernel density of a cloud on the
-grid, and the exact circular Wasserstein-1 distance between a grid density and a cloud."""
+"""Particles ↔ density on S¹: sampling, kernel densities, the exact circular W1 distance.
+
+Sampling from cell averages, a kernel density of a cloud on the grid, and the exact circular
+Wasserstein-1 distance between a grid density and a cloud. These are host functions (NumPy,
+float64): inverse CDFs, sorting and a bisection on data-dependent knots; they take and return
+concrete arrays.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +28,18 @@ def _cdf_nodes(rho):
 
 
 def sample_density(key, rho, n: int):
-    """n i.i.d. points on S¹ (shape (n, 2)) from the density with cell averages ``rho``
-    (piecewise constant on the cells [θ_j − h/2, θ_j + h/2]), by the exact inverse CDF."""
+    """Draw n i.i.d. points on S¹ from the density with cell averages ``rho``, by the exact inverse CDF.
+
+    The density is piecewise constant on the cells [θ_j − h/2, θ_j + h/2].
+
+    Args:
+      key: a ``jax.random`` key.
+      rho: (M,) cell averages (≥ 0, any positive mass).
+      n: the number of points.
+
+    Returns:
+      (n, 2) NumPy float64 points.
+    """
     cdf, h = _cdf_nodes(rho)
     u = np.asarray(jax.random.uniform(key, (n,), dtype=jnp.float64 if jax.config.jax_enable_x64
                                        else jnp.float32), float)
@@ -35,10 +50,19 @@ def sample_density(key, rho, n: int):
 
 
 def quantile_points(rho, n: int):
-    """n stratified points on S¹ (shape (n, 2)) for the density with cell averages ``rho``:
-    θ_j = F⁻¹((j + ½)/n), F the exact piecewise-linear CDF (from θ = −h/2). Their empirical
-    measure carries the density's own Fourier modes (up to O(1/n) and aliasing at k ≥ n − k_max),
-    not the O(n^{-1/2}) noise of i.i.d. samples: a perturbation of size ε ≪ n^{-1/2} survives."""
+    """Place n stratified points on S¹ for the density with cell averages ``rho``: θ_j = F⁻¹((j + ½)/n).
+
+    F is the exact piecewise-linear CDF (from θ = −h/2). The points' empirical measure carries
+    the density's own Fourier modes (up to O(1/n) and aliasing at k ≥ n − k_max), not the
+    O(n^{-1/2}) noise of i.i.d. samples: a perturbation of size ε ≪ n^{-1/2} survives.
+
+    Args:
+      rho: (M,) cell averages.
+      n: the number of points.
+
+    Returns:
+      (n, 2) NumPy float64 points.
+    """
     cdf, h = _cdf_nodes(rho)
     u = (np.arange(n) + 0.5) / n
     j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
@@ -48,9 +72,18 @@ def quantile_points(rho, n: int):
 
 
 def empirical_modes(x, ks):
-    """|(1/N) Σ_j e^{ikθ_j}| for the modes ``ks`` of a cloud (…, N, 2) on S¹ (leading axes kept):
-    the amplitude of mode k of the empirical measure (1 for every k on one point; for a density,
-    the same quantity is |∫ e^{ikθ} ρ dθ|)."""
+    """The amplitudes |(1/N) Σ_j e^{ikθ_j}| of the modes ``ks`` of clouds on S¹.
+
+    The amplitude of mode k of the empirical measure (1 for every k on one point; for a density,
+    the same quantity is |∫ e^{ikθ} ρ dθ|).
+
+    Args:
+      x: (..., N, 2) clouds.
+      ks: the modes (integers).
+
+    Returns:
+      (..., len(ks)) NumPy float64 amplitudes.
+    """
     x = np.asarray(x, float)
     th = angles(x.reshape(-1, x.shape[-2], 2))
     ks = np.asarray(ks)
@@ -59,9 +92,18 @@ def empirical_modes(x, ks):
 
 
 def histogram_circle(x, m: int):
-    """Cell averages of the empirical measure of a cloud (…, N, 2) on the M-cell grid (cells
-    [θ_j − h/2, θ_j + h/2]): counts/(N h), no smoothing, so ``cluster_counts`` reads it with the
-    same thresholds as a solver density (a kernel density would move mass out of the arcs)."""
+    """Cell averages counts/(N h) of the empirical measure of clouds on the M-cell grid.
+
+    Cells [θ_j − h/2, θ_j + h/2], no smoothing, so ``cluster_counts`` reads it with the same
+    thresholds as a solver density (a kernel density would move mass out of the arcs).
+
+    Args:
+      x: (..., N, 2) clouds.
+      m: the number of cells M.
+
+    Returns:
+      (..., M) NumPy float64 cell averages.
+    """
     x = np.asarray(x, float)
     h = 2 * math.pi / m
     th = angles(x.reshape(-1, x.shape[-2], 2))
@@ -71,16 +113,32 @@ def histogram_circle(x, m: int):
 
 
 def angles(x):
-    """Angles in [0, 2π) of points (…, 2) on S¹."""
+    """Angles in [0, 2π) of points on S¹.
+
+    Args:
+      x: (..., 2) points.
+
+    Returns:
+      (...,) NumPy float64 angles.
+    """
     x = np.asarray(x, float)
     return np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * math.pi)
 
 
 def kde_circle(x, m: int, bandwidth: float):
-    """Kernel density of a cloud (n, 2) on the M-cell grid: cell averages of the wrapped
-    Gaussian mixture (1/n) Σ_i N(θ_i, bandwidth²), computed exactly by the FFT (its Fourier
-    coefficients are e^{−k²bw²/2} times those of the empirical measure, then the cell average
-    sinc factor)."""
+    """Kernel density of a cloud on the M-cell grid: the wrapped Gaussian mixture (1/n) Σ_i N(θ_i, bw²).
+
+    Its cell averages, exactly by the FFT (its Fourier coefficients are e^{−k²bw²/2} times those
+    of the empirical measure, times the cell average's sinc factor).
+
+    Args:
+      x: (n, 2) points.
+      m: the number of cells M.
+      bandwidth: the Gaussian's standard deviation (radians).
+
+    Returns:
+      (M,) NumPy float64 cell averages.
+    """
     th = angles(x)
     n = np.arange(m // 2 + 1)
     emp = _emp_coefficients(th, n)
@@ -89,8 +147,7 @@ def kde_circle(x, m: int, bandwidth: float):
 
 
 def _emp_coefficients(th, n, chunk_elems=2 ** 22):
-    """(1/N) Σ_j e^{−i n θ_j} for the modes n, exactly, in chunks of particles (memory
-    O(chunk_elems), not N × len(n))."""
+    """(1/N) Σ_j e^{−i n θ_j} for the modes n, in chunks of particles (memory O(chunk_elems))."""
     out = np.zeros(len(n), complex)
     step = max(1, chunk_elems // max(1, len(n)))
     for s in range(0, th.size, step):
@@ -99,9 +156,15 @@ def _emp_coefficients(th, n, chunk_elems=2 ** 22):
 
 
 def _circular_w1(seg_len, f_lo, f_hi):
-    """min_c Σ_s ∫_seg |f − c| for f linear on each segment (from f_lo to f_hi): the minimiser
-    c is the median of the pushforward of Lebesgue measure by f (a mixture of uniforms), found
-    exactly from its piecewise-linear CDF; then each segment's integral in closed form."""
+    """Min over c of Σ_s ∫_seg |f − c| for f linear on each segment (from f_lo to f_hi).
+
+    The minimiser c is the median of the pushforward of Lebesgue measure by f (a mixture of
+    uniforms), found exactly from its piecewise-linear CDF; then each segment's integral in
+    closed form.
+
+    Returns:
+      (the minimum, c).
+    """
     lo, hi = np.minimum(f_lo, f_hi), np.maximum(f_lo, f_hi)
     total = seg_len.sum()
     flat = hi - lo <= 1e-300
@@ -135,11 +198,19 @@ def _circular_w1(seg_len, f_lo, f_hi):
 
 
 def w1_circle(rho, x):
-    """W1 on S¹ (geodesic cost) between the grid density with cell averages ``rho`` (piecewise
-    constant on cells, normalised to mass 1) and the empirical measure of the cloud ``x``
-    (n, 2): W1 = min_c ∫_0^{2π} |F(θ) − G(θ) − c| dθ, F, G the CDFs from θ = −h/2 (the
-    circular formula; exact: F − G is linear between the merged cell edges and particle angles,
-    and the minimising c is computed exactly)."""
+    """W1 on S¹ (geodesic cost) between a grid density and the empirical measure of a cloud.
+
+    W1 = min_c ∫_0^{2π} |F(θ) − G(θ) − c| dθ, F, G the CDFs from θ = −h/2 (the circular formula;
+    exact: F − G is linear between the merged cell edges and particle angles, and the minimising
+    c is computed exactly).
+
+    Args:
+      rho: (M,) cell averages (piecewise constant on cells, normalised to mass 1).
+      x: (n, 2) points.
+
+    Returns:
+      W1 as a Python float.
+    """
     cdf, h = _cdf_nodes(rho)
     m = len(cdf) - 1
     th = np.sort(np.mod(angles(x) + h / 2, 2 * math.pi))  # measured from the first edge
@@ -155,8 +226,7 @@ def w1_circle(rho, x):
 
 
 def _cdf_at(rho, theta):
-    """Mass of the piecewise-constant density in [−h/2, θ] for any real θ (unwrapped: each
-    turn adds 1)."""
+    """Mass of the piecewise-constant density in [−h/2, θ] for any real θ (each turn adds 1)."""
     cdf, h = _cdf_nodes(rho)
     m = len(cdf) - 1
     u = np.asarray(theta) + h / 2
@@ -165,9 +235,18 @@ def _cdf_at(rho, theta):
 
 
 def w1_circle_densities(rho_a, rho_b):
-    """W1 on S¹ between two densities given by cell averages (piecewise constant on their
-    cells; the grids may differ, cells centred at jh): exact, the difference of the CDFs being
-    linear between the merged cell edges."""
+    """W1 on S¹ between two densities given by cell averages (the grids may differ).
+
+    Exact: the densities are piecewise constant on their cells (centred at jh), so the
+    difference of the CDFs is linear between the merged cell edges.
+
+    Args:
+      rho_a: (M_a,) cell averages.
+      rho_b: (M_b,) cell averages.
+
+    Returns:
+      W1 as a Python float.
+    """
     ma, mb = np.shape(rho_a)[-1], np.shape(rho_b)[-1]
     ha, hb = 2 * math.pi / ma, 2 * math.pi / mb
     o = -ha / 2

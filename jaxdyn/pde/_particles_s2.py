@@ -1,5 +1,8 @@
-"""Particles ↔ density on S² (the latitude–longitude grid of :class:`SphereDensity`): sampling from
-cell averages, a kernel density of a cloud on the grid, and the W2 check against particles.
+"""Particles ↔ density on S²: sampling, kernel densities, the W2 check against particles.
+
+On the latitude–longitude grid of :class:`SphereDensity`: sampling from cell averages, a kernel
+density of a cloud on the grid, and the W2 check against particles. These are host functions
+(NumPy, float64; the grid comes from the model's static sizes).
 
 The W2 check uses :func:`jaxdyn.w2_exact` (optimal assignment: no ε bias), which takes two clouds of
 equal size and uniform weights. The density is therefore represented by i.i.d. samples of it
@@ -40,7 +43,14 @@ def _areas(model: SphereDensity):
 
 
 def sphere_cell_centres(model: SphereDensity):
-    """Cell centres (n_lat, n_lon, 3): colatitude (i + 1/2)π/n_lat, longitude (j + 1/2)2π/n_lon."""
+    """Cell centres: colatitude (i + 1/2)π/n_lat, longitude (j + 1/2)2π/n_lon.
+
+    Args:
+      model: a :class:`SphereDensity` (its grid).
+
+    Returns:
+      (n_lat, n_lon, 3) NumPy float64 points.
+    """
     tc = (np.arange(model.n_lat) + 0.5) * math.pi / model.n_lat
     pc = (np.arange(model.n_lon) + 0.5) * 2 * math.pi / model.n_lon
     T, P = np.meshgrid(tc, pc, indexing="ij")
@@ -48,8 +58,19 @@ def sphere_cell_centres(model: SphereDensity):
 
 
 def sphere_cell_averages(model: SphereDensity, f, q: int = 8):
-    """Cell averages of f (a function of points (..., 3) on S²) on the grid: Gauss–Legendre in
-    cos ϑ and in φ, q × q nodes a cell (exact for polynomials of degree 2q − 1 in (cos ϑ, φ))."""
+    """Cell averages of a function on S² on the model's grid, by Gauss–Legendre quadrature.
+
+    Gauss–Legendre in cos ϑ and in φ, q × q nodes a cell (exact for polynomials of degree
+    2q − 1 in (cos ϑ, φ)).
+
+    Args:
+      model: a :class:`SphereDensity` (its grid).
+      f: a function of points (..., 3) on S², returning (...,) values.
+      q: nodes per cell and direction.
+
+    Returns:
+      (n_lat, n_lon) NumPy float64 cell averages.
+    """
     te, pe = _edges(model)
     x, w = np.polynomial.legendre.leggauss(q)
     c0, c1 = np.cos(te[:-1]), np.cos(te[1:])
@@ -66,9 +87,23 @@ def sphere_cell_averages(model: SphereDensity, f, q: int = 8):
 
 
 def sample_sphere_density(key, model: SphereDensity, rho, n: int):
-    """n i.i.d. points (n, 3) from the density with cell averages ``rho`` (n_lat, n_lon) on the
-    model's grid (piecewise constant on the cells): a cell with probability ρ_ij A_i, then a
-    point uniform by area in it (cos ϑ uniform between the cell's edges, φ uniform)."""
+    """Draw n i.i.d. points from the density with cell averages ``rho`` on the model's grid.
+
+    The density is piecewise constant on the cells: a cell with probability ρ_ij A_i, then a
+    point uniform by area in it (cos ϑ uniform between the cell's edges, φ uniform).
+
+    Args:
+      key: a ``jax.random`` key.
+      model: a :class:`SphereDensity` (its grid).
+      rho: (n_lat, n_lon) cell averages (finite, ≥ 0, positive mass).
+      n: the number of points.
+
+    Returns:
+      (n, 3) NumPy float64 points.
+
+    Raises:
+      ValueError: ``rho`` of the wrong shape, not finite, negative, or without mass.
+    """
     rho = np.asarray(rho, float)
     if rho.shape != (model.n_lat, model.n_lon) or not np.all(np.isfinite(rho)) or np.any(rho < 0):
         raise ValueError(f"rho must be finite, >= 0, of shape {(model.n_lat, model.n_lon)}, got "
@@ -91,9 +126,23 @@ def sample_sphere_density(key, model: SphereDensity, rho, n: int):
 
 
 def kde_sphere(x, model: SphereDensity, bandwidth: float, chunk: int = 4096):
-    """Kernel density of the cloud x (n, 3) at the cell centres of the grid (n_lat, n_lon): the
-    von Mises–Fisher mixture (1/n) Σ_i c_κ e^{κ⟨y, x_i⟩}, κ = 1/bandwidth², c_κ = κ/(4π sinh κ)
-    (each kernel a probability density on S²; evaluated as κ e^{κ(⟨y,x_i⟩−1)}/(2π(1 − e^{−2κ})))."""
+    """Kernel density of a cloud at the cell centres: the von Mises–Fisher mixture (1/n) Σ_i c_κ e^{κ⟨y, x_i⟩}.
+
+    κ = 1/bandwidth², c_κ = κ/(4π sinh κ) (each kernel a probability density on S²; evaluated as
+    κ e^{κ(⟨y,x_i⟩−1)}/(2π(1 − e^{−2κ}))).
+
+    Args:
+      x: (n, 3) points.
+      model: a :class:`SphereDensity` (its grid).
+      bandwidth: the kernel's width 1/√κ (> 0).
+      chunk: points per block of the sum (memory).
+
+    Returns:
+      (n_lat, n_lon) NumPy float64 densities.
+
+    Raises:
+      ValueError: bandwidth ≤ 0.
+    """
     if not bandwidth > 0:
         raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
     x = np.asarray(x, float)
@@ -107,11 +156,22 @@ def kde_sphere(x, model: SphereDensity, bandwidth: float, chunk: int = 4096):
 
 
 def w2_sphere_check(key, x, model: SphereDensity, rho):
-    """(d_pρ, d_ρρ): W2 (exact assignment) from the cloud x (N, 3) to N i.i.d. samples Y of the
-    density ``rho`` on the model's grid, and between Y and a second independent sample Y' (the
-    null level; module docstring)."""
+    """The pair (d_pρ, d_ρρ): W2 from a cloud to samples of the density, and the null level.
+
+    W2 (exact assignment) from the cloud x to N i.i.d. samples Y of the density ``rho`` on the
+    model's grid, and between Y and a second independent sample Y' (module docstring).
+
+    Args:
+      key: a ``jax.random`` key (both samples).
+      x: (N, 3) points.
+      model: a :class:`SphereDensity` (its grid).
+      rho: (n_lat, n_lon) cell averages.
+
+    Returns:
+      (d_pρ, d_ρρ) as Python floats.
+    """
     x = np.asarray(x, float)
     k1, k2 = jax.random.split(key)
     y = sample_sphere_density(k1, model, rho, len(x))
     y2 = sample_sphere_density(k2, model, rho, len(x))
-    return float(w2_exact(x, y)), float(w2_exact(y, y2))
+    return float(w2_exact(x, y).value), float(w2_exact(y, y2).value)

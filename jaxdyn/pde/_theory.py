@@ -1,4 +1,9 @@
-"""Linear stability of the uniform state on S¹ (docs/math.md §C.2) and its measurement."""
+"""Linear stability of the uniform state on S¹ (docs/math.md §C.2) and its measurement.
+
+``linear_rates`` and ``most_unstable_mode`` are the closed forms, evaluated on the host with
+SciPy's Bessel functions I_k of any order (JAX has orders 0 and 1 only); ``growth_rate`` is the
+solver's own rate, a JVP of the right-hand side: traceable in the model's parameters.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,19 @@ __all__ = ["linear_rates", "most_unstable_mode", "growth_rate"]
 
 
 def linear_rates(beta, ks, sigma=0.0, normalization="softmax"):
-    """λ_k = (k²/β) I_k(β)/I_0(β) − σ²k²/2 (softmax), (k²/β) I_k(β) − σ²k²/2 (unnormalised)."""
+    """λ_k = (k²/β) I_k(β)/I_0(β) − σ²k²/2 (softmax), (k²/β) I_k(β) − σ²k²/2 (unnormalised).
+
+    The growth rates of the Fourier modes of the uniform state (B = V = I), on the host.
+
+    Args:
+      beta: inverse temperature β > 0 (concrete).
+      ks: the modes k (array-like).
+      sigma: noise σ ≥ 0.
+      normalization: ``"softmax"`` or ``"unnormalized"``.
+
+    Returns:
+      NumPy float64 rates, the shape of ``ks``.
+    """
     from scipy.special import ive
 
     ks = np.asarray(ks, float)
@@ -25,19 +42,42 @@ def linear_rates(beta, ks, sigma=0.0, normalization="softmax"):
 
 
 def most_unstable_mode(beta, k_max=None, sigma=0.0):
-    """k* = argmax_k λ_k: argmax k² I_k(β)/I_0(β) without noise (the cluster count that first
-    appears), argmax (k²/β) I_k/I_0 − σ²k²/2 with noise σ."""
+    """The most unstable mode k* = argmax_k λ_k (softmax), on the host.
+
+    argmax k² I_k(β)/I_0(β) without noise (the cluster count that first appears), argmax
+    (k²/β) I_k/I_0 − σ²k²/2 with noise σ.
+
+    Args:
+      beta: inverse temperature β > 0 (concrete).
+      k_max: the largest mode searched (default 10 + 4√(2β)).
+      sigma: noise σ ≥ 0.
+
+    Returns:
+      k* as a Python int.
+    """
     k_max = k_max or int(10 + 4 * np.sqrt(2 * beta))
     ks = np.arange(1, k_max + 1)
     return int(ks[np.argmax(linear_rates(beta, ks, sigma=sigma))])
 
 
 def growth_rate(model: CircleDensity, k):
-    """The solver's growth rate of the k-th mode of the uniform state: the Jacobian of the
-    discrete right-hand side at ρ = 1/(2π) applied to the cell averages of cos kθ (a
-    forward-mode JVP, so exactly linear: no ε), projected on mode k. Because the face
+    """The solver's growth rate of the k-th mode of the uniform state (traceable in the model).
+
+    The Jacobian of the discrete right-hand side at ρ = 1/(2π) applied to the cell averages of
+    cos kθ (a forward-mode JVP, so exactly linear: no ε), projected on mode k. Because the face
     velocities are the exact band-limited ones and the finite-volume update is exact for cell
-    averages, this equals λ_k up to rounding. ``k`` an int, or a list (one rate each)."""
+    averages, this equals λ_k (:func:`linear_rates`) up to rounding.
+
+    Args:
+      model: a :class:`CircleDensity` (its β, σ, weights may be traced).
+      k: a mode (int), or a list of modes, in [1, M/2] (static).
+
+    Returns:
+      A scalar array, or one rate per mode.
+
+    Raises:
+      ValueError: a mode outside [1, M/2].
+    """
     ks = np.atleast_1d(k)
     if np.any(ks < 1) or np.any(ks > model.m // 2):
         raise ValueError(f"k must lie in [1, M/2] = [1, {model.m // 2}] for M = {model.m} "
@@ -49,6 +89,7 @@ def growth_rate(model: CircleDensity, k):
 
 @eqx.filter_jit
 def _rates(model, cs, ks):
+    """The JVP at the uniform state on each mode, projected on it."""
     u = uniform_density(model.m, model.beta.dtype)
     jv = jax.vmap(lambda c: jax.jvp(lambda r: model(0.0, r), (u,), (c,))[1])(cs)
     amp = jnp.fft.rfft(jv, axis=-1)
