@@ -1,15 +1,10 @@
-"""Gaussian transformer dynamics (Paper B): the moment ODE and its adaptive solve with blow-up
-detection, the lock-step batch solver, closed forms, stationary points and regimes."""
+"""Gaussian transformer dynamics (Paper B): the moment ODE and its adaptive solve with blow-up detection.
 
-from ._solve import (
-    Control as Control,
-    MomentField as MomentField,
-    MomentSolution as MomentSolution,
-    check_covariance as check_covariance,
-    covariance_curves as covariance_curves,
-    moment_rhs as moment_rhs,
-    solve_moments as solve_moments,
-)
+The single-member solve (:func:`solve_moments`) and the batch solver
+(:func:`solve_moments_batch`), closed forms, stationary points and regimes, the attention
+variants' moment fields, and the statistics of Gaussian particle clouds.
+"""
+
 from ._batch import BatchSolution as BatchSolution, solve_moments_batch as solve_moments_batch
 from ._closed import (
     lyapunov_equilibrium as lyapunov_equilibrium,
@@ -20,6 +15,14 @@ from ._closed import (
     vi_blowup_time_general as vi_blowup_time_general,
     vi_covariance as vi_covariance,
     vi_precision as vi_precision,
+)
+from ._particles import (
+    bures_distance as bures_distance,
+    cloud_stats as cloud_stats,
+    directions as directions,
+    fit_slope as fit_slope,
+    gaussian_cloud as gaussian_cloud,
+    parting_time as parting_time,
 )
 from ._regimes import (
     GridResult as GridResult,
@@ -33,14 +36,17 @@ from ._regimes import (
     stationary_covariance as stationary_covariance,
     vi_grid as vi_grid,
 )
-from ._solve import DOMINANCE as DOMINANCE, POLE_FRACTION as POLE_FRACTION
-from ._particles import (
-    bures_distance as bures_distance,
-    cloud_stats as cloud_stats,
-    directions as directions,
-    fit_slope as fit_slope,
-    gaussian_cloud as gaussian_cloud,
-    parting_time as parting_time,
+from ._solve import (
+    DOMINANCE as DOMINANCE,
+    POLE_FRACTION as POLE_FRACTION,
+    Control as Control,
+    MomentField as MomentField,
+    MomentSolution as MomentSolution,
+    VariantMomentField as VariantMomentField,
+    check_covariance as check_covariance,
+    covariance_curves as covariance_curves,
+    moment_rhs as moment_rhs,
+    solve_moments as solve_moments,
 )
 from ._theory import (
     lyapunov_limit as lyapunov_limit,
@@ -51,10 +57,28 @@ from ._theory import (
     tilt_index as tilt_index,
     vi_closed_form as vi_closed_form,
 )
-from ._variants import (  # issue 15: attention variants
+from ._variants import (
+    conditional_mean_affine as conditional_mean_affine,
     conditional_mean_map as conditional_mean_map,
     covariance_rhs as covariance_rhs,
-    conditional_mean_affine as conditional_mean_affine,
     variant_moment_rhs as variant_moment_rhs,
 )
-from ._solve import VariantMomentField as VariantMomentField  # issue 15: solve_moments(attention=)
+
+__all__ = [
+    # the moment ODE and its solvers
+    "Control", "MomentField", "VariantMomentField", "MomentSolution", "BatchSolution",
+    "moment_rhs", "solve_moments", "solve_moments_batch", "covariance_curves",
+    "check_covariance", "DOMINANCE", "POLE_FRACTION",
+    # closed forms and theory
+    "scalar_variance", "scalar_blowup_time", "vi_covariance", "vi_blowup_time", "vi_precision",
+    "vi_blowup_time_general", "lyapunov_solve", "lyapunov_equilibrium", "scalar_v",
+    "vi_closed_form", "lyapunov_limit", "phase_theory", "relu_initial_rates", "tilt_index",
+    "predicted_exponent",
+    # stationary points, regimes, grids
+    "StationaryPoint", "stationary_covariance", "bernoulli_residual", "linearisation", "Regime",
+    "classify", "GridResult", "moment_grid", "scalar_grid", "vi_grid",
+    # attention variants
+    "conditional_mean_map", "conditional_mean_affine", "covariance_rhs", "variant_moment_rhs",
+    # particle clouds
+    "gaussian_cloud", "directions", "cloud_stats", "bures_distance", "parting_time", "fit_slope",
+]

@@ -159,11 +159,16 @@ def _big_status(status, big, s, ell, q, vb):
 
 
 def _outcomes(status, tstar, acc, active, t, t_new, h_new, t1, thr, hmin_rel, s, ell, q, vb):
-    """Member outcomes after a lock-step step (both stages): OK at t1, BLOWUP (with T*) or
-    LARGE past the threshold, NONFINITE when the step size collapsed — unless the state is
-    then on a pole with ``‖Σ‖ ≥ √thr``: a blow-up whose approach the dtype cannot resolve to
-    the threshold (float32: steps of ``T* − t ~ 1/(q ‖Σ‖)`` fall below ``100 eps t`` near
-    ``‖Σ‖ ~ 10⁵``) is a BLOWUP candidate, refined and re-tested by the pole stage."""
+    """Member outcomes after a lock-step step: OK at t1, BLOWUP (with T*) or LARGE past the threshold.
+
+    NONFINITE when the step size collapsed — unless the state is then on a pole with
+    ``‖Σ‖ ≥ √thr``: a blow-up whose approach the dtype cannot resolve to the threshold
+    (float32: steps of ``T* − t ~ 1/(q ‖Σ‖)`` fall below ``100 eps t`` near ``‖Σ‖ ~ 10⁵``)
+    is a BLOWUP candidate, refined and re-tested by the pole stage.
+
+    Returns:
+        ``(status, tstar)`` per member.
+    """
     big = acc & (s >= thr)
     done = acc & (t_new >= t1)
     tiny = active & ~acc & (h_new < hmin_rel * jnp.maximum(jnp.abs(t), t1))
@@ -186,8 +191,12 @@ def _errnorm(e, y0, y1, rtol, atol, axes):
 
 
 def _explicit_start(m, S, A, B, V, b, t1, rtol, atol):
-    """FSAL derivative, initial step (Hairer's first guess: 0.01 ‖y0‖/‖f0‖ in the scaled
-    norm, within [1e-6, 1]·t1) and whether the state is finite, of fresh batch-last members."""
+    """The start of fresh batch-last members.
+
+    Returns:
+        The FSAL derivative ``(km, kS)``, the initial step (Hairer's first guess: 0.01
+        ‖y0‖/‖f0‖ in the scaled norm, within [1e-6, 1]·t1) and whether the state is finite.
+    """
     d = m.shape[0]
     ncomp = d + d * d
     km, kS = _rhs_bl(m, S, A, B, V, A + V, b)
@@ -204,12 +213,17 @@ def _explicit_start(m, S, A, B, V, b, t1, rtol, atol):
 @eqx.filter_jit
 def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, min_active,
                     hmin_rel):
-    """Run the explicit lock-step loop on a batch-last chunk until no member is active or at
-    most ``min_active`` members are active (time to compact). Members flagged ``fresh`` are
-    started first (FSAL derivative, initial step). A member that has taken ``max_steps``
-    steps is handed to the stiff stage (every member steps from iteration 0 on, so this is
-    the lock-step iteration cap). One compiled program per (chunk width, d, dtype): the
-    driver feeds chunks of a fixed width. Returns (carry, iterations)."""
+    """Run the explicit lock-step loop on a batch-last chunk until at most ``min_active`` members are active.
+
+    (Then it is time to compact.) Members flagged ``fresh`` are started first (FSAL
+    derivative, initial step). A member that has taken ``max_steps`` steps is handed to the
+    stiff stage (every member steps from iteration 0 on, so this is the lock-step iteration
+    cap). One compiled program per (chunk width, d, dtype): the driver feeds chunks of a
+    fixed width.
+
+    Returns:
+        ``(carry, iterations)``.
+    """
     d, n = carry["m"].shape
     ApV = A + V
     ncomp = d + d * d
@@ -286,9 +300,13 @@ def _explicit_round(carry, fresh, A, B, V, b, t1, thr, rtol, atol, max_steps, mi
 
 @eqx.filter_jit
 def _stiff_stage(t, m, S, A, B, V, b, t1, thr, rtol, atol, max_steps):
-    """Continue member-major members from ``(t, m, S)`` to ``t1`` with Rodas5 and the blow-up
-    event: (time, mean, covariance, status, T* estimate, steps, accepted steps). A member
-    past the threshold on a pole is a BLOWUP candidate (refined by the pole stage)."""
+    """Continue member-major members from ``(t, m, S)`` to ``t1`` with Rodas5 and the blow-up event.
+
+    A member past the threshold on a pole is a BLOWUP candidate (refined by the pole stage).
+
+    Returns:
+        ``(time, mean, covariance, status, T* estimate, steps, accepted steps)`` per member.
+    """
 
     def one(t0, m0, S0, A, B, V, b, thr):
         field = MomentField(A, B, V, b)
@@ -312,6 +330,7 @@ def _stiff_stage(t, m, S, A, B, V, b, t1, thr, rtol, atol, max_steps):
 
 @eqx.filter_jit
 def _pole_stage(t, S, A, B, V, active, rtol, atol, max_steps):
+    """:func:`pole_refine` vmapped over member-major members."""
     return jax.vmap(lambda t_, S_, a, b_, v, act: pole_refine(
         t_, S_, a, b_, v, rtol=rtol, atol=atol, max_steps=max_steps, active=act))(t, S, A, B, V, active)
 
@@ -324,6 +343,7 @@ def _pole_stage(t, S, A, B, V, active, rtol, atol, max_steps):
 @eqx.filter_jit
 def _composable(m0, S0, A, B, V, b, t1, ts, rtol, atol, threshold, max_explicit, max_stiff,
                 stiff, throw):
+    """The composable path of :func:`solve_moments_batch` (module doc)."""
     stiff_status = None if stiff else status_code("stiff")
 
     def one(m0, S0, A, B, V, b):
@@ -347,14 +367,21 @@ _FIELDS = ("ts", "mean", "cov", "t_final", "mean_final", "cov_final", "blowup_ti
 
 
 def _is_traced(*xs) -> bool:
-    """Whether any input is traced, or the call is being staged into a jitted program
-    (where even constants become tracers, so the host-driven path cannot run)."""
+    """Whether any input is traced, or the call is being staged into a jitted program.
+
+    (Inside a jitted function even constants become tracers, so the host-driven path
+    cannot run there.)
+
+    Returns:
+        Bool.
+    """
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs)):
         return True
     return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
 def _batched(x, n, shape, name, xp):
+    """``x`` of shape ``shape`` broadcast to ``(n, *shape)``, or already of that shape."""
     x = xp.asarray(x)
     if x.shape == tuple(shape):
         return xp.broadcast_to(x, (n, *shape))
@@ -364,8 +391,19 @@ def _batched(x, n, shape, name, xp):
 
 
 def _check_concrete(n, d, dtype, S0, named):
-    """The host checks of concrete inputs: finite values (naming the member) and S0 a
-    symmetric PSD covariance per member (naming the member and the defect)."""
+    """The host checks of concrete inputs (NumPy).
+
+    Args:
+        n: batch size.
+        d: dimension.
+        dtype: the solve's dtype.
+        S0: (n, d, d) initial covariances.
+        named: ``(name, array or None)`` pairs checked for finite values.
+
+    Raises:
+        ValueError: non-finite values (naming the member), or an S0 that is not a symmetric
+            PSD covariance (naming the member and the defect).
+    """
     for name, x in named:
         if x is None:
             continue
@@ -448,7 +486,6 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
     Raises:
         ValueError: a concrete input with a wrong shape, a non-floating S0, non-finite
             values, an S0 that is not a covariance, ``t1 <= 0`` or ``chunk < 1``.
-        RuntimeError: ``throw=True`` and a member is not successful (fast path).
     """
     S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
     if not jnp.issubdtype(S0_dtype, jnp.floating):

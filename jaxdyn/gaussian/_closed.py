@@ -61,7 +61,19 @@ def _expm1_over(a, t):
 
 
 def scalar_variance(t, sigma0, a, c):
-    r"""σ(t) of ``σ' = 2aσ + 2cσ²`` (d = 1, a = A, c = V·B). inf at/after the blow-up time."""
+    """σ(t) of the scalar law ``σ' = 2aσ + 2cσ²`` (d = 1, a = A, c = V·B).
+
+        σ(t) = σ0 e^{2at} / (1 − (cσ0/a)(e^{2at} − 1))   (σ0/(1 − 2cσ0 t) when a = 0).
+
+    Args:
+        t: time(s).
+        sigma0: σ(0).
+        a: linear rate.
+        c: quadratic rate.
+
+    Returns:
+        σ(t), broadcast over the inputs; inf at and after the blow-up time.
+    """
     t, sigma0, a, c = (jnp.asarray(x) for x in (t, sigma0, a, c))
     den = 1.0 - c * sigma0 * _expm1_over(a, t)
     val = sigma0 * jnp.exp(2.0 * a * t) / den
@@ -70,9 +82,18 @@ def scalar_variance(t, sigma0, a, c):
 
 
 def scalar_blowup_time(sigma0, a, c):
-    r"""Blow-up time of ``σ' = 2aσ + 2cσ²`` from σ0 > 0; inf when there is none.
+    """Blow-up time of ``σ' = 2aσ + 2cσ²`` from σ0 > 0; inf when there is none.
 
     ``T* = log(1 + a/(cσ0)) / (2a)`` if ``c > 0`` and ``cσ0 > −a``; ``1/(2cσ0)`` if a = 0.
+    Differentiable (the limit a → 0 by its series).
+
+    Args:
+        sigma0: σ(0).
+        a: linear rate.
+        c: quadratic rate.
+
+    Returns:
+        T*, broadcast over the inputs.
     """
     sigma0, a, c = (jnp.asarray(x) for x in (sigma0, a, c))
     cs = c * sigma0
@@ -87,8 +108,18 @@ def scalar_blowup_time(sigma0, a, c):
 
 
 def vi_blowup_time(S0, B, v):
-    r"""``T* = 1 / λmax(R vS R)``, ``R = Σ0^{1/2}``, ``S = B + Bᵀ`` (``V = v I``, ``A = 0``);
-    inf when ``λmax ≤ 0``. Valid for singular Σ0."""
+    """Blow-up time for ``V = v I``, ``A = 0``: ``T* = 1 / λmax(R vS R)``.
+
+    ``R = Σ0^{1/2}``, ``S = B + Bᵀ``; inf when ``λmax ≤ 0``. Valid for singular Σ0.
+
+    Args:
+        S0: (d, d) initial covariance.
+        B: (d, d).
+        v: the scalar of V = v I.
+
+    Returns:
+        T*.
+    """
     S0 = jnp.asarray(S0)
     R = sqrtm_psd(S0)
     K = v * (B + B.T)
@@ -97,7 +128,17 @@ def vi_blowup_time(S0, B, v):
 
 
 def vi_covariance(t, S0, B, v):
-    r"""``Σ(t) = R (I − t R vS R)⁻¹ R`` for ``V = v I``, ``A = 0`` (before the blow-up)."""
+    """``Σ(t) = R (I − t R vS R)⁻¹ R`` for ``V = v I``, ``A = 0`` (t below the blow-up time).
+
+    Args:
+        t: time.
+        S0: (d, d) initial covariance (``R = S0^{1/2}``).
+        B: (d, d) (``S = B + Bᵀ``).
+        v: the scalar of V = v I.
+
+    Returns:
+        (d, d) Σ(t), symmetric.
+    """
     S0 = jnp.asarray(S0)
     d = S0.shape[0]
     R = sqrtm_psd(S0)
@@ -108,13 +149,22 @@ def vi_covariance(t, S0, B, v):
 
 
 def vi_precision(t, P0, A, B, v):
-    r"""``P(t) = Σ(t)⁻¹`` for ``V = v I`` and any A: the solution of ``P' = −PA − AᵀP − vS``,
+    """``P(t) = Σ(t)⁻¹`` for ``V = v I`` and any A: the solution of ``P' = −PA − AᵀP − vS``.
 
         P(t) = e^{−Aᵀt} P0 e^{−At} − v ∫₀ᵗ e^{−Aᵀs} S e^{−As} ds,
 
     by Van Loan's trick: ``expm(t [[−Aᵀ, S], [0, A]]) = [[e^{−Aᵀt}, F12], [0, e^{At}]]`` with
     ``F12 = ∫₀ᵗ e^{−Aᵀ(t−s)} S e^{As} ds``, so ``∫₀ᵗ e^{−Aᵀu} S e^{−Au} du = F12 e^{−At}``.
-    P0: (d, d) initial precision ``Σ0⁻¹``.
+
+    Args:
+        t: time.
+        P0: (d, d) initial precision ``Σ0⁻¹``.
+        A: (d, d).
+        B: (d, d) (``S = B + Bᵀ``).
+        v: the scalar of V = v I.
+
+    Returns:
+        (d, d) P(t), symmetric.
     """
     A = jnp.asarray(A)
     d = A.shape[0]
@@ -130,9 +180,22 @@ def vi_precision(t, P0, A, B, v):
 
 
 def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
-    r"""First zero of ``λmin(P(t))`` on ``(0, t_max]`` for ``V = v I`` and any A (Σ0
-    invertible): a grid scan then bisection to machine precision. inf if none. numpy/scipy
-    level helper (not jittable), for tests and reference curves."""
+    """First zero of ``λmin(P(t))`` on ``(0, t_max]`` for ``V = v I`` and any A (Σ0 invertible).
+
+    A grid scan then bisection to machine precision; a NumPy/SciPy-level helper (not
+    jittable), for tests and reference curves.
+
+    Args:
+        S0: (d, d) invertible initial covariance.
+        A: (d, d).
+        B: (d, d).
+        v: the scalar of V = v I.
+        t_max: end of the search interval.
+        n_grid: grid intervals of the scan.
+
+    Returns:
+        T* as a Python float; inf if none.
+    """
     S0 = np.asarray(S0, np.float64)
     P0 = np.linalg.inv(S0)
     A = np.asarray(A, np.float64)
@@ -161,7 +224,15 @@ def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
 
 
 def lyapunov_solve(A, Q):
-    r"""Solve ``Aᵀ P + P A = −Q`` (Kronecker form, d² × d² linear system; small d)."""
+    """Solve ``Aᵀ P + P A = −Q`` (Kronecker form, a d² × d² linear system; small d).
+
+    Args:
+        A: (d, d).
+        Q: (d, d).
+
+    Returns:
+        (d, d) P, symmetrised.
+    """
     A = jnp.asarray(A)
     d = A.shape[0]
     I = jnp.eye(d, dtype=A.dtype)
@@ -173,9 +244,19 @@ def lyapunov_solve(A, Q):
 
 
 def lyapunov_equilibrium(A, B, v):
-    r"""``Σ* = P*⁻¹`` with ``AᵀP* + P*A = −vS`` (``V = v I``). Returns ``(Σ*, P*)``;
+    """The Lyapunov equilibrium ``Σ* = P*⁻¹`` with ``AᵀP* + P*A = −vS`` (``V = v I``).
+
     Σ* is a stationary point of the moment ODE when P* is invertible, and the attracting
-    one when spec(A) ⊂ {Re > 0} and ``vS ≺ 0`` (then P* ≻ 0)."""
+    one when spec(A) ⊂ {Re > 0} and ``vS ≺ 0`` (then P* ≻ 0).
+
+    Args:
+        A: (d, d).
+        B: (d, d) (``S = B + Bᵀ``).
+        v: the scalar of V = v I.
+
+    Returns:
+        ``(Σ*, P*)``.
+    """
     P = lyapunov_solve(A, v * (B + B.T))
     Sig = jnp.linalg.inv(P)
     return 0.5 * (Sig + Sig.T), P

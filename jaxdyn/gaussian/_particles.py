@@ -12,7 +12,6 @@ The one PSD square root of the package is :func:`jaxdyn.distances.sqrtm_psd`.
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +30,7 @@ def _sqrt64(S):
 
 
 def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.float64):
-    r"""n points ``x_i = m + z_i S^{1/2}``, ``z_i`` i.i.d. N(0, I_d): a (n, d) sample of N(m, S).
+    """``n`` points ``x_i = m + z_i S^{1/2}``, ``z_i`` i.i.d. N(0, I_d): a (n, d) sample of N(m, S).
 
     ``key`` picks the random stream and the array type:
 
@@ -46,6 +45,20 @@ def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.f
     only remaining error is in the shape of the law, which isolates the error the finite-N
     dynamics add in a transfer study. ``S^{1/2}`` is :func:`jaxdyn.distances.sqrtm_psd`
     (valid for singular S).
+
+    Args:
+        key: a JAX PRNG key or a NumPy seed / Generator.
+        n: number of points.
+        m: (d,) mean.
+        S: (d, d) covariance.
+        exact_moments: whiten the draws first (module doc).
+        dtype: the points' dtype.
+
+    Returns:
+        (n, d) points.
+
+    Raises:
+        ValueError: ``exact_moments`` with ``n <= d``.
     """
     m = np.asarray(m, np.float64)
     d = m.shape[0]
@@ -69,8 +82,19 @@ def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.f
 
 
 def directions(d: int, k: int, dtype=jnp.float64):
-    """(d, k) unit directions: evenly spaced angles on [0, π) in d = 2, (1,) in d = 1,
-    fixed Gaussian draws (key 0) normalised otherwise."""
+    """(d, k) unit directions for the projected moments.
+
+    Evenly spaced angles on [0, π) in d = 2, (1,) in d = 1, fixed Gaussian draws (key 0)
+    normalised otherwise.
+
+    Args:
+        d: dimension.
+        k: number of directions.
+        dtype: the array's dtype.
+
+    Returns:
+        (d, k) array.
+    """
     if d == 1:
         return jnp.ones((1, 1), dtype)
     if d == 2:
@@ -81,9 +105,17 @@ def directions(d: int, k: int, dtype=jnp.float64):
 
 
 def cloud_stats(xs, dirs):
-    """Per-frame statistics of clouds ``xs`` (S, N, d): mean (S, d), covariance (S, d, d)
-    with 1/N normalisation, max radius (S,), and the largest |skewness| and |excess
-    kurtosis| (S,) of the projections on the columns of ``dirs`` (d, K). Jittable."""
+    """Per-frame statistics of clouds ``xs`` (S, N, d) (jittable).
+
+    Args:
+        xs: (S, N, d) frames of N points.
+        dirs: (d, K) projection directions.
+
+    Returns:
+        ``(mean (S, d), covariance (S, d, d) with 1/N normalisation, max radius (S,),
+        largest |skewness| (S,), largest |excess kurtosis| (S,))`` of the projections on the
+        columns of ``dirs``.
+    """
     n = xs.shape[-2]
     m = jnp.mean(xs, axis=-2)
     xc = xs - m[..., None, :]
@@ -120,8 +152,20 @@ def bures_distance(m0, S0, m1, S1):
 
 
 def parting_time(ts, tr_particles, tr_closure, threshold):
-    """First saved time with ``|tr_particles/tr_closure − 1| > threshold``, or where the
-    closure is no longer finite (blown up) while the particles are; NaN if never."""
+    """The first saved time where particles and closure part ways.
+
+    That is ``|tr_particles/tr_closure − 1| > threshold``, or the closure is no longer
+    finite (blown up) while the particles are.
+
+    Args:
+        ts: (S,) times.
+        tr_particles: (S,) traces of the particles' covariance.
+        tr_closure: (S,) traces of the closure's covariance.
+        threshold: the relative gap.
+
+    Returns:
+        The time as a Python float; NaN if never.
+    """
     ts = np.asarray(ts)
     tp, tc = np.asarray(tr_particles, np.float64), np.asarray(tr_closure, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -132,7 +176,15 @@ def parting_time(ts, tr_particles, tr_closure, threshold):
 
 
 def fit_slope(ns, errs):
-    """Least-squares slope of log err against log N (NaN with fewer than 2 usable points)."""
+    """Least-squares slope of log err against log N.
+
+    Args:
+        ns: sample sizes.
+        errs: errors (non-finite or non-positive ones left out).
+
+    Returns:
+        The slope as a Python float; NaN with fewer than 2 usable points.
+    """
     ns, errs = np.asarray(ns, float), np.asarray(errs, float)
     ok = np.isfinite(errs) & (errs > 0)
     if ok.sum() < 2:

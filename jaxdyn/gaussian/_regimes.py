@@ -39,6 +39,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from .._results import RESULTS, Solution, from_codes, status_code
 from ._solve import moment_rhs
 from ._batch import solve_moments_batch
 from ._closed import lyapunov_equilibrium, scalar_blowup_time, scalar_variance, vi_blowup_time
@@ -60,41 +61,72 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _tri(d):
+    """The upper-triangle indices of a (d, d) matrix."""
     return np.triu_indices(d)
 
 
 def _vech(S):
+    """The ``d(d+1)/2`` upper-triangle entries of symmetric matrices."""
     i, j = _tri(S.shape[-1])
     return S[..., i, j]
 
 
 def _unvech(x, d):
+    """The symmetric (d, d) matrices of :func:`_vech` coordinates."""
     i, j = _tri(d)
     S = jnp.zeros(x.shape[:-1] + (d, d), x.dtype).at[..., i, j].set(x)
     return S + jnp.swapaxes(S, -1, -2) - S * jnp.eye(d, dtype=x.dtype)
 
 
 def bernoulli_residual(S, A, B, V):
-    """``F(Σ) = AΣ + ΣAᵀ + VΣBΣ + ΣBᵀΣVᵀ`` (the covariance right side at Σ)."""
+    """``F(Σ) = AΣ + ΣAᵀ + VΣBΣ + ΣBᵀΣVᵀ``, the covariance right side at Σ.
+
+    Args:
+        S: (d, d) covariance.
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+
+    Returns:
+        (d, d) F(Σ).
+    """
     d = S.shape[-1]
     return moment_rhs(jnp.zeros((d,), S.dtype), S, A, B, V, jnp.zeros((d,), S.dtype))[1]
 
 
 def linearisation(S, A, B, V):
-    """Matrix of ``DF(Σ)`` on symmetric matrices (vech coordinates), and its eigenvalues."""
+    """The matrix of ``DF(Σ)`` on symmetric matrices (vech coordinates) and its eigenvalues.
+
+    Args:
+        S: (d, d) covariance.
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+
+    Returns:
+        ``(J, eigenvalues)``, J of shape (d(d+1)/2, d(d+1)/2).
+    """
     d = S.shape[-1]
     J = jax.jacfwd(lambda x: _vech(bernoulli_residual(_unvech(x, d), A, B, V)))(_vech(S))
     return J, jnp.linalg.eigvals(J)
 
 
-class StationaryPoint(eqx.Module):
-    """Result of :func:`stationary_covariance`.
+class StationaryPoint(Solution):
+    """Result of :func:`stationary_covariance` (a :class:`jaxdyn.Solution`; every leaf an array).
 
-    cov: (d, d) Σ*. residual: ``‖F(Σ*)‖_F`` (absolute) and rel_residual (divided by
-    ``‖A‖‖Σ*‖ + ‖V‖‖B‖‖Σ*‖²``). converged: rel_residual ≤ tol. psd: Σ* is PSD (a
-    covariance). min_eig: smallest eigenvalue of Σ*. jac_eigs: spectrum of DF(Σ*) on
-    symmetric matrices. stable: every real part < 0. mean: m* solving
-    ``(A + V + VΣ*B) m + b = 0`` (NaN when b is not given).
+    Attributes:
+        cov: (d, d) Σ*.
+        residual: ``‖F(Σ*)‖_F`` (absolute).
+        rel_residual: the residual divided by ``‖A‖‖Σ*‖ + ‖V‖‖B‖‖Σ*‖²``.
+        converged: ``rel_residual ≤ tol``.
+        psd: Σ* is PSD (a covariance).
+        min_eig: the smallest eigenvalue of Σ*.
+        jac_eigs: the spectrum of DF(Σ*) on symmetric matrices.
+        stable: every real part of ``jac_eigs`` is < 0.
+        mean: m* solving ``(A + V + VΣ*B) m + b = 0`` (NaN when b is not given).
+        result: :class:`jaxdyn.RESULTS`: ``successful`` when converged, else
+            ``not_converged``.
+        stats: ``{"num_steps"}``: Newton steps over the continuation.
     """
 
     cov: jax.Array
@@ -106,12 +138,19 @@ class StationaryPoint(eqx.Module):
     jac_eigs: jax.Array
     stable: jax.Array
     mean: jax.Array
+    result: RESULTS
+    stats: dict
 
 
 def _newton(x0, A, B, V, d, iters):
-    """Newton's method on the symmetric unknowns (``optimistix.Newton``, least-squares steps
-    by SVD where the Jacobian is singular), ``iters`` steps at most; the last iterate (the
-    caller reads the residual)."""
+    """Newton's method on the symmetric unknowns (``optimistix.Newton``), ``iters`` steps at most.
+
+    Least-squares steps by SVD where the Jacobian is singular; the last iterate is returned
+    (the caller reads the residual).
+
+    Returns:
+        ``(x, steps)``.
+    """
     def R(x, args):
         A, B, V = args
         return _vech(bernoulli_residual(_unvech(x, d), A, B, V))
@@ -119,11 +158,12 @@ def _newton(x0, A, B, V, d, iters):
     eps = float(jnp.finfo(x0.dtype).eps)
     solver = optx.Newton(rtol=8 * eps, atol=8 * eps, linear_solver=lx.SVD())
     sol = optx.root_find(R, solver, x0, (A, B, V), max_steps=iters, throw=False)
-    return sol.value
+    return sol.value, sol.stats["num_steps"]
 
 
 @eqx.filter_jit
 def _stationary(A, B, V, b, S_init, n_cont, iters, tol):
+    """:func:`stationary_covariance` after its checks (one program)."""
     d = A.shape[0]
     dtype = A.dtype
     vbar = jnp.trace(V) / d
@@ -136,9 +176,9 @@ def _stationary(A, B, V, b, S_init, n_cont, iters, tol):
 
     def cont(x, th):
         Vt = Vbar + th * (V - Vbar)
-        return _newton(x, A, B, Vt, d, iters), None
+        return _newton(x, A, B, Vt, d, iters)
 
-    x, _ = jax.lax.scan(cont, _vech(S_init), thetas)
+    x, steps = jax.lax.scan(cont, _vech(S_init), thetas)
     S = _unvech(x, d)
     F = bernoulli_residual(S, A, B, V)
     res = jnp.sqrt(jnp.sum(F * F))
@@ -150,21 +190,40 @@ def _stationary(A, B, V, b, S_init, n_cont, iters, tol):
     M = A + V + jnp.matmul(V, jnp.matmul(S, B, precision=HIGHEST), precision=HIGHEST)
     mean = jnp.linalg.solve(M, -b) if b is not None else jnp.full((d,), jnp.nan, dtype)
     tol_psd = 1e3 * jnp.finfo(dtype).eps * jnp.maximum(w[-1], 1.0)
-    return StationaryPoint(cov=S, residual=res, rel_residual=rel, converged=rel <= tol,
+    converged = rel <= tol
+    code = jnp.where(converged, status_code("successful"), status_code("not_converged"))
+    return StationaryPoint(cov=S, residual=res, rel_residual=rel, converged=converged,
                            psd=w[0] >= -tol_psd, min_eig=w[0], jac_eigs=ev,
-                           stable=jnp.all(jnp.real(ev) < 0), mean=mean)
+                           stable=jnp.all(jnp.real(ev) < 0), mean=mean, result=from_codes(code),
+                           stats={"num_steps": jnp.sum(steps)})
 
 
 def stationary_covariance(A, B, V, b=None, *, S_init=None, n_continuation: int = 10,
                           newton_iters: int = 30, tol: Optional[float] = None) -> StationaryPoint:
-    r"""A nonzero solution Σ* of ``AΣ + ΣAᵀ + VΣBΣ + ΣBᵀΣVᵀ = 0`` and its stability.
+    """A nonzero solution Σ* of ``AΣ + ΣAᵀ + VΣBΣ + ΣBᵀΣVᵀ = 0`` and its stability.
 
-    Damped Newton (step halving) on the symmetric unknowns, from ``S_init`` if given, else
-    from the Lyapunov equilibrium of ``V̄ = (tr V/d) I`` with continuation ``V̄ → V`` in
-    ``n_continuation`` steps (module doc). ``tol`` on the relative residual (default
-    ``1e3 eps``). Jit-compiled; vmappable over stacks of (A, B, V). A start that is not
-    near a nonzero solution can converge to Σ = 0 or not converge: read ``converged``,
-    ``residual`` and ``cov``.
+    Newton's method (``optimistix.Newton``) on the symmetric unknowns, from ``S_init`` if
+    given, else from the Lyapunov equilibrium of ``V̄ = (tr V/d) I`` with continuation
+    ``V̄ → V`` in ``n_continuation`` steps (module doc). Jit-compiled; runs under ``jax.jit``,
+    ``jax.vmap`` (stacks of (A, B, V)) and ``jax.grad`` (implicit differentiation of the
+    root). A start that is not near a nonzero solution can converge to Σ = 0 or not
+    converge: read ``converged``, ``residual`` and ``cov``.
+
+    Args:
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+        b: (d,) or None: with it, the stationary mean too.
+        S_init: (d, d) start of Newton's iteration (no continuation), or None.
+        n_continuation: continuation steps in V.
+        newton_iters: Newton steps per continuation step, at most.
+        tol: the convergence tolerance on the relative residual (default ``1e3 eps``).
+
+    Returns:
+        A :class:`StationaryPoint`.
+
+    Raises:
+        ValueError: A, B, V not square matrices of one shape.
     """
     A, B, V = (jnp.asarray(x) for x in (A, B, V))
     for name, X in (("A", A), ("B", B), ("V", V)):
@@ -183,10 +242,15 @@ def stationary_covariance(A, B, V, b=None, *, S_init=None, n_continuation: int =
 
 
 class Regime(NamedTuple):
-    """Result of :func:`classify`. regime: "stable" | "blow-up" | "other". condition: the
-    rule that decided it, in words. numbers: the quantities behind it. blowup_bound: an
-    upper bound on T* (inf if none / unknown). trace_bound: an upper bound on sup_t tr Σ(t)
-    ("stable" only; inf otherwise)."""
+    """Result of :func:`classify` (host values: strings and floats).
+
+    Attributes:
+        regime: ``"stable"`` | ``"blow-up"`` | ``"other"``.
+        condition: the rule that decided it, in words.
+        numbers: the quantities behind it.
+        blowup_bound: an upper bound on T* (inf if none / unknown).
+        trace_bound: an upper bound on ``sup_t tr Σ(t)`` ("stable" only; inf otherwise).
+    """
 
     regime: str
     condition: str
@@ -196,6 +260,7 @@ class Regime(NamedTuple):
 
 
 def _definite_sign(w, tol):
+    """1 (positive definite), −1 (negative definite) or 0, from sorted eigenvalues ``w``."""
     if w[0] > tol:
         return 1
     if w[-1] < -tol:
@@ -204,10 +269,22 @@ def _definite_sign(w, tol):
 
 
 def classify(A, B, V, S0=None, *, tol: float = 1e-12) -> Regime:
-    r"""Classify the covariance dynamics for constant (A, B, V) — see the module doc for
-    the rules and their proofs. With ``S0`` the bounds use ``x0 = tr S0`` and ``r = rank S0``;
-    without it, "blow-up" is claimed only when it holds for every nonzero S0.
-    numpy-level (returns strings); for a single parameter set.
+    """Classify the covariance dynamics for constant (A, B, V) by the rules of the module doc.
+
+    With ``S0`` the bounds use ``x0 = tr S0`` and ``r = rank S0``; without it, "blow-up" is
+    claimed only when it holds for every nonzero S0. NumPy-level (returns strings), for one
+    parameter set.
+
+    Args:
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+        S0: (d, d) initial covariance or None.
+        tol: the tolerance of the "exactly V = v I, A = 0" and definiteness tests, relative
+            to the largest entry.
+
+    Returns:
+        A :class:`Regime`.
     """
     A, B, V = (np.asarray(x, np.float64) for x in (A, B, V))
     d = A.shape[0]
@@ -290,9 +367,17 @@ def classify(A, B, V, S0=None, *, tol: float = 1e-12) -> Regime:
 
 
 class GridResult(NamedTuple):
-    """x: (nx,), y: (ny,) grid values. blowup_time, trace_final, status: (nx, ny) from the
-    batched solver (trace at t_final: t1 unless blown up). theory_blowup_time,
-    theory_trace: closed-form counterparts where known (else None)."""
+    """Result of :func:`moment_grid`, :func:`scalar_grid` and :func:`vi_grid` (host arrays).
+
+    Attributes:
+        x: (nx,) grid values.
+        y: (ny,) grid values.
+        blowup_time: (nx, ny) from the batch solver.
+        trace_final: (nx, ny) ``tr Σ`` at t_final (t1 unless blown up).
+        status: (nx, ny) status codes.
+        theory_blowup_time: the closed-form counterpart where known (else None).
+        theory_trace: the closed-form counterpart where known (else None).
+    """
 
     x: np.ndarray
     y: np.ndarray
@@ -304,11 +389,20 @@ class GridResult(NamedTuple):
 
 
 def moment_grid(make_params: Callable, x, y, S0, *, t1, m0=None, **solver_kw) -> GridResult:
-    r"""Sweep a 2-D parameter grid with :func:`jaxdyn.solve_moments_batch` (one batch).
+    """Sweep a 2-D parameter grid with :func:`jaxdyn.solve_moments_batch` (one batch).
 
-    ``make_params(x_i, y_j)`` returns ``dict(A=..., B=..., V=..., b=...)`` (numpy arrays,
-    b optional) for one grid point. Returns the blow-up time and ``tr Σ`` at the final time
-    per point (no theory: see :func:`scalar_grid`, :func:`vi_grid`).
+    Args:
+        make_params: ``make_params(x_i, y_j)`` returns ``dict(A=..., B=..., V=..., b=...)``
+            (NumPy arrays, b optional) for one grid point.
+        x: (nx,) grid values.
+        y: (ny,) grid values.
+        S0: (d, d) initial covariance.
+        t1: final time.
+        m0: (d,) initial mean or None.
+        **solver_kw: further :func:`jaxdyn.solve_moments_batch` options.
+
+    Returns:
+        A :class:`GridResult` (no theory: see :func:`scalar_grid`, :func:`vi_grid`).
     """
     x, y = np.asarray(x), np.asarray(y)
     S0 = np.asarray(S0)
@@ -325,9 +419,22 @@ def moment_grid(make_params: Callable, x, y, S0, *, t1, m0=None, **solver_kw) ->
 
 
 def scalar_grid(a_values, c_values, sigma0: float, *, t1, dtype=np.float64, **solver_kw) -> GridResult:
-    r"""The scalar case ``σ' = 2aσ + 2cσ²`` over an (a, c) grid (d = 1: A = a, V = 1, B = c),
-    numerically and in closed form (``scalar_blowup_time``, ``scalar_variance`` at t1). The
-    theoretical boundary of blow-up before t1 is the curve ``T*(a, c) = t1``."""
+    """The scalar case ``σ' = 2aσ + 2cσ²`` over an (a, c) grid (d = 1: A = a, V = 1, B = c).
+
+    Numerically and in closed form (``scalar_blowup_time``, ``scalar_variance`` at t1). The
+    theoretical boundary of blow-up before t1 is the curve ``T*(a, c) = t1``.
+
+    Args:
+        a_values: (na,) values of a.
+        c_values: (nc,) values of c.
+        sigma0: σ(0).
+        t1: final time.
+        dtype: the solve's dtype.
+        **solver_kw: further :func:`jaxdyn.solve_moments_batch` options.
+
+    Returns:
+        A :class:`GridResult` with the theory.
+    """
     res = moment_grid(lambda a, c: dict(A=np.full((1, 1), a, dtype), B=np.full((1, 1), c, dtype),
                                         V=np.ones((1, 1), dtype)),
                       a_values, c_values, np.full((1, 1), sigma0, dtype), t1=t1, **solver_kw)
@@ -338,9 +445,22 @@ def scalar_grid(a_values, c_values, sigma0: float, *, t1, dtype=np.float64, **so
 
 
 def vi_grid(v_values, lam_values, S0, *, t1, a: float = 0.0, **solver_kw) -> GridResult:
-    r"""``V = v I``, ``B = λ I``, ``A = a I`` over a (v, λ) grid. Closed form: each
-    eigenvalue σ_k of S0 follows the scalar law with ``c = vλ``, so
-    ``T* = scalar_blowup_time(λmax(S0), a, vλ)`` and ``tr Σ(t1) = Σ_k σ_k(t1)``."""
+    """``V = v I``, ``B = λ I``, ``A = a I`` over a (v, λ) grid, numerically and in closed form.
+
+    Each eigenvalue σ_k of S0 follows the scalar law with ``c = vλ``, so
+    ``T* = scalar_blowup_time(λmax(S0), a, vλ)`` and ``tr Σ(t1) = Σ_k σ_k(t1)``.
+
+    Args:
+        v_values: (nv,) values of v.
+        lam_values: (nl,) values of λ.
+        S0: (d, d) initial covariance.
+        t1: final time.
+        a: the scalar of A = a I.
+        **solver_kw: further :func:`jaxdyn.solve_moments_batch` options.
+
+    Returns:
+        A :class:`GridResult` with the theory.
+    """
     S0 = np.asarray(S0)
     d = S0.shape[0]
     dtype = S0.dtype

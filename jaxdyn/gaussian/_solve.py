@@ -90,17 +90,40 @@ def _shape_of(p):
 
 
 def _mm(x, y):
-    """``x @ y`` (matrix @ matrix or matrix @ vector) of the small moment matrices as a
-    multiply-add over the inner index: XLA fuses it with its neighbours, where a ``dot``
+    """``x @ y`` (matrix @ matrix or matrix @ vector) of the small moment matrices.
+
+    A multiply-add over the inner index: XLA fuses it with its neighbours, where a ``dot``
     (batched under ``vmap``, with transposes around it) is a kernel of its own, and compile
-    time grows with the number of kernels."""
+    time grows with the number of kernels.
+
+    Args:
+        x: (..., d, d).
+        y: (..., d, d) or (d,).
+
+    Returns:
+        The product.
+    """
     if jnp.ndim(y) == 1:
         return jnp.sum(x * y, axis=-1)
     return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2)
 
 
 def moment_rhs(m, S, A, B, V, b):
-    """Right side of the moment ODE for one member at fixed parameters (see module doc)."""
+    r"""Right side of the moment ODE for one member at fixed parameters (docs/math.md §B.2).
+
+        m' = (A + V) m + V Σ B m + b,   Σ' = G + Gᵀ,   G = (A + V Σ B) Σ.
+
+    Args:
+        m: (d,) mean.
+        S: (d, d) covariance.
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+        b: (d,).
+
+    Returns:
+        ``(m', Σ')``; Σ' exactly symmetric.
+    """
     SB = _mm(S, B)
     G = _mm(A + _mm(V, SB), S)
     dm = _mm(A + V, m) + _mm(V, _mm(SB, m)) + b
@@ -112,8 +135,23 @@ class MomentField(eqx.Module):
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ.
 
-    ``A, B, V``: (d, d) arrays or :class:`Control`; ``b``: (d,) array or Control.
     State ``y = (m, Σ)`` with shapes ((d,), (d, d)). Usable as ``diffrax.ODETerm(field)``.
+    Concrete parameters are checked on the host (NumPy); traced ones are not.
+
+    Args:
+        A: (d, d) array or :class:`Control`.
+        B: (d, d) array or Control.
+        V: (d, d) array or Control.
+        b: (d,) array, Control or None (= 0).
+
+    Attributes:
+        A: the parameter (an array or a Control).
+        B: the parameter.
+        V: the parameter.
+        b: the parameter.
+
+    Raises:
+        ValueError: a shape that does not fit, or a concrete parameter with NaN or inf.
     """
 
     A: Union[jax.Array, Control]
@@ -123,18 +161,18 @@ class MomentField(eqx.Module):
 
     def __init__(self, A, B, V, b=None):
         def conv(name, p, want):
-            if isinstance(p, Control):
-                shape = p.shape
-            else:
+            vals = p.values if isinstance(p, Control) else p
+            # concrete values are checked on the host, in NumPy, before any conversion
+            if _is_concrete(vals):
+                v = np.asarray(vals)
+                if np.issubdtype(v.dtype, np.inexact) and not np.all(np.isfinite(v)):
+                    raise ValueError(f"{name} must be finite (it holds NaN or inf)")
+            if not isinstance(p, Control):
                 p = jnp.asarray(p)
-                shape = p.shape
+            shape = p.shape
             if want is not None and tuple(shape) != tuple(want):
                 raise ValueError(f"{name} must have shape {want} (or be a Control with values of "
                                  f"shape (n, *{want})), got {tuple(shape)}")
-            vals = p.values if isinstance(p, Control) else p
-            if (_is_concrete(vals) and jnp.issubdtype(jnp.asarray(vals).dtype, jnp.inexact)
-                    and not np.all(np.isfinite(np.asarray(vals)))):
-                raise ValueError(f"{name} must be finite (it holds NaN or inf)")
             return p, shape
 
         A, sA = conv("A", A, None)
@@ -151,6 +189,7 @@ class MomentField(eqx.Module):
 
     @property
     def dim(self) -> int:
+        """The dimension d."""
         return _shape_of(self.A)[0]
 
     def params(self, t):
@@ -159,25 +198,51 @@ class MomentField(eqx.Module):
 
     def breakpoints(self):
         """Concatenated jump/kink times of all Control parameters (None when all constant)."""
-        bps = [p.breakpoints() for p in (self.A, self.B, self.V, self.b) if isinstance(p, Control)]
-        bps = [x for x in bps if x.shape[0] > 0]
-        return jnp.concatenate(bps) if bps else None
+        return _breakpoints(self.A, self.B, self.V, self.b)
 
     def __call__(self, t, y, args=None):
+        """``(m', Σ')`` at time t and state ``y = (m, Σ)`` (``args`` unused)."""
         m, S = y
         return moment_rhs(m, S, *self.params(t))
 
 
+def _breakpoints(*params):
+    """Concatenated jump/kink times of the Control parameters (None when all constant)."""
+    bps = [p.breakpoints() for p in params if isinstance(p, Control)]
+    bps = [x for x in bps if x.shape[0] > 0]
+    return jnp.concatenate(bps) if bps else None
+
+
 class VariantMomentField(eqx.Module):
-    r"""The moment field of multi-head softmax, L2 or Sinkhorn attention (docs/math.md §G.5):
-    ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]``, whose conditional means on N(m, Σ) are affine,
-    ``c_h + T_h(Σ) x`` (:func:`jaxdyn.gaussian.variant_moment_rhs`):
+    r"""The moment field of multi-head softmax, L2 or Sinkhorn attention (docs/math.md §G.5).
+
+    For ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]`` the conditional means on N(m, Σ) are affine,
+    ``c_h + T_h(Σ) x`` (:func:`jaxdyn.gaussian.variant_moment_rhs`), so
 
         m' = A m + b + Σ_h V_h (c_h + T_h m),   Σ' = M Σ + Σ Mᵀ,   M = A + Σ_h V_h T_h(Σ).
 
-    ``A``: (d, d) array or :class:`Control`; ``b``: (d,) array, Control or None; ``Q, K``:
-    (H, p, d) (or (p, d)); ``V``: (H, d, d) (or (d, d)); ``beta`` > 0; ``attention``:
-    ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β, the converged plan).
+    Args:
+        A: (d, d) array, :class:`Control` or None (= 0).
+        Q: (H, p, d) (or (p, d)) per-head query weights.
+        K: (H, p, d) (or (p, d)) per-head key weights.
+        V: (H, d, d) (or (d, d)) per-head value weights.
+        b: (d,) array, Control or None (= 0).
+        beta: inverse temperature β > 0.
+        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β, the
+            converged plan).
+
+    Attributes:
+        A: the drift matrix (an array or a Control).
+        b: the drift offset.
+        Q: (H, p, d).
+        K: (H, p, d).
+        V: (H, d, d).
+        beta: scalar array.
+        attention: the kind (static).
+
+    Raises:
+        ValueError: an unknown attention, shapes that do not fit, or a concrete β ≤ 0 or
+            not a scalar.
     """
 
     A: Union[jax.Array, Control]
@@ -217,14 +282,15 @@ class VariantMomentField(eqx.Module):
 
     @property
     def dim(self) -> int:
+        """The dimension d."""
         return self.Q.shape[2]
 
     def breakpoints(self):
-        bps = [p.breakpoints() for p in (self.A, self.b) if isinstance(p, Control)]
-        bps = [x for x in bps if x.shape[0] > 0]
-        return jnp.concatenate(bps) if bps else None
+        """Concatenated jump/kink times of the Control parameters (None when all constant)."""
+        return _breakpoints(self.A, self.b)
 
     def __call__(self, t, y, args=None):
+        """``(m', Σ')`` at time t and state ``y = (m, Σ)`` (``args`` unused)."""
         from ._variants import variant_moment_rhs
 
         m, S = y
@@ -238,7 +304,19 @@ class VariantMomentField(eqx.Module):
 
 
 def blowup_indicators(S, A, B, V):
-    r"""``(s, ℓ, q)`` at one state: ``s = ‖Σ‖_F``, ``s' = ℓ s + q s²`` (module doc)."""
+    r"""The blow-up indicators ``(s, ℓ, q)`` at one state: ``s = ‖Σ‖_F``, ``s' = ℓ s + q s²``.
+
+    ``ℓ = ⟨Σ̂, AΣ̂ + Σ̂Aᵀ⟩`` and ``q = ⟨Σ̂, VΣ̂BΣ̂ + Σ̂BᵀΣ̂Vᵀ⟩`` with ``Σ̂ = Σ/s`` (module doc).
+
+    Args:
+        S: (d, d) covariance.
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+
+    Returns:
+        ``(s, ℓ, q)``.
+    """
     s = jnp.sqrt(jnp.sum(S * S))
     safe = jnp.where(s > 0, s, 1.0)
     Sh = S / safe
@@ -250,7 +328,18 @@ def blowup_indicators(S, A, B, V):
 
 
 def remaining_time(s, ell, q):
-    r"""Frozen-coefficient Bernoulli estimate of ``T* − t``: ``log(1 + ℓ/(q s)) / ℓ``."""
+    r"""The frozen-coefficient Bernoulli estimate of ``T* − t``, ``log(1 + ℓ/(q s)) / ℓ``.
+
+    (``1/(q s)`` when ℓ = 0.)
+
+    Args:
+        s: ``‖Σ‖_F``.
+        ell: the linear rate ℓ.
+        q: the quadratic rate q.
+
+    Returns:
+        The remaining time.
+    """
     qs = q * s
     x = ell / jnp.where(qs != 0, qs, 1.0)
     xs = jnp.where(jnp.abs(x) > 1e-8, x, 1.0)
@@ -359,20 +448,38 @@ _TAU_END = 1e30
 
 
 def on_pole(s, ell, q, vb):
-    """Pole signature: ``q s ≥ 100 |ℓ|`` and ``q ≥ 10⁻³ vb`` with ``vb = ‖VΣ̂‖_F ‖BΣ̂‖_F``
-    (:func:`pole_scale`; q ≤ 2 vb)."""
+    """The pole signature: ``q s ≥ 100 |ℓ|``, ``q > 0`` and ``q ≥ 10⁻³ vb``.
+
+    Args:
+        s: ``‖Σ‖_F``.
+        ell: the linear rate ℓ of ``s' = ℓ s + q s²``.
+        q: the quadratic rate q.
+        vb: ``‖VΣ̂‖_F ‖BΣ̂‖_F`` (:func:`pole_scale`; q ≤ 2 vb).
+
+    Returns:
+        Bool: ``s`` is on a pole.
+    """
     return (q * s >= DOMINANCE * jnp.abs(ell)) & (q > 0) & (q >= POLE_FRACTION * vb)
 
 
 def pole_scale(S, V, B):
-    """``‖V Σ̂‖_F ‖B Σ̂‖_F`` (``Σ̂ = Σ/‖Σ‖_F``) over the last two axes, the pole test's
-    scale for ``q = 2 tr(Σ̂ V Σ̂ B Σ̂)``: q is at most twice it in the direction Σ̂, and it
-    is at most ``‖V‖_F ‖B‖_F``, the scale used before (so every pole found then is found
-    now). Invariant under V → cV, B → B/c and under scalings of V and B on directions Σ̂
-    does not see; ``‖V‖_F ‖B‖_F`` was not, and missed exact poles when V and B were 10³
-    larger on other directions (V = diag(1, 10⁴), B = diag(1, −10⁻⁴): T* = 0.5 reported
-    ``large``). On the cone ``uᵀBu = 0`` (the stiff slow manifold, Σ̂ → uuᵀ) q → 0 while
-    ``‖Vu‖ ‖Bu‖`` stays of the size of V and B, so that growth is still told apart."""
+    """The pole test's scale ``‖V Σ̂‖_F ‖B Σ̂‖_F`` (``Σ̂ = Σ/‖Σ‖_F``) over the last two axes.
+
+    The scale of ``q = 2 tr(Σ̂ V Σ̂ B Σ̂)`` in the direction Σ̂: q is at most twice it, and
+    it is at most ``‖V‖_F ‖B‖_F``. Invariant under V → cV, B → B/c and under scalings of V
+    and B on directions Σ̂ does not see (``‖V‖_F ‖B‖_F`` is not: with V = diag(1, 10⁴),
+    B = diag(1, −10⁻⁴) the exact pole at T* = 0.5 would fail a test on that scale). On the
+    cone ``uᵀBu = 0`` (the stiff slow manifold, Σ̂ → uuᵀ) q → 0 while ``‖Vu‖ ‖Bu‖`` stays of
+    the size of V and B, so that growth is told apart from a pole.
+
+    Args:
+        S: (..., d, d) covariances.
+        V: (..., d, d).
+        B: (..., d, d).
+
+    Returns:
+        (...) the scale.
+    """
     # Σ̂ first: with Σ itself the product grows like ‖Σ‖⁴ and overflowed float32 at the
     # detection point (a pole called large)
     s = jnp.sqrt(jnp.sum(S * S, axis=(-2, -1)))[..., None, None]
@@ -388,21 +495,31 @@ def pole_scale(S, V, B):
 
 
 def _is_concrete(x) -> bool:
+    """Whether ``x`` is not a tracer (its value is known on the host)."""
     return not isinstance(x, jax.core.Tracer)
 
 
 # Error tolerances a dtype can honour: an rtol below ``RTOL_FLOOR_EPS · eps(dtype)`` (and
 # an atol below ``ATOL_FLOOR_EPS · eps``) asks for steps whose error is lost in the
 # rounding of the state itself; the PID controller then shrinks steps until max_steps
-# (the float32 example of issue 14: rtol = 1e-8 → max_steps at t = 0.768 instead of a
-# blow-up found in 82 steps at rtol = 1e-6).
+# (tests/test_gaussian_float32.py: in float32, rtol = 1e-8 ends max_steps_reached at
+# t = 0.768, where rtol = 1e-6 finds the blow-up in 82 steps).
 RTOL_FLOOR_EPS = 10.0
 ATOL_FLOOR_EPS = 0.1
 
 
 def dtype_tolerances(dtype, rtol, atol):
-    """``(rtol, atol)`` raised to what ``dtype`` can resolve: ``rtol ≥ 10 eps``,
-    ``atol ≥ 0.1 eps`` (float32: 1.19e-6 and 1.19e-8; float64 leaves any rtol ≥ 2.2e-15)."""
+    """``(rtol, atol)`` raised to what ``dtype`` can resolve: ``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``.
+
+    Args:
+        dtype: the solve's floating dtype.
+        rtol: the relative tolerance asked for.
+        atol: the absolute tolerance asked for.
+
+    Returns:
+        ``(rtol, atol)`` as Python floats (float32: at least 1.19e-6 and 1.19e-8; float64
+        leaves any rtol ≥ 2.2e-15).
+    """
     eps = float(jnp.finfo(dtype).eps)
     return max(float(rtol), RTOL_FLOOR_EPS * eps), max(float(atol), ATOL_FLOOR_EPS * eps)
 
@@ -417,16 +534,32 @@ BLOWUP_RESOLVE = 1e-3
 
 
 def dtype_threshold(dtype, threshold):
-    """``min(threshold, 1e-3 / eps(dtype))``: the blow-up threshold ``dtype`` can resolve."""
+    """The blow-up threshold ``dtype`` can resolve, ``min(threshold, 1e-3 / eps(dtype))``.
+
+    Args:
+        dtype: the solve's floating dtype.
+        threshold: the threshold asked for.
+
+    Returns:
+        A Python float (float32: at most 8389).
+    """
     return min(float(threshold), BLOWUP_RESOLVE / float(jnp.finfo(dtype).eps))
 
 
 def _cov_tol(dtype, d):
+    """The covariance check's tolerance ``100 d eps`` (relative to ``max(1, max|S|)``)."""
     return 100.0 * d * float(jnp.finfo(dtype).eps)
 
 
 def covariance_defects(S):
-    """``(asymmetry, min_eigenvalue, scale)`` of a candidate covariance (traceable)."""
+    """``(asymmetry, min_eigenvalue, scale)`` of a candidate covariance (traceable).
+
+    Args:
+        S: (d, d).
+
+    Returns:
+        ``max |S − Sᵀ|``, the smallest eigenvalue of ``(S + Sᵀ)/2`` and ``max(1, max|S|)``.
+    """
     scale = jnp.maximum(jnp.max(jnp.abs(S)), 1.0)
     asym = jnp.max(jnp.abs(S - S.T))
     lmin = jnp.linalg.eigvalsh(0.5 * (S + S.T))[0]
@@ -434,11 +567,23 @@ def covariance_defects(S):
 
 
 def check_covariance(S, name: str = "S0"):
-    """Raise ``ValueError`` if a concrete ``S`` is not a symmetric PSD (d, d) matrix.
+    """Check that ``S`` is a symmetric PSD (d, d) covariance and return it symmetrised.
 
     Tolerances are relative, ``100 d eps(dtype) max(1, max|S|)``. Rank-deficient S is valid.
-    Returns S symmetrised. Under tracing (``jit``/``vmap``/``grad``) the value checks are
-    skipped here; :func:`solve_moments` then reports ``RESULTS.invalid_input``.
+    Under tracing (``jit``/``vmap``/``grad``) the value checks are skipped here (the shape
+    and dtype are still checked); :func:`solve_moments` then reports
+    ``RESULTS.invalid_input``.
+
+    Args:
+        S: the candidate covariance.
+        name: its name in the error message.
+
+    Returns:
+        ``(S + Sᵀ)/2``.
+
+    Raises:
+        ValueError: S is not square, not floating, not finite, not symmetric or not PSD
+            (the message gives the asymmetry or the smallest eigenvalue).
     """
     S = jnp.asarray(S)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
@@ -522,8 +667,15 @@ def _save_times(saveat, t1, dtype):
 
 
 def _prepared_start(S0, threshold):
-    """(S0 symmetrised, whether it is not a covariance to its dtype's tolerance, the event
-    threshold on ‖S‖_F relative to max(‖S0‖_F, 1)), as both solve paths use them."""
+    """``(S0 symmetrised, S0 not a covariance to its dtype's tolerance, the event threshold)``.
+
+    Args:
+        S0: (d, d) initial covariance.
+        threshold: the blow-up threshold relative to ``max(‖S0‖_F, 1)``.
+
+    Returns:
+        The triple (the threshold on ``‖Σ‖_F``, absolute).
+    """
     asym, lmin, scale = covariance_defects(S0)
     tol = _cov_tol(S0.dtype, S0.shape[0]) * scale
     invalid = ~((asym <= tol) & (lmin >= -tol))
@@ -532,10 +684,28 @@ def _prepared_start(S0, threshold):
 
 
 def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint):
-    """One adaptive diffrax solve of ``field`` from ``y0 = (m0, S0)`` on [t0, t1], saved at
-    ``ts`` (within [t0, t1]) and at its end, stopped by the event ``cond_fn`` (PID steps, the
-    field's breakpoints as jump times): (the solution, (means, covariances) at ts, (mean,
-    covariance, time) at the end)."""
+    """One adaptive diffrax solve of ``field`` from ``y0 = (m0, S0)`` on [t0, t1].
+
+    Saved at ``ts`` (within [t0, t1]) and at its end, stopped by the event ``cond_fn`` (PID
+    steps, the field's breakpoints as jump times).
+
+    Args:
+        field: the moment field.
+        solver: a diffrax solver.
+        y0: ``(m0, S0)``.
+        t0: start time.
+        t1: end time.
+        ts: (n_save,) save times.
+        dt0: first step (None: diffrax's choice).
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        cond_fn: the event's condition.
+        max_steps: step budget.
+        adjoint: diffrax adjoint.
+
+    Returns:
+        ``(solution, (means, covariances) at ts, (mean, covariance, time) at the end)``.
+    """
     controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(field), solver, t0, t1, dt0, y0,
@@ -547,8 +717,17 @@ def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_st
 
 
 def _threshold_event(thr):
-    """The blow-up event: ``‖Σ‖_F ≥ thr`` or a non-finite state (a boolean ``diffrax.Event``
-    condition: the solve ends at the end of the step that passed it)."""
+    """The blow-up event's condition: ``‖Σ‖_F ≥ thr`` or a non-finite state.
+
+    A boolean ``diffrax.Event`` condition: the solve ends at the end of the step that
+    passed it.
+
+    Args:
+        thr: the threshold on ``‖Σ‖_F``.
+
+    Returns:
+        ``cond_fn(t, y, args, **kwargs) -> bool``.
+    """
     def cond_fn(t, y, args, **kwargs):
         m, S = y
         bad = ~(jnp.all(jnp.isfinite(S)) & jnp.all(jnp.isfinite(m)))
@@ -562,13 +741,33 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
                   pole_steps: int = 400):
     """One member's solve and status (jit/vmap/grad friendly; the core of both drivers).
 
-    ``solver`` from (m0, S0) on [0, t1] with the blow-up event; with ``stiff_steps > 0`` a
-    member whose step budget ``max_steps`` ran out continues from there with
-    :class:`jaxdyn.integrators.rodas5.Rodas5` for at most ``stiff_steps`` steps (the stiff
-    stage of :func:`jaxdyn.gaussian.solve_moments_batch`); a budget that runs out with
-    ``stiff_steps = 0`` is ``stiff_status`` (default ``max_steps_reached``). ``pole``: the
-    pole test and T* refinement (:func:`pole_refine`) of a member past the threshold, else
-    ``large``. Returns ``(MomentSolution, handed to the stiff stage)``.
+    ``solver`` from (m0, S0) on [0, t1] with the blow-up event (arguments as
+    :func:`solve_moments`'s, ``threshold`` relative to ``max(‖S0‖_F, 1)``).
+
+    Args:
+        field: :class:`MomentField` or :class:`VariantMomentField`.
+        m0: (d,) initial mean.
+        S0: (d, d) initial covariance.
+        t1: final time.
+        ts: (n_save,) save times.
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        threshold: the blow-up threshold.
+        solver: a diffrax solver.
+        max_steps: the solver's step budget.
+        adjoint: diffrax adjoint.
+        dt0: first step or None.
+        stiff_steps: if > 0, a member whose budget ``max_steps`` ran out continues from
+            there with :class:`jaxdyn.integrators.rodas5.Rodas5` for at most this many steps
+            (the stiff stage of :func:`jaxdyn.gaussian.solve_moments_batch`).
+        stiff_status: with ``stiff_steps = 0``, the code of a budget that runs out
+            (default ``max_steps_reached``).
+        pole: the pole test and T* refinement (:func:`pole_refine`) of a member past the
+            threshold; else it is ``large``.
+        pole_steps: the refinement's step budget.
+
+    Returns:
+        ``(MomentSolution, whether the member went to the stiff stage)``.
     """
     from ..integrators.rodas5 import Rodas5
 
@@ -651,9 +850,14 @@ def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, 
 @eqx.filter_jit
 def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint,
                        dt0, throw=False):
-    """:func:`_solve_jit` for a :class:`VariantMomentField`: the same event at the threshold,
-    reported as ``large`` (no pole test and no T*: the multi-head and L2/Sinkhorn right-hand
-    sides have no single (V, B) quadratic part)."""
+    """:func:`_solve_jit` for a :class:`VariantMomentField` (``large`` past the threshold).
+
+    No pole test and no T*: the multi-head and L2/Sinkhorn right-hand sides have no single
+    (V, B) quadratic part.
+
+    Returns:
+        The :class:`MomentSolution`.
+    """
     out, _ = _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps,
                            adjoint, dt0, pole=False)
     return error_if_failed(out, out.result) if throw else out
@@ -669,38 +873,56 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
 
-    Args:
-      m0: (d,) initial mean (``None`` = 0). S0: (d, d) symmetric PSD initial covariance
-        (rank-deficient allowed; rank is preserved). ValueError when a concrete S0 is not
-        symmetric / PSD (message gives the asymmetry or the min eigenvalue).
-      A, B, V: (d, d) arrays or :class:`Control`; b: (d,) array, Control or None (= 0).
-      t1: final time. saveat: None (final time only), an int n (n uniform times on
-        [0, t1], both ends included; n = 1: t1 alone) or a 1-D array of times in [0, t1].
-      rtol, atol: tolerances of the PID controller (Python floats: changing them recompiles);
-        raised to what the dtype resolves, ``rtol ≥ 10 eps``, ``atol ≥ 0.1 eps``
-        (:func:`dtype_tolerances`; float32: 1.19e-6 and 1.19e-8).
-      solver: a diffrax solver (default ``Dopri8()``, 8th order).
-      blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
-        status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module doc).
-        Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389; :func:`dtype_threshold`).
-      throw: if True, a result other than ``successful`` (a blow-up included) raises with
-        its message (``eqx.error_if``: also under jit/vmap). Default False.
-      adjoint: diffrax adjoint (default ``RecursiveCheckpointAdjoint``) — ``jax.grad``
-        through this function with respect to the controls works.
-      attention: None (default: Paper B's system above, ``A`` and ``B`` required) or
-        ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``: the closed moment ODE of multi-head
-        attention in R^d (:class:`VariantMomentField`, docs/math.md §G.5),
-        ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]`` with logits β⟨Q_h x, K_h y⟩ (softmax, and
-        Sinkhorn's doubly stochastic plan at ε = 1/β) or −β|Q_h x − K_h y|² (L2). Then
-        ``Q, K``: (H, p, d) (or (p, d)), ``V``: (H, d, d) (or (d, d)), ``beta`` > 0, ``A``
-        None (0), an array or a Control, and ``B`` must be None. Passing ``‖Σ‖`` over the
-        threshold is reported ``large`` (no pole test, no T*).
+    Jit-compiled internally; runs under ``jax.jit``, ``jax.vmap`` (over stacks of parameters,
+    m0, S0: ``jax.vmap(lambda A: solve_moments(..., A=A, ...))``) and ``jax.grad`` (with
+    respect to the parameters, controls and initial state). A vmapped adaptive solve runs
+    until its slowest member ends; for large sweeps with blow-ups use
+    :func:`jaxdyn.solve_moments_batch`.
 
-    Returns: :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`; an S0
-    that is not a covariance under jit/vmap is ``invalid_input``). Jit-compiled internally; vmappable over stacks of
-    parameters, m0, S0 (``jax.vmap(lambda A: solve_moments(..., A=A, ...))``). Note that a
-    vmapped adaptive solve runs until its slowest member ends; for large sweeps with
-    blow-ups use :func:`jaxdyn.solve_moments_batch`.
+    Args:
+        m0: (d,) initial mean (None = 0).
+        S0: (d, d) symmetric PSD initial covariance (rank-deficient allowed; the rank is
+            preserved). A concrete S0 that is not symmetric / PSD raises; a traced one is
+            reported ``invalid_input``.
+        A: (d, d) array or :class:`Control` (with ``attention``: None = 0 allowed).
+        B: (d, d) array or Control (None with ``attention``).
+        V: (d, d) array or Control; with ``attention``, (H, d, d) (or (d, d)).
+        b: (d,) array, Control or None (= 0).
+        t1: final time.
+        saveat: None (final time only), an int n (n uniform times on [0, t1], both ends
+            included; n = 1: t1 alone) or a 1-D array of times in [0, t1].
+        rtol: relative tolerance of the PID controller (a Python float: changing it
+            recompiles), raised to what the dtype resolves, ``rtol ≥ 10 eps``
+            (:func:`dtype_tolerances`; float32: 1.19e-6).
+        atol: absolute tolerance, ``atol ≥ 0.1 eps`` (float32: 1.19e-8).
+        solver: a diffrax solver (default ``diffrax.Dopri8()``, 8th order; for stiff
+            problems :class:`jaxdyn.integrators.rodas5.Rodas5`).
+        max_steps: step budget (``max_steps_reached`` when it runs out).
+        blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
+            status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module
+            doc). Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389;
+            :func:`dtype_threshold`).
+        adjoint: diffrax adjoint (default ``diffrax.RecursiveCheckpointAdjoint()``).
+        dt0: first step (None: diffrax's choice).
+        throw: if True, a result other than ``successful`` (a blow-up included) raises with
+            its message (``eqx.error_if``: also under jit/vmap). Default False.
+        attention: None (Paper B's system above; A and B required) or ``"softmax"`` |
+            ``"l2"`` | ``"sinkhorn"``: the closed moment ODE of multi-head attention in R^d
+            (:class:`VariantMomentField`, docs/math.md §G.5),
+            ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]`` with logits β⟨Q_h x, K_h y⟩ (softmax,
+            and Sinkhorn's doubly stochastic plan at ε = 1/β) or −β|Q_h x − K_h y|² (L2).
+            Passing the threshold is then reported ``large`` (no pole test, no T*).
+        Q: with ``attention``: (H, p, d) (or (p, d)) query weights.
+        K: with ``attention``: (H, p, d) (or (p, d)) key weights.
+        beta: with ``attention``: inverse temperature β > 0.
+
+    Returns:
+        A :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`).
+
+    Raises:
+        ValueError: concrete inputs that do not fit: missing A/B (or Q/K with
+            ``attention``), shapes, a non-finite m0, an S0 that is not a covariance,
+            ``t1 <= 0``, bad save times.
     """
     if attention is None:
         if A is None or B is None or Q is not None or K is not None:
@@ -742,9 +964,25 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):
-    """``(ts, trace, cov, mean)`` over a uniform grid of ``n_save`` times on [0, t1], for
-    plotting ``tr Σ(t)``. Entries at or after a blow-up are NaN (matplotlib leaves a gap);
-    the solution object is returned last for its ``blowup_time`` and ``result``."""
+    """``tr Σ(t)`` on a uniform grid of ``n_save`` times on [0, t1], for plotting.
+
+    Entries at or after a blow-up are NaN (matplotlib leaves a gap).
+
+    Args:
+        m0: (d,) initial mean or None.
+        S0: (d, d) initial covariance.
+        A: parameter (as :func:`solve_moments`).
+        B: parameter.
+        V: parameter.
+        b: parameter or None.
+        t1: final time.
+        n_save: number of save times.
+        **kw: further :func:`solve_moments` options.
+
+    Returns:
+        ``(ts, trace, cov, mean, solution)``; the solution last, for its ``blowup_time``
+        and ``result``.
+    """
     sol = solve_moments(m0, S0, A=A, B=B, V=V, b=b, t1=t1, saveat=n_save, **kw)
     trace = jnp.trace(sol.cov, axis1=-2, axis2=-1)
     return sol.ts, trace, sol.cov, sol.mean, sol

@@ -27,7 +27,14 @@ __all__ = ["scalar_v", "vi_closed_form", "lyapunov_limit", "phase_theory", "relu
 
 
 def scalar_v(V):
-    """v if ``V = v I`` exactly (the closed-form case), else None."""
+    """The scalar v if ``V = v I`` exactly (the closed-form case), else None.
+
+    Args:
+        V: (d, d).
+
+    Returns:
+        v as a Python float, or None.
+    """
     V = np.asarray(V, np.float64)
     v = float(V[0, 0])
     return v if np.array_equal(V, v * np.eye(V.shape[0])) else None
@@ -38,13 +45,19 @@ _BLOCK = 64
 
 @eqx.filter_jit
 def _precision_block(ts, P0, A, B, v):
+    """``(P(t), λmin P(t))`` over a block of times (one program a block size)."""
     P = jax.vmap(lambda t: vi_precision(t, P0, A, B, v))(ts)
     return P, jnp.linalg.eigvalsh(P)[..., 0]
 
 
 def _precision_lmin(ts, P0, A, B, v):
-    """``(P(t), λmin P(t))`` over ts for V = vI (Van Loan closed form, ``vi_precision``),
-    evaluated in blocks of a fixed size (one compilation)."""
+    """``(P(t), λmin P(t))`` over ts for V = vI (Van Loan closed form, ``vi_precision``).
+
+    Evaluated in blocks of a fixed size (one compilation).
+
+    Returns:
+        ``(P (S, d, d), λmin (S,))`` as NumPy arrays.
+    """
     ts = np.asarray(ts, np.float64)
     n = ts.size
     pad = np.concatenate([ts, np.full((-n) % _BLOCK, ts[-1])])
@@ -58,8 +71,13 @@ def _precision_lmin(ts, P0, A, B, v):
 
 
 def _first_zero(P0, A, B, v, t_max, n_grid=511, n_sub=_BLOCK, rounds=12):
-    """First zero of λmin P(t) on (0, t_max]: grid scan, then repeated sub-grids (one compiled
-    shape each), to float64 resolution; inf if λmin stays > 0."""
+    """The first zero of λmin P(t) on (0, t_max].
+
+    A grid scan, then repeated sub-grids (one compiled shape each), to float64 resolution.
+
+    Returns:
+        T* as a Python float; inf if λmin stays > 0.
+    """
     ts = np.linspace(0.0, t_max, n_grid + 1)
     _, lm = _precision_lmin(ts, P0, A, B, v)
     hit = np.flatnonzero(lm <= 0)
@@ -77,10 +95,24 @@ def _first_zero(P0, A, B, v, t_max, n_grid=511, n_sub=_BLOCK, rounds=12):
 
 
 def vi_closed_form(ts, S0, A, B, v):
-    r"""Closed form of the closure's covariance when ``V = v I`` (docs/math.md §B.4.2):
+    """Closed form of the closure's covariance when ``V = v I`` (docs/math.md §B.4.2).
+
     ``Σ(t) = P(t)⁻¹``, ``P' = −PA − AᵀP − v(B + Bᵀ)``, ``P(0) = S0⁻¹`` (S0 invertible). T* is
-    ``vi_blowup_time`` (A = 0) or the first zero of ``λmin P(t)`` on [0, ts[-1]]. Returns
-    ``(cov (S, d, d) NaN from the blow-up on, T*)`` as float64 NumPy."""
+    ``vi_blowup_time`` (A = 0) or the first zero of ``λmin P(t)`` on [0, ts[-1]].
+
+    Args:
+        ts: (S,) times.
+        S0: (d, d) invertible initial covariance.
+        A: (d, d).
+        B: (d, d).
+        v: the scalar of V = v I.
+
+    Returns:
+        ``(cov (S, d, d) with NaN from the blow-up on, T*)``, float64 NumPy.
+
+    Raises:
+        ValueError: S0 is not invertible.
+    """
     S0 = np.asarray(S0, np.float64)
     A, B = np.asarray(A, np.float64), np.asarray(B, np.float64)
     if np.linalg.eigvalsh(S0)[0] <= 0:
@@ -100,8 +132,18 @@ def vi_closed_form(ts, S0, A, B, v):
 
 
 def lyapunov_limit(A, B, V):
-    """The attracting equilibrium ``Σ* = P*⁻¹``, ``AᵀP* + P*A = −v(B + Bᵀ)``, when ``V = v I``,
-    spec(A) ⊂ {Re > 0} and ``v(B + Bᵀ) ≺ 0`` (docs/math.md §B.4.3); else None. float64 NumPy."""
+    """The attracting equilibrium ``Σ* = P*⁻¹``, ``AᵀP* + P*A = −v(B + Bᵀ)`` (docs/math.md §B.4.3).
+
+    It exists when ``V = v I``, spec(A) ⊂ {Re > 0} and ``v(B + Bᵀ) ≺ 0``.
+
+    Args:
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+
+    Returns:
+        (d, d) Σ* as float64 NumPy, or None.
+    """
     v = scalar_v(V)
     A, B = np.asarray(A, np.float64), np.asarray(B, np.float64)
     if v is None or np.linalg.eigvals(A).real.min() <= 0 or np.linalg.eigvalsh(v * (B + B.T))[-1] >= 0:
@@ -112,9 +154,21 @@ def lyapunov_limit(A, B, V):
 
 
 def phase_theory(S0, a, c, v, t1):
-    """Closed-form blow-up time ``T*(a, c)`` and ``tr Σ(t1)`` (inf at/after a blow-up) for
-    ``A = aI, B = cI, V = vI`` on the meshgrid of a × c (float64): each eigenvalue σ of Σ
-    follows ``σ' = 2aσ + 2vcσ²``."""
+    """Closed-form blow-up time ``T*(a, c)`` and ``tr Σ(t1)`` for ``A = aI, B = cI, V = vI``.
+
+    On the meshgrid of a × c (float64): each eigenvalue σ of Σ follows
+    ``σ' = 2aσ + 2vcσ²``.
+
+    Args:
+        S0: (d, d) initial covariance.
+        a: (na,) values of a.
+        c: (nc,) values of c.
+        v: the scalar of V = v I.
+        t1: final time.
+
+    Returns:
+        ``(T* (na, nc), tr Σ(t1) (na, nc))``; the trace is inf at and after a blow-up.
+    """
     aa, cc = np.meshgrid(a, c, indexing="ij")
     sig = np.linalg.eigvalsh(np.asarray(S0, np.float64))
     with jax.enable_x64(True):
@@ -125,14 +179,25 @@ def phase_theory(S0, a, c, v, t1):
 
 
 def relu_initial_rates(A, B, V, b, m0, S0):
-    r"""Exact initial rates of the *mean-field* moments under the ReLU field on N(m0, S0):
+    """Exact initial rates of the *mean-field* moments under the ReLU field on N(m0, S0).
 
         ṁ = A E[relu(x)] + b + (V + V Σ0 B) m0,   E[relu(x_l)] = μ Φ(μ/s) + s φ(μ/s),
         Σ̇ = A D Σ0 + Σ0 D Aᵀ + V Σ0 B Σ0 + Σ0 Bᵀ Σ0 Vᵀ,   D = diag(P(x_l > 0)) = diag(Φ(μ/s)),
 
     (μ = m0_l, s² = Σ0_ll; Stein's lemma ``Cov(x, g(x)) = Σ E[∇g]ᵀ``; the attention part is
     that of the identity closure since the tilted mean of a Gaussian is ``m + ΣBx``).
-    Returns ``(ṁ, Σ̇)`` (float64 NumPy)."""
+
+    Args:
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+        b: (d,).
+        m0: (d,) mean.
+        S0: (d, d) covariance.
+
+    Returns:
+        ``(ṁ, Σ̇)`` as float64 NumPy.
+    """
     from scipy.stats import norm
 
     A, B, V, b, m, S = (np.asarray(x, np.float64) for x in (A, B, V, b, m0, S0))
@@ -152,7 +217,7 @@ _sqrtm_psd_jit = eqx.filter_jit(sqrtm_psd)
 
 
 def tilt_index(S, B):
-    r"""``s = ‖Σ^{1/2} B Σ^{1/2}‖₂`` per frame (S: (..., d, d)); NaN where Σ is not finite.
+    """The tilt index ``s = ‖Σ^{1/2} B Σ^{1/2}‖₂`` per frame; NaN where Σ is not finite.
 
     A heuristic, checked numerically in ``tests/test_gaussian_particles.py``: each particle's
     attention output is a self-normalised importance-sampling average over the keys with
@@ -162,6 +227,13 @@ def tilt_index(S, B):
     at the Monte-Carlo rate N^{-1/2}; for s > 1 its sum fluctuates like N^{1/α}, so the error
     decays only like ``N^{-1/(1+s²)}``. The predicted exponent of the moment error at time t
     is ``−min(1/2, 1/(1 + max_{τ≤t} s(τ)²))`` (:func:`predicted_exponent`).
+
+    Args:
+        S: (..., d, d) covariances.
+        B: (d, d).
+
+    Returns:
+        (...) s, float64 NumPy.
     """
     S = np.asarray(S, np.float64)
     B = np.asarray(B, np.float64)
@@ -174,7 +246,14 @@ def tilt_index(S, B):
 
 
 def predicted_exponent(tilt):
-    """``−min(1/2, 1/(1 + max_{τ≤t} s(τ)²))`` along a tilt-index curve (NaN once s is NaN)."""
+    """``−min(1/2, 1/(1 + max_{τ≤t} s(τ)²))`` along a tilt-index curve.
+
+    Args:
+        tilt: (S,) tilt indices over time (:func:`tilt_index`).
+
+    Returns:
+        (S,) exponents; NaN once s is NaN.
+    """
     smax = np.maximum.accumulate(np.where(np.isfinite(tilt), tilt, np.inf))
     out = -np.minimum(0.5, 1.0 / (1.0 + smax ** 2))
     return np.where(np.isfinite(tilt), out, np.nan)

@@ -1,5 +1,6 @@
-"""Closed covariance right-hand sides of the attention variants (issue 15, item 6; the
-covariance ODEs of vcastin/2025-transformers-PDEs, derived in docs/math.md §G.5).
+"""Closed covariance right-hand sides of the attention variants (docs/math.md §G.5).
+
+The covariance ODEs of vcastin/2025-transformers-PDEs.
 
 A centred Gaussian cloud N(0, S) in R^d under ``ẋ = Σ_h V_h E_{w^h}[y | x]`` (the particle
 field of :class:`jaxdyn.MultiHeadAttention` without the sphere projection; the values are
@@ -32,15 +33,18 @@ COVARIANCE_ATTENTIONS = ("softmax", "l2", "sinkhorn")
 
 
 def _mm(a, b):
+    """``a @ b`` at the highest precision."""
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
 def _sym_sqrt(S):
+    """The symmetric square root of a PSD matrix (eigenvalues clipped at 0)."""
     w, U = jnp.linalg.eigh(S)
     return _mm(U * jnp.sqrt(jnp.clip(w, 0.0)), U.T)
 
 
 def _heads(Q, K, V):
+    """``(Q, K, V)`` as arrays with the head axis, shapes checked."""
     Q, K, V = (jnp.asarray(a) for a in (Q, K, V))
     Q, K, V = (a[None] if a.ndim == 2 else a for a in (Q, K, V))
     if Q.ndim != 3 or K.shape != Q.shape or V.shape != (Q.shape[0], Q.shape[2], Q.shape[2]):
@@ -50,7 +54,21 @@ def _heads(Q, K, V):
 
 
 def conditional_mean_map(S, Q, K, beta=1.0, *, attention="softmax"):
-    """``T`` (d, d) with ``E_w[y | x] = T x`` for one head (Q, K of shape (p, d)) on N(0, S)."""
+    """``T`` (d, d) with ``E_w[y | x] = T x`` for one head on N(0, S) (module doc).
+
+    Args:
+        S: (d, d) covariance.
+        Q: (p, d) query weights.
+        K: (p, d) key weights.
+        beta: inverse temperature.
+        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
+
+    Returns:
+        (d, d) T.
+
+    Raises:
+        ValueError: an unknown attention.
+    """
     if attention not in COVARIANCE_ATTENTIONS:
         raise ValueError(f"attention must be one of {COVARIANCE_ATTENTIONS}, got {attention!r}")
     d = S.shape[0]
@@ -69,18 +87,20 @@ def conditional_mean_map(S, Q, K, beta=1.0, *, attention="softmax"):
 
 
 def covariance_rhs(S, Q, K, V, beta=1.0, *, attention="softmax"):
-    r"""``Ṡ = M S + S Mᵀ`` with ``M = Σ_h V_h T_h(S)`` (module doc) for a centred Gaussian
-    N(0, S): the closed covariance right-hand side of multi-head softmax, L2 or Sinkhorn
-    attention in R^d.
+    """The closed covariance right side ``Ṡ = M S + S Mᵀ``, ``M = Σ_h V_h T_h(S)`` (module doc).
+
+    For a centred Gaussian N(0, S) under multi-head softmax, L2 or Sinkhorn attention in R^d.
 
     Args:
-      S: (d, d) covariance (symmetric positive definite).
-      Q, K: (H, p, d) per-head weights (or (p, d)); V: (H, d, d) (or (d, d)).
-      beta: inverse temperature (logits β⟨Q_h x, K_h y⟩, or −β|Q_h x − K_h y|²).
-      attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β).
+        S: (d, d) covariance (symmetric positive definite).
+        Q: (H, p, d) per-head query weights (or (p, d)).
+        K: (H, p, d) per-head key weights (or (p, d)).
+        V: (H, d, d) per-head value weights (or (d, d)).
+        beta: inverse temperature (logits β⟨Q_h x, K_h y⟩, or −β|Q_h x − K_h y|²).
+        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β).
 
     Returns:
-      (d, d) symmetric.
+        (d, d) symmetric.
     """
     Q, K, V = _heads(Q, K, V)
     S = jnp.asarray(S)
@@ -91,7 +111,19 @@ def covariance_rhs(S, Q, K, V, beta=1.0, *, attention="softmax"):
 
 
 def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
-    """``(c, T)`` with ``E_w[y | x] = c + T x`` for one head on N(m, S) (module doc)."""
+    """``(c, T)`` with ``E_w[y | x] = c + T x`` for one head on N(m, S) (module doc).
+
+    Args:
+        m: (d,) mean.
+        S: (d, d) covariance.
+        Q: (p, d) query weights.
+        K: (p, d) key weights.
+        beta: inverse temperature.
+        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
+
+    Returns:
+        ``(c (d,), T (d, d))``.
+    """
     T = conditional_mean_map(S, Q, K, beta, attention=attention)
     if attention == "softmax":
         c = m
@@ -104,12 +136,27 @@ def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
 
 
 def variant_moment_rhs(m, S, A, b, Q, K, V, beta=1.0, *, attention="softmax"):
-    r"""``(m', S')`` of a Gaussian N(m, S) under ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]``:
+    """``(m', S')`` of a Gaussian N(m, S) under ``ẋ = A x + b + Σ_h V_h E_{w^h}[y | x]``.
 
         m' = A m + b + Σ_h V_h (c_h + T_h m),   S' = M S + S Mᵀ,   M = A + Σ_h V_h T_h(S),
 
-    heads vmapped (Q, K (H, p, d), V (H, d, d)); ``S'`` is formed as ``G + Gᵀ`` (exactly
-    symmetric). With one softmax head and ``β K ᵀQ = B`` this is Paper B's moment ODE."""
+    heads vmapped; ``S'`` is formed as ``G + Gᵀ`` (exactly symmetric). With one softmax head
+    and ``β KᵀQ = B`` this is Paper B's moment ODE.
+
+    Args:
+        m: (d,) mean.
+        S: (d, d) covariance.
+        A: (d, d) drift matrix.
+        b: (d,) drift offset.
+        Q: (H, p, d) (or (p, d)).
+        K: (H, p, d) (or (p, d)).
+        V: (H, d, d) (or (d, d)).
+        beta: inverse temperature.
+        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
+
+    Returns:
+        ``(m', S')``.
+    """
     Q, K, V = _heads(Q, K, V)
     c, T = jax.vmap(lambda q, k: conditional_mean_affine(m, S, q, k, beta,
                                                          attention=attention))(Q, K)

@@ -1,13 +1,16 @@
-"""Dormand–Prince 8(7): the explicit Runge–Kutta pair of order 8 with an embedded order-7
-error estimate, 13 stages + FSAL (Prince & Dormand, "High order embedded Runge–Kutta
-formulae", J. Comput. Appl. Math. 7 (1981) 67–75; Hairer, Nørsett & Wanner, *Solving ODEs I*,
-§II.5 and §II.10). The coefficients are diffrax's ``Dopri8`` tableau (the same floats as
+"""Dormand–Prince 8(7): one step of the explicit pair on a pytree, for hand-driven lock-step loops.
+
+The explicit Runge–Kutta pair of order 8 with an embedded order-7 error estimate, 13 stages
++ FSAL (Prince & Dormand, "High order embedded Runge–Kutta formulae", J. Comput. Appl. Math.
+7 (1981) 67–75; Hairer, Nørsett & Wanner, *Solving ODEs I*, §II.5 and §II.10). The
+coefficients are diffrax's ``Dopri8`` tableau (the same floats as
 ``simulate(method="dopri8")``), read once here as Python floats so that a step traces to
 scalar-times-array operations.
 
-:func:`explicit_rk_step` takes one step of any explicit FSAL tableau on a pytree state;
-the pole refinement of :mod:`jaxdyn.gaussian` and the lock-step explicit stage of the batched
-moment solver both step with it.
+:func:`explicit_rk_step` takes one step of any explicit FSAL tableau on a pytree state with a
+step per member (an array ``h``): the fast lock-step explicit stage of
+:func:`jaxdyn.solve_moments_batch` steps with it (every member with its own step size, the
+batch laid out batch-last). Everything else integrates with diffrax.
 """
 
 from __future__ import annotations
@@ -21,9 +24,17 @@ import numpy as np
 
 
 class ButcherTableau(NamedTuple):
-    """An explicit tableau: nodes ``c`` (c[0] = 0), strictly lower rows ``a`` (``a[i-1]`` for
-    stage i), weights ``b`` and error weights ``e`` (``b − b̂``), as Python floats. FSAL: the
-    last row of ``a`` equals ``b`` (the last stage is evaluated at the new state)."""
+    """An explicit tableau as Python floats.
+
+    FSAL: the last row of ``a`` equals ``b`` (the last stage is evaluated at the new state).
+
+    Attributes:
+        c: nodes (c[0] = 0).
+        a: strictly lower rows (``a[i-1]`` for stage i).
+        b: weights.
+        e: error weights (``b − b̂``).
+        order: the order of ``b``.
+    """
 
     c: list
     a: list
@@ -59,18 +70,20 @@ def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: b
     error estimate NaN, so that an error control rejects the step).
 
     Args:
-      f: ``y -> y'`` (same pytree structure).
-      y, h: the state and the step (an array that broadcasts against the leaves, e.g. one
-        step per member in a batch-last layout).
-      k0: ``f(y)`` when already known (FSAL from the previous step); else evaluated.
-      last_stage: also evaluate the FSAL stage ``f(y1)`` (its error weight may then enter).
-      stage_states: indices i of the stage states to return (``ys[i]`` is stage i's
-        argument; 0 is y).
+        tableau: the method (e.g. :data:`DOPRI8`).
+        f: ``y -> y'`` (same pytree structure).
+        y: the state.
+        h: the step (an array that broadcasts against the leaves, e.g. one step per member
+            in a batch-last layout).
+        k0: ``f(y)`` when already known (FSAL from the previous step); else evaluated.
+        last_stage: also evaluate the FSAL stage ``f(y1)`` (its error weight may then enter).
+        stage_states: indices i of the stage states to return (``ys[i]`` is stage i's
+            argument; 0 is y).
 
     Returns:
-      ``(y1, err, ks, ys)``: the new state, the error estimate ``h Σ_j e_j k_j``, the stage
-      derivatives ``ks`` (list; ``ks[-1] = f(y1)`` with ``last_stage``) and the requested
-      stage states ``ys`` (a dict by stage index).
+        ``(y1, err, ks, ys)``: the new state, the error estimate ``h Σ_j e_j k_j``, the stage
+        derivatives ``ks`` (list; ``ks[-1] = f(y1)`` with ``last_stage``) and the requested
+        stage states ``ys`` (a dict by stage index).
     """
     tm = jax.tree_util.tree_map
     ns = len(tableau.b)
@@ -111,5 +124,5 @@ def explicit_rk_step(tableau: ButcherTableau, f, y, h, *, k0=None, last_stage: b
 
 
 def dopri8_step(f, y, h, **kw):
-    """One Dormand–Prince 8(7) step (:func:`explicit_rk_step` with :data:`DOPRI8`)."""
+    """One Dormand–Prince 8(7) step (:func:`explicit_rk_step` with :data:`DOPRI8`; the same arguments)."""
     return explicit_rk_step(DOPRI8, f, y, h, **kw)

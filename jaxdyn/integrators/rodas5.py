@@ -100,6 +100,9 @@ def _stages(tableau: RosenbrockTableau, f, y, h, f0, ft, J):
     ``ft`` the time derivative ``∂f/∂t`` at (t0, y) (zeros for an autonomous field),
     ``J = ∂f/∂y``. Stages 2 … s run in one ``lax.fori_loop`` (one copy of f and of the
     solve in the compiled program), the stage sums one contraction over the stage axis.
+
+    Returns:
+        (s, n) the stage unknowns.
     """
     gamma, A, C = tableau.gamma, tableau.a, tableau.c
     ns = A.shape[0]
