@@ -62,8 +62,10 @@ def _load_raw(config, overrides):
 
 
 def _prepare_precision(raw):
-    """float64 configs switch on JAX's x64 mode (before any array is created): through the
-    variable JAX reads when it loads if it has not (``jaxdyn config`` loads no JAX)."""
+    """Switch on JAX's x64 mode for a float64 config, before any array is created.
+
+    Through the variable JAX reads when it loads if it has not (``jaxdyn config`` loads no JAX).
+    """
     dtype = raw.get("dtype") if isinstance(raw, dict) else None
     if isinstance(raw, dict) and dtype is None and isinstance(raw.get("kind"), str):
         # the kind's default (float64 for the pde, gaussian and reachability kinds: a pde
@@ -173,7 +175,20 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _raise_pending():
+    """Raise the ``KeyboardInterrupt`` of a signal the handler recorded but Python swallowed."""
+    from .io import PENDING_SIGNALS
+
+    if PENDING_SIGNALS:
+        raise KeyboardInterrupt(f"signal {PENDING_SIGNALS[-1]}")
+
+
 def build_parser():
+    """The argument parser of the ``jaxdyn`` command.
+
+    Returns:
+      The parser (subcommands ``run``, ``report``, ``config``).
+    """
     p = argparse.ArgumentParser(prog="jaxdyn", description="Mean-field dynamics of Transformers in JAX.")
     p.add_argument("--no-host-devices", action="store_true",
                    help="do not expose the CPU cores as separate JAX devices")
@@ -208,6 +223,14 @@ def build_parser():
 
 
 def main(argv=None):
+    """Run the ``jaxdyn`` command.
+
+    Args:
+      argv: the arguments (default: the process's).
+
+    Returns:
+      The exit status (module doc).
+    """
     args = build_parser().parse_args(argv)
     # SciPy's OpenBLAS threads fight XLA's on small machines (one 384×384 eigh: 2.3 s of CPU
     # with default threads, 0.19 s with one); must be set before SciPy loads LAPACK.
@@ -228,8 +251,7 @@ def main(argv=None):
 
     try:
         rc = args.func(args)
-        if PENDING_SIGNALS:  # a signal whose exception Python swallowed (a GC callback)
-            raise KeyboardInterrupt(f"signal {PENDING_SIGNALS[-1]}")
+        _raise_pending()  # a signal whose exception Python swallowed (a GC callback)
         return rc
     except ConfigError as e:
         from .experiments.engine import RunLockedError

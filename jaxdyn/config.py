@@ -29,8 +29,11 @@ class ConfigError(ValueError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (tags such as ``!!python/...`` are refused, never executed) that
-    also refuses a key given twice in one mapping (YAML itself would keep the last value)."""
+    """``yaml.SafeLoader`` that also refuses a key given twice in one mapping.
+
+    Tags such as ``!!python/...`` are refused, never executed; YAML itself would keep the last
+    value of a repeated key.
+    """
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -51,8 +54,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def parse_yaml(text: str, where: str):
-    """Parse YAML text safely (no tags executed, duplicate keys refused); a problem is a
-    :class:`ConfigError` naming ``where`` (a file or an override)."""
+    """Parse YAML text safely (no tags executed, duplicate keys refused).
+
+    Args:
+      text: the YAML text.
+      where: what it is (a file or an override), for the error message.
+
+    Returns:
+      The parsed value.
+
+    Raises:
+      ConfigError: the text is not valid YAML (naming ``where``).
+    """
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -86,18 +99,22 @@ class Field:
 
 
 def positive(v):
+    """A field check: None if ``v > 0``, else the problem."""
     return None if v > 0 else "must be > 0"
 
 
 def nonnegative(v):
+    """A field check: None if ``v >= 0``, else the problem."""
     return None if v >= 0 else "must be >= 0"
 
 
 def at_least(k):
+    """A field check: None if ``v >= k``, else the problem."""
     return lambda v: None if v >= k else f"must be >= {k}"
 
 
 def all_positive(v):
+    """A field check: None if every value of the list ``v`` is > 0, else the problem."""
     return None if all(x > 0 for x in v) else "every value must be > 0"
 
 
@@ -170,7 +187,19 @@ def _coerce(path: str, value, f: Field):
 
 
 def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> dict:
-    """Validate a mapping against a schema: unknown fields, types, ranges, defaults."""
+    """Validate a mapping against a schema: unknown fields, types, ranges, defaults.
+
+    Args:
+      path: the section's dotted path ("" at the top level), for messages.
+      raw: the mapping to validate.
+      schema: field name → :class:`Field`.
+
+    Returns:
+      The validated mapping, every field of the schema present (defaults filled).
+
+    Raises:
+      ConfigError: an unknown, empty, missing or invalid field (named).
+    """
     out = {}
     prefix = f"{path}." if path else ""
     for key in raw:
@@ -196,8 +225,22 @@ def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> di
 
 
 def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
-    """``sweep: {field: [values…]}`` over sweepable top-level fields; a field's values may
-    also be given as ``{range: …}``, ``{linspace: …}`` or ``{logspace: …}`` (:func:`_expand_grid`)."""
+    """Validate ``sweep: {field: [values…]}`` over sweepable top-level fields.
+
+    A field's values may also be given as ``{range: …}``, ``{linspace: …}`` or ``{logspace: …}``
+    (:func:`_expand_grid`).
+
+    Args:
+      raw: the ``sweep`` mapping.
+      schema: the kind's fields.
+
+    Returns:
+      Field → its validated, distinct values.
+
+    Raises:
+      ConfigError: not a mapping, a field that cannot be swept, an empty list, invalid or
+        repeated values (named).
+    """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config field 'sweep': expected a mapping field -> list of values, got {raw!r}")
     out = {}
@@ -222,9 +265,22 @@ GRID_FORMS = ("range", "linspace", "logspace")
 
 
 def _expand_grid(name, spec: Mapping) -> list:
-    """``{range: [start, stop]}`` / ``{range: [start, stop, step]}`` (integers, stop
-    excluded, as Python's range), ``{linspace: [start, stop, num]}``, ``{logspace: [start,
-    stop, num]}`` (num values from start to stop inclusive, evenly or geometrically spaced)."""
+    """Expand a grid form into a list of values.
+
+    ``{range: [start, stop]}`` / ``{range: [start, stop, step]}`` (integers, stop excluded, as
+    Python's range), ``{linspace: [start, stop, num]}``, ``{logspace: [start, stop, num]}`` (num
+    values from start to stop inclusive, evenly or geometrically spaced).
+
+    Args:
+      name: the field's path, for messages.
+      spec: the one-key mapping.
+
+    Returns:
+      The values.
+
+    Raises:
+      ConfigError: not one of the forms, or bad arguments (named).
+    """
     import numpy as np
 
     if len(spec) != 1 or next(iter(spec)) not in GRID_FORMS:
@@ -258,6 +314,17 @@ def _freeze(v):
 
 
 def load_yaml(path) -> dict:
+    """Read a YAML config file.
+
+    Args:
+      path: the file.
+
+    Returns:
+      The raw config (a mapping).
+
+    Raises:
+      ConfigError: no such file, not a file, unreadable, not UTF-8, not YAML or not a mapping.
+    """
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
@@ -281,17 +348,40 @@ def default_config_text() -> str:
 
 
 def default_config() -> dict:
+    """The embedded default experiment, parsed.
+
+    Returns:
+      The raw config.
+    """
     return parse_yaml(default_config_text(), "the embedded default config")
 
 
 def config_hash(cfg: Mapping) -> str:
-    """A stable hash of a resolved config (resume refuses a different config)."""
+    """A stable hash of a resolved config (resume refuses a different config).
+
+    Args:
+      cfg: a resolved config (its ``name`` does not count).
+
+    Returns:
+      16 hex digits.
+    """
     keep = {k: v for k, v in cfg.items() if k not in ("name",)}
     return hashlib.sha256(_freeze(keep).encode()).hexdigest()[:16]
 
 
 def apply_overrides(raw: dict, overrides) -> dict:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config."""
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config.
+
+    Args:
+      raw: the raw config (not modified).
+      overrides: ``KEY=VALUE`` strings.
+
+    Returns:
+      A new raw config.
+
+    Raises:
+      ConfigError: a malformed override, or one into a field that is not a section.
+    """
     raw = copy.deepcopy(raw)
     for item in overrides or ():
         if "=" not in item:

@@ -46,6 +46,15 @@ def temp_path(path) -> Path:
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file in the folder, then a rename).
+
+    Args:
+      path: the file (its folder is made).
+      data: the bytes.
+
+    Returns:
+      The path written.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -64,6 +73,15 @@ def atomic_write_bytes(path, data: bytes) -> Path:
 
 
 def atomic_write_text(path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically.
+
+    Args:
+      path: the file.
+      text: the text.
+
+    Returns:
+      The path written.
+    """
     return atomic_write_bytes(path, text.encode())
 
 
@@ -93,14 +111,25 @@ def _clean(o):
 
 
 def write_json(path, obj) -> Path:
+    """Write ``obj`` as indented JSON, atomically (non-finite floats as the strings "nan", "inf").
+
+    Args:
+      path: the file.
+      obj: a JSON-serialisable object (NumPy scalars and arrays, paths allowed).
+
+    Returns:
+      The path written.
+    """
     return atomic_write_text(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
 
 
 def read_json(path):
+    """The JSON value of the file ``path``."""
     return json.loads(Path(path).read_text())
 
 
 def chunk_path(out_dir, index: int) -> Path:
+    """The file of chunk ``index`` in the run folder ``out_dir``."""
     return Path(out_dir) / CHUNK_DIR / f"chunk_{index:05d}.npz"
 
 
@@ -118,8 +147,19 @@ class DamagedFileError(OSError):
 
 
 def read_chunk(path, meta_only: bool = False):
-    """``(arrays, meta)`` of a chunk file; a damaged file is a :class:`DamagedFileError`
-    naming it (an empty or truncated file, a missing record)."""
+    """``(arrays, meta)`` of a chunk file.
+
+    Args:
+      path: the chunk file.
+      meta_only: read the meta record alone (arrays ``{}``).
+
+    Returns:
+      The arrays by name and the meta record.
+
+    Raises:
+      FileNotFoundError: no such file.
+      DamagedFileError: the file is damaged (empty, truncated, a missing or bad meta record).
+    """
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -137,8 +177,17 @@ def read_chunk(path, meta_only: bool = False):
 
 
 def write_dataset(ds, path) -> Path:
-    """Write an xarray Dataset as netCDF-4 (h5netcdf engine), atomically, through a unique
-    temporary name (removed if the write fails)."""
+    """Write an xarray Dataset as netCDF-4 (h5netcdf engine), atomically.
+
+    The write goes through a unique temporary name, removed if the write fails.
+
+    Args:
+      ds: the Dataset.
+      path: the file.
+
+    Returns:
+      The path written.
+    """
     path = Path(path)
     tmp = temp_path(path)
     try:
@@ -153,7 +202,18 @@ def write_dataset(ds, path) -> Path:
 
 
 def open_results(run_dir):
-    """Open a finished run's Dataset (``xarray.open_dataset(run_dir/data.nc)``), loaded."""
+    """Open a finished run's Dataset (``xarray.open_dataset(run_dir/data.nc)``), loaded.
+
+    Args:
+      run_dir: the run folder.
+
+    Returns:
+      The Dataset.
+
+    Raises:
+      FileNotFoundError: the run has not finished (no ``data.nc``).
+      DamagedFileError: ``data.nc`` cannot be read (it can be rebuilt with ``--resume``).
+    """
     import xarray as xr
 
     p = Path(run_dir) / DATA_FILE

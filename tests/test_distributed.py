@@ -369,3 +369,31 @@ def test_cli_distributed_refusals_name_the_problem(tmp_path, monkeypatch, capsys
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
     assert "--distributed: JAX has already started in this process" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_coordinator_port_in_use_is_refused_before_joining(tmp_path, monkeypatch, capsys):
+    """Process 0 refuses a coordinator port another program listens on (exit 2, one line naming
+    the port) instead of starting JAX's coordinator there (which crashed, and left the other
+    processes waiting for their time-out); a free port and another host's address pass."""
+    import socket
+
+    from jaxdyn.cli import main
+    from jaxdyn.simulation._distributed import check_coordinator_port
+
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
+        monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+        monkeypatch.setenv("JAX_PROCESS_ID", "0")
+        assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"port {port} is in use on this host" in err and len(err.strip().splitlines()) == 1
+        with pytest.raises(DistributedSetupError, match="in use"):
+            check_coordinator_port(f"localhost:{port}")
+    check_coordinator_port(f"127.0.0.1:{port}")  # free again
+    check_coordinator_port("192.0.2.1:1234")  # another host (TEST-NET-1): not checked here
+    assert not (tmp_path / "o").exists()

@@ -40,8 +40,14 @@ class _Chunk:
 
 @contextlib.contextmanager
 def within_chunk(sink):
-    """While the block runs, :func:`advance` calls ``sink(fraction_of_chunk_done)`` (0…1,
-    never decreasing)."""
+    """While the block runs, :func:`advance` calls ``sink(fraction_of_chunk_done)``.
+
+    Args:
+      sink: called with the fraction of the chunk done (0…1, never decreasing).
+
+    Yields:
+      The chunk's progress record.
+    """
     prev = getattr(_local, "chunk", None)
     _local.chunk = _Chunk(sink)
     try:

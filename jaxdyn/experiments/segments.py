@@ -74,9 +74,14 @@ class Schedule:
 
 
 def _whole(a):
-    """A NumPy copy of ``a``; an array spanning other processes' devices is gathered first
-    (an array this process holds whole, such as an initial cloud every process drew alike, is
-    not: gathering it would repeat it once per process)."""
+    """A NumPy copy of ``a``, gathered first if it spans other processes' devices.
+
+    An array this process holds whole (such as an initial cloud every process drew alike) is not
+    gathered: that would repeat it once per process.
+
+    Returns:
+      The array.
+    """
     if isinstance(a, jax.Array) and not a.is_fully_addressable:
         from jax.experimental import multihost_utils
 
@@ -115,10 +120,15 @@ def host_broadcast(a, P: int):
 
 
 def _placement(P):
-    """How a segment's inputs (leading axis P) are placed: split over the devices when P is a
-    multiple of their count (the segment program then expects them so, and an array on one
-    device would be copied over by a resharding program of its own, one per shape), else on the
-    default device (the program pads them inside)."""
+    """How a segment's inputs (leading axis P) are placed.
+
+    Split over the devices when P is a multiple of their count (the segment program then expects
+    them so, and an array on one device would be copied over by a resharding program of its own,
+    one per shape), else on the default device (the program pads them inside).
+
+    Returns:
+      A function that places an array.
+    """
     n = jax.device_count()
     if n == 1 or P % n or jax.process_count() > 1:
         return jax.device_put

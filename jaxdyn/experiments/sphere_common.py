@@ -1,7 +1,9 @@
-"""Pieces shared by the sphere experiment kinds (``sphere``, ``concentration``, ``variants``):
-building a batch of models and initial clouds for a chunk of grid points, and integrating it.
+"""Pieces shared by the sphere experiment kinds (``sphere``, ``concentration``, ``variants``).
+
+Building a batch of models and initial clouds for a chunk of grid points, and integrating it.
 Their config (fields, checks, memory estimates) is :mod:`.sphere_fields`, which loads no JAX;
-it is re-exported here."""
+it is re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,20 @@ from .sphere_fields import (  # noqa: F401 - re-exported: the kinds' schemas and
 
 
 def variant_model(pc, Q, K, V):
-    """The :class:`~jaxdyn.MultiHeadAttention` of a point from its (Q, K, V) (module doc of
-    the fields above)."""
+    """The :class:`~jaxdyn.MultiHeadAttention` of a point from its (Q, K, V).
+
+    Head h has ``Q + s G_h/√d``, ``K + s G'_h/√d`` (``s = heads_spread``, G seeded by
+    ``(weights.seed, h)``) and ``V/H``; ALiBi slopes ``alibi_slope · 2^(−8h/H)``.
+
+    Args:
+      pc: a point config.
+      Q: (d, d) query weights.
+      K: (d, d) key weights.
+      V: (d, d) value weights.
+
+    Returns:
+      The model.
+    """
     H, d = pc["heads"], pc["d"]
     dtype = Q.dtype
     Qs, Ks = [], []
@@ -50,21 +64,45 @@ def variant_model(pc, Q, K, V):
 
 
 def np_dtype(cfg):
+    """The NumPy float type of a config (float64 needs x64 mode: a ``ConfigError`` otherwise).
+
+    Args:
+      cfg: a config with ``dtype``.
+
+    Returns:
+      ``np.float32`` or ``np.float64``.
+    """
     check_dtype(cfg)
     return np.float64 if cfg["dtype"] == "float64" else np.float32
 
 
 def weights_for(pc):
+    """The point's (Q, K, V) on the device, cast on the host to its dtype.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      (Q, K, V).
+    """
     dtype = np_dtype(pc)
     Q, K, V = build_weights(pc["weights"], pc["d"])
     return tuple(jax.device_put(np.asarray(m, dtype)) for m in (Q, K, V))  # cast on the host
 
 
 def energy_forms(pc):
-    """The bilinear forms B_h = Q_hᵀK_h (H, d, d) of a point's heads, for the ``energy``
-    statistic E = (1/H) Σ_h E_β(B_h) (each head weighted by its value share V_h = V/H, so H
-    identical heads report the one head's E_β; masks and positions are not part of it: it is
-    a statistic of the cloud). A plain point: QᵀK, H = 1."""
+    """The bilinear forms B_h = Q_hᵀK_h (H, d, d) of a point's heads, for the ``energy`` statistic.
+
+    E = (1/H) Σ_h E_β(B_h), each head weighted by its value share V_h = V/H, so H identical heads
+    report the one head's E_β; masks and positions are not part of it: it is a statistic of the
+    cloud. A plain point: QᵀK, H = 1.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      (H, d, d) forms.
+    """
     Q, K, V = weights_for(pc)
     if not is_variant(pc):
         return jnp.matmul(Q.T, K, precision=jax.lax.Precision.HIGHEST)[None]
@@ -73,8 +111,16 @@ def energy_forms(pc):
 
 
 def models_for(pcs):
-    """Stacked SphereAttention models (one per point) for a chunk sharing static fields:
-    the chunk's weights broadcast, β per point (one model built, not one per point)."""
+    """Stacked models (one per point) of a chunk sharing static fields.
+
+    The chunk's weights are broadcast and β set per point (one model built, not one per point).
+
+    Args:
+      pcs: the chunk's point configs.
+
+    Returns:
+      A stacked :class:`~jaxdyn.SphereAttention` (or MultiHeadAttention for variant points).
+    """
     import equinox as eqx
 
     Q, K, V = weights_for(pcs[0])
@@ -93,8 +139,13 @@ def models_for(pcs):
 
 @functools.lru_cache(maxsize=32)
 def _sampler(n, d, dist, dtype, kw):
-    """A jitted sampler of one cloud per seed (its key ``PRNGKey(seed)`` made inside: one
-    program, not one more for the keys), cached so that chunks share one program."""
+    """A jitted sampler of one cloud per seed, cached so that chunks share one program.
+
+    Its key ``PRNGKey(seed)`` is made inside: one program, not one more for the keys.
+
+    Returns:
+      ``sample(seeds) -> (P, n, d)``.
+    """
     kw = dict(kw)
     if kw.get("mu") is not None:
         kw["mu"] = np.asarray(kw["mu"], dtype)
@@ -103,7 +154,14 @@ def _sampler(n, d, dist, dtype, kw):
 
 
 def initial_clouds(pcs):
-    """(P, N, d) initial particles, one cloud per point, from its key PRNGKey(seed)."""
+    """(P, N, d) initial particles, one cloud per point, from its key PRNGKey(seed).
+
+    Args:
+      pcs: the chunk's point configs (sharing n, d, dtype, init).
+
+    Returns:
+      The clouds (a device array).
+    """
     p0 = pcs[0]
     dtype = np_dtype(p0)
     init = dict(p0["init"])
@@ -120,10 +178,17 @@ def initial_clouds(pcs):
 
 
 def uses_ensemble(pc) -> bool:
-    """Whether a chunk integrates with :func:`jaxdyn.simulate_ensemble` (systems on the
-    vector lanes): softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where
-    it was measured faster than vmap(simulate)), a fixed-step method, and not switched off
-    with ``ensemble: false``."""
+    """Whether a chunk integrates with :func:`jaxdyn.simulate_ensemble` (systems on the vector lanes).
+
+    Softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where it was measured
+    faster than vmap(simulate)), a fixed-step method, and not switched off with ``ensemble: false``.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      True to use the ensemble integrator.
+    """
     return (bool(pc.get("ensemble", True)) and not is_variant(pc)
             and pc["normalization"] in ("softmax", "unnormalized")
             and pc["n"] <= FASTER_MAX_PARTICLES and pc["method"] in ENSEMBLE_METHODS)

@@ -1,8 +1,12 @@
-"""The config of the sphere experiment kinds (``sphere``, ``concentration``, ``variants``): their
-common fields, the ``weights`` section built into (Q, K, V), the cross-field checks (the
-resolution check N ≳ β^{(d−1)/2}) and the memory estimates — importing no JAX at module level, so
-that ``jaxdyn config`` checks a config without loading it (the estimates load it when called).
-:mod:`.sphere_common` re-exports everything here beside the models and clouds of a chunk."""
+"""The config of the sphere experiment kinds (``sphere``, ``concentration``, ``variants``).
+
+Their common fields, the ``weights`` section built into (Q, K, V), the cross-field checks (the
+resolution check N ≳ β^{(d−1)/2}) and the memory estimates — importing no JAX at module level,
+so that ``jaxdyn config`` checks a config without loading it (the estimates load it when
+called). The choices of the library's models (masks, attentions, kernels) come from
+:mod:`jaxdyn._choices`, the JAX-free module the library itself imports them from.
+:mod:`.sphere_common` re-exports everything here beside the models and clouds of a chunk.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +16,18 @@ import sys
 
 import numpy as np
 
-from ..config import ConfigError, Field, at_least, nonnegative, positive
 from .. import weights as weight_ensembles
-
-# Choices shared with the library (equal to jaxdyn.kernels.MASKS and jaxdyn.models.ATTENTIONS,
-# checked in tests/test_startup.py): named here so that the schema loads without JAX.
-MASKS = ("none", "causal")
-ATTENTIONS = ("softmax", "l2", "sinkhorn")
+from .._choices import ATTENTIONS, KERNELS, MASKS, NORMALIZATIONS  # the library's (no JAX)
+from ..config import ConfigError, Field, at_least, nonnegative, positive
 
 
 def x64_enabled() -> bool:
-    """JAX's x64 mode without loading JAX: its flag once JAX is imported, else the
-    ``JAX_ENABLE_X64`` variable JAX will read when it loads."""
+    """JAX's x64 mode without loading JAX.
+
+    Returns:
+      Its flag once JAX is imported, else the ``JAX_ENABLE_X64`` variable JAX will read when it
+      loads.
+    """
     if "jax" in sys.modules:
         return bool(sys.modules["jax"].config.jax_enable_x64)
     return os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on", "t", "y")
@@ -59,10 +63,21 @@ _WEIGHTS: dict = {}  # (section, d) -> (Q, K, V): a run asks several times
 
 
 def build_weights(spec, d):
-    """(Q, K, V) of a validated ``weights`` section; a bad section is a :class:`ConfigError`.
-    Float64 NumPy, built without JAX; remembered per section and d (callers get copies): the check, the models and
-    the summary of one run build the same weights (the spectral ensemble's angle search
-    costs about a second)."""
+    """(Q, K, V) of a validated ``weights`` section, float64 NumPy, built without JAX.
+
+    Remembered per section and d (callers get copies): the check, the models and the summary of
+    one run build the same weights (the spectral ensemble's angle search costs about a second).
+
+    Args:
+      spec: the ``weights`` section.
+      d: the dimension.
+
+    Returns:
+      (Q, K, V).
+
+    Raises:
+      ConfigError: a bad section (the weight builder's message).
+    """
     import json
 
     key = (json.dumps(spec, sort_keys=True, default=repr), int(d))
@@ -102,9 +117,8 @@ SPHERE_FIELDS = {
                                                                    "euler_renormalise")),
     "save_every": Field("int", 5, "steps between saved states, >= 1", check=at_least(1)),
     "dtype": Field("str", "float32", "floating type", choices=("float32", "float64")),
-    "kernel": Field("str", "auto", "attention kernel", choices=("auto", "dense", "blocked")),
-    "normalization": Field("str", "softmax", "attention weights",
-                           choices=("softmax", "unnormalized", "hardmax")),
+    "kernel": Field("str", "auto", "attention kernel", choices=KERNELS),
+    "normalization": Field("str", "softmax", "attention weights", choices=NORMALIZATIONS),
     "k_block": Field("int", None, "key block of the blocked kernel (default: tuned per platform)",
                      check=at_least(1)),
     "q_block": Field("int", None, "query block of the blocked kernel (default: tuned per platform)",
@@ -200,6 +214,14 @@ def required_particles(beta: float, d: int) -> int:
 
 
 def save_times(pc):
+    """The saved times of a point (:func:`segments.save_times`; loads JAX).
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      The times (S,).
+    """
     from . import segments
 
     return segments.save_times(pc["t1"], pc["dt"], pc["save_every"])

@@ -52,10 +52,19 @@ def _env_int(name, value, low):
 
 
 def cluster_from_env(environ=None) -> dict:
-    """The arguments of ``jax.distributed.initialize`` given by the environment:
-    ``{"coordinator_address", "num_processes", "process_id"}`` when all three variables are
-    set, ``{}`` when none is (JAX then detects the cluster). Half a description is an
-    error naming the missing variables."""
+    """The arguments of ``jax.distributed.initialize`` given by the environment.
+
+    Args:
+      environ: the environment (default ``os.environ``).
+
+    Returns:
+      ``{"coordinator_address", "num_processes", "process_id"}`` when all three variables are
+      set, ``{}`` when none is (JAX then detects the cluster).
+
+    Raises:
+      DistributedSetupError: half a description (naming the missing variables), a malformed
+        address, count or id, or an id not below the count.
+    """
     env = os.environ if environ is None else environ
     names = (ENV_ADDRESS, ENV_COUNT, ENV_ID)
     given = {n: env.get(n, "") for n in names}
@@ -79,16 +88,29 @@ def cluster_from_env(environ=None) -> dict:
 
 def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS,
                            initialization_timeout: int = INIT_TIMEOUT_SECONDS) -> tuple[int, int]:
-    """Join the JAX cluster described by the environment (:func:`cluster_from_env`) or
-    detected by JAX; returns (this process's index, process count). Must run before any JAX
-    computation (``jax.devices()`` included). On CPU the collectives are gloo's. Calling it
-    again in a process that has joined returns the same pair.
+    """Join the JAX cluster described by the environment (:func:`cluster_from_env`) or detected by JAX.
 
-    Raises :class:`DistributedSetupError` (a ``ValueError``) naming the problem: an
-    incomplete or malformed environment, no cluster detected, JAX already started."""
+    Must run before any JAX computation (``jax.devices()`` included). On CPU the collectives are
+    gloo's. Calling it again in a process that has joined returns the same pair. Process 0 checks
+    first that the coordinator's port is free on its host (a port in use made JAX's coordinator
+    crash, and the other processes wait for it until their time-out).
+
+    Args:
+      heartbeat_timeout_seconds: seconds without a heartbeat after which a process counts as dead.
+      initialization_timeout: seconds every process waits for the others to join.
+
+    Returns:
+      (this process's index, process count).
+
+    Raises:
+      DistributedSetupError: an incomplete or malformed environment, a coordinator port in use,
+        no cluster detected, or JAX already started (the message names it).
+    """
     if jax.distributed.is_initialized():
         return jax.process_index(), jax.process_count()
     kwargs = cluster_from_env()
+    if kwargs.get("process_id") == 0:
+        check_coordinator_port(kwargs["coordinator_address"])
     from ._sharding import _backends_initialized
 
     if _backends_initialized():
@@ -108,9 +130,49 @@ def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS
     return jax.process_index(), jax.process_count()
 
 
+def check_coordinator_port(address: str):
+    """Refuse a coordinator address whose port another program holds on this host.
+
+    Process 0 runs JAX's coordination service at ``address``; a port in use there crashed it
+    (gRPC "Failed to add port") and left the other processes waiting for their time-out. The
+    check binds the port on every local interface for a moment; an address of another host is
+    not checked.
+
+    Args:
+      address: ``HOST:PORT``.
+
+    Raises:
+      DistributedSetupError: the port is in use on this host.
+    """
+    import errno
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):  # a name that does not resolve: JAX's own error names it
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)  # another host's address: EADDRNOTAVAIL, not checked
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise DistributedSetupError(
+                        f"{ENV_ADDRESS}={address}: port {port} is in use on this host (another "
+                        "run's coordinator, or another program); choose a free port") from None
+
+
 def all_gather_rows(row) -> np.ndarray:
-    """Every process's ``row`` (a 1-D integer array of the same length everywhere), stacked:
-    shape (process count, length), the same array on every process. One process: ``row[None]``."""
+    """Every process's ``row`` (a 1-D integer array of the same length everywhere), stacked.
+
+    Args:
+      row: this process's row.
+
+    Returns:
+      Shape (process count, length), the same array on every process; one process: ``row[None]``.
+    """
     row = np.asarray(row, np.int32).reshape(-1)
     if jax.process_count() == 1:
         return row[None]
@@ -121,20 +183,31 @@ def all_gather_rows(row) -> np.ndarray:
 
 
 def is_lost_process_error(e: BaseException) -> bool:
-    """Whether ``e``, raised by a computation with collectives, says that another process of
-    the cluster went away (a closed or reset connection, a missed heartbeat)."""
+    """Whether ``e``, raised by a computation with collectives, says that another process went away.
+
+    Args:
+      e: the exception.
+
+    Returns:
+      True for a closed or reset connection, a missed heartbeat, a coordination-service error.
+    """
     text = f"{type(e).__name__} {e}".lower()
     return any(w in text for w in ("gloo", "connection reset", "connection closed", "broken pipe",
                                    "heartbeat", "coordination service", "nccl", "socket closed"))
 
 
 def abandon_cluster(status: int = LOST_EXIT_STATUS):
-    """Mark this process's part in the cluster as over: another process died, or this one
-    stops mid-run on its own (an error, a signal). At exit the process then ends at once with
-    ``status`` (the last one given), skipping JAX's shutdown barrier: that barrier would wait
-    for a dead process until its heartbeat times out and then abort, and while this process
-    waits in it, a process still in a collective with it would wait too. Leaving closes the
-    connections, so the others' collectives fail at once."""
+    """Mark this process's part in the cluster as over.
+
+    Another process died, or this one stops mid-run on its own (an error, a signal). At exit the
+    process then ends at once with ``status`` (the last one given), skipping JAX's shutdown
+    barrier: that barrier would wait for a dead process until its heartbeat times out and then
+    abort, and while this process waits in it, a process still in a collective with it would wait
+    too. Leaving closes the connections, so the others' collectives fail at once.
+
+    Args:
+      status: the exit status.
+    """
     _LOST.append(int(status))
 
 

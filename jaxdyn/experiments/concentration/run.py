@@ -1,6 +1,8 @@
-"""Kind ``concentration``: integrate a chunk of points and record W2 to Π#ρ0, the Lyapunov
-functional and the mass near E and E(V) — with the library's Π (:func:`jaxdyn.projection`),
-L (:func:`jaxdyn.lyapunov`) and :func:`jaxdyn.mass_near`."""
+"""Kind ``concentration``: integrate a chunk of points; W2 to Π#ρ0, Lyapunov functional, masses.
+
+The library's Π (:func:`jaxdyn.projection`), L (:func:`jaxdyn.lyapunov`) and
+:func:`jaxdyn.mass_near` at every saved frame, the mass near E and near E(V).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +20,13 @@ from .schema import magnitude_basis, spectral_info
 
 
 def _frames(model, xs, target, P_E, bE, bV, near):
-    """Per saved frame: the cloud, coupling W2 to Π(x0), Lyapunov mean/median, mass near E
-    and near E(V). Module-level so that chunks share its compiled program."""
+    """Per saved frame: the cloud, coupling W2 to Π(x0), Lyapunov mean/median, mass near E and E(V).
+
+    Module-level so that chunks share its compiled program.
+
+    Returns:
+      A tuple of per-frame arrays.
+    """
     L = lyapunov(xs, P_E)
     return (xs, w2_coupling(xs, target[None]), jnp.mean(L, -1), jnp.median(L, -1),
             mass_near(xs, bE, near), mass_near(xs, bV, near))
@@ -36,9 +43,18 @@ _mass_near = jax.jit(mass_near)
 
 
 def two_atoms(y, tol=None):
-    """The two atoms (a, b) and each point's label (True: a) when the cloud ``y`` (N, d) lies
-    within ``tol`` of two points (Π#ρ0 when dim E = 1: Π(x) = ±u up to rounding), else None.
-    ``tol`` defaults to 64 ulps of ``y``'s dtype; the atoms are the groups' float64 means."""
+    """The two atoms of a cloud that lies within ``tol`` of two points, else None.
+
+    Π#ρ0 is two atoms when dim E = 1: Π(x) = ±u up to rounding.
+
+    Args:
+      y: (N, d) the cloud.
+      tol: the distance to the atoms (default 64 ulps of ``y``'s dtype).
+
+    Returns:
+      ``(a, b, near_a)``: the atoms (the groups' float64 means) and each point's label (True: a);
+      or None.
+    """
     y = np.asarray(y)
     tol = 64 * np.finfo(y.dtype if y.dtype.kind == "f" else np.float64).eps if tol is None else tol
     y = y.astype(np.float64)
@@ -52,11 +68,22 @@ def two_atoms(y, tol=None):
 
 
 def w2_to_two_atoms(xs, a, b, m_a):
-    """Exact W2 between each cloud of ``xs`` (S, N, d) and the uniform cloud with ``m_a``
-    points at ``a`` and N − ``m_a`` at ``b``: the optimal assignment sends to ``a`` the m_a
-    points with the smallest |x − a|² − |x − b|² (an exchange argument), so it costs a
-    partial sort instead of an N × N assignment; float64 on the host, like
-    :func:`jaxdyn.w2_exact` (equal to it up to rounding)."""
+    """Exact W2 between each cloud of ``xs`` and a uniform cloud on two atoms, by a partial sort.
+
+    The target has ``m_a`` points at ``a`` and N − ``m_a`` at ``b``: the optimal assignment sends
+    to ``a`` the m_a points with the smallest |x − a|² − |x − b|² (an exchange argument), so it
+    costs a partial sort instead of an N × N assignment; float64 on the host, like
+    :func:`jaxdyn.w2_exact` (equal to it up to rounding).
+
+    Args:
+      xs: (S, N, d) clouds.
+      a: (d,) the first atom.
+      b: (d,) the second atom.
+      m_a: the target's points at ``a``.
+
+    Returns:
+      (S,) distances.
+    """
     xs = np.asarray(xs, np.float64)
     ca = ((xs - a) ** 2).sum(-1)
     cb = ((xs - b) ** 2).sum(-1)
@@ -70,9 +97,14 @@ def w2_to_two_atoms(xs, a, b, m_a):
 
 
 def _w2_exact_frames(xs, target, on_frame=lambda j: None):
-    """Exact W2 of the frames ``xs`` (S, N, d) to ``target`` (N, d): the two-atom partial
-    sort when Π#ρ0 is two atoms (within 64 ulps: the value differs from the assignment on
-    the unrounded target by at most that), else one optimal assignment per frame."""
+    """Exact W2 of the frames ``xs`` (S, N, d) to ``target`` (N, d).
+
+    The two-atom partial sort when Π#ρ0 is two atoms (within 64 ulps: the value differs from the
+    assignment on the unrounded target by at most that), else one optimal assignment per frame.
+
+    Returns:
+      (S,) distances.
+    """
     atoms = two_atoms(target)
     if atoms is not None and np.all(np.isfinite(xs)):
         a, b, near_a = atoms
@@ -85,8 +117,12 @@ def _w2_exact_frames(xs, target, on_frame=lambda j: None):
 
 
 def _frame_inputs(pcs):
-    """Π (in the particles' dtype), a basis of E(V), the 'near' angle, and the targets Π(x_i(0))
-    of a chunk: the frame function's extra arrays and constants."""
+    """The frame function's extra arrays and constants of a chunk.
+
+    Returns:
+      ``(Π in the particles' dtype, a float64 basis of E(V), (targets Π(x_i(0)),),
+      (P_E, basis of E, basis of E(V), the 'near' angle))``.
+    """
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     pi, basis_V = spectral_info(p0)
@@ -99,8 +135,10 @@ def _frame_inputs(pcs):
 
 
 def step_functions(pc):
-    """The device computations of a point: its segment with the W2/Lyapunov/mass frames, and
-    the debiased Sinkhorn W2 of a frame when ``w2_methods`` has ``sinkhorn``.
+    """The device computations of a point: its segment and frames, and a Sinkhorn W2.
+
+    The segment carries the W2/Lyapunov/mass frames; the debiased Sinkhorn W2 of a frame is
+    added when ``w2_methods`` has ``sinkhorn``.
 
     Args:
       pc: a point config.

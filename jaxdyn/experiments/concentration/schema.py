@@ -1,5 +1,7 @@
-"""Kind ``concentration``: config fields, the Assumption 1 check, memory estimates, and the
-spectral data (E, E(V)) of the weights."""
+"""Kind ``concentration``: config fields, the Assumption 1 check, memory estimates, spectral data.
+
+The spectral data are E and E(V) of the weights.
+"""
 
 from __future__ import annotations
 
@@ -39,10 +41,22 @@ def softmax_width(beta):
 
 
 def regime_warnings(betas, d, angle_rad, near_deg):
-    """Warnings for a β list (config or run): too few β values for a fit, β where the softmax
-    width β^{-1/2} is not well below the angle between E and E(V) (the metastable and terminal
-    phases cannot separate), β where it exceeds near_angle_deg (little mass can count as near
-    E even in a metastable phase). The N ≳ β^{(d-1)/2} warning is sphere_common's."""
+    """Warnings for a β list (config or run) about the regimes the fits assume.
+
+    Too few β values for a fit, β where the softmax width β^{-1/2} is not well below the angle
+    between E and E(V) (the metastable and terminal phases cannot separate), β where it exceeds
+    near_angle_deg (little mass can count as near E even in a metastable phase). The
+    N ≳ β^{(d-1)/2} warning is sphere_common's.
+
+    Args:
+      betas: the β values.
+      d: the dimension.
+      angle_rad: the angle between E and E(V).
+      near_deg: ``near_angle_deg``.
+
+    Returns:
+      The warnings.
+    """
     warns = []
     betas = sorted(set(float(b) for b in betas))
     if 2 <= len(betas) < MIN_FIT_POINTS:
@@ -74,6 +88,17 @@ BATCH_AXES = ("beta", "seed")
 
 
 def check(cfg):
+    """The cross-field checks of a ``concentration`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     warns = sc.check_sphere(cfg)
     swept = [a for a in ("d", "n") if a in cfg["sweep"]]
     if swept:
@@ -110,24 +135,56 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    """Memory one ``concentration`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
+    """Bytes one ``concentration`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     return sc.output_bytes(pc, per_frame_values=10)
 
 
 def eigenspace_bases(pc):
-    """Bases of E (the top eigenspace of the symmetric part of VBᵀ, as :func:`jaxdyn.projection`
-    with ``force=True`` takes it) and of E(V), float64 NumPy without JAX (the config check)."""
+    """Bases of E and of E(V), float64 NumPy without JAX (the config check).
+
+    E is the top eigenspace of the symmetric part of VBᵀ, as :func:`jaxdyn.projection` with
+    ``force=True`` takes it.
+
+    Args:
+      pc: a (point) config with ``weights`` and ``d``.
+
+    Returns:
+      ``(basis of E, basis of E(V))``.
+    """
     Q, K, V = sc.build_weights(pc["weights"], pc["d"])
     bE = top_eigenspace(V @ (Q.T @ K).T, symmetric=True).basis
     return bE, np.asarray(top_eigenspace(V, symmetric=False).basis)
 
 
 def spectral_info(pc):
-    """Π (:func:`jaxdyn.projection`, float64: its projector P_E and the basis of E, the top
-    eigenspace of VBᵀ) and a basis of E(V), from float64 weights."""
+    """Π and a basis of E(V), from float64 weights.
+
+    Args:
+      pc: a (point) config with ``weights`` and ``d``.
+
+    Returns:
+      ``(Π, basis of E(V))``: Π is :func:`jaxdyn.projection` in float64 (its projector P_E and the
+      basis of E, the top eigenspace of VBᵀ).
+    """
     import jax
 
     from ...spectral import projection
@@ -140,7 +197,13 @@ def spectral_info(pc):
 
 
 def magnitude_basis(pc):
-    """A basis of the eigenspace of V dominant in magnitude (Conjecture 1's second reading;
-    :func:`jaxdyn.spectral.top_eigenspace` with ``by="magnitude"``), float64."""
+    """A basis of the eigenspace of V dominant in magnitude (Conjecture 1's second reading), float64.
+
+    Args:
+      pc: a (point) config with ``weights`` and ``d``.
+
+    Returns:
+      The basis (:func:`jaxdyn.spectral.top_eigenspace` with ``by="magnitude"``).
+    """
     _, _, V = sc.build_weights(pc["weights"], pc["d"])
     return np.asarray(top_eigenspace(V, symmetric=False, by="magnitude").basis)

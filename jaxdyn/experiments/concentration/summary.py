@@ -1,6 +1,8 @@
-"""Kind ``concentration``: the fits of the summary (min W2 against β, argmin t against log β,
-the time mass_V overtakes mass_E against log β), the Assumption 1 report, and the regime
-warnings (too few β for a fit, no metastable phase, phases that cannot separate)."""
+"""Kind ``concentration``: the fits of the summary, the Assumption 1 report, the regime warnings.
+
+The fits: min W2 against β, argmin t against log β, the time mass_V overtakes mass_E against
+log β. The warnings: too few β for a fit, no metastable phase, phases that cannot separate.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ BOUND_NOTE = ("Theorem 1 is an upper bound with unknown constants: it gives min_
 
 
 def primary_w2(ds):
+    """The name of the W2 variable the fits read (exact, else Sinkhorn, else the coupling bound)."""
     for name in ("w2_exact", "w2_sinkhorn", "w2_coupling"):
         if name in ds:
             return name
@@ -25,22 +28,32 @@ def primary_w2(ds):
 
 
 def reduce_beta(ds, var):
+    """``var`` averaged over every sweep axis but β."""
     da = ds[var]
     other = [d for d in da.dims if d in ("seed", "n", "d", "t1", "dt")]
     return da.mean(other) if other else da
 
 
 def betas_of(cfg, ds):
+    """The β values of a run (the sweep's, or the config's one)."""
     return np.asarray(ds["beta"].values if "beta" in ds.dims else [cfg["beta"]], float)
 
 
 def rows(da, nb):
+    """One row per β of ``da`` (its first ``nb`` rows, or the one row without a β axis)."""
     return [da.isel(beta=i).values if "beta" in da.dims else da.values for i in range(nb)]
 
 
 def fit(x, y):
-    """Least-squares slope and R² over the finite points; R² is None on 2 points (where it is
-    1 by construction) and both are None on fewer."""
+    """Least-squares slope and R² over the finite points.
+
+    Args:
+      x: abscissae.
+      y: ordinates.
+
+    Returns:
+      ``(slope, R²)``: R² is None on 2 points (where it is 1 by construction), both None on fewer.
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 2:
@@ -55,8 +68,17 @@ def fit(x, y):
 
 
 def fit_report(name, x, y, warns):
-    """``fit`` with its point count, and a warning (appended to ``warns``) when the points are
-    fewer than MIN_FIT_POINTS."""
+    """:func:`fit` with its point count, and a warning when the points are too few.
+
+    Args:
+      name: the fit's name (in the warning).
+      x: abscissae.
+      y: ordinates.
+      warns: the warnings (appended to when the points are fewer than MIN_FIT_POINTS).
+
+    Returns:
+      ``{"slope", "r2", "n_points"}``.
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
     n = int(np.sum(np.isfinite(x) & np.isfinite(y)))
     s, r2 = fit(x, y)
@@ -72,8 +94,18 @@ def fit_report(name, x, y, warns):
 
 
 def largest_lead(mE, mV, min_mass=0.0):
-    """Index of mass_E's largest lead over mass_V among the times where mass_E >= min_mass
-    (a metastable phase), else over all times; None if mass_E never leads."""
+    """Index of mass_E's largest lead over mass_V.
+
+    Among the times where mass_E >= min_mass (a metastable phase), else over all times.
+
+    Args:
+      mE: mass near E against t.
+      mV: mass near E(V) against t.
+      min_mass: ``metastable_mass``.
+
+    Returns:
+      The index, or None if mass_E never leads.
+    """
     mE = np.asarray(mE, float)
     lead = mE - np.asarray(mV, float)
     if not np.isfinite(lead).any():
@@ -86,11 +118,21 @@ def largest_lead(mE, mV, min_mass=0.0):
 
 
 def crossing(t, mE, mV, min_mass=0.0):
-    """The end of the metastable phase: the first time at which mass_V > mass_E after the
-    time of mass_E's largest lead over mass_V (:func:`largest_lead`: while mass_E >=
-    ``min_mass`` if it ever leads there); None if mass_E never leads, or mass_V never overtakes
-    it after. (It was the first such time after *any* lead: with a non-uniform ρ0 a lead of one
-    particle near t = 0 gave t ≈ 0.5, long before mass_E's peak.)"""
+    """The end of the metastable phase: the first time mass_V > mass_E after mass_E's largest lead.
+
+    The lead is :func:`largest_lead`'s (while mass_E >= ``min_mass`` if it ever leads there),
+    not any lead: with a non-uniform ρ0 a lead of one particle near t = 0 comes long before
+    mass_E's peak.
+
+    Args:
+      t: the saved times.
+      mE: mass near E against t.
+      mV: mass near E(V) against t.
+      min_mass: ``metastable_mass``.
+
+    Returns:
+      The time, or None if mass_E never leads, or mass_V never overtakes it after.
+    """
     k = largest_lead(mE, mV, min_mass)
     if k is None:
         return None
@@ -100,8 +142,17 @@ def crossing(t, mE, mV, min_mass=0.0):
 
 
 def analyse(cfg, ds, angle_rad=None):
-    """The fits and per-β readings of a run. ``angle_rad`` (the angle between E and E(V)),
-    when given, adds whether the phases can separate at each β."""
+    """The fits and per-β readings of a run.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      angle_rad: the angle between E and E(V); when given, adds whether the phases can separate
+        at each β.
+
+    Returns:
+      The analysis (the summary's ``results``).
+    """
     warns = []
     var = primary_w2(ds)
     tdim = ds[var].dims[-1]
@@ -182,6 +233,15 @@ def analyse(cfg, ds, angle_rad=None):
 
 
 def summarize(cfg, ds):
+    """The ``concentration`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     pi, bV = spectral_info(cfg)
     bE = np.asarray(pi.basis)
     Q, K, V = sc.build_weights(cfg["weights"], cfg["d"])

@@ -1,5 +1,8 @@
-"""Kind ``gaussian``: the particle runs (one chunk integrator, :mod:`..segments`), the
-Gaussian closure and its closed forms (:mod:`jaxdyn.gaussian`), and the phase diagram."""
+"""Kind ``gaussian``: the particle runs, the Gaussian closure and its closed forms, the phase diagram.
+
+The particles go through the one chunk integrator (:mod:`..segments`); the closure and its
+closed forms are :mod:`jaxdyn.gaussian`'s.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +24,20 @@ from .schema import dtype_of, parameters, save_times, snapshot_index, tolerances
 
 
 def make_model(p, activation="identity", dtype=jnp.float64, kernel="auto"):
+    """The particle field :class:`~jaxdyn.EuclideanAttention` of the parameters.
+
+    Cast on the host and moved with ``device_put``: no program per array
+    (:func:`segments.host_broadcast`).
+
+    Args:
+      p: the parameters (:func:`.schema.parameters`).
+      activation: σ in A σ(x): ``identity`` or ``relu``.
+      dtype: the floating type.
+      kernel: the attention kernel.
+
+    Returns:
+      The model.
+    """
     # cast on the host, moved with device_put: no program per array (segments.host_broadcast)
     return EuclideanAttention(*(jax.device_put(np.asarray(p[k], dtype)) for k in ("A", "B", "V")),
                               jax.device_put(np.asarray(p["b"], dtype)), activation=activation,
@@ -33,10 +50,14 @@ def _frames_stats(model, xs, dirs, *, n_snapshot: int):
 
 @functools.lru_cache(maxsize=None)
 def _stats_frames(n_snapshot: int):
-    """The frame function of the particle runs: :func:`jaxdyn.gaussian.cloud_stats` and the
-    first ``n_snapshot`` particles; one function object per ``n_snapshot``, so that chunks
-    share the compiled segment programs (a partial of a module-level function: the segment
-    program's cache key can name it, so a later process loads it without tracing)."""
+    """The frame function of the particle runs, one function object per ``n_snapshot``.
+
+    :func:`jaxdyn.gaussian.cloud_stats` and the first ``n_snapshot`` particles; one object per
+    ``n_snapshot``, so that chunks share the compiled segment programs.
+
+    Returns:
+      ``frames(model, xs, dirs)``.
+    """
     return functools.partial(_frames_stats, n_snapshot=n_snapshot)
 
 
@@ -112,8 +133,11 @@ def _key(p, ts, *extra):
 
 
 def _closure_fn(ts, rtol, atol, blowup_threshold):
-    """The closure's solve (:func:`solve_moments`, saved at ``ts``) as a function of its
-    parameters ``(m0, S0, A, B, V, b)``."""
+    """The closure's solve (:func:`solve_moments`, saved at ``ts``) as a function of its parameters.
+
+    Returns:
+      ``solve(m0, S0, A, B, V, b)``.
+    """
     def solve(m0, S0, A, B, V, b):
         return solve_moments(m0, S0, A=A, B=B, V=V, b=b, t1=float(ts[-1]),
                              saveat=jnp.asarray(ts, S0.dtype), rtol=rtol, atol=atol,
@@ -149,9 +173,18 @@ def closure(p, ts, *, dtype=np.float64, rtol=1e-10, atol=1e-12, blowup_threshold
 
 
 def closed_form(p, ts):
-    """Closed form of the closure's covariance when ``V = v I`` and S0 is invertible
-    (:func:`jaxdyn.gaussian.vi_closed_form`, memoised): ``(cov (S, d, d) NaN from the blow-up
-    on, T*)``, or ``(None, None)`` when there is no closed form. float64."""
+    """Closed form of the closure's covariance when ``V = v I`` and S0 is invertible (memoised).
+
+    :func:`jaxdyn.gaussian.vi_closed_form`, in float64.
+
+    Args:
+      p: the parameters.
+      ts: the saved times.
+
+    Returns:
+      ``(cov (S, d, d) NaN from the blow-up on, T*)``, or ``(None, None)`` when there is no closed
+      form.
+    """
     v = scalar_v(p["V"])
     S0 = p["S0"]
     if v is None or np.linalg.eigvalsh(S0)[0] <= 1e-12 * max(1.0, np.abs(S0).max()):
@@ -160,6 +193,15 @@ def closed_form(p, ts):
 
 
 def run_points(pcs):
+    """Compute a chunk of ``gaussian`` points (module doc).
+
+    Args:
+      pcs: the chunk's point configs (sharing every field but the batch axes).
+
+    Returns:
+      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
+      per-point status), and dim → values.
+    """
     if pcs[0]["study"] == "phase_diagram":
         with jax.enable_x64(pcs[0]["dtype"] == "float64"):
             return _run_phase(pcs)
@@ -169,6 +211,7 @@ def run_points(pcs):
 
 
 def grid_values(spec):
+    """The values ``[min, max, num]`` of a phase-diagram axis (``np.linspace``)."""
     return np.linspace(float(spec[0]), float(spec[1]), int(spec[2]))
 
 

@@ -1,10 +1,13 @@
-"""Kind ``gaussian``: config fields, parameters (A, B, V, b, m0, S0) checked against d,
-cross-field checks, saved times and memory estimates."""
+"""Kind ``gaussian``: config fields, parameters, cross-field checks, saved times, memory estimates.
+
+The parameters (A, B, V, b, m0, S0) are checked against d.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..._choices import KERNELS  # the library's (no JAX)
 from ...config import ConfigError, Field, at_least, positive
 from .. import sphere_fields
 
@@ -39,7 +42,7 @@ SCHEMA = {
     "dt": Field("float", 0.01, "particle time step (RK4)", check=positive),
     "save_every": Field("int", 5, "particle steps between saved times", check=at_least(1)),
     "method": Field("str", "rk4", "particle integrator", choices=("rk4", "euler")),
-    "kernel": Field("str", "auto", "attention kernel", choices=("auto", "dense", "blocked")),
+    "kernel": Field("str", "auto", "attention kernel", choices=KERNELS),
     "n": Field("int", 2000, "number of particles N", check=at_least(2), sweepable=True),
     "seed": Field("int", 0, "seed of the initial particles", sweepable=True),
     "activation": Field("str", "identity", "σ in A σ(x)", choices=("identity", "relu"),
@@ -67,6 +70,7 @@ BATCH_AXES = ("seed",)
 
 
 def dtype_of(cfg):
+    """The NumPy float type of a config's ``dtype``."""
     return np.float64 if cfg["dtype"] == "float64" else np.float32
 
 
@@ -111,6 +115,7 @@ def parameters(cfg):
 
 
 def tolerances(cfg):
+    """The closure's (rtol, atol): the config's, else tight in float64 (the trajectory closure is float64)."""
     # the trajectory study's closure is always solved in float64 (the reference)
     f64 = cfg["dtype"] == "float64" or cfg["study"] == "trajectory"
     rtol = cfg["rtol"] if cfg["rtol"] is not None else (1e-10 if f64 else 1e-6)
@@ -119,6 +124,17 @@ def tolerances(cfg):
 
 
 def check(cfg):
+    """The cross-field checks of a ``gaussian`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     warns = []
     p = parameters(cfg)
     sweep = cfg["sweep"]
@@ -162,16 +178,26 @@ def _backend():
 
 
 def save_times(pc):
+    """The particles' saved times of a point (:func:`..sphere_fields.save_times`)."""
     return sphere_fields.save_times(pc)
 
 
 def snapshot_index(pc):
+    """Indices of the saved times nearest the ``snapshots`` times (clipped to [0, t1])."""
     ts = save_times(pc)
     want = [min(max(s, 0.0), ts[-1]) for s in pc["snapshots"]]
     return np.asarray(sorted({int(np.argmin(np.abs(ts - s))) for s in want}))
 
 
 def estimate_bytes(pc):
+    """Memory one ``gaussian`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     item = 8 if pc["dtype"] == "float64" else 4
     d = pc["d"]
     if pc["study"] == "phase_diagram":
@@ -190,6 +216,14 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
+    """Bytes one ``gaussian`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     if pc["study"] == "phase_diagram":
         return int(8 * 8 * int(pc["phase"]["a"][2]) * int(pc["phase"]["c"][2]))
     d = pc["d"]

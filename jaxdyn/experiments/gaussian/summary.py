@@ -1,5 +1,8 @@
-"""Kind ``gaussian``: the summary (error against N and its rate, parting times, the ReLU
-study, the phase diagram against theory)."""
+"""Kind ``gaussian``: the summary.
+
+The error against N and its rate, parting times, the ReLU study, the phase diagram against
+theory.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ def status_label(code):
 
 
 def finite_or_none(x):
+    """``float(x)`` if finite, else None."""
     try:
         x = float(x)
     except (TypeError, ValueError):
@@ -30,16 +34,19 @@ def finite_or_none(x):
 
 
 def axis_values(cfg, ds, name):
+    """The values of sweep axis ``name`` (or the config's one value)."""
     return [v.item() if hasattr(v, "item") else v for v in ds[name].values] if name in ds.dims \
         else [cfg[name]]
 
 
 def select(ds, var, **sel):
+    """``ds[var]`` at the given sweep values (those of its dimensions)."""
     da = ds[var]
     return da.sel({k: v for k, v in sel.items() if k in da.dims})
 
 
 def error_time(cfg, ds):
+    """The time of the error-against-N measurement: ``error_time``, else t1, or T*/2 before a blow-up."""
     if cfg["error_time"] is not None:
         return float(cfg["error_time"])
     T = float(np.nanmin(ds["closure_blowup_time"].values))
@@ -47,6 +54,7 @@ def error_time(cfg, ds):
 
 
 def t_index(ds, t):
+    """The index of the saved time nearest ``t``."""
     return int(np.argmin(np.abs(ds["t"].values - t)))
 
 
@@ -80,18 +88,32 @@ def slopes_over_time(cfg, ds, act="identity"):
 
 
 def main_activation(cfg, ds):
+    """The activation the main readings use (identity when swept)."""
     acts = axis_values(cfg, ds, "activation")
     return "identity" if "identity" in acts else acts[0]
 
 
 def closure_tilt(ds):
+    """The closure's tilt index against t (one row)."""
     return np.asarray(ds["tilt_closure"].values).reshape(-1, ds.sizes["t"])[0]
 
 
 def zscores(cfg, ds, act, n, t):
-    """Deviations of the particles' moments (mean entries, upper covariance entries) from the
-    closure at time t, per seed, in units of the seed-to-seed standard deviation (needs ≥ 2
-    seeds): returns (z (seeds, k), labels)."""
+    """Deviations of the particles' moments from the closure at time t, per seed.
+
+    Mean entries and upper covariance entries, in units of the seed-to-seed standard deviation
+    (needs ≥ 2 seeds).
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      act: the activation.
+      n: the particle count.
+      t: the time.
+
+    Returns:
+      ``(z (seeds, k), labels)``.
+    """
     ti = t_index(ds, t)
     mp = select(ds, "mean_particles", activation=act, n=n).isel(t=ti).values
     Cp = select(ds, "cov_particles", activation=act, n=n).isel(t=ti).values
@@ -109,6 +131,15 @@ def zscores(cfg, ds, act, n, t):
 
 
 def summarize(cfg, ds):
+    """The ``gaussian`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     if cfg["study"] == "phase_diagram":
         return _summarize_phase(cfg, ds)
     out = {}
@@ -195,8 +226,17 @@ def summarize(cfg, ds):
 
 
 def relu_first_order(cfg, ds):
-    """Bures W2 between the identity closure and its first-order ReLU perturbation,
-    ``N(m(t) + t Δṁ, Σ(t) + t ΔΣ̇)``, Δ = ReLU initial rates − identity initial rates."""
+    """Bures W2 between the identity closure and its first-order ReLU perturbation.
+
+    ``N(m(t) + t Δṁ, Σ(t) + t ΔΣ̇)``, Δ = ReLU initial rates − identity initial rates.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      The distances against t.
+    """
     p = parameters(cfg)
     dm_r, dS_r = relu_initial_rates(**p)
     with jax.enable_x64(True):
@@ -283,7 +323,7 @@ def _summarize_phase(cfg, ds):
 
 
 def equilibrium_trace(cfg):
-    """tr Σ* of the attracting equilibrium (:func:`jaxdyn.gaussian.lyapunov_limit`), or None."""
+    """Tr Σ* of the attracting equilibrium (:func:`jaxdyn.gaussian.lyapunov_limit`), or None."""
     p = parameters(cfg)
     eq = lyapunov_limit(p["A"], p["B"], p["V"])
     return None if eq is None else float(np.trace(eq))

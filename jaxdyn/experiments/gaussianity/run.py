@@ -1,5 +1,7 @@
-"""Kind ``gaussianity``: encode Gaussian inputs layer by layer and measure the distance from
-the moment-matched Gaussian (:mod:`jaxdyn.encoder`)."""
+"""Kind ``gaussianity``: encode Gaussian inputs layer by layer; distance from the Gaussian.
+
+Each layer's pooled cloud against the moment-matched Gaussian (:mod:`jaxdyn.encoder`).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from .schema import arch_config, load_model, model_path
 
 
 def _encoder(pc):
-    """The point's encoder pass ``fn(params, h0) -> hidden states``, its params, its inputs h0
-    and the key of the profile's directions."""
+    """The point's encoder pass and its inputs.
+
+    Returns:
+      ``(fn(params, h0) -> hidden states, params, h0, the key of the profile's directions)``.
+    """
     from ...encoder import (encode, encode_deit, encode_modernbert, gaussian_tokens, init_deit,
                             init_modernbert, nongaussian_stack, random_like)
 

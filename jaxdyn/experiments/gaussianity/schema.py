@@ -1,5 +1,7 @@
-"""Kind ``gaussianity``: config fields, the model check, memory estimates, and the (cached)
-encoder weights."""
+"""Kind ``gaussianity``: config fields, the model check, memory estimates, the encoder weights.
+
+The weights of a local checkpoint are loaded once per process.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +45,17 @@ BATCH_AXES = ()
 
 
 def model_path(cfg):
+    """The checkpoint folder of a ``bert`` config: ``model_path``, else the installed MiniLM.
+
+    Args:
+      cfg: a (point) config.
+
+    Returns:
+      The folder.
+
+    Raises:
+      ConfigError: ``model_path`` holds no ``config.json``, or no checkpoint is installed.
+    """
     from ...encoder_host import find_minilm
 
     if cfg["model_path"]:
@@ -58,14 +71,21 @@ def model_path(cfg):
 
 @functools.lru_cache(maxsize=4)
 def load_model(path: str):
+    """The (params, config) of the checkpoint at ``path``, without embeddings (cached)."""
     from ...encoder import load_bert
 
     return load_bert(path, embeddings=False)
 
 
 def arch_config(cfg):
-    """The ModernBertConfig / DeitConfig of a 'modernbert' / 'deit' config (published sizes,
-    ``layers`` overriding the depth)."""
+    """The ModernBertConfig / DeitConfig of a 'modernbert' / 'deit' config.
+
+    Args:
+      cfg: a (point) config.
+
+    Returns:
+      The published sizes, ``layers`` overriding the depth.
+    """
     from ...encoder import DeitConfig, ModernBertConfig
 
     cls = ModernBertConfig if cfg["architecture"] == "modernbert" else DeitConfig
@@ -73,6 +93,17 @@ def arch_config(cfg):
 
 
 def check(cfg):
+    """The cross-field checks of a ``gaussianity`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     models = cfg["sweep"].get("model", [cfg["model"]])
     if cfg["architecture"] != "bert":
         if "pretrained" in models:
@@ -91,6 +122,14 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    """Memory one ``gaussianity`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     if pc["architecture"] != "bert":
         a = arch_config(pc)
         n = pc["batch"] * pc["seq"]
@@ -110,6 +149,15 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one point adds to the merged Dataset: each metric's profile and its floor's mean
-    and spread, per layer (at most 32 metrics and 64 layers, float64)."""
+    """Bytes one ``gaussianity`` grid point adds to the merged Dataset.
+
+    Bytes one point adds to the merged Dataset: each metric's profile and its floor's mean
+    and spread, per layer (at most 32 metrics and 64 layers, float64).
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     return 8 * 3 * 32 * 64

@@ -8,6 +8,7 @@ from .schema import KEY_METRICS
 
 
 def select(ds, model, scale):
+    """The Dataset at one model and scale (the values of those sweep axes) and the first seed."""
     sel = {}
     if "model" in ds.dims:
         sel["model"] = model
@@ -19,6 +20,15 @@ def select(ds, model, scale):
 
 
 def summarize(cfg, ds):
+    """The ``gaussianity`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
     arch = cfg.get("architecture", "bert")

@@ -1,5 +1,6 @@
-"""Experiment kind ``pde``: the mean-field equation itself, solved for the density ρ(θ, t) on
-S¹ (:mod:`jaxdyn.pde`).
+"""Experiment kind ``pde``: the mean-field equation itself, solved for the density ρ(θ, t).
+
+On S¹ (and S² in mode ``s2``), by :mod:`jaxdyn.pde`.
 
 ``mode: clusters``: a near-uniform start (every mode up to M/4 with amplitude ε and random
 phases), a sweep over β (and σ, seeds): ρ(θ, t), the cluster count against t, the first clusters

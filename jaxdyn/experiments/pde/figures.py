@@ -1,5 +1,8 @@
-"""Kind ``pde``: figures (ρ(θ, t) space–time images across β, growth rates against the
-formula, first cluster count against k*, particles against the density)."""
+"""Kind ``pde``: figures.
+
+ρ(θ, t) space–time images across β, growth rates against the formula, first cluster count
+against k*, particles against the density.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +30,14 @@ def _label(lab, cfg=None):
 
 
 def _plot_s2(cfg, ds, out_dir, plt):
-    """S²: the density against the kernel density of the largest cloud (lat–lon maps) at the
-    compared times; W2 of the particles to ρ(t) against the null level of two samples."""
+    """S²: the density against the kernel density of the largest cloud, and W2 against its null level.
+
+    Lat–lon maps at the compared times; W2 of the particles to ρ(t) against the null level of two
+    samples.
+
+    Returns:
+      The figure paths.
+    """
     lab, d = grid_points(ds)[0]
     tc = np.asarray(ds["t_compare"].values)
     lon, lat = np.asarray(ds["lon"].values), np.asarray(ds["lat"].values)
@@ -64,8 +73,14 @@ def _plot_s2(cfg, ds, out_dir, plt):
 
 
 def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
-    """clusters with particles: β against k*, the solver's first cluster count, and each particle
-    start's first cluster count and dominant mode (small horizontal offsets keep markers apart)."""
+    """Clusters with particles: β against k*, the solver's and the particles' first clusters.
+
+    The solver's first cluster count, and each particle start's first cluster count and dominant
+    mode (small horizontal offsets keep markers apart).
+
+    Returns:
+      The figure path.
+    """
     starts = list(cfg["particles"]["starts"])
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     bs = np.array([lab.get("beta", cfg["beta"]) for lab, _ in pts])
@@ -94,6 +109,16 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
 
 
 def plot(cfg, ds, out_dir):
+    """Draw the ``pde`` figures (module doc) into the run folder.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      out_dir: the run folder.
+
+    Returns:
+      The paths of the figures written.
+    """
     plt = plots.pyplot()
     if cfg["mode"] == "s2":
         return _plot_s2(cfg, ds, Path(out_dir), plt)

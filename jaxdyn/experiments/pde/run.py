@@ -30,9 +30,14 @@ def _particle_dtype(pc):
 
 
 def _particle_field(pc):
-    """The particles' field: SphereAttention (identity weights) on S¹, or S² in mode s2; on S¹
-    with ``particles.kernel: fourier`` the O(N K) ``pde.CircleAttention`` (equal to the dense
-    field to rounding)."""
+    """The particles' field: SphereAttention (identity weights) on S¹, or on S² in mode s2.
+
+    On S¹ with ``particles.kernel: fourier`` the O(N K) ``pde.CircleAttention`` (equal to the
+    dense field to rounding).
+
+    Returns:
+      The field.
+    """
     p = pc["particles"]
     d = 3 if pc["mode"] == "s2" else 2
     eye = jnp.eye(d, dtype=_particle_dtype(pc))
@@ -118,8 +123,13 @@ def _one_point(pc):
 
 
 def _density_modes(rho, ks):
-    """|∫ e^{ikθ} ρ dθ| for cell averages ρ (…, M): the cell-average spectrum (the empirical
-    measure's modes of a cloud are on the same scale: 1 for a point mass)."""
+    """|∫ e^{ikθ} ρ dθ| for cell averages ρ (…, M): the cell-average spectrum.
+
+    The empirical measure's modes of a cloud are on the same scale (1 for a point mass).
+
+    Returns:
+      (…, len ks) amplitudes.
+    """
     m = rho.shape[-1]
     return np.abs(np.fft.rfft(rho, axis=-1)[..., ks]) * 2 * math.pi / m
 
@@ -133,10 +143,16 @@ def _dominant_mode(ts, amps, ks, threshold):
 
 
 def _cluster_particles(pc, rho0, ts, t_first, ks):
-    """clusters: N particles from the solver's own start ρ0 (``starts``: quantile or iid), run by
-    jaxdyn.simulate with the configured field to the solver's first-cluster time + t_extra; at
-    every saved time of the solver the cloud's cell-average histogram on the same grid, read by
-    the same ``pde.cluster_counts``, and its Fourier modes k = 1..growth_k."""
+    """Clusters: N particles from the solver's own start ρ0, read as the solver's density is.
+
+    ``starts``: quantile or iid. The particles run by jaxdyn.simulate with the configured field
+    to the solver's first-cluster time + t_extra; at every saved time of the solver the cloud's
+    cell-average histogram on the same grid is read by the same ``pde.cluster_counts``, and its
+    Fourier modes k = 1..growth_k.
+
+    Returns:
+      ``(vars, coords)`` of the particle runs.
+    """
     p = pc["particles"]
     starts = list(p["starts"])
     n_t = len(ts)
@@ -240,9 +256,15 @@ def _s2_bumps(pc):
 
 
 def _one_point_s2(pc):
-    """S²: the density on the lat–lon grid from two bumps; N particles sampled from ρ0 and run by
-    jaxdyn.simulate (d = 3); W2 (exact assignment) to samples of ρ(t) against the null level of
-    two samples of ρ(t); the kernel density of one cloud; the zonal growth rates."""
+    """S²: the density from two bumps, particles against it, kernel density, zonal growth rates.
+
+    The density on the lat–lon grid; N particles sampled from ρ0 and run by jaxdyn.simulate
+    (d = 3); W2 (exact assignment) to samples of ρ(t) against the null level of two samples of
+    ρ(t); the kernel density of one cloud; the zonal growth rates.
+
+    Returns:
+      ``(vars, coords)`` of the point.
+    """
     model = _s2_model(pc)
     rho0 = _s2_rho0(pc, model)
     p = pc["particles"]
@@ -301,6 +323,15 @@ def _one_point_s2(pc):
 
 
 def run_points(pcs):
+    """Compute a chunk of ``pde`` points (module doc).
+
+    Args:
+      pcs: the chunk's point configs (sharing every field but the batch axes).
+
+    Returns:
+      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
+      per-point status), and dim → values.
+    """
     rows, coords = [], None
     for pc in pcs:
         v, coords = _one_point_s2(pc) if pc["mode"] == "s2" else _one_point(pc)

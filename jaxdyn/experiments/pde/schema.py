@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..._choices import KERNELS  # the library's (no JAX)
 from ...config import ConfigError, Field, all_positive, at_least, nonnegative, positive
 from ..sphere_fields import x64_enabled
 
@@ -15,7 +16,7 @@ PARTICLE_FIELDS = {
     "times": Field("list", [0.0, 2.0, 4.0], "times at which W1(particles, ρ) is measured", item="float"),
     "kernel": Field("str", "auto", "attention kernel of the particle field (fourier: "
                     "jaxdyn.pde.CircleAttention, O(N K), equal to dense to rounding)",
-                    choices=("auto", "dense", "blocked", "fourier")),
+                    choices=(*KERNELS, "fourier")),
     "dtype": Field("str", "float32", "particle floating type", choices=("float32", "float64")),
     "kde_bandwidth": Field("float", 0.03, "bandwidth of the figure's kernel density", check=positive),
     "timing_m": Field("int", 4096, "grid size M of the timed density step", check=at_least(8)),
@@ -58,6 +59,17 @@ BATCH_AXES = ()
 
 
 def check(cfg):
+    """The cross-field checks of a ``pde`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     if cfg["dtype"] == "float64" and not x64_enabled():
         raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set JAX_ENABLE_X64=1 "
                           "(the CLI does this for float64 configs)")
@@ -87,6 +99,14 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    """Memory one ``pde`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     item = 8 if pc["dtype"] == "float64" else 4
     m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
     est = item * (pc["n_save"] * m + 40 * m)
@@ -102,5 +122,13 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
+    """Bytes one ``pde`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
     return 8 * ((pc["n_save"] + 8) * m + 4 * m + 64)

@@ -1,5 +1,8 @@
-"""Kind ``pde``: the summary (first clusters against k*, merges, growth-rate errors, mass and
-positivity; particles: W1 against N, its fitted slope, step costs)."""
+"""Kind ``pde``: the summary.
+
+First clusters against k*, merges, growth-rate errors, mass and positivity; particles: W1
+against N, its fitted slope, step costs.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +32,14 @@ def _slope(ns, w):
 
 
 def _summarize_s2(cfg, ds):
-    """S²: W2 of the particles to samples of ρ(t) against the null level of two samples, per N
-    and t (means over seeds, fitted slopes), the excess √(d_pρ² − d_ρρ²), mass, positivity,
-    zonal growth rates against λ_l."""
+    """S²: W2 of the particles to samples of ρ(t) against the null level, per N and t.
+
+    Means over seeds, fitted slopes, the excess √(d_pρ² − d_ρρ²), mass, positivity, zonal growth
+    rates against λ_l.
+
+    Returns:
+      The results.
+    """
     rows = []
     for label, d in grid_points(ds):
         ns = np.asarray(ds["n"].values, float)
@@ -58,8 +66,14 @@ def _int_or_none(x):
 
 
 def _particle_entry(cfg, ds, d):
-    """clusters: the solver's dominant mode at the threshold, and per particle start its first
-    clusters (time, count), its count at the solver's first-cluster time, its dominant mode."""
+    """Clusters: the solver's dominant mode, and per particle start its first clusters.
+
+    Per start: its first clusters (time, count), its count at the solver's first-cluster time, its
+    dominant mode.
+
+    Returns:
+      The entry.
+    """
     out = {"first_mode": _int_or_none(d["first_mode"]) if "first_mode" in d else None,
            "first_mode_time": _f(d["first_mode_time"]) if "first_mode_time" in d else None}
     if "start" not in ds.dims:
@@ -77,6 +91,15 @@ def _particle_entry(cfg, ds, d):
 
 
 def summarize(cfg, ds):
+    """The ``pde`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     if cfg["mode"] == "s2":
         return _summarize_s2(cfg, ds)
     rows = []

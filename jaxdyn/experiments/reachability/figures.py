@@ -21,6 +21,16 @@ def figure_points(cfg, ds):
 
 
 def plot(cfg, ds, out_dir):
+    """Draw the ``reachability`` figures (module doc) into the run folder.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      out_dir: the run folder.
+
+    Returns:
+      The paths of the figures written.
+    """
     plt = plots.pyplot()
     out_dir = Path(out_dir)
     figs = []

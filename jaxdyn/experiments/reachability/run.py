@@ -1,5 +1,8 @@
-"""Kind ``reachability``: optimise the controls (:func:`jaxdyn.control.reach`), verify them,
-and transfer them to particles and to L layers."""
+"""Kind ``reachability``: optimise the controls, verify them, transfer them to particles and layers.
+
+:func:`jaxdyn.control.reach` optimises; an independent tight solve verifies; the controls then
+drive N particles and an L-layer transformer.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,15 @@ from .schema import dtype_of, initial_mean, transferred
 
 
 def run_points(pcs):
+    """Compute a chunk of ``reachability`` points (module doc).
+
+    Args:
+      pcs: the chunk's point configs (sharing every field but the batch axes).
+
+    Returns:
+      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
+      per-point status), and dim → values.
+    """
     # float64 runs inside jax.enable_x64(True), whatever the process-wide setting.
     with jax.enable_x64(pcs[0]["dtype"] == "float64"):
         return _run_points(pcs)

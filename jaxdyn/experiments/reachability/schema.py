@@ -55,10 +55,23 @@ BATCH_AXES = ()
 
 
 def dtype_of(cfg):
+    """The NumPy float type of a config's ``dtype``."""
     return np.float64 if cfg["dtype"] == "float64" else np.float32
 
 
 def initial_mean(cfg, d):
+    """The initial mean m0 of a config in dimension d.
+
+    Args:
+      cfg: a (point) config.
+      d: the dimension.
+
+    Returns:
+      (d,) float64: ``m0 = c`` → c·e1, a list of d numbers, or null → 0.
+
+    Raises:
+      ConfigError: a list of another length, or another value.
+    """
     v = cfg["m0"]
     if v is None:
         return np.zeros(d)
@@ -80,6 +93,17 @@ def _backend():
 
 
 def check(cfg):
+    """The cross-field checks of a ``reachability`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     warns = []
     ds_ = cfg["sweep"].get("d", [cfg["d"]])
     for d in ds_:
@@ -114,6 +138,14 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    """Memory one ``reachability`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     d = pc["d"]
     tr = pc["transfer"]
     n = max(list(tr["n_particles"]) + [tr["layer_n"]]) if tr["modes"] else 0
@@ -122,11 +154,20 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
+    """Bytes one ``reachability`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     d = pc["d"]
     iters = 1 + pc["adam_steps"] + 7 * pc["lbfgs_steps"]
     return int(8 * (2 * iters + pc["n_save"] * (d * d + 2 * d) + (pc["n_pieces"] + 1) * (3 * d * d + d)))
 
 
 def transferred(pc):
+    """Whether the point's controls are transferred to particles and layers (``transfer`` section)."""
     tr = pc["transfer"]
     return pc["mode"] in tr["modes"] and pc["seed"] in tr["seeds"]

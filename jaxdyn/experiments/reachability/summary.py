@@ -8,6 +8,7 @@ import numpy as np
 
 
 def sweep_dims(ds):
+    """The sweep axes of the Dataset (those of ``w2``)."""
     return [d for d in ds["w2"].dims]
 
 
@@ -23,6 +24,7 @@ def iter_points(ds):
 
 
 def label_of(cfg, labels, key):
+    """The point's value of field ``key`` (its sweep label, else the config's)."""
     return labels.get(key, cfg[key])
 
 
@@ -36,11 +38,21 @@ def groups(cfg, ds):
 
 
 def finite_or_none(x):
+    """``float(x)`` if finite, else None."""
     x = float(x)
     return x if math.isfinite(x) else None
 
 
 def summarize(cfg, ds):
+    """The ``reachability`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     table = []
     for (mode, d), pts in sorted(groups(cfg, ds).items()):
         w2 = np.array([float(ds["w2"].isel(sel)) for _, sel in pts])

@@ -1,5 +1,8 @@
-"""Kind ``sphere``: figures (particles on the sphere, mean inner product against t, the β × t
-heat maps of the cluster statistics) and the particle movie."""
+"""Kind ``sphere``: figures and the particle movie.
+
+Particles on the sphere, mean inner product against t, the β × t heat maps of the cluster
+statistics.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ def _snapshots(cfg, ds):
 
 
 def plot(cfg, ds, out_dir):
+    """Draw the ``sphere`` figures (module doc) into the run folder.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      out_dir: the run folder.
+
+    Returns:
+      The paths of the figures written.
+    """
     out_dir = Path(out_dir)
     figs = []
     betas, bi, xs = _snapshots(cfg, ds)
@@ -57,12 +70,22 @@ VARIANT_AXES = ("heads", "mask", "positions", "attention")
 
 
 def variant_axes(ds):
+    """The attention-variant sweep axes of the Dataset."""
     return [a for a in VARIANT_AXES if a in ds.dims]
 
 
 def variant_curves(ds, var="cluster_count"):
-    """{β: {label: values against t}}: ``var`` for every combination of the variant sweep
-    axes, averaged over the remaining axes (seeds)."""
+    """``var`` for every combination of the variant sweep axes, per β.
+
+    Averaged over the remaining axes (seeds).
+
+    Args:
+      ds: the merged Dataset.
+      var: the variable.
+
+    Returns:
+      ``{β: {label: values against t}}``.
+    """
     axes = variant_axes(ds)
     betas = list(ds["beta"].values) if "beta" in ds.dims else [None]
     out = {}
@@ -79,9 +102,19 @@ def variant_curves(ds, var="cluster_count"):
 
 
 def variants_figure(cfg, ds, path):
-    """Mean cluster count against depth, one panel per β, one curve per combination of the
-    variant axes (heads, mask, positions, attention): solid for full attention, dashed for
-    a causal mask."""
+    """Mean cluster count against depth, one panel per β, one curve per variant combination.
+
+    The combinations of the variant axes (heads, mask, positions, attention): solid for full
+    attention, dashed for a causal mask.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      path: the PNG to write.
+
+    Returns:
+      The path written.
+    """
     plt = plots.pyplot()
     per_beta_curves = variant_curves(ds)
     t = ds["t"].values
@@ -106,8 +139,19 @@ def variants_figure(cfg, ds, path):
 
 
 def movie(cfg, ds, out_dir, fmt="gif"):
-    """An animation of the saved snapshots (``snapshots`` times) at ``figure_beta`` and the
-    first value of every other sweep axis: S¹ as a circle, S² as a sphere."""
+    """An animation of the saved snapshots at ``figure_beta`` and the first value of every other axis.
+
+    S¹ as a circle, S² as a sphere.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      out_dir: the run folder.
+      fmt: ``gif`` or ``mp4``.
+
+    Returns:
+      The path written.
+    """
     betas, bi, xs = _snapshots(cfg, ds)
     return plots.particle_movie(xs, ds["t_snapshot"].values, Path(out_dir) / f"movie.{fmt}",
                                 title=f"β = {betas[bi]:.3g}")

@@ -1,5 +1,8 @@
-"""Kind ``sphere``: integrate a chunk of points and record the mean pairwise inner product,
-particle snapshots and (``cluster_stats``) the cluster statistics of every saved frame."""
+"""Kind ``sphere``: integrate a chunk of points; mean inner product, snapshots, cluster statistics.
+
+The mean pairwise inner product and particle snapshots, and (``cluster_stats``) the cluster
+statistics of every saved frame.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +17,26 @@ from .schema import snapshot_index
 
 def _frames(model, xs):
     """Per saved frame: the mean pairwise inner product (N|x̄|² − 1)/(N − 1), and the cloud.
-    Module-level so that chunks share its compiled program."""
+
+    Module-level so that chunks share its compiled program.
+
+    Returns:
+      ``(mean inner product (S,), xs)``.
+    """
     n = xs.shape[1]
     xbar = jnp.mean(xs, axis=1)
     return ((n * jnp.sum(xbar * xbar, axis=-1) - 1.0) / max(n - 1, 1), xs)
 
 
 def _cluster_stats_fn(xs, beta, B, pair_threshold, delta, gram_threshold):
-    """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d): pair fraction,
-    component count, Gram rank, E_β (β per system; B (H, d, d) the heads' shared forms,
-    E = (1/H) Σ_h E_β(B_h), one head at a time)."""
+    """Cluster statistics (jaxdyn.clusters) of saved frames xs (P, S, N, d).
+
+    Pair fraction, component count, Gram rank, E_β (β per system; B (H, d, d) the heads' shared
+    forms, E = (1/H) Σ_h E_β(B_h), one head at a time).
+
+    Returns:
+      ``(pair fraction, cluster count, Gram rank, energy)``, each (P, S).
+    """
     if B.shape[0] == 1:
         en = clusters.interaction_energy(xs, beta[:, None], B[0])
     else:
@@ -50,10 +63,19 @@ def stats_block(frames: int, n: int) -> int:
 
 
 def cluster_stats_of(xs, pcs):
-    """The cluster statistics of a chunk's saved frames (host array (P, S, N, d)), in blocks
-    of ``stats_block(S, N)`` systems on the default device. Computed after the integration rather
-    than in the sharded frame function: there, with thousands of systems on 2 host CPU
-    devices, the XLA runtime (jax 0.10.2) stalled with every thread waiting."""
+    """The cluster statistics of a chunk's saved frames, in blocks of systems on the default device.
+
+    Blocks of ``stats_block(S, N)`` systems. Computed after the integration rather than in the
+    sharded frame function: there, with thousands of systems on 2 host CPU devices, the XLA
+    runtime (jax 0.10.2) stalled with every thread waiting.
+
+    Args:
+      xs: (P, S, N, d) host array of saved frames.
+      pcs: the chunk's point configs.
+
+    Returns:
+      ``(pair fraction, cluster count, Gram rank, energy)``, each (P, S).
+    """
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     B = sc.energy_forms(p0)  # (H, d, d): B_h = Q_hᵀK_h of the point's heads
@@ -76,6 +98,15 @@ def cluster_stats_of(xs, pcs):
 
 
 def run_points(pcs):
+    """Compute a chunk of ``sphere`` points (module doc).
+
+    Args:
+      pcs: the chunk's point configs (sharing every field but the batch axes).
+
+    Returns:
+      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
+      per-point status), and dim → values.
+    """
     p0 = pcs[0]
     snap = np.asarray(snapshot_index(p0))
 

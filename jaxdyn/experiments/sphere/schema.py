@@ -28,22 +28,48 @@ BATCH_AXES = ("beta", "seed")
 
 
 def check(cfg):
+    """The cross-field checks of a ``sphere`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run (a config that cannot run raises ``ConfigError``, naming
+      the field).
+    """
     sc.check_variants(cfg)
     return sc.check_sphere(cfg)
 
 
 def estimate_bytes(pc):
+    """Memory one ``sphere`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     # cluster statistics run afterwards in blocks of a fixed number of systems (run.py):
     # a constant working set, not a per-point cost
     return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
+    """Bytes one ``sphere`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     return sc.output_bytes(pc, per_frame_values=5 if pc["cluster_stats"] else 1,
                            snapshots=len(pc["snapshots"]))
 
 
 def snapshot_index(pc):
+    """Indices of the saved times nearest the ``snapshots`` times (clipped to [0, t1])."""
     ts = sc.save_times(pc)
     want = [min(max(s, 0.0), ts[-1]) for s in pc["snapshots"]]
     return sorted({int(np.argmin(np.abs(ts - s))) for s in want})

@@ -1,5 +1,8 @@
-"""Kind ``variants``: mean inner product (and mean radius) against t per point; with a σ
-sweep, the time to a single cluster against σ (one line per β)."""
+"""Kind ``variants``: figures.
+
+Mean inner product (and mean radius) against t per point; with a σ sweep, the time to a single
+cluster against σ (one line per β).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,16 @@ from .summary import points, sigma_table
 
 
 def plot(cfg, ds, out_dir):
+    """Draw the ``variants`` figures (module doc) into the run folder.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      out_dir: the run folder.
+
+    Returns:
+      The paths of the figures written.
+    """
     out_dir = Path(out_dir)
     t = ds["t"].values
     pts = points(ds)

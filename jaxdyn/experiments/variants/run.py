@@ -1,5 +1,7 @@
-"""Kind ``variants``: integrate each point layer by layer (noisy or not) and record the mean
-pairwise inner product of the directions and the mean radius per saved frame."""
+"""Kind ``variants``: integrate each point layer by layer (noisy or not).
+
+Records the mean pairwise inner product of the directions and the mean radius per saved frame.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +29,20 @@ def _minilm(dtype_name):
 
 
 def token_clouds(pcs):
-    """(P, N, 384) initial particles: MiniLM's embeddings (word + position + token type, then
-    the embedding LayerNorm) of N token ids drawn uniformly from PRNGKey(seed), normalised."""
+    """(P, N, 384) initial particles from MiniLM's token embeddings.
+
+    The embeddings (word + position + token type, then the embedding LayerNorm) of N token ids
+    drawn uniformly from PRNGKey(seed), normalised.
+
+    Args:
+      pcs: the chunk's point configs.
+
+    Returns:
+      The clouds.
+
+    Raises:
+      ValueError: more tokens than MiniLM's positions.
+    """
     from ...encoder import embed
 
     p0 = pcs[0]
@@ -72,9 +86,17 @@ def point_model(pc, layer):
 
 
 def noise_key(pc):
-    """The point's noise key: PRNGKey(seed) folded with a checksum of the point's other swept
-    and physical fields, so that a run is reproducible and the members of a sweep (same seed:
-    the same initial cloud) draw independent noises."""
+    """The point's noise key: PRNGKey(seed) folded with a checksum of its other fields.
+
+    The swept and physical fields, so that a run is reproducible and the members of a sweep (same
+    seed: the same initial cloud) draw independent noises.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      The key.
+    """
     tag = json.dumps({k: pc[k] for k in ("beta", "sigma", "norm", "head", "n", "d", "t1", "dt")},
                      sort_keys=True)
     return jax.random.fold_in(jax.random.PRNGKey(pc["seed"]), zlib.crc32(tag.encode()) & 0x7FFFFFFF)
@@ -145,8 +167,16 @@ def run_point(pc, x0):
 
 
 def initial_states(pcs):
-    """(P, N, d) initial particles of a chunk: MiniLM's token embeddings (``init_tokens``) or
-    the sphere kinds' clouds."""
+    """(P, N, d) initial particles of a chunk.
+
+    MiniLM's token embeddings (``init_tokens``) or the sphere kinds' clouds.
+
+    Args:
+      pcs: the chunk's point configs.
+
+    Returns:
+      The clouds (NumPy).
+    """
     return np.asarray(token_clouds(pcs) if pcs[0]["init_tokens"] else sc.initial_clouds(pcs))
 
 
@@ -169,6 +199,15 @@ def step_functions(pc):
 
 
 def run_points(pcs):
+    """Compute a chunk of ``variants`` points (module doc).
+
+    Args:
+      pcs: the chunk's point configs (sharing every field but the batch axes).
+
+    Returns:
+      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
+      per-point status), and dim → values.
+    """
     x0s = initial_states(pcs)
     rows = [run_point(pc, jnp.asarray(x0)) for pc, x0 in zip(pcs, x0s)]
     ts = sc.save_times(pcs[0])

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import math
 
+from ..._choices import PLACEMENTS, SDE_METHODS  # the library's (no JAX)
 from ...config import ConfigError, Field, at_least, nonnegative, positive
 from .. import sphere_fields as sc
-
-# Equal to jaxdyn.models.PLACEMENTS and jaxdyn.simulation.SDE_METHODS (tests/test_startup.py):
-# named here so that the schema loads without JAX.
-PLACEMENTS = ("postln", "preln", "periln", "ngpt")
-SDE_METHODS = ("geodesic_em", "heun", "midpoint")
 
 DEPTH_SCHEMA = {
     "source": Field("str", "constant", "where each layer's weights come from: constant (the "
@@ -44,6 +40,7 @@ BATCH_AXES = ("beta", "seed", "sigma")
 
 
 def n_layers(pc) -> int:
+    """The number of distinct layers of a point (1 for constant weights, 6 for MiniLM)."""
     src = pc["depth"]["source"]
     if src == "constant":
         return 1
@@ -61,6 +58,17 @@ def segment_steps(pc):
 
 
 def check(cfg):
+    """The cross-field checks of a ``variants`` config (beyond each field's own).
+
+    Args:
+      cfg: the resolved config.
+
+    Returns:
+      Warnings to print before the run.
+
+    Raises:
+      ConfigError: a config that cannot run (the message names the field).
+    """
     warns = [w for w in sc.check_sphere(cfg) if "too small to resolve" not in w]
     depth = cfg["depth"]
     ds = cfg["sweep"].get("d", [cfg["d"]])
@@ -86,6 +94,14 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
+    """Memory one ``variants`` grid point needs while its chunk computes.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     item = 8 if pc["dtype"] == "float64" else 4
     n, d = pc["n"], pc["d"]
     frames = len(sc.save_times(pc))
@@ -97,4 +113,12 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
+    """Bytes one ``variants`` grid point adds to the merged Dataset.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      Bytes.
+    """
     return sc.output_bytes(pc, per_frame_values=2, snapshots=1)

@@ -26,6 +26,15 @@ def time_to_single_cluster(t, ip, threshold):
 
 
 def summarize(cfg, ds):
+    """The ``variants`` results of ``summary.json``.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      A JSON-serialisable mapping.
+    """
     t = ds["t"].values
     thr = cfg["single_cluster_ip"]
     out = {}
@@ -45,9 +54,18 @@ def summarize(cfg, ds):
 
 
 def sigma_table(cfg, ds):
-    """Per (β, σ): the fraction of the other points (seeds, …) that reach a single cluster by
-    t1 and the median time to it (never-reached counted as t1 + ∞: the median is None when
-    half or more never reach it)."""
+    """Per (β, σ): the fraction of the other points reaching a single cluster by t1, and the median time.
+
+    The other points are the seeds etc.; a point that never reaches it counts as t1 + ∞, so the
+    median is None when half or more never reach it.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+
+    Returns:
+      The table.
+    """
     if "sigma" not in ds.dims:
         return None
     t = ds["t"].values
