@@ -1,5 +1,8 @@
-"""Bures–Wasserstein W2 between Gaussians, with an eigh-based PSD square root (ott-jax 0.6's
-Bures cost is inaccurate for ill-conditioned covariances) and its derivative."""
+"""Bures–Wasserstein W2 between Gaussians.
+
+An eigh-based PSD square root (ott-jax 0.6's Bures cost is inaccurate for ill-conditioned
+covariances) and its derivative.
+"""
 
 from __future__ import annotations
 
@@ -104,13 +107,15 @@ Mean = Float[Array, "... d"]
 Cov = Float[Array, "... d d"]
 
 
-def _check_gaussian(mname, m, sname, s):
-    """Raise ValueError unless m is (..., d) and s is (..., d, d)."""
-    if m.ndim < 1 or s.ndim < 2 or s.shape[-1] != s.shape[-2] or s.shape[-1] != m.shape[-1]:
-        raise ValueError(
-            f"{mname} must have shape (..., d) and {sname} shape (..., d, d) with the same d, "
-            f"got {mname}: {m.shape}, {sname}: {s.shape}"
-        )
+def _gaussians_problem(m0, S0, m1, S1):
+    """What is wrong with the shapes of two Gaussians (None if (..., d) and (..., d, d), one d)."""
+    for mname, m, sname, c in (("m0", m0, "S0", S0), ("m1", m1, "S1", S1)):
+        if m.ndim < 1 or c.ndim < 2 or c.shape[-1] != c.shape[-2] or c.shape[-1] != m.shape[-1]:
+            return (f"{mname} must have shape (..., d) and {sname} shape (..., d, d) with the "
+                    f"same d, got {mname}: {m.shape}, {sname}: {c.shape}")
+    if m0.shape[-1] != m1.shape[-1]:
+        return f"m0 and m1 must have the same d, got {m0.shape} and {m1.shape}"
+    return None
 
 
 def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
@@ -137,17 +142,21 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
         ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
     """
     m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
-    _check_gaussian("m0", m0, "S0", S0)
-    _check_gaussian("m1", m1, "S1", S1)
-    if m0.shape[-1] != m1.shape[-1]:
-        raise ValueError(f"m0 and m1 must have the same d, got {m0.shape} and {m1.shape}")
+    problem = _gaussians_problem(m0, S0, m1, S1)
+    if problem:
+        raise ValueError(problem)
     return _bures_w2_squared(m0, S0, m1, S1)
 
 
 @jax.jit
 def _bures_w2_squared(m0, S0, m1, S1):
-    """:func:`bures_w2_squared` after its checks: one program a shape (called eagerly, op by
-    op, it compiled some twenty small ones), inlined under a caller's jit."""
+    """W2^2 of :func:`bures_w2_squared` after its checks (one program a shape).
+
+    Called eagerly, op by op, it compiled some twenty small ones; inlined under a caller's jit.
+
+    Returns:
+        W2^2 clipped at 0, shape (...).
+    """
     r0, r1 = sqrtm_psd(S0), sqrtm_psd(S1)
     # The covariance part tr S0 + tr S1 − 2 tr (S1^½ S0 S1^½)^½ equals min over orthogonal U of
     # ‖S0^½ − S1^½ U‖_F², attained at the polar factor U = P Qᵀ of S1^½ S0^½ = P Σ Qᵀ. Its value
@@ -193,7 +202,11 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
     Raises:
         ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
     """
-    return _bures_solution(bures_w2_squared(m0, S0, m1, S1))
+    m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
+    problem = _gaussians_problem(m0, S0, m1, S1)
+    if problem:
+        raise ValueError(problem)
+    return _bures_solution(_bures_w2_squared(m0, S0, m1, S1))
 
 
 @jax.jit

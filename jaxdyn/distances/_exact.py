@@ -1,5 +1,7 @@
-"""W2 between clouds without entropic bias: the optimal assignment (exact) and the cost of a
-given pairing (coupling, an upper bound)."""
+"""W2 between clouds without entropic bias.
+
+The optimal assignment (exact) and the cost of a given pairing (coupling, an upper bound).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import _as_float_array, _check_pair
+from ._checks import _as_float_array, pair_problem
 from ._solution import W2Solution, closed_solution, is_traced
 
 
@@ -51,7 +53,9 @@ def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
     from scipy.optimize import linear_sum_assignment
     from scipy.spatial.distance import cdist
 
-    _check_pair(x, y, same_size=True)
+    problem = pair_problem(x, y, same_size=True)
+    if problem:
+        raise ValueError(problem)
     if is_traced(x, y):
         raise TypeError(
             "w2_exact runs SciPy's assignment solver on the host and does not compose with "

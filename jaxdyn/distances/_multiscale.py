@@ -82,10 +82,13 @@ def kd_leaves(pts: np.ndarray, block: int = BLOCK) -> np.ndarray:
 
     Each node splits its widest coordinate after a whole number of blocks (about the
     median), or at the widest gap of the middle half of its sorted values when that gap
-    exceeds ``_GAP_FACTOR + log(h)`` times the mean of those h spacings (so that separated clusters never share a leaf: a leaf straddling two
-    clusters would have a radius of the clusters' distance, and its rows would need every
-    block); nodes of at most ``block`` points are leaves, padded to ``block``.
-    O(N log(N / block)).
+    exceeds ``_GAP_FACTOR + log(h)`` times the mean of those h spacings (so that separated
+    clusters never share a leaf: a leaf straddling two clusters would have a radius of the
+    clusters' distance, and its rows would need every block); nodes of at most ``block``
+    points are leaves, padded to ``block``. O(N log(N / block)).
+
+    Returns:
+        The leaves' indices into ``pts``, (nb, block), -1 for padding.
     """
     pts = np.asarray(pts, dtype=np.float64)
     leaves = []
@@ -164,10 +167,15 @@ def _ball(p: np.ndarray, valid: np.ndarray, scale: float):
 
 
 def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
-    """Padded k-d leaves of ``pts`` (:func:`kd_leaves`) with their centres and radii; within
-    a leaf the points are in median-split order, so runs of ``SUB`` rows are compact too
-    (and, inside them, runs of ``MID`` rows: the groups of the intermediate level).
-    ``return_index``: also the (nb, block) indices into ``pts`` (-1 for padding)."""
+    """Padded k-d leaves of ``pts`` (:func:`kd_leaves`) with their centres and radii.
+
+    Within a leaf the points are in median-split order, so runs of ``SUB`` rows are compact
+    too (and, inside them, runs of ``MID`` rows: the groups of the intermediate level).
+
+    Returns:
+        :class:`Blocks`; with ``return_index``, also the (nb, block) indices into ``pts``
+        (-1 for padding).
+    """
     pts = np.asarray(pts, dtype=np.float64)
     idx = kd_leaves(pts, block)
     for i in range(idx.shape[0]):
@@ -193,13 +201,18 @@ def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
 
 
 def _image(w, keys, eps):
-    """The mean of ``keys`` under the Gibbs weights ``softmax(w / eps)`` (``w`` may hold -inf):
-    the image of a point whose scores against the keys are ``w``. The hard ``argmax`` would do
-    for a valid bound, but it jumps between nearly tied keys when the potentials move by a
-    fraction of ε, and a tilt towards the wrong one loosens the bound by hundreds of ε
+    """The mean of ``keys`` under the Gibbs weights ``softmax(w / eps)`` (``w`` may hold -inf).
+
+    The image of a point whose scores against the keys are ``w``. The hard ``argmax`` would
+    do for a valid bound, but it jumps between nearly tied keys when the potentials move by
+    a fraction of ε, and a tilt towards the wrong one loosens the bound by hundreds of ε
     (measured: the end-of-round check then asked for blocks that the selection from the
     round's starting potentials had ruled out by as much, at N = 3·10^4); the Gibbs mean
-    moves continuously with the potentials."""
+    moves continuously with the potentials.
+
+    Returns:
+        The mean key (d,).
+    """
     p = jnp.exp((w - jnp.max(w)) / eps)
     return (p @ keys) / jnp.sum(p)
 
@@ -212,10 +225,15 @@ def _row_tilt(rows_pts, sc, v):
 
 
 def _bucket(k: int, multiple: int) -> int:
-    """The least of ``multiple · 2^j`` and ``multiple · 1.5 · 2^j`` (multiples of ``multiple``)
-    that is at least ``k``: the lists of successive rounds share a few lengths, so a round
-    is compiled a few times only (a row block's loop stops at its own list: the padding
-    costs no kernel work)."""
+    """The least of ``multiple · 2^j`` and ``multiple · 1.5 · 2^j`` that is at least ``k``.
+
+    (Multiples of ``multiple``.) The lists of successive rounds share a few lengths, so a
+    round is compiled a few times only (a row block's loop stops at its own list: the
+    padding costs no kernel work).
+
+    Returns:
+        The bucket length.
+    """
     b = multiple
     while True:
         for c in (b, b * 3 // 2):
@@ -234,10 +252,16 @@ def _pow2(k: int, multiple: int = 8) -> int:
 
 def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
                 width: int = 0, pow2: bool = False) -> np.ndarray:
-    """(nq, K) kept block indices per row block, best first, padded with ``nk`` (the empty
-    block) to a multiple of ``multiple`` (:func:`sparse_lse` gathers 8 blocks per step):
-    K is the :func:`_bucket` (``pow2``: the :func:`_pow2`) of the longest list, at least
-    ``width`` (lists that one program takes together share a length: one compilation)."""
+    """The kept block indices per row block, best first, padded to a common length K.
+
+    Padded with ``nk`` (the empty block) to a multiple of ``multiple`` (:func:`sparse_lse`
+    gathers 8 blocks per step): K is the :func:`_bucket` (``pow2``: the :func:`_pow2`) of the
+    longest list, at least ``width`` (lists that one program takes together share a length:
+    one compilation).
+
+    Returns:
+        (nq, K) int32 block indices.
+    """
     nq, nk = keep.shape
     need = max(multiple, -(-int(keep.sum(1).max(initial=0)) // multiple) * multiple)
     k = max(_pow2(need, multiple) if pow2 else _bucket(need, multiple), width)
@@ -252,13 +276,18 @@ def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
 
 
 def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
-    """Block-level upper bounds of ``(term_ij - R_i) / eps`` for leaf I (centre c_I, radius
-    r_I) against key block J (centre y_J, radius ρ_J, potentials in [P⁻_J, P⁺_J]), on the
-    host in float64, (nq, nk): every term obeys ``pot_j - |x_i - y_j|^2 <= P⁺_J -
+    """Block-level upper bounds of ``(term_ij - R_i) / eps``, on the host in float64.
+
+    For leaf I (centre c_I, radius r_I) against key block J (centre y_J, radius ρ_J,
+    potentials in [P⁻_J, P⁺_J]): every term obeys ``pot_j - |x_i - y_j|^2 <= P⁺_J -
     (|c_I - y_J| - r_I - ρ_J)_+^2``, and every row's log-sum-exp is at least its largest
     term, ``R_i >= max_J (P⁻_J - (|c_I - y_J| + r_I + ρ_J)^2)``. Loose (by the variation of
     the potential and of the distance across two blocks), O(nq · nk): it only spares the
-    tilted bounds of :func:`_leaf_margins_on` the blocks that are far from a leaf's image."""
+    tilted bounds of :func:`_leaf_margins_on` the blocks that are far from a leaf's image.
+
+    Returns:
+        The bounds (nq, nk).
+    """
     c = np.asarray(rows.centers, np.float64)
     r = np.asarray(rows.radii, np.float64)
     yc = np.asarray(keys.centers, np.float64)
@@ -279,9 +308,14 @@ def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
 
 
 def _pad_leaves(b: Blocks, nb: int, block: int) -> Blocks:
-    """``b`` with empty leaves appended up to ``nb`` leaves (no valid point, centre and radius
-    0): two clouds at one leaf count share the programs of the rounds and of the selection
-    (an empty leaf's rows have weight 0, its keys potential -inf, its lists no block)."""
+    """``b`` with empty leaves appended up to ``nb`` leaves (no valid point, centre and radius 0).
+
+    Two clouds at one leaf count share the programs of the rounds and of the selection (an
+    empty leaf's rows have weight 0, its keys potential -inf, its lists no block).
+
+    Returns:
+        The padded :class:`Blocks`.
+    """
     extra = nb - b.centers.shape[0]
     if extra <= 0:
         return b
@@ -304,10 +338,11 @@ def _common_leaves(nb1: int, nb2: int) -> int:
 @functools.partial(jax.jit, static_argnames=("block", "n_low"))
 def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand, *, block,
                      n_low=16):
-    """Tilted bounds of each leaf I (centre c, radius r, rows x = c + δ) against the key blocks
-    J of its list ``cand`` (nq, Kc) (best first, padded with the empty block nk). With
-    ``v = ȳ - c`` (ȳ the image of the centre, :func:`_image`, over the first 8 blocks) and
-    ``h(x) = 2 <δ, v> - |δ|^2``,
+    """Tilted bounds of each leaf I against the key blocks J of its list ``cand``.
+
+    Leaf I has centre c, radius r, rows x = c + δ; ``cand`` (nq, Kc) lists its blocks best
+    first, padded with the empty block nk. With ``v = ȳ - c`` (ȳ the image of the centre,
+    :func:`_image`, over the first 8 blocks) and ``h(x) = 2 <δ, v> - |δ|^2``,
 
         pot_j - |x - y_j|^2 - h(x) <= u_IJ = max_{j in J} (pot_j - |y_j - c|^2
                                               + 2 r |y_j - c - v|)
@@ -316,8 +351,11 @@ def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand,
     the displacement keeps the slack small near the image). ``low_i``, the exact
     log-sum-exp over the ``n_low`` blocks of best bound, is at most the row's R_i, so every
     term of a row of I against J lies below ``R_i + u_IJ - L_I``, ``L_I = min_i (low_i -
-    h(x_i))``. Returns ((u_IJ - L_I) / eps (nq, Kc), -inf on the padding; low (n,), +inf
-    on padding rows)."""
+    h(x_i))``.
+
+    Returns:
+        ((u_IJ - L_I) / eps (nq, Kc), -inf on the padding; low (n,), +inf on padding rows).
+    """
     n, d = rows_pts.shape
     nq, kc = cand.shape
     kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
@@ -358,14 +396,19 @@ def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand,
 
 @functools.partial(jax.jit, static_argnames=("block",))
 def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block):
-    """``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` for each leaf I and each
-    key block J of its list ``cand`` (nq, Kc) (padded with the empty block nk; -inf there):
-    the exact margin of the block, ``low_i`` a lower bound of the row's log-sum-exp R_i:
+    """The exact margin ``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` of each listed block.
+
+    For each leaf I and each key block J of its list ``cand`` (nq, Kc) (padded with the
+    empty block nk; -inf there); ``low_i`` is a lower bound of the row's log-sum-exp R_i:
     the larger of the given ``low`` and the exact log-sum-exp over the whole list, formed
     in the same pass (a list that holds every block the bounds could not drop holds the
     row's mass: ``low_i`` is then R_i to the dropped terms' 1e-8). Tight where the ball
     bounds are loose (the sparse tails of a cloud, whose leaves are wide), and continuous in
-    the potentials. About one Sinkhorn half-iteration over the same lists."""
+    the potentials. About one Sinkhorn half-iteration over the same lists.
+
+    Returns:
+        The margins (nq, Kc).
+    """
     n, d = rows_pts.shape
     nq, kc = cand.shape
     dtype = rows_pts.dtype
@@ -415,14 +458,17 @@ def _scatter(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
 
 def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
                  candidate_margin: float = float("inf"), exact: bool = True):
-    """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of
-    block J, on the host, (nq, nk) (they also order the lists: largest first).
+    """Upper bounds of ``(term_ij - R_i) / eps`` over the rows i of leaf I and the keys j of block J.
 
-    Three levels, each on the blocks that the one before cannot drop at
-    ``candidate_margin``: block-level balls (:func:`_block_margins`, O(nq · nk)), the
-    tilted bound of the leaf against each key (:func:`_leaf_margins_on`), then the exact
-    margin (:func:`_exact_margins_on`; ``exact=False``: without it); a block keeps the
-    smallest of its valid bounds."""
+    On the host, (nq, nk) (they also order the lists: largest first). Three levels, each on
+    the blocks that the one before cannot drop at ``candidate_margin``: block-level balls
+    (:func:`_block_margins`, O(nq · nk)), the tilted bound of the leaf against each key
+    (:func:`_leaf_margins_on`), then the exact margin (:func:`_exact_margins_on`;
+    ``exact=False``: without it); a block keeps the smallest of its valid bounds.
+
+    Returns:
+        The bounds (nq, nk), float64.
+    """
     eps_a = jnp.asarray(eps, rows.pts.dtype)
     m = _block_margins(rows, keys, pot, eps)
     nk = m.shape[1]
@@ -441,18 +487,27 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
 
 
 def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLOCK):
-    """Certified selection for the update of ``rows`` against ``keys`` with potential ``pot``
-    (on ``keys``) at ``eps``: key block J is kept for leaf I iff some sub-block s of I has
-    ``u_sJ - L_s >= -margin · eps``. Returns (keep (nq, nk) bool, u_IJ) on the host."""
+    """Certified selection for the update of ``rows`` against ``keys`` with potential ``pot`` at ``eps``.
+
+    Key block J is kept for leaf I iff its margin (:func:`leaf_margins`) is at least
+    ``-margin``.
+
+    Returns:
+        (keep (nq, nk) bool, the margins (nq, nk)) on the host.
+    """
     m = leaf_margins(rows, keys, pot, eps, block, candidate_margin=margin)
     return m >= -margin, m
 
 
 @jax.jit
 def c_transform_from_coarse(pts, centers, coarse_pot, eps, log_w):
-    """Fine potential ``ε log w - ε lse_J((coarse_pot_J - |p - c_J|^2)/ε)`` (ott's convention
-    f_i = ε log a_i - app_lse): carries a centroid solution to the points."""
+    """Fine potential ``ε log w - ε lse_J((coarse_pot_J - |p - c_J|^2)/ε)``: a centroid solution carried to the points.
 
+    (ott's convention f_i = ε log a_i - app_lse.)
+
+    Returns:
+        The potentials on ``pts``.
+    """
     return eps * log_w - blocked_lse(pts, centers, coarse_pot, eps)
 
 
@@ -500,11 +555,16 @@ def _same(p, q) -> bool:
 
 
 def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
-    """The margins of a symmetric problem's kernel (rows against themselves) for both of its
-    potentials ``p1``, ``p2``. They are equal but for rounding (symmetric start, parallel
-    updates): then, with ``δ = max |p1 - p2|``, the margins of ``p2`` are at most those of
-    ``p1`` plus ``2 δ / ε`` (a key's term moves by at most δ, a row's log-sum-exp too), one
-    computation instead of two; if they differ by more than ε / 2, both are computed."""
+    """The margins of a symmetric problem's kernel (rows against themselves) for both its potentials.
+
+    ``p1``, ``p2`` are equal but for rounding (symmetric start, parallel updates): then, with
+    ``δ = max |p1 - p2|``, the margins of ``p2`` are at most those of ``p1`` plus ``2 δ / ε``
+    (a key's term moves by at most δ, a row's log-sum-exp too), one computation instead of
+    two; if they differ by more than ε / 2, both are computed.
+
+    Returns:
+        The margins (nq, nk) valid for both potentials.
+    """
     m = leaf_margins(rows, rows, p1, eps, block, t)
     if _same(p1, p2):
         return m
@@ -538,9 +598,14 @@ class _Selection:
         return out
 
     def update(self, pots, eps, fresh=True, extra=0.0):
-        """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra`` (in units of
-        ε: room for the potentials to move during the round); ``fresh=False`` adds to the
-        current selection."""
+        """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra``.
+
+        ``extra`` is in units of ε: room for the potentials to move during the round;
+        ``fresh=False`` adds to the current selection.
+
+        Returns:
+            The four neighbour lists, at one length.
+        """
         marg = self._margins(pots, eps)
         new = [m >= -(self.margin + extra) for m in marg]
         if fresh or self.keep is None:
@@ -580,21 +645,28 @@ def _extrapolate_pots(p1, p2, t):
 
 
 def _log(msg: str) -> None:
-    """One line per round on stderr when the environment sets ``JAXDYN_W2_LOG=1`` (the
-    profile of a run: ε, iterations, kernel density, CPU seconds of the process)."""
+    """One line on stderr when the environment sets ``JAXDYN_W2_LOG=1``.
+
+    The profile of a run: ε, iterations, kernel density, CPU seconds of the process.
+    """
     if os.environ.get("JAXDYN_W2_LOG"):
         print(f"[w2 multiscale {time.process_time():8.1f} cpu-s] {msg}", file=sys.stderr, flush=True)
 
 
 def _centre_components(pots, nbr_x, nbr_y, wx, wy):
-    """The (x, y) potentials with the gauge fixed per connected component of the kernel's
-    block graph (x leaf I -- y leaf J when J is in I's list or I in J's). Within a component
-    ``f + c, g - c`` is the same plan, and no listed term joins two components, so each has
-    its own constant: the round centres only the total (``_round_body``), and a component
-    whose constant drifted (measured: two separated clusters at -1.24 and +1.26 after a
-    round on lists that carried no plan) costs float32 ``|f| 2^-24 / ε`` of accuracy in every
+    """The (x, y) potentials with the gauge fixed per connected component of the kernel's block graph.
+
+    x leaf I -- y leaf J when J is in I's list or I in J's. Within a component ``f + c,
+    g - c`` is the same plan, and no listed term joins two components, so each has its own
+    constant: the round centres only the total (``_round_body``), and a component whose
+    constant drifted (measured: two separated clusters at -1.24 and +1.26 after a round on
+    lists that carried no plan) costs float32 ``|f| 2^-24 / ε`` of accuracy in every
     log-sum-exp -- at ε = 6e-6 more than Sinkhorn's tolerance: the round never converged.
-    Each component gets ``c = (<a, f>_C / a(C) - <b, g>_C / b(C)) / 2``."""
+    Each component gets ``c = (<a, f>_C / a(C) - <b, g>_C / b(C)) / 2``.
+
+    Returns:
+        ``pots`` with its (x, y) pair shifted per component.
+    """
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -659,13 +731,18 @@ MID_SPREAD = 2.0
 
 
 def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
-    """The intermediate level of a cloud in leaves ``b``: the weighted centroids of its runs
-    of MID rows (compact: :func:`make_blocks` orders them so) as new leaves, with their
+    """The intermediate level of a cloud in leaves ``b``: the weighted centroids of its runs of MID rows.
+
+    The runs (compact: :func:`make_blocks` orders them so) become new leaves, with their
     weights (mass of the run, 0 on the padding) in leaf order. A run whose points lie
     farther than ``sqrt(r2_max)`` from its centroid is split in two along its widest
     coordinate, and a half still that wide into its points, so that every point of the
     cloud lies within ``sqrt(r2_max)`` of the intermediate point that stands for it (or is
-    one itself)."""
+    one itself).
+
+    Returns:
+        (the intermediate :class:`Blocks`, their weights in leaf order).
+    """
     pts = np.asarray(b.pts, np.float64)
     valid = np.asarray(b.valid)
     d = pts.shape[1]
@@ -697,13 +774,18 @@ def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
 
 
 def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None):
-    """Potentials ((f, g), (fx, fx), (fy, fy)) on the rows of ``rx``, ``ry`` (log weights
-    ``lwx``, ``lwy``) from a solution ``pots`` on the keys ``kx``, ``ky``: one c-transform
-    each at ``eps``; -inf on the padding. Dense (keys: point arrays), or with ``sparse =
-    (block, margin)`` block-sparse (keys: leaves, the intermediate level): each c-transform
-    visits only the key blocks that the bounds of :func:`leaf_margins` (without its exact
-    level) keep at ``margin`` (the dropped terms weigh < M e^{-margin}), a fraction of the
-    dense c-transform's N · N / MID terms."""
+    """Potentials on the rows of ``rx``, ``ry`` from a solution ``pots`` on the keys ``kx``, ``ky``.
+
+    One c-transform each at ``eps`` (log weights ``lwx``, ``lwy``); -inf on the padding.
+    Dense (keys: point arrays), or with ``sparse = (block, margin)`` block-sparse (keys:
+    leaves, the intermediate level): each c-transform visits only the key blocks that the
+    bounds of :func:`leaf_margins` (without its exact level) keep at ``margin`` (the
+    dropped terms weigh < M e^{-margin}), a fraction of the dense c-transform's N · N / MID
+    terms.
+
+    Returns:
+        ((f, g), (fx, fx), (fy, fy)) on the rows.
+    """
     (fc, gc), (fxc, _), (fyc, _) = pots
     dtype = rx.pts.dtype
     e = jnp.asarray(eps, dtype)
@@ -727,8 +809,11 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     """The multiscale ε ladder behind ``w2_sinkhorn(..., multiscale=True)``.
 
     ``rule(eps, div)`` is w2_sinkhorn's ε rule (next ε or None); ``kw`` the round options.
-    Returns what ``jaxdyn.distances._rounds._ladder`` returns."""
 
+    Returns:
+        What :func:`jaxdyn.distances._rounds._ladder` returns (eps, div, converged and
+        certified, iterations, ε list, divergence list, info).
+    """
     dtype = x.dtype
     n, m = x.shape[0], y.shape[0]
     bx = make_blocks(np.asarray(x), dtype, block)
@@ -802,10 +887,15 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     hist = []  # (ε, potentials) of the finished rounds on the points
 
     def ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label):
-        """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``,
-        ``wy``) from ``eps``; ``certify``: check the last round's lists (else the ladder
-        only warm-starts a finer level). Returns (eps, div, converged, certified,
-        iterations, ε list, divergence list, potentials, density)."""
+        """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``, ``wy``) from ``eps``.
+
+        ``certify``: check the last round's lists (else the ladder only warm-starts a finer
+        level).
+
+        Returns:
+            (eps, div, converged, certified, iterations, ε list, divergence list,
+            potentials, density).
+        """
         eps_list, div_list = [], []
         n_it = 0
         converged, certified = False, False

@@ -1,7 +1,10 @@
-"""The Sinkhorn rounds behind :func:`w2_sinkhorn`: one debiased round (three entropic problems,
-annealed in ε and warm-started, on ott's Sinkhorn), the over-relaxation re-estimated at every
-error check (the multiscale solver's rounds), and the host-driven ε ladder of the multiscale
-solver."""
+"""The Sinkhorn rounds behind :func:`w2_sinkhorn`.
+
+One debiased round (three entropic problems, annealed in ε and warm-started, on ott's
+Sinkhorn), the over-relaxation re-estimated at every error check (the multiscale solver's
+rounds), S_ε from given potentials (the gradient), and the host-driven ε ladder of the
+multiscale solver.
+"""
 
 from __future__ import annotations
 
@@ -37,14 +40,15 @@ _DIVERGED = 10.0
 
 
 def _lehmann(rho):
-    """The optimal over-relaxation for an unaccelerated per-iteration contraction rho
-    (Lehmann et al. 2021, eq. 5): 2 / (1 + sqrt(1 - rho))."""
+    """The optimal over-relaxation 2 / (1 + sqrt(1 - rho)) for a contraction rho (Lehmann et al. 2021, eq. 5)."""
     return 2.0 / (1.0 + jnp.sqrt(1.0 - rho))
 
 
 @functools.cache
 def _reestimated_momentum_classes():
-    """ott's adaptive momentum measures ω once (at ``start``, from the error ratio of the
+    """The re-estimated momentum and the Sinkhorn solver that keeps it (ott subclasses).
+
+    ott's adaptive momentum measures ω once (at ``start``, from the error ratio of the
     ten iterations before) and keeps it. After a warm start the early error is dominated by
     fast modes: ω comes out small (1.6 measured), and the slow modes that remain then
     contract at 0.988 per iteration where the optimal ω would give 0.90. This momentum
@@ -53,7 +57,12 @@ def _reestimated_momentum_classes():
     symmetric linear iteration, ``(λ + ω - 1)^2 = λ ω^2 μ``, for the unaccelerated
     contraction μ, and takes ``max(ω, lehmann(μ))`` (ω never decreases; a ratio >= 1, a
     transient, changes nothing; past the optimum |λ| = ω - 1 gives back the same ω). The
-    convergence test is ott's: only the number of iterations changes."""
+    convergence test is ott's: only the number of iterations changes. It overrides the
+    public ``Momentum.weight`` and reads the public ``errors`` of ott's Sinkhorn state.
+
+    Returns:
+        (ReestimatedMomentum, ReestimatingSinkhorn), built once, on first use.
+    """
     import dataclasses
 
     from ott.solvers.linear import acceleration, sinkhorn
@@ -106,7 +115,7 @@ def _reestimated_momentum_classes():
 
 
 def _reestimating_solver(threshold, max_iterations, start, value):
-    """ott's Sinkhorn with the over-relaxation re-estimated at every error check."""
+    """A Sinkhorn solver of ott whose over-relaxation is re-estimated at every error check."""
     mom, solver = _reestimated_momentum_classes()
     return solver(threshold=threshold, max_iterations=max_iterations,
                   momentum=mom(start=start, value=value))
@@ -129,14 +138,20 @@ SYM_INNER = 5
 def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
                 max_iterations, batch_size, decay, momentum_start, block=None,
                 reestimate=False):
-    """One round: the three entropic problems at ``eps``, annealed from ``eps_start`` and
-    warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
+    """One round: the three entropic problems at ``eps``, annealed from ``eps_start``.
+
+    Warm-started from ``init`` = ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
 
     ``a``, ``b``: weights (default uniform). ``sparse``: block neighbour lists
     ``(xy rows x, xy rows y, xx, yy)`` of the block-sparse geometry (clouds in leaf order,
     see :mod:`jaxdyn.distances._multiscale`), ``block`` its leaf size; else dense (``batch_size``
     None) or online (``batch_size`` rows). ``reestimate``: the (x, y) over-relaxation is
-    re-estimated at every error check (:func:`_reestimating_solver`)."""
+    re-estimated at every error check (:func:`_reestimating_solver`).
+
+    Returns:
+        (S_ε, the three problems' final potentials, their converged flags (3,), their
+        iteration counts (3,)).
+    """
     from ott.geometry import epsilon_scheduler, geometry
     from ott.problems.linear import linear_problem
     from ott.solvers.linear import acceleration, sinkhorn
@@ -205,11 +220,16 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
 
 
 def dual_divergence(x, y, eps, pots, batch_size):
-    """S_ε of uniform clouds from given potentials ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)):
+    """S_ε of uniform clouds from given potentials ((f_xy, g_xy), (f_xx, g_xx), (f_yy, g_yy)).
+
     ott's dual cost of each problem (:func:`ott.solvers.linear.sinkhorn.compute_kl_reg_cost`),
     the value a round reports at its final potentials. With the potentials held fixed, its
     gradient in x and y is that of S_ε at the optimum (Danskin: the dual cost is stationary
-    in optimal potentials), which is what ott's own ``use_danskin`` gradient uses."""
+    in optimal potentials), which is what ott's own ``use_danskin`` gradient uses.
+
+    Returns:
+        S_ε, a scalar of the clouds' dtype.
+    """
     from ott.geometry import geometry
     from ott.problems.linear import linear_problem
     from ott.solvers.linear.sinkhorn import compute_kl_reg_cost
@@ -234,10 +254,15 @@ _round_program = eqx.filter_jit(_round_body)
 
 
 def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, **static):
-    """One debiased round (:func:`_round_body`) (one jitted program).
+    """One debiased round (:func:`_round_body`) as one jitted program.
+
     ``eps`` and ``eps_start`` travel as arrays of the clouds' dtype, so that every round of a
     ladder runs the same program (a Python float would be baked in; the cast is the one the
-    round makes inside)."""
+    round makes inside).
+
+    Returns:
+        What :func:`_round_body` returns.
+    """
     if not isinstance(eps, jax.core.Tracer):
         eps = np.asarray(eps, dtype=x.dtype)
     if not isinstance(eps_start, jax.core.Tracer):
@@ -246,9 +271,15 @@ def _debiased_round(x, y, eps, eps_start, init, a=None, b=None, sparse=None, **s
 
 
 def _ladder(solve, eps, eps_prev, init, rule, max_rounds):
-    """The ε ladder: solve at ``eps`` (annealed from ``eps_prev``), then ``rule(eps, div)``
-    gives the next ε, until it says stop. Returns (eps, div, converged, xy iterations,
-    ε list, divergence list, info with the final potentials)."""
+    """The host-driven ε ladder of the multiscale solver's coarse level.
+
+    Solve at ``eps`` (annealed from ``eps_prev``), then ``rule(eps, div)`` gives the next ε,
+    until it says stop.
+
+    Returns:
+        (eps, div, converged, xy iterations, ε list, divergence list, info with the final
+        potentials).
+    """
     eps_list, div_list = [], []
     n_total = 0
     converged = False

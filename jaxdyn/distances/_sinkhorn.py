@@ -13,7 +13,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._results import RESULTS, code, error_if_failed, from_codes, raise_if_failed
-from ._checks import _as_float_array, _check_pair
+from ._checks import _as_float_array, pair_problem
 from ._rounds import _MAX_ROUND_RATIO, _anneal_length, _round_body, dual_divergence
 from ._solution import W2Solution, is_traced, safe_sqrt, status_of
 
@@ -170,8 +170,8 @@ def w2_sinkhorn(
             (:func:`default_multiscale`). On concentrated clouds at small ε the kernels
             touch a few % of the N x M entries, which makes N = 10^5 a matter of a minute on
             a laptop CPU instead of hours.
-        throw: if True, raise with the status message when the result is not successful
-            (a ``RuntimeError`` for concrete clouds, ``eqx.error_if`` at run time under a
+        throw: if True, a result that is not successful raises with its status message (a
+            ``RuntimeError`` for concrete clouds, ``eqx.error_if`` at run time under a
             transformation); default False.
 
     Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
@@ -192,9 +192,10 @@ def w2_sinkhorn(
     Raises:
         ValueError: if x or y is not (N, d) / (M, d) with one d, or an option is out of its
             range (concrete values), or ``multiscale=True`` with traced clouds.
-        RuntimeError: with ``throw=True``, if a concrete result is not successful.
     """
-    _check_pair(x, y, same_size=False)
+    problem = pair_problem(x, y, same_size=False)
+    if problem:
+        raise ValueError(problem)
     x = _as_float_array(x)
     y = jnp.asarray(y, dtype=x.dtype)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
@@ -253,7 +254,11 @@ def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_g
     three problems at ε, annealed from the previous ε and warm-started from its potentials)
     whose rule is traced arithmetic, on the clouds with their gradient stopped; then S_ε at
     the final ε from the final potentials (:func:`dual_divergence`) carries the gradient to
-    the points, its value being the ladder's own."""
+    the points, its value being the ladder's own.
+
+    Returns:
+        The :class:`W2Solution` of :func:`w2_sinkhorn` (geometry ``"dense"`` or ``"online"``).
+    """
     dtype = x.dtype
     n, m = x.shape[0], y.shape[0]
     xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
@@ -268,7 +273,10 @@ def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_g
     if fixed:
         ok_opts &= jnp.isfinite(epsilon) & (epsilon > 0)
     eps0 = 0.05 * mean_cost
-    zero_cost = mean_cost == 0  # identical single-point clouds: W2 = 0 without a solve
+    # identical single-point clouds: W2 = 0 without a solve (their cost is the rounding of
+    # the means, ~1e-33 measured for ones((5, 2)) in float64: below (8 u)^2 of the scale)
+    scale = jnp.mean(jnp.sum(xs ** 2, 1)) + jnp.mean(jnp.sum(ys ** 2, 1))
+    zero_cost = mean_cost <= (8 * jnp.finfo(dtype).eps) ** 2 * scale
     run = jnp.isfinite(mean_cost) & ~zero_cost & ok_opts
     kw = dict(threshold=threshold, max_iterations=max_iterations, batch_size=batch_size,
               decay=decay, momentum_start=momentum_start)
@@ -321,8 +329,14 @@ def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_g
 
 
 def _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, max_rounds, kw) -> W2Solution:
-    """The multiscale solver (concrete clouds; its ε ladder and block selection run on the
-    host), with the rule of :func:`w2_sinkhorn` in float64 on the host."""
+    """W2 by the multiscale solver, for concrete clouds.
+
+    Its ε ladder and block selection run on the host, with the rule of :func:`w2_sinkhorn`
+    in float64.
+
+    Returns:
+        The :class:`W2Solution` of :func:`w2_sinkhorn` (geometry ``"multiscale"``).
+    """
     from . import _multiscale
 
     dtype = x.dtype

@@ -82,8 +82,12 @@ class W2Solution(Solution):
 
 
 def status_of(value, converged=True):
-    """Result codes (any shape): ``nonfinite`` where ``value`` is not finite, else
-    ``not_converged`` where ``converged`` is False, else ``successful``. Works traced."""
+    """Result codes of W2 estimates (any shape; works traced).
+
+    Returns:
+        ``nonfinite`` where ``value`` is not finite, else ``not_converged`` where
+        ``converged`` is False, else ``successful`` (int32 codes).
+    """
     finite = jnp.isfinite(value)
     codes = jnp.where(finite, jnp.where(converged, code(RESULTS.successful),
                                         code(RESULTS.not_converged)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jaxtyping import Array, Float
 
-from ._checks import _check_pair
+from ._checks import pair_problem
 from ._exact import w2_coupling, w2_exact
 from ._sinkhorn import w2_sinkhorn
 from ._solution import W2Solution
@@ -52,6 +52,8 @@ def w2(x: Float[Array, "n d"], y: Float[Array, "m d"], method: str = "exact", **
     if method == "exact":
         return w2_exact(x, y)
     if method == "coupling":
-        _check_pair(x, y, same_size=True)
+        problem = pair_problem(x, y, same_size=True)
+        if problem:
+            raise ValueError(problem)
         return w2_coupling(x, y)
     return w2_sinkhorn(x, y, **opts)
