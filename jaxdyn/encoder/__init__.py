@@ -1,6 +1,10 @@
-"""A small JAX BERT-family encoder (loads local safetensors checkpoints such as the pretrained
+"""Encoders and the Gaussianity measurements of Paper B's experiment.
+
+A small JAX BERT-family encoder (loads local safetensors checkpoints such as the pretrained
 all-MiniLM-L6-v2), Paper B's own architectures (ModernBERT-base, DeiT-tiny) with their published
-random initialisation, and the layer-by-layer Gaussianity measurements of Paper B's experiment."""
+random initialisation, and the layer-by-layer Gaussianity measurements. The forward passes jit,
+vmap, differentiate and lower for accelerators; loading checkpoints and the profiles are host-side.
+"""
 
 from ._bert import (
     BertConfig as BertConfig,
@@ -32,3 +36,11 @@ from ._archs import (
     init_deit as init_deit,
     init_modernbert as init_modernbert,
 )
+
+__all__ = [
+    "BertConfig", "BertParams", "DeitConfig", "DeitParams", "GaussianityProfile",
+    "ModernBertConfig", "ModernBertParams", "attention_heads", "embed", "embed_deit", "encode",
+    "encode_deit", "encode_modernbert", "find_minilm", "gaussian_tokens", "gaussianity_profile",
+    "init_bert", "init_deit", "init_modernbert", "load_bert", "measure_gaussianity",
+    "nongaussian_stack", "random_like", "self_attention",
+]

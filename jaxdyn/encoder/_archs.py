@@ -53,16 +53,18 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._bert import attend, layer_norm
+from ._bert import EncoderSizes, attend, layer_norm
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _mm(x, w):
+    """X W at the highest matmul precision."""
     return jnp.matmul(x, w, precision=_HIGHEST)
 
 
 def _gelu(x):
+    """GELU, erf form."""
     return jax.nn.gelu(x, approximate=False)
 
 
@@ -75,9 +77,26 @@ def _trunc(key, shape, std, cutoff, dtype):
 # ModernBERT
 
 
+# duplicate-code finder: the field lists of ModernBertConfig and DeitConfig (and of BertConfig)
+# have the same shape, one annotated size a line (deliberate: each architecture's published
+# sizes are its defaults); what the configs share besides is EncoderSizes.
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
-    """ModernBERT's static architecture; the defaults are ModernBERT-base's published ones."""
+class ModernBertConfig(EncoderSizes):
+    """ModernBERT's static architecture; the defaults are ModernBERT-base's published ones.
+
+    Attributes:
+      hidden_size: d.
+      num_attention_heads: H (an even head size d/H: RoPE rotates pairs).
+      intermediate_size: the GeGLU width f (W_i maps d → 2f).
+      num_hidden_layers: L.
+      local_attention: the window w of the local layers (|i − j| ≤ w/2).
+      global_attn_every_n_layers: every n-th layer (l ≡ 0 mod n) attends globally.
+      global_rope_theta: RoPE's θ in the global layers.
+      local_rope_theta: RoPE's θ in the local layers.
+      norm_eps: the LayerNorms' epsilon.
+      initializer_range: σ of the initialisation.
+      initializer_cutoff_factor: the truncation, in units of σ.
+    """
 
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -92,22 +111,29 @@ class ModernBertConfig:
     initializer_cutoff_factor: float = 2.0
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} "
-                             "heads of even size (RoPE rotates pairs)")
-        if self.num_hidden_layers < 1 or self.local_attention < 2 or self.global_attn_every_n_layers < 1:
-            raise ValueError("num_hidden_layers >= 1, local_attention >= 2, global_attn_every_n_layers >= 1")
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Refuse sizes that do not split into even heads, or a bad window (ValueError)."""
+        self.check_sizes(even_heads=True)
+        if self.local_attention < 2 or self.global_attn_every_n_layers < 1:
+            raise ValueError(f"local_attention must be >= 2 and global_attn_every_n_layers >= 1, "
+                             f"got {self.local_attention} and {self.global_attn_every_n_layers}")
 
     def is_global(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends globally (l ≡ 0 mod n)."""
         return layer % self.global_attn_every_n_layers == 0
 
 
 class ModernBertParams(eqx.Module):
-    """Stacked layer weights (leading axis: layer), stored (in, out)."""
+    """ModernBERT's stacked layer weights (leading axis: layer), stored (in, out).
+
+    Attributes:
+      wqkv: (L, d, 3d) the fused query/key/value projection.
+      wo: (L, d, d) the attention output projection.
+      wi: (L, d, 2f) the GeGLU input.
+      wf: (L, f, d) the feed-forward output.
+      attn_norm: (L, d) the attention LayerNorm γ (layer 0's unused).
+      mlp_norm: (L, d) the feed-forward LayerNorm γ.
+      final_norm: (d,) the final LayerNorm γ.
+    """
 
     wqkv: Float[Array, "L d 3d"]
     wo: Float[Array, "L d d"]
@@ -119,18 +145,33 @@ class ModernBertParams(eqx.Module):
 
 
 def init_modernbert(cfg: ModernBertConfig, key, *, dtype=jnp.float32) -> ModernBertParams:
-    """ModernBERT's published random initialisation (module docstring). Jitted (one program)."""
-    return ModernBertParams(**_init_modernbert_fields(cfg, key, np.dtype(dtype)))
+    """ModernBERT's published random initialisation (module docstring), drawn in one program.
+
+    Args:
+      cfg: the sizes, and σ and the cutoff of the truncated normals.
+      key: a JAX PRNG key (traced keys are fine: the draw jits and vmaps over keys).
+      dtype: the floating dtype of every weight.
+
+    Returns:
+      :class:`ModernBertParams`.
+    """
+    return _init(_modernbert_fields, cfg, key, np.dtype(dtype))
 
 
 @eqx.filter_jit
-def _init_modernbert_fields(cfg: ModernBertConfig, key, dtype) -> dict:
+def _init(fields, cfg, key, dtype):
+    """The parameters ``fields(cfg, key, dtype)`` returns, drawn in one program."""
+    return fields(cfg, key, dtype)
+
+
+def _modernbert_fields(cfg: ModernBertConfig, key, dtype) -> ModernBertParams:
+    """ModernBERT's weights: truncated normals, unit LayerNorm gains."""
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     std = cfg.initializer_range
     std_out = std / math.sqrt(2.0 * L)
     c = cfg.initializer_cutoff_factor
     k = jax.random.split(key, 4)
-    return dict(
+    return ModernBertParams(
         wqkv=_trunc(k[0], (L, d, 3 * d), std, c * std, dtype),
         wo=_trunc(k[1], (L, d, d), std_out, c * std_out, dtype),
         wi=_trunc(k[2], (L, d, 2 * f), std, c * std, dtype),
@@ -140,7 +181,15 @@ def _init_modernbert_fields(cfg: ModernBertConfig, key, dtype) -> dict:
 
 
 def rope(x, theta: float):
-    """Rotary position embedding of (b, s, H, dh) along the sequence axis ("rotate half")."""
+    """Rotary position embedding along the sequence axis ("rotate half").
+
+    Args:
+      x: (b, s, H, dh) array.
+      theta: RoPE's θ.
+
+    Returns:
+      The rotated array, the shape of x.
+    """
     s, dh = x.shape[1], x.shape[-1]
     inv = 1.0 / (theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
     ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]          # (s, dh/2)
@@ -151,14 +200,33 @@ def rope(x, theta: float):
 
 
 def window_bias(s: int, window: int, dtype):
-    """Additive mask of a local layer: 0 where |i − j| ≤ window/2, −inf-like elsewhere."""
+    """Additive mask of a local layer: 0 where |i − j| ≤ window/2, −inf-like elsewhere.
+
+    Args:
+      s: the sequence length.
+      window: the window w.
+      dtype: the floating dtype.
+
+    Returns:
+      (s, s) array.
+    """
     i = np.arange(s)
     ok = np.abs(i[:, None] - i[None, :]) <= window // 2
     return jnp.where(jnp.asarray(ok), 0.0, jnp.finfo(dtype).min).astype(dtype)
 
 
 def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
-    """Layer ``layer`` of ModernBERT (weights ``p`` without the layer axis)."""
+    """Layer ``layer`` of ModernBERT (module docstring).
+
+    Args:
+      p: the layer's weights (a dict, without the layer axis).
+      cfg: the architecture.
+      layer: the layer index (global or local).
+      x: (b, s, d) hidden states.
+
+    Returns:
+      (b, s, d) hidden states.
+    """
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
     u = x if layer == 0 else layer_norm(x, p["attn_norm"], None, cfg.norm_eps)
@@ -174,6 +242,7 @@ def modernbert_layer(p, cfg: ModernBertConfig, layer: int, x):
 
 @eqx.filter_jit
 def _encode_modernbert(params, cfg, h0):
+    """The stack, unrolled: (L + 1, b, s, d)."""
     hs, h = [h0], h0
     layers = {n: getattr(params, n) for n in ("wqkv", "wo", "wi", "wf", "attn_norm", "mlp_norm")}
     for l in range(cfg.num_hidden_layers):  # unrolled: global and local layers differ statically
@@ -184,12 +253,22 @@ def _encode_modernbert(params, cfg, h0):
 
 def encode_modernbert(params: ModernBertParams, cfg: ModernBertConfig,
                       h0: Float[Array, "batch seq d"]) -> list:
-    """``[h_0, …, h_L]``: h0 through every ModernBERT layer (residual stream, no final norm)."""
+    """``[h_0, …, h_L]``: h0 through every ModernBERT layer (residual stream, no final norm).
+
+    The layers are unrolled (global and local layers differ statically). Jitted; jittable,
+    vmappable and differentiable. A ValueError (from the config's check) for h0 of the wrong
+    shape or weights of another depth.
+
+    Args:
+      params: ModernBERT's weights.
+      cfg: its architecture.
+      h0: (batch, seq, d) token embeddings.
+
+    Returns:
+      The list of L + 1 hidden states.
+    """
     h0 = jnp.asarray(h0)
-    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
-        raise ValueError(f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}")
-    if params.wqkv.shape[0] != cfg.num_hidden_layers:
-        raise ValueError(f"params have {params.wqkv.shape[0]} layers, cfg {cfg.num_hidden_layers}")
+    cfg.check_h0(h0, params.wqkv.shape[0])
     return list(_encode_modernbert(params, cfg, h0.astype(params.wqkv.dtype)))
 
 
@@ -198,8 +277,19 @@ def encode_modernbert(params: ModernBertParams, cfg: ModernBertConfig,
 
 
 @dataclasses.dataclass(frozen=True)
-class DeitConfig:
-    """DeiT's static architecture; the defaults are deit_tiny_patch16_224's."""
+class DeitConfig(EncoderSizes):
+    """DeiT's static architecture; the defaults are deit_tiny_patch16_224's.
+
+    Attributes:
+      hidden_size: d.
+      num_attention_heads: H.
+      intermediate_size: the MLP width.
+      num_hidden_layers: L.
+      image_size: the image side, pixels.
+      patch_size: the patch side P (image_size a multiple of it).
+      channels: C.
+      norm_eps: the LayerNorms' epsilon.
+    """
 
     hidden_size: int = 192
     num_attention_heads: int = 3
@@ -211,23 +301,31 @@ class DeitConfig:
     norm_eps: float = 1e-6
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} heads")
+        """Refuse sizes that do not split into heads or patches (ValueError)."""
+        self.check_sizes()
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
 
     @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def num_tokens(self) -> int:
+        """The number of tokens: the patches and the class token."""
         return (self.image_size // self.patch_size) ** 2 + 1  # patches + the class token
 
 
 class DeitParams(eqx.Module):
-    """Stacked layer weights (leading axis: layer), stored (in, out); the patch embedding
-    ``patch_w`` is (C·P·P, d) with rows in (channel, row, column) order."""
+    """DeiT's stacked layer weights (leading axis: layer), stored (in, out), and its embedding.
+
+    Attributes:
+      wqkv: (L, d, 3d) the fused query/key/value projection; bqkv its bias.
+      wo: (L, d, d) the attention output projection; bo its bias.
+      w1: (L, d, f) the MLP input; b1 its bias.
+      w2: (L, f, d) the MLP output; b2 its bias.
+      ln1_g: (L, d) LayerNorm1 γ; ln1_b its β (ln2_g, ln2_b: LayerNorm2's).
+      patch_w: (C·P·P, d) the patch embedding, rows in (channel, row, column) order; patch_b
+        its bias.
+      cls_token: (d,) the class token.
+      pos_embed: (tokens, d) the position embeddings.
+    """
 
     wqkv: Float[Array, "L d 3d"]
     bqkv: Float[Array, "L 3d"]
@@ -248,19 +346,27 @@ class DeitParams(eqx.Module):
 
 
 def init_deit(cfg: DeitConfig, key, *, dtype=jnp.float32) -> DeitParams:
-    """timm's ViT initialisation for DeiT (module docstring). Jitted (one program, kept on
-    disk with the compilation cache on)."""
-    return DeitParams(**_init_deit_fields(cfg, key, np.dtype(dtype)))
+    """The ViT initialisation of timm for DeiT (module docstring), in one jitted program.
+
+    Args:
+      cfg: DeiT's sizes (layers, width, patches).
+      key: a JAX PRNG key.
+      dtype: the floating dtype.
+
+    Returns:
+      :class:`DeitParams`.
+    """
+    return _init(_deit_fields, cfg, key, np.dtype(dtype))
 
 
-@eqx.filter_jit
-def _init_deit_fields(cfg: DeitConfig, key, dtype) -> dict:
+def _deit_fields(cfg: DeitConfig, key, dtype) -> DeitParams:
+    """DeiT's weights: truncated normals, zero biases, PyTorch's default patch convolution."""
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     fan_in = cfg.channels * cfg.patch_size ** 2
     k = jax.random.split(key, 8)
     z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
     bound = 1.0 / math.sqrt(fan_in)
-    return dict(
+    return DeitParams(
         wqkv=_trunc(k[0], (L, d, 3 * d), 0.02, 2.0, dtype), bqkv=z(L, 3 * d),
         wo=_trunc(k[1], (L, d, d), 0.02, 2.0, dtype), bo=z(L, d),
         w1=_trunc(k[2], (L, d, f), 0.02, 2.0, dtype), b1=z(L, f),
@@ -273,16 +379,36 @@ def _init_deit_fields(cfg: DeitConfig, key, dtype) -> dict:
 
 
 def patchify(images, patch: int):
-    """(b, H, W, C) images -> (b, H/P · W/P, C·P·P) patches, rows in row-major patch order and
-    each patch flattened in (channel, row, column) order (a convolution weight's layout)."""
+    """Cut images into patches, each flattened in (channel, row, column) order.
+
+    (A convolution weight's layout; the patches in row-major order.)
+
+    Args:
+      images: (b, H, W, C) images.
+      patch: the patch side P.
+
+    Returns:
+      (b, H/P · W/P, C·P·P) patches.
+    """
     b, Hh, Ww, C = images.shape
     x = images.reshape(b, Hh // patch, patch, Ww // patch, patch, C)
     return x.transpose(0, 1, 3, 5, 2, 4).reshape(b, (Hh // patch) * (Ww // patch), C * patch * patch)
 
 
 def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W C"]):
-    """DeiT's input: patch embedding of (b, 224, 224, 3) images, class token first, plus the
-    position embeddings -> (b, 197, d) tokens."""
+    """DeiT's input: the patch embedding, class token first, plus the position embeddings.
+
+    Args:
+      params: the weights.
+      cfg: the architecture.
+      images: (b, 224, 224, 3) images (cfg's sizes).
+
+    Returns:
+      (b, 197, d) tokens.
+
+    Raises:
+      ValueError: for images of another shape.
+    """
     images = jnp.asarray(images)
     want = (cfg.image_size, cfg.image_size, cfg.channels)
     if images.ndim != 4 or tuple(images.shape[1:]) != want:
@@ -292,12 +418,23 @@ def embed_deit(params: DeitParams, cfg: DeitConfig, images: Float[Array, "b H W 
 
 @eqx.filter_jit
 def _embed_deit(params, cfg, images):
+    """The embedding as one program."""
     tok = _mm(patchify(images, cfg.patch_size), params.patch_w) + params.patch_b
     cls = jnp.broadcast_to(params.cls_token, (images.shape[0], 1, cfg.hidden_size))
     return jnp.concatenate([cls, tok], axis=1) + params.pos_embed
 
 
 def deit_layer(p, cfg: DeitConfig, x):
+    """One pre-LN DeiT layer: x ← x + Attn(LN1(x)), x ← x + MLP(LN2(x)).
+
+    Args:
+      p: the layer's weights (a dict, without the layer axis).
+      cfg: the architecture.
+      x: (b, s, d) tokens.
+
+    Returns:
+      (b, s, d) tokens.
+    """
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
     qkv = (_mm(layer_norm(x, p["ln1_g"], p["ln1_b"], cfg.norm_eps), p["wqkv"]) + p["bqkv"]).reshape(b, s, 3, H, dh)
@@ -311,6 +448,7 @@ _DEIT_LAYER = ("wqkv", "bqkv", "wo", "bo", "w1", "b1", "w2", "b2", "ln1_g", "ln1
 
 @eqx.filter_jit
 def _encode_deit(params, cfg, h0):
+    """The stack as one scanned program: (L + 1, b, s, d)."""
     def step(h, p):
         h = deit_layer(p, cfg, h)
         return h, h
@@ -320,10 +458,19 @@ def _encode_deit(params, cfg, h0):
 
 
 def encode_deit(params: DeitParams, cfg: DeitConfig, h0: Float[Array, "batch seq d"]) -> list:
-    """``[h_0, …, h_L]``: tokens h0 through every DeiT layer (residual stream, no final norm)."""
+    """``[h_0, …, h_L]``: tokens h0 through every DeiT layer (residual stream, no final norm).
+
+    One scanned program; jittable, vmappable and differentiable (ValueError from
+    ``cfg.check_h0`` for tokens of the wrong shape or weights of another depth).
+
+    Args:
+      params: DeiT's weights.
+      cfg: the sizes.
+      h0: (batch, seq, d) tokens, e.g. from :func:`embed_deit`.
+
+    Returns:
+      The list of L + 1 hidden states.
+    """
     h0 = jnp.asarray(h0)
-    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
-        raise ValueError(f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}")
-    if params.wqkv.shape[0] != cfg.num_hidden_layers:
-        raise ValueError(f"params have {params.wqkv.shape[0]} layers, cfg {cfg.num_hidden_layers}")
+    cfg.check_h0(h0, params.wqkv.shape[0])
     return list(_encode_deit(params, cfg, h0.astype(params.wqkv.dtype)))

@@ -64,11 +64,70 @@ _ACTIVATIONS = {
 }
 
 
+class EncoderSizes:
+    """What the encoder configs share: the head size and the checks of the stack's sizes.
+
+    A mixin of the frozen config dataclasses (:class:`BertConfig` and Paper B's architectures),
+    which have the fields ``hidden_size``, ``num_attention_heads`` and ``num_hidden_layers``.
+    """
+
+    @property
+    def head_size(self) -> int:
+        """The head size d/H."""
+        return self.hidden_size // self.num_attention_heads
+
+    def check_sizes(self, *, even_heads: bool = False) -> None:
+        """Refuse sizes that do not split into heads, or an empty stack.
+
+        Args:
+          even_heads: the head size must be even too (RoPE rotates pairs).
+
+        Raises:
+          ValueError: naming the sizes.
+        """
+        d, h = self.hidden_size, self.num_attention_heads
+        if h < 1 or d % h or (even_heads and (d // h) % 2):
+            raise ValueError(f"hidden_size ({d}) must be a multiple of num_attention_heads ({h})"
+                             + (" with an even head size (RoPE rotates pairs)" if even_heads else ""))
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+
+    def check_h0(self, h0, n_layers: int) -> None:
+        """Refuse input tokens of the wrong shape, or weights of another depth.
+
+        Args:
+          h0: the input tokens, (batch, seq, hidden_size).
+          n_layers: the number of layers the weights hold.
+
+        Raises:
+          ValueError: naming h0's shape or the layer counts.
+        """
+        if h0.ndim != 3 or h0.shape[-1] != self.hidden_size:
+            raise ValueError(f"h0 must have shape (batch, seq, {self.hidden_size}), got "
+                             f"{tuple(h0.shape)}")
+        if n_layers != self.num_hidden_layers:
+            raise ValueError(f"params have {n_layers} layers but cfg.num_hidden_layers="
+                             f"{self.num_hidden_layers}")
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(EncoderSizes):
     """Static architecture of a BERT-family encoder (hashable: a static jit argument).
 
     Field names follow the reference ``config.json`` where they exist.
+
+    Attributes:
+      hidden_size: d, the width of the residual stream.
+      num_attention_heads: H (d a multiple of H).
+      intermediate_size: the feed-forward width.
+      num_hidden_layers: L.
+      layer_norm_eps: the LayerNorms' epsilon.
+      hidden_act: the feed-forward activation (``"gelu"``, ``"gelu_new"``, ``"relu"``, ...).
+      vocab_size: the word embeddings' rows.
+      max_position_embeddings: the position embeddings' rows.
+      type_vocab_size: the token-type embeddings' rows.
+      initializer_range: the standard deviation of the random initialisation.
+      model_type: the checkpoint's family (``embed`` implements ``"bert"``).
     """
 
     hidden_size: int
@@ -84,23 +143,26 @@ class BertConfig:
     model_type: str = "bert"
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of "
-                f"num_attention_heads ({self.num_attention_heads})"
-            )
+        """Refuse sizes that do not split into heads and unknown activations (ValueError)."""
+        self.check_sizes()
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(
                 f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {self.hidden_act!r}"
             )
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
-        """Read a reference ``config.json``; unknown keys are ignored."""
+        """Read a reference ``config.json``; unknown keys are ignored.
+
+        Args:
+          path: the file.
+
+        Returns:
+          The :class:`BertConfig`.
+
+        Raises:
+          ValueError: for missing sizes, relative positions or a decoder.
+        """
         with open(path) as f:
             raw = json.load(f)
         missing = [
@@ -126,6 +188,14 @@ class LayerParams(eqx.Module):
     """Weights of all encoder layers, stacked along a leading layer axis of length L.
 
     Dense weights are (in, out): ``x @ W + b``. d = hidden size, f = intermediate size.
+
+    Attributes:
+      wq: (L, d, d) query weights; bq (L, d) its bias (and likewise wk, bk, wv, bv).
+      wo: (L, d, d) attention output projection; bo its bias.
+      ln1_g: (L, d) LayerNorm1 gain; ln1_b its bias.
+      wi: (L, d, f) feed-forward input; bi its bias.
+      wf: (L, f, d) feed-forward output; bf its bias.
+      ln2_g: (L, d) LayerNorm2 gain; ln2_b its bias.
     """
 
     wq: Float[Array, "L d d"]
@@ -149,7 +219,14 @@ class LayerParams(eqx.Module):
 # duplicate-code finder: the typed field lists of LayerParams and EmbeddingParams have the same
 # shape (a deliberate exception: one annotated array field per checkpoint tensor).
 class EmbeddingParams(eqx.Module):
-    """BERT's embedding layer: word + position + token type, then LayerNorm."""
+    """BERT's embedding layer: word + position + token type, then LayerNorm.
+
+    Attributes:
+      word: (vocab, d) word embeddings.
+      position: (max_pos, d) position embeddings.
+      token_type: (n_types, d) token-type embeddings.
+      ln_g: (d,) LayerNorm gain; ln_b its bias.
+    """
 
     word: Float[Array, "vocab d"]
     position: Float[Array, "max_pos d"]
@@ -159,7 +236,12 @@ class EmbeddingParams(eqx.Module):
 
 
 class BertParams(eqx.Module):
-    """Encoder weights (``layers``) and, when the checkpoint has them, the embeddings."""
+    """Encoder weights (``layers``) and, when the checkpoint has them, the embeddings.
+
+    Attributes:
+      layers: the stacked :class:`LayerParams`.
+      embeddings: the :class:`EmbeddingParams`, or None.
+    """
 
     layers: LayerParams
     embeddings: EmbeddingParams | None = None
@@ -170,6 +252,7 @@ class BertParams(eqx.Module):
 
 
 def _read_safetensors(files) -> dict[str, np.ndarray]:
+    """Every tensor of the safetensors files, as NumPy arrays."""
     from safetensors.numpy import load_file
 
     out: dict[str, np.ndarray] = {}
@@ -179,6 +262,7 @@ def _read_safetensors(files) -> dict[str, np.ndarray]:
 
 
 def _find_prefix(tensors: dict[str, np.ndarray], path) -> str:
+    """The prefix of the checkpoint's tensor names (``''``, ``'bert.'``, ...); a ValueError if none."""
     probe = "encoder.layer.0.attention.self.query.weight"
     hits = sorted(k[: -len(probe)] for k in tensors if k.endswith(probe))
     if not hits:
@@ -190,6 +274,7 @@ def _find_prefix(tensors: dict[str, np.ndarray], path) -> str:
 
 
 def _get(tensors, name, path):
+    """The tensor ``name`` (or its old gamma/beta spelling); a ValueError if absent."""
     if name in tensors:
         return tensors[name]
     # Old checkpoints call the LayerNorm parameters gamma/beta.
@@ -212,8 +297,20 @@ def load_bert(
     ``encoder.layer.N.attention.self.{query,key,value}``, ``attention.output.dense``,
     ``attention.output.LayerNorm``, ``intermediate.dense``, ``output.dense``,
     ``output.LayerNorm``; ``embeddings.*`` are read when present and ``embeddings=True``.
-    Dense weights, stored (out, in), are transposed to (in, out). Arrays are cast to
-    ``dtype``.
+    Dense weights, stored (out, in), are transposed to (in, out). Host-only (reads files).
+
+    Args:
+      path: the folder or file.
+      dtype: the dtype the arrays are cast to.
+      embeddings: read the embedding layer too (when present).
+
+    Returns:
+      ``(BertParams, BertConfig)``.
+
+    Raises:
+      FileNotFoundError: when nothing is at ``path``.
+      ValueError: for a path without config.json or safetensors, a tensor missing or of the
+        wrong shape, or more layers than the config says.
     """
     path = Path(path)
     if path.is_file():
@@ -292,6 +389,14 @@ def random_like(params: BertParams, key: jax.Array, *, std: float = 0.02) -> Ber
 
     Dense and embedding weights ~ N(0, std²) i.i.d. (BERT: std = initializer_range = 0.02),
     biases 0, LayerNorm γ = 1 and β = 0. Shapes and dtypes follow ``params``. Jitted.
+
+    Args:
+      params: the parameters whose shapes and dtypes to follow.
+      key: a JAX PRNG key.
+      std: the standard deviation of the weights.
+
+    Returns:
+      New :class:`BertParams`.
     """
     ones = ("ln1_g", "ln2_g", "ln_g")
     zeros = ("bq", "bk", "bv", "bo", "bi", "bf", "ln1_b", "ln2_b", "ln_b")
@@ -331,8 +436,22 @@ def random_like(params: BertParams, key: jax.Array, *, std: float = 0.02) -> Ber
 def init_bert(
     cfg: BertConfig, key: jax.Array, *, dtype=jnp.float32, embeddings: bool = True
 ) -> BertParams:
-    """Random BERT parameters for ``cfg`` (no checkpoint needed): ``random_like`` on a
-    skeleton of the right shapes, with ``std = cfg.initializer_range``."""
+    """Random BERT parameters for ``cfg`` (no checkpoint needed).
+
+    ``random_like`` on a skeleton of the right shapes, with ``std = cfg.initializer_range``.
+
+    Args:
+      cfg: the architecture.
+      key: a JAX PRNG key.
+      dtype: the floating dtype.
+      embeddings: include the embedding layer.
+
+    Returns:
+      :class:`BertParams`.
+
+    Raises:
+      ValueError: if cfg is not a :class:`BertConfig`.
+    """
     if not isinstance(cfg, BertConfig):
         raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
@@ -358,8 +477,17 @@ def init_bert(
 
 
 def layer_norm(x, g, b, eps):
-    """``γ ⊙ (x − mean) / sqrt(var + eps) + β`` over the last axis (biased variance); ``b``
-    None: no bias (ModernBERT's LayerNorms)."""
+    """LayerNorm, ``γ ⊙ (x − mean) / sqrt(var + eps) + β``, over the last axis (biased variance).
+
+    Args:
+      x: (..., d) array.
+      g: (d,) gain γ.
+      b: (d,) bias β, or None (no bias: ModernBERT's LayerNorms).
+      eps: the epsilon.
+
+    Returns:
+      The normalised array, the shape of x.
+    """
     mu = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
     y = (x - mu) * jax.lax.rsqrt(var + eps) * g
@@ -367,9 +495,19 @@ def layer_norm(x, g, b, eps):
 
 
 def attend(q, k, v, bias=None, key_mask=None):
-    """Scaled dot-product attention of every head: q, k, v (b, s, H, dh) → (b, s, H·dh);
-    ``bias`` an additive (s, s) logit bias, ``key_mask`` (b, s) the keys that may be attended
-    (the others get the dtype's lowest logit)."""
+    """Scaled dot-product attention of every head, softmax(q kᵀ/√dh + bias) v.
+
+    Args:
+      q: (b, s, H, dh) queries.
+      k: (b, s, H, dh) keys.
+      v: (b, s, H, dh) values.
+      bias: an additive (s, s) logit bias, or None.
+      key_mask: (b, s) bool, the keys that may be attended (the others get the dtype's lowest
+        logit), or None.
+
+    Returns:
+      (b, s, H·dh) array.
+    """
     b, s, H, dh = q.shape
     logits = jnp.einsum("bqhe,bkhe->bhqk", q, k, precision=_HIGHEST) / math.sqrt(dh)
     if bias is not None:
@@ -381,12 +519,24 @@ def attend(q, k, v, bias=None, key_mask=None):
 
 
 def _dense(x, w, b):
+    """The dense layer x W + b, at the highest matmul precision."""
     return jnp.matmul(x, w, precision=_HIGHEST) + b
 
 
 def self_attention(lp: LayerParams, cfg: BertConfig, x, mask=None):
-    """The attention sublayer of one layer, ``a = concat_h(A_h v_h) Wo + bo`` (before the
-    residual and LayerNorm1); arguments as in :func:`encoder_layer`."""
+    """The attention sublayer of one layer, ``a = concat_h(A_h v_h) Wo + bo``.
+
+    Before the residual and LayerNorm1.
+
+    Args:
+      lp: one layer's weights (no leading layer axis).
+      cfg: the architecture.
+      x: (batch, seq, d) hidden states.
+      mask: None or bool (batch, seq), True for tokens that may be attended to.
+
+    Returns:
+      (batch, seq, d) array.
+    """
     b, s, d = x.shape
     H, dh = cfg.num_attention_heads, cfg.head_size
     q = _dense(x, lp.wq, lp.bq).reshape(b, s, H, dh)
@@ -398,8 +548,14 @@ def self_attention(lp: LayerParams, cfg: BertConfig, x, mask=None):
 def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
     """One post-LN BERT layer (the equations in the module docstring).
 
-    ``lp``: one layer's weights (no leading layer axis); ``x``: (batch, seq, d);
-    ``mask``: None or bool (batch, seq), True for tokens that may be attended to.
+    Args:
+      lp: one layer's weights (no leading layer axis).
+      cfg: the architecture.
+      x: (batch, seq, d) hidden states.
+      mask: None or bool (batch, seq), True for tokens that may be attended to.
+
+    Returns:
+      (batch, seq, d) array.
     """
     y = layer_norm(x + self_attention(lp, cfg, x, mask), lp.ln1_g, lp.ln1_b,
                    cfg.layer_norm_eps)
@@ -409,15 +565,10 @@ def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
 
 
 def _check_inputs(params, cfg, h0, mask):
+    """Refuse a config, input or mask that does not fit the weights (a ValueError)."""
     if not isinstance(cfg, BertConfig):
         raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
-    if h0.ndim != 3 or h0.shape[-1] != cfg.hidden_size:
-        raise ValueError(
-            f"h0 must have shape (batch, seq, {cfg.hidden_size}), got {tuple(h0.shape)}"
-        )
-    L = params.layers.wq.shape[0]
-    if L != cfg.num_hidden_layers:
-        raise ValueError(f"params have {L} layers but cfg.num_hidden_layers={cfg.num_hidden_layers}")
+    cfg.check_h0(h0, params.layers.wq.shape[0])
     if mask is not None and tuple(np.shape(mask)) != tuple(h0.shape[:2]):
         raise ValueError(
             f"mask must be None or have shape (batch, seq) = {tuple(h0.shape[:2])}, "
@@ -427,6 +578,7 @@ def _check_inputs(params, cfg, h0, mask):
 
 @eqx.filter_jit
 def _encode_stacked(params, cfg, h0, mask, input_layernorm):
+    """The stack as one scanned program: (L + 1, batch, seq, d)."""
     if input_layernorm:
         e = params.embeddings
         h0 = layer_norm(h0, e.ln_g, e.ln_b, cfg.layer_norm_eps)
@@ -453,9 +605,23 @@ def encode(
     ``h_0`` is the input (after the embedding LayerNorm if ``input_layernorm``), ``h_l``
     the output of layer l (the reference's ``hidden_states`` convention). h0 enters layer
     0 directly: no word, position or token-type embedding is added (see the module
-    docstring). ``mask``: None, or (batch, seq) with nonzero/True for real tokens and
-    0/False for padding (padding keys get zero attention weight). Computation is in the
-    dtype of ``h0`` and ``params`` (they must agree). Jitted.
+    docstring). Computation is in the dtype of ``h0`` and ``params`` (they must agree).
+    Jitted; jittable, vmappable and differentiable in h0 and params.
+
+    Args:
+      params: the weights.
+      cfg: the architecture.
+      h0: (batch, seq, d) input tokens.
+      mask: None, or (batch, seq) with nonzero/True for real tokens and 0/False for padding
+        (padding keys get zero attention weight).
+      input_layernorm: apply the embedding LayerNorm to h0 first (needs the embeddings).
+
+    Returns:
+      The list of L + 1 hidden states.
+
+    Raises:
+      ValueError: for a dtype that differs from the weights', input_layernorm without
+        embeddings (and, through the config, a shape or depth that does not fit).
     """
     h0 = jnp.asarray(h0)
     _check_inputs(params, cfg, h0, mask)
@@ -481,7 +647,21 @@ def embed(
     """BERT's embedding layer: ``LayerNorm(word[ids] + position[0..seq-1] + type[tt])``.
 
     Token types default to 0. BERT convention only (RoBERTa offsets its positions).
-    ``encode(params, cfg, embed(params, cfg, ids), mask)`` is the full BertModel.
+    ``encode(params, cfg, embed(params, cfg, ids), mask)`` is the full BertModel. Concrete ids
+    are checked on the host (JAX's gathers would clamp an id out of range); traced ids are not.
+
+    Args:
+      params: the weights, with embeddings.
+      cfg: the architecture.
+      input_ids: (batch, seq) token ids.
+      token_type_ids: (batch, seq) token types, or None (0).
+
+    Returns:
+      (batch, seq, d) embeddings.
+
+    Raises:
+      ValueError: without embeddings, for another model type, ids of the wrong shape, a
+        sequence longer than the positions, or (concrete) ids out of range.
     """
     if params.embeddings is None:
         raise ValueError("params.embeddings is None: load with load_bert(..., embeddings=True)")

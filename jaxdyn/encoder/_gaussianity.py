@@ -96,6 +96,12 @@ def sort_columns(a: Float[Array, "n k"]) -> Float[Array, "n k"]:
     XLA's CPU sort with a floating-point comparator is several times slower than with an
     integer one, so the floats are mapped to order-preserving integers (IEEE-754 bits,
     with the magnitude bits flipped for negatives), sorted, and mapped back.
+
+    Args:
+      a: (n, k) array.
+
+    Returns:
+      The columns sorted, (n, k).
     """
     itype = {4: jnp.int32, 8: jnp.int64}.get(jnp.dtype(a.dtype).itemsize)
     if itype is None:
@@ -111,6 +117,17 @@ def sliced_w2(x: Float[Array, "n d"], y: Float[Array, "n d"], dirs: Float[Array,
     """Sliced W2 between two equal-size clouds over the given unit directions.
 
     ``SW2² = (1/k) Σ_j W2²(θ_jᵀx, θ_jᵀy)``; each 1-D W2 pairs sorted projections.
+
+    Args:
+      x: (n, d) cloud.
+      y: (n, d) cloud.
+      dirs: (d, k) unit directions θ_j.
+
+    Returns:
+      SW2, a scalar.
+
+    Raises:
+      ValueError: for clouds of different shapes.
     """
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same shape (n, d), got {x.shape} and {y.shape}")
@@ -122,7 +139,14 @@ def sliced_w2(x: Float[Array, "n d"], y: Float[Array, "n d"], dirs: Float[Array,
 def projected_moments(xc: Float[Array, "n d"], dirs: Float[Array, "d k"]):
     """Sample skewness g1 and excess kurtosis g2 of the projections of a *centred* cloud.
 
-    ``z = θᵀx / sqrt(mean((θᵀx)²))``, ``g1 = mean z³``, ``g2 = mean z⁴ − 3``; shape (k,) each.
+    ``z = θᵀx / sqrt(mean((θᵀx)²))``, ``g1 = mean z³``, ``g2 = mean z⁴ − 3``.
+
+    Args:
+      xc: (n, d) centred cloud.
+      dirs: (d, k) unit directions.
+
+    Returns:
+      ``(g1, g2)``, shape (k,) each.
     """
     p = jnp.matmul(xc, dirs, precision=_HIGHEST)
     z = p / jnp.sqrt(jnp.mean(jnp.square(p), axis=0))
@@ -130,7 +154,7 @@ def projected_moments(xc: Float[Array, "n d"], dirs: Float[Array, "d k"]):
 
 
 def random_directions(key, d: int, k: int, dtype=jnp.float32) -> Float[Array, "d k"]:
-    """k i.i.d. uniform unit vectors in R^d, as columns."""
+    """The columns of a (d, k) array: k i.i.d. uniform unit vectors in R^d."""
     g = jax.random.normal(key, (d, k), dtype)
     return g / jnp.linalg.norm(g, axis=0, keepdims=True)
 
@@ -175,17 +199,23 @@ def _bures_pairs(m0, s0, m1, s1):
     batched eighs in flight at once (independent ops of one jitted function) then wait on
     each other when the pool has two threads (a 2-core machine): a deadlock, seen here
     with gdb. Unbatched eighs inside a sequential loop avoid it.
+
+    Returns:
+      The batch of distances.
     """
-    return jax.lax.map(lambda a: bures_w2(*a), (m0, s0, m1, s1))
+    return jax.lax.map(lambda a: bures_w2(*a).value, (m0, s0, m1, s1))
 
 
 @eqx.filter_jit
 def _profile(h, key, n_dirs: int, n_floor: int, n_pc: int):
-    """h: (L1, n, d). Returns (values, floors) dicts of arrays.
+    """The metrics of the clouds h (L1, n, d) and their floors, as dicts of arrays.
 
     One loop over the L1 × (1 + n_floor) clouds (replicate 0: the data; replicate r ≥ 1:
     an exact Gaussian sample with the data's moments), so that ``_cloud_stats`` is traced
     once and one cloud at a time is in memory.
+
+    Returns:
+      ``(values, floors)``.
     """
     L1, n, d = h.shape
     R = n_floor + 1
@@ -243,6 +273,13 @@ class GaussianityProfile(eqx.Module):
     ``values[name]``: shape (L+1,) for the per-cloud metrics (index 0 is the input),
     (L,) for ``bures``/``bures_rel`` (entry l is the step l → l+1).
     ``floors[name]``: (n_floor, ...) the same metric on exact Gaussian samples.
+
+    Attributes:
+      values: the metrics, by name.
+      floors: the metrics of the Gaussian replicates, by name.
+      n_points: n, the points a cloud.
+      dim: d.
+      n_dirs: the random directions of the sliced metrics.
     """
 
     values: dict[str, Array]
@@ -253,10 +290,12 @@ class GaussianityProfile(eqx.Module):
 
     @property
     def floor_mean(self) -> dict[str, Array]:
+        """The floors' means, by name."""
         return {k: jnp.mean(v, axis=0) for k, v in self.floors.items()}
 
     @property
     def floor_std(self) -> dict[str, Array]:
+        """The floors' standard deviations (ddof 1), by name."""
         return {k: jnp.std(v, axis=0, ddof=1) for k, v in self.floors.items()}
 
     def zscore(self, name: str) -> Array:
@@ -264,6 +303,15 @@ class GaussianityProfile(eqx.Module):
 
         A Gaussianity test for the names in ``GAUSSIANITY_METRICS``; for the descriptors
         (``erank``, ``pr``: floor mean biased, see the module docstring) only a scale.
+
+        Args:
+          name: a metric.
+
+        Returns:
+          The z-scores, per layer.
+
+        Raises:
+          ValueError: for an unknown metric.
         """
         if name not in self.values:
             raise ValueError(f"name must be one of {sorted(self.values)}, got {name!r}")
@@ -344,6 +392,7 @@ def limit_blas_threads(n: int = 1):
 
 
 def _as_stack(hidden_states, mask):
+    """The hidden states as one (L1, n, d) array, tokens pooled (a ValueError if they cannot be)."""
     if isinstance(hidden_states, (list, tuple)):
         if not hidden_states:
             raise ValueError("hidden_states is empty")
@@ -383,15 +432,27 @@ def gaussianity_profile(
     n_pc: int = 8,
     mask=None,
 ) -> GaussianityProfile:
-    """Layer-by-layer distance of the pooled hidden-state cloud from its moment-matched
-    Gaussian, with Monte-Carlo noise floors (metrics: see the module docstring).
+    """Layer-by-layer distance of the pooled hidden-state cloud from its moment-matched Gaussian.
 
-    ``hidden_states``: the list returned by ``encode`` (L + 1 arrays (batch, seq, d)), any
-    list of (n, d) clouds, or a stacked array with a leading layer axis. All tokens are
-    pooled into one cloud of n = batch·seq points (only those with a true ``mask`` entry
-    when a (batch, seq) mask is given). ``n_dirs`` random directions, ``n_floor`` Gaussian
-    replicates for the floor (≥ 3), ``n_pc`` principal axes. Computation in the input
-    dtype; the same key gives the same result.
+    With Monte-Carlo noise floors (metrics: see the module docstring). All tokens are pooled
+    into one cloud of n = batch·seq points (only those with a true ``mask`` entry when a
+    (batch, seq) mask is given). Computation in the input dtype; the same key gives the same
+    result. Host-driven (concrete inputs: it sizes the program and caps the BLAS threads).
+
+    Args:
+      hidden_states: the list returned by ``encode`` (L + 1 arrays (batch, seq, d)), any list
+        of (n, d) clouds, or a stacked array with a leading layer axis.
+      key: a JAX PRNG key.
+      n_dirs: random directions of the sliced metrics (>= 1).
+      n_floor: Gaussian replicates for the floor (>= 3).
+      n_pc: principal axes of ``skew_pc``/``kurt_pc`` (in [1, d]).
+      mask: None, or (batch, seq) bool: the tokens to pool.
+
+    Returns:
+      A :class:`GaussianityProfile`.
+
+    Raises:
+      ValueError: for n_floor < 3, n_pc outside [1, d], n_dirs < 1 or fewer than 4 points.
     """
     h = _as_stack(hidden_states, mask)
     L1, n, d = h.shape
@@ -416,7 +477,19 @@ def gaussianity_profile(
 
 
 def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype=jnp.float32):
-    """i.i.d. token embeddings ``h0 ~ N(0, scale² I_d)``, shape (batch, seq, d)."""
+    """Token embeddings ``h0 ~ N(0, scale² I_d)`` i.i.d.
+
+    Args:
+      key: a JAX PRNG key.
+      batch: sequences.
+      seq: tokens a sequence.
+      d: the width.
+      scale: s.
+      dtype: the floating dtype.
+
+    Returns:
+      (batch, seq, d) array.
+    """
     return scale * jax.random.normal(key, (batch, seq, d), dtype)
 
 
@@ -439,6 +512,18 @@ def nongaussian_stack(h0, key, *, n_layers: int = 6, kind: str = "cube") -> list
     The maps do not compound across layers (repeated cubes would collapse the cloud onto
     one axis within a few layers), so every layer is a known, equally non-Gaussian cloud:
     a positive control for ``gaussianity_profile``. Jitted.
+
+    Args:
+      h0: (..., d) Gaussian input.
+      key: a JAX PRNG key.
+      n_layers: L.
+      kind: ``"cube"`` | ``"relu"`` | ``"split"``.
+
+    Returns:
+      The list of L + 1 arrays.
+
+    Raises:
+      ValueError: for an unknown kind.
     """
     if kind not in _CONTROL_KINDS:
         raise ValueError(f"kind must be one of {_CONTROL_KINDS}, got {kind!r}")
@@ -470,9 +555,22 @@ def measure_gaussianity(
     seq: int = 128,
     **profile_kw,
 ) -> dict[float, GaussianityProfile]:
-    """Paper B's experiment on a BERT encoder: for each input scale s, feed
-    ``h0 = s·Z`` (Z ~ N(0, I) i.i.d., one draw shared by all scales) into layer 0 and
-    profile the hidden states. Returns ``{s: GaussianityProfile}``.
+    """Paper B's experiment on a BERT encoder: the hidden states' profile for each input scale.
+
+    For each input scale s, feed ``h0 = s·Z`` (Z ~ N(0, I) i.i.d., one draw shared by all
+    scales) into layer 0 and profile the hidden states.
+
+    Args:
+      params: the encoder's :class:`BertParams`.
+      cfg: its :class:`BertConfig`.
+      key: a JAX PRNG key.
+      scales: the input scales s.
+      batch: sequences.
+      seq: tokens a sequence.
+      **profile_kw: options of :func:`gaussianity_profile`.
+
+    Returns:
+      ``{s: GaussianityProfile}``.
     """
     from ._bert import encode
 

@@ -26,9 +26,20 @@ from ._bert import BertConfig, BertParams
 
 
 def attention_heads(params: BertParams, cfg: BertConfig) -> dict:
-    """Per-layer, per-head weights ``{"Q", "K" (L, H, d_h, d), "V" (L, H, d, d), "u" (L, H, d),
-    "c" (L, d), "beta"}`` of a BERT-family checkpoint (the module docstring's equations);
-    ``jaxdyn.models.DepthAttention.from_heads`` turns them into a particle field."""
+    """Per-layer, per-head particle weights of a BERT-family checkpoint (module docstring).
+
+    ``jaxdyn.models.DepthAttention.from_heads`` turns them into a particle field. Jittable.
+
+    Args:
+      params: the checkpoint's :class:`BertParams`.
+      cfg: its :class:`BertConfig`.
+
+    Returns:
+      ``{"Q", "K": (L, H, d_h, d), "V": (L, H, d, d), "u": (L, H, d), "c": (L, d), "beta"}``.
+
+    Raises:
+      ValueError: if cfg is not a :class:`BertConfig`.
+    """
     if not isinstance(cfg, BertConfig):
         raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
     lp = params.layers
