@@ -41,8 +41,21 @@ DEFAULT_RTOL = 1e-6
 # --------------------------------------------------------------------------------------
 
 
+def _host(name: str, a) -> np.ndarray:
+    """``a`` as a NumPy array; a clear ValueError for a traced value (these steps are host-only)."""
+    try:
+        return np.asarray(a)
+    except Exception as e:  # a tracer (under jit/vmap/grad) cannot become a NumPy array
+        if "Tracer" not in type(e).__name__ and "Tracer" not in type(a).__name__:
+            raise
+        raise ValueError(f"{name} must be a concrete array: the spectral checks and builders run on "
+                         "the host in float64 NumPy (set-up steps), not under jit/vmap/grad; "
+                         "call them outside the transformation") from None
+
+
 def _square64(name: str, a, d: Optional[int] = None) -> np.ndarray:
-    arr = np.asarray(a)
+    """``a`` as a finite real (d, d) float64 NumPy matrix (a ValueError naming ``name`` if not)."""
+    arr = _host(name, a)
     if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or (d is not None and arr.shape[0] != d):
         want = f"({d}, {d})" if d is not None else "(d, d)"
         raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {arr.shape}")
@@ -318,8 +331,8 @@ def subspace_angle(A, B) -> float:
     Raises:
       ValueError: for bases of different d or spanning only 0.
     """
-    a = np.asarray(A, dtype=np.float64)
-    b = np.asarray(B, dtype=np.float64)
+    a = _host("A", A).astype(np.float64)
+    b = _host("B", B).astype(np.float64)
     if a.ndim == 1:
         a = a[:, None]
     if b.ndim == 1:
@@ -466,7 +479,7 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
       ValueError: for a bad mu, U, B or plane, more than one of B/rotation/eigenspace_angle,
         an angle out of range or not reached, or a singular B.
     """
-    mu_np = np.asarray(mu, dtype=np.float64)
+    mu_np = _host("mu", mu).astype(np.float64)
     if mu_np.ndim != 1 or mu_np.size < 2:
         raise ValueError(f"mu must be a vector of d >= 2 eigenvalues, got shape {mu_np.shape}")
     d = mu_np.size

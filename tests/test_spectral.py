@@ -325,3 +325,51 @@ def test_builder_rejects_bad_requests():
         spectral_weights([1.0, 0.4, -0.2], eigenspace_angle=1.5, plane=(0, 1))
     with pytest.raises(ValueError, match="mu must be"):
         spectral_weights([1.0])
+
+
+# ------------------------------------------------------------------- jit / vmap / grad
+
+
+def _spectral_example():
+    sw = spectral_weights([1.0, 0.4, -0.2], rotation=0.5, plane=(0, 2), seed=3, dtype=jnp.float64)
+    return [np.asarray(a) for a in (sw.Q, sw.K, sw.V)]
+
+
+def _fd_check(f, x, r, h=1e-6):
+    """jax.grad of sum(f(x)·r) against central differences along a random direction."""
+    g = np.asarray(jax.jit(jax.grad(lambda y: jnp.sum(f(y) * r)))(x))
+    u = np.random.default_rng(11).standard_normal(x.shape)
+    fd = (float(jnp.sum(f(x + h * u) * r)) - float(jnp.sum(f(x - h * u) * r))) / (2 * h)
+    assert abs(np.sum(g * u) - fd) <= 1e-6 * max(1.0, abs(fd)), (np.sum(g * u), fd)
+
+
+def test_projection_and_lyapunov_jit_vmap_grad():
+    """Π, L, the angle to E and the mass near E are JAX functions of the points: under jit and
+    vmap they equal the eager values, and jax.grad (Π, L, the angle) matches central
+    differences in float64. Π may be built inside jit from concrete (NumPy) weights."""
+    Q, K, V = _spectral_example()
+    P = projection(Q, K, V)
+    x = _unit(np.random.default_rng(2).standard_normal((2, 5, 3)))
+    r = np.random.default_rng(4).standard_normal(x.shape)
+    for f in (lambda y: P(y), lambda y: lyapunov(y, P), lambda y: angle_to_subspace(y, P)):
+        eager = np.asarray(f(jnp.asarray(x)))
+        np.testing.assert_allclose(np.asarray(jax.jit(f)(x)), eager, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(np.asarray(jax.vmap(f)(x)), eager, rtol=1e-13, atol=1e-15)
+        _fd_check(f, x, r[..., 0] if eager.ndim == 2 else r)
+    inside = jax.jit(lambda y: projection(Q, K, V)(y))(x)
+    np.testing.assert_allclose(np.asarray(inside), np.asarray(P(jnp.asarray(x))), rtol=1e-13)
+    m = jax.jit(jax.vmap(lambda y, a: mass_near(y, P, a)))(x, jnp.array([0.3, 1.2]))
+    np.testing.assert_array_equal(np.asarray(m), [float(mass_near(x[0], P, 0.3)),
+                                                 float(mass_near(x[1], P, 1.2))])
+
+
+def test_host_only_tools_refuse_traced_weights_clearly():
+    """check_assumptions, projection and spectral_weights are set-up steps in float64 NumPy:
+    traced weights get a ValueError that says so (not a tracer conversion error)."""
+    Q, K, V = _spectral_example()
+    with pytest.raises(ValueError, match="concrete array.*host"):
+        jax.jit(lambda q: check_assumptions(q, K, V).gap)(Q)
+    with pytest.raises(ValueError, match="concrete array.*host"):
+        jax.jit(lambda v: projection(Q, K, v).projector)(V)
+    with pytest.raises(ValueError, match="concrete array.*host"):
+        jax.jit(lambda mu: spectral_weights(mu).V)(jnp.array([1.0, 0.5]))
