@@ -37,10 +37,5 @@ from ._archs import (
     init_modernbert as init_modernbert,
 )
 
-__all__ = [
-    "BertConfig", "BertParams", "DeitConfig", "DeitParams", "GaussianityProfile",
-    "ModernBertConfig", "ModernBertParams", "attention_heads", "embed", "embed_deit", "encode",
-    "encode_deit", "encode_modernbert", "find_minilm", "gaussian_tokens", "gaussianity_profile",
-    "init_bert", "init_deit", "init_modernbert", "load_bert", "measure_gaussianity",
-    "nongaussian_stack", "random_like", "self_attention",
-]
+# every name imported above (the private modules start with an underscore)
+__all__ = sorted(n for n in globals() if not n.startswith("_"))

@@ -34,10 +34,5 @@ from ._layernorm import (
 from ._params import Domain as Domain
 from ._schedule import DepthAttention as DepthAttention, redrawn_weights as redrawn_weights
 
-__all__ = [
-    "ATTENTIONS", "PLACEMENTS", "AbstractAttentionModel", "AbstractNormPlacement",
-    "AbstractParticleModel", "AbstractQKVModel", "AbstractSphereModel", "Control", "DepthAttention",
-    "Domain", "EuclideanAttention", "MultiHeadAttention", "NGPT", "PeriLN", "PostLN", "PreLN",
-    "SphereAttention", "ZeroTemperature", "attention_output", "layer_norm", "redrawn_weights",
-    "stack_models",
-]
+# every name imported above (the private modules start with an underscore)
+__all__ = sorted(n for n in globals() if not n.startswith("_"))

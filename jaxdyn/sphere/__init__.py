@@ -17,5 +17,5 @@ from ._sampling import (
     sample_vmf as sample_vmf,
 )
 
-__all__ = ["exp_map", "geodesic_distance", "normalize", "tangent_project", "sample_initial",
-           "sample_mixture", "sample_sphere", "sample_vmf"]
+# every name imported above (the private modules start with an underscore)
+__all__ = sorted(n for n in globals() if not n.startswith("_"))
