@@ -146,6 +146,46 @@ def test_batching_and_jit():
     np.testing.assert_array_equal(np.asarray(cnt), np.asarray(C.cluster_count(xs, 1e-3)))
 
 
+def test_traced_parameters_under_vmap_and_jit():
+    """Thresholds, δ and β traced (vmapped): each member equals the call with that number."""
+    xs = clouds(7, frames=4)
+    deltas = jnp.asarray([1e-3, 0.05, 0.5])
+    counts = jax.vmap(lambda d: C.cluster_count(xs, d))(deltas)
+    fracs = jax.vmap(lambda t: C.pair_fraction(xs, t))(1 - deltas)
+    ranks = jax.jit(jax.vmap(lambda t: C.gram_rank(xs, t)))(1 - deltas)
+    masses = jax.vmap(lambda d: C.cluster_masses(xs, d))(deltas)
+    energies = jax.vmap(lambda b: C.log_partition_energy(xs, b))(jnp.asarray([0.5, 4.0]))
+    for i, d in enumerate(np.asarray(deltas)):
+        np.testing.assert_array_equal(np.asarray(counts[i]), np.asarray(C.cluster_count(xs, float(d))))
+        np.testing.assert_array_equal(np.asarray(fracs[i]), np.asarray(C.pair_fraction(xs, float(1 - d))))
+        np.testing.assert_array_equal(np.asarray(ranks[i]), np.asarray(C.gram_rank(xs, float(1 - d))))
+        np.testing.assert_array_equal(np.asarray(masses[i]), np.asarray(C.cluster_masses(xs, float(d))))
+    for i, b in enumerate((0.5, 4.0)):
+        np.testing.assert_allclose(np.asarray(energies[i]), np.asarray(C.log_partition_energy(xs, b)),
+                                   rtol=1e-14)
+    assert len(set(np.asarray(counts).sum(1).tolist())) > 1  # the δ matter
+    levels = jnp.asarray([1, 2])
+    ts = jnp.arange(4.0)
+    hit = jax.vmap(lambda c: C.hitting_times(ts, c, levels))(counts)
+    np.testing.assert_array_equal(np.asarray(hit[1]), np.asarray(C.hitting_times(ts, counts[1], levels)))
+    with pytest.raises(ValueError, match="hitting_times"):
+        jax.jit(lambda c: C.merge_events(ts, c).times)(counts[0])
+
+
+def test_energy_gradients_match_finite_differences():
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(clustered(rng, 9, 3, 2, 0.4))
+    B = jnp.asarray(rng.normal(size=(3, 3)))
+    d = jnp.asarray(rng.normal(size=x.shape))
+    for fn in (C.interaction_energy, C.log_partition_energy):
+        gx, gb = jax.grad(lambda x, b: fn(x, b, B), argnums=(0, 1))(x, 1.7)
+        h = 1e-5
+        fd_b = (fn(x, 1.7 + h, B) - fn(x, 1.7 - h, B)) / (2 * h)
+        fd_x = (fn(x + h * d, 1.7, B) - fn(x - h * d, 1.7, B)) / (2 * h)
+        assert float(gb) == pytest.approx(float(fd_b), rel=1e-6)
+        assert float(jnp.sum(gx * d)) == pytest.approx(float(fd_x), rel=1e-6)
+
+
 # ------------------------------------------------------------------ energies
 
 def test_energies_against_direct_sums():

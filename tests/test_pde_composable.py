@@ -188,7 +188,7 @@ def _central(f, x, h):
     return (f(x + h) - f(x - h)) / (2 * h)
 
 
-@pytest.mark.parametrize("kernel", ["fft", "dense"])
+@pytest.mark.parametrize("kernel", ["fft", pytest.param("dense", marks=pytest.mark.slow)])
 def test_grad_of_a_functional_of_the_final_density_matches_finite_differences(kernel):
     """d/dβ, d/dσ and d/dQ of F = Σ_j w_j ρ_j(t1) (a fixed-step Heun solve, float64)."""
     rho0 = jnp.asarray(_rho0())
@@ -233,6 +233,7 @@ def test_grad_through_the_dense_kernel_at_a_rotation_and_through_rho0():
     assert float(jnp.sum(gr * d)) == pytest.approx(float(fr), rel=1e-6)
 
 
+@pytest.mark.slow  # two gradient programs; default-suite counterparts: the two S¹ gradient tests above
 def test_grad_on_the_sphere_and_of_the_growth_rate():
     rho2 = jnp.full((4, 8), 1 / (4 * math.pi)) * (1 + 0.2 * jnp.cos(jnp.arange(8) * math.pi / 4))
 

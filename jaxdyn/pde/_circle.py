@@ -19,7 +19,8 @@ rounding (``tests/test_pde.py``).
 * ``kernel="dense"``: any 2×2 B. e(θ)ᵀBe(φ) also has a part in cos(θ+φ), sin(θ+φ) that is not a
   function of θ − φ; the M×M kernel matrix at (faces, centres) is formed (row-shifted by its max,
   as a softmax) and applied by one matmul: O(M²) time and memory a step (M = 4096: 16.8 M
-  entries, 134 MB in float64). ``"auto"`` picks fft when B is of the form aI + bJ (concretely).
+  entries, 134 MB in float64). ``"auto"`` picks fft when concrete Q, K give B of the form
+  aI + bJ, and dense for traced Q or K (a static choice that must hold for every value).
 
 Transport: a finite-volume upwind flux with a MUSCL reconstruction limited by the monotonised
 central (MC) limiter: face values lie between neighbouring cell averages, so ρ ≥ 0 is kept by
@@ -71,6 +72,11 @@ def host_value(x, dtype):
     if isinstance(x, jax.core.Tracer):
         return None
     return np.asarray(x, dtype)
+
+
+def to_leaf(x, host, dtype):
+    """An array leaf of ``dtype``: the host copy as it is (no conversion program), or the traced value converted."""
+    return jnp.asarray(x, dtype) if host is None else jnp.asarray(host)
 
 
 def circle_grid(m: int, dtype=None):
@@ -216,7 +222,7 @@ def check_weights(Q, K, V, d, dtype, what):
         if np.shape(w) != (d, d):
             raise ValueError(f"{name} must be a {d}x{d} matrix {what}, got shape {np.shape(w)}")
     host = tuple(host_value(w, dtype) for w in (Q, K, V))
-    Q, K, V = (jnp.asarray(w, dtype) for w in (Q, K, V))
+    Q, K, V = (to_leaf(w, hw, dtype) for w, hw in zip((Q, K, V), host))
     return Q, K, V, dtype, host
 
 
@@ -236,7 +242,7 @@ def check_temperature(beta, sigma, dtype):
         raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
     if hs is not None and not hs >= 0:
         raise ValueError(f"sigma (noise) must be >= 0, got {float(hs)}")
-    return jnp.asarray(beta, dtype), jnp.asarray(sigma, dtype), hb
+    return to_leaf(beta, hb, dtype), to_leaf(sigma, hs, dtype), hb
 
 
 def _is_rotation(B, rtol):
@@ -500,8 +506,8 @@ def cfl_dt(model: CircleDensity, cfl: float = 0.9):
     """The positivity step: dt (2 v_max/h + σ²/h²) = cfl (≤ 1), the fd diffusion's.
 
     The fd diffusion's largest eigenvalue is 2σ²/h². Spectral diffusion's is (σ²/2)(π/h)²: its
-    term is (π²/4) σ²/h², which keeps Heun's stability limit |dt λ| ≤ 2 (with σ²/h² the
-    default step blew up to NaN).
+    term is (π²/4) σ²/h², which keeps Heun's stability limit |dt λ| ≤ 2 (σ²/h² there would
+    exceed it: NaN).
 
     Args:
       model: a :class:`CircleDensity`.

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..models import AbstractQKVModel
 from ..sphere import tangent_project
-from ._circle import check_weights, host_value
+from ._circle import check_weights, host_value, to_leaf
 
 __all__ = ["CircleAttention", "fourier_modes", "bessel_ive"]
 
@@ -153,7 +153,7 @@ class CircleAttention(AbstractQKVModel):
         hb = host_value(beta, dtype)
         if hb is not None and not hb > 0:
             raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
-        self.beta = jnp.asarray(beta, dtype)
+        self.beta = to_leaf(beta, hb, dtype)
         if normalization not in ("softmax", "unnormalized"):
             raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
         self.normalization = normalization
