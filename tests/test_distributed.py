@@ -397,3 +397,32 @@ def test_coordinator_port_in_use_is_refused_before_joining(tmp_path, monkeypatch
     check_coordinator_port(f"127.0.0.1:{port}")  # free again
     check_coordinator_port("192.0.2.1:1234")  # another host (TEST-NET-1): not checked here
     assert not (tmp_path / "o").exists()
+
+
+LONG_WORKER = """
+import sys
+from jaxdyn.cli import main
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--quiet"]))
+"""
+
+
+@pytest.mark.parametrize("n", [64, 16])  # vmap(simulate) (N > 48) and simulate_ensemble
+def test_two_processes_many_segments_equal_one_process(tmp_path, n):
+    """Two processes give one process's Dataset for N > 48 and for runs of several segments
+    (more than 250 steps): the initial clouds, which every process holds whole, are not
+    gathered again (the batch was doubled), and the state between segments is made whole
+    before the ensemble integrator's host check."""
+    cfg = {**SWEEP, "n": n, "t1": 13.0, "dt": 0.05, "save_every": 20, "snapshots": [0.0, 13.0],
+           "sweep": {"beta": [1.0, 4.0], "seed": [0]}}
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-c", textwrap.dedent(LONG_WORKER), str(path), str(out)]
+    res = _finish(_launch([cmd, cmd], _free_port()))
+    assert [r[0] for r in res] == [0, 0], [r[2][-3000:] for r in res]
+    one = tmp_path / "one"
+    assert run_experiment(cfg, one, progress=False, log=lambda *_: None).status == "ok"
+    got, want = _load(out), _load(one)
+    assert got["mean_inner_product"].shape == (2, 1, 14)
+    for v in want.data_vars:
+        np.testing.assert_allclose(got[v].values, want[v].values, rtol=0, atol=1e-5, err_msg=v)

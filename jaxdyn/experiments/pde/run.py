@@ -40,7 +40,7 @@ def _particle_field(pc):
     """
     p = pc["particles"]
     d = 3 if pc["mode"] == "s2" else 2
-    eye = jnp.eye(d, dtype=_particle_dtype(pc))
+    eye = np.eye(d, dtype=_particle_dtype(pc))  # NumPy: concrete also inside a traced function
     if d == 3:
         return SphereAttention(eye, eye, eye, pc["beta"], normalization=pc["normalization"])
     if p["kernel"] == "fourier":
