@@ -68,8 +68,8 @@ def _prepare_precision(raw):
     """
     dtype = raw.get("dtype") if isinstance(raw, dict) else None
     if isinstance(raw, dict) and dtype is None and isinstance(raw.get("kind"), str):
-        # the kind's default (float64 for the pde, gaussian and reachability kinds: a pde
-        # config without a dtype was refused for want of x64); its schema loads no JAX
+        # the kind's default (float64 for the pde, gaussian and reachability kinds: a config
+        # without a dtype needs x64 too); its schema loads no JAX
         try:
             from .experiments import get_kind
 

@@ -410,8 +410,8 @@ sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--qui
 def test_two_processes_many_segments_equal_one_process(tmp_path, n):
     """Two processes give one process's Dataset for N > 48 and for runs of several segments
     (more than 250 steps): the initial clouds, which every process holds whole, are not
-    gathered again (the batch was doubled), and the state between segments is made whole
-    before the ensemble integrator's host check."""
+    gathered again (that would double the batch), and the state between segments is made
+    whole before the ensemble integrator's host check."""
     cfg = {**SWEEP, "n": n, "t1": 13.0, "dt": 0.05, "save_every": 20, "snapshots": [0.0, 13.0],
            "sweep": {"beta": [1.0, 4.0], "seed": [0]}}
     path = tmp_path / "long.yaml"

@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 14): every bad input to the CLI or the library ends in a named error
+"""Hostile inputs: every bad input to the CLI or the library ends in a named error
 (its class, a message naming the input, the exit code) or a correct status, and changes no
 file outside the run folder.
 

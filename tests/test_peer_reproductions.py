@@ -1,4 +1,4 @@
-"""The peers' experiments in jaxdyn's conventions (issue 16): tfdy's split step and castin's
+"""The peers' experiments in jaxdyn's conventions: tfdy's split step and castin's
 covariance ODE, each against an independent NumPy transcription of the published equations.
 
 Default tests (a few CPU-seconds): the step and the right-hand side, exactly (float64).

@@ -1,4 +1,4 @@
-"""What the papers predict, said exactly (issue 20): the concentration summary and the config
+"""What the papers predict, said exactly: the concentration summary and the config
 checker know their regime (too few β for a fit, no metastable phase, phases that cannot
 separate), and Conjecture 1's two readings of "the top eigenspace of V" are told apart.
 Config-only checks and summaries of constructed arrays: no dynamics run here."""
