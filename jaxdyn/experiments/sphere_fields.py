@@ -107,8 +107,8 @@ SPHERE_FIELDS = {
     "beta": Field("float", 1.0, "inverse temperature β > 0", check=positive, sweepable=True),
     "seed": Field("int", 0, "seed of the initial particles", sweepable=True),
     # t1 and dt are not sweepable: the saved times would differ between grid points, and the
-    # merged dataset, its summaries and figures have one time axis (a sweep over t1 gave frame
-    # indices where times belong)
+    # merged dataset, its summaries and figures have one time axis (a sweep over t1 would put
+    # frame indices where times belong)
     "t1": Field("float", 10.0, "final time > 0 (not sweepable: one time axis per run)",
                 check=positive),
     "dt": Field("float", 0.05, "time step > 0 (not sweepable: one time axis per run)",
@@ -182,7 +182,7 @@ def check_sphere(cfg) -> list:
     ds_ = cfg["sweep"].get("d", [d])
     mu = cfg["init"].get("mu")
     bad = [dd for dd in ds_ if mu is not None and len(mu) != dd]
-    if bad:  # (named the base d, which may be the one that fits, under a sweep over d)
+    if bad:  # name the d that does not fit (under a sweep over d the base d may fit)
         where = f"d = {bad[0]}" + (" in sweep.d" if "d" in cfg["sweep"] else "")
         raise ConfigError(f"config field 'init.mu': expected {bad[0]} numbers ({where}), got "
                           f"{len(mu)}")

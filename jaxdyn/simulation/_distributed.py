@@ -92,7 +92,7 @@ def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS
 
     Must run before any JAX computation (``jax.devices()`` included). On CPU the collectives are
     gloo's. Calling it again in a process that has joined returns the same pair. Process 0 checks
-    first that the coordinator's port is free on its host (a port in use made JAX's coordinator
+    first that the coordinator's port is free on its host (a port in use makes JAX's coordinator
     crash, and the other processes wait for it until their time-out).
 
     Args:
@@ -133,8 +133,8 @@ def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS
 def check_coordinator_port(address: str):
     """Refuse a coordinator address whose port another program holds on this host.
 
-    Process 0 runs JAX's coordination service at ``address``; a port in use there crashed it
-    (gRPC "Failed to add port") and left the other processes waiting for their time-out. The
+    Process 0 runs JAX's coordination service at ``address``; a port in use there crashes it
+    (gRPC "Failed to add port") and leaves the other processes waiting for their time-out. The
     check binds the port on every local interface for a moment; an address of another host is
     not checked.
 

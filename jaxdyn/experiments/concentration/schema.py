@@ -102,8 +102,8 @@ def check(cfg):
     warns = sc.check_sphere(cfg)
     swept = [a for a in ("d", "n") if a in cfg["sweep"]]
     if swept:
-        # the summary compares β at one problem: it averaged W2 and the masses over the swept
-        # d (or N) and reported the spectrum of the base d
+        # the summary compares β at one problem: over a swept d (or N) it would average W2 and
+        # the masses across problems and report the spectrum of the base d
         raise ConfigError(f"config field 'sweep.{swept[0]}': a concentration run compares β at "
                           f"one {swept[0]} (its summary reads W2 and the masses per β); run one "
                           f"config per {swept[0]} (e.g. --set {swept[0]}=...)")
