@@ -736,3 +736,25 @@ def test_library_resume_of_nothing_makes_no_folder(tmp_path):
     with pytest.raises(ConfigError, match="nothing to resume"):
         run_experiment(TINY, tmp_path / "nowhere", resume=True, **QUIET)
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_report_of_a_live_run_and_of_foreign_results(in_tmp, capsys, finished):
+    """``report`` takes the folder's lock: a run still writing the folder is named (exit 4, no
+    advice to resume what is running); a ``data.nc`` written by another config than the
+    folder's ``config.yaml`` is refused (exit 2) rather than drawn, and the folder is unchanged."""
+    from jaxdyn.experiments.engine import RunLock
+
+    run = _copy_run(finished, in_tmp)
+    lock = RunLock(run).acquire()
+    try:
+        err = _refused(in_tmp, ["report", str(run)], capsys, 4, ["still writing", f"pid {os.getpid()}"],
+                       run)
+        assert "--resume" not in err
+    finally:
+        lock.release()
+    other = in_tmp / "other"
+    assert run_experiment({**TINY, "sweep": {"beta": [2.0]}}, other, **QUIET).status == "ok"
+    shutil.copyfile(other / "data.nc", run / "data.nc")
+    _refused(in_tmp, ["report", str(run)], capsys, 2, ["written by another config", "config.yaml",
+                                                      f"--resume {run}"], run)
+    assert cli.main(["report", str(other)]) == 0

@@ -60,7 +60,7 @@ class RunLock:
             holder = os.read(fd, 4096).decode(errors="replace").strip() or "a process that is starting"
             os.close(fd)
             raise RunLockedError(f"{self.path.parent} is in use by another jaxdyn run ({holder}); "
-                                 "wait for it to end, or choose another --out") from None
+                                 "wait for it to end, or choose another --out", holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')}".encode())

@@ -21,7 +21,16 @@ from ..config import ConfigError
 
 
 class RunLockedError(ConfigError):
-    """Another process holds the run folder's lock (the message names it)."""
+    """Another process holds the run folder's lock (the message names it).
+
+    Args:
+      message: the message.
+      holder: who holds the lock (pid, host, since when), when known.
+    """
+
+    def __init__(self, message: str, holder: str | None = None):
+        super().__init__(message)
+        self.holder = holder
 
 
 class ProcessLostError(ConnectionError):

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import io as jio
-from ..config import ConfigError, parse_yaml
-from .folder import merge_chunks, read_text
+from ..config import ConfigError, config_hash, parse_yaml
+from .folder import RunLock, merge_chunks, read_text
 from .kinds import get_kind
 from .planning import resolve_config
+from .processes import RunLockedError
 from .runner import Run, Tally, check_interrupt, max_rss
 
 
@@ -170,8 +171,38 @@ def failed(run: Run, base: dict, tally: Tally, error: BaseException):
         pass
 
 
+def _report_lock(run_dir: Path):
+    """The run folder's lock for the redraw, None where this user cannot create the lock file."""
+    try:
+        return RunLock(run_dir).acquire()
+    except RunLockedError as e:
+        raise RunLockedError(f"report {run_dir}: a run is still writing this folder "
+                             f"({e.holder or 'another process'}); redraw its figures once "
+                             "it has ended") from None
+    except OSError:  # a folder this user may not write: the figures' write names the problem
+        return None
+
+
+def _check_same_run(run_dir: Path, cfg: dict, ds):
+    """Refuse a ``data.nc`` written by another config than the folder's ``config.yaml``."""
+    text = ds.attrs.get("config_yaml")
+    if not isinstance(text, str):
+        return
+    try:
+        theirs = config_hash(resolve_config(parse_yaml(text, f"{run_dir / jio.DATA_FILE}'s config")))
+    except ConfigError:
+        theirs = None
+    if theirs != config_hash(cfg):
+        raise ConfigError(f"{run_dir / jio.DATA_FILE} was written by another config than "
+                          f"{run_dir / jio.CONFIG_FILE} (config hash {theirs}, the folder's "
+                          f"{config_hash(cfg)}); rebuild it with `jaxdyn run --resume {run_dir}`")
+
+
 def report(run_dir, log=print, movie: bool = False) -> list:
     """Redraw every figure of a finished run from its saved results (no recomputation).
+
+    The folder is locked while the figures are drawn (a live run's folder is refused), and its
+    ``data.nc`` must come from its ``config.yaml``.
 
     Args:
       run_dir: the run folder.
@@ -182,8 +213,8 @@ def report(run_dir, log=print, movie: bool = False) -> list:
       The paths of the figures written.
 
     Raises:
-      ConfigError: no such folder, not a run folder, no finished results, or no movie for the
-        kind (named).
+      ConfigError: no such folder, not a run folder, no finished results, results of another
+        config, or no movie for the kind (named).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -191,15 +222,21 @@ def report(run_dir, log=print, movie: bool = False) -> list:
     cfg_file = run_dir / jio.CONFIG_FILE
     if not cfg_file.exists():
         raise ConfigError(f"{run_dir} holds no {jio.CONFIG_FILE}: not a jaxdyn run folder")
-    cfg = resolve_config(parse_yaml(read_text(cfg_file), str(cfg_file)))
+    lock = _report_lock(run_dir)
     try:
-        ds = jio.open_results(run_dir)
-    except (FileNotFoundError, jio.DamagedFileError) as e:
-        raise ConfigError(str(e)) from None
-    kind = get_kind(cfg["kind"])
-    figs = [str(p) for p in kind.plot(cfg, ds, run_dir)]
-    if movie:
-        if not hasattr(kind, "movie"):
+        cfg = resolve_config(parse_yaml(read_text(cfg_file), str(cfg_file)))
+        kind = get_kind(cfg["kind"])
+        if movie and not hasattr(kind, "movie"):
             raise ConfigError(f"kind {cfg['kind']!r} has no particle movie")
-        figs.append(str(kind.movie(cfg, ds, run_dir)))
-    return figs
+        try:
+            ds = jio.open_results(run_dir)
+        except (FileNotFoundError, jio.DamagedFileError) as e:
+            raise ConfigError(str(e)) from None
+        _check_same_run(run_dir, cfg, ds)
+        figs = [str(p) for p in kind.plot(cfg, ds, run_dir)]
+        if movie:
+            figs.append(str(kind.movie(cfg, ds, run_dir)))
+        return figs
+    finally:
+        if lock is not None:
+            lock.release()
