@@ -165,10 +165,11 @@ def test_euclidean_model_runs_without_retraction():
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
 @pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
 def test_ensemble_step_is_the_integrator_class(dtype, method):
-    """simulate_ensemble's batch-minor step is the integrator class on Sphere(axis=1): bitwise
-    equal to the class stepping each system in the (N, d) layout of simulate."""
+    """simulate_ensemble's batch-minor chunk steps with the integrator class on
+    Sphere(axis=1): bitwise equal to the class stepping the chunk field, and equal to the
+    class stepping each system in the (N, d) layout of simulate."""
     from jaxdyn.integrators import INTEGRATORS, Sphere, scheme_step
-    from jaxdyn.simulation._ensemble import _field, _step
+    from jaxdyn.simulation._ensemble import _ChunkField, _chunk_run, _field
 
     rng = np.random.default_rng(3)
     n, d, c = 9, 3, 5
@@ -179,13 +180,15 @@ def test_ensemble_step_is_the_integrator_class(dtype, method):
     beta = jnp.asarray(rng.uniform(0.5, 3.0, c), dtype)
     dt = jnp.asarray(0.05, dtype)
 
+    got = jax.jit(lambda y: _chunk_run(y, B, V, beta, method=method, dt=0.05, idx=(0, 1),
+                                       normalization="softmax", safe=1e30)[1])(x)
+    field = _ChunkField(B, V, beta, "softmax", 1e30)
+    cls = jax.jit(lambda y: scheme_step(INTEGRATORS[method](Sphere(axis=1)), field, 0.0, y,
+                                        dt))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(cls))
+
     def f(y):
         return _field(y, B, V, beta, "softmax", 1e30)
-
-    got = jax.jit(lambda y: _step(method, y, dt, f))(x)
-    cls = jax.jit(lambda y: scheme_step(INTEGRATORS[method](Sphere(axis=1)),
-                                        lambda t, z, a: f(z), 0.0, y, dt))(x)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(cls))
 
     # the same scheme in simulate's layout, one system at a time (eager: op by op)
     for s in range(c):

@@ -8,7 +8,7 @@ whose noise part is Brownian motion on S^{d−1} with generator (σ²/2) Δ_S (s
 drift, E[x(t)] = x(0) exp(−σ²(d−1)t/2)). In R^d (Euclidean models, the pre-/peri-LN
 placements) the noise is plain: dz_i = f_i dt + σ dW_i.
 
-Methods:
+The methods:
 
 * ``"geodesic_em"`` (default, fast, for sweeps): the geodesic Euler–Maruyama step
   x ← exp_x(dt f(t, x) + σ P⊥(x) ΔW), ΔW ~ N(0, dt I)
@@ -40,8 +40,8 @@ import numpy as np
 from .._results import RESULTS, error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
-from ._simulate import (_check_x0, _plan, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
-                        save_indices, solver_of, step_grid)
+from ._simulate import (_check_x0, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
+                        plan_steps, save_indices, solver_of, step_grid)
 
 #: the method names ``simulate_sde`` takes
 SDE_METHODS = ("geodesic_em", "heun", "midpoint")
@@ -161,7 +161,7 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     else:
         solver, _ = solver_of(method, SDE_METHODS)
     _check_key(key)
-    t0, t1, dt, n = _plan(t0, t1, dt)
+    t0, t1, dt, n = plan_steps(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     sigma = jnp.asarray(sigma, x0.dtype)

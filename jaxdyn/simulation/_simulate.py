@@ -75,33 +75,6 @@ class Trajectory(Solution):
         return _all_finite(self.xs)
 
 
-def _static_float(name, v):
-    if isinstance(v, jax.core.Tracer):
-        raise ValueError(f"{name} must be a Python number (it fixes the step count), got a traced value")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
-    if not math.isfinite(f):
-        raise ValueError(f"{name} must be finite, got {f}")
-    return f
-
-
-def _plan(t0, t1, dt):
-    t0 = _static_float("t0", t0)
-    t1 = _static_float("t1", t1)
-    dt = _static_float("dt", dt)
-    if dt <= 0:
-        raise ValueError(f"dt (time step) must be > 0, got {dt}")
-    if t1 <= t0:
-        raise ValueError(f"t1 must be > t0, got t0={t0}, t1={t1}")
-    span = t1 - t0
-    n = round(span / dt)
-    if n < 1 or abs(n * dt - span) > 1e-9 * max(1.0, span):
-        n = max(1, math.ceil(span / dt - 1e-9))
-    return t0, t1, span / n, n
-
-
 def unit_tolerance(in_dtype) -> float:
     """How far from 1 the norms of sphere rows given in ``in_dtype`` may be.
 
@@ -160,7 +133,31 @@ def plan_steps(t0, t1, dt):
     Raises:
       ValueError: a time that is not a finite Python number, dt <= 0 or t1 <= t0.
     """
-    return _plan(t0, t1, dt)
+    vals = []
+    for name, v in (("t0", t0), ("t1", t1), ("dt", dt)):
+        if isinstance(v, jax.core.Tracer):
+            raise ValueError(f"{name} must be a Python number (it fixes the step count), got a "
+                             "traced value")
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {v!r}") from None
+        if not math.isfinite(f):
+            raise ValueError(f"{name} must be finite, got {f}")
+        vals.append(f)
+    t0, t1, dt = vals
+    if dt <= 0:
+        raise ValueError(f"dt (time step) must be > 0, got {dt}")
+    if t1 <= t0:
+        raise ValueError(f"t1 must be > t0, got t0={t0}, t1={t1}")
+    span = t1 - t0
+    n = round(span / dt)
+    if n < 1 or abs(n * dt - span) > 1e-9 * max(1.0, span):
+        n = max(1, math.ceil(span / dt - 1e-9))
+    return t0, t1, span / n, n
+
+
+
 
 
 def step_grid(t0, dt, m, dtype):
@@ -325,8 +322,10 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       ValueError: bad method/times/shapes, or a concrete x0 that is non-finite or off the
         sphere (under jit/vmap these are flagged as ``RESULTS.invalid_input`` instead).
     """
+    if not isinstance(method, diffrax.AbstractSolver) and method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS} or a diffrax solver, got {method!r}")
     solver, adaptive = solver_of(method)
-    t0, t1, dt, n = _plan(t0, t1, dt)
+    t0, t1, dt, n = plan_steps(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
     idx = save_indices(n, save_every, saveat, t0, dt)
