@@ -1,6 +1,11 @@
-"""Attention kernels: the interaction ``Σ_j w_ij y_j`` with softmax / unnormalised / hardmax
-weights, dense (N × M logits) or blocked (online softmax over key blocks, memory
-O(q_block · k_block)); and the online log-sum-exp tiles that the Sinkhorn geometries share."""
+"""Attention kernels and the online log-sum-exp tiles of the Sinkhorn geometries.
+
+The interaction ``Σ_j w_ij y_j`` with softmax / unnormalised / hardmax weights, dense (N × M
+logits) or blocked (online softmax over key blocks, memory O(q_block · k_block)); the
+variants (heads, causal masks, ALiBi / RoPE positions, L2 and Sinkhorn weights); and the
+online log-sum-exp tiles that the Sinkhorn geometries share. Every blocked kernel runs on one
+online-softmax / log-sum-exp core (``jaxdyn/kernels/_online.py``).
+"""
 
 from ._attention import (
     DEFAULT_BLOCKS as DEFAULT_BLOCKS,
@@ -21,3 +26,22 @@ from ._variants import (
     heads_interaction as heads_interaction,
     rope as rope,
 )
+
+__all__ = [
+    "DEFAULT_BLOCKS",
+    "HIGHEST",
+    "KERNELS",
+    "MASKS",
+    "NORMALIZATIONS",
+    "SAFE_SHIFT",
+    "attention_weights",
+    "blocked",
+    "blocked_lse",
+    "default_rope_freqs",
+    "heads_interaction",
+    "interaction",
+    "lse_tile",
+    "pad_rows",
+    "resolve_kernel",
+    "rope",
+]

@@ -18,15 +18,10 @@ Two implementations with identical results (within 1e-5 relative in float32, 1e-
 float64):
 
 * ``dense``: materialises the (n, m) logits; fastest for small m.
-* ``blocked``: online (streaming) softmax over key blocks (Rabe & Staats 2021, the
-  flash-attention recurrence), with query blocks as well. Per key block ``k``:
-
-      M ← max(M, max_j l_ij),   A ← A·e^{M_old − M} + Σ_{j∈k} e^{l_ij − M} [y_j, 1]
-
-  and ``m_i = A_i[:d] / A_i[d]``: the weighted sum and the normaliser come out of one
-  product with the augmented values ``[y_j, 1]``. Memory O(q_block · k_block), never
-  O(n · m). Padded keys (m not a multiple of the block) repeat a real key, so they never
-  raise the running maximum, and carry the value ``[0, 0]``, so they add nothing.
+* ``blocked``: the online softmax of :mod:`._online` over key blocks (Rabe & Staats 2021,
+  the flash-attention recurrence), with query blocks as well: memory O(q_block · k_block),
+  never O(n · m). The weighted sum and the normaliser come out of one product with the
+  augmented values ``[y_j, 1]``.
 
 The blocked kernel has two formulations of a block step, picked per platform at lowering
 time (:func:`jax.lax.platform_dependent`):
@@ -59,18 +54,22 @@ which ruins logits at large β). Float64 runs everywhere once
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
-HIGHEST = jax.lax.Precision.HIGHEST
+from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, key_blocks, pad_rows,
+                      ratio, safe_shift, stream)
+
+# ``_ratio`` and ``SAFE_SHIFT`` are shared with the ensemble driver's bound shift
+_ratio = ratio
+
+__all__ = ["DEFAULT_BLOCKS", "HIGHEST", "KERNELS", "NORMALIZATIONS", "SAFE_SHIFT", "blocked",
+           "interaction", "pad_rows", "resolve_kernel"]
 
 KERNELS = ("dense", "blocked", "auto")
 NORMALIZATIONS = ("softmax", "unnormalized", "hardmax")
 FORMULATIONS = ("dot", "fused")
-FUSED_MAX_D = 8  # accelerators use the "fused" block step up to this d, "dot" above
-LOGITS = ("matmul", "fused")
 
 # ``kernel="auto"`` switches to the blocked kernel at this many keys and above. Measured on
 # a 2-core AVX-512 CPU (benchmarks/bench_large_n.py): dense and blocked tie near 512 keys;
@@ -90,73 +89,51 @@ DEFAULT_BLOCKS = {
 }
 
 
-#: the largest ``r_i − lower_i`` (logit bound minus a known logit of the row) for which the
-#: blocked kernel shifts softmax weights by the bound instead of a running maximum: the
-#: row's largest weight then stays above e^-60 (float32) / e^-600 (float64), a normal number.
-SAFE_SHIFT = {"float32": 60.0, "float64": 600.0}
-#: the same for the half-precision types the kernels also accept: bfloat16 has float32's
-#: exponent range; float16's smallest normal number is e^-9.7
-_SAFE_SHIFT_HALF = {"bfloat16": 60.0, "float16": 8.0}
-
-
-def safe_shift(dtype) -> float:
-    """:data:`SAFE_SHIFT` of a floating dtype (float16 and bfloat16 included)."""
-    name = jnp.dtype(dtype).name
-    return SAFE_SHIFT.get(name, _SAFE_SHIFT_HALF.get(name, 60.0))
-
-
-@jax.custom_jvp
-def _ratio(num, den):
-    """``num / den`` (den broadcast over num's last axis); its derivative is formed as
-    ``(dnum − (num/den) dden) / den``, never with ``den²``: the blocked kernel's normaliser
-    can be as small as e^-60 (float32, bound shift), whose square underflows to 0 and made
-    the quotient rule's gradient inf/NaN where the value is fine."""
-    return num / den
-
-
-@_ratio.defjvp
-def _ratio_jvp(primals, tangents):
-    num, den = primals
-    dnum, dden = tangents
-    out = num / den
-    return out, (dnum - out * dden) / den
-
-
 def default_cpu_logits(d: int) -> str:
-    """The CPU step's logits with a fixed shift (see :func:`blocked`): ``"fused"`` (inside the
-    exponential's loop) where d <= ``FUSED_MAX_D``, else ``"matmul"`` (d multiply-adds a
-    pair). Measured on 2 cores of an AVX-512 EPYC, one device, interleaved rounds: fused
-    0.87-0.91x the CPU time of the product logits at N = 4096-8192 with AVX-512, 0.96-0.99x
-    under ``--xla_cpu_max_isa=AVX2``."""
+    """The CPU step's logits with a fixed shift (see :func:`blocked`).
+
+    ``"fused"`` (inside the exponential's loop) where d <= ``FUSED_MAX_D``, else
+    ``"matmul"`` (d multiply-adds a pair). Measured on 2 cores of an AVX-512 EPYC, one
+    device, interleaved rounds: fused 0.87-0.91x the CPU time of the product logits at
+    N = 4096-8192 with AVX-512, 0.96-0.99x under ``--xla_cpu_max_isa=AVX2``.
+
+    Args:
+      d: the number of coordinates of the logits' dot product.
+
+    Returns:
+      ``"fused"`` or ``"matmul"``.
+    """
     return "fused" if d <= FUSED_MAX_D else "matmul"
 
 
-@jax.custom_batching.custom_vmap
-def _all_at_most(a, limit):
-    """``all(a <= limit)``; under ``vmap`` one answer for the whole batch (unbatched), so a
-    ``lax.cond`` on it stays a branch instead of becoming a select of both sides."""
-    return jnp.all(a <= limit)
+def _choice_error(name, value, choices):
+    """The message of a ValueError for ``value`` not among ``choices``, or None."""
+    return None if value in choices else f"{name} must be one of {choices}, got {value!r}"
 
-
-@_all_at_most.def_vmap
-def _all_at_most_vmap(axis_size, in_batched, a, limit):
-    return jnp.all(a <= limit), False
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def resolve_kernel(kernel: str, m: int) -> str:
-    """The concrete kernel ``"auto"`` stands for at ``m`` keys."""
-    _check_choice("kernel", kernel, KERNELS)
+    """The concrete kernel ``"auto"`` stands for at ``m`` keys.
+
+    Args:
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+      m: number of keys.
+
+    Returns:
+      ``"dense"`` or ``"blocked"`` (``"auto"``: blocked from ``AUTO_BLOCKED_MIN_KEYS`` keys).
+
+    Raises:
+      ValueError: an unknown kernel.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "auto":
         return "blocked" if m >= AUTO_BLOCKED_MIN_KEYS else "dense"
     return kernel
 
 
 def _check_block(name, value):
+    """A block size as a Python int (None stays None); ValueError unless a positive integer."""
     if value is None:
         return None
     if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 1:
@@ -177,6 +154,9 @@ def interaction(
 ):
     """Attention average ``m_i = Σ_j w_ij y_j`` with logits ``β x_iᵀ B y_j``.
 
+    The weights are ``w_ij = exp(l_ij) / Σ_k exp(l_ik)`` (softmax), ``exp(l_ij) / m``
+    (unnormalised) or uniform on the row's arg-max set (hardmax) (module doc).
+
     Args:
       x: queries, shape (n, d).
       y: keys (also the values averaged), shape (m, d).
@@ -185,13 +165,19 @@ def interaction(
       normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
       kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (blocked from
         ``AUTO_BLOCKED_MIN_KEYS`` keys on).
-      k_block, q_block: block sizes of the blocked kernel (keys, queries); None picks the
-        platform's default (``DEFAULT_BLOCKS``).
+      k_block: key block size of the blocked kernel; None picks the platform's default
+        (``DEFAULT_BLOCKS``).
+      q_block: query block size of the blocked kernel; None: the platform's default.
 
     Returns:
       (n, d) array ``m``.
+
+    Raises:
+      ValueError: shapes that do not match, no keys, a non-scalar ``beta``, an unknown
+        ``normalization`` or ``kernel``, or a block size that is not a positive integer.
     """
-    _check_choice("normalization", normalization, NORMALIZATIONS)
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(_choice_error("normalization", normalization, NORMALIZATIONS))
     if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(
             "interaction expects x (n, d) and y (m, d) with the same d; got "
@@ -210,21 +196,31 @@ def interaction(
     kernel = resolve_kernel(kernel, y.shape[0])
     k_block, q_block = _clip_blocks(k_block, q_block, x.shape[0], y.shape[0])
     # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
-    # small programs per shape; under a caller's jit this inlines)
+    # small programs per shape; under a caller's jit this inlines). The bound shift's guard is
+    # read here, at each call, so that it keys the program.
     return _interaction_jit(x, y, B, beta, normalization=normalization, kernel=kernel,
-                            k_block=k_block, q_block=q_block, self_keys=y is x)
+                            k_block=k_block, q_block=q_block, self_keys=y is x,
+                            safe=_guard(x.dtype))
+
+
+def _guard(dtype):
+    """The bound shift's guard for inputs of ``dtype`` (integers compute in the default float)."""
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = jnp.result_type(float)
+    return float(safe_shift(dtype))
 
 
 def _clip_blocks(k_block, q_block, n, m):
-    """Block sizes as the kernel uses them (``_blocked`` takes ``min(block, rows)``): block
-    sizes that mean the same blocks for these shapes give one program, not one each."""
+    """Block sizes as the kernel uses them (``min(block, rows)``): one program a block layout."""
     return (None if k_block is None else max(1, min(k_block, m)),
             None if q_block is None else max(1, min(q_block, n)))
 
 
 @functools.partial(jax.jit, static_argnames=("normalization", "kernel", "k_block", "q_block",
-                                             "self_keys"))
-def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys):
+                                             "self_keys", "safe"))
+def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys,
+                     safe):
+    """:func:`interaction` after its checks, one program a call shape."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         # integer points (e.g. np.eye rows): computed in the default float dtype; β cast to
         # an integer dtype would be truncated (0.7 -> 0)
@@ -238,10 +234,13 @@ def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, 
     y = y.astype(qx.dtype)
     if kernel == "dense":
         return _dense(qx, y, normalization)
-    return blocked(qx, y, normalization, k_block=k_block, q_block=q_block, self_keys=self_keys)
+    return _blocked_platforms(qx, y, normalization=normalization, k_block=k_block,
+                              q_block=q_block, formulation=None, self_keys=self_keys,
+                              logits=default_cpu_logits(qx.shape[1]), safe=safe)
 
 
 def _dense(qx, y, normalization):
+    """The dense kernel: the (n, m) logits at once."""
     logits = jnp.matmul(qx, y.T, precision=HIGHEST)  # (n, m)
     if normalization == "softmax":
         w = jax.nn.softmax(logits, axis=-1)
@@ -260,34 +259,60 @@ def blocked(qx, y, normalization="softmax", *, k_block=None, q_block=None, formu
             self_keys=False, logits=None):
     """The blocked kernel on pre-scaled queries ``qx = β Bᵀ x`` (rows), keys/values ``y``.
 
-    ``formulation`` ``"dot"`` | ``"fused"`` forces one block step (see the module doc);
-    None picks per platform at lowering time. Block sizes None: the platform default.
-    ``self_keys``: the keys are the queries' own points (``y[i] = x[i]``, self-attention),
-    so ``l_ii = qx_i · y_i`` is a logit of row i (used by the bound shift below).
-    ``logits`` (CPU step with a fixed shift: bound-shifted softmax, unnormalised):
-    ``"matmul"`` forms each tile's logits by a matrix product, ``"fused"`` inside the
-    exponential's loop; None: :func:`default_cpu_logits` (by d).
-    Returns (n, d).
+    ``m_i = Σ_j w_ij y_j`` with logits ``l_ij = qx_i · y_j`` (module doc), streamed over key
+    blocks by the online softmax of :mod:`._online`.
+
+    Args:
+      qx: (n, d) pre-scaled queries.
+      y: (m, d) keys, also the values averaged.
+      normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
+      k_block: key block size; None: the platform default.
+      q_block: query block size; None: the platform default.
+      formulation: ``"dot"`` | ``"fused"`` forces one block step (module doc); None picks per
+        platform at lowering time.
+      self_keys: the keys are the queries' own points (``y[i] = x[i]``, self-attention), so
+        ``l_ii = qx_i · y_i`` is a logit of row i (the bound shift's known logit).
+      logits: the CPU step with a fixed shift (bound-shifted softmax, unnormalised):
+        ``"matmul"`` forms each tile's logits by a matrix product, ``"fused"`` inside the
+        exponential's loop; None: :func:`default_cpu_logits` (by d).
+
+    Returns:
+      (n, d) array ``m``.
+
+    Raises:
+      ValueError: an unknown ``normalization``, ``logits`` or ``formulation``.
     """
-    _check_choice("normalization", normalization, NORMALIZATIONS)
     if logits is None:
         logits = default_cpu_logits(qx.shape[1])
-    _check_choice("logits", logits, LOGITS)
-    if formulation is not None:
-        _check_choice("formulation", formulation, FORMULATIONS)
+    for name, value, choices in (("normalization", normalization, NORMALIZATIONS),
+                                 ("logits", logits, LOGITS),
+                                 ("formulation", formulation or FORMULATIONS[0], FORMULATIONS)):
+        if value not in choices:
+            raise ValueError(_choice_error(name, value, choices))
     k_block, q_block = _clip_blocks(k_block, q_block, qx.shape[0], y.shape[0])
     # one program a call shape when called eagerly (inlined under a caller's jit)
     return _blocked_jit(qx, y, normalization=normalization, k_block=k_block, q_block=q_block,
-                        formulation=formulation, self_keys=bool(self_keys), logits=logits)
+                        formulation=formulation, self_keys=bool(self_keys), logits=logits,
+                        safe=_guard(qx.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("normalization", "k_block", "q_block",
-                                             "formulation", "self_keys", "logits"))
-def _blocked_jit(qx, y, *, normalization, k_block, q_block, formulation, self_keys, logits):
+                                             "formulation", "self_keys", "logits", "safe"))
+def _blocked_jit(qx, y, *, normalization, k_block, q_block, formulation, self_keys, logits,
+                 safe):
+    """:func:`blocked` after its checks, one program a call shape."""
+    return _blocked_platforms(qx, y, normalization=normalization, k_block=k_block,
+                              q_block=q_block, formulation=formulation, self_keys=self_keys,
+                              logits=logits, safe=safe)
+
+
+def _blocked_platforms(qx, y, *, normalization, k_block, q_block, formulation, self_keys,
+                       logits, safe):
+    """The blocked kernel with its block step and blocks picked per platform at lowering."""
     if formulation is not None:
         plat = "cpu" if formulation == "dot" else "gpu"
         kb, qb = _blocks(plat, k_block, q_block)
-        return _blocked(qx, y, normalization, kb, qb, formulation, self_keys, logits)
+        return _blocked(qx, y, normalization, kb, qb, formulation, self_keys, logits, safe)
     kb_c, qb_c = _blocks("cpu", k_block, q_block)
     kb_g, qb_g = _blocks("gpu", k_block, q_block)
     # Wide d: the broadcast logits cost d multiply-adds a pair; matmuls win there too.
@@ -298,157 +323,41 @@ def _blocked_jit(qx, y, *, normalization, k_block, q_block, formulation, self_ke
         qx, y,
         cpu=functools.partial(_blocked, normalization=normalization, k_block=kb_c,
                               q_block=qb_c, formulation="dot", self_keys=self_keys,
-                              logits=logits),
+                              logits=logits, safe=safe),
         default=functools.partial(_blocked, normalization=normalization, k_block=kb_g,
-                                  q_block=qb_g, formulation=accel, self_keys=self_keys),
+                                  q_block=qb_g, formulation=accel, self_keys=self_keys,
+                                  safe=safe),
     )
 
 
 def _blocks(platform, k_block, q_block):
+    """The platform's default blocks where a size is None."""
     kb, qb = DEFAULT_BLOCKS[platform]
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
-def pad_rows(a, multiple, fill=None, value=0):
-    """Pad the leading axis to a multiple of ``multiple``: with ``value`` (default zeros), or
-    repeating row ``fill`` of ``a``. Returns (padded, number of blocks)."""
-    n = a.shape[0]
-    nb = max(1, math.ceil(n / multiple))
-    pad = nb * multiple - n
-    if pad:
-        if fill is None:
-            extra = jnp.full((pad,) + a.shape[1:], value, a.dtype)
-        else:
-            extra = jnp.broadcast_to(a[fill], (pad,) + a.shape[1:])
-        a = jnp.concatenate([a, extra], axis=0)
-    return a, nb
-
-
 def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=False,
-             logits="matmul"):
+             logits="matmul", safe=None):
+    """The blocked kernel with one block step: the online core, then the quotient."""
+    # Bound shift (CPU "dot" step, softmax): the logits of row i never exceed
+    # r_i = |qx_i| · max_j |y_j| (Cauchy–Schwarz); the known logit of row i is l_ii for
+    # self-attention, else the row's maximum over the first key block (._online).
+    # Unnormalised weights take no shift at all (e^{l_ij} as in the definition).
     n, d = qx.shape
     m = y.shape[0]
-    dtype = qx.dtype
-    kb = max(1, min(int(k_block), m))
-    qb = max(1, min(int(q_block), n))
-    # Keys padded by repeating key 0 (never above the running max); values augmented with
-    # a ones column (the softmax normaliser / hardmax tie count) and padded with zeros.
-    keys, nkb = pad_rows(y, kb, fill=0)
-    vals, _ = pad_rows(jnp.concatenate([y, jnp.ones((m, 1), dtype)], axis=1), kb)
-    keys = keys.reshape(nkb, kb, d)
-    vals = vals.reshape(nkb, kb, d + 1)
-    step = _step_dot if formulation == "dot" or normalization == "hardmax" else _step_fused
-    # Bound shift (CPU "dot" step, softmax): the logits of row i never exceed
-    # r_i = |qx_i| · max_j |y_j| (Cauchy–Schwarz), so exp(l_ij − r_i) never overflows and,
-    # subtracted alike from numerator and normaliser, gives the same weights as the running
-    # maximum without its pass over the tile and its rescaling. It could underflow: the
-    # row's largest weight is at least exp(lower_i − r_i) for any known logit lower_i of the
-    # row (l_ii for self-attention, else the row's maximum over the first key block), so a
-    # query block takes this path only while every r_i − lower_i <= SAFE_SHIFT; otherwise,
-    # and for NaN input, the running maximum. Under vmap the decision is taken once for the
-    # whole batch (_all_at_most), so it stays a branch.
-    bound_shift = formulation == "dot" and normalization == "softmax"
-    if bound_shift:
-        safe = jnp.asarray(safe_shift(dtype), dtype)
-        # the shift cancels in the weights: no gradient through it (sqrt's derivative at a
-        # zero row, β = 0 or a rank-deficient B, is NaN)
-        ymax = jax.lax.stop_gradient(jnp.sqrt(jnp.max(jnp.sum(y * y, axis=1))))
-        lower = jnp.sum(qx * y, axis=1) if (self_keys and m == n) else None
-
-    def online(q):
-        rows = q.shape[0]
-        init = (jnp.full((rows,), -jnp.inf, dtype), jnp.zeros((rows, d + 1), dtype))
-        (_, acc), _ = jax.lax.scan(
-            functools.partial(step, q, normalization), init, (keys, vals))
-        return acc
-
-    def shifted(q, r):
-        """Σ_j exp(l_ij − r_i) [y_j, 1] over all key blocks: no recurrence, one pass a tile."""
-        if logits == "matmul":
-            def body(acc, block):
-                yk, vk = block
-                l = jnp.matmul(q, yk.T, precision=HIGHEST)
-                return acc + jnp.matmul(jnp.exp(l - r[:, None]), vk, precision=HIGHEST), None
-
-            acc, _ = jax.lax.scan(body, jnp.zeros((q.shape[0], d + 1), dtype), (keys, vals))
-            return acc
-        # "fused": the tile is (keys, queries), so the queries run along the vector lanes
-        # and each key's coordinates are loop-invariant scalars; the logits are d
-        # multiply-adds inside the exponential's loop (the tile is written once, by the
-        # exponential, and read once, by the product with the values).
-        qt = q.T  # (d, rows)
-
-        def body(acct, block):
-            yk, vkt = block  # (kb, d), (d + 1, kb)
-            l = yk[:, 0:1] * qt[0][None, :] - r[None, :]
-            for c in range(1, d):
-                l = l + yk[:, c:c + 1] * qt[c][None, :]
-            return acct + jnp.matmul(vkt, jnp.exp(l), precision=HIGHEST), None
-
-        acct, _ = jax.lax.scan(body, jnp.zeros((d + 1, q.shape[0]), dtype),
-                               (keys, jnp.swapaxes(vals, 1, 2)))
-        return acct.T
-
-    def one_query_block(q, low=None):  # q: (qb, d) → (qb, d)
-        if bound_shift:
-            r = jax.lax.stop_gradient(jnp.sqrt(jnp.sum(q * q, axis=1))) * ymax
-            if low is None:  # the row's maximum over the first key block
-                low = jnp.max(jnp.matmul(q, keys[0].T, precision=HIGHEST), axis=1)
-            ok = _all_at_most(jax.lax.stop_gradient(r - low), safe)
-            acc = jax.lax.cond(ok, shifted, lambda q, r: online(q), q, r)
-        elif formulation == "dot" and normalization == "unnormalized":
-            acc = shifted(q, jnp.zeros((q.shape[0],), dtype))  # e^{l_ij}: no shift at all
-        else:
-            acc = online(q)
-        if normalization == "unnormalized":
-            return acc[:, :d] / m
-        return _ratio(acc[:, :d], acc[:, d:])
-
-    lower_rows = lower if bound_shift else None
-    if n <= qb:
-        return one_query_block(qx, lower_rows)
-    qp, nqb = pad_rows(qx, qb, fill=0)
-    if lower_rows is None:
-        out = jax.lax.map(one_query_block, qp.reshape(nqb, qb, d))
-    else:
-        lp, _ = pad_rows(lower_rows, qb, fill=0)
-        out = jax.lax.map(lambda a: one_query_block(*a), (qp.reshape(nqb, qb, d),
-                                                          lp.reshape(nqb, qb)))
-    return out.reshape(nqb * qb, d)[:n]
-
-
-def _update(normalization, mx, acc, l, weighted_sum):
-    """One online-softmax update from the logits tile ``l`` (rows, kb); ``weighted_sum(w)``
-    returns Σ_j w_ij [y_j, 1] for a weight tile w."""
-    if normalization == "unnormalized":
-        # Global reference 0: plain exp, summed (no normalisation), as in the definition.
-        return mx, acc + weighted_sum(jnp.exp(l))
-    new = jnp.maximum(mx, jnp.max(l, axis=-1))
+    blocks = key_blocks(y, y, k_block)
     if normalization == "hardmax":
-        keep = (mx == new).astype(acc.dtype)  # previous arg-max set survives
-        hit = (l == new[:, None]).astype(acc.dtype)
-        return new, acc * keep[:, None] + weighted_sum(hit)
-    scale = jnp.exp(mx - new)  # exp(-inf) = 0 on the first block
-    return new, acc * scale[:, None] + weighted_sum(jnp.exp(l - new[:, None]))
-
-
-def _step_dot(q, normalization, carry, block):
-    mx, acc = carry
-    yk, vk = block  # (kb, d), (kb, d + 1)
-    l = jnp.matmul(q, yk.T, precision=HIGHEST)  # (qb, kb)
-    return _update(normalization, mx, acc, l,
-                   lambda w: jnp.matmul(w, vk, precision=HIGHEST)), None
-
-
-def _step_fused(q, normalization, carry, block):
-    mx, acc = carry
-    yk, vk = block
-    d = q.shape[1]
-    l = q[:, 0:1] * yk[None, :, 0]
-    for c in range(1, d):
-        l = l + q[:, c:c + 1] * yk[None, :, c]
-
-    def weighted_sum(w):  # sibling reductions sharing w: one multi-output fusion on GPU
-        return jnp.stack([jnp.sum(w * vk[None, :, c], axis=-1) for c in range(d + 1)], axis=-1)
-
-    return _update(normalization, mx, acc, l, weighted_sum), None
+        mode, step = "hardmax", "dot"
+    elif normalization == "unnormalized":
+        mode, step = "zero", formulation  # e^{l_ij} as in the definition: no shift at all
+    else:
+        mode, step = ("bound" if formulation == "dot" else "running"), formulation
+    r = low = None
+    if mode == "bound":
+        r = bound(qx, y)
+        low = jnp.sum(qx * y, axis=1) if (self_keys and m == n) else None
+    _, acc = stream(qx, blocks, mode=mode, q_block=q_block, step=step, logits=logits, r=r,
+                    low=low, safe=safe)
+    if normalization == "unnormalized":
+        return acc[:, :d] / m
+    return ratio(acc[:, :d], acc[:, d:])

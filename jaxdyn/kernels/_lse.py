@@ -1,7 +1,10 @@
 """Online log-sum-exp tiles shared by the Sinkhorn geometries (dense online and block-sparse).
 
 ``eps * lse_j((pot_j − |p_i − o_j|²)/eps)`` for every point ``p_i``, streamed over key blocks
-with a running maximum: memory O(q_block · k_block), never N × M.
+with the running maximum of :mod:`._online` (:func:`~._online.running_update`): memory
+O(q_block · k_block), never N × M. The bound shift of the attention kernels is not used here:
+at the small ε of concentrated clouds (ε ~ 1e-6 against costs of order 1) no bound of a row's
+terms stays within ``SAFE_SHIFT`` of its maximum.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._attention import pad_rows
+from ._online import finite_or_zero, map_query_blocks, pad_rows, running_update
+
+__all__ = ["LSE_K_BLOCK", "blocked_lse", "lse_key_block", "lse_tile"]
 
 
 def _sq_dists(u, v):
@@ -22,24 +27,43 @@ LSE_K_BLOCK = 512
 
 
 def lse_key_block() -> int:
-    """Key block of the online geometry: cache-sized on CPU, 8x larger on accelerators."""
+    """Key block of the online geometry: cache-sized on CPU, 8x larger on accelerators.
+
+    Returns:
+      The key block size for the default backend.
+    """
     return LSE_K_BLOCK if jax.default_backend() == "cpu" else 8 * LSE_K_BLOCK
 
 
 def lse_tile(q, keys, pot, inv, carry):
-    """One tile of the online log-sum-exp of ``(pot_k − |keys_k − q_i|^2) · inv``: folds the
-    tile's terms into the running (maximum, rescaled sum) ``carry`` of every row q_i. The
-    cost by differences, ``Σ_c (k_c − q_c)^2``; ``pot = −inf`` terms contribute nothing."""
+    """Fold one tile of the online log-sum-exp of ``(pot_k − |keys_k − q_i|²) · inv``.
+
+    Updates the running (maximum, rescaled sum) ``carry`` of every row q_i with the tile's
+    terms (:func:`~._online.running_update`): ``M' = max(M, max_k l_ik)``, ``s' = s e^{M − M'}
+    + Σ_k e^{l_ik − M'}``, so that ``M + log s`` is the log-sum-exp of the terms seen. The cost
+    by differences, ``Σ_c (k_c − q_c)²``; ``pot = −inf`` terms contribute nothing. The maximum
+    carries no derivative (it cancels in ``M + log s``).
+
+    Args:
+      q: (rows, d) points.
+      keys: (kb, d) points of the other cloud.
+      pot: (kb,) potentials of the keys.
+      inv: 1 / ε.
+      carry: (maximum (rows,), rescaled sum (rows,)); start from (−inf, 0).
+
+    Returns:
+      The updated carry.
+    """
     mx, s = carry
     d = q.shape[1]
     cost = (q[:, None, 0] - keys[None, :, 0]) ** 2
     for c in range(1, d):
         cost = cost + (q[:, None, c] - keys[None, :, c]) ** 2
-    logits = (pot[None, :] - cost) * inv
-    new = jnp.maximum(mx, jnp.max(logits, axis=1))
-    ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), q.dtype))
-    s = s * jnp.exp(mx - ref) + jnp.sum(jnp.exp(logits - ref[:, None]), axis=1)
-    return new, s
+    # −inf terms masked, not computed: (−inf − cost) · inv has the derivative −inf in inv,
+    # which times their zero weight made the gradient in ε NaN
+    kept = pot != -jnp.inf
+    logits = jnp.where(kept[None, :], (jnp.where(kept, pot, 0)[None, :] - cost) * inv, -jnp.inf)
+    return running_update(mx, s, logits, lambda w: jnp.sum(w, axis=1))
 
 
 def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE_K_BLOCK):
@@ -56,16 +80,25 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE
 
     ``pot = −inf`` entries (and the padding of the last block) contribute nothing; a row
     whose terms are all ``−inf`` gives ``−inf``.
+
+    Args:
+      pts: (n, d) points.
+      other: (m, d) points of the other cloud.
+      pot: (m,) potentials.
+      eps: the entropic regularisation ε > 0.
+      q_block: rows per block.
+      k_block: points of the other cloud per block.
+
+    Returns:
+      (n,) log-sum-exps times ε.
     """
     n, d = pts.shape
     m = other.shape[0]
     dtype = pts.dtype
     kb = max(1, min(int(k_block), m))
-    qb = max(1, min(int(q_block), n))
     other_p, nk = pad_rows(other, kb)
     pot_p, _ = pad_rows(pot.astype(dtype), kb, value=-jnp.inf)
-    other_p = other_p.reshape(nk, kb, d)
-    pot_p = pot_p.reshape(nk, kb)
+    blocks = (other_p.reshape(nk, kb, d), pot_p.reshape(nk, kb))
     inv = 1.0 / eps
 
     def rows(q):
@@ -74,10 +107,7 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE
 
         rb = q.shape[0]
         init = (jnp.full((rb,), -jnp.inf, dtype), jnp.zeros((rb,), dtype))
-        (mx, s), _ = jax.lax.scan(step, init, (other_p, pot_p))
-        return eps * (mx + jnp.log(s))
+        (mx, s), _ = jax.lax.scan(step, init, blocks)
+        return eps * (finite_or_zero(mx) + jnp.log(s))
 
-    if n <= qb:
-        return rows(pts)
-    pts_p, nq = pad_rows(pts, qb)
-    return jax.lax.map(rows, pts_p.reshape(nq, qb, d)).reshape(nq * qb)[:n]
+    return map_query_blocks(rows, q_block, pts)

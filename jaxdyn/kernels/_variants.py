@@ -31,10 +31,17 @@ Sinkhorn error (doubly stochastic for self-attention). The entropic ε of the tr
 problem is 1/β (the cost −⟨q_i, k_j⟩). No causal mask (a lower-triangular doubly stochastic
 matrix is the identity).
 
-The blocked kernel streams key blocks with a running maximum (as :mod:`._attention`),
-with a −∞-safe reference (a row may see no unmasked key in a block); under a causal mask a
-query block skips (``lax.cond``) every key block that lies wholly after its last query, so
-a causal pass costs about half a full one (``benchmarks/bench_causal.py``).
+The blocked kernel is the online softmax / log-sum-exp of :mod:`._online`, the same core as
+:func:`~jaxdyn.kernels.interaction`'s (one head, no bias, no mask: the same program). On CPU
+the weights are shifted by a bound of the row's logits where that is exact and safe: the
+Cauchy–Schwarz bound ``|β q_i| max_j |k_j| + max_j b_j`` (for L2 logits the smaller of it and
+``β|q_i|² + max_j b_j``, from ``−β|q_i − k_j|² ≤ 0``), checked per query block against the
+diagonal logit ``l_ii`` for self-attention (n = m: never masked, a causal row keeps j = i) or
+the maximum of the first key block (key 0: never masked); otherwise, and on accelerators, the
+running maximum (with a −∞-safe reference: a row may see no unmasked key in a block). Under a
+causal mask a query block skips (``lax.switch``) every key block that lies wholly after its
+last query and masks only the blocks across its diagonal, so a causal pass costs about half a
+full one (``benchmarks/bench_causal.py``).
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ._attention import (DEFAULT_BLOCKS, HIGHEST, _check_block, _check_choice, pad_rows,
-                         resolve_kernel)
+from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
+from ._online import FUSED_MAX_D, bound, key_blocks, ratio, stream
+
+__all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interaction", "rope"]
 
 LOGITS = ("dot", "l2")
 MASKS = ("none", "causal")
@@ -54,11 +63,23 @@ CAUSAL_Q_BLOCK = 512
 
 
 def rope(z, freqs, positions=None):
-    """Rotary position embedding: rotate the coordinate pairs (z_{2c}, z_{2c+1}) of row i by
-    the angle ``positions_i · freqs_c`` (c < p // 2; an odd last coordinate is left alone).
+    """Rotary position embedding (Su et al. 2021).
 
-    ``z`` (..., n, p); ``freqs`` (p // 2,); ``positions`` (n,) (default 0..n−1). Since
-    ``R(θ_i)ᵀ R(θ_j) = R(θ_j − θ_i)``, ``⟨rope(q)_i, rope(k)_j⟩`` depends on i − j only."""
+    Rotates the coordinate pairs (z_{2c}, z_{2c+1}) of row i by the angle
+    ``positions_i · freqs_c`` (c < p // 2; an odd last coordinate is left alone). Since
+    ``R(θ_i)ᵀ R(θ_j) = R(θ_j − θ_i)``, ``⟨rope(q)_i, rope(k)_j⟩`` depends on i − j only.
+
+    Args:
+      z: (..., n, p) vectors.
+      freqs: (p // 2,) frequencies.
+      positions: (n,) positions; None: 0..n−1.
+
+    Returns:
+      The rotated vectors, shaped like ``z``.
+
+    Raises:
+      ValueError: ``freqs`` not of shape (p // 2,).
+    """
     n, p = z.shape[-2], z.shape[-1]
     half = p // 2
     if freqs.shape != (half,):
@@ -74,11 +95,21 @@ def rope(z, freqs, positions=None):
 
 
 def default_rope_freqs(p, base=10000.0, dtype=jnp.float32):
-    """RoPE's frequencies ``base^(−2c/p)``, c = 0..p//2 − 1 (Su et al. 2021)."""
+    """RoPE's frequencies ``base^(−2c/p)``, c = 0..p//2 − 1 (Su et al. 2021).
+
+    Args:
+      p: head dimension.
+      base: the frequency base.
+      dtype: floating dtype of the result.
+
+    Returns:
+      (p // 2,) frequencies.
+    """
     return jnp.asarray(base, dtype) ** (-2.0 * jnp.arange(p // 2, dtype=dtype) / p)
 
 
 def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
+    """The (n, m) logits of one head (module doc), the squared distances by differences."""
     if logits == "l2":
         d2 = jnp.sum((q[:, None, :] - k[None, :, :]) ** 2, axis=-1)
         l = -beta * d2
@@ -97,6 +128,7 @@ def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
 
 
 def _sinkhorn_dense(l, iters):
+    """The column potential g of ``iters`` log-domain Sinkhorn sweeps on dense logits."""
     n, m = l.shape
     # columns to n/m (rows to 1: both total n). log(m/n), used before, asked the columns for
     # m/n: g drifted by 2 log(m/n) a sweep (cancelled by the row normalisation, but float32 lost
@@ -111,6 +143,7 @@ def _sinkhorn_dense(l, iters):
 
 
 def _dense_weights_one(q, k, beta, key_bias, alibi, causal, logits, sinkhorn_iters):
+    """The dense (n, m) weights of one head."""
     l = _dense_logits(q, k, beta, key_bias, alibi, causal, logits)
     if sinkhorn_iters:
         l = l + _sinkhorn_dense(l, sinkhorn_iters)[None, :]
@@ -119,9 +152,32 @@ def _dense_weights_one(q, k, beta, key_bias, alibi, causal, logits, sinkhorn_ite
 
 def attention_weights(q, k, beta, *, key_bias=None, alibi=None, causal=False, logits="dot",
                       sinkhorn_iters=0):
-    """The dense weights ``w_ij`` of every head, (H, n, m), for ``q`` (H, n, p), ``k`` (H, m, p),
-    ``key_bias`` (H, m) or None, ``alibi`` (H,) or None (module doc)."""
-    _check_variant(q, k, None, key_bias, alibi, causal, logits, sinkhorn_iters)
+    """The dense weights ``w_ij`` of every head (module doc).
+
+    ``w_ij = exp(l_ij) / Σ_k exp(l_ik)`` with ``l_ij = β⟨q_i, k_j⟩ + b_j − α|i − j|`` (or
+    ``−β|q_i − k_j|² + …``; ``−∞`` above the diagonal under a causal mask), after
+    ``sinkhorn_iters`` Sinkhorn sweeps when that is not 0.
+
+    Args:
+      q: (H, n, p) queries.
+      k: (H, m, p) keys.
+      beta: inverse temperature, scalar.
+      key_bias: (H, m) per-key bias, or None.
+      alibi: (H,) ALiBi slopes, or None.
+      causal: mask ``j > i``.
+      logits: ``"dot"`` | ``"l2"``.
+      sinkhorn_iters: 0 (softmax rows) or the number of Sinkhorn sweeps.
+
+    Returns:
+      (H, n, m) weights.
+
+    Raises:
+      ValueError: shapes that do not match, an unknown ``logits``, a causal mask with
+        n ≠ m or with Sinkhorn sweeps, or a negative ``sinkhorn_iters``.
+    """
+    err = _variant_error(q, k, None, key_bias, alibi, causal, logits, sinkhorn_iters)
+    if err:
+        raise ValueError(err)
     beta = jnp.asarray(beta, q.dtype)
     return jax.vmap(_dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None,
                                                    None, None))(
@@ -129,66 +185,90 @@ def attention_weights(q, k, beta, *, key_bias=None, alibi=None, causal=False, lo
 
 
 def _ax(a):
+    """``vmap``'s axis of an optional per-head argument."""
     return None if a is None else 0
 
 
-def _check_variant(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters):
-    _check_choice("logits", logits, LOGITS)
+def _variant_error(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters):
+    """The message of the variants' structural checks (a ValueError), or None."""
+    if logits not in LOGITS:
+        return _choice_error("logits", logits, LOGITS)
     if getattr(q, "ndim", None) != 3 or getattr(k, "ndim", None) != 3 or q.shape[0] != k.shape[0] \
             or q.shape[2] != k.shape[2]:
-        raise ValueError("expected q (H, n, p) and k (H, m, p) with the same H and p; got "
-                         f"{getattr(q, 'shape', q)} and {getattr(k, 'shape', k)}")
+        return ("expected q (H, n, p) and k (H, m, p) with the same H and p; got "
+                f"{getattr(q, 'shape', q)} and {getattr(k, 'shape', k)}")
     H, n, _ = q.shape
     m = k.shape[1]
     if v is not None and (getattr(v, "ndim", None) != 2 or v.shape[0] != m):
-        raise ValueError(f"v must have shape ({m}, e) (the values shared by all heads), got "
-                         f"{getattr(v, 'shape', v)}")
-    if key_bias is not None and key_bias.shape != (H, m):
-        raise ValueError(f"key_bias must have shape ({H}, {m}), got {key_bias.shape}")
+        return (f"v must have shape ({m}, e) (the values shared by all heads), got "
+                f"{getattr(v, 'shape', v)}")
+    if key_bias is not None and jnp.shape(key_bias) != (H, m):
+        return f"key_bias must have shape ({H}, {m}), got {jnp.shape(key_bias)}"
     if alibi is not None and jnp.shape(alibi) != (H,):
-        raise ValueError(f"alibi must hold one slope per head, shape ({H},), got "
-                         f"{jnp.shape(alibi)}")
+        return f"alibi must hold one slope per head, shape ({H},), got {jnp.shape(alibi)}"
     if causal and n != m:
-        raise ValueError(f"a causal mask needs as many queries as keys (self-attention); got "
-                         f"{n} queries and {m} keys")
+        return (f"a causal mask needs as many queries as keys (self-attention); got {n} queries "
+                f"and {m} keys")
     if isinstance(sinkhorn_iters, bool) or not hasattr(sinkhorn_iters, "__index__") \
             or int(sinkhorn_iters) < 0:
-        raise ValueError(f"sinkhorn_iters must be an integer >= 0, got {sinkhorn_iters!r}")
+        return f"sinkhorn_iters must be an integer >= 0, got {sinkhorn_iters!r}"
     if causal and sinkhorn_iters:
-        raise ValueError("Sinkhorn attention takes no causal mask (a lower-triangular doubly "
-                         "stochastic matrix is the identity)")
+        return ("Sinkhorn attention takes no causal mask (a lower-triangular doubly stochastic "
+                "matrix is the identity)")
+    return None
 
 
 def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False, logits="dot",
                       sinkhorn_iters=0, kernel="auto", k_block=None, q_block=None):
     """Attention averages of every head, ``m_hi = Σ_j w^h_ij v_j`` (module doc).
 
+    ``w^h_ij = exp(l^h_ij) / Σ_k exp(l^h_ik)`` with ``l^h_ij = β⟨q_hi, k_hj⟩ + b_hj − α_h|i − j|``
+    (or ``−β|q_hi − k_hj|² + …``), ``−∞`` above the diagonal under a causal mask; with
+    Sinkhorn sweeps, the key bias gains the column potential g.
+
     Args:
-      q: queries (H, n, p) (RoPE already applied); k: keys (H, m, p); v: values (m, e),
-        shared by the heads.
+      q: queries (H, n, p) (RoPE already applied).
+      k: keys (H, m, p).
+      v: values (m, e), shared by the heads.
       beta: inverse temperature, scalar.
-      key_bias: (H, m) or None; alibi: ALiBi slopes (H,) or None; causal: j ≤ i only.
-      logits: ``"dot"`` | ``"l2"``; sinkhorn_iters: 0 (softmax rows) or the number of
-        Sinkhorn sweeps.
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``; k_block, q_block: block sizes (None:
-        the platform default; under a causal mask the CPU query block is ``CAUSAL_Q_BLOCK``).
+      key_bias: (H, m) per-key bias, or None.
+      alibi: ALiBi slopes (H,), or None.
+      causal: keys j ≤ i only.
+      logits: ``"dot"`` | ``"l2"``.
+      sinkhorn_iters: 0 (softmax rows) or the number of Sinkhorn sweeps.
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+      k_block: key block size (None: the platform default).
+      q_block: query block size (None: the platform default; under a causal mask the CPU
+        query block is ``CAUSAL_Q_BLOCK``).
 
     Returns:
       (H, n, e).
+
+    Raises:
+      ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a causal
+        mask with n ≠ m or with Sinkhorn sweeps, a negative ``sinkhorn_iters``, or a block
+        size that is not a positive integer.
     """
-    _check_variant(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters)
+    err = _variant_error(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters)
+    if err:
+        raise ValueError(err)
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, k.shape[1])
+    n, m = q.shape[1], k.shape[1]
+    k_block = None if k_block is None else min(k_block, m)
+    q_block = None if q_block is None else min(q_block, n)
     # one program a call shape when called eagerly (inlined under a caller's jit)
     return _heads_jit(q, k, v, beta, key_bias, alibi, causal=bool(causal), logits=logits,
-                      iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block)
+                      iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block,
+                      safe=_guard(q.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "logits", "iters", "kernel", "k_block",
-                                             "q_block"))
+                                             "q_block", "safe"))
 def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel, k_block,
-               q_block):
+               q_block, safe):
+    """:func:`heads_interaction` after its checks, one program a call shape."""
     beta = jnp.asarray(beta, q.dtype)
     v = v.astype(q.dtype)
     if kernel == "dense":
@@ -196,110 +276,109 @@ def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel,
                                                   None, None))(
             q, k, beta, key_bias, alibi, causal, logits, iters)
         return jnp.einsum("hnm,me->hne", w, v, precision=HIGHEST)
-    if logits == "l2":  # −β|q − k|² = row constant + 2β⟨q, k⟩ − β|k|²
-        qs = 2 * beta * q
-        kb_l2 = -beta * jnp.sum(k * k, axis=-1)
-        key_bias = kb_l2 if key_bias is None else key_bias + kb_l2
-    else:
-        qs = beta * q
-    if key_bias is None:
-        key_bias = jnp.zeros(k.shape[:2], q.dtype)
-    alibi_ = jnp.zeros((q.shape[0],), q.dtype) if alibi is None else jnp.asarray(alibi, q.dtype)
-    kb, qb = _variant_blocks(k_block, q_block, causal)
-    if iters:
-        key_bias = key_bias + jax.vmap(
-            lambda a, b, c, s: _sinkhorn_blocked(a, b, c, s, alibi is not None, iters, kb, qb))(
-            qs, k, key_bias, alibi_)
-    one = functools.partial(_attend_blocked, causal=causal, use_alibi=alibi is not None,
-                            k_block=kb, q_block=qb)
-    return jax.vmap(one, in_axes=(0, 0, None, 0, 0))(qs, k, v, key_bias, alibi_)
+    if key_bias is not None:
+        key_bias = key_bias.astype(q.dtype)
+    if alibi is not None:
+        alibi = jnp.asarray(alibi, q.dtype)
+    opts = dict(causal=causal, logits=logits, iters=iters, safe=safe)
+    kb_c, qb_c = _variant_blocks("cpu", k_block, q_block, causal)
+    kb_g, qb_g = _variant_blocks("gpu", k_block, q_block, causal)
+    accel = "fused" if max(q.shape[2], v.shape[1]) <= FUSED_MAX_D else "dot"
+    return jax.lax.platform_dependent(
+        q, k, v, beta, key_bias, alibi,
+        cpu=functools.partial(_heads_blocked, mode="bound", step="dot", k_block=kb_c,
+                              q_block=qb_c, **opts),
+        default=functools.partial(_heads_blocked, mode="running", step=accel, k_block=kb_g,
+                                  q_block=qb_g, **opts))
 
 
-def _variant_blocks(k_block, q_block, causal):
-    plat = "cpu" if jax.default_backend() == "cpu" else "gpu"
-    kb, qb = DEFAULT_BLOCKS[plat]
-    if causal and plat == "cpu":
+def _variant_blocks(platform, k_block, q_block, causal):
+    """The platform's default blocks where a size is None (CPU causal: ``CAUSAL_Q_BLOCK``)."""
+    kb, qb = DEFAULT_BLOCKS[platform]
+    if causal and platform == "cpu":
         qb = CAUSAL_Q_BLOCK
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
-def _attend_blocked(qs, k, v, bias, alibi, *, causal, use_alibi, k_block, q_block):
-    ref, acc = _blocked_core(qs, k, v, bias, alibi, causal, use_alibi, k_block, q_block)
+def _heads_blocked(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, mode, step,
+                   k_block, q_block, safe):
+    """The blocked kernel of every head: vmapped over heads (one head: called directly)."""
+    if logits == "l2":  # −β|q − k|² = row constant + 2β⟨q, k⟩ − β|k|²
+        qs = 2 * beta * q
+        l2_bias = -beta * jnp.sum(k * k, axis=-1)
+        key_bias = l2_bias if key_bias is None else key_bias + l2_bias
+    else:
+        qs = beta * q
+    head = functools.partial(_head_blocked, beta=beta, causal=causal, l2=logits == "l2",
+                             iters=iters, mode=mode, step=step, k_block=k_block,
+                             q_block=q_block, safe=safe)
+    if q.shape[0] == 1:
+        return head(qs[0], k[0], v, None if key_bias is None else key_bias[0],
+                    None if alibi is None else alibi[0])[None]
+    return jax.vmap(head, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi)))(
+        qs, k, v, key_bias, alibi)
+
+
+def _head_blocked(qs, k, v, bias, alibi, *, beta, causal, l2, iters, mode, step, k_block,
+                  q_block, safe):
+    """One head: the Sinkhorn column potential (``iters`` sweeps), then the averages."""
     e = v.shape[1]
-    return acc[:, :e] / acc[:, e:]
+    # the AM–GM bound is tight for L2 logits (``._online.bound``): s = 1/(2β) for the rows
+    amgm = 1 / (2 * beta) if l2 else None
+    if iters:
+        g = _sinkhorn_blocked(qs, k, bias, alibi, beta=beta, l2=l2, iters=iters, mode=mode,
+                              step=step, k_block=k_block, q_block=q_block, safe=safe)
+        bias = g if bias is None else bias + g
+    _, acc = _pass(qs, k, v, bias, alibi, amgm=amgm, causal=causal, mode=mode, step=step,
+                   k_block=k_block, q_block=q_block, safe=safe)
+    return ratio(acc[:, :e], acc[:, e:])
 
 
-def _row_lse(qs, k, bias, alibi, use_alibi, kb, qb):
-    ref, acc = _blocked_core(qs, k, jnp.zeros((k.shape[0], 0), qs.dtype), bias, alibi, False,
-                             use_alibi, kb, qb)
+def _pass(qs, k, v, bias, alibi, *, amgm, causal, mode, step, k_block, q_block, safe):
+    """:func:`~._online.stream` of one head (values ``v`` may have 0 columns)."""
+    # with the bound shift's bound and known logit where ``mode`` is "bound"
+    n, m = qs.shape[0], k.shape[0]
+    blocks = key_blocks(k, v, k_block, bias=bias, positions=alibi is not None or causal)
+    r = low = None
+    if mode == "bound":
+        r = bound(qs, k, bias, amgm=amgm)
+        if alibi is not None:  # −α|i − j| <= max(−α, 0) · max_j |i − j| (j <= i if causal)
+            i = jnp.arange(n)
+            span = i if causal else jnp.maximum(i, m - 1 - i)
+            r = r + jnp.maximum(-alibi, 0) * span.astype(qs.dtype)
+        if n == m:  # the diagonal logit: a logit of row i, never masked (j = i)
+            low = jnp.sum(qs * k, axis=1) + (0 if bias is None else bias)
+    return stream(qs, blocks, mode=mode, q_block=q_block, step=step,
+                  logits=_cpu_logits(qs.shape[1]), r=r, low=low, alibi=alibi, causal=causal,
+                  safe=safe)
+
+
+def _cpu_logits(p):
+    """The CPU fixed-shift tile (``._attention.default_cpu_logits``)."""
+    return "fused" if p <= FUSED_MAX_D else "matmul"
+
+
+def _row_lse(qs, k, bias, alibi, *, amgm, mode, step, k_block, q_block, safe):
+    """``log Σ_j exp(⟨qs_i, k_j⟩ + bias_j − α|i − j|)`` of every row, streamed."""
+    ref, acc = _pass(qs, k, jnp.zeros((k.shape[0], 0), qs.dtype), bias, alibi, amgm=amgm,
+                     causal=False, mode=mode, step=step, k_block=k_block, q_block=q_block,
+                     safe=safe)
     return ref + jnp.log(acc[:, 0])
 
 
-def _sinkhorn_blocked(qs, k, bias, alibi, use_alibi, iters, kb, qb):
-    """The column potential g of ``iters`` Sinkhorn sweeps (module doc), streamed: row sums
-    over key blocks, column sums with the roles of queries and keys swapped."""
+def _sinkhorn_blocked(qs, k, bias, alibi, *, beta, l2, iters, mode, step, k_block, q_block,
+                      safe):
+    """The column potential g of ``iters`` Sinkhorn sweeps (module doc), streamed."""
+    # row sums over key blocks, column sums with the roles of queries and keys swapped
     n, m = qs.shape[0], k.shape[0]
     shift = jnp.log(jnp.asarray(n / m, qs.dtype))  # columns to n/m (see _sinkhorn_dense)
+    opts = dict(mode=mode, step=step, k_block=k_block, q_block=q_block, safe=safe)
+    # AM–GM scales of the L2 logits: 1/(2β) for the rows, 2β for the columns
+    row_s, col_s = (1 / (2 * beta), 2 * beta) if l2 else (None, None)
+    b0 = jnp.zeros((m,), qs.dtype) if bias is None else bias
 
     def sweep(_, g):
-        f = -_row_lse(qs, k, bias + g, alibi, use_alibi, kb, qb)
-        return -(_row_lse(k, qs, f, alibi, use_alibi, kb, qb) + bias) + shift
+        f = -_row_lse(qs, k, b0 + g, alibi, amgm=row_s, **opts)
+        return -(_row_lse(k, qs, f, alibi, amgm=col_s, **opts) + b0) + shift
 
     return jax.lax.fori_loop(0, iters, sweep, jnp.zeros((m,), qs.dtype))
-
-
-def _blocked_core(qs, k, v, bias, alibi, causal, use_alibi, k_block, q_block):
-    """Online softmax of ``l_ij = ⟨qs_i, k_j⟩ + bias_j − alibi |i − j|`` (j ≤ i if causal)
-    over key blocks: returns (reference ref_i, Σ_j e^{l_ij − ref_i} [v_j, 1]), so that
-    ``m_i = acc[:e] / acc[e]`` and ``lse_i = ref_i + log acc[e]``."""
-    n, p = qs.shape
-    m, e = v.shape
-    dtype = qs.dtype
-    kb = max(1, min(int(k_block), m))
-    qb = max(1, min(int(q_block), n))
-    keys, nkb = pad_rows(k.astype(dtype), kb)
-    vals, _ = pad_rows(jnp.concatenate([v, jnp.ones((m, 1), dtype)], axis=1), kb)
-    bias_p, _ = pad_rows(bias.astype(dtype), kb, value=-jnp.inf)  # padded keys: weight 0
-    keys = keys.reshape(nkb, kb, p)
-    vals = vals.reshape(nkb, kb, e + 1)
-    bias_p = bias_p.reshape(nkb, kb)
-    starts = jnp.arange(nkb) * kb
-
-    def one_query_block(q, q0):
-        rows = q.shape[0]
-        ipos = q0 + jnp.arange(rows)
-
-        def compute(carry, yk, vk, bk, j0):
-            mx, acc = carry
-            l = jnp.matmul(q, yk.T, precision=HIGHEST) + bk[None, :]
-            jpos = j0 + jnp.arange(kb)
-            if use_alibi:
-                l = l - alibi * jnp.abs(ipos[:, None] - jpos[None, :]).astype(dtype)
-            if causal:
-                l = jnp.where(jpos[None, :] <= ipos[:, None], l, -jnp.inf)
-            new = jnp.maximum(mx, jnp.max(l, axis=-1))
-            ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), dtype))
-            oref = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), dtype))
-            scale = jnp.where(jnp.isfinite(mx), jnp.exp(oref - ref), jnp.zeros((), dtype))
-            w = jnp.exp(l - ref[:, None])
-            return new, acc * scale[:, None] + jnp.matmul(w, vk, precision=HIGHEST)
-
-        def body(carry, blk):
-            yk, vk, bk, j0 = blk
-            if causal:  # key blocks wholly after the block's last query: skipped
-                carry = jax.lax.cond(j0 <= q0 + rows - 1,
-                                     lambda c: compute(c, yk, vk, bk, j0), lambda c: c, carry)
-            else:
-                carry = compute(carry, yk, vk, bk, j0)
-            return carry, None
-
-        init = (jnp.full((rows,), -jnp.inf, dtype), jnp.zeros((rows, e + 1), dtype))
-        (mx, acc), _ = jax.lax.scan(body, init, (keys, vals, bias_p, starts))
-        return jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), dtype)), acc
-
-    if n <= qb:
-        return one_query_block(qs, jnp.zeros((), starts.dtype))
-    qp, nqb = pad_rows(qs, qb)
-    ref, acc = jax.lax.map(lambda a: one_query_block(*a),
-                           (qp.reshape(nqb, qb, p), jnp.arange(nqb) * qb))
-    return ref.reshape(nqb * qb)[:n], acc.reshape(nqb * qb, e + 1)[:n]
