@@ -118,12 +118,8 @@ def test_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, dtype, se
     monkeypatch.setitem(K.SAFE_SHIFT, "float64", safe)
     x, B, qx = _setup(dtype, 203, beta=6.0)
     dense = interaction(x, x, B, 6.0, kernel="dense")
-    # the guard is read when the kernel is traced: a trace of another case must not serve
-    K._blocked_jit.clear_cache()
-    try:
-        got = blocked(qx, x, k_block=64, q_block=96, formulation="dot", self_keys=self_keys)
-    finally:
-        K._blocked_jit.clear_cache()
+    # the guard is read at each call and keys the program: no trace of another case serves
+    got = blocked(qx, x, k_block=64, q_block=96, formulation="dot", self_keys=self_keys)
     np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
                                atol=tol(dtype, 1e-5, 1e-12) * float(jnp.max(jnp.abs(dense))))
 
@@ -138,12 +134,8 @@ def test_bound_shift_guard_is_live_and_batch_wide(monkeypatch):
     got = blocked(qx, x, k_block=64, q_block=64, formulation="dot", self_keys=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0, atol=1e-4)
     with monkeypatch.context() as mp:
-        mp.setitem(K.SAFE_SHIFT, "float32", 1e30)
-        K._blocked_jit.clear_cache()  # the guard is read when the kernel is traced
-        try:
-            forced = blocked(qx, x, k_block=64, q_block=64, formulation="dot", self_keys=True)
-        finally:
-            K._blocked_jit.clear_cache()  # no trace with the patched guard outlives the test
+        mp.setitem(K.SAFE_SHIFT, "float32", 1e30)  # read at each call: it keys the program
+        forced = blocked(qx, x, k_block=64, q_block=64, formulation="dot", self_keys=True)
         assert not np.all(np.isfinite(np.asarray(forced)))
     # under vmap one decision covers the batch: a safe β next to an unsafe one still
     # matches dense for both (the unsafe one forces the maximum for the pair)

@@ -1,5 +1,7 @@
 """The interaction kernel against a plain NumPy double loop, and dense against blocked."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,20 +74,36 @@ def test_blocked_equals_dense(dtype, n, normalization):
                                    atol=tol(dtype, 1e-5, 1e-12) * scale, rtol=0)
 
 
+@contextlib.contextmanager
+def _traces_of(name):
+    """The traces JAX records (``jax.monitoring``'s trace-duration events) of the jitted
+    function ``name`` while the block runs: one per program built."""
+    seen = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration" and kwargs.get("fun_name") == name:
+            seen.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
 def test_block_sizes_meaning_the_same_blocks_share_one_program():
     # at 6 points, blocks of 128 and of 500 keys are both one block of 6: one program, the
     # same numbers (a shape no other test uses: both would otherwise be cached already);
     # blocks of 2 are another program
-    from jaxdyn.kernels._attention import _interaction_jit
-
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 6, 5, jnp.float64)
     B = jnp.eye(5, dtype=jnp.float64)
-    before = _interaction_jit._cache_size()
-    a = interaction(x, x, B, 2.0, kernel="blocked", k_block=128, q_block=256)
-    b = interaction(x, x, B, 2.0, kernel="blocked", k_block=500, q_block=100)
-    assert _interaction_jit._cache_size() - before == 1
+    with _traces_of("_interaction_jit") as traces:
+        a = interaction(x, x, B, 2.0, kernel="blocked", k_block=128, q_block=256)
+        b = interaction(x, x, B, 2.0, kernel="blocked", k_block=500, q_block=100)
+        assert len(traces) == 1
+        c = interaction(x, x, B, 2.0, kernel="blocked", k_block=2, q_block=256)
+        assert len(traces) == 2
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    c = interaction(x, x, B, 2.0, kernel="blocked", k_block=2, q_block=256)
     np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-13, atol=1e-13)
 
 
