@@ -283,3 +283,16 @@ def test_rope_and_weights_under_jit_vmap_grad():
     ws = jax.jit(jax.vmap(lambda b: attention_weights(q, k, b, sinkhorn_iters=2)))(
         jnp.asarray([0.5, 1.0]))
     np.testing.assert_allclose(np.asarray(jnp.sum(ws, -1)), 1.0, rtol=0, atol=1e-13)
+
+
+def test_guarded_shift():
+    # the bound where every r − low <= safe, else the maximum (NaN: the maximum); one
+    # decision for a vmapped batch; no derivative
+    r, low = jnp.asarray([3.0, 4.0]), jnp.asarray([1.0, 2.0])
+    mx = jnp.asarray([2.5, 3.5])
+    np.testing.assert_array_equal(O.guarded_shift(r, low, lambda: mx, 2.0), r)
+    np.testing.assert_array_equal(O.guarded_shift(r, low, lambda: mx, 1.9), mx)
+    np.testing.assert_array_equal(O.guarded_shift(r, low.at[0].set(jnp.nan), lambda: mx, 1e9), mx)
+    many = jax.vmap(lambda r: O.guarded_shift(r, low, lambda: r - 1, 2.0))(jnp.stack([r, r + 1]))
+    np.testing.assert_array_equal(many, jnp.stack([r - 1, r]))
+    assert float(jax.grad(lambda r: jnp.sum(O.guarded_shift(r, low, lambda: r, 2.0)))(r)[0]) == 0

@@ -150,6 +150,27 @@ def pad_rows(a, multiple, fill=None, value=0):
     return a, nb
 
 
+def guarded_shift(r, low, maximum, safe):
+    """The shift of a dense tile's weights: the bound where it is safe, else the maximum.
+
+    ``r`` where every ``r − low <= safe`` (``low``: known logits of the rows, e.g. ``l_ii``
+    for self-attention), else ``maximum()``, the rows' maximum (computed on that branch
+    only); a NaN anywhere takes the maximum. Without derivative: the shift cancels in the
+    weights.
+
+    Args:
+      r: upper bounds of the rows' logits.
+      low: a known logit of each row, shaped like ``r``.
+      maximum: zero-argument function returning the rows' maximum, shaped like ``r``.
+      safe: the guard (:func:`safe_shift`).
+
+    Returns:
+      The shift, shaped like ``r``.
+    """
+    ok = all_at_most(jax.lax.stop_gradient(r - low), safe)
+    return jax.lax.stop_gradient(jax.lax.cond(ok, lambda: r, maximum))
+
+
 # ----------------------------------------------------------------------------- key blocks
 
 
