@@ -58,6 +58,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._choices import KERNELS, NORMALIZATIONS
 from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, key_blocks, pad_rows,
                       ratio, safe_shift, stream)
 
@@ -67,8 +68,6 @@ _ratio = ratio
 __all__ = ["DEFAULT_BLOCKS", "HIGHEST", "KERNELS", "NORMALIZATIONS", "SAFE_SHIFT", "blocked",
            "interaction", "pad_rows", "resolve_kernel"]
 
-KERNELS = ("dense", "blocked", "auto")
-NORMALIZATIONS = ("softmax", "unnormalized", "hardmax")
 FORMULATIONS = ("dot", "fused")
 
 # ``kernel="auto"`` switches to the blocked kernel at this many keys and above. Measured on

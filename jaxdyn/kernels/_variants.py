@@ -51,13 +51,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
 from ._online import FUSED_MAX_D, bound, key_blocks, ratio, stream
 
 __all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interaction", "rope"]
 
 LOGITS = ("dot", "l2")
-MASKS = ("none", "causal")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
 CAUSAL_Q_BLOCK = 512
 
