@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from .. import io as jio
 from ..config import config_hash
 from . import folder, reporting, runner
 from .folder import RunLock, merge_chunks
@@ -179,8 +180,6 @@ def _run_locked(run: runner.Run, progress: bool, compute_hook, clock) -> RunResu
     base = reporting.base_summary(run)
     writer = run.processes.writer
     if writer:
-        from .. import io as jio
-
         jio.write_json(run.out / jio.SUMMARY_FILE, base)
     tally = runner.Tally()
     bar = None

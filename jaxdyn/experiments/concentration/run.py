@@ -28,7 +28,7 @@ def _frames(model, xs, target, P_E, bE, bV, near):
       A tuple of per-frame arrays.
     """
     L = lyapunov(xs, P_E)
-    return (xs, w2_coupling(xs, target[None]), jnp.mean(L, -1), jnp.median(L, -1),
+    return (xs, w2_coupling(xs, target[None]).value, jnp.mean(L, -1), jnp.median(L, -1),
             mass_near(xs, bE, near), mass_near(xs, bV, near))
 
 
