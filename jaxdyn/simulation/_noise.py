@@ -40,7 +40,7 @@ import numpy as np
 from .._results import RESULTS, error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
-from ._simulate import (_check_x0, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
+from ._simulate import (_adjoint, _check_x0, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
                         plan_steps, save_indices, solver_of, step_grid)
 
 #: the method names ``simulate_sde`` takes
@@ -126,7 +126,7 @@ class GridBrownianPath(diffrax.AbstractBrownianPath):
 
 
 def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, saveat=None,
-                 method="geodesic_em", args=None, throw=False):
+                 method="geodesic_em", args=None, adjoint=None, throw=False):
     """Integrate ``dx_i = model(t, x)_i dt + σ P⊥(x_i) ∘ dW_i`` from ``x0`` on [t0, t1].
 
     Args:
@@ -143,6 +143,7 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
       method: ``"geodesic_em"`` | ``"heun"`` | ``"midpoint"`` or a diffrax solver object
         (see the module docstring).
       args: passed to the model.
+      adjoint: how ``jax.grad`` differentiates the solve (as in :func:`jaxdyn.simulate`).
       throw: raise on an unsuccessful run instead of flagging it.
 
     Returns:
@@ -173,10 +174,10 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     if isinstance(solver, AbstractIntegrator):
         solver = solver.on(model)
         traj = _solve_grid_sde(solver, solver.field_of(model), _project(model), x0, key, sigma,
-                               args, t0, dt, idx)
+                               args, t0, dt, idx, _adjoint(adjoint))
     else:
         traj = _solve_tree_sde(solver, model, _project(model), x0, key, sigma, args, t0, t1, dt,
-                               idx, end_time(t0, t1, dt, n, idx))
+                               idx, end_time(t0, t1, dt, n, idx), _adjoint(adjoint))
     if isinstance(sigma, jax.core.Tracer):
         traj = eqx.tree_at(lambda t: t.result, traj,
                            RESULTS.where(sigma >= 0, traj.result, RESULTS.invalid_input))
@@ -199,7 +200,7 @@ def _diffusion(sigma, proj, struct):
 
 
 @eqx.filter_jit
-def _solve_grid_sde(solver, field, proj, x0, key, sigma, args, t0, dt, idx):
+def _solve_grid_sde(solver, field, proj, x0, key, sigma, args, t0, dt, idx, adjoint):
     """A fixed-step scheme on the grid t0 + k dt with :class:`GridBrownianPath` increments."""
     m = idx[-1]
     grid = step_grid(t0, dt, m, x0.dtype)
@@ -214,12 +215,12 @@ def _solve_grid_sde(solver, field, proj, x0, key, sigma, args, t0, dt, idx):
     sol = diffrax.diffeqsolve(terms, solver, t0, float(grid[-1]), None, x0, args=args,
                               saveat=diffrax.SaveAt(ts=ts),
                               stepsize_controller=diffrax.StepTo(grid), max_steps=m,
-                              throw=False)
+                              adjoint=adjoint, throw=False)
     return diffrax_trajectory(sol, sol.ts)
 
 
 @eqx.filter_jit
-def _solve_tree_sde(solver, model, proj, x0, key, sigma, args, t0, t1, dt, idx, t_end):
+def _solve_tree_sde(solver, model, proj, x0, key, sigma, args, t0, t1, dt, idx, t_end, adjoint):
     """A diffrax SDE solver on a ``VirtualBrownianTree`` over [t0, t1], fixed step dt."""
     # the solve ends at the last saved time t_end (a saveat before t1 ran out of steps); the
     # Brownian path is the one on [t0, t1] (the same path as a run saved up to t1)
@@ -232,6 +233,6 @@ def _solve_tree_sde(solver, model, proj, x0, key, sigma, args, t0, t1, dt, idx, 
     sol = diffrax.diffeqsolve(terms, solver, t0, t_end, dt, x0, args=args,
                               saveat=diffrax.SaveAt(ts=ts),
                               stepsize_controller=diffrax.ConstantStepSize(),
-                              max_steps=idx[-1] + 1, throw=False)
+                              max_steps=idx[-1] + 1, adjoint=adjoint, throw=False)
     return diffrax_trajectory(sol, ts)
 

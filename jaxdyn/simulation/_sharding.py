@@ -99,15 +99,22 @@ def configure_host_devices(n: int | None = None, *, vector_width: int | str | No
     when the first backend starts, so this must run before any JAX computation (importing
     ``jax`` or ``jaxdyn`` is fine; ``jax.devices()`` or creating an array is too late).
 
-    ``vector_width``: also ask XLA:CPU for vectors of this many bits
-    (``--xla_cpu_prefer_vector_width``). ``"auto"`` (default) picks 512 on CPUs with
-    AVX-512, where it makes the exponential loops of the attention kernels about 1.4×
-    faster (XLA's default is 256); None leaves XLA's default.
+    Args:
+      n: the number of host devices (default: the cores this process may run on).
+      vector_width: also ask XLA:CPU for vectors of this many bits
+        (``--xla_cpu_prefer_vector_width``). ``"auto"`` (default) picks 512 on CPUs with
+        AVX-512, where it makes the exponential loops of the attention kernels about 1.4×
+        faster (XLA's default is 256); None leaves XLA's default. A vector width already in
+        ``XLA_FLAGS`` is kept.
 
-    Returns True if the device count will take effect. Returns False, leaving the device
-    count alone, if ``XLA_FLAGS`` already names one (the user's choice wins) or ``n`` is 1;
-    returns False and changes nothing at all if ``JAXDYN_NO_HOST_DEVICES=1`` is set or JAX's
-    backends are already running. A vector width already in ``XLA_FLAGS`` is kept.
+    Returns:
+      True if the device count will take effect. False, leaving the device count alone, if
+      ``XLA_FLAGS`` already names one (the user's choice wins) or ``n`` is 1; False and
+      nothing changed at all if ``JAXDYN_NO_HOST_DEVICES=1`` is set or JAX's backends are
+      already running.
+
+    Raises:
+      ValueError: ``n`` not a positive integer, or an unknown ``vector_width``.
     """
     if n is not None and (isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 1):
         raise ValueError(f"n (number of host devices) must be a positive integer or None, got {n!r}")
@@ -135,7 +142,18 @@ def configure_host_devices(n: int | None = None, *, vector_width: int | str | No
 
 
 def sweep_mesh(devices=None, axis_name: str = SWEEP_AXIS) -> Mesh:
-    """A one-axis mesh over ``devices`` (default: ``jax.devices()``, all processes)."""
+    """A one-axis mesh over ``devices``.
+
+    Args:
+      devices: the devices (default: ``jax.devices()``, those of all processes).
+      axis_name: the mesh axis's name.
+
+    Returns:
+      The :class:`jax.sharding.Mesh`.
+
+    Raises:
+      ValueError: no device.
+    """
     devs = list(jax.devices() if devices is None else devices)
     if not devs:
         raise ValueError("devices must name at least one device")
@@ -181,10 +199,18 @@ def _padded_size(b, k):
 
 
 def shard_batch(tree, mesh=None):
-    """Pad the leading axis of every array leaf of ``tree`` to a multiple of the mesh's
-    device count (repeating the last entry, so padding is a valid system) and place it
-    split across the devices (``NamedSharding(mesh, P(axis))``). Non-array leaves pass
-    through. Returns the placed tree; its leading size is the padded size.
+    """Pad a batch to a multiple of the mesh's device count and place it split over the devices.
+
+    Every array leaf's leading axis is padded by repeating its last entry (so the padding is
+    a valid system) and placed with ``NamedSharding(mesh, P(axis))`` (under ``jit`` a
+    sharding constraint). Non-array leaves pass through.
+
+    Args:
+      tree: a pytree whose array leaves share one leading (batch) axis.
+      mesh: a one-axis mesh, a sequence of devices, or None (all devices).
+
+    Returns:
+      The placed tree; its leading size is the padded size.
     """
     mesh = _resolve_mesh(mesh, SWEEP_AXIS)
     arrays, static = eqx.partition(tree, eqx.is_array)
@@ -204,6 +230,10 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
     leaves (static fields, Python numbers) are shared. The batch is padded to a multiple of
     the device count, each device maps ``fn`` over its share, and the padding is dropped.
 
+    The result composes with ``jax.jit``, ``jax.vmap`` and ``jax.grad``; reverse mode
+    through a ``diffeqsolve`` inside ``fn`` needs ``simulate(..., adjoint=
+    diffrax.DirectAdjoint())`` (diffrax's default adjoint is refused inside ``shard_map``).
+
     Args:
       fn: function of one system, e.g. ``lambda model, x0: simulate(model, x0, t1=..,
         dt=..)``. Closed-over values are shared by all systems.
@@ -213,7 +243,12 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
         (``vmap`` inside a chunk) instead of one ``vmap`` over its whole share: small
         systems then keep their intermediates in cache (e.g. 32 for n = 32 particles).
 
-    Returns a jitted function; compiled once per argument structure and shapes.
+    Returns:
+      A jitted function of the batched arguments; compiled once per argument structure and
+      shapes.
+
+    Raises:
+      ValueError: ``batch_size`` not a positive integer or None.
     """
     if batch_size is not None and (isinstance(batch_size, bool) or not hasattr(batch_size, "__index__")
                                    or int(batch_size) < 1):
@@ -252,9 +287,21 @@ def sharded_vmap(fn, mesh=None, *, batch_size: int | None = None):
 
 
 def query_sharded_interaction(x, y, B, beta, *, mesh=None, **kwargs):
-    """:func:`jaxdyn.interaction` with the query rows ``x`` split across devices and the
-    keys ``y`` replicated; equal to the unsharded result. ``kwargs`` are passed on
-    (``normalization``, ``kernel``, ``k_block``, ``q_block``)."""
+    """:func:`jaxdyn.interaction` with the query rows split across devices, the keys replicated.
+
+    ``m_i = Σ_j w_ij y_j`` with ``w_ij ∝ exp(β x_iᵀ B y_j)``; equal to the unsharded result.
+
+    Args:
+      x: (n, d) queries (split over the devices).
+      y: (m, d) keys (replicated).
+      B: (d, d) bilinear form.
+      beta: the inverse temperature.
+      mesh: a one-axis mesh, a sequence of devices, or None (all devices).
+      **kwargs: passed on (``normalization``, ``kernel``, ``k_block``, ``q_block``).
+
+    Returns:
+      The (n, d) attention averages.
+    """
     mesh = _resolve_mesh(mesh, QUERY_AXIS)
     return _query_sharded(lambda xq, xk, p: interaction(xq, xk, p[0], p[1], **kwargs),
                           x, y, (B, jnp.asarray(beta, dtype=x.dtype)), mesh)
@@ -296,9 +343,15 @@ def _rows_field(model, t, xq, xk, args):
 
 
 class QueryShardedField(eqx.Module):
-    """A particle model whose field is evaluated with the query rows split across the
-    devices of ``mesh`` (keys replicated): ``field(t, x, args)`` equals ``model(t, x, args)``.
-    Use it in place of the model: ``simulate(query_sharded_field(model), x0, ...)``."""
+    """A particle model whose field splits the query rows over the devices of a mesh.
+
+    ``field(t, x, args)`` equals ``model(t, x, args)`` (keys replicated). Use it in place of
+    the model: ``simulate(query_sharded_field(model), x0, ...)``.
+
+    Attributes:
+      model: the particle model.
+      mesh: the one-axis mesh of the devices.
+    """
 
     model: eqx.Module
     mesh: Mesh = eqx.field(static=True)
@@ -323,9 +376,19 @@ class QueryShardedField(eqx.Module):
 
 
 def query_sharded_field(model, mesh=None) -> QueryShardedField:
-    """Wrap ``model`` so that each field evaluation splits the query particles across the
-    devices of ``mesh`` (default: all devices). For one large system (N in the tens of
-    thousands and up); sweeps of many systems shard better with :func:`sharded_vmap`."""
+    """Wrap ``model`` so that each field evaluation splits the query particles over devices.
+
+    For one large system (N in the tens of thousands and up); sweeps of many systems shard
+    better with :func:`sharded_vmap`.
+
+    Args:
+      model: a :class:`SphereAttention`, :class:`EuclideanAttention` or
+        :class:`ZeroTemperature`.
+      mesh: a one-axis mesh, a sequence of devices, or None (all devices).
+
+    Returns:
+      The :class:`QueryShardedField`.
+    """
     mesh = _resolve_mesh(mesh, QUERY_AXIS)
     _rows_field_check(model)
     return QueryShardedField(model, mesh)

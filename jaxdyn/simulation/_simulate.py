@@ -286,7 +286,7 @@ def solver_of(method, choices=METHODS):
 
 
 def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method="rk4", args=None,
-             rtol=1e-8, atol=1e-10, max_steps=1_000_000, throw=False):
+             rtol=1e-8, atol=1e-10, max_steps=1_000_000, adjoint=None, throw=False):
     """Integrate a particle model from ``x0`` on [t0, t1]: ``dx/dt = model(t, x, args)``.
 
     Args:
@@ -310,6 +310,10 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       rtol: relative tolerance of the adaptive methods.
       atol: absolute tolerance of the adaptive methods.
       max_steps: step budget of the adaptive methods.
+      adjoint: how ``jax.grad`` differentiates the solve (a ``diffrax.AbstractAdjoint``);
+        None: diffrax's default ``RecursiveCheckpointAdjoint``. Inside ``shard_map`` (e.g.
+        :func:`jaxdyn.sharded_vmap`) reverse mode needs ``diffrax.DirectAdjoint()``: the
+        default's checkpointed loop is refused there by equinox (diffrax issue 765).
       throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
         so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.
 
@@ -332,14 +336,14 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     if adaptive:
         # a saveat ending before t1: the solve ends at its last time
         traj = _solve_adaptive(solver, model, x0, args, t0, end_time(t0, t1, dt, n, idx), dt,
-                               idx, float(rtol), float(atol), int(max_steps))
+                               idx, float(rtol), float(atol), int(max_steps), _adjoint(adjoint))
     else:
         if isinstance(solver, AbstractIntegrator):
             solver = solver.on(model)
             field = solver.field_of(model)
         else:
             field = model
-        traj = _solve_fixed(solver, field, x0, args, t0, dt, idx)
+        traj = _solve_fixed(solver, field, x0, args, t0, dt, idx, _adjoint(adjoint))
     if isinstance(x0, jax.core.Tracer):
         # flagged, not raised: the concrete checks of _check_x0 cannot run under jit/vmap
         result = RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
@@ -350,8 +354,13 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     return traj
 
 
+def _adjoint(adjoint):
+    """The adjoint of a solve: diffrax's default when None."""
+    return diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+
+
 @eqx.filter_jit
-def _solve_fixed(solver, field, x0, args, t0, dt, idx):
+def _solve_fixed(solver, field, x0, args, t0, dt, idx, adjoint):
     """The fixed-step solve on the grid t0 + k dt up to the last saved step ``idx[-1]``."""
     m = idx[-1]
     grid = step_grid(t0, dt, m, x0.dtype)
@@ -361,12 +370,12 @@ def _solve_fixed(solver, field, x0, args, t0, dt, idx):
     sol = diffrax.diffeqsolve(
         GridODETerm(field, jnp.asarray(dt, x0.dtype)), solver, t0, float(grid[-1]), None, x0,
         args=args, saveat=diffrax.SaveAt(ts=ts), stepsize_controller=diffrax.StepTo(grid),
-        max_steps=m, throw=False)
+        max_steps=m, adjoint=adjoint, throw=False)
     return diffrax_trajectory(sol, sol.ts)
 
 
 @eqx.filter_jit
-def _solve_adaptive(solver, model, x0, args, t0, t1, dt, idx, rtol, atol, max_steps):
+def _solve_adaptive(solver, model, x0, args, t0, t1, dt, idx, rtol, atol, max_steps, adjoint):
     # t1: the last saved time (end_time)
     ts = jnp.asarray(t0 + np.asarray(idx) * dt, x0.dtype)
     ts = ts.at[-1].set(t1)
@@ -374,7 +383,7 @@ def _solve_adaptive(solver, model, x0, args, t0, t1, dt, idx, rtol, atol, max_st
         diffrax.ODETerm(model), solver, t0, t1, dt, x0, args=args,
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-        max_steps=max_steps, throw=False)
+        max_steps=max_steps, adjoint=adjoint, throw=False)
     # diffrax's own code passes through (max_steps_reached, dt_min_reached, ...)
     return diffrax_trajectory(sol, ts)
 
