@@ -201,13 +201,17 @@ def test_one_dtype_for_mixed_inputs():
 # ------------------------------------------------------------------------------- sampling
 
 
-def test_samplers_jit_and_vmap_over_keys():
-    keys = jax.random.split(jax.random.PRNGKey(4), 3)
+def test_samplers_jit_and_vmap_over_keys_and_parameters():
+    """The samplers under jit and vmap over keys equal their eager draws; κ, μ and the mixture
+    weight may be traced (vmapped) too. A traced value out of range gives NaN samples (the
+    rejection loop still ends) where a concrete one raises. (One sample size for every draw:
+    the vMF rejection loop compiles once.)"""
+    n, key = 6, jax.random.PRNGKey(7)
+    keys = jax.random.split(key, 3)
     mu = np.array([0.0, 1.0, 1.0])
     cases = {
-        "sphere": lambda k: jaxdyn.sample_sphere(k, 9, D, jnp.float64),
-        "vmf": lambda k: jaxdyn.sample_vmf(k, 9, mu, 5.0, jnp.float64),
-        "mixture": lambda k: jaxdyn.sample_mixture(k, 9, D, mu=mu, kappa=5.0, weight=0.3,
+        "sphere": lambda k: jaxdyn.sample_sphere(k, n, D, jnp.float64),
+        "mixture": lambda k: jaxdyn.sample_mixture(k, n, D, mu=mu, kappa=5.0, weight=0.3,
                                                    dtype=jnp.float64),
     }
     for name, f in cases.items():
@@ -215,30 +219,24 @@ def test_samplers_jit_and_vmap_over_keys():
         for i, k in enumerate(keys):
             np.testing.assert_allclose(batched[i], np.asarray(f(k)), rtol=0, atol=1e-15, err_msg=name)
         np.testing.assert_allclose(np.linalg.norm(batched, axis=-1), 1.0, atol=1e-14)
-
-
-def test_samplers_take_traced_parameters():
-    """κ, μ and the mixture weight may be traced (vmapped); a traced value out of range gives
-    NaN samples (the rejection loop still ends) where a concrete one raises."""
-    key = jax.random.PRNGKey(7)
+    # vMF: keys, κ and μ traced together
     kappas = jnp.array([1.0, 10.0, -1.0, jnp.nan])
-    xs = np.asarray(jax.jit(jax.vmap(lambda kap: jaxdyn.sample_vmf(key, 6, np.array([1.0, 0, 0]),
-                                                                   kap, jnp.float64)))(kappas))
+    mus = jnp.array([[1.0, 0, 0], [0, 0, 2.0], [1.0, 0, 0], [1.0, 0, 0]])
+    ks = jax.random.split(key, 4)
+    xs = np.asarray(jax.jit(jax.vmap(lambda k, kap, m: jaxdyn.sample_vmf(k, n, m, kap, jnp.float64)))(
+        ks, kappas, mus))
     for i in (0, 1):
         np.testing.assert_allclose(xs[i], np.asarray(jaxdyn.sample_vmf(
-            key, 6, np.array([1.0, 0, 0]), float(kappas[i]), jnp.float64)), atol=1e-15)
+            ks[i], n, np.asarray(mus[i]), float(kappas[i]), jnp.float64)), atol=1e-15)
     assert np.all(np.isnan(xs[2:]))
-    mus = jnp.array([[1.0, 0, 0], [0, 0, 2.0]])
-    xm = np.asarray(jax.vmap(lambda m: jaxdyn.sample_vmf(key, 6, m, 3.0, jnp.float64))(mus))
-    np.testing.assert_allclose(xm[1], np.asarray(jaxdyn.sample_vmf(key, 6, np.array([0, 0, 1.0]), 3.0,
-                                                                   jnp.float64)), atol=1e-15)
-    ws = jnp.array([0.0, 0.5, 1.0])
-    xw = np.asarray(jax.jit(jax.vmap(lambda w: jaxdyn.sample_mixture(key, 6, D, weight=w,
-                                                                     dtype=jnp.float64)))(ws))
-    np.testing.assert_allclose(xw[1], np.asarray(jaxdyn.sample_mixture(key, 6, D, weight=0.5,
-                                                                       dtype=jnp.float64)), atol=1e-15)
+    ws = jnp.array([0.3, 0.5, 1.0])
+    xw = np.asarray(jax.jit(jax.vmap(lambda w: jaxdyn.sample_mixture(key, n, D, mu=mu, kappa=5.0,
+                                                                     weight=w, dtype=jnp.float64)))(ws))
+    np.testing.assert_allclose(xw[0], np.asarray(cases["mixture"](key)), atol=1e-15)
     assert np.all(np.isfinite(xw[:2])) and np.all(np.isnan(xw[2]))
     with pytest.raises(ValueError, match="kappa must be a finite number > 0"):
-        jaxdyn.sample_vmf(key, 6, np.array([1.0, 0, 0]), -1.0)
+        jaxdyn.sample_vmf(key, n, np.array([1.0, 0, 0]), -1.0)
     with pytest.raises(ValueError, match="mu must be a nonzero"):
-        jaxdyn.sample_vmf(key, 6, np.zeros(3), 1.0)
+        jaxdyn.sample_vmf(key, n, np.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="weight must lie in"):
+        jaxdyn.sample_mixture(key, n, D, weight=1.0)
