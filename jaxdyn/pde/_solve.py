@@ -55,21 +55,34 @@ def _default_dt(model, cfl):
 
 
 @eqx.filter_jit
-def _solve(model, rho0, ts, t1, dt, cfl, method, max_steps, rtol, atol):
-    """The jitted solve; traced inputs out of range give ``invalid_input``."""
+def _solve(model, rho0, ts, t1, dt, cfl, method, max_steps, rtol, atol, traced):
+    """The jitted solve; traced inputs out of range give ``invalid_input``.
+
+    ``traced`` (static) names the inputs that were traced when ``solve_density`` was called:
+    only those are checked in the program (the others were checked on the host).
+
+    Returns:
+      A :class:`DensitySolution`.
+    """
     dtype = rho0.dtype
     if dt is None:
         dt = _default_dt(model, cfl)
     dt = jnp.asarray(dt, dtype)
-    # what the host checks for concrete inputs, in the program (true there): flagged, and the
-    # solve then runs on stand-in times and step (diffrax's own checks stay quiet, the step
-    # count bounded)
-    valid = (jnp.all(jnp.isfinite(rho0)) & jnp.all(rho0 >= 0)
-             & (model.beta > 0) & (model.sigma >= 0)
-             & jnp.all(jnp.isfinite(ts)) & jnp.all(ts[1:] >= ts[:-1]) & (ts[0] >= 0) & (ts[-1] > 0)
-             & (t1 > 0) & jnp.isfinite(t1) & (dt > 0) & jnp.isfinite(dt))
-    ts = jnp.where(valid, ts, jnp.ones_like(ts))
-    dt = jnp.where(valid, dt, jnp.ones_like(dt))
+    # what the host checks for concrete inputs, in the program for traced ones: flagged, and
+    # the solve then runs on stand-in times and step (diffrax's own checks stay quiet, the
+    # step count bounded)
+    checks = {"rho0": lambda: jnp.all(jnp.isfinite(rho0)) & jnp.all(rho0 >= 0),
+              "model": lambda: (model.beta > 0) & (model.sigma >= 0),
+              "ts": lambda: (jnp.all(jnp.isfinite(ts)) & jnp.all(ts[1:] >= ts[:-1]) & (ts[0] >= 0)
+                             & (ts[-1] > 0)),
+              "t1": lambda: (t1 > 0) & jnp.isfinite(t1),
+              "dt": lambda: (dt > 0) & jnp.isfinite(dt)}
+    valid = None
+    for name in traced:
+        valid = checks[name]() if valid is None else valid & checks[name]()
+    if valid is not None:
+        ts = jnp.where(valid, ts, jnp.ones_like(ts))
+        dt = jnp.where(valid, dt, jnp.ones_like(dt))
     # rho0 is the density at t = 0 (the solve runs from 0 whatever ts[0])
     t0, t_end = jnp.zeros((), ts.dtype), ts[-1]
     if method == "heun":
@@ -83,7 +96,8 @@ def _solve(model, rho0, ts, t1, dt, cfl, method, max_steps, rtol, atol):
     result = RESULTS.promote(sol.result)
     result = RESULTS.where((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(rho)),
                            RESULTS.nonfinite, result)
-    result = RESULTS.where(valid, result, RESULTS.invalid_input)
+    if valid is not None:
+        result = RESULTS.where(valid, result, RESULTS.invalid_input)
     axes = tuple(range(1, rho.ndim))
     mass = jnp.sum(rho * model.cell_measure, axis=axes)
     stats = {"num_steps": sol.stats["num_steps"], "num_accepted_steps": sol.stats["num_accepted_steps"],
@@ -137,6 +151,11 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     if method not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
     dtype = model.beta.dtype
+    # the inputs the program checks (traced: out-of-range values flagged); the others are
+    # checked here, on the host
+    traced = tuple(name for name, value in (
+        ("rho0", rho0), ("model", (model.beta, model.sigma)), ("ts", t1 if ts is None else ts),
+        ("t1", t1), ("dt", cfl if dt is None else dt)) if not all(map(_concrete, jax.tree.leaves(value))))
     if np.shape(rho0) != tuple(model.shape):
         raise ValueError(f"rho0 must have shape {tuple(model.shape)} (the model's grid), got {np.shape(rho0)}")
     if _concrete(rho0):
@@ -174,7 +193,7 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     t1 = jnp.asarray(t1, dtype)
     dt = None if dt is None else jnp.asarray(dt, dtype)
     cfl = jnp.asarray(cfl, dtype)
-    sol = _solve(model, rho0, ts, t1, dt, cfl, method, int(max_steps), rtol, atol)
+    sol = _solve(model, rho0, ts, t1, dt, cfl, method, int(max_steps), rtol, atol, traced)
     if throw:
         sol = eqx.tree_at(lambda s: s.rho, sol, error_if_failed(sol.rho, sol.result))
     return sol
