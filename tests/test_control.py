@@ -30,6 +30,7 @@ from jaxdyn.control import (
     numerical_rank,
     random_target,
     reach,
+    reach_loss,
     transfer_particles,
     transformer_layers,
 )
@@ -245,7 +246,7 @@ def test_bounded_controls_respect_bound():
         assert norms.max() <= c * (1 + 1e-12), (k, norms)
     assert res.bound == {k: c for k in ("A", "b", "V", "B")}
     m, S = scipy_moments(res.controls, m0, S0, 1.0)
-    assert bures_np(m, S, m1, S1) == pytest.approx(res.w2, abs=1e-6)
+    assert bures_np(m, S, m1, S1) == pytest.approx(float(res.w2), abs=1e-6)
     print(f"\nbounded |u|_F <= {c}: W2 {res.w2:.3e} (reached: {bool(res.ok)}); "
           f"{res.message}")
 
@@ -259,7 +260,7 @@ def test_energy_mode_lowers_energy_and_reaches():
     cert = res.certificate
     assert res.energy < cert.energy
     # the reported energy is the exact integral of the free controls
-    assert res.energy == pytest.approx(control_energy(res.controls), rel=1e-9)
+    assert float(res.energy) == pytest.approx(float(control_energy(res.controls)), rel=1e-9)
     print(f"\nenergy mode: W2 {res.w2:.2e}, energy {res.energy:.4f} vs certificate "
           f"{cert.energy:.4f}; lambda {res.energy_weight} -> {res.energy_weight_final}")
 
@@ -448,26 +449,20 @@ def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
                                np.asarray(y), rtol=0, atol=1e-13)
 
 
-def test_reach_fixed_step_solve_matches_adaptive():
-    """reach's own solve (fixed Dopri8 steps, each inside one piece) against scipy's DOP853 at
-    rtol 1e-12 on random piecewise-constant and piecewise-linear controls (to the optimiser's
-    tolerances 1e-9/1e-11); a blow-up and too-long steps are flagged (ok False), too-long steps
-    alone also by too_long (reach's cue to halve them)."""
-    import functools
-
-    from jaxdyn.control._reach import _fixed_step_moments, _Opts, _Problem
-
+def test_reach_loss_solve_matches_adaptive():
+    """reach's own solve (reach_loss: constant diffrax Dopri8 steps, each inside one piece)
+    against scipy's DOP853 at rtol 1e-12 on random piecewise-constant and piecewise-linear
+    controls (to the optimiser's tolerances 1e-9/1e-11); a blow-up and too-long steps are
+    flagged (not successful), too-long steps alone by ``max_steps_reached`` (reach's cue to
+    halve them)."""
     d, n = 3, N_PIECES
     rng = np.random.default_rng(5)
     m0, S0 = rng.standard_normal(d), np.eye(d) + 0.2 * np.ones((d, d))
 
-    @functools.partial(jax.jit, static_argnums=(1, 2))
     def run(vals, kind, steps):
-        prob = _Problem(m0=jnp.asarray(m0), S0=jnp.asarray(S0), m1=jnp.zeros(d), S1=jnp.eye(d),
-                        t1=jnp.asarray(1.0), mask=jnp.ones(4), fixed=(),
-                        bound=jnp.full(4, jnp.inf), weight=jnp.asarray(0.0), kind=kind)
-        opts = _Opts(rtol=1e-9, atol=1e-11, max_steps=4096, solver=None, steps_per_piece=steps)
-        return _fixed_step_moments(vals, prob, opts)
+        ctr = {k: Control(jnp.asarray(v), 1.0, kind) for k, v in zip("ABVb", vals)}
+        return reach_loss(ctr, m0, S0, np.zeros(d), np.eye(d), t1=1.0, steps_per_piece=steps,
+                          rtol=1e-9, atol=1e-11)
 
     def reference(vals, kind):
         def f(t, y):
@@ -484,26 +479,53 @@ def test_reach_fixed_step_solve_matches_adaptive():
 
     for kind, nv in (("piecewise", n), ("linear", n + 1)):
         vals = [0.4 * rng.standard_normal((nv, d, d)) for _ in range(3)] + [0.4 * rng.standard_normal((nv, d))]
-        m, S, ok, too_long = run(vals, kind, 8)
+        sol = run(vals, kind, 8)
         m_ref, S_ref = reference(vals, kind)
-        assert bool(ok) and not bool(too_long)
-        np.testing.assert_allclose(np.asarray(S), S_ref, rtol=1e-9, atol=1e-11)
-        np.testing.assert_allclose(np.asarray(m), m_ref, rtol=1e-9, atol=1e-11)
-        assert np.array_equal(np.asarray(S), np.asarray(S).T)
+        assert sol.names == "successful" and float(sol.error_ratio) <= 1.0
+        np.testing.assert_allclose(np.asarray(sol.cov), S_ref, rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(np.asarray(sol.mean), m_ref, rtol=1e-9, atol=1e-11)
+        assert np.array_equal(np.asarray(sol.cov), np.asarray(sol.cov).T)
+        assert int(sol.stats["num_steps"]) == 8 * n
     # V = 2I, B = I, A = b = 0: blow-up before t1 = 1 (T* = 1/(4 λmax(S0)) < 1)
     z, eye = np.zeros((n, d, d)), np.broadcast_to(np.eye(d), (n, d, d))
     blow = run([z, eye, 2 * eye, np.zeros((n, d))], "piecewise", 8)
-    assert not bool(blow[2]) and not bool(blow[3])  # a blow-up is not cured by shorter steps
+    assert blow.names in ("large", "nonfinite") and np.isnan(float(blow.loss))
     # fast linear dynamics (A = -5 I, Σ decays at rate 10): one step a piece is outside the
     # tolerance, eight are within it
     fine = run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 8)
-    assert bool(fine[2]) and not bool(fine[3])
+    assert fine.names == "successful"
     coarse = run([-5 * eye, z, z, np.zeros((n, d))], "piecewise", 1)
-    assert not bool(coarse[2]) and bool(coarse[3])  # too long only: reach would halve the steps
+    assert coarse.names == "max_steps_reached" and float(coarse.error_ratio) > 1.0
+
+
+def test_reach_rejects_too_long_trials_and_refines_a_too_long_start():
+    """One fixed Dopri8 step a piece: a too-long trial of the L-BFGS line search is a rejected
+    trial like any other (the target is reached at one step a piece, no refinement); a start
+    whose own solve fails only the step-error check (A = -5 I: Σ decays at rate 10) makes reach
+    double ``steps_per_piece`` until it passes, then optimise at that count (history of the
+    step counts, message) to the target (adaptive verification solve and scipy)."""
+    m1, S1 = random_target(3, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
+    m0, S0 = _start(2)
+    kw = dict(t1=1.0, n_pieces=N_PIECES, tol=1e-4, steps_per_piece=1, with_certificate=False)
+    r = reach(m0, S0, m1, S1, init="zero", **kw)
+    assert r.step_refinements == 0 and r.steps_per_piece == 1 and "halved" not in r.message
+    _check_reached(r, m0, S0, m1, S1)
+    eye = np.broadcast_to(np.eye(2), (N_PIECES, 2, 2))
+    r = reach(m0, S0, m1, S1, init={"A": Control(jnp.asarray(-5 * eye), 1.0)}, **kw)
+    k = int(r.step_refinements)
+    assert k >= 1 and r.steps_per_piece == 2 ** k and f"halved {k} time" in r.message
+    steps = np.asarray(r.stats["steps_history"])
+    assert len(steps) == len(r.loss_history) == int(r.iterations) + 1
+    assert np.all(steps == 2 ** k)  # refined before the start was accepted
+    start = {"A": Control(jnp.asarray(-5 * eye), 1.0), "B": Control(jnp.zeros((N_PIECES, 2, 2)), 1.0),
+             "V": Control(jnp.zeros((N_PIECES, 2, 2)), 1.0), "b": Control(jnp.zeros((N_PIECES, 2)), 1.0)}
+    assert reach_loss(start, m0, S0, m1, S1, steps_per_piece=2 ** (k - 1)).names == "max_steps_reached"
+    assert reach_loss(start, m0, S0, m1, S1, steps_per_piece=2 ** k).names == "successful"
+    _check_reached(r, m0, S0, m1, S1)
 
 
 @pytest.mark.slow  # ~15 CPU-s (three step counts compiled); default counterpart:
-# test_reach_fixed_step_solve_matches_adaptive (the step-error flag of the fixed-step solve)
+# test_reach_rejects_too_long_trials_and_refines_a_too_long_start
 def test_reach_halves_fixed_steps_when_only_the_step_error_check_fails():
     """Large controls (Adam at lr 0.3 towards a stretched target) make 16 Dopri8 steps a piece
     too long for rtol/atol: reach doubles steps_per_piece (16 → 64) instead of rejecting every
@@ -519,127 +541,20 @@ def test_reach_halves_fixed_steps_when_only_the_step_error_check_fails():
     assert r.ok and r.w2 < 1e-4
 
 
-def test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count(monkeypatch):
-    """One fixed Dopri8 step a piece is too long for rtol/atol on this target for one L-BFGS
-    trial. By default that trial is a rejected trial like any other: the line search backtracks
-    (the next trial is halfway between the accepted iterate and it), the steps are never
-    refined, and the target is reached at one step a piece. With the backtracking budget
-    ``_TOO_LONG_BACKTRACKS`` set to 0 (refine at the first such trial, the earlier policy)
-    reach instead doubles steps_per_piece (1 → 2) inside the line search. Every solve is
-    logged: each accepted loss is below the previous iterate's loss *at its own step count*
-    (after the refinement, the iterate is evaluated again at 2 steps), the line search then
-    restarts along the steepest-descent direction of L-BFGS with an empty memory
-    (``−min(1, 1/‖g‖) g`` at the refined gradient), the stats report the refinement, and the
-    target is reached (W2 from the adaptive verification solve and from scipy). Only steps
-    1 and 2 are compiled (2 is shared with the other d = 2 reach tests)."""
-    from jaxdyn.control import _reach
-
-    log = []  # (steps_per_piece, x, loss, ok, grad) of every solve
-    orig = _reach._value_and_grad
-
-    def logged(x, prob, opts):
-        sc, g = orig(x, prob, opts)
-        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g),
-                    float(sc[5])))
-        return sc, g
-
-    monkeypatch.setattr(_reach, "_value_and_grad", logged)
-    m1, S1 = random_target(3, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
-    m0, S0 = _start(2)
-    kw = dict(t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1, with_certificate=False)
-    # default: the too-long trial is backtracked, no refinement
-    r = reach(m0, S0, m1, S1, **kw)
-    assert r.step_refinements == 0 and r.steps_per_piece == 1 and "halved" not in r.message
-    assert r.stats["step_backtracks"] >= 1 and r.rejected >= r.stats["step_backtracks"]
-    assert all(e[0] == 1 for e in log)
-    rejected = [i for i, e in enumerate(log) if not e[3]]
-    assert rejected
-    for i in rejected:  # the next trial is halfway back towards an accepted iterate
-        x = 2 * log[i + 1][1] - log[i][1]
-        assert any(e[3] and np.allclose(e[1], x, rtol=1e-12, atol=1e-13) for e in log[:i])
-    _check_reached(r, m0, S0, m1, S1)
-    # the earlier policy: refine at the first too-long trial; with re-coarsening the solve
-    # goes back to 1 step a piece once an accepted iterate's error ratio is below 1e-3 (three
-    # accepted iterations after the refinement), and the iterate is solved again at 1 step
-    log.clear()
-    monkeypatch.setattr(_reach, "_TOO_LONG_BACKTRACKS", 0)
-    r = reach(m0, S0, m1, S1, **kw)
-    steps = r.stats["steps_history"]
-    assert r.step_refinements == 1 and r.stats["step_coarsenings"] == 1 and steps[-1] == 1
-    k = int(np.flatnonzero(np.diff(steps) < 0)[0]) + 1  # first entry back at 1 step
-    assert np.all(steps[k - _reach._COARSEN_AFTER:k] == 2)
-    acc = next(i for i, e in enumerate(log) if e[0] == 2 and e[3] and e[2] == r.loss_history[k - 1])
-    assert log[acc][5] < _reach._COARSEN_BELOW
-    again = log[acc + 1]  # the accepted iterate, solved again at 1 step: passes, and the next
-    assert again[0] == 1 and again[3] and np.array_equal(again[1], log[acc][1])  # loss is below
-    assert r.loss_history[k] < again[2]  # its loss at that count
-    _check_reached(r, m0, S0, m1, S1)
-    # without re-coarsening: the refinement and the line-search restart
-    log.clear()
-    monkeypatch.setattr(_reach, "_COARSEN_BELOW", 0.0)
-    r = reach(m0, S0, m1, S1, **kw)
-    assert r.step_refinements == 1 and r.steps_per_piece == 2 and "halved 1 time" in r.message
-    hist, steps = r.loss_history, r.stats["steps_history"]
-    assert len(steps) == len(hist) == r.iterations + 1
-    assert steps[0] == 1 and steps[-1] == 2 and np.all(np.diff(steps) >= 0)
-    # each accepted loss is a logged solve at its step count (in order)
-    idx, j = [], -1
-    for v, s in zip(hist, steps):
-        j = next(i for i in range(j + 1, len(log)) if log[i][0] == s and log[i][3] and log[i][2] == v)
-        idx.append(j)
-    restarts = 0
-    for k in range(1, len(hist)):
-        x_prev = log[idx[k - 1]][1]
-        if steps[k] == steps[k - 1]:
-            ref = hist[k - 1]
-        else:  # refined in this line search: the iterate itself was solved again at the new count
-            again = [i for i in range(idx[k - 1] + 1, idx[k])
-                     if log[i][0] == steps[k] and log[i][3] and np.array_equal(log[i][1], x_prev)]
-            assert again, "the iterate was not re-evaluated at the refined step count"
-            i = again[-1]
-            ref, g = log[i][2], log[i][4]
-            # empty memory: the first trial after it is x − min(1, 1/‖g‖) g
-            dx = log[i + 1][1] - x_prev
-            np.testing.assert_allclose(dx, -min(1.0, 1.0 / np.linalg.norm(g)) * g, rtol=1e-12, atol=1e-15)
-            restarts += 1
-        assert hist[k] < ref, (k, hist[k], ref)
-    assert restarts == 1
-    _check_reached(r, m0, S0, m1, S1)
-
-
 @pytest.mark.slow  # ~10 CPU-s (steps 1, 2 and 4 compiled); default counterpart:
-# test_reach_step_refinement_restarts_the_line_search_at_the_new_step_count (the L-BFGS phase)
-def test_reach_step_refinement_in_the_adam_phase_compares_at_one_step_count(monkeypatch):
-    """Refinements (1 → 2 → 4 steps a piece) during 20 Adam steps: the best Adam iterate, from
-    which L-BFGS starts, is the one of least loss *at the final step count* (the best so far
-    is evaluated again after each refinement); the first L-BFGS trial is the steepest-descent
-    step from it, and the target is reached (adaptive verification solve and scipy)."""
-    from jaxdyn.control import _reach
-
-    log, n_adam = [], []
-    orig = _reach._value_and_grad
-
-    def logged(x, prob, opts):
-        sc, g = orig(x, prob, opts)
-        log.append((opts.steps_per_piece, _reach._flat(x), float(sc[0]), bool(sc[3]), _reach._flat(g)))
-        return sc, g
-
-    def callback(it, loss, w2):
-        if it == 20:
-            n_adam.append(len(log))
-
-    monkeypatch.setattr(_reach, "_value_and_grad", logged)
+# test_reach_rejects_too_long_trials_and_refines_a_too_long_start
+def test_reach_step_refinement_in_the_adam_phase_compares_at_one_step_count():
+    """Refinements (1 → 2 → … steps a piece) during 20 Adam steps: L-BFGS starts from the best
+    Adam iterate *at the final step count* (the best so far is evaluated again after each
+    refinement), so its first accepted loss is at most the least Adam loss recorded at that
+    count; the target is reached (adaptive verification solve and scipy)."""
     m1, S1 = random_target(4, 2, mean_scale=2.0, eig_range=(0.1, 10.0))
     m0, S0 = _start(2)
     r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=N_PIECES, init="zero", tol=1e-4, steps_per_piece=1,
-              adam_steps=20, adam_lr=0.05, with_certificate=False, callback=callback)
-    steps = r.stats["steps_history"]
-    assert steps[0] == 1 < steps[20] == r.steps_per_piece and len(n_adam) == 1
-    c, n = int(steps[20]), n_adam[0]
-    cands = [e for e in log[:n] if e[0] == c and e[3]]
-    best = min(cands, key=lambda e: e[2])
-    first = log[n]  # the first L-BFGS trial: steepest descent from the best iterate (empty memory)
-    g = best[4]
-    np.testing.assert_allclose(first[1] - best[1], -min(1.0, 1.0 / np.linalg.norm(g)) * g,
-                               rtol=1e-12, atol=1e-15)
+              adam_steps=20, adam_lr=0.05, with_certificate=False)
+    steps = np.asarray(r.stats["steps_history"])
+    hist = np.asarray(r.loss_history)
+    assert steps[0] == 1 < steps[20] == r.steps_per_piece
+    final = [hist[i] for i in range(1, 21) if steps[i] == steps[20] and np.isfinite(hist[i])]
+    assert final and hist[21] <= min(final) * (1 + 1e-6)
     _check_reached(r, m0, S0, m1, S1)

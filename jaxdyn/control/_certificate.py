@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
 from typing import Optional
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from ..distances import bures_w2_squared, sqrtm_psd
-from .._results import status_code
+from .._results import RESULTS, Solution, from_codes, status_code
 from ..gaussian._solve import Control
 from ._problem import _check_problem, _ranks, controlled_moments
 
@@ -20,39 +22,54 @@ from ._problem import _check_problem, _ranks, controlled_moments
 # ---------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Certificate:
+class Certificate(Solution):
     r"""The constructive solution (V = B = 0): ``A`` piecewise constant, ``b`` constant.
 
+    A :class:`jaxdyn.Solution` pytree (every leaf an array; the construction static).
+
     Attributes:
-      A: :class:`Control` (n_pieces, d, d); b: :class:`Control` (n_pieces, d).
-      G: (d, d) ``Φ(t1)``, with ``G Σ0 Gᵀ = Σ1`` (on the kept ranges).
-      construction: ``"monge"`` (full rank, one phase, A symmetric) or ``"polar"`` (rank
-        ``r < d``: two phases, ``log P`` then ``log R``).
-      rank: numerical rank used; rank_rtol: its relative cut; dropped: the largest
-        eigenvalue (of Σ0 or Σ1) treated as zero, relative to its λ_max (0 if none).
-      residual: ``‖G Σ0 Gᵀ − Σ1‖_F / max(‖Σ1‖_F, tiny)`` (algebraic, with the full Σ0, Σ1).
-      mean_residual: ``|G m0 + J b − m1|`` (algebraic).
-      energy: ``∫_0^{t1} (‖A‖_F² + |b|²) dt``.
-      w2: Bures W2 at t1 of the moment ODE solved with these controls (``solve_moments``),
-        None when ``verify=False``; status: that solve's status code (``jaxdyn.status_code``).
+        A: :class:`Control` (n_pieces, d, d).
+        b: :class:`Control` (n_pieces, d).
+        G: (d, d) ``Φ(t1)``, with ``G Σ0 Gᵀ = Σ1`` (on the kept ranges).
+        dropped: the largest eigenvalue (of Σ0 or Σ1) treated as zero, relative to its
+            λ_max (0 if none).
+        residual: ``‖G Σ0 Gᵀ − Σ1‖_F / max(‖Σ1‖_F, tiny)`` (algebraic, with the full Σ0, Σ1).
+        mean_residual: ``|G m0 + J b − m1|`` (algebraic).
+        energy: ``∫_0^{t1} (‖A‖_F² + |b|²) dt``.
+        w2: Bures W2 at t1 of the moment ODE solved with these controls
+            (``solve_moments``), None when not verified.
+        result: :class:`jaxdyn.RESULTS`: that solve's status (``successful`` when not
+            verified).
+        stats: empty.
+        construction: ``"monge"`` (full rank, one phase, A symmetric) or ``"polar"`` (rank
+            ``r < d``: two phases, ``log P`` then ``log R``) (static).
+        rank: the numerical rank used (static).
+        rank_rtol: its relative cut (static).
     """
 
     A: Control
     b: Control
-    G: np.ndarray
-    construction: str
-    rank: int
-    rank_rtol: float
-    dropped: float
-    residual: float
-    mean_residual: float
-    energy: float
-    w2: Optional[float]
-    status: Optional[int]
+    G: Array
+    dropped: Array
+    residual: Array
+    mean_residual: Array
+    energy: Array
+    w2: Optional[Array]
+    result: RESULTS
+    stats: dict
+    construction: str = eqx.field(static=True)
+    rank: int = eqx.field(static=True)
+    rank_rtol: float = eqx.field(static=True)
 
     def controls(self, dtype=None) -> dict:
-        """``{"A", "B", "V", "b"}`` as Controls (B = V = 0) on this certificate's grid."""
+        """The controls of the certificate.
+
+        Args:
+            dtype: the dtype of the values (default: the certificate's).
+
+        Returns:
+            ``{"A", "B", "V", "b"}`` as Controls (B = V = 0) on this certificate's grid.
+        """
         A = self.A if dtype is None else Control(self.A.values.astype(dtype), self.A.t1)
         b = self.b if dtype is None else Control(self.b.values.astype(dtype), self.b.t1)
         z = jnp.zeros_like(A.values)
@@ -194,14 +211,16 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
                    + (t1 / n) * np.sum(bvals ** 2))
     A_c = Control(jnp.asarray(Avals, dtype), t1)
     b_c = Control(jnp.asarray(bvals, dtype), t1)
-    w2 = status = None
+    w2, status = None, jnp.asarray(status_code("successful"), jnp.int32)
     if verify:
         ctr = {"A": A_c, "B": Control(jnp.zeros_like(A_c.values), t1),
                "V": Control(jnp.zeros_like(A_c.values), t1), "b": b_c}
         sol = controlled_moments(ctr, m0, S0, t1=t1, rtol=rtol, atol=atol)
-        status = int(sol.status)
-        w2 = (float(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)))
-              if status == status_code("successful") else float("nan"))
-    return Certificate(A=A_c, b=b_c, G=Phi, construction=construction, rank=r, rank_rtol=rt,
-                       dropped=dropped, residual=cov_res, mean_residual=mean_res, energy=energy,
-                       w2=w2, status=status)
+        status = sol.status
+        w2 = jnp.where(status == status_code("successful"),
+                       jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)), jnp.nan)
+    arr = functools.partial(jnp.asarray, dtype=dtype)
+    return Certificate(A=A_c, b=b_c, G=arr(Phi), dropped=arr(dropped), residual=arr(cov_res),
+                       mean_residual=arr(mean_res), energy=arr(energy), w2=w2,
+                       result=from_codes(status), stats={}, construction=construction, rank=r,
+                       rank_rtol=rt)

@@ -12,16 +12,16 @@ piecewise linear) on a uniform grid of ``[0, t1]``. :func:`reach` chooses them t
     L = W2²(N(m(t1), Σ(t1)), N(m1, Σ1)) + λ ∫_0^{t1} Σ_{free u} ‖u(t)‖_F² dt
 
 (Bures–Wasserstein W2², :func:`jaxdyn.distances.bures_w2_squared`) with gradients through
-a fixed-step Dopri8 solve in one ``lax.scan`` (or :func:`jaxdyn.gaussian._solve.solve_moments`
-with a diffrax ``solver``): L-BFGS directions (the two-loop recursion of
-``optax.scale_by_lbfgs``, on the host) with a backtracking Armijo line search, optionally after
-some Adam steps (``optax.adam`` wrapped in ``optax.apply_if_finite``; off by default: on
-random targets L-BFGS alone reached W2 < 1e-4 in fewer iterations, see
-``benchmarks/bench_reach.py``). A trial whose solve does not reach ``t1`` (blow-up,
-non-finite, step budget) has loss NaN: a line-search trial is rejected (the step is halved),
-an Adam iterate retreats halfway towards the last finite point, so such trials never enter
-the optimiser state. Every optimiser shares one compiled loss per ``(d, n_pieces, dtype)``:
-the modes differ only in array leaves (free mask, bounds, energy weight).
+constant diffrax Dopri8 steps on the control grid (:func:`reach_loss`; or
+:func:`jaxdyn.gaussian.solve_moments` with a diffrax ``solver``), by ``optax.lbfgs`` with its
+zoom line search in one compiled loop, optionally after some Adam steps (``optax.adam`` wrapped
+in ``optax.apply_if_finite``; off by default: on random targets L-BFGS alone reached
+W2 < 1e-4 in fewer iterations, see ``benchmarks/bench_reach.py``). A trial whose solve does not
+reach ``t1`` (blow-up, non-finite, steps too long for the step-error check) has a non-finite
+loss: the line search rejects it, an Adam trial retreats halfway towards the last accepted
+point, so such trials never enter the optimiser state. Every mode shares one compiled loop per
+``(d, n_pieces, dtype)``: the modes differ only in array leaves (free mask, bounds, energy
+weight).
 
 **Rank.** ``Σ(t) = Φ(t) Σ0 Φ(t)ᵀ`` with ``Φ`` invertible, so rank Σ is invariant: a target
 of another (numerical) rank is refused with a ``ValueError``, never optimised towards.
@@ -72,6 +72,17 @@ def mode_options(mode: str, *, bound: float = 1.0, energy_weight: float = 1e-3) 
     ``"all"``: A, b, V, B free. ``"attention"``: A = 0, b = 0, only V, B free.
     ``"bounded"``: all free with ``‖u(t)‖_F ≤ bound`` for each control at each time.
     ``"energy"``: all free, loss ``W2² + energy_weight · ∫ Σ ‖u‖_F² dt``.
+
+    Args:
+        mode: one of :data:`MODES`.
+        bound: the Frobenius bound of the ``"bounded"`` mode.
+        energy_weight: λ of the ``"energy"`` mode.
+
+    Returns:
+        A dict of :class:`ReachOptions` fields (``free``, and ``bound`` or ``energy_weight``).
+
+    Raises:
+        ValueError: an unknown mode.
     """
     if mode == "all":
         return {"free": _ALL_FREE}
@@ -94,11 +105,19 @@ def _default_rank_rtol(dtype) -> float:
 
 
 def numerical_rank(S, rank_rtol: Optional[float] = None):
-    r"""``(rank, eigenvalues, eigenvectors)`` of a PSD matrix, eigenvalues descending.
+    r"""The numerical rank of a PSD matrix, with its eigen-decomposition.
 
-    The rank counts eigenvalues ``λ > rank_rtol · λ_max`` (default ``rank_rtol =
-    sqrt(eps(dtype))``: 1.5e-8 in float64, 3.5e-4 in float32). Eigenvalues at or below the
-    cut are the ones a regularised square root treats as zero. Host-side (numpy, float64).
+    The rank counts eigenvalues ``λ > rank_rtol · λ_max``. Eigenvalues at or below the cut
+    are the ones a regularised square root treats as zero. Host-side (NumPy, float64; not
+    under ``jit``).
+
+    Args:
+        S: (d, d) symmetric PSD matrix (concrete).
+        rank_rtol: the relative cut (default ``sqrt(eps(dtype))``: 1.5e-8 in float64,
+            3.5e-4 in float32).
+
+    Returns:
+        ``(rank, eigenvalues, eigenvectors)``, the eigenvalues descending (NumPy).
     """
     S = np.asarray(S)
     dtype = S.dtype if np.issubdtype(S.dtype, np.floating) else np.float64
@@ -112,10 +131,21 @@ def numerical_rank(S, rank_rtol: Optional[float] = None):
 
 def random_target(seed: int, d: int, *, mean_scale: float = 1.0, eig_range=(0.25, 4.0),
                   rank: Optional[int] = None, dtype=np.float64):
-    r"""A random Gaussian target ``(m1, S1)`` (numpy).
+    r"""A random Gaussian target ``(m1, S1)`` (NumPy).
 
     ``m1 ~ mean_scale · N(0, I_d)``; ``S1 = Q diag(λ) Qᵀ`` with Q Haar-orthogonal and the
     λ log-uniform in ``eig_range``; with ``rank = r < d`` the last ``d − r`` eigenvalues are 0.
+
+    Args:
+        seed: the NumPy seed.
+        d: the dimension.
+        mean_scale: the scale of the mean.
+        eig_range: ``(low, high)`` of the eigenvalues.
+        rank: None (full rank) or the rank r of S1.
+        dtype: the NumPy dtype of the arrays.
+
+    Returns:
+        ``(m1, S1)``: (d,) and (d, d) NumPy arrays.
     """
     rng = np.random.default_rng(seed)
     m1 = mean_scale * rng.standard_normal(d)
@@ -179,10 +209,26 @@ def _tight_tols(dtype, rtol, atol):
 
 def controlled_moments(controls: Mapping, m0, S0, *, t1, saveat=None, rtol=None, atol=None,
                        solver=None, max_steps: int = 16384):
-    """:func:`solve_moments` with ``controls = {"A", "B", "V", "b"}`` (arrays or Controls).
+    """The moment ODE under given controls: the adaptive reference solve.
 
-    Default tolerances are tight (rtol 1e-11, atol 1e-13 in float64; 1e-6/1e-8 in float32)
-    and the solver is ``Dopri8``: the reference solve that checks an optimised result.
+    :func:`jaxdyn.gaussian.solve_moments` with ``A, B, V, b`` from ``controls``. The default
+    tolerances are tight (rtol 1e-11, atol 1e-13 in float64; 1e-6/1e-8 in float32) and the
+    solver is ``Dopri8``: the solve that checks an optimised result. Runs under ``jit``,
+    ``vmap`` and ``grad`` as :func:`~jaxdyn.gaussian.solve_moments` does.
+
+    Args:
+        controls: ``{"A", "B", "V", "b"}``: arrays or :class:`Control` s.
+        m0: (d,) initial mean (None = 0).
+        S0: (d, d) initial covariance.
+        t1: the final time.
+        saveat: as :func:`~jaxdyn.gaussian.solve_moments` (None: t1 only).
+        rtol: relative tolerance (default above).
+        atol: absolute tolerance (default above).
+        solver: a diffrax solver (default ``Dopri8()``).
+        max_steps: the step budget.
+
+    Returns:
+        :class:`jaxdyn.gaussian.MomentSolution`.
     """
     S0 = jnp.asarray(S0)
     rtol, atol = _tight_tols(S0.dtype, rtol, atol)
@@ -202,16 +248,31 @@ def _energy_values(vals, kind, t1):
     return (h / 3.0) * jnp.sum(sq[:-1] + cross + sq[1:])
 
 
-def control_energy(controls: Mapping, names: Sequence[str] = CONTROL_NAMES, t1=None) -> float:
-    r"""``∫_0^{t1} Σ_{u ∈ names} ‖u(t)‖_F² dt`` (exact for piecewise-constant/linear Controls;
-    a constant array counts as ``t1 ‖u‖²``, which needs ``t1``)."""
-    tot = 0.0
+def control_energy(controls: Mapping, names: Sequence[str] = CONTROL_NAMES, t1=None):
+    r"""The control energy ``∫_0^{t1} Σ_{u ∈ names} ‖u(t)‖_F² dt``.
+
+    Exact for piecewise-constant (``(t1/n) Σ_k ‖u_k‖²``) and piecewise-linear (Simpson's rule
+    on each piece, exact for the quadratic ``‖u(t)‖²``) Controls; a constant array counts as
+    ``t1 ‖u‖²``. Runs under ``jit``, ``vmap`` and ``grad``.
+
+    Args:
+        controls: a mapping of names to :class:`Control` s or constant arrays.
+        names: the controls to sum.
+        t1: the horizon for constant arrays.
+
+    Returns:
+        The energy, a scalar array.
+
+    Raises:
+        ValueError: a constant array without ``t1``.
+    """
+    tot = jnp.zeros(())
     for k in names:
         u = controls[k]
         if isinstance(u, Control):
-            tot += float(_energy_values(u.values, u.kind, u.t1))
+            tot = tot + _energy_values(u.values, u.kind, u.t1)
         else:
             if t1 is None:
                 raise ValueError(f"control {k!r} is a constant array: pass t1 to integrate it")
-            tot += float(t1) * float(jnp.sum(jnp.asarray(u) ** 2))
+            tot = tot + t1 * jnp.sum(jnp.asarray(u) ** 2)
     return tot

@@ -3,14 +3,15 @@ Gaussian target."""
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
+from .._results import RESULTS, Solution, from_codes, status_code
 from ..distances import bures_w2_squared, w2_exact
 from ..gaussian._particles import gaussian_cloud
 from ..integrators import INTEGRATORS
@@ -117,38 +118,101 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
     return _layers(model, x0, float(t1), int(n_layers))
 
 
+class CloudW2(Solution):
+    r"""Result of :func:`cloud_w2_to_gaussian` (a :class:`jaxdyn.Solution`; leaves arrays).
+
+    Reads also as the mapping it replaces: ``w["bures"]``, ``w["exact"]``, ``w["floor"]``,
+    ``w["n"]``.
+
+    Attributes:
+        bures: Bures W2 between ``N(x̄, Ĉ)`` (empirical mean and covariance, 1/N) and the
+            target: it compares moments only (0 for any cloud with the target's moments), its
+            Monte-Carlo error decays like ``N^{-1/2}``.
+        exact: W2 by optimal assignment between the cloud and N i.i.d. samples of the
+            target (:func:`jaxdyn.distances.w2_exact`); it contains sampling noise. NaN when
+            skipped.
+        floor: the same between two independent N-samples of the target: the value
+            ``exact`` would take for a perfect cloud (it decays slowly, like ``N^{-1/d}`` for
+            d ≥ 3). NaN when skipped.
+        result: :class:`jaxdyn.RESULTS`: ``successful``, or ``nonfinite`` when the cloud
+            holds NaN/inf.
+        stats: empty.
+        n: the number of points N (static).
+    """
+
+    bures: Array
+    exact: Array
+    floor: Array
+    result: RESULTS
+    stats: dict
+    n: int = eqx.field(static=True)
+
+    def __getitem__(self, key: str):
+        """The field ``key`` (``"bures"``, ``"exact"``, ``"floor"``, ``"n"``)."""
+        if key not in ("bures", "exact", "floor", "n"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+
 def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
-                         exact_max: int = 2000) -> dict:
+                         exact_max: int = 2000) -> CloudW2:
     r"""Distance of a particle cloud ``x`` (N, d) to the Gaussian ``N(m1, S1)``.
 
-    Returns a dict:
+    .. math::
 
-    * ``bures``: Bures W2 between ``N(x̄, Ĉ)`` (empirical mean and covariance, 1/N) and the
-      target. It compares moments only (0 for any cloud with the target's moments) and
-      its Monte-Carlo error decays like ``N^{-1/2}``.
-    * ``exact``: W2 by optimal assignment between ``x`` and N i.i.d. samples of the target
-      (:func:`jaxdyn.distances.w2_exact`), for ``N ≤ exact_max``; it contains sampling noise.
-    * ``floor``: the same between two independent N-samples of the target — the value
-      ``exact`` would take for a perfect cloud (it decays slowly, like ``N^{-1/d}`` for d ≥ 3).
+        W_2^2\big(N(\bar x, \hat C), N(m_1, S_1)\big) = |\bar x - m_1|^2
+            + \operatorname{tr}\big(\hat C + S_1 - 2 (S_1^{1/2} \hat C S_1^{1/2})^{1/2}\big)
 
-    ``exact`` and ``floor`` are NaN when skipped.
+    (the ``bures`` field), and the exact W2 against a target sample beside its sampling
+    floor. The Bures part runs under ``jax.jit``/``jax.vmap``/``jax.grad`` (traced ``x``,
+    ``m1``, ``S1``: pass ``exact=False``); the exact part is host-only (an assignment).
+
+    Args:
+        x: (N, d) the cloud.
+        m1: (d,) the target mean.
+        S1: (d, d) the target covariance.
+        seed: the seed of the target samples.
+        exact: compute ``exact`` and ``floor`` (when ``N ≤ exact_max``).
+        exact_max: the largest N for the exact assignment (O(N³)).
+
+    Returns:
+        :class:`CloudW2`.
+
+    Raises:
+        ValueError: ``x`` is not (N, d), or ``exact=True`` with traced inputs.
     """
-    x = np.asarray(x, np.float64)
-    m1 = np.asarray(m1, np.float64)
-    S1 = np.asarray(S1, np.float64)
+    traced = any(isinstance(a, jax.core.Tracer) for a in (x, m1, S1))
+    x = jnp.asarray(x)
+    dtype = jnp.promote_types(x.dtype, jnp.result_type(float))  # float64 under x64
+    m1, S1, x = jnp.asarray(m1, dtype), jnp.asarray(S1, dtype), x.astype(dtype)
     if x.ndim != 2 or x.shape[1] != m1.shape[0]:
         raise ValueError(f"x must have shape (N, {m1.shape[0]}), got {x.shape}")
     n = x.shape[0]
-    xbar = x.mean(axis=0)
-    C = (x - xbar).T @ (x - xbar) / n
-    out = {"bures": float(np.sqrt(max(float(bures_w2_squared(jnp.asarray(xbar), jnp.asarray(C),
-                                                               jnp.asarray(m1), jnp.asarray(S1))),
-                                      0.0))),
-           "exact": math.nan, "floor": math.nan, "n": n}
-    if exact and n <= exact_max and np.all(np.isfinite(x)):
+    run_exact = exact and n <= exact_max
+    if traced and run_exact:
+        raise ValueError("cloud_w2_to_gaussian: the exact W2 (an assignment) needs concrete "
+                         "inputs; pass exact=False under jit/vmap/grad")
+    bures, finite, result = _cloud_bures(x, m1, S1)
+    nan = jnp.asarray(jnp.nan, dtype)
+    w_exact = w_floor = nan
+    if run_exact and bool(finite):
         rng = np.random.default_rng([int(seed), 0x7A3C])  # a stream of its own
-        y = gaussian_cloud(rng, n, m1, S1)
-        y2 = gaussian_cloud(rng, n, m1, S1)
-        out["exact"] = w2_exact(x, y)
-        out["floor"] = w2_exact(y2, y)
-    return out
+        xh, m1h, S1h = (np.asarray(a, np.float64) for a in (x, m1, S1))
+        y = gaussian_cloud(rng, n, m1h, S1h)
+        y2 = gaussian_cloud(rng, n, m1h, S1h)
+        w_exact = jnp.asarray(w2_exact(xh, y).value, dtype)
+        w_floor = jnp.asarray(w2_exact(y2, y).value, dtype)
+    return CloudW2(bures=bures, exact=w_exact, floor=w_floor, result=result, stats={},
+                   n=int(n))
+
+
+@jax.jit
+def _cloud_bures(x, m1, S1):
+    """Bures W2 of the cloud's empirical moments to the target, whether x is finite, and
+    the result code."""
+    xbar = jnp.mean(x, axis=0)
+    dx = x - xbar
+    C = dx.T @ dx / x.shape[0]
+    finite = jnp.all(jnp.isfinite(x))
+    status = jnp.where(finite, status_code("successful"), status_code("nonfinite"))
+    return jnp.sqrt(bures_w2_squared(xbar, C, m1, S1)), finite, from_codes(status)

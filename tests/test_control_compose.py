@@ -1,0 +1,144 @@
+"""jax.jit / jax.vmap / jax.grad on the drivers of jaxdyn.control.
+
+The loss (reach_loss: the moment solve with the controls) under jit and vmap, its gradient
+against central finite differences in float64; reach itself under jax.jit with traced targets
+(the same optimisation as a concrete call); the results (ReachResult, Certificate, CloudW2)
+as pytrees of arrays.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdyn.control import (
+    CloudW2,
+    Certificate,
+    ReachOptions,
+    ReachResult,
+    certificate,
+    cloud_w2_to_gaussian,
+    control_energy,
+    random_target,
+    reach,
+    reach_loss,
+)
+from jaxdyn.gaussian import Control
+
+D, N = 2, 4
+
+
+def _controls(seed, kind="piecewise", scale=0.3):
+    rng = np.random.default_rng(seed)
+    n = N + (kind == "linear")
+    vals = {k: scale * rng.standard_normal((n, D, D)) for k in "ABV"}
+    vals["b"] = scale * rng.standard_normal((n, D))
+    return {k: Control(jnp.asarray(v), 1.0, kind) for k, v in vals.items()}
+
+
+@pytest.mark.parametrize("kind", ["piecewise", "linear"])
+def test_reach_loss_jit_and_vmap(kind):
+    """jit gives the eager value; vmap over targets gives each target's value."""
+    ctr = _controls(0, kind)
+    m0, S0 = np.zeros(D), np.eye(D)
+    targets = [random_target(s, D) for s in range(3)]
+    kw = dict(energy_weight=0.1, steps_per_piece=8)
+    direct = [reach_loss(ctr, m0, S0, m1, S1, **kw) for m1, S1 in targets]
+    f = jax.jit(lambda m1, S1: reach_loss(ctr, m0, S0, m1, S1, **kw))
+    m1s = jnp.asarray(np.stack([t[0] for t in targets]))
+    S1s = jnp.asarray(np.stack([t[1] for t in targets]))
+    batched = jax.vmap(f)(m1s, S1s)
+    for i, r in enumerate(direct):
+        assert r.names == "successful"
+        np.testing.assert_allclose(float(f(m1s[i], S1s[i]).loss), float(r.loss), rtol=1e-12)
+        np.testing.assert_allclose(float(batched.loss[i]), float(r.loss), rtol=1e-12)
+    assert batched.status.shape == (3,)
+    # the energy term is control_energy's closed form
+    np.testing.assert_allclose(float(direct[0].energy), float(control_energy(ctr)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["piecewise", "linear"])
+def test_reach_loss_gradient_matches_finite_differences(kind):
+    """∂L/∂(control values) and ∂L/∂m1 against central differences (float64, h = 1e-6)."""
+    ctr = _controls(1, kind)
+    m0, S0 = np.zeros(D), np.eye(D)
+    m1, S1 = (jnp.asarray(a) for a in random_target(2, D))
+
+    def loss(vals, m1):
+        c = {k: Control(v, 1.0, kind) for k, v in vals.items()}
+        return reach_loss(c, m0, S0, m1, S1, energy_weight=0.05, steps_per_piece=4).loss
+
+    vals = {k: c.values for k, c in ctr.items()}
+    gv, gm = jax.jit(jax.grad(loss, argnums=(0, 1)))(vals, m1)
+    f = jax.jit(loss)
+    h = 1e-6
+    rng = np.random.default_rng(3)
+    for k in "ABVb":  # two random entries of each control
+        for _ in range(2):
+            idx = tuple(int(rng.integers(s)) for s in vals[k].shape)
+            up = {**vals, k: vals[k].at[idx].add(h)}
+            dn = {**vals, k: vals[k].at[idx].add(-h)}
+            fd = (float(f(up, m1)) - float(f(dn, m1))) / (2 * h)
+            assert float(gv[k][idx]) == pytest.approx(fd, rel=1e-6, abs=1e-9), (k, idx)
+    for i in range(D):
+        e = jnp.zeros(D).at[i].set(h)
+        fd = (float(f(vals, m1 + e)) - float(f(vals, m1 - e))) / (2 * h)
+        assert float(gm[i]) == pytest.approx(fd, rel=1e-6, abs=1e-9)
+
+
+def test_reach_under_jit_with_traced_targets():
+    """reach inside jax.jit (traced m1, S1): the same optimisation as the concrete call (same
+    iterations and optimiser W2), the histories padded with NaN to the iteration budget; the
+    verification solve and the result code run inside the program too."""
+    m0, S0 = np.zeros(D), np.eye(D)
+    m1, S1 = random_target(1, D)
+    opts = ReachOptions(init="zero", with_certificate=False, lbfgs_steps=60, stop_factor=1.0)
+    r = reach(m0, S0, m1, S1, n_pieces=N, options=opts)
+    rj = jax.jit(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=N, options=opts))(
+        jnp.asarray(m1), jnp.asarray(S1))
+    assert isinstance(rj, ReachResult)
+    assert int(rj.iterations) == int(r.iterations)
+    np.testing.assert_allclose(float(rj.w2_optimizer), float(r.w2_optimizer), rtol=1e-9)
+    np.testing.assert_allclose(float(rj.w2), float(r.w2), rtol=1e-9)
+    assert bool(rj.ok) == bool(r.ok) and rj.names == r.names
+    n = int(r.iterations) + 1
+    np.testing.assert_allclose(np.asarray(rj.loss_history[:n]), np.asarray(r.loss_history), rtol=1e-9)
+    assert np.all(np.isnan(np.asarray(rj.loss_history[n:])))
+    for k in "ABVb":
+        np.testing.assert_allclose(np.asarray(rj.controls[k].values),
+                                   np.asarray(r.controls[k].values), rtol=1e-9, atol=1e-12)
+    assert rj.rank is None and r.rank == D
+
+
+def test_results_are_pytrees_of_arrays():
+    """ReachResult, Certificate and CloudW2: every leaf an array (flatten/unflatten round trip),
+    static metadata in the tree structure."""
+    m0, S0 = np.zeros(D), np.eye(D)
+    m1, S1 = random_target(1, D)
+    r = reach(m0, S0, m1, S1, n_pieces=N, init="zero", lbfgs_steps=60)
+    c = certificate(m0, S0, m1, S1, t1=1.0, n_pieces=N)
+    w = cloud_w2_to_gaussian(np.random.default_rng(0).standard_normal((50, D)), m1, S1)
+    for res, cls in ((r, ReachResult), (c, Certificate), (w, CloudW2)):
+        assert isinstance(res, cls)
+        leaves, tree = jax.tree.flatten(res)
+        assert leaves and all(isinstance(x, jax.Array) for x in leaves), cls
+        assert isinstance(jax.tree.unflatten(tree, leaves), cls)
+    assert isinstance(r.certificate, Certificate) and r.free == ("A", "b", "V", "B")
+
+
+def test_cloud_w2_bures_under_jit_vmap_grad():
+    """The Bures part of cloud_w2_to_gaussian under jit, vmap and grad (exact=False); the
+    exact part refuses traced inputs."""
+    rng = np.random.default_rng(4)
+    m1, S1 = random_target(5, D)
+    xs = jnp.asarray(rng.standard_normal((3, 40, D)))
+    f = jax.jit(lambda x: cloud_w2_to_gaussian(x, m1, S1, exact=False).bures)
+    direct = [float(cloud_w2_to_gaussian(x, m1, S1, exact=False).bures) for x in xs]
+    np.testing.assert_allclose(np.asarray(jax.vmap(f)(xs)), direct, rtol=1e-12)
+    g = jax.grad(f)(xs[0])
+    h = 1e-6
+    e = jnp.zeros_like(xs[0]).at[3, 1].set(h)
+    fd = (float(f(xs[0] + e)) - float(f(xs[0] - e))) / (2 * h)
+    assert float(g[3, 1]) == pytest.approx(fd, rel=1e-6)
+    with pytest.raises(ValueError, match="exact=False"):
+        jax.jit(lambda x: cloud_w2_to_gaussian(x, m1, S1).bures)(xs[0])
