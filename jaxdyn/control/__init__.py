@@ -1,7 +1,10 @@
-"""Reachability (Paper B): optimised time-varying controls that steer one Gaussian to
-another (:func:`reach`), the constructive :func:`certificate`, the loss both are measured by
-(:func:`reach_loss`), and the transfer of controls to N particles and to an L-layer
-transformer."""
+"""Reachability (Paper B): controls that steer one Gaussian to another.
+
+:func:`reach` optimises time-varying controls of the moment ODE, :func:`certificate` is the
+constructive solution, :func:`reach_loss` is the loss reach minimises, and the controls
+transfer to N particles (:func:`transfer_particles`) and to an L-layer transformer
+(:func:`transformer_layers`).
+"""
 
 from ._certificate import Certificate as Certificate, certificate as certificate
 from ._loss import ReachLoss as ReachLoss, reach_loss as reach_loss

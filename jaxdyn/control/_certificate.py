@@ -89,8 +89,19 @@ def _phi1(X):
 
 
 def _rotation_log(R):
-    r"""Real skew-symmetric ``K`` with ``expm(K) = R`` for ``R ∈ SO(d)``, from the real
-    Schur form (2×2 blocks give angles; eigenvalues −1 come in pairs, rotated by π)."""
+    r"""Real skew-symmetric ``K`` with ``expm(K) = R`` for ``R ∈ SO(d)`` (real Schur form).
+
+    2×2 blocks give angles; eigenvalues −1 come in pairs, rotated by π.
+
+    Args:
+        R: (d, d) rotation.
+
+    Returns:
+        ``K``, (d, d) skew-symmetric.
+
+    Raises:
+        ValueError: an odd number of eigenvalues −1 (not a rotation).
+    """
     from scipy.linalg import schur
 
     T, Z = schur(R, output="real")
@@ -125,19 +136,31 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
     as in the module doc, ``A = 2 log P / t1`` then ``2 log R / t1``. In both, ``b`` is
     constant with ``m(t1) = G m0 + J b = m1``, ``J = ∫ Φ(t1) Φ(s)^{-1} ds``.
 
-    Args:
-      m0, m1: (d,) means (None = 0). S0, S1: (d, d) PSD covariances of the same numerical
-        rank (``ValueError`` otherwise, with the reason).
-      t1: final time. n_pieces: length of the returned piecewise grids (default 1 for
-        Monge, 2 for polar; polar needs an even number).
-      rank_rtol: relative eigenvalue cut of the numerical rank (default sqrt(eps)).
-        Eigenvalues below it are treated as 0 (regularised square roots); the largest one
-        dropped is reported as ``dropped``.
-      verify: solve the moment ODE with these controls (``solve_moments``, tolerances
-        ``rtol``/``atol``, defaults 1e-11/1e-13 in float64) and report the Bures W2 at t1.
+    Built on the host in float64 (square roots by :func:`jaxdyn.distances.sqrtm_psd`, matrix
+    logarithms by SciPy), stored in the dtype of S0: concrete inputs only (not under ``jit``).
 
-    Returns: :class:`Certificate`. Built on the host in float64 (square roots by
-    :func:`jaxdyn.distances.sqrtm_psd`), stored in the dtype of S0.
+    Args:
+        m0: (d,) initial mean (None = 0).
+        S0: (d, d) PSD initial covariance.
+        m1: (d,) target mean (None = 0).
+        S1: (d, d) PSD target covariance of the numerical rank of S0.
+        t1: the final time.
+        n_pieces: length of the returned piecewise grids (default 1 for Monge, 2 for polar;
+            polar needs an even number).
+        rank_rtol: relative eigenvalue cut of the numerical rank (default sqrt(eps)).
+            Eigenvalues below it are treated as 0 (regularised square roots); the largest
+            one dropped is reported as ``dropped``.
+        verify: solve the moment ODE with these controls (``solve_moments``) and report the
+            Bures W2 at t1.
+        rtol: the verification solve's relative tolerance (default 1e-11 in float64).
+        atol: its absolute tolerance (default 1e-13 in float64).
+
+    Returns:
+        :class:`Certificate`.
+
+    Raises:
+        ValueError: ``t1 <= 0``, an odd ``n_pieces`` for a rank-deficient pair, invalid
+            Gaussians, or S1 of another numerical rank than S0.
     """
     m0, S0, m1, S1 = _check_problem(m0, S0, m1, S1)
     if not float(t1) > 0:

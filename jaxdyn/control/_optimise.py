@@ -180,8 +180,7 @@ def initial_state(raw, prob: Problem, loop: LoopSettings) -> State:
 
 
 def _enter_lbfgs(s: State, raw, value, grad, lbfgs_tx) -> State:
-    """Start an L-BFGS stage at ``raw`` with an empty memory (a known finite value and
-    gradient are kept; otherwise the next iteration evaluates them)."""
+    """Start an L-BFGS stage at ``raw`` with an empty memory (a finite value kept, else stale)."""
     known = jnp.isfinite(value)
     st = optax.tree.set(lbfgs_tx.init(raw), value=jnp.where(known, value, jnp.inf),
                         grad=_where(known, grad, jax.tree.map(jnp.zeros_like, grad)))
@@ -224,8 +223,7 @@ def _start_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
 
 
 def _adam_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
-    """One Adam trial: accept it (and propose the next), or halve it towards the last
-    accepted iterate; after the last halving the iteration is rejected."""
+    """One Adam trial: accept it and propose the next, or halve it towards the accepted iterate."""
     adam_tx, lbfgs_tx = txs
     ok = jnp.isfinite(v) & _finite(g)
     too_long = v == jnp.inf
@@ -322,7 +320,17 @@ def run(s: State, prob: Problem, loop: LoopSettings, opts: SolveOptions, unravel
 
     The iterates are flat vectors (``jax.flatten_util.ravel_pytree`` of the controls'
     parameters; ``unravel`` maps one back): one array per field of the loop's state and of
-    the optimisers' states, where a dict of four controls had four.
+    the optimisers' states.
+
+    Args:
+        s: the state.
+        prob: the problem.
+        loop: the loop's settings.
+        opts: the solve's settings.
+        unravel: maps a flat vector to the controls' parameters.
+
+    Returns:
+        The final state.
     """
     txs = _transforms(loop)
     fn = optimiser_value_fn(opts, unravel)
@@ -361,8 +369,7 @@ def optimise(raw, prob: Problem, loop: LoopSettings, opts: SolveOptions):
 
 @eqx.filter_jit
 def resume(s: State, like, prob: Problem, loop: LoopSettings, opts: SolveOptions):
-    """The loop resumed from a state (after a refinement of the steps): as :func:`optimise`
-    (``like``: the controls' parameters, for their structure)."""
+    """:func:`optimise` resumed from a state (``like``: parameters giving the structure)."""
     unravel = ravel_pytree(like)[1]
     s = run(s, prob, loop, opts, unravel)
     return s, physical(unravel(s.raw), prob), free_energy(unravel(s.raw), prob)

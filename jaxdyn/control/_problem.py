@@ -1,5 +1,6 @@
-r"""The reachability problem (Paper B): modes, ranks, random targets, the controlled moment flow
-and the control energy; the rest of the package docstring below describes the whole study.
+r"""The reachability problem (Paper B): modes, ranks, targets, the controlled flow, the energy.
+
+The rest of this docstring describes the whole study.
 
 The moment dynamics of docs/math.md §B.2,
 

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from jaxtyping import Array
 
-from .._results import (RESULTS, Solution, code, error_if_failed, from_codes, raise_if_failed,
+from .._results import (RESULTS, Solution, error_if_failed, from_codes, raise_if_failed,
                         stat, status_code, status_names)
 from ..distances import bures_w2_squared
 from ..gaussian._solve import Control
@@ -262,8 +262,7 @@ def _checked(o: ReachOptions, t1, n_pieces) -> dict:
 
 
 def _certificate_for(m0, S0, m1, S1, t1, n_pieces, o: ReachOptions):
-    """``(certificate or None, note)``: on this grid when possible (a polar certificate
-    needs an even one), else on its own; a failure is reported, not raised."""
+    """``(certificate or None, note)`` on this grid when possible; a failure is a note."""
     note = ""
     for n_cert in ((n_pieces, None) if o.kind == "piecewise" else (None,)):
         try:
@@ -310,7 +309,15 @@ def _loop_settings(o: ReachOptions, dtype, refine: bool) -> opt.LoopSettings:
 def _run_optimiser(raw, prob: Problem, o: ReachOptions, traced: bool):
     """The jitted loop, and on the host the refinements of the steps it asks for.
 
-    Returns ``(state, control values, energy, steps_per_piece, refinements, steps history)``.
+    Args:
+        raw: the start (the controls' raw parameters).
+        prob: the problem.
+        o: the options.
+        traced: whether the inputs are traced (no refinement then).
+
+    Returns:
+        ``(state, control values, energy, steps_per_piece, refinements, iterations at which
+        the steps were refined)``.
     """
     rtol, atol = default_tolerances(prob.S0.dtype, o.rtol, o.atol)
     steps = int(o.steps_per_piece)
@@ -345,16 +352,14 @@ def _run_optimiser(raw, prob: Problem, o: ReachOptions, traced: bool):
 
 
 def _verify(controls, m0, S0, m1, S1, t1):
-    """``(status, mean, cov)`` of the independent verification solve (its own program,
-    shared with the certificate's check on the same grid)."""
+    """``(status, mean, cov)`` of the independent verification solve (its own program)."""
     sol = controlled_moments(controls, m0, S0, t1=t1)
     return sol.status, sol.mean_final, sol.cov_final
 
 
 @jax.jit
 def _summary(s: opt.State, verified, m1, S1, tol):
-    """``(w2, w2_optimizer, w2_mean, w2_cov, result)`` of the final state and the
-    verification solve ``verified = (status, m, S)`` (None: not verified)."""
+    """``(w2, w2_optimizer, w2_mean, w2_cov, result)`` of the state and ``(status, m, S)``."""
     w2_opt = s.w2_history[s.it]
     nan = jnp.full((), jnp.nan, w2_opt.dtype)
     if verified is None:
@@ -417,10 +422,12 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachO
         :class:`ReachResult`. Float64 is advised (``jax_enable_x64``): W2 < 1e-4 means
         W2² < 1e-8, near float32 resolution.
 
+    Invalid inputs or options raise ``ValueError`` (naming the argument), as does a target
+    of another numerical rank; with ``throw=True`` a result that is not successful raises
+    ``RuntimeError`` (``eqx.error_if`` under ``jit``).
+
     Raises:
         TypeError: a keyword that is not a field of :class:`ReachOptions`.
-        ValueError: invalid inputs or options, or a target of another numerical rank.
-        RuntimeError: ``throw=True`` and the result is not successful.
     """
     t_start = time.perf_counter()
     unknown = set(settings) - {f.name for f in dataclasses.fields(ReachOptions)}

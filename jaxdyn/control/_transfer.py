@@ -1,5 +1,7 @@
-"""Transfer of controls to N particles and to an L-layer transformer; W2 of a cloud to a
-Gaussian target."""
+"""Transfer of controls to N particles and to an L-layer transformer; W2 of a cloud.
+
+The distance of a particle cloud to a Gaussian target is :func:`cloud_w2_to_gaussian`.
+"""
 
 from __future__ import annotations
 
@@ -44,11 +46,26 @@ def _piece_info(model):
 
 
 def _piece_flow(model, x0, t1, n_pieces, steps_per_piece, piecewise, method, idx):
-    """The states after the pieces ``idx`` (static, in pieces) of ``[0, t1]`` cut into
-    ``n_pieces``: ``steps_per_piece`` steps of ``method`` (``jaxdyn.integrators``) in each
-    piece, starting at ``k h``, with the controls frozen at the piece's midpoint
-    (``piecewise``) or the time-dependent field. The loops are :func:`simulate`'s
-    (``saved_states`` over pieces, ``fixed_steps`` within one)."""
+    """The states after the pieces ``idx`` (static) of ``[0, t1]`` cut into ``n_pieces``.
+
+    ``steps_per_piece`` steps of ``method`` (``jaxdyn.integrators``) in each piece, starting
+    at ``k h``, with the controls frozen at the piece's midpoint (``piecewise``) or the
+    time-dependent field. The loops are :func:`simulate`'s (``saved_states`` over pieces,
+    ``fixed_steps`` within one).
+
+    Args:
+        model: the controlled field.
+        x0: (N, d) the start.
+        t1: the horizon.
+        n_pieces: the pieces of ``[0, t1]``.
+        steps_per_piece: the steps in each.
+        piecewise: freeze the controls at each piece's midpoint.
+        method: ``"rk4"`` or ``"euler"``.
+        idx: the pieces after which the state is kept.
+
+    Returns:
+        (len(idx), N, d) the states.
+    """
     integ = INTEGRATORS[method]()
     dtype = x0.dtype
     h = jnp.asarray(t1, dtype) / n_pieces
@@ -73,14 +90,30 @@ def _flow(model, x0, t1, n_intervals, steps_per_interval, piecewise, method):
 
 
 def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str = "rk4"):
-    r"""Integrate the particle system ``model`` (a :class:`ControlledEuclideanAttention`, or a
-    controls mapping) from ``x0`` (N, d) on ``[0, t1]``.
+    r"""Integrate the controlled particle system from ``x0`` on ``[0, t1]``.
+
+    .. math::
+
+        \dot x_i = A(t) x_i + b(t) + V(t) \sum_j w_{ij} x_j, \qquad
+        w_{ij} \propto \exp(x_j^\top B(t) x_i)
 
     Piecewise-constant controls are integrated piece by piece with the controls frozen
-    (no step straddles a jump); linear controls with the time-dependent field. Fixed-step
-    ``method`` (``"rk4"`` or ``"euler"``), ``steps_per_piece`` steps in each piece.
+    (no step straddles a jump); linear controls with the time-dependent field. Runs under
+    ``jax.jit``, ``jax.vmap`` and ``jax.grad`` (with respect to ``x0`` and the controls).
 
-    Returns: (n_pieces + 1, N, d) — the cloud at ``t = k t1 / n_pieces``.
+    Args:
+        model: a :class:`ControlledEuclideanAttention`, or a mapping of controls
+            ``{"A", "B", "V", "b"}``.
+        x0: (N, d) the initial cloud.
+        t1: the horizon.
+        steps_per_piece: fixed steps in each piece.
+        method: ``"rk4"`` or ``"euler"``.
+
+    Returns:
+        (n_pieces + 1, N, d): the cloud at ``t = k t1 / n_pieces``.
+
+    Raises:
+        ValueError: an unknown method, ``x0`` not (N, d), ``steps_per_piece < 1``.
     """
     if isinstance(model, Mapping):
         model = ControlledEuclideanAttention.from_controls(model)
@@ -92,7 +125,7 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
     if int(steps_per_piece) < 1:
         raise ValueError(f"steps_per_piece must be >= 1, got {steps_per_piece}")
     piecewise, n, _ = _piece_info(model)
-    return _flow(model, x0, float(t1), int(n), int(steps_per_piece), bool(piecewise), method)
+    return _flow(model, x0, _time(t1), int(n), int(steps_per_piece), bool(piecewise), method)
 
 
 @eqx.filter_jit
@@ -103,10 +136,27 @@ def _layers(model, x0, t1, n_layers):
 
 
 def transformer_layers(model, x0, *, t1, n_layers: int):
-    r"""The L-layer transformer: ``x_{l+1} = x_l + (t1/L) f_l(x_l)``, ``l = 0 … L−1`` (one
-    explicit Euler step a layer), where layer l uses the controls at the midpoint of its
-    interval ``[l t1/L, (l+1) t1/L]`` — for piecewise-constant controls and L a multiple
-    of n_pieces, exactly the piece the layer lies in. Returns the final cloud (N, d).
+    r"""The L-layer transformer with the controls: one explicit Euler step a layer.
+
+    .. math::
+
+        x_{l+1} = x_l + \frac{t_1}{L} f_l(x_l), \qquad l = 0, \dots, L - 1
+
+    where layer l uses the controls at the midpoint of its interval ``[l t1/L, (l+1) t1/L]``
+    (for piecewise-constant controls and L a multiple of n_pieces, exactly the piece the
+    layer lies in). Runs under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
+
+    Args:
+        model: a :class:`ControlledEuclideanAttention`, or a mapping of controls.
+        x0: (N, d) the initial cloud.
+        t1: the horizon.
+        n_layers: L.
+
+    Returns:
+        (N, d) the cloud after the last layer.
+
+    Raises:
+        ValueError: ``n_layers < 1`` or ``x0`` not (N, d).
     """
     if isinstance(model, Mapping):
         model = ControlledEuclideanAttention.from_controls(model)
@@ -115,7 +165,12 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
     x0 = jnp.asarray(x0)
     if x0.ndim != 2 or x0.shape[1] != model.dim:
         raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
-    return _layers(model, x0, float(t1), int(n_layers))
+    return _layers(model, x0, _time(t1), int(n_layers))
+
+
+def _time(t1):
+    """``t1`` as a Python float (static) when concrete and scalar, else as given (traced)."""
+    return t1 if isinstance(t1, jax.Array) else float(t1)
 
 
 class CloudW2(Solution):
@@ -208,8 +263,7 @@ def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
 
 @jax.jit
 def _cloud_bures(x, m1, S1):
-    """Bures W2 of the cloud's empirical moments to the target, whether x is finite, and
-    the result code."""
+    """Bures W2 of the cloud's empirical moments to the target, x finite, the result code."""
     xbar = jnp.mean(x, axis=0)
     dx = x - xbar
     C = dx.T @ dx / x.shape[0]
