@@ -318,8 +318,9 @@ def test_euler_renormalise_local_difference_and_order():
     Q, K, V = (rng.normal(size=(3, 3)) for _ in range(3))
     m = jaxdyn.SphereAttention(Q, K, V, 1.5)
     ren, proj = jaxdyn.integrators.EulerRenormalise(), jaxdyn.integrators.ProjectedEuler()
+    step = jaxdyn.integrators.scheme_step  # one step of a scheme on the model
     hs = [0.04, 0.02, 0.01, 0.005]
-    diffs = [float(jnp.max(jnp.abs(ren.step(m, 0.0, x0, h, None) - proj.step(m, 0.0, x0, h, None))))
+    diffs = [float(jnp.max(jnp.abs(step(ren, m, 0.0, x0, h) - step(proj, m, 0.0, x0, h))))
              for h in hs]
     slopes = np.diff(np.log(diffs)) / np.diff(np.log(hs))
     assert np.all(np.abs(slopes - 2.0) < 0.1), slopes  # one step: O(h²) apart
@@ -355,7 +356,7 @@ def test_euler_renormalise_is_projected_euler_with_a_rescaled_step():
     np.testing.assert_allclose(np.asarray(p), np.asarray(a - s * x), atol=1e-15)
     hi = h / (1 + h * s)
     ref = jaxdyn.normalize(x + hi * p)
-    got = jaxdyn.integrators.EulerRenormalise().step(m, 0.0, x, h, None)
+    got = jaxdyn.integrators.scheme_step(jaxdyn.integrators.EulerRenormalise(), m, 0.0, x, h)
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0, atol=2e-15)
 
 
