@@ -142,3 +142,20 @@ def test_cloud_w2_bures_under_jit_vmap_grad():
     assert float(g[3, 1]) == pytest.approx(fd, rel=1e-6)
     with pytest.raises(ValueError, match="exact=False"):
         jax.jit(lambda x: cloud_w2_to_gaussian(x, m1, S1).bures)(xs[0])
+
+
+@pytest.mark.slow  # ~19 CPU-s: the batched optimisation loop compiles once more
+def test_reach_under_vmap_over_targets():
+    """reach vmapped over three targets: each member's optimisation as its own call (the same
+    iterations, W2 to rounding)."""
+    m0, S0 = np.zeros(D), np.eye(D)
+    targets = [random_target(s, D) for s in range(3)]
+    opts = ReachOptions(init="zero", with_certificate=False, lbfgs_steps=60, stop_factor=1.0)
+    rv = jax.vmap(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=N, options=opts))(
+        jnp.asarray(np.stack([t[0] for t in targets])), jnp.asarray(np.stack([t[1] for t in targets])))
+    assert rv.status.shape == (3,)
+    for i, (m1, S1) in enumerate(targets):
+        r = reach(m0, S0, m1, S1, n_pieces=N, options=opts)
+        assert int(rv.iterations[i]) == int(r.iterations)
+        assert int(rv.status[i]) == int(r.status)
+        np.testing.assert_allclose(float(rv.w2[i]), float(r.w2), rtol=1e-6)
