@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 
 import jaxdyn
-from jaxdyn.experiments import progress, run_experiment, segments
+from jaxdyn.experiments import progress, segments
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("jax", "jaxlib", "diffrax", "equinox", "ott", "optax", "scipy", "matplotlib", "xarray")
@@ -147,31 +148,33 @@ TINY = {"kind": "sphere", "name": "tiny", "d": 3, "n": 16, "t1": 0.4, "dt": 0.1,
         "snapshots": [0.0, 0.4], "sweep": {"beta": [1.0]}}
 
 
-def test_second_run_loads_compiled_programs_from_the_cache(tmp_path):
-    """A run writes its compiled programs to the persistent cache (small programs included);
-    after the in-memory caches are dropped, the same run loads them back (cache hits), and
-    summary.json reports compile and compute seconds apart."""
-    from jaxdyn import _compile
+def test_second_run_loads_every_program_from_the_cache(tmp_path):
+    """``jaxdyn run`` writes every program it compiles to the persistent cache (small programs
+    included: none holds a host callback); a second process loads them all (every program a
+    cache hit), and summary.json reports compile and compute seconds apart."""
+    import os
 
-    folder = jaxdyn.enable_compilation_cache(tmp_path / "cache")
-    try:
-        assert folder is not None and folder.parent == tmp_path / "cache"
-        quiet = dict(progress=False, log=lambda *_: None)
-        first = run_experiment(TINY, tmp_path / "a", **quiet).summary
-        # the split is reported (what the timings are worth is benchmarks/bench_startup.py's)
-        assert first["compiled_programs"] > 0 and first["compilation_cache"] == str(folder)
-        assert all(isinstance(first[k], float) and math.isfinite(first[k])
-                   for k in ("compile_seconds", "compute_seconds"))
-        assert len(list(folder.iterdir())) >= first["compiled_programs"] - first["compile_cache_hits"]
-        jax.clear_caches()
-        segments.SEGMENTS.clear()
-        second = run_experiment(TINY, tmp_path / "b", **quiet).summary
-        assert second["compile_cache_hits"] > 0
-        saved = json.loads((tmp_path / "b" / "summary.json").read_text())
-        assert {"compile_seconds", "compute_seconds", "compile_cache_hits"} <= set(saved)
-    finally:
-        _compile.disable_compilation_cache()
-    assert jax.config.jax_compilation_cache_dir is None
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAXDYN_NO_CACHE", "EQX_ON_ERROR") and not k.startswith("JAX_")}
+    env.update(JAXDYN_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = []
+    for name in ("a", "b"):
+        r = subprocess.run([sys.executable, "-m", "jaxdyn.cli", "run", str(cfg), "--out",
+                            str(tmp_path / name), "--quiet"], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    first, second = runs
+    folder = Path(first["compilation_cache"])
+    assert folder.parent == tmp_path / "cache" and first["compiled_programs"] > 0
+    # the split is reported (what the timings are worth is benchmarks/bench_startup.py's)
+    assert all(isinstance(s[k], float) and math.isfinite(s[k])
+               for s in runs for k in ("compile_seconds", "compute_seconds"))
+    assert len(list(folder.iterdir())) >= first["compiled_programs"] - first["compile_cache_hits"]
+    assert second["compile_cache_hits"] == second["compiled_programs"] > 0
 
 
 def test_progress_moves_within_a_chunk():
