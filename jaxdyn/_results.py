@@ -36,11 +36,13 @@ __all__ = ["RESULTS", "STATUS_NAMES", "Solution", "status_code", "status_codes",
            "is_successful", "from_codes", "code", "raise_if_failed", "error_if_failed"]
 
 with warnings.catch_warnings():
-    # ``nonfinite`` exists upstream (optimistix); its message is replaced on purpose by one
-    # that says what to try in an ODE/particle run.
+    # ``successful`` and ``nonfinite`` exist upstream (diffrax, optimistix); their messages are
+    # replaced on purpose: one that a printed result can show, and one that says what to try in
+    # an ODE/particle run.
     warnings.simplefilter("ignore")
 
     class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
+        successful = "successful: the solve finished with no failure."
         nonfinite = (
             "Non-finite values (NaN or inf) appeared in the solution. Try a smaller step "
             "(dt) or tighter tolerances, float64 (jax_enable_x64), and check the inputs and "
@@ -181,9 +183,9 @@ def status_names(result):
 
 
 def status_messages(result):
-    """The message of each member's status (the name for ``successful``, whose message is
-    empty): a ``str`` for one member, an object array of ``str`` for a batch."""
-    return _per_member(result, lambda c: _MESSAGES[c] or _NAMES[c])
+    """The message of each member's status: a ``str`` for one member, an object array of ``str``
+    for a batch."""
+    return _per_member(result, lambda c: _MESSAGES[c])
 
 
 def raise_if_failed(result, what: str = "solve"):
