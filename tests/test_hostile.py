@@ -376,7 +376,7 @@ def test_report_refusals(in_tmp, capsys, finished):
 # ----------------------------------------------------------------------------- chunks
 
 
-@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage"])
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "flipped"])
 def test_damaged_chunk_is_named_and_recomputed(in_tmp, capsys, finished, damage):
     run = _copy_run(finished, in_tmp)
     c = run / "chunks" / "chunk_00001.npz"
@@ -384,6 +384,11 @@ def test_damaged_chunk_is_named_and_recomputed(in_tmp, capsys, finished, damage)
         os.truncate(c, 100)
     elif damage == "empty":
         os.truncate(c, 0)
+    elif damage == "flipped":  # one byte of the array data: the meta record still reads
+        data = bytearray(c.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        c.write_bytes(bytes(data))
+        jio.read_chunk(c, meta_only=True)
     else:
         c.write_bytes(b"PK\x03\x04 not a zip at all")
     (run / "data.nc").unlink()

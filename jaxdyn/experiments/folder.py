@@ -293,7 +293,8 @@ def adopt_plan(out: Path, chunks: list, est: dict, h: str):
 def existing_chunks(out: Path, chunks: list, h: str, log, warns: list) -> list:
     """Indices of the chunks already on disk for this config and plan.
 
-    A damaged chunk file is named (``log`` and ``warns``), removed and recomputed.
+    Each file is read whole (a flipped byte fails its checksum); a damaged chunk file is named
+    (``log`` and ``warns``), removed and recomputed.
 
     Args:
       out: the run folder.
@@ -314,7 +315,7 @@ def existing_chunks(out: Path, chunks: list, h: str, log, warns: list) -> list:
         if not path.exists():
             continue
         try:
-            _, meta = jio.read_chunk(path, meta_only=True)
+            _, meta = jio.read_chunk(path)  # the arrays too: their checksums find flipped bytes
         except jio.DamagedFileError as e:
             msg = f"{e}; it is recomputed"
             log(f"warning: {msg}")
