@@ -254,6 +254,25 @@ def test_out_is_a_file(in_tmp, capsys):
     assert f.read_text() == "mine"
 
 
+def test_chunks_that_is_a_file_is_named(in_tmp, capsys, finished):
+    """A file named ``chunks`` in the run folder is refused before any compute, for a fresh run
+    and for a resume (exit 2, naming it), instead of a write error whose hint to resume led to
+    the same error; the file is left alone."""
+    path = _yaml(in_tmp, TINY)
+    out = in_tmp / "fresh"
+    out.mkdir()
+    (out / "chunks").write_text("mine")
+    _refused(in_tmp, ["run", path, "--out", str(out), "--quiet"], capsys, 2,
+             [f"{out / 'chunks'} is not a folder"], out)
+    run = _copy_run(finished, in_tmp)
+    shutil.rmtree(run / "chunks")
+    (run / "chunks").write_text("mine")
+    (run / "data.nc").unlink()
+    _refused(in_tmp, ["run", "--resume", str(run), "--quiet"], capsys, 2,
+             [f"{run / 'chunks'} is not a folder"], run)
+    assert (run / "chunks").read_text() == "mine"
+
+
 def test_out_cannot_be_created(in_tmp, capsys):
     path = _yaml(in_tmp, TINY)
     _refused(in_tmp, ["run", path, "--out", "/proc/x/y", "--quiet"], capsys, 2,

@@ -171,6 +171,10 @@ def prepare(out: Path, h: str, *, resume: bool, force: bool):
     Raises:
       ConfigError: the folder holds something this run may not resume or overwrite (named).
     """
+    chunk_dir = out / jio.CHUNK_DIR
+    if chunk_dir.exists() and not chunk_dir.is_dir():
+        raise ConfigError(f"{chunk_dir} is not a folder: it blocks the chunk files; move it away "
+                          "(a run keeps its chunks there)")
     old_hash = _old_hash(out, resume)
     if resume:
         if not (out / jio.CONFIG_FILE).exists():
@@ -183,7 +187,6 @@ def prepare(out: Path, h: str, *, resume: bool, force: bool):
                      if p.name != jio.LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     if not entries:
         return
-    chunk_dir = out / jio.CHUNK_DIR
     has_chunks = chunk_dir.is_dir() and any(chunk_dir.glob("chunk_*.npz"))
     if force:
         _remove_old_results(out, chunk_dir)
