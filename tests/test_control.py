@@ -558,3 +558,25 @@ def test_reach_step_refinement_in_the_adam_phase_compares_at_one_step_count():
     final = [hist[i] for i in range(1, 21) if steps[i] == steps[20] and np.isfinite(hist[i])]
     assert final and hist[21] <= min(final) * (1 + 1e-6)
     _check_reached(r, m0, S0, m1, S1)
+
+
+@pytest.mark.slow  # ~30 CPU-s (steps 2, 4 and 8 compiled at 4 pieces); default counterpart:
+# test_reach_rejects_too_long_trials_and_refines_a_too_long_start
+def test_reach_refines_the_steps_when_the_line_search_fails_near_the_step_error_limit():
+    """Attention controls with a fixed A = -0.1 I: the L-BFGS line search finds no decrease at
+    an iterate whose step-error ratio is above 1e-2 (its trials fail the check); reach doubles
+    steps_per_piece and resumes the loop from that iterate (an empty L-BFGS memory), and the
+    target is reached (adaptive verification solve and scipy). The step counts of the
+    iterations double at the recorded refinements and never decrease."""
+    m1, S1 = random_target(1, 2)
+    m0, S0 = _start(2, 1.0)
+    r = reach(m0, S0, m1, S1, t1=1.0, n_pieces=4, free=("V", "B"),
+              fixed={"A": -0.1 * np.eye(2)}, with_certificate=False)
+    k = int(r.step_refinements)
+    assert k >= 1 and r.steps_per_piece == 2 * 2 ** k and f"halved {k} time" in r.message
+    steps = np.asarray(r.stats["steps_history"])
+    assert len(steps) == int(r.iterations) + 1 and steps[0] == 2 and steps[-1] == r.steps_per_piece
+    assert np.all(np.diff(steps) >= 0) and set(np.unique(np.diff(steps))) <= {0} | {2 ** j for j in range(1, 7)}
+    np.testing.assert_array_equal(np.asarray(r.controls["A"].values), np.broadcast_to(-0.1 * np.eye(2), (4, 2, 2)))
+    m, S = scipy_moments(r.controls, m0, S0, 1.0)
+    assert bool(r.ok) and bures_np(m, S, m1, S1) < 1e-4
