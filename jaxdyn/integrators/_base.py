@@ -184,6 +184,10 @@ class AbstractIntegrator(diffrax.AbstractSolver):
         y1 = self.update(terms, t0, t1, y0, args)
         return y1, None, dict(y0=y0, y1=y1), None, diffrax.RESULTS.successful
 
+    def increment(self, terms, t0, t1, y0, args):
+        """The terms' products with their controls at ``(t0, y0)``: dt f (+ σ P⊥ ΔW)."""
+        return terms.vf_prod(t0, y0, args, terms.contr(t0, t1))
+
     @abc.abstractmethod
     def update(self, terms, t0, t1, y0, args):
         """The state at ``t1`` from ``y0`` at ``t0`` (one step of the scheme).

@@ -19,17 +19,5 @@ class ProjectedEuler(AbstractIntegrator):
     scheme_order: ClassVar[int] = 1
 
     def update(self, terms, t0, t1, y0, args):
-        """``retract(y0 + dt f(t0, y0))``.
-
-        Args:
-          terms: the term; ``terms.vf_prod`` with its control gives dt f.
-          t0: the step's start.
-          t1: the step's end.
-          y0: the state at ``t0``.
-          args: passed to the field.
-
-        Returns:
-          The new state.
-        """
-        v = terms.vf_prod(t0, y0, args, terms.contr(t0, t1))
-        return self.space.retract(y0 + v)
+        """``retract(y0 + dt f(t0, y0))``."""
+        return self.space.retract(y0 + self.increment(terms, t0, t1, y0, args))

@@ -66,16 +66,5 @@ class EulerRenormalise(AbstractIntegrator):
         return ambient_field(model)
 
     def update(self, terms, t0, t1, y0, args):
-        """``retract(y0 + dt a(t0, y0))`` (the term holds ``a``).
-
-        Args:
-          terms: the term of the ambient field.
-          t0: the step's start.
-          t1: the step's end.
-          y0: the state at ``t0``.
-          args: passed to the field.
-
-        Returns:
-          The new state.
-        """
-        return self.space.retract(y0 + terms.vf_prod(t0, y0, args, terms.contr(t0, t1)))
+        """``retract(y0 + dt a(t0, y0))`` (the term holds the ambient field ``a``)."""
+        return self.space.retract(y0 + self.increment(terms, t0, t1, y0, args))

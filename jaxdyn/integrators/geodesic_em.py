@@ -37,16 +37,5 @@ class GeodesicEulerMaruyama(AbstractIntegrator, diffrax.AbstractStratonovichSolv
         return 0.5
 
     def update(self, terms, t0, t1, y0, args):
-        """``exp_{y0}(dt f + σ P⊥ ΔW)``: the sum of the terms' products with their controls.
-
-        Args:
-          terms: the drift and diffusion terms (a ``diffrax.MultiTerm``), or one ODE term.
-          t0: the step's start.
-          t1: the step's end.
-          y0: the state at ``t0``.
-          args: passed to the vector fields.
-
-        Returns:
-          The new state.
-        """
-        return self.space.exp(y0, terms.vf_prod(t0, y0, args, terms.contr(t0, t1)))
+        """``exp_{y0}(dt f + σ P⊥ ΔW)``: the terms' products with their controls, summed."""
+        return self.space.exp(y0, self.increment(terms, t0, t1, y0, args))
