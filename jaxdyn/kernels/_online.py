@@ -38,7 +38,7 @@ fuses into kernels that never write the tile to memory). Padded keys (m not a mu
 block) repeat key 0 (its bias and position too) and carry the value ``[0, 0]``: they never
 raise a maximum or a bound and add nothing. Padded queries repeat the last query (and its
 position). Under a causal mask a query block skips every key block wholly after its last
-query and masks only the key blocks that straddle its diagonal.
+query.
 """
 
 from __future__ import annotations
@@ -299,22 +299,20 @@ def finite_or_zero(mx):
 
 def _scan_keys(body, init, blocks, qpos, causal):
     """``body(carry, block, masked)`` folded over the key blocks (causal: skip or mask blocks)."""
-    # Under a causal mask, key blocks wholly after the query block are skipped and only those
-    # across its diagonal are masked. The choice depends on positions only: under ``vmap``
-    # it stays a branch.
+    # Under a causal mask, key blocks wholly after the query block are skipped (the choice
+    # depends on positions only: under vmap it stays a branch) and the others masked. Masking
+    # only the blocks across the diagonal (a three-way switch) saved no measurable forward
+    # time and doubled the reverse pass's stored tiles (every branch's residuals are kept):
+    # 1.9x the CPU time of the gradient at N = 4096 (2 cores, d = 3, float32).
     if not causal:
         def step(carry, blk):
             return body(carry, blk, False), None
 
         return jax.lax.scan(step, init, blocks)[0]
-    kb = blocks.keys.shape[1]
-    first, last = qpos[0], qpos[-1]  # positions are sorted within a query block
+    last = qpos[-1]  # positions are sorted within a query block
 
     def step(carry, blk):
-        j0 = blk.start
-        kind = jnp.where(j0 > last, 0, jnp.where(j0 + kb - 1 <= first, 1, 2))
-        carry = jax.lax.switch(kind, [lambda c: c, lambda c: body(c, blk, False),
-                                      lambda c: body(c, blk, True)], carry)
+        carry = jax.lax.cond(blk.start > last, lambda c: c, lambda c: body(c, blk, True), carry)
         return carry, None
 
     return jax.lax.scan(step, init, blocks)[0]

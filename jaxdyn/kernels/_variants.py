@@ -60,6 +60,12 @@ __all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interactio
 LOGITS = ("dot", "l2")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
 CAUSAL_Q_BLOCK = 512
+#: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK. Measured (CPU
+#: time of causal / full pass, medians of interleaved rounds on 2 shared cores, one head,
+#: d = 3, float32): N = 4096: query blocks of 256 0.58-0.61, 512 0.60-0.63, 1024 0.61;
+#: N = 8192: 512 0.59-0.62, 1024 0.58-0.60; N = 16384: 512 0.56-0.58, 1024 0.53-0.55,
+#: 2048 0.56.
+CAUSAL_LARGE_N = 8192
 
 
 def rope(z, freqs, positions=None):
@@ -239,7 +245,7 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
       kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
       k_block: key block size (None: the platform default).
       q_block: query block size (None: the platform default; under a causal mask the CPU
-        query block is ``CAUSAL_Q_BLOCK``).
+        query block is ``CAUSAL_Q_BLOCK``, twice that from ``CAUSAL_LARGE_N`` queries).
 
     Returns:
       (H, n, e).
@@ -281,8 +287,8 @@ def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel,
     if alibi is not None:
         alibi = jnp.asarray(alibi, q.dtype)
     opts = dict(causal=causal, logits=logits, iters=iters, safe=safe)
-    kb_c, qb_c = _variant_blocks("cpu", k_block, q_block, causal)
-    kb_g, qb_g = _variant_blocks("gpu", k_block, q_block, causal)
+    kb_c, qb_c = _variant_blocks("cpu", k_block, q_block, causal, q.shape[1])
+    kb_g, qb_g = _variant_blocks("gpu", k_block, q_block, causal, q.shape[1])
     accel = "fused" if max(q.shape[2], v.shape[1]) <= FUSED_MAX_D else "dot"
     return jax.lax.platform_dependent(
         q, k, v, beta, key_bias, alibi,
@@ -292,11 +298,11 @@ def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel,
                                   q_block=qb_g, over_heads="vmap", **opts))
 
 
-def _variant_blocks(platform, k_block, q_block, causal):
+def _variant_blocks(platform, k_block, q_block, causal, n):
     """The platform's default blocks where a size is None (CPU causal: ``CAUSAL_Q_BLOCK``)."""
     kb, qb = DEFAULT_BLOCKS[platform]
     if causal and platform == "cpu":
-        qb = CAUSAL_Q_BLOCK
+        qb = CAUSAL_Q_BLOCK * (2 if n >= CAUSAL_LARGE_N else 1)
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
