@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from ._online import finite_or_zero, map_query_blocks, pad_rows, running_update
 
@@ -59,11 +60,34 @@ def lse_tile(q, keys, pot, inv, carry):
     cost = (q[:, None, 0] - keys[None, :, 0]) ** 2
     for c in range(1, d):
         cost = cost + (q[:, None, c] - keys[None, :, c]) ** 2
-    # −inf terms masked, not computed: (−inf − cost) · inv has the derivative −inf in inv,
-    # which times their zero weight made the gradient in ε NaN
-    kept = pot != -jnp.inf
-    logits = jnp.where(kept[None, :], (jnp.where(kept, pot, 0)[None, :] - cost) * inv, -jnp.inf)
+    logits = _times_inv(pot[None, :] - cost, jnp.asarray(inv, cost.dtype))
     return running_update(mx, s, logits, lambda w: jnp.sum(w, axis=1))
+
+
+@jax.custom_jvp
+def _times_inv(x, inv):
+    """``x · inv``, whose derivative in ``inv`` takes the −inf entries of x (weight 0) as 0."""
+    return x * inv
+
+
+def _times_inv_jvp(primals, tangents):
+    """The derivative of :func:`_times_inv` (symbolic zeros: only the parts asked for)."""
+    # (−inf − cost) · inv has the derivative −inf in inv, which times the term's zero weight
+    # made the gradient in ε NaN. Masking the terms in the tile instead (a select a term) cost
+    # 14-19 % more CPU time in blocked_lse at N = 4096-16384 (2 cores, float32); here the
+    # forward pass is the plain product and only the derivative in inv reads the mask.
+    x, inv = primals
+    dx, dinv = tangents
+    out = x * inv
+    parts = []
+    if not isinstance(dx, SymbolicZero):
+        parts.append(dx * inv)
+    if not isinstance(dinv, SymbolicZero):
+        parts.append(jnp.where(x == -jnp.inf, jnp.zeros((), x.dtype), x) * dinv)
+    return out, sum(parts[1:], parts[0]) if parts else jnp.zeros_like(out)
+
+
+_times_inv.defjvp(_times_inv_jvp, symbolic_zeros=True)
 
 
 def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE_K_BLOCK):
