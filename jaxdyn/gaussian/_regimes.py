@@ -82,10 +82,10 @@ def bernoulli_residual(S, A, B, V):
     """``F(Σ) = AΣ + ΣAᵀ + VΣBΣ + ΣBᵀΣVᵀ``, the covariance right side at Σ.
 
     Args:
-        S: (d, d) covariance.
-        A: (d, d).
-        B: (d, d).
-        V: (d, d).
+        S: (d, d) the symmetric matrix Σ where F is evaluated.
+        A: (d, d) drift of the tokens.
+        B: (d, d) bilinear form of the attention logits.
+        V: (d, d) value matrix.
 
     Returns:
         (d, d) F(Σ).
@@ -97,11 +97,14 @@ def bernoulli_residual(S, A, B, V):
 def linearisation(S, A, B, V):
     """The matrix of ``DF(Σ)`` on symmetric matrices (vech coordinates) and its eigenvalues.
 
+    The parameters as for :func:`bernoulli_residual`: ``S`` is the point Σ of the
+    linearisation, ``A``, ``B`` and ``V`` the (d, d) matrices of F.
+
     Args:
-        S: (d, d) covariance.
-        A: (d, d).
-        B: (d, d).
-        V: (d, d).
+        S: Σ.
+        A: the drift.
+        B: the logits' form.
+        V: the values.
 
     Returns:
         ``(J, eigenvalues)``, J of shape (d(d+1)/2, d(d+1)/2).

@@ -309,10 +309,10 @@ def blowup_indicators(S, A, B, V):
     ``ℓ = ⟨Σ̂, AΣ̂ + Σ̂Aᵀ⟩`` and ``q = ⟨Σ̂, VΣ̂BΣ̂ + Σ̂BᵀΣ̂Vᵀ⟩`` with ``Σ̂ = Σ/s`` (module doc).
 
     Args:
-        S: (d, d) covariance.
-        A: (d, d).
-        B: (d, d).
-        V: (d, d).
+        S: (d, d) covariance at the current time (of any size: only Σ̂ enters ℓ and q).
+        A: (d, d) the parameters there (the model's A, B, V at that time).
+        B: (d, d) likewise.
+        V: (d, d) likewise.
 
     Returns:
         ``(s, ℓ, q)``.
@@ -417,29 +417,82 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
     Returns:
         ``(T*, converged)``, scalars of S's dtype and bool.
     """
-    dtype = S.dtype
-    field = _PoleField(A, B, V)
-    active = jnp.asarray(active, bool)
-    s = jnp.sqrt(jnp.sum(S * S))
+    z, conv, _ = pole_steps(pole_start(t, S), A, B, V, rtol=rtol, atol=atol,
+                            max_steps=max_steps, active=active)
+    return pole_time(z, A, B, V), conv
+
+
+def pole_start(t, S):
+    """The start ``z = (t, Ŝ, w)`` of :func:`pole_steps` at ``(t, Σ)``: ``Ŝ = Σ/‖Σ‖``, ``w = −log ‖Σ‖``."""
+    s = jnp.sqrt(jnp.sum(S * S, axis=(-2, -1)))
     s = jnp.where(s > 0, s, 1.0)
-    z0 = (jnp.asarray(t, dtype), S / s, -jnp.log(s))
-    _, _, g0 = field.rates(z0)
-    h0 = (0.05 / jnp.where(g0 > 0, g0, 1.0)).astype(dtype)
+    return (jnp.asarray(t, S.dtype), S / s[..., None, None], -jnp.log(s))
+
+
+def pole_steps(z0, A, B, V, *, rtol: float, atol: float, max_steps: int, active=True, dt0=None):
+    """At most ``max_steps`` steps in τ of the system of :func:`pole_refine` from ``z0``.
+
+    One ``diffrax.diffeqsolve`` (Dopri8, PID steps in τ) stopped by a ``diffrax.Event`` once
+    converged; a solve that is not converged can be continued from the state and with the
+    step returned.
+
+    Args:
+        z0: ``(t, Ŝ, w)`` (:func:`pole_start`).
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+        rtol: relative tolerance in τ.
+        atol: absolute tolerance in τ.
+        max_steps: step budget.
+        active: False stops at once.
+        dt0: the first step in τ (None: ``0.05/g`` at z0).
+
+    Returns:
+        ``(z, converged, step)``: the state reached, whether it converged, and the last
+        accepted step in τ (to continue with).
+    """
+    field = _PoleField(A, B, V)
+    dtype = z0[1].dtype
+    active = jnp.asarray(active, bool)
+    if dt0 is None:
+        _, _, g0 = field.rates(z0)
+        dt0 = 0.05 / jnp.where(g0 > 0, g0, 1.0)
+    dt0 = jnp.asarray(dt0, dtype)
     # an inactive member (or one already converged) stops at once: the event holds at τ = 0
     stop = lambda tau, z, args, **kw: field.done(z) | ~active  # noqa: E731
+    tau = lambda tau, z, args: tau  # noqa: E731
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(field), diffrax.Dopri8(), jnp.zeros((), dtype), jnp.asarray(_TAU_END, dtype),
-        h0, z0, saveat=diffrax.SaveAt(t1=True),
+        dt0, z0, saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(t1=True),
+                                             diffrax.SubSaveAt(steps=True, fn=tau)]),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         event=diffrax.Event(stop), max_steps=max_steps, throw=False, adjoint=diffrax.ForwardMode())
-    z = jax.tree.map(lambda x: x[0], sol.ys)
+    z = jax.tree.map(lambda x: x[0], sol.ys[0])
+    # the last accepted step: the last two step ends saved (unused entries are inf)
+    taus = jnp.concatenate([jnp.zeros((1,), dtype), jnp.where(jnp.isfinite(sol.ys[1]), sol.ys[1], -1.0)])
+    k = jnp.argmax(taus)
+    step = jnp.where(k > 0, taus[k] - taus[jnp.maximum(k - 1, 0)], dt0)
+    return z, field.done(z), step
+
+
+def pole_time(z, A, B, V):
+    """``T* = t + log(1 + ℓ/(q s))/ℓ`` at a state ``z = (t, Ŝ, w)`` of :func:`pole_steps`.
+
+    Args:
+        z: ``(t, Ŝ, w)``.
+        A: (d, d).
+        B: (d, d).
+        V: (d, d).
+
+    Returns:
+        T*.
+    """
     t_, Sh, w = z
-    L, Q, _ = field.rates(z)
+    L, Q, _ = _PoleField(A, B, V).rates(z)
     nS2 = jnp.sum(Sh * Sh)
     ell = jnp.sum(Sh * L) / nS2
     q = jnp.sum(Sh * Q) / nS2 / jnp.sqrt(nS2)
-    tstar = t_ + remaining_time(jnp.sqrt(nS2) * jnp.exp(-w), ell, q)
-    return tstar, field.done(z)
+    return t_ + remaining_time(jnp.sqrt(nS2) * jnp.exp(-w), ell, q)
 
 
 # The end of the τ interval of pole_refine: never reached (the event or the step budget ends
@@ -636,6 +689,8 @@ class MomentSolution(Solution):
         stats: ``{"num_steps"`` (attempted: accepted + rejected), ``"num_accepted_steps"}``.
     """
 
+    result: RESULTS
+    stats: dict
     ts: jax.Array
     mean: jax.Array
     cov: jax.Array
@@ -643,12 +698,11 @@ class MomentSolution(Solution):
     mean_final: jax.Array
     cov_final: jax.Array
     blowup_time: jax.Array
-    result: RESULTS
-    stats: dict
 
-    num_steps = stat("num_steps", "Steps attempted (accepted + rejected): ``stats['num_steps']``.")
-    num_accepted_steps = stat("num_accepted_steps",
-                              "Accepted steps: ``stats['num_accepted_steps']``.")
+    # the step counts of every driver, read from ``stats``
+    num_steps, num_accepted_steps = (stat(k, doc) for k, doc in (
+        ("num_steps", "Steps attempted, accepted and rejected: ``stats['num_steps']``."),
+        ("num_accepted_steps", "Steps accepted: ``stats['num_accepted_steps']``.")))
 
 
 def _save_times(saveat, t1, dtype):
