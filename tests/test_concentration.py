@@ -44,7 +44,7 @@ def test_concentration_run(tmp_path):
     x0 = np.asarray(sample_sphere(jax.random.PRNGKey(0), 200, 3))
     Q, K, V = build_weights(validate_section("weights", SPEC, WEIGHTS_SCHEMA), 3)
     pi = projection(Q, K, V)
-    w0 = w2_exact(x0, np.asarray(pi(jnp.asarray(x0, jnp.float64))))
+    w0 = float(w2_exact(x0, np.asarray(pi(jnp.asarray(x0, jnp.float64)))).value)
     np.testing.assert_allclose(ds["w2_exact"].isel(t_w2=0).values, w0, rtol=1e-4)
     # The coupling bound is never below the exact W2 at the same times.
     coup = ds["w2_coupling"].sel(t=ds["t_w2"].values).values

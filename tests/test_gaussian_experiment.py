@@ -102,7 +102,7 @@ def test_stable_trajectory_runs_from_the_cli(tmp_path, capsys):
     out, summary = _run(tmp_path, STABLE, capsys)
     assert summary["status"] == "ok"
     res = summary["results"]
-    assert res["closure"]["status"] == "ok"
+    assert res["closure"]["status"] == "successful"
     # closure (Dopri8) against the closed form Σ = P⁻¹ (V = vI)
     assert res["closure"]["trace_vs_closed_form_max_relative_error"] < 1e-8
     assert res["tilt_index"]["first_time_at_least_1"] is None
@@ -124,7 +124,7 @@ def test_phase_diagram_matches_scalar_closed_form(tmp_path, capsys):
     assert res["blowup_classification_agreement"] == 1.0
     assert res["blowup_time_max_relative_error"] < 1e-7
     assert res["trace_t1_max_relative_error"] < 1e-7
-    assert res["status_counts"].get("blowup", 0) > 5 and res["status_counts"].get("ok", 0) > 5
+    assert res["status_counts"].get("blowup", 0) > 5 and res["status_counts"].get("successful", 0) > 5
     with xr.open_dataset(out / "data.nc", engine="h5netcdf") as ds:
         assert ds["blowup_time"].dims == ("a", "c")
         np.testing.assert_allclose(ds["a"].values, np.linspace(-1.9, 1.7, 7))
