@@ -20,16 +20,7 @@ def _num(x):
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``concentration`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``concentration`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     out_dir = Path(out_dir)
     res = analyse(cfg, ds)
     betas = np.asarray(res["beta"])

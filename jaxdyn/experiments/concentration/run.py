@@ -158,14 +158,7 @@ def step_functions(pc):
 
 
 def run_points(pcs):
-    """Compute a chunk of points (module doc).
-
-    Args:
-      pcs: the chunk's point configs.
-
-    Returns:
-      ``(vars, coords)`` (the engine's contract).
-    """
+    """Compute a chunk of ``concentration`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     p0 = pcs[0]
     dtype = sc.np_dtype(p0)
     pi, basis_V, extra, consts = _frame_inputs(pcs)

@@ -88,17 +88,7 @@ BATCH_AXES = ("beta", "seed")
 
 
 def check(cfg):
-    """The cross-field checks of a ``concentration`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``concentration`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     warns = sc.check_sphere(cfg)
     swept = [a for a in ("d", "n") if a in cfg["sweep"]]
     if swept:
@@ -135,26 +125,12 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
-    """Memory one ``concentration`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``concentration`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
-    """Bytes one ``concentration`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``concentration`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     return sc.output_bytes(pc, per_frame_values=10)
 
 

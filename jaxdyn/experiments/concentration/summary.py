@@ -233,15 +233,7 @@ def analyse(cfg, ds, angle_rad=None):
 
 
 def summarize(cfg, ds):
-    """The ``concentration`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``concentration`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     pi, bV = spectral_info(cfg)
     bE = np.asarray(pi.basis)
     Q, K, V = sc.build_weights(cfg["weights"], cfg["d"])

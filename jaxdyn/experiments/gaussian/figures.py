@@ -16,16 +16,7 @@ from .summary import (axis_values, closure_tilt, equilibrium_trace, error_table,
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``gaussian`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``gaussian`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     import warnings
 
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):

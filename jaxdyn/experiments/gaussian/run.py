@@ -193,15 +193,7 @@ def closed_form(p, ts):
 
 
 def run_points(pcs):
-    """Compute a chunk of ``gaussian`` points (module doc).
-
-    Args:
-      pcs: the chunk's point configs (sharing every field but the batch axes).
-
-    Returns:
-      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
-      per-point status), and dim → values.
-    """
+    """Compute a chunk of ``gaussian`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     if pcs[0]["study"] == "phase_diagram":
         with jax.enable_x64(pcs[0]["dtype"] == "float64"):
             return _run_phase(pcs)

@@ -124,17 +124,7 @@ def tolerances(cfg):
 
 
 def check(cfg):
-    """The cross-field checks of a ``gaussian`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``gaussian`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     warns = []
     p = parameters(cfg)
     sweep = cfg["sweep"]
@@ -190,14 +180,7 @@ def snapshot_index(pc):
 
 
 def estimate_bytes(pc):
-    """Memory one ``gaussian`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``gaussian`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     item = 8 if pc["dtype"] == "float64" else 4
     d = pc["d"]
     if pc["study"] == "phase_diagram":
@@ -216,14 +199,7 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one ``gaussian`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``gaussian`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     if pc["study"] == "phase_diagram":
         return int(8 * 8 * int(pc["phase"]["a"][2]) * int(pc["phase"]["c"][2]))
     d = pc["d"]

@@ -131,15 +131,7 @@ def zscores(cfg, ds, act, n, t):
 
 
 def summarize(cfg, ds):
-    """The ``gaussian`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``gaussian`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     if cfg["study"] == "phase_diagram":
         return _summarize_phase(cfg, ds)
     out = {}

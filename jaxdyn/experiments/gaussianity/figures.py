@@ -12,16 +12,7 @@ from .summary import select
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``gaussianity`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``gaussianity`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     plt = plots.pyplot()
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]

@@ -57,14 +57,7 @@ def step_functions(pc):
 
 
 def run_points(pcs):
-    """Compute a chunk of points (module doc).
-
-    Args:
-      pcs: the chunk's point configs.
-
-    Returns:
-      ``(vars, coords)`` (the engine's contract).
-    """
+    """Compute a chunk of ``gaussianity`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     from ...encoder import gaussianity_profile
 
     rows = []

@@ -93,17 +93,7 @@ def arch_config(cfg):
 
 
 def check(cfg):
-    """The cross-field checks of a ``gaussianity`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``gaussianity`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     models = cfg["sweep"].get("model", [cfg["model"]])
     if cfg["architecture"] != "bert":
         if "pretrained" in models:
@@ -122,14 +112,7 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
-    """Memory one ``gaussianity`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``gaussianity`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     if pc["architecture"] != "bert":
         a = arch_config(pc)
         n = pc["batch"] * pc["seq"]
@@ -149,15 +132,5 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one ``gaussianity`` grid point adds to the merged Dataset.
-
-    Bytes one point adds to the merged Dataset: each metric's profile and its floor's mean
-    and spread, per layer (at most 32 metrics and 64 layers, float64).
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``gaussianity`` point adds to the Dataset: each metric's profile, floor mean and spread per layer."""
     return 8 * 3 * 32 * 64

@@ -20,15 +20,7 @@ def select(ds, model, scale):
 
 
 def summarize(cfg, ds):
-    """The ``gaussianity`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``gaussianity`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
     arch = cfg.get("architecture", "bert")

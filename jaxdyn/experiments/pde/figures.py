@@ -109,16 +109,7 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``pde`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``pde`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     plt = plots.pyplot()
     if cfg["mode"] == "s2":
         return _plot_s2(cfg, ds, Path(out_dir), plt)

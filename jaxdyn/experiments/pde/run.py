@@ -323,15 +323,7 @@ def _one_point_s2(pc):
 
 
 def run_points(pcs):
-    """Compute a chunk of ``pde`` points (module doc).
-
-    Args:
-      pcs: the chunk's point configs (sharing every field but the batch axes).
-
-    Returns:
-      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
-      per-point status), and dim → values.
-    """
+    """Compute a chunk of ``pde`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     rows, coords = [], None
     for pc in pcs:
         v, coords = _one_point_s2(pc) if pc["mode"] == "s2" else _one_point(pc)

@@ -59,17 +59,7 @@ BATCH_AXES = ()
 
 
 def check(cfg):
-    """The cross-field checks of a ``pde`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``pde`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     if cfg["dtype"] == "float64" and not x64_enabled():
         raise ConfigError("config field 'dtype': float64 needs JAX's x64 mode; set JAX_ENABLE_X64=1 "
                           "(the CLI does this for float64 configs)")
@@ -99,14 +89,7 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
-    """Memory one ``pde`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``pde`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     item = 8 if pc["dtype"] == "float64" else 4
     m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
     est = item * (pc["n_save"] * m + 40 * m)
@@ -122,13 +105,6 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one ``pde`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``pde`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     m = pc["m"] if pc["mode"] != "s2" else 2 * pc["n_lat"] ** 2
     return 8 * ((pc["n_save"] + 8) * m + 4 * m + 64)

@@ -91,15 +91,7 @@ def _particle_entry(cfg, ds, d):
 
 
 def summarize(cfg, ds):
-    """The ``pde`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``pde`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     if cfg["mode"] == "s2":
         return _summarize_s2(cfg, ds)
     rows = []

@@ -21,16 +21,7 @@ def figure_points(cfg, ds):
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``reachability`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``reachability`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     plt = plots.pyplot()
     out_dir = Path(out_dir)
     figs = []

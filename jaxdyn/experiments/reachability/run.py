@@ -15,15 +15,7 @@ from .schema import dtype_of, initial_mean, transferred
 
 
 def run_points(pcs):
-    """Compute a chunk of ``reachability`` points (module doc).
-
-    Args:
-      pcs: the chunk's point configs (sharing every field but the batch axes).
-
-    Returns:
-      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
-      per-point status), and dim → values.
-    """
+    """Compute a chunk of ``reachability`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     # float64 runs inside jax.enable_x64(True), whatever the process-wide setting.
     with jax.enable_x64(pcs[0]["dtype"] == "float64"):
         return _run_points(pcs)

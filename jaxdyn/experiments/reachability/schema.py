@@ -93,17 +93,7 @@ def _backend():
 
 
 def check(cfg):
-    """The cross-field checks of a ``reachability`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``reachability`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     warns = []
     ds_ = cfg["sweep"].get("d", [cfg["d"]])
     for d in ds_:
@@ -138,14 +128,7 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
-    """Memory one ``reachability`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``reachability`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     d = pc["d"]
     tr = pc["transfer"]
     n = max(list(tr["n_particles"]) + [tr["layer_n"]]) if tr["modes"] else 0
@@ -154,14 +137,7 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one ``reachability`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``reachability`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     d = pc["d"]
     iters = 1 + pc["adam_steps"] + 7 * pc["lbfgs_steps"]
     return int(8 * (2 * iters + pc["n_save"] * (d * d + 2 * d) + (pc["n_pieces"] + 1) * (3 * d * d + d)))

@@ -44,15 +44,7 @@ def finite_or_none(x):
 
 
 def summarize(cfg, ds):
-    """The ``reachability`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``reachability`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     table = []
     for (mode, d), pts in sorted(groups(cfg, ds).items()):
         w2 = np.array([float(ds["w2"].isel(sel)) for _, sel in pts])

@@ -28,16 +28,7 @@ def _snapshots(cfg, ds):
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``sphere`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``sphere`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     out_dir = Path(out_dir)
     figs = []
     betas, bi, xs = _snapshots(cfg, ds)

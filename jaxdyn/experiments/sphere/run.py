@@ -98,15 +98,7 @@ def cluster_stats_of(xs, pcs):
 
 
 def run_points(pcs):
-    """Compute a chunk of ``sphere`` points (module doc).
-
-    Args:
-      pcs: the chunk's point configs (sharing every field but the batch axes).
-
-    Returns:
-      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
-      per-point status), and dim → values.
-    """
+    """Compute a chunk of ``sphere`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     p0 = pcs[0]
     snap = np.asarray(snapshot_index(p0))
 

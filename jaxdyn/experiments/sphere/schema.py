@@ -28,42 +28,20 @@ BATCH_AXES = ("beta", "seed")
 
 
 def check(cfg):
-    """The cross-field checks of a ``sphere`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run (a config that cannot run raises ``ConfigError``, naming
-      the field).
-    """
+    """Cross-field checks of a ``sphere`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     sc.check_variants(cfg)
     return sc.check_sphere(cfg)
 
 
 def estimate_bytes(pc):
-    """Memory one ``sphere`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``sphere`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     # cluster statistics run afterwards in blocks of a fixed number of systems (run.py):
     # a constant working set, not a per-point cost
     return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
-    """Bytes one ``sphere`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``sphere`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     return sc.output_bytes(pc, per_frame_values=5 if pc["cluster_stats"] else 1,
                            snapshots=len(pc["snapshots"]))
 

@@ -16,15 +16,7 @@ def per_beta(ds, var):
 
 
 def summarize(cfg, ds):
-    """The ``sphere`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``sphere`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     ip = per_beta(ds, "mean_inner_product")
     out = {}
     betas = ds["beta"].values if "beta" in ds.dims else [cfg["beta"]]

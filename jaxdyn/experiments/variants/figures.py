@@ -15,16 +15,7 @@ from .summary import points, sigma_table
 
 
 def plot(cfg, ds, out_dir):
-    """Draw the ``variants`` figures (module doc) into the run folder.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-      out_dir: the run folder.
-
-    Returns:
-      The paths of the figures written.
-    """
+    """Draw the ``variants`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     out_dir = Path(out_dir)
     t = ds["t"].values
     pts = points(ds)

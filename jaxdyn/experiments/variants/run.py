@@ -199,15 +199,7 @@ def step_functions(pc):
 
 
 def run_points(pcs):
-    """Compute a chunk of ``variants`` points (module doc).
-
-    Args:
-      pcs: the chunk's point configs (sharing every field but the batch axes).
-
-    Returns:
-      ``(vars, coords)``: name → ``(dims, array)`` with a leading point axis (``finite`` the
-      per-point status), and dim → values.
-    """
+    """Compute a chunk of ``variants`` points (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.run_points`)."""
     x0s = initial_states(pcs)
     rows = [run_point(pc, jnp.asarray(x0)) for pc, x0 in zip(pcs, x0s)]
     ts = sc.save_times(pcs[0])

@@ -58,17 +58,7 @@ def segment_steps(pc):
 
 
 def check(cfg):
-    """The cross-field checks of a ``variants`` config (beyond each field's own).
-
-    Args:
-      cfg: the resolved config.
-
-    Returns:
-      Warnings to print before the run.
-
-    Raises:
-      ConfigError: a config that cannot run (the message names the field).
-    """
+    """Cross-field checks of a ``variants`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     warns = [w for w in sc.check_sphere(cfg) if "too small to resolve" not in w]
     depth = cfg["depth"]
     ds = cfg["sweep"].get("d", [cfg["d"]])
@@ -94,14 +84,7 @@ def check(cfg):
 
 
 def estimate_bytes(pc):
-    """Memory one ``variants`` grid point needs while its chunk computes.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """Memory of one ``variants`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     item = 8 if pc["dtype"] == "float64" else 4
     n, d = pc["n"], pc["d"]
     frames = len(sc.save_times(pc))
@@ -113,12 +96,5 @@ def estimate_bytes(pc):
 
 
 def output_bytes(pc):
-    """Bytes one ``variants`` grid point adds to the merged Dataset.
-
-    Args:
-      pc: a point config.
-
-    Returns:
-      Bytes.
-    """
+    """What one ``variants`` grid point adds to the Dataset (:meth:`~jaxdyn.experiments.ExperimentKind.output_bytes`)."""
     return sc.output_bytes(pc, per_frame_values=2, snapshots=1)

@@ -26,15 +26,7 @@ def time_to_single_cluster(t, ip, threshold):
 
 
 def summarize(cfg, ds):
-    """The ``variants`` results of ``summary.json``.
-
-    Args:
-      cfg: the resolved config.
-      ds: the merged Dataset.
-
-    Returns:
-      A JSON-serialisable mapping.
-    """
+    """The ``variants`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     t = ds["t"].values
     thr = cfg["single_cluster_ip"]
     out = {}
