@@ -37,14 +37,13 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
+from .._choices import SDE_METHODS  # the method names simulate_sde takes (one source)
 from .._results import RESULTS, error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
 from ._simulate import (_adjoint, _check_x0, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
                         plan_steps, save_indices, solver_of, step_grid)
 
-#: the method names ``simulate_sde`` takes
-SDE_METHODS = ("geodesic_em", "heun", "midpoint")
 _SDE_SOLVERS = {"geodesic_em": GeodesicEulerMaruyama, "heun": diffrax.Heun,
                 "midpoint": diffrax.Midpoint}
 
