@@ -265,3 +265,119 @@ def test_query_sharding_under_jit_vmap_and_grad():
     _assert_grad_matches(flow, 2.0)
     padded = jax.jit(lambda a: shard_batch({"a": a, "s": "static"})["a"])(jnp.arange(5.0))
     np.testing.assert_array_equal(np.asarray(padded)[:5], np.arange(5.0))
+
+
+# ------------------------------------------------------------------ traced invalid parameters
+
+I3 = np.eye(3)
+# name -> (a model with the traced scalar v in the parameter's place, a value in its domain)
+TRACED_PARAMETERS = {
+    "sphere beta": (lambda v: jaxdyn.SphereAttention(I3, I3, I3, v), 1.0),
+    "multi-head beta": (lambda v: jaxdyn.MultiHeadAttention(np.stack([I3, 0.5 * I3]),
+                                                            np.stack([I3, I3]),
+                                                            np.stack([I3, I3]), v), 1.0),
+    "depth beta": (lambda v: jaxdyn.models.DepthAttention(I3[None], I3[None], I3[None], v), 1.0),
+    "depth period": (lambda v: jaxdyn.models.DepthAttention(I3[None], I3[None], I3[None], 1.0, v),
+                     0.5),
+    "ngpt alpha": (lambda v: jaxdyn.models.layer_norm(jaxdyn.SphereAttention(I3, I3, I3, 1.0),
+                                                      "ngpt", alpha=v), 0.2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRACED_PARAMETERS))
+def test_simulate_flags_a_traced_parameter_outside_its_domain(name):
+    """model.invalid() of a traced parameter (under vmap: one flag a member; under jit) is
+    OR-ed into the result as invalid_input; the same value given concretely is refused by the
+    model's constructor."""
+    build, good = TRACED_PARAMETERS[name]
+    x0 = _x0(n=6)
+
+    def run(v, method="rk4"):
+        return jaxdyn.simulate(build(v), x0, t1=0.2, dt=0.1, method=method)
+
+    out = jax.vmap(run)(jnp.asarray([good, -1.0, good]))
+    assert list(out.names) == ["successful", "invalid_input", "successful"]
+    np.testing.assert_array_equal(np.asarray(out.xs[0]), np.asarray(run(good).xs))
+    for v in (-1.0, np.nan):
+        assert jax.jit(run)(v).names == "invalid_input", v
+    assert jax.jit(run)(good).names == "successful"
+    if name == "sphere beta":  # an adaptive method too
+        assert jax.jit(lambda v: run(v, "dopri5"))(-1.0).names == "invalid_input"
+        with pytest.raises(Exception, match="Invalid input"):  # throw=True: eqx.error_if
+            jax.block_until_ready(jax.jit(lambda v: jaxdyn.simulate(
+                build(v), x0, t1=0.2, dt=0.1, throw=True))(-1.0).xs)
+
+
+def test_simulate_sde_flags_a_traced_parameter_outside_its_domain():
+    x0 = _x0(n=6)
+    key = jax.random.PRNGKey(0)
+    for name in ("sphere beta", "depth period"):
+        build, good = TRACED_PARAMETERS[name]
+
+        def run(v, method="geodesic_em", build=build):
+            return jaxdyn.simulate_sde(build(v), x0, key, sigma=0.1, t1=0.2, dt=0.1,
+                                       method=method)
+
+        out = jax.vmap(run)(jnp.asarray([good, -1.0]))
+        assert list(out.names) == ["successful", "invalid_input"], name
+        assert jax.jit(lambda v, run=run: run(v, "heun"))(-1.0).names == "invalid_input", name
+
+
+def test_simulate_ensemble_flags_a_traced_beta_per_system():
+    x0 = jnp.stack([_x0(n=5, seed=s) for s in range(3)])
+    kw = dict(t1=0.2, dt=0.1, method="euler")
+
+    def run(betas):
+        return jaxdyn.simulate_ensemble(_stack(I3, I3, I3, [betas[i] for i in range(3)]), x0,
+                                        **kw)
+
+    betas = jnp.asarray([1.0, -1.0, 2.0])
+    assert list(jax.jit(run)(betas).names) == ["successful", "invalid_input", "successful"]
+    ref = run(jnp.asarray([1.0, 1.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(jax.jit(run)(betas).xs[0]), np.asarray(ref.xs[0]))
+    # under vmap over stacks: one flag per system of each stack
+    two = jax.vmap(run)(jnp.stack([betas, jnp.asarray([np.nan, 1.0, 1.0])]))
+    assert [list(r) for r in two.names] == [["successful", "invalid_input", "successful"],
+                                            ["invalid_input", "successful", "successful"]]
+
+
+def test_sharded_paths_flag_a_traced_parameter():
+    x0s = jnp.stack([_x0(n=6, seed=s) for s in range(3)])
+    run = sharded_vmap(lambda m, x: jaxdyn.simulate(m, x, t1=0.2, dt=0.1, method="rk4"))
+    out = jax.jit(lambda b: run(_stack(I3, I3, I3, [b[0], b[1], b[2]]), x0s))(
+        jnp.asarray([1.0, 2.0, -1.0]))
+    assert list(out.names) == ["successful", "successful", "invalid_input"]
+    x = _x0(n=6)
+
+    def flow(beta):
+        field = query_sharded_field(jaxdyn.SphereAttention(I3, I3, I3, beta))
+        return jaxdyn.simulate(field, x, t1=0.2, dt=0.1, method="euler")
+
+    assert list(jax.vmap(flow)(jnp.asarray([1.0, -1.0])).names) == ["successful", "invalid_input"]
+
+
+def test_concrete_parameters_set_outside_their_domain_are_refused_on_the_host():
+    """A concrete parameter cannot reach a driver out of its domain except by editing a built
+    model; the drivers refuse it (ValueError) as they refuse any concrete bad input. A field
+    without invalid() (a user's) is not flagged."""
+    import equinox as eqx
+
+    x0 = _x0(n=6)
+    bad = eqx.tree_at(lambda m: m.beta, jaxdyn.SphereAttention(I3, I3, I3, 1.0), jnp.asarray(-1.0))
+    with pytest.raises(ValueError, match="outside its domain"):
+        jaxdyn.simulate(bad, x0, t1=0.2, dt=0.1)
+    with pytest.raises(ValueError, match="outside its domain"):
+        jaxdyn.simulate_sde(bad, x0, jax.random.PRNGKey(0), sigma=0.1, t1=0.2, dt=0.1)
+    stack = eqx.tree_at(lambda m: m.beta, _stack(I3, I3, I3, [1.0, 2.0]), jnp.asarray([1.0, 0.0]))
+    with pytest.raises(ValueError, match=r"members \[1\]"):
+        jaxdyn.simulate_ensemble(stack, jnp.stack([x0, x0]), t1=0.2, dt=0.1)
+
+    class Drift(eqx.Module):  # a user's field: no invalid()
+        rate: jax.Array
+        dim = 3
+
+        def __call__(self, t, x, args=None):
+            return -self.rate * x
+
+    out = jax.vmap(lambda r: jaxdyn.simulate(Drift(r), x0, t1=0.2, dt=0.1))(jnp.asarray([1.0, -1.0]))
+    assert list(out.names) == ["successful", "successful"]

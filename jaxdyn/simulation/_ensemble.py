@@ -37,7 +37,8 @@ cost of a dozen small kernels per step rather than in arithmetic:
 
 Differences from ``vmap(simulate)``: ``ts`` is (S,) (shared) and the step counts in
 ``stats`` scalars; ``result`` holds one code per system (``successful``, ``nonfinite``, or
-``invalid_input`` for a traced cloud off the sphere), as from ``vmap(simulate)``.
+``invalid_input`` for a traced cloud off the sphere or a traced β outside its domain), as
+from ``vmap(simulate)``.
 ``simulate_ensemble`` runs under ``jax.jit``, ``jax.vmap`` and ``jax.grad`` (through the
 states; the shift takes no gradient). The shift (bound or maximum) is chosen per chunk, so a
 system's trajectory can differ from the same system run in another chunk, with another chunk
@@ -70,7 +71,8 @@ from ..kernels._attention import SAFE_SHIFT, _ratio  # shared with the blocked k
 from ..integrators import INTEGRATORS, GridODETerm, Sphere
 from ..models._fields import SphereAttention
 from .._results import RESULTS, error_if_failed, raise_if_failed
-from ._simulate import Trajectory, plan_steps, save_indices, step_grid, unit_tolerance
+from ._simulate import (Trajectory, flag_invalid, invalid_parameters, plan_steps, save_indices,
+                        step_grid, unit_tolerance)
 from ..sphere import tangent_project
 
 __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
@@ -306,12 +308,14 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (B, S, N, d), ``result`` (B,) codes
       (``successful``, ``nonfinite``; ``invalid_input`` for a traced cloud that is not
-      finite or off the sphere) and ``stats`` (scalar step counts).
+      finite or off the sphere, or a system whose traced β lies outside its domain,
+      ``models.invalid()``) and ``stats`` (scalar step counts).
 
     Raises:
       ValueError: not a stacked SphereAttention, hardmax weights, another method, shapes
-        that disagree, N > ``MAX_PARTICLES``, a concrete x0 with non-unit rows, a dtype
-        other than float32/float64, a bad ``chunk`` or ``devices``.
+        that disagree, N > ``MAX_PARTICLES``, a concrete x0 with non-unit rows, a concrete
+        β outside its domain, a dtype other than float32/float64, a bad ``chunk`` or
+        ``devices``.
     """
     if not isinstance(models, SphereAttention):
         raise ValueError("simulate_ensemble takes a stacked SphereAttention (jaxdyn.stack_models); "
@@ -336,6 +340,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     if n > MAX_PARTICLES:
         raise ValueError(f"simulate_ensemble is for N <= {MAX_PARTICLES} particles, got N = {n}; "
                          "use jaxdyn.sharded_vmap(simulate) (blocked kernel) for larger systems")
+    bad_params = invalid_parameters(models)  # traced parameters outside their domain, (B,)
     in_dtype = x0.dtype
     dtype = np.dtype(jnp.result_type(
         in_dtype if jnp.issubdtype(in_dtype, jnp.floating) else jnp.float32,
@@ -380,6 +385,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     steps = jnp.asarray(idx[-1])
     traj = Trajectory(ts=ts, xs=xs, result=result,
                       stats={"num_steps": steps, "num_accepted_steps": steps})
+    traj = flag_invalid(traj, bad_params)  # one flag per system
     if throw:
         if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
             traj = error_if_failed(traj, traj.result)

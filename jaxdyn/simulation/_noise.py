@@ -38,11 +38,12 @@ import lineax as lx
 import numpy as np
 
 from .._choices import SDE_METHODS  # the method names simulate_sde takes (one source)
-from .._results import RESULTS, error_if_failed
+from .._results import error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
-from ._simulate import (_adjoint, _check_x0, _x0_invalid, _trajectory, diffrax_trajectory, end_time,
-                        plan_steps, save_indices, solver_of, step_grid)
+from ._simulate import (_adjoint, _check_x0, _trajectory, _x0_invalid, diffrax_trajectory,
+                        end_time, flag_invalid, invalid_parameters, plan_steps, save_indices,
+                        solver_of, step_grid)
 
 _SDE_SOLVERS = {"geodesic_em": GeodesicEulerMaruyama, "heun": diffrax.Heun,
                 "midpoint": diffrax.Midpoint}
@@ -147,11 +148,12 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
 
     Returns:
       :class:`jaxdyn.Trajectory` (``result``: ``successful`` or ``nonfinite``; a negative
-      traced σ or an invalid traced x0 is flagged ``invalid_input``).
+      traced σ, an invalid traced x0 or a traced model parameter outside its domain,
+      ``model.invalid()``, is flagged ``invalid_input``).
 
     Raises:
-      ValueError: a bad method, key, times, shapes or σ, or a concrete x0 that is
-        non-finite or off the sphere.
+      ValueError: a bad method, key, times, shapes or σ, a concrete x0 that is non-finite or
+        off the sphere, or a concrete model parameter outside its domain.
     """
     if isinstance(method, str):
         if method not in SDE_METHODS:
@@ -164,6 +166,7 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
     t0, t1, dt, n = plan_steps(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
+    bad_params = invalid_parameters(model)
     sigma = jnp.asarray(sigma, x0.dtype)
     if sigma.ndim != 0:
         raise ValueError(f"sigma must be a scalar, got shape {sigma.shape}; vmap to sweep σ")
@@ -178,13 +181,11 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
         traj = _solve_tree_sde(solver, model, _project(model), x0, key, sigma, args, t0, t1, dt,
                                idx, end_time(t0, t1, dt, n, idx), _adjoint(adjoint))
     if isinstance(sigma, jax.core.Tracer):
-        traj = eqx.tree_at(lambda t: t.result, traj,
-                           RESULTS.where(sigma >= 0, traj.result, RESULTS.invalid_input))
+        traj = flag_invalid(traj, ~(sigma >= 0))
     if isinstance(x0, jax.core.Tracer):
         # flagged, not raised, as in simulate: the concrete checks cannot run under jit/vmap
-        traj = eqx.tree_at(lambda t: t.result, traj,
-                           RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
-                                         traj.result))
+        traj = flag_invalid(traj, _x0_invalid(model, x0, in_dtype))
+    traj = flag_invalid(traj, bad_params)  # traced parameters outside their domain
     if throw:
         traj = error_if_failed(traj, traj.result)
     return traj

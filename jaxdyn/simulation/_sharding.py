@@ -364,6 +364,15 @@ class QueryShardedField(eqx.Module):
     def dim(self) -> int:
         return self.model.dim
 
+    def invalid(self):
+        """The wrapped model's flag of parameters outside their domain (``model.invalid()``).
+
+        Returns:
+          The model's flag (False for a model without one).
+        """
+        check = getattr(self.model, "invalid", None)
+        return check() if callable(check) else np.False_
+
     def __call__(self, t, x, args=None):
         arrays, static = eqx.partition((self.model, args), eqx.is_array)
 

@@ -14,7 +14,9 @@ any adaptive diffrax solver object) take PID-controlled steps for accuracy refer
 Reverse-mode differentiable (diffrax's ``RecursiveCheckpointAdjoint``). ``simulate`` works
 under ``jax.jit``, ``jax.vmap`` (over a stack of models: a β sweep; over initial
 conditions: seeds) and ``jax.grad``. Step counts and save indices are static: ``t0``,
-``t1``, ``dt`` must be Python numbers.
+``t1``, ``dt`` must be Python numbers. Invalid inputs are refused on the host when concrete
+and flagged ``RESULTS.invalid_input`` when traced (x0 non-finite or off the sphere, a model
+parameter outside its domain: ``model.invalid()``, e.g. a β swept under ``vmap``).
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ class Trajectory(Solution):
       result: :class:`jaxdyn.RESULTS` item, one code per run (an array of codes under
         ``vmap`` and from ``simulate_ensemble``): ``successful``; ``nonfinite`` (a saved
         state is NaN/inf); diffrax's own codes for adaptive methods (``max_steps_reached``,
-        ``dt_min_reached``, ...); ``invalid_input`` (x0 non-finite or off the sphere, found
-        under jit/vmap). Read it with ``.ok``, ``.status``, ``.messages`` (any batch shape).
+        ``dt_min_reached``, ...); ``invalid_input`` (found under jit/vmap: x0 non-finite or
+        off the sphere, or a model parameter outside its domain, ``model.invalid()``). Read it with ``.ok``, ``.status``, ``.messages`` (any batch shape).
       stats: ``{"num_steps", "num_accepted_steps"}`` int arrays: steps attempted (accepted
         and rejected) and accepted (equal for fixed steps).
     """
@@ -176,6 +178,63 @@ def step_grid(t0, dt, m, dtype):
     """
     dtype = np.dtype(dtype)
     return np.asarray(t0, dtype) + np.arange(m + 1).astype(dtype) * np.asarray(dt, dtype)
+
+
+def invalid_parameters(model):
+    """The flag of a model's traced parameters outside their domain, for a driver's result.
+
+    Reads ``model.invalid()`` (:meth:`jaxdyn.models.AbstractParticleModel.invalid`: True where
+    a parameter lies outside its domain, e.g. a traced β <= 0; a scalar for one model, the
+    stack's shape for a stack, one per member under ``vmap``). A field without ``invalid``
+    (a user's function) has nothing to flag. Concrete parameters are answered on the host:
+    all valid is nothing to flag, an invalid one (set after construction, which refuses it) is
+    refused here.
+
+    Args:
+      model: the driver's model.
+
+    Returns:
+      None (nothing to flag) or the traced boolean array to OR into the result as
+      ``RESULTS.invalid_input``.
+
+    Raises:
+      ValueError: a concrete parameter outside its domain.
+    """
+    check = getattr(model, "invalid", None)
+    if not callable(check):
+        return None
+    bad = check()
+    if isinstance(bad, jax.core.Tracer):
+        return bad
+    bad = np.asarray(bad)
+    if np.any(bad):
+        where = (f" (members {np.flatnonzero(bad).tolist()} of the stack)" if bad.ndim else "")
+        raise ValueError(f"{type(model).__name__} has a parameter outside its domain{where} "
+                         "(model.invalid() is True): build the model with valid values, whose "
+                         "constructor names the parameter")
+    return None
+
+
+def flag_invalid(traj, bad):
+    """``traj`` with ``result`` set to ``invalid_input`` where ``bad`` (None: unchanged).
+
+    Args:
+      traj: a :class:`Trajectory`.
+      bad: None or a boolean array shaped like ``traj.result`` (one flag per code).
+
+    Returns:
+      The trajectory.
+    """
+    if bad is None:
+        return traj
+    return eqx.tree_at(lambda t: t.result, traj, _where_invalid(bad, traj.result))
+
+
+def _where_invalid(bad, result):
+    """``invalid_input`` where ``bad``, else ``result`` (elementwise over their shape)."""
+    if jnp.ndim(bad) == 0:  # RESULTS.where takes a scalar predicate
+        return RESULTS.where(bad, RESULTS.invalid_input, result)
+    return jax.vmap(_where_invalid)(bad, result)
 
 
 def _x0_invalid(model, x0, in_dtype):
@@ -320,11 +379,13 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``result`` (the status:
       ``successful``, ``nonfinite``, diffrax's codes such as ``max_steps_reached``,
-      ``invalid_input``) and ``stats``.
+      ``invalid_input``: a traced x0 non-finite or off the sphere, or a traced model
+      parameter outside its domain, ``model.invalid()``) and ``stats``.
 
     Raises:
-      ValueError: bad method/times/shapes, or a concrete x0 that is non-finite or off the
-        sphere (under jit/vmap these are flagged as ``RESULTS.invalid_input`` instead).
+      ValueError: bad method/times/shapes, a concrete x0 that is non-finite or off the
+        sphere, or a concrete model parameter outside its domain (under jit/vmap these are
+        flagged as ``RESULTS.invalid_input`` instead).
     """
     if not isinstance(method, diffrax.AbstractSolver) and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or a diffrax solver, got {method!r}")
@@ -332,6 +393,7 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     t0, t1, dt, n = plan_steps(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
+    bad_params = invalid_parameters(model)
     idx = save_indices(n, save_every, saveat, t0, dt)
     if adaptive:
         # a saveat ending before t1: the solve ends at its last time
@@ -346,9 +408,8 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
         traj = _solve_fixed(solver, field, x0, args, t0, dt, idx, _adjoint(adjoint))
     if isinstance(x0, jax.core.Tracer):
         # flagged, not raised: the concrete checks of _check_x0 cannot run under jit/vmap
-        result = RESULTS.where(_x0_invalid(model, x0, in_dtype), RESULTS.invalid_input,
-                               traj.result)
-        traj = eqx.tree_at(lambda t: t.result, traj, result)
+        traj = flag_invalid(traj, _x0_invalid(model, x0, in_dtype))
+    traj = flag_invalid(traj, bad_params)  # traced parameters outside their domain
     if throw:
         traj = error_if_failed(traj, traj.result)
     return traj

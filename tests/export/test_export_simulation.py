@@ -1,7 +1,8 @@
 """The particle drivers lower for ``cuda`` and ``tpu`` with no host callback and no CPU-only
 custom call: ``simulate`` with every method (the model given, and built inside the exported
 function from NumPy weights), ``simulate_sde``, ``simulate_ensemble`` and
-``sharded_vmap(simulate)``."""
+``sharded_vmap(simulate)``; the flag of traced parameters outside their domain
+(``model.invalid()`` in the result) included."""
 
 import diffrax
 import jax
@@ -82,3 +83,53 @@ def test_sharded_vmap_of_simulate():
             models, x0)
 
     export_check(run, x0, np.asarray([1.0, 2.0, 3.0], np.float32))
+
+
+I = np.eye(D, dtype=np.float32)
+# a model with the traced scalar v in a value-constrained parameter's place
+TRACED = {
+    "multi-head beta": lambda v: jaxdyn.MultiHeadAttention(np.stack([Q, K]), np.stack([K, V]),
+                                                           np.stack([V, Q]), v),
+    "depth period": lambda v: jaxdyn.DepthAttention(np.stack([Q, K]), np.stack([K, V]),
+                                                    np.stack([V, Q]), 1.0, v),
+    "ngpt alpha": lambda v: jaxdyn.layer_norm(jaxdyn.SphereAttention(Q, K, V, 1.0), "ngpt",
+                                              alpha=v),
+}
+
+
+def _with_status(tr):
+    """The trajectory and its status as a float (the summed output then depends on the flag)."""
+    return tr, tr.status.astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(TRACED))
+def test_simulate_and_sde_flag_traced_parameters(name):
+    def run(x0, v):
+        return _with_status(jaxdyn.simulate(TRACED[name](v), x0, t1=0.3, dt=0.1, method="rk4"))
+
+    export_check(run, X0, np.float32(0.5))
+
+    def noisy(x0, v):
+        return _with_status(jaxdyn.simulate_sde(TRACED[name](v), x0, jax.random.PRNGKey(1),
+                                                sigma=0.1, t1=0.3, dt=0.1))
+
+    export_check(noisy, X0, np.float32(0.5))
+
+
+def test_simulate_ensemble_and_sharded_vmap_flag_traced_betas():
+    x0 = np.stack([X0, X0[::-1]])
+
+    def stack(betas):
+        return jaxdyn.stack_models([jaxdyn.SphereAttention(Q, K, V, betas[i]) for i in range(2)])
+
+    def ensemble(x0, betas):
+        return _with_status(jaxdyn.simulate_ensemble(stack(betas), x0, t1=0.3, dt=0.1,
+                                                     method="euler"))
+
+    def sharded(x0, betas):
+        return _with_status(sharded_vmap(lambda m, x: jaxdyn.simulate(m, x, t1=0.3, dt=0.1))(
+            stack(betas), x0))
+
+    betas = np.asarray([1.0, 3.0], np.float32)
+    export_check(ensemble, x0, betas)
+    export_check(sharded, x0, betas)
