@@ -92,9 +92,11 @@ def test_reach_under_jit_with_traced_targets():
     verification solve and the result code run inside the program too."""
     m0, S0 = np.zeros(D), np.eye(D)
     m1, S1 = random_target(1, D)
-    opts = ReachOptions(init="zero", with_certificate=False, lbfgs_steps=60, stop_factor=1.0)
-    r = reach(m0, S0, m1, S1, n_pieces=N, options=opts)
-    rj = jax.jit(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=N, options=opts))(
+    # the grid and budgets of tests/test_control.py's reach calls: the concrete call's program
+    # is theirs
+    opts = ReachOptions(init="zero", with_certificate=False, stop_factor=1.0)
+    r = reach(m0, S0, m1, S1, n_pieces=8, options=opts)
+    rj = jax.jit(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=8, options=opts))(
         jnp.asarray(m1), jnp.asarray(S1))
     assert isinstance(rj, ReachResult)
     assert int(rj.iterations) == int(r.iterations)
@@ -115,8 +117,8 @@ def test_results_are_pytrees_of_arrays():
     static metadata in the tree structure."""
     m0, S0 = np.zeros(D), np.eye(D)
     m1, S1 = random_target(1, D)
-    r = reach(m0, S0, m1, S1, n_pieces=N, init="zero", lbfgs_steps=60)
-    c = certificate(m0, S0, m1, S1, t1=1.0, n_pieces=N)
+    r = reach(m0, S0, m1, S1, n_pieces=8, init="zero")
+    c = certificate(m0, S0, m1, S1, t1=1.0, n_pieces=8)
     w = cloud_w2_to_gaussian(np.random.default_rng(0).standard_normal((50, D)), m1, S1)
     for res, cls in ((r, ReachResult), (c, Certificate), (w, CloudW2)):
         assert isinstance(res, cls)
@@ -150,12 +152,12 @@ def test_reach_under_vmap_over_targets():
     iterations, W2 to rounding)."""
     m0, S0 = np.zeros(D), np.eye(D)
     targets = [random_target(s, D) for s in range(3)]
-    opts = ReachOptions(init="zero", with_certificate=False, lbfgs_steps=60, stop_factor=1.0)
-    rv = jax.vmap(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=N, options=opts))(
+    opts = ReachOptions(init="zero", with_certificate=False, stop_factor=1.0)
+    rv = jax.vmap(lambda m1, S1: reach(m0, S0, m1, S1, n_pieces=8, options=opts))(
         jnp.asarray(np.stack([t[0] for t in targets])), jnp.asarray(np.stack([t[1] for t in targets])))
     assert rv.status.shape == (3,)
     for i, (m1, S1) in enumerate(targets):
-        r = reach(m0, S0, m1, S1, n_pieces=N, options=opts)
+        r = reach(m0, S0, m1, S1, n_pieces=8, options=opts)
         assert int(rv.iterations[i]) == int(r.iterations)
         assert int(rv.status[i]) == int(r.status)
         np.testing.assert_allclose(float(rv.w2[i]), float(r.w2), rtol=1e-6)
