@@ -24,8 +24,9 @@ cost of a dozen small kernels per step rather than in arithmetic:
   bound while ``max_i (r_i − l_ii) <= SAFE_SHIFT`` (60 in float32, 600 in float64: the largest
   weight of every row stays above e^-60, resp. e^-600, a normal number; weights below
   e^-27 of it, which may underflow, are below float32 resolution anyway). Otherwise the chunk
-  subtracts the maximum: a ``lax.cond`` per chunk and step (not under ``vmap``, so only one
-  branch runs). With B positive definite and x on the sphere the bound is nearly tight
+  subtracts the maximum: a ``lax.cond`` per chunk and step (the online-softmax core's
+  ``guarded_shift``; under ``vmap`` one decision for the whole batch, so only one branch
+  runs). With B positive definite and x on the sphere the bound is nearly tight
   (``l_ii ≈ r_i``): the phase-diagram workload (Q = K = V = I) always takes it.
 * On CPU the program is jitted with XLA's library ("ynn") fusions off (``jax.jit``'s
   ``compiler_options``): for this layout XLA's own loop fusions are 1.5–2.8× faster
@@ -42,8 +43,8 @@ from ``vmap(simulate)``.
 ``simulate_ensemble`` runs under ``jax.jit``, ``jax.vmap`` and ``jax.grad`` (through the
 states; the shift takes no gradient). The shift (bound or maximum) is chosen per chunk, so a
 system's trajectory can differ from the same system run in another chunk, with another chunk
-size or device count, by float rounding (the values, not the maths, change; bitwise equal
-when the chunks are the same).
+size or device count, or under ``vmap``, by float rounding (the values, not the maths, change;
+bitwise equal when the chunks are the same).
 
 Scope: :class:`~jaxdyn.SphereAttention` models (softmax or unnormalised weights; the
 kernel choice is irrelevant here) with N up to ``MAX_PARTICLES``, faster than the generic
@@ -67,7 +68,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ..kernels._attention import SAFE_SHIFT, _ratio  # shared with the blocked kernel's bound shift
+# the online-softmax core's guard, shift and quotient (shared with the blocked kernels)
+from ..kernels._online import SAFE_SHIFT, guarded_shift, ratio
 from ..integrators import INTEGRATORS, GridODETerm, Sphere
 from ..models._fields import SphereAttention
 from .._results import RESULTS, error_if_failed, raise_if_failed
@@ -114,20 +116,17 @@ def _field(x, B, V, beta, normalization, safe, project=True):
     else:
         xmax = jnp.sqrt(jnp.max(jnp.sum(x * x, axis=1), axis=0))  # (c,)
         bound = jnp.sqrt(jnp.sum(qx * qx, axis=1)) * xmax  # (N, c): l_ij <= bound_i
-        # row i attends to itself, so its largest weight is >= exp(l_ii - bound_i): the
-        # bound is usable while that stays in range (NaN anywhere: the maximum branch)
+        # row i attends to itself, so its largest weight is >= exp(l_ii - bound_i): the core's
+        # guard takes the bound while that stays in range for every row of the chunk, else
+        # the maximum (NaN anywhere: the maximum); no derivative through the shift
         self_logit = jnp.sum(qx * x, axis=1)  # (N, c): l_ii
-        use_bound = jnp.max(bound - self_logit) <= safe
-        # the shift cancels in the weights: no gradient through it (the bound's sqrt at a
-        # zero row has none)
-        shift = jax.lax.stop_gradient(jax.lax.cond(use_bound, lambda: bound,
-                                                   lambda: jnp.max(logits, axis=1)))
+        shift = guarded_shift(bound, self_logit, lambda: jnp.max(logits, axis=1), safe)
         e = jnp.exp(logits - shift[:, None, :])
     m = jnp.stack([jnp.sum(e * x[None, :, a, :], axis=1) for a in range(d)], axis=1)
     if normalization == "unnormalized":
         m = m / n  # w_ij = exp(l_ij) / N, as jaxdyn.interaction
     else:
-        m = _ratio(m, jnp.sum(e, axis=1)[:, None, :])  # no den² in the gradient
+        m = ratio(m, jnp.sum(e, axis=1)[:, None, :])  # no den² in the gradient
     # u = V m, then the tangent projection P⊥(x) u (project=False: the ambient field u)
     u = sum(m[:, b:b + 1, :] * V[None, :, b, :] for b in range(d))
     return tangent_project(x, u, axis=1) if project else u
