@@ -296,3 +296,23 @@ def test_guarded_shift():
     many = jax.vmap(lambda r: O.guarded_shift(r, low, lambda: r - 1, 2.0))(jnp.stack([r, r + 1]))
     np.testing.assert_array_equal(many, jnp.stack([r - 1, r]))
     assert float(jax.grad(lambda r: jnp.sum(O.guarded_shift(r, low, lambda: r, 2.0)))(r)[0]) == 0
+
+
+@pytest.mark.parametrize("dtype_", [np.float32, np.float64], ids=["f32", "f64"])
+def test_causal_rows_depend_on_their_prefix_only(dtype_):
+    # under a causal mask row i sees rows and keys <= i only, bitwise: a later query far from
+    # its keys (its query block then needs the running maximum), a later key of large norm
+    # and a large later bias leave rows 0..11 unchanged to the last bit
+    q, k, v = _qkv(dtype_, H=1, n=20, seed=14)
+    bias = jnp.zeros((1, 20), dtype_)
+    alibi = jnp.asarray([0.2], dtype_)
+    kw = dict(causal=True, alibi=alibi, kernel="blocked", k_block=4, q_block=8)
+    a = heads_interaction(q, k, v, 2.0, key_bias=bias, **kw)
+    q1 = q.at[0, 12].multiply(1000.0)
+    k1 = k.at[0, 15].multiply(100.0)
+    b = heads_interaction(q1, k1, v, 2.0, key_bias=bias.at[0, 17].set(50.0), **kw)
+    assert np.array_equal(np.asarray(a[0, :12]), np.asarray(b[0, :12]))
+    assert not np.allclose(np.asarray(a[0, 12:]), np.asarray(b[0, 12:]))
+    dense = heads_interaction(q1, k1, v, 2.0, key_bias=bias.at[0, 17].set(50.0), causal=True,
+                              alibi=alibi, kernel="dense")
+    _close(b, dense, dtype_, f32=1e-4)

@@ -378,32 +378,37 @@ def _fixed_pass(q, qpos, r, blocks, alibi, causal, logits, step="dot"):
     return _scan_keys(body, jnp.zeros((ncol, rows), q.dtype), blocks_t, qpos, causal).T
 
 
-def bound(q, keys, bias=None, *, amgm=None):
+def bound(q, keys, bias=None, *, amgm=None, causal=False):
     """An upper bound ``r_i`` of ``⟨q_i, k_j⟩ + b_j`` over j, without derivative.
 
     Cauchy–Schwarz, ``r_i = |q_i| max_j |k_j| + max_j b_j``; with ``amgm = s > 0`` also the
     AM–GM bound ``s|q_i|²/2 + max_j (|k_j|²/(2s) + b_j)`` and the smaller of the two (for L2
     logits, ``q = 2βq'``, ``b_j = −β|k_j|² + …`` and ``s = 1/(2β)``, it is ``β|q'_i|² + max_j …``,
-    tight where a key is near the query).
+    tight where a key is near the query). ``causal``: the maxima over j ≤ i only (n = m), so
+    that ``r_i`` depends on the keys row i sees and on no other.
 
     Args:
       q: (n, p) queries.
       keys: (m, p) keys.
       bias: (m,) per-key bias or None.
       amgm: the AM–GM scale s (used where s > 0), or None.
+      causal: maxima over the prefix j ≤ i.
 
     Returns:
       (n,) bound.
     """
+    def mx(a):  # max_j a_j, over j <= i under a causal mask
+        return jax.lax.cummax(a) if causal else jnp.max(a)
+
     q, keys = jax.lax.stop_gradient(q), jax.lax.stop_gradient(keys)
-    bmax = 0.0 if bias is None else jnp.max(jax.lax.stop_gradient(bias))
+    bias = None if bias is None else jax.lax.stop_gradient(bias)
     k2 = jnp.sum(keys * keys, axis=1)
     q2 = jnp.sum(q * q, axis=1)
-    r = jnp.sqrt(q2) * jnp.sqrt(jnp.max(k2)) + bmax
+    r = jnp.sqrt(q2) * jnp.sqrt(mx(k2)) + (0.0 if bias is None else mx(bias))
     if amgm is not None:  # a bound only for s > 0 (β > 0)
         s = jax.lax.stop_gradient(amgm)
-        kb = k2 / (2 * s) if bias is None else k2 / (2 * s) + jax.lax.stop_gradient(bias)
-        r = jnp.where(s > 0, jnp.minimum(r, s * q2 / 2 + jnp.max(kb)), r)
+        kb = k2 / (2 * s) if bias is None else k2 / (2 * s) + bias
+        r = jnp.where(s > 0, jnp.minimum(r, s * q2 / 2 + mx(kb)), r)
     return r
 
 
@@ -475,16 +480,24 @@ def stream(q, blocks, *, mode, q_block, step="dot", logits="matmul", r=None, low
         if lb_ is None:  # the row's maximum over the first key block (key 0 is never masked)
             first = jax.tree.map(lambda a: a[0], blocks)
             lb_ = jnp.max(_dot_logits(qb_, first, pb_, alibi, causal), axis=1)
-        ok = all_at_most(jax.lax.stop_gradient(rb_ - lb_), safe)
-
-        def shifted(qv):
-            return rb_, _fixed_pass(qv, pb_, rb_, blocks, alibi, causal, logits)
+        gap = jax.lax.stop_gradient(rb_ - lb_)
+        ok = all_at_most(gap, safe)
 
         def running(qv):
             mx, acc = _running_pass(qv, pb_, blocks, alibi, causal, "dot", False)
             return finite_or_zero(mx), acc
 
-        return jax.lax.cond(ok, shifted, running, qb_)
+        if not causal:
+            return jax.lax.cond(
+                ok, lambda qv: (rb_, _fixed_pass(qv, pb_, rb_, blocks, alibi, causal, logits)),
+                running, qb_)
+        # Causal: row by row, so that row i's result depends on rows and keys <= i only (a
+        # later row must not flip the block's choice): the shifted pass always, the running
+        # one where a row of the block needs it, each row taking its own.
+        acc = _fixed_pass(qb_, pb_, rb_, blocks, alibi, causal, logits)
+        ref_r, acc_r = jax.lax.cond(ok, lambda qv: (rb_, acc), running, qb_)
+        row_ok = gap <= safe
+        return jnp.where(row_ok, rb_, ref_r), jnp.where(row_ok[:, None], acc, acc_r)
 
     if mode == "bound":
         r = jax.lax.stop_gradient(r)

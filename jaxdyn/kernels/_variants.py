@@ -352,7 +352,7 @@ def _pass(qs, k, v, bias, alibi, *, amgm, causal, mode, step, k_block, q_block, 
     blocks = key_blocks(k, v, k_block, bias=bias, positions=alibi is not None or causal)
     r = low = None
     if mode == "bound":
-        r = bound(qs, k, bias, amgm=amgm)
+        r = bound(qs, k, bias, amgm=amgm, causal=causal)
         if alibi is not None:  # −α|i − j| <= max(−α, 0) · max_j |i − j| (j <= i if causal)
             i = jnp.arange(n)
             span = i if causal else jnp.maximum(i, m - 1 - i)
