@@ -15,6 +15,8 @@ under a causal mask. The reference ``ref_i`` is one of:
   underflow: the row's largest weight is at least ``e^{low_i − r_i}`` for any known logit
   ``low_i`` of row i, so a query block takes the shift only while every ``r_i − low_i <=
   SAFE_SHIFT`` (the largest weight stays a normal number) and the running maximum otherwise.
+  Under a causal mask the maxima in ``r_i`` run over j ≤ i and each row takes its own
+  choice, so that row i depends on the rows and keys j ≤ i only, to the last bit.
   ``r_i`` is the Cauchy–Schwarz bound ``|q_i| max_j |k_j| + max_j b_j`` (optionally the
   smaller of it and an AM–GM bound, tight for L2 logits); ``low_i`` the diagonal logit
   ``l_ii`` where the caller knows it is a logit of the row (self-attention: it is never

@@ -39,6 +39,8 @@ Cauchy–Schwarz bound ``|β q_i| max_j |k_j| + max_j b_j`` (for L2 logits the s
 diagonal logit ``l_ii`` for self-attention (n = m: never masked, a causal row keeps j = i) or
 the maximum of the first key block (key 0: never masked); otherwise, and on accelerators, the
 running maximum (with a −∞-safe reference: a row may see no unmasked key in a block). Under a
+causal mask the bound's maxima run over j ≤ i and each row takes its own choice: row i's
+average depends on the particles j ≤ i only, bitwise. Under a
 causal mask a query block skips (``lax.switch``) every key block that lies wholly after its
 last query and masks only the blocks across its diagonal, so a causal pass costs about half a
 full one (``benchmarks/bench_causal.py``).
