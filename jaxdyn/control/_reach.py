@@ -344,7 +344,7 @@ def _run_optimiser(raw, prob: Problem, o: ReachOptions, traced: bool):
             break
         steps *= 2
         refinements += 1
-        changes.append(int(s.it))
+        changes.append(0 if phase == opt.START else int(s.it) + 1)  # the first iteration at it
         opts = dataclasses.replace(opts, steps_per_piece=steps)
         loop = dataclasses.replace(loop, refine=steps < MAX_STEPS_PER_PIECE)
         s, vals, energy = opt.resume(s, raw, prob, loop, opts)
