@@ -805,6 +805,17 @@ def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None
     return ((f, g), (fx, fx), (fy, fy))
 
 
+def fine_round_limit(max_rounds: int) -> int:
+    """The most rounds on the points (and on the intermediate level) for ``max_rounds`` ε rounds.
+
+    Each falls at most ``FINE_ROUND_RATIO`` where the ε ladder falls up to 100x a round.
+
+    Returns:
+        ``ceil(max_rounds · log 100 / log FINE_ROUND_RATIO)``.
+    """
+    return int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
+
+
 def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **kw):
     """The multiscale ε ladder behind ``w2_sinkhorn(..., multiscale=True)``.
 
@@ -883,7 +894,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     if nxt is not None:
         eps = max(nxt, eps / FINE_ROUND_RATIO)
     n_total = n_coarse
-    fine_rounds = int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
+    fine_rounds = fine_round_limit(max_rounds)
     hist = []  # (ε, potentials) of the finished rounds on the points
 
     def ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label):

@@ -328,6 +328,19 @@ def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_g
         method="sinkhorn", geometry="dense" if batch_size is None else "online")
 
 
+@functools.partial(jax.jit, static_argnames=("log_size",))
+def _multiscale_solution(div, eps, converged, num_steps, num_rounds, epsilons, divergences,
+                         floored, density, *, log_size):
+    """The :class:`W2Solution` of the multiscale solver from its host values (one program)."""
+    return W2Solution(
+        value=safe_sqrt(div), divergence=div, epsilon=eps, bias_bound=eps * log_size,
+        result=from_codes(status_of(div, converged)),
+        stats={"num_steps": num_steps, "num_rounds": num_rounds, "epsilons": epsilons,
+               "divergences": divergences, "epsilon_floored": floored,
+               "kernel_density": density},
+        method="sinkhorn", geometry="multiscale")
+
+
 def _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, max_rounds, kw) -> W2Solution:
     """W2 by the multiscale solver, for concrete clouds.
 
@@ -347,20 +360,19 @@ def _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, max_rounds, kw) ->
     mean_cost = float(((xn - mx) ** 2).sum(1).mean() + ((yn - my) ** 2).sum(1).mean()
                       + ((mx - my) ** 2).sum())
 
+    # the per-round history padded with NaN to the most rounds the solver can take (coarse
+    # ladder, then rounds on the points), so that the result is one program a dtype
+    length = max_rounds + _multiscale.fine_round_limit(max_rounds)
+
     def done(div, eps, converged, n_iters=0, eps_list=(), div_list=(), floored=False,
              density=1.0):
-        f = lambda v: jnp.asarray(v, dtype)  # noqa: E731
-        return W2Solution(
-            value=safe_sqrt(f(div)), divergence=f(div), epsilon=f(eps),
-            bias_bound=f(eps * math.log(max(n, m)) if np.isfinite(eps) else eps),
-            result=from_codes(status_of(f(div), converged)),
-            stats={"num_steps": jnp.asarray(n_iters, jnp.int32),
-                   "num_rounds": jnp.asarray(len(eps_list), jnp.int32),
-                   "epsilons": f(np.asarray(eps_list, np.float64).reshape(-1)),
-                   "divergences": f(np.asarray(div_list, np.float64).reshape(-1)),
-                   "epsilon_floored": jnp.asarray(bool(floored)),
-                   "kernel_density": f(density)},
-            method="sinkhorn", geometry="multiscale")
+        hist = lambda v: np.pad(np.asarray(v, dtype).reshape(-1), (0, length - len(v)),  # noqa: E731
+                                constant_values=np.nan)
+        return _multiscale_solution(
+            np.asarray(div, dtype), np.asarray(eps, dtype), np.asarray(bool(converged)),
+            np.asarray(n_iters, np.int32), np.asarray(len(eps_list), np.int32), hist(eps_list),
+            hist(div_list), np.asarray(bool(floored)), np.asarray(density, dtype),
+            log_size=math.log(max(n, m)))
 
     if not np.isfinite(mean_cost):
         return done(np.nan, np.nan, False)
