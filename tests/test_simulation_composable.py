@@ -286,9 +286,11 @@ TRACED_PARAMETERS = {
 
 @pytest.mark.parametrize("name", sorted(TRACED_PARAMETERS))
 def test_simulate_flags_a_traced_parameter_outside_its_domain(name):
-    """model.invalid() of a traced parameter (under vmap: one flag a member; under jit) is
-    OR-ed into the result as invalid_input; the same value given concretely is refused by the
-    model's constructor."""
+    """A traced parameter outside its domain makes simulate's result invalid_input.
+
+    model.invalid() (under vmap one flag a member; under jit) is OR-ed into the result; the
+    members in the domain run as without the flag.
+    """
     build, good = TRACED_PARAMETERS[name]
     x0 = _x0(n=6)
 
@@ -309,6 +311,7 @@ def test_simulate_flags_a_traced_parameter_outside_its_domain(name):
 
 
 def test_simulate_sde_flags_a_traced_parameter_outside_its_domain():
+    """A traced β or period outside its domain makes simulate_sde's result invalid_input."""
     x0 = _x0(n=6)
     key = jax.random.PRNGKey(0)
     for name in ("sphere beta", "depth period"):
@@ -324,6 +327,7 @@ def test_simulate_sde_flags_a_traced_parameter_outside_its_domain():
 
 
 def test_simulate_ensemble_flags_a_traced_beta_per_system():
+    """A traced β outside its domain flags its own system of the ensemble (jit and vmap)."""
     x0 = jnp.stack([_x0(n=5, seed=s) for s in range(3)])
     kw = dict(t1=0.2, dt=0.1, method="euler")
 
@@ -342,6 +346,7 @@ def test_simulate_ensemble_flags_a_traced_beta_per_system():
 
 
 def test_sharded_paths_flag_a_traced_parameter():
+    """sharded_vmap(simulate) and a query-sharded field flag a traced β outside its domain."""
     x0s = jnp.stack([_x0(n=6, seed=s) for s in range(3)])
     run = sharded_vmap(lambda m, x: jaxdyn.simulate(m, x, t1=0.2, dt=0.1, method="rk4"))
     out = jax.jit(lambda b: run(_stack(I3, I3, I3, [b[0], b[1], b[2]]), x0s))(
@@ -357,9 +362,12 @@ def test_sharded_paths_flag_a_traced_parameter():
 
 
 def test_concrete_parameters_set_outside_their_domain_are_refused_on_the_host():
-    """A concrete parameter cannot reach a driver out of its domain except by editing a built
-    model; the drivers refuse it (ValueError) as they refuse any concrete bad input. A field
-    without invalid() (a user's) is not flagged."""
+    """A concrete parameter set outside its domain after construction is a ValueError.
+
+    The constructors refuse such a value, so it can only come from editing a built model; the
+    drivers refuse it as they refuse any concrete bad input. A field without invalid() (a
+    user's) is not flagged.
+    """
     import equinox as eqx
 
     x0 = _x0(n=6)

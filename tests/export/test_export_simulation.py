@@ -1,8 +1,10 @@
-"""The particle drivers lower for ``cuda`` and ``tpu`` with no host callback and no CPU-only
-custom call: ``simulate`` with every method (the model given, and built inside the exported
+"""The particle drivers lower for ``cuda`` and ``tpu`` with no host callback or CPU-only call.
+
+``simulate`` with every method (the model given, and built inside the exported
 function from NumPy weights), ``simulate_sde``, ``simulate_ensemble`` and
 ``sharded_vmap(simulate)``; the flag of traced parameters outside their domain
-(``model.invalid()`` in the result) included."""
+(``model.invalid()`` in the result) included.
+"""
 
 import diffrax
 import jax
@@ -104,6 +106,7 @@ def _with_status(tr):
 
 @pytest.mark.parametrize("name", sorted(TRACED))
 def test_simulate_and_sde_flag_traced_parameters(name):
+    """The flag of a traced β, period or α in simulate's and simulate_sde's program."""
     def run(x0, v):
         return _with_status(jaxdyn.simulate(TRACED[name](v), x0, t1=0.3, dt=0.1, method="rk4"))
 
@@ -117,6 +120,7 @@ def test_simulate_and_sde_flag_traced_parameters(name):
 
 
 def test_simulate_ensemble_and_sharded_vmap_flag_traced_betas():
+    """The flags of traced βs in simulate_ensemble's and sharded_vmap(simulate)'s programs."""
     x0 = np.stack([X0, X0[::-1]])
 
     def stack(betas):
