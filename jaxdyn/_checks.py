@@ -1,5 +1,7 @@
-"""Host-side checks of concrete inputs shared by the drivers (a clear ``ValueError`` naming
-the problem before any tracing)."""
+"""Host-side checks of concrete inputs shared by the drivers.
+
+Each raises a clear ``ValueError`` naming the problem before any tracing.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +11,18 @@ __all__ = ["check_times"]
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
-    """On the host, what diffrax checks in the program: ``ts`` non-decreasing and within
-    [t0, t1] (t0 < t1), and ``dt0`` (if given) > 0. ValueError naming the problem."""
+    """Check on the host what diffrax checks in the program.
+
+    Args:
+        t0: the start time.
+        t1: the end time (t0 < t1).
+        ts: the save times: 1-D, finite, non-decreasing, within [t0, t1].
+        dt0: the step, if any (> 0).
+        name: the argument's name, used in the messages.
+
+    Raises:
+        ValueError: naming the first condition that fails.
+    """
     ts = np.asarray(ts, np.float64)
     t0, t1 = float(t0), float(t1)
     if ts.ndim != 1:

@@ -1,5 +1,6 @@
-"""Compile once: JAX's persistent compilation cache in the user's cache folder, and the
-seconds spent compiling.
+"""Compile once: JAX's persistent compilation cache in the user's cache folder.
+
+It also counts the seconds spent compiling.
 
 Everything here goes through JAX's public configuration (``jax.config``) and its public
 monitoring hooks (``jax.monitoring``); jaxdyn keeps no executables of its own.

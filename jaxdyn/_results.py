@@ -1,5 +1,6 @@
-"""One status vocabulary for every driver: :class:`RESULTS`, the :class:`Solution` base, and
-helpers that read a status per member of a (batched) result.
+"""One status vocabulary for every driver: :class:`RESULTS` and the :class:`Solution` base.
+
+With helpers that read a status per member of a (batched) result.
 
 ``RESULTS`` extends ``diffrax.RESULTS`` (an ``equinox.Enumeration``), so diffrax's own codes
 (``successful``, ``max_steps_reached``, ``dt_min_reached``, ...) pass through unchanged via
@@ -100,8 +101,14 @@ def _promote(result):
 
 
 def from_codes(codes):
-    """A ``RESULTS`` item from int codes (any shape, one per member; the index in
-    :data:`STATUS_NAMES`). Works under jit/vmap."""
+    """A ``RESULTS`` item from int codes; works under jit/vmap.
+
+    Args:
+        codes: int codes of any shape, one per member (the index in :data:`STATUS_NAMES`).
+
+    Returns:
+        The ``RESULTS`` item with one code per member, of the shape of ``codes``.
+    """
     codes = jnp.asarray(codes, jnp.int32)
 
     def one(c):  # equinox's ``where`` takes a scalar predicate: one member at a time
@@ -117,9 +124,15 @@ def from_codes(codes):
 
 
 def status_codes(result):
-    """Int array of status codes (any batch shape) of a ``RESULTS`` item, a diffrax result
-    (promoted), a result object, or stored integer codes (e.g. a ``status`` variable read
-    back from a results file). Works under jit/vmap (then it is traced)."""
+    """Int array of status codes, one per member; works under jit/vmap (then it is traced).
+
+    Args:
+        result: a ``RESULTS`` item, a diffrax result (promoted), a result object, or stored
+            integer codes (e.g. a ``status`` variable read back from a results file).
+
+    Returns:
+        An int32 array of the result's batch shape.
+    """
     if isinstance(getattr(result, "result", None), eqx.Module):
         result = result.result
     if isinstance(result, (int, np.integer)) or (
@@ -133,7 +146,14 @@ def status_codes(result):
 
 
 def code(item) -> int:
-    """The int code of one concrete ``RESULTS`` member, e.g. ``code(RESULTS.blowup)``."""
+    """The int code of one concrete ``RESULTS`` member, e.g. ``code(RESULTS.blowup)``.
+
+    Args:
+        item: one concrete ``RESULTS`` member.
+
+    Returns:
+        Its int code (its index in :data:`STATUS_NAMES`).
+    """
     with jax.ensure_compile_time_eval():  # a constant, also while a jit traces
         return int(np.asarray(status_codes(item)))
 
@@ -158,7 +178,14 @@ def status_code(status) -> int:
 
 
 def is_successful(result):
-    """Bool array: which members are ``RESULTS.successful``."""
+    """Which members are ``RESULTS.successful``.
+
+    Args:
+        result: anything :func:`status_codes` takes.
+
+    Returns:
+        A bool array of the result's batch shape.
+    """
     return status_codes(result) == 0
 
 
@@ -177,20 +204,41 @@ def _per_member(result, fn):
 
 
 def status_names(result):
-    """The code name (``"successful"``, ``"blowup"``, ``"max_steps_reached"``, ...) of each
-    member: a ``str`` for one member, an object array of ``str`` for a batch."""
+    """The code name (``"successful"``, ``"blowup"``, ...) of each member.
+
+    Args:
+        result: a concrete result (anything :func:`status_codes` takes, not traced).
+
+    Returns:
+        A ``str`` for one member, an object array of ``str`` for a batch (a traced result,
+        under jit/vmap, is a ``ValueError``).
+    """
     return _per_member(result, lambda c: _NAMES[c])
 
 
 def status_messages(result):
-    """The message of each member's status: a ``str`` for one member, an object array of ``str``
-    for a batch."""
+    """The message of each member's status.
+
+    Args:
+        result: a concrete result (anything :func:`status_codes` takes, not traced).
+
+    Returns:
+        A ``str`` for one member, an object array of ``str`` for a batch (a traced result,
+        under jit/vmap, is a ``ValueError``).
+    """
     return _per_member(result, lambda c: _MESSAGES[c])
 
 
 def raise_if_failed(result, what: str = "solve"):
-    """Raise ``RuntimeError`` (naming the first failed member and its message) if any member
-    of a concrete result is not successful; returns None otherwise."""
+    """Raise if any member of a concrete result is not successful.
+
+    Args:
+        result: a concrete result (anything :func:`status_codes` takes).
+        what: the name of the computation, used in the message.
+
+    Raises:
+        RuntimeError: naming the first failed member, its status and its message.
+    """
     codes = np.asarray(status_codes(result))
     bad = codes != 0
     if not np.any(bad):
@@ -203,21 +251,43 @@ def raise_if_failed(result, what: str = "solve"):
 
 
 def error_if_failed(token, result):
-    """``eqx.error_if`` on ``token`` with the result's message when it is not successful
-    (works under jit/vmap: the error is raised at run time)."""
+    """``eqx.error_if`` on ``token`` with the result's message when it is not successful.
+
+    Works under jit/vmap: the error is raised at run time.
+
+    Args:
+        token: the array the check is attached to (returned unchanged when successful).
+        result: the result to check.
+
+    Returns:
+        ``token``, carrying the run-time check.
+    """
     result = _promote(result)
     return result.error_if(token, result != RESULTS.successful)
 
 
 def stat(name: str, doc: str = ""):
-    """A read-only property of a result class that reads ``self.stats[name]``."""
+    """A read-only property of a result class that reads ``self.stats[name]``.
+
+    Args:
+        name: the key in ``stats``.
+        doc: the property's docstring (default: the key).
+
+    Returns:
+        The ``property``.
+    """
     return property(lambda self: self.stats[name], doc=doc or f"``stats[{name!r}]``.")
 
 
 class Solution(eqx.Module):
-    """Base of every driver's result: a pytree with ``result`` (:class:`RESULTS`, one code
-    per member) and ``stats`` (a dict of arrays: step counts, iterations, timings). Drivers
-    that integrate in time also carry ``ts`` and their states under their own names."""
+    """Base of every driver's result: a pytree with a status per member and statistics.
+
+    Drivers that integrate in time also carry ``ts`` and their states under their own names.
+
+    Attributes:
+        result: a :class:`RESULTS` item, one code per member.
+        stats: a dict of arrays (step counts, iterations, timings).
+    """
 
     result: eqx.AbstractVar[RESULTS]
     stats: eqx.AbstractVar[dict]
@@ -233,6 +303,10 @@ class Solution(eqx.Module):
                      doc="Each member's status name (str, or an object array for a batch).")
 
     def counts(self) -> dict:
-        """Number of members per status name (names with no member left out)."""
+        """Number of members per status name (names with no member left out).
+
+        Returns:
+            A dict from status name to member count.
+        """
         codes = np.asarray(self.status).reshape(-1)
         return {_NAMES[int(c)]: int(n) for c, n in zip(*np.unique(codes, return_counts=True))}

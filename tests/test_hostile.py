@@ -230,14 +230,14 @@ def test_memory_check_uses_ulimit(monkeypatch):
     import resource
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (2**30, 2**30))
-    avail, where = engine._host_memory_available()
+    avail, where = engine.host_memory_available()
     assert avail == 2**30 and "ulimit -v" in where
     with pytest.raises(ConfigError, match="ulimit -v"):
         engine.check_memory({"n": 5}, 2**30, 2**30, 2**31)
 
 
 def test_device_memory_check(monkeypatch):
-    monkeypatch.setattr(engine, "_device_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(engine, "device_memory_limit", lambda: 2**20)
     with pytest.raises(ConfigError, match="on each device"):
         engine.check_memory({"n": 5}, 2**21, 2**21, 2**22)
 

@@ -66,20 +66,20 @@ def test_config_check_imports_no_jax():
 
 
 def test_jax_free_schemas_agree_with_the_library():
-    """The JAX-free schemas name the library's own choices (jaxdyn._choices, one source); the
+    """The JAX-free schemas name the library's own choices (jaxdyn.choices, one source); the
     config check's eigenspaces (NumPy) equal those of jaxdyn.projection; the weights built
     without JAX equal jaxdyn.spectral_weights in float64."""
-    from jaxdyn import _choices
+    from jaxdyn import choices
     from jaxdyn.experiments import sphere_fields
     from jaxdyn.experiments.concentration import schema as cschema
     from jaxdyn.experiments.variants import schema as vschema
 
-    assert sphere_fields.MASKS is _choices.MASKS and _choices.MASKS == jaxdyn.kernels.MASKS
-    assert sphere_fields.ATTENTIONS is _choices.ATTENTIONS == jaxdyn.models.ATTENTIONS
-    assert vschema.PLACEMENTS is _choices.PLACEMENTS == jaxdyn.models.PLACEMENTS
-    assert vschema.SDE_METHODS is _choices.SDE_METHODS and _choices.SDE_METHODS == jaxdyn.simulation.SDE_METHODS
-    assert sphere_fields.SPHERE_FIELDS["kernel"].choices is _choices.KERNELS
-    assert sphere_fields.SPHERE_FIELDS["normalization"].choices is _choices.NORMALIZATIONS
+    assert sphere_fields.MASKS is choices.MASKS and jaxdyn.kernels.MASKS is choices.MASKS
+    assert sphere_fields.ATTENTIONS is choices.ATTENTIONS and jaxdyn.models.ATTENTIONS is choices.ATTENTIONS
+    assert vschema.PLACEMENTS is choices.PLACEMENTS and jaxdyn.models.PLACEMENTS is choices.PLACEMENTS
+    assert vschema.SDE_METHODS is choices.SDE_METHODS and jaxdyn.simulation.SDE_METHODS is choices.SDE_METHODS
+    assert sphere_fields.SPHERE_FIELDS["kernel"].choices is choices.KERNELS
+    assert sphere_fields.SPHERE_FIELDS["normalization"].choices is choices.NORMALIZATIONS
     pc = {"d": 3, "weights": {"ensemble": "spectral", "mu": [1.0, 0.4, -0.2],
                               "eigenspace_angle_deg": 8.0, "plane": [0, 1], "seed": 0}}
     bE, bV = cschema.eigenspace_bases(pc)

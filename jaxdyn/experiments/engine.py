@@ -27,9 +27,7 @@ from .planning import (ENGINE_FIELDS, RUNTIME_ALLOWANCE, RUNTIME_ALLOWANCE_PER_D
                        point_config, refuse_oversized, resolve_config, split_chunks)
 from .processes import Processes, ProcessLostError, RunLockedError
 from .reporting import report
-from .runner import check_interrupt
-from .runner import device_memory_limit as _device_memory_limit
-from .runner import host_memory_available as _host_memory_available
+from .runner import check_interrupt, device_memory_limit, host_memory_available
 
 
 @dataclasses.dataclass
@@ -70,7 +68,7 @@ def plan_chunks(cfg: dict, kind, points: list, n_devices: int = 1):
     Returns:
       ``(chunks, est)``: lists of point indices, and each chunk's estimated bytes.
     """
-    budget = memory_budget(cfg, n_devices, runner.host_memory_total(), _device_memory_limit())
+    budget = memory_budget(cfg, n_devices, runner.host_memory_total(), device_memory_limit())
     return split_chunks(cfg, kind, points, n_devices, budget)
 
 
@@ -85,7 +83,7 @@ def check_memory(cfg: dict, per_point: int, peak_chunk: int, process: int, n_dev
       n_devices: devices a chunk is sharded over.
     """
     refuse_oversized(cfg, MemoryEstimate(per_point, peak_chunk, process, n_devices=n_devices),
-                     _host_memory_available(), _device_memory_limit())
+                     host_memory_available(), device_memory_limit())
 
 
 def _plan(cfg, kind, out: Path, resume: bool) -> tuple[Plan, MemoryEstimate]:

@@ -4,7 +4,7 @@ Their common fields, the ``weights`` section built into (Q, K, V), the cross-fie
 resolution check N ≳ β^{(d−1)/2}) and the memory estimates — importing no JAX at module level,
 so that ``jaxdyn config`` checks a config without loading it (the estimates load it when
 called). The choices of the library's models (masks, attentions, kernels) come from
-:mod:`jaxdyn._choices`, the JAX-free module the library itself imports them from.
+:mod:`jaxdyn.choices`, the JAX-free module the library itself imports them from.
 :mod:`.sphere_common` re-exports everything here beside the models and clouds of a chunk.
 """
 
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .. import weights as weight_ensembles
-from .._choices import ATTENTIONS, KERNELS, MASKS, NORMALIZATIONS  # the library's (no JAX)
+from ..choices import ATTENTIONS, KERNELS, MASKS, NORMALIZATIONS  # the library's (no JAX)
 from ..config import ConfigError, Field, at_least, nonnegative, positive
 
 

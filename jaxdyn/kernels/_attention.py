@@ -58,7 +58,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .._choices import KERNELS, NORMALIZATIONS
+from ..choices import KERNELS, NORMALIZATIONS
 from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, key_blocks, pad_rows,
                       ratio, safe_shift, stream)
 

@@ -53,7 +53,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .._choices import MASKS
+from ..choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
 from ._online import FUSED_MAX_D, bound, key_blocks, ratio, stream
 

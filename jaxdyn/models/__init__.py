@@ -9,7 +9,7 @@ weights; ``model.invalid()`` flags traced parameters outside their domain (the d
 as ``RESULTS.invalid_input``).
 """
 
-from .._choices import ATTENTIONS as ATTENTIONS, PLACEMENTS as PLACEMENTS
+from ..choices import ATTENTIONS as ATTENTIONS, PLACEMENTS as PLACEMENTS
 from ._control import Control as Control
 from ._fields import (
     AbstractAttentionModel as AbstractAttentionModel,

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._choices import ATTENTIONS, MASKS
+from ..choices import ATTENTIONS, MASKS
 from ..kernels._attention import HIGHEST
 from ..kernels._variants import heads_interaction, rope
 from ._fields import AbstractAttentionModel, kernel_options

@@ -30,7 +30,7 @@ from typing import ClassVar, Mapping
 import jax
 import jax.numpy as jnp
 
-from .._choices import PLACEMENTS
+from ..choices import PLACEMENTS
 from ..sphere import normalize
 from ._fields import AbstractParticleModel, AbstractSphereModel
 from ._params import Domain, float_dtype, parameter

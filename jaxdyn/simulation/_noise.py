@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 
-from .._choices import SDE_METHODS  # the method names simulate_sde takes (one source)
+from ..choices import SDE_METHODS  # the method names simulate_sde takes (one source)
 from .._results import error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project

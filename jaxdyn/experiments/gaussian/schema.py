@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._choices import KERNELS  # the library's (no JAX)
+from ...choices import KERNELS  # the library's (no JAX)
 from ...config import ConfigError, Field, at_least, positive
 from .. import sphere_fields
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..._choices import KERNELS  # the library's (no JAX)
+from ...choices import KERNELS  # the library's (no JAX)
 from ...config import ConfigError, Field, all_positive, at_least, nonnegative, positive
 from ..sphere_fields import x64_enabled
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..._choices import PLACEMENTS, SDE_METHODS  # the library's (no JAX)
+from ...choices import PLACEMENTS, SDE_METHODS  # the library's (no JAX)
 from ...config import ConfigError, Field, at_least, nonnegative, positive
 from .. import sphere_fields as sc
 
