@@ -99,8 +99,6 @@ def experiment(code_root, label, out, args, env):
            "compile_seconds": s.get("compile_seconds"), "compute_seconds": s.get("compute_seconds"),
            "figures_seconds": s.get("figures_seconds"), "compiled_programs": s.get("compiled_programs"),
            "compile_cache_hits": s.get("compile_cache_hits"),
-           "compile_program_hits": s.get("compile_program_hits"),
-           "compile_program_load_failures": s.get("compile_program_load_failures"),
            "progress_fractions_within_chunk": fracs}
     print(f"  {label:14s} {row['wall_s']:7.1f} s wall {row['cpu_s']:7.1f} s CPU  compile "
           f"{row['compile_seconds']} s  load {row['load_start']:.1f}→{row['load_end']:.1f}", flush=True)
@@ -227,8 +225,7 @@ def config_table(only=None, tag=""):
                        ratio=second / first if first else None, met=bool(first and second <= 0.2 * first))
             print(f"  {name:32s} compile {first:7.2f} s -> {second:6.2f} s  ratio {row['ratio']:.0%}"
                   f"  programs {runs[1]['compiled_programs']} (hits {runs[1]['compile_cache_hits']})"
-                  f"  data {'bitwise the same' if not row['data_differs'] else 'differs: ' + str(row['data_differs'])}"
-                  f"  load failures {runs[1]['compile_program_load_failures']}",
+                  f"  data {'bitwise the same' if not row['data_differs'] else 'differs: ' + str(row['data_differs'])}",
                   flush=True)
         result["rows"].append(row)
         result["machine"]["loadavg_end"] = os.getloadavg()

@@ -188,7 +188,7 @@ def main(argv=None):
         sol = jaxdyn.solve_moments_batch(None, e["S0"], A=np.zeros((2, 2)), B=e["B"], V=e["V"], t1=T)
         t_jx = time.perf_counter() - t
         status = np.asarray(sol.status)
-        cov = np.asarray(sol.cov)
+        cov = np.asarray(sol.cov_final)
         blow = status == status_code("blowup")
         ok = status == status_code("successful")
         rn = np.linalg.norm(rhs_castin(cov, e["B"], e["V"]), axis=(-1, -2))
@@ -242,7 +242,7 @@ def main(argv=None):
         T = steps0 * e["h"]
         ref = jaxdyn.solve_moments_batch(None, S0, A=np.zeros((2, 2)), B=e["B"], V=e["V"], t1=T)
         assert int(np.asarray(ref.status)[0]) == status_code("successful")
-        Sref = np.asarray(ref.cov)[0]
+        Sref = np.asarray(ref.cov_final)[0]
         hs, errs = [], []
         for k in range(args.levels if not args.tiny else 3):
             hk = e["h"] / 2**k

@@ -83,22 +83,27 @@ def test_uniform_and_mixture_moments():
         jaxdyn.sample_mixture(jax.random.PRNGKey(3), 10, 4, weight=1.0)
 
 
-def test_sampling_programs_are_bucketed_and_give_the_direct_numbers():
+def test_sampling_programs_are_bucketed_and_give_the_direct_numbers(monkeypatch):
     # one generator program per power-of-two row count, the numbers of the direct call bit for
     # bit (a sweep over N compiles a few generators, not one per N); a typed key, a traced key
     # (vmap) and the non-partitionable stream (whose prefixes differ) give the direct numbers.
     # (Each direct draw of a new shape compiles a ~0.3 s program: few shapes here.)
     from jaxdyn.sphere import _sampling as S
 
-    prog = S._normal_rows_program
-    before = prog._cache_size()
+    program, shapes = S._normal_rows_program, []
+
+    def recording(key, rows, d, dtype):  # the static arguments a program is compiled for
+        shapes.append((rows, d, jnp.dtype(dtype).name))
+        return program(key, rows, d, dtype)
+
+    monkeypatch.setattr(S, "_normal_rows_program", recording)
     for n, dtype in [(100, np.float32), (127, np.float32), (100, np.float64)]:
         key = jax.random.PRNGKey(n)
         got = jaxdyn.sample_sphere(key, n, 3, dtype)
         ref = jaxdyn.normalize(jax.random.normal(key, (n, 3), dtype))
         assert got.shape == (n, 3) and got.dtype == dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
-    assert prog._cache_size() - before <= 2  # (128, 3) in float32 and in float64
+    assert sorted(set(shapes)) == [(128, 3, "float32"), (128, 3, "float64")]
     key = jax.random.key(7)
     np.testing.assert_array_equal(np.asarray(S.normal_rows(key, 100, 3, jnp.float32)),
                                   np.asarray(jax.random.normal(key, (100, 3), jnp.float32)))
@@ -108,12 +113,12 @@ def test_sampling_programs_are_bucketed_and_give_the_direct_numbers():
                                   np.asarray(jaxdyn.sample_sphere(keys[1], 100, 3)))
     with jax.threefry_partitionable(False):  # the older stream: prefixes differ
         key = jax.random.PRNGKey(3)
-        n_before = prog._cache_size()
+        n_before = len(shapes)
         direct = np.asarray(jax.random.normal(key, (5, 4), jnp.float32))
         assert not np.array_equal(
             np.asarray(jax.random.normal(key, (64, 4), jnp.float32)[:5]), direct)
         np.testing.assert_array_equal(np.asarray(S.normal_rows(key, 5, 4, jnp.float32)), direct)
-    assert prog._cache_size() == n_before  # not through the bucketed program
+    assert len(shapes) == n_before  # not through the bucketed program
 
 
 def test_traced_beta_is_flagged_by_invalid_under_jit():

@@ -39,7 +39,8 @@ the int code of a name for comparisons with ``sol.status``.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from collections.abc import Mapping
+from typing import ClassVar, Optional, Union
 
 import diffrax
 import equinox as eqx
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models._control import Control
+from ..models._params import Domain, invalid_parameters
 from .._checks import check_times
 from .._results import RESULTS, Solution, stat, error_if_failed, from_codes, status_code, status_codes
 
@@ -154,6 +156,7 @@ class MomentField(eqx.Module):
         ValueError: a shape that does not fit, or a concrete parameter with NaN or inf.
     """
 
+    domains: ClassVar[Mapping[str, Domain]] = {}  # the parameters' own: the Controls' t1
     A: Union[jax.Array, Control]
     B: Union[jax.Array, Control]
     V: Union[jax.Array, Control]
@@ -191,6 +194,14 @@ class MomentField(eqx.Module):
     def dim(self) -> int:
         """The dimension d."""
         return _shape_of(self.A)[0]
+
+    def invalid(self):
+        """Whether a Control parameter's traced ``t1`` lies outside its domain.
+
+        Returns:
+            A boolean (NumPy when every Control's t1 is concrete, a JAX array otherwise).
+        """
+        return invalid_parameters(self)
 
     def params(self, t):
         """``(A, B, V, b)`` at time t."""
@@ -828,6 +839,8 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
     dtype = S0.dtype
     d = S0.shape[0]
     S0, invalid, thr = _prepared_start(S0, threshold)
+    if callable(getattr(field, "invalid", None)):  # a traced control grid out of its domain
+        invalid = invalid | field.invalid()
     cond_fn = _threshold_event(thr)
     zero = jnp.zeros((), dtype)
     sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(

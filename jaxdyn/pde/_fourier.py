@@ -33,14 +33,15 @@ their order; ``tests/test_pde.py`` compares trajectories with the dense field.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import AbstractQKVModel
-from ..sphere import tangent_project
+from ..models import AbstractQKVModel, Domain
 from ._circle import check_weights, host_value, to_leaf
 
 __all__ = ["CircleAttention", "fourier_modes", "bessel_ive"]
@@ -141,6 +142,7 @@ class CircleAttention(AbstractQKVModel):
         normalization, n_modes not an integer ≥ 0, or n_modes not given with traced β, Q or K.
     """
 
+    domains: ClassVar[Mapping[str, Domain]] = {"beta": Domain("positive", 0, "inverse temperature")}
     beta: jax.Array
     normalization: str = eqx.field(static=True, default="softmax")
     n_modes: int = eqx.field(static=True, default=0)
@@ -240,16 +242,3 @@ class CircleAttention(AbstractQKVModel):
             m = Nc * jnp.exp(r) / x.shape[0]
         m = jnp.stack([jnp.real(m), jnp.imag(m)], -1).astype(x.dtype)
         return jnp.matmul(m, self.V.T, precision="highest")
-
-    def __call__(self, t, x, args=None):
-        """The velocities P⊥(x_i) V m_i.
-
-        Args:
-          t: time (unused).
-          x: (N, 2) points on S¹.
-          args: unused (diffrax's signature).
-
-        Returns:
-          (N, 2) tangent velocities.
-        """
-        return tangent_project(x, self.ambient(t, x, args))
