@@ -65,9 +65,11 @@ def atomic_write_bytes(path, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            raise type(e)(e.errno, e.strerror, str(path)) from None  # a full disk: name the file
         raise
     return path
 
@@ -179,7 +181,11 @@ def read_chunk(path, meta_only: bool = False):
 def write_dataset(ds, path) -> Path:
     """Write an xarray Dataset as netCDF-4 (h5netcdf engine), atomically.
 
-    The write goes through a unique temporary name, removed if the write fails.
+    The file is built in memory and then written like every other result (a unique temporary
+    name, renamed into place; removed if the write fails): a full disk or a lost permission is
+    then an ``OSError`` of an ordinary write. HDF5 writing to a file that the disk cannot hold
+    fails in its close, after which h5py's finaliser closes it again and the process dies of a
+    segmentation fault.
 
     Args:
       ds: the Dataset.
@@ -188,17 +194,7 @@ def write_dataset(ds, path) -> Path:
     Returns:
       The path written.
     """
-    path = Path(path)
-    tmp = temp_path(path)
-    try:
-        ds.to_netcdf(tmp, engine="h5netcdf")
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp.exists():
-            tmp.unlink()
-        raise
-    return path
+    return atomic_write_bytes(path, ds.to_netcdf(engine="h5netcdf"))
 
 
 def open_results(run_dir):

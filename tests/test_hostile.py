@@ -563,23 +563,14 @@ def test_disk_full(in_tmp, capsys, monkeypatch, where):
     """ENOSPC while writing data.nc, a figure or a chunk: status failed, one line, exit 1,
     no temporary file left; a resume afterwards finishes the run."""
     out = in_tmp / "run"
-    if where == "data":
-        real = xr.Dataset.to_netcdf
+    real_fsync = os.fsync
+    marks = {"data": ".data.nc.", "figure": ".png.", "chunk": "chunk_00001"}
 
-        def to_netcdf(self, path, *a, **k):
-            Path(path).write_bytes(b"\0" * 1000)  # a partial file, then the disk is full
+    def fsync(fd):  # the written bytes are in the file; the disk is full when they are flushed
+        if marks[where] in os.readlink(f"/proc/self/fd/{fd}"):
             _enospc()
-        monkeypatch.setattr(xr.Dataset, "to_netcdf", to_netcdf)
-    else:
-        real_fsync = os.fsync
-        calls = {"n": 0}
-
-        def fsync(fd):
-            name = os.readlink(f"/proc/self/fd/{fd}")
-            if (where == "figure" and ".png." in name) or (where == "chunk" and "chunk_00001" in name):
-                _enospc()
-            return real_fsync(fd)
-        monkeypatch.setattr(jio.os, "fsync", fsync)
+        return real_fsync(fd)
+    monkeypatch.setattr(jio.os, "fsync", fsync)
     rc, _, err = _main(["run", _yaml(in_tmp, TINY), "--out", str(out), "--quiet"], capsys)
     assert rc == 1, err
     lines = err.strip().splitlines()

@@ -1,0 +1,99 @@
+"""Hostile cases of the experiment engine: faults that end in one line and configs refused
+before any compute.
+
+* A write that the file system refuses (``ulimit -f``: the same path as a full disk) while
+  ``data.nc`` is written ends in an ``OSError`` of an ordinary write: exit 1, one line naming
+  the file, ``summary.json`` ``failed``, no temporary file, never a crash inside HDF5's close.
+* ``pde`` configs whose fields disagree are refused by ``resolve_config`` / the kind's check
+  (exit 2, naming the field) before the run computes anything.
+
+The file-size cases run in a child process (the limit is the child's own); the config cases
+call the CLI in-process and compute nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the Dataset is about 1.5 MB, the limit 512 KiB: the write fails inside data.nc
+WRITE_WORKER = """
+import os, resource, sys
+import numpy as np
+import xarray as xr
+from jaxdyn import io as jio
+resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.RLIM_INFINITY))
+ds = xr.Dataset({"x": (("a", "b"), np.arange(200_000, dtype=np.float64).reshape(400, 500))})
+out = sys.argv[1]
+try:
+    jio.write_dataset(ds, os.path.join(out, "data.nc"))
+except OSError as e:
+    print("OSERROR", e.errno, e.filename, flush=True)
+    sys.exit(0)
+print("WROTE", flush=True)
+"""
+
+
+def test_write_dataset_past_the_file_size_limit_is_an_os_error(tmp_path):
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(WRITE_WORKER), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])  # -11: a segfault in HDF5's close
+    assert p.stdout.startswith("OSERROR 27 "), p.stdout  # EFBIG
+    assert p.stdout.split()[2].endswith("data.nc")
+    assert os.listdir(tmp_path) == []  # no temporary file, no partial data.nc
+
+
+CLI_WORKER = """
+import resource, sys
+from jaxdyn.cli import main
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.RLIM_INFINITY))
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet"]))
+"""
+
+# chunks of ~150 KB (one point each), a data.nc of ~460 KB: a 300 KB limit fails only data.nc
+BIG_OUTPUT = {"kind": "sphere", "name": "big", "d": 3, "n": 4096, "t1": 0.2, "dt": 0.1,
+              "save_every": 1, "snapshots": [0.0, 0.1, 0.2], "chunk_size": 1,
+              "sweep": {"beta": [1.0, 2.0, 3.0], "seed": [0]}}
+
+
+def _run_limited(tmp_path, limit):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(yaml.safe_dump(BIG_OUTPUT))
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXDYN_NO_HOST_DEVICES": "1"}
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(CLI_WORKER), str(cfg), str(out),
+                        str(limit)], capture_output=True, text=True, timeout=300, cwd=str(ROOT),
+                       env=env)
+    return p, out
+
+
+def test_cli_data_nc_past_the_file_size_limit_exits_1_with_one_line(tmp_path):
+    p, out = _run_limited(tmp_path, 300 * 1024)
+    assert p.returncode == 1, (p.returncode, p.stderr[-3000:])
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.startswith("jaxdyn: error")]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "File too large" in lines[0] and "data.nc" in lines[0]
+    assert f"resume with: jaxdyn run --resume {out}" in lines[0]
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+    assert sorted(f.name for f in (out / "chunks").iterdir()) == [
+        "chunk_00000.npz", "chunk_00001.npz", "chunk_00002.npz"]
+    assert not (out / "data.nc").exists()
+    assert not [f for f in out.rglob("*") if f.name.endswith(".tmp")]
+
+
+@pytest.mark.slow  # ten tries of the case above (one in the default suite)
+def test_cli_data_nc_past_the_file_size_limit_ten_tries(tmp_path):
+    for i in range(10):
+        p, _ = _run_limited(tmp_path / str(i), 300 * 1024)
+        assert p.returncode == 1, (i, p.returncode, p.stderr[-3000:])
