@@ -1,4 +1,4 @@
-"""Benchmark: a causal blocked attention pass against a full one (issue 15).
+"""Benchmark: a causal blocked attention pass against a full one.
 
 The blocked kernel of :class:`jaxdyn.MultiHeadAttention` skips every key block that lies
 wholly after the last query of a query block (``lax.cond`` in the key scan), so a causal

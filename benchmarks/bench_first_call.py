@@ -1,8 +1,8 @@
 """First call (compilation + run) against a warm call of two jitted paths, per checkout.
 
-Issue 18, item 2: the first call of ``solve_moments_batch`` (the ``bench_moments`` workload:
+The first call of ``solve_moments_batch`` (the ``bench_moments`` workload:
 4096 sets, d = 3, float64) and of ``reach`` (d = 8, zero controls, L-BFGS, one random target,
-no verification) should compile in at most a quarter of the time of the code before. Each
+no verification) against another revision's (the target: at most a quarter of its compile time). Each
 tree is run in its own subprocess (``PYTHONPATH`` = the tree), the trees interleaved
 (``--rounds``); per call the wall time and the process CPU time (less disturbed by other
 load) are recorded; "compile" is first call − warm call.

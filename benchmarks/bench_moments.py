@@ -1,6 +1,6 @@
 """Batched Gaussian moment solves with blow-ups: jaxdyn vs a per-set scipy loop vs Euler+PSD.
 
-Workload (issue 5): 4096 random parameter sets, d = 3, entries of A, B, V, b, m0 drawn
+Workload: 4096 random parameter sets, d = 3, entries of A, B, V, b, m0 drawn
 0.3·N(0, 1) (numpy default_rng(seed), in that order), S0 = 2 I, t1 = 1. With S0 = 2 I about
 12 % of the sets blow up before t1 (the fraction the issue reports; S0 = I gives ~2 %).
 

@@ -1,4 +1,4 @@
-"""Speed of the density solver against particles on S¹ (issue 17, "Also: speed").
+"""Speed of the density solver against particles on S¹.
 
 One Heun step of the density at M cells (two right-hand sides: three FFT convolutions of length
 M each, plus the flux) against one projected-RK4 particle step (four field evaluations) at N

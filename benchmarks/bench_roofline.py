@@ -242,7 +242,7 @@ def by_isa(args, argv):
 
 def logits_ab(x, beta, kb, qb, rounds):
     """The field through jaxdyn.kernels.blocked (one device, self-attention) with
-    ``logits="matmul"`` (the logits of each tile as a matrix product: the step before issue 18)
+    ``logits="matmul"`` (the logits of each tile as a matrix product)
     and ``logits="fused"`` (inside the exponential's loop), timed in interleaved rounds."""
     import jax
 

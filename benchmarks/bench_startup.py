@@ -1,4 +1,4 @@
-"""Issue 18's first experience, before and after, in one run on one machine:
+"""The first experience, one revision against another, in one run on one machine:
 
 * the CLI's start: ``jaxdyn --help``, ``jaxdyn run --help``, ``jaxdyn config`` (wall and CPU
   seconds of a fresh process, and which heavy modules it imports, by ``-X importtime``);
@@ -12,8 +12,8 @@
   host (now); the README Library example's ensemble section;
 * ``--configs``: every shipped config (a scaled-down variant of each: fewer particles, a
   shorter horizon, a smaller sweep; ``SMALL`` lists the overrides), run twice into one fresh
-  cache each: ``compile_seconds`` of the first and of the second run, their ratio (issue 18:
-  at most 20 %), the programs and cache hits; from a ``git archive`` of HEAD, so that edits
+  cache each: ``compile_seconds`` of the first and of the second run, their ratio (the
+  target: at most 20 %), the programs and cache hits; from a ``git archive`` of HEAD, so that edits
   made meanwhile do not mix in. Writes benchmarks/results/startup_configs.json.
 
 Every cache lives in a temporary folder (the user's is never touched). Writes

@@ -1,4 +1,4 @@
-"""castin's 2-D covariance experiments through jaxdyn.solve_moments_batch (issue 16).
+"""castin's 2-D covariance experiments through jaxdyn.solve_moments_batch.
 
 **The published ODE and scheme** (vcastin/2025-transformers-PDEs, ``utils.py`` and
 ``2d_plots.py``; read, not copied): the covariance of a Gaussian under softmax

@@ -1,8 +1,7 @@
 """Compare two checkouts of jaxdyn on the CPU benchmark suite, interleaved on one machine.
 
-Issue 13 asks that the benchmark suite (``benchmarks/run_all.sh``) run on the redesigned
-code and on the code before it, interleaved on the same machine, and that no workload be
-more than 10 % slower. This script does that:
+It runs the benchmark suite (``benchmarks/run_all.sh``) on two revisions of the code,
+interleaved on the same machine, and flags any workload more than 10 % slower:
 
     python benchmarks/compare_revisions.py --before /work/base --after /work/main \\
         [--rounds 2] [--moments] [--tiny] [--out benchmarks/results/refactor_compare]

@@ -1,4 +1,4 @@
-"""tfdy's split experiment reproduced with jaxdyn (TimRoith/TransformerDynamics, issue 16).
+"""tfdy's split experiment reproduced with jaxdyn (TimRoith/TransformerDynamics).
 
 **What the published script integrates** (``exps/max_on_sphere_split.py``, with
 ``tfdy.optim_diracs.usa_flow``; read, not copied): d = 2, n = 100 particles, D = diag(dd, 1)

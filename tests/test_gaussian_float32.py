@@ -1,4 +1,4 @@
-"""Issue 14's Gaussian blow-up in float32 (JAX's default precision): tolerances and the
+"""The Gaussian blow-up in float32 (JAX's default precision): tolerances and the
 blow-up threshold follow the dtype, and a blow-up is reported as ``blowup`` (with its T*)
 by both drivers in float32 as in float64 — not ``max_steps_reached`` or ``nonfinite``."""
 

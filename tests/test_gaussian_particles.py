@@ -1,4 +1,4 @@
-"""Particles of ``EuclideanAttention`` against the Gaussian closure (docs/math.md §B.8, issue 5).
+"""Particles of ``EuclideanAttention`` against the Gaussian closure (docs/math.md §B.8).
 
     ẋ_i = A σ(x_i) + b + V Σ_j w_ij x_j,   w_ij ∝ exp(x_jᵀ B x_i)
 

@@ -1,4 +1,4 @@
-"""Attention variants (issue 15, items 1, 2, 6): multi-head, causal masks, ALiBi, RoPE,
+"""Attention variants: multi-head, causal masks, ALiBi, RoPE,
 L2 and Sinkhorn attention: exact identities in float64, dense against blocked kernels."""
 
 import equinox as eqx

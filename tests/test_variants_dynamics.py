@@ -1,4 +1,4 @@
-"""Transformer variants in the particle engine (issue 15, items 3–5): the noisy dynamics
+"""Transformer variants in the particle engine: the noisy dynamics
 (geodesic Euler–Maruyama and diffrax's Stratonovich solvers), the LayerNorm placements
 against independent NumPy steps, depth-varying weights and MiniLM's trained heads."""
 
