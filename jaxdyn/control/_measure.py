@@ -1,0 +1,897 @@
+r"""Measure-to-measure control: depth-varying attention weights that push one cloud onto another.
+
+A cloud ``x0`` of N particles follows an attention field whose weights θ are constant on each
+of L layers ``[l h, (l+1) h)``, ``h = t1 / L``:
+
+* ``model="sphere"`` (on S^{d-1}, Paper A): ``ẋ_i = P⊥(x_i) V_l Σ_j w_ij x_j``,
+  ``w_ij ∝ exp(β_l (Q_l x_i)·(K_l x_j))``;
+* ``model="euclidean"`` (in R^d, Paper B): ``ẋ_i = A_l x_i + b_l + V_l Σ_j w_ij x_j``,
+  ``w_ij ∝ exp((Q_l x_i)·(K_l x_j))`` (B = K_lᵀ Q_l of :class:`jaxdyn.models.EuclideanAttention`).
+
+Any subset of the weights is optimised (``free``; the others stay at their given values) to
+minimise
+
+    J(θ) = S_ε(μ_T, ν) + λ C(θ),
+
+with S_ε the debiased Sinkhorn divergence (ott-jax) between the final cloud μ_T and the target
+cloud ν, and C the control cost ``Σ_l |θ_{l+1} − θ_l|² / h`` (``"jump"``: ∫|θ̇|² of the
+interpolation through the layers) or ``h Σ_l |θ_l|²`` (``"energy"``: ∫|θ|²).
+
+Every layer is one ``diffrax.diffeqsolve`` of a fixed-step scheme of :mod:`jaxdyn.integrators`
+(projected RK4 by default; no step straddles a layer's end) reverse-differentiated by
+``diffrax.RecursiveCheckpointAdjoint``: memory grows with N·d·(layers + checkpoints), not with
+the steps. Attention is :func:`jaxdyn.control._measure_kernel.attend`, blocked in both passes,
+so neither the forward nor the reverse pass holds an N × N matrix. The gradient of S_ε in the
+points is Danskin's, ``∂S_ε/∂x_i = (2/N) (T_xx(x_i) − T_xy(x_i))`` with ``T`` the barycentric
+maps of the entropic plans (x, x) and (x, y), computed by the same kernel from the Sinkhorn
+potentials (the online geometry of :func:`jaxdyn.distances.w2_sinkhorn` solves them in
+O(N · block) memory).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array
+
+from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
+from ..distances import default_batch_size
+from ..distances._rounds import _anneal_length, _round_body
+from ..integrators import INTEGRATORS, GridODETerm
+from ._measure_kernel import K_BLOCK, Q_BLOCK, attend
+
+#: the weights of each model, in the order of the controls' dict
+FAMILIES = {"sphere": ("Q", "K", "V", "beta"), "euclidean": ("Q", "K", "V", "A", "b")}
+#: control costs
+COSTS = ("none", "jump", "energy")
+
+# Why the optimiser stopped (``stats["stop"]``).
+REACHED, STATIONARY, BUDGET, STALLED, NONFINITE = 0, 1, 2, 3, 4
+STOP_TEXT = {REACHED: "the target W2 was reached", STATIONARY: "the gradient norm met gtol",
+             BUDGET: "the iteration budget ran out",
+             STALLED: "the loss stopped decreasing (L-BFGS found no decrease 5 times in a row)",
+             NONFINITE: "the loss or its gradient became non-finite (the last finite iterate "
+                        "is returned)"}
+# L-BFGS stalls after this many iterations in a row without a relative decrease of STALL_RTOL
+STALL_COUNT = 5
+STALL_RTOL = 1e-12
+# Sinkhorn: ε decays by this factor per iteration inside a solve (annealed from the last ε)
+SINKHORN_DECAY = 0.9
+
+
+# ---------------------------------------------------------------------------------------
+# The controlled fields
+# ---------------------------------------------------------------------------------------
+
+
+class _SphereLayer(eqx.Module):
+    """One layer's field on S^{d-1}: ẋ_i = P⊥(x_i) V Σ_j softmax_j(β (Q x_i)·(K x_j)) x_j."""
+
+    manifold = "sphere"
+    theta: dict
+    q_block: int = eqx.field(static=True)
+    k_block: int = eqx.field(static=True)
+
+    def __call__(self, t, x, args=None):
+        """The tangent field at x (N, d)."""
+        th = self.theta
+        q = th["beta"] * jnp.matmul(x, th["Q"].T)
+        k = jnp.matmul(x, th["K"].T)
+        m = attend(q, k, x, jnp.zeros(x.shape[:1], x.dtype), self.q_block, self.k_block)
+        a = jnp.matmul(m, th["V"].T)
+        return a - jnp.sum(a * x, axis=-1, keepdims=True) * x
+
+
+class _EuclideanLayer(eqx.Module):
+    """One layer's field in R^d: ẋ_i = A x_i + b + V Σ_j softmax_j((Q x_i)·(K x_j)) x_j."""
+
+    manifold = "euclidean"
+    theta: dict
+    q_block: int = eqx.field(static=True)
+    k_block: int = eqx.field(static=True)
+
+    def __call__(self, t, x, args=None):
+        """The field at x (N, d)."""
+        th = self.theta
+        q = jnp.matmul(x, th["Q"].T)
+        k = jnp.matmul(x, th["K"].T)
+        m = attend(q, k, x, jnp.zeros(x.shape[:1], x.dtype), self.q_block, self.k_block)
+        return jnp.matmul(x, th["A"].T) + th["b"] + jnp.matmul(m, th["V"].T)
+
+
+_LAYERS = {"sphere": _SphereLayer, "euclidean": _EuclideanLayer}
+
+
+def _check_model(model):
+    if model not in FAMILIES:
+        raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
+
+
+def default_controls(model: str, d: int, n_layers: int, dtype=None) -> dict:
+    """The weights a layer has unless given: the identity Q, K, V, β = 1, A = 0, b = 0.
+
+    Args:
+        model: ``"sphere"`` or ``"euclidean"``.
+        d: the dimension.
+        n_layers: L.
+        dtype: the float dtype (default: JAX's default float).
+
+    Returns:
+        ``{name: (L, ...) array}`` for every weight of the model.
+
+    Raises:
+        ValueError: an unknown model, d or L below 1.
+    """
+    _check_model(model)
+    if int(d) < 1 or int(n_layers) < 1:
+        raise ValueError(f"d and n_layers must be >= 1, got d={d}, n_layers={n_layers}")
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    eye = np.broadcast_to(np.eye(d), (n_layers, d, d))
+    out = {"Q": eye, "K": eye, "V": eye}
+    if model == "sphere":
+        out["beta"] = np.ones((n_layers,))
+    else:
+        out["A"] = np.zeros((n_layers, d, d))
+        out["b"] = np.zeros((n_layers, d))
+    return {k: jnp.asarray(np.array(v), dtype) for k, v in out.items()}
+
+
+def _shapes(model, d, n_layers):
+    """The shape of each weight's stack."""
+    s = {"Q": (n_layers, d, d), "K": (n_layers, d, d), "V": (n_layers, d, d)}
+    if model == "sphere":
+        s["beta"] = (n_layers,)
+    else:
+        s.update(A=(n_layers, d, d), b=(n_layers, d))
+    return s
+
+
+def _full_controls(model, controls, d, n_layers, dtype):
+    """The controls completed by :func:`default_controls`, checked, in one dtype."""
+    out = default_controls(model, d, n_layers, dtype)
+    shapes = _shapes(model, d, n_layers)
+    for name, v in dict(controls or {}).items():
+        if name not in shapes:
+            raise ValueError(f"unknown control {name!r} for model={model!r}; "
+                             f"known: {FAMILIES[model]}")
+        if tuple(np.shape(v)) != shapes[name]:
+            raise ValueError(f"control {name!r} must have shape {shapes[name]} (layers first), "
+                             f"got {tuple(np.shape(v))}")
+        out[name] = jnp.asarray(v, dtype)
+    return out
+
+
+def _layer_solver(method):
+    if method not in INTEGRATORS:
+        raise ValueError(f"method must be one of {tuple(INTEGRATORS)}, got {method!r}")
+    return INTEGRATORS[method]()
+
+
+def _flow(controls, x0, t1, *, model, steps_per_layer, checkpoints, method, q_block, k_block):
+    """(L+1, N, d): the cloud at the layers' ends (a scan of one diffeqsolve a layer)."""
+    n_layers = controls["Q"].shape[0]
+    dtype = x0.dtype
+    h = jnp.asarray(t1, dtype) / n_layers
+    dt = h / steps_per_layer
+    grid = dt * jnp.arange(steps_per_layer + 1, dtype=dtype)
+    layer_cls = _LAYERS[model]
+    adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
+
+    def layer(x, theta):
+        field = layer_cls(theta, q_block, k_block)
+        solver = _layer_solver(method).on(field)
+        sol = diffrax.diffeqsolve(
+            GridODETerm(field, dt), solver, grid[0], grid[-1], None, x,
+            saveat=diffrax.SaveAt(t1=True), stepsize_controller=diffrax.StepTo(grid),
+            max_steps=steps_per_layer, adjoint=adjoint, throw=False)
+        y = sol.ys[-1]
+        return y, y
+
+    _, xs = jax.lax.scan(layer, x0, controls)
+    return jnp.concatenate([x0[None], xs], axis=0)
+
+
+def _check_cloud(name, x, model, d=None):
+    """Shape (and, concrete, finiteness and unit rows on the sphere) of a cloud."""
+    shape = tuple(np.shape(x))
+    if len(shape) != 2 or shape[0] < 1 or (d is not None and shape[1] != d):
+        want = "(N, d)" if d is None else f"(N, {d})"
+        raise ValueError(f"{name} must have shape {want}, got {shape}")
+    if isinstance(x, jax.core.Tracer):
+        return
+    a = np.asarray(x, np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} holds non-finite values")
+    if model == "sphere":
+        dev = float(np.max(np.abs(np.linalg.norm(a, axis=1) - 1.0)))
+        if dev > 1e-4:
+            raise ValueError(f"{name} must have unit rows for model='sphere' "
+                             f"(max ||x_i| - 1| = {dev:.2e})")
+
+
+def _float(x):
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
+
+
+def measure_flow(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclidean",
+                 steps_per_layer: int = 4, checkpoints: Optional[int] = None,
+                 method: str = "rk4", q_block: int = Q_BLOCK, k_block: int = K_BLOCK):
+    r"""The cloud under layer-wise constant controls, at the end of every layer.
+
+    .. math::
+
+        \dot x_i = P^\perp(x_i)\, V_l \sum_j w_{ij} x_j \ \ (\text{sphere}), \qquad
+        \dot x_i = A_l x_i + b_l + V_l \sum_j w_{ij} x_j \ \ (\text{euclidean}),
+        \qquad t \in [l h, (l+1) h)
+
+    ``steps_per_layer`` fixed steps of ``method`` a layer. Runs under ``jax.jit``,
+    ``jax.vmap`` and ``jax.grad`` (reverse mode by diffrax's checkpointed adjoint through
+    the blocked kernel: no N × N matrix).
+
+    Args:
+        controls: ``{name: (L, ...) array}``; missing weights take :func:`default_controls`.
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``).
+        t1: the horizon T.
+        model: ``"sphere"`` or ``"euclidean"``.
+        steps_per_layer: fixed steps in each layer.
+        checkpoints: the adjoint's checkpoints a layer (None: diffrax's choice for the
+            known step count).
+        method: a fixed-step scheme of :data:`jaxdyn.integrators.INTEGRATORS`.
+        q_block: attention query rows per tile.
+        k_block: attention keys per tile.
+
+    Returns:
+        (L + 1, N, d): the cloud at ``t = l h``, ``l = 0, …, L``.
+
+    Raises:
+        ValueError: an unknown model or method, controls or ``x0`` of the wrong shape, a
+            concrete ``x0`` that is non-finite or off the sphere, ``steps_per_layer < 1``.
+    """
+    _check_model(model)
+    _layer_solver(method)
+    x0 = _float(x0)
+    _check_cloud("x0", x0, model)
+    if int(steps_per_layer) < 1:
+        raise ValueError(f"steps_per_layer must be >= 1, got {steps_per_layer}")
+    n_layers = _n_layers(controls)
+    full = _full_controls(model, controls, x0.shape[1], n_layers, x0.dtype)
+    return _flow_jit(full, x0, t1, model=model, steps_per_layer=int(steps_per_layer),
+                     checkpoints=checkpoints, method=method, q_block=int(q_block),
+                     k_block=int(k_block))
+
+
+_flow_jit = eqx.filter_jit(_flow)
+
+
+def _n_layers(controls):
+    sizes = {np.shape(v)[0] for v in dict(controls).values() if np.ndim(v) >= 1}
+    if len(sizes) != 1:
+        raise ValueError("controls must be a non-empty mapping of (L, ...) arrays with one L, "
+                         f"got leading sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+# ---------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------
+
+
+def _sinkhorn_settings(n, m, threshold, max_iterations):
+    decay = SINKHORN_DECAY
+    return dict(threshold=float(threshold), max_iterations=int(max_iterations),
+                batch_size=default_batch_size(n, m), decay=decay,
+                momentum_start=10 * (_anneal_length(decay) // 10 + 3))
+
+
+def _zero_potentials(n, m, dtype):
+    z = lambda k: jnp.zeros((k,), dtype)  # noqa: E731
+    return ((z(n), z(m)), (z(n), z(n)), (z(m), z(m)))
+
+
+def _start_epsilon(x, y):
+    """0.05 · mean(C): the ε a cold Sinkhorn solve is annealed from (as w2_sinkhorn's)."""
+    mx, my = jnp.mean(x, 0), jnp.mean(y, 0)
+    return 0.05 * (jnp.mean(jnp.sum((x - mx) ** 2, 1)) + jnp.mean(jnp.sum((y - my) ** 2, 1))
+                   + jnp.sum((mx - my) ** 2))
+
+
+def _divergence(x, y, eps, eps_start, pots, sk, q_block, k_block):
+    """S_ε with the blocked Danskin gradient in x (``(2/N)(T_xx − T_xy)``, module doc).
+
+    Returns:
+        (S_ε, potentials, converged, iterations): the value is the Sinkhorn round's (three
+        problems, ott-jax); its derivative in x is formed by :func:`attend`.
+    """
+    xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
+    div, pots, conv, iters = _round_body(xs, ys, eps, jnp.maximum(eps_start, eps), pots, **sk)
+    pots = jax.lax.stop_gradient(pots)
+    (_, g_xy), (_, g_xx), _ = pots
+    zero = jnp.zeros((), x.dtype)
+
+    def bary(keys, g):  # T(x_i) = Σ_j softmax_j((g_j − |x_i − k_j|²)/ε) k_j
+        return attend(2 * xs / eps, keys, keys, (g - jnp.sum(keys * keys, 1)) / eps,
+                      q_block, k_block)
+
+    grad = jax.lax.stop_gradient(2.0 / x.shape[0] * (bary(xs, g_xx) - bary(ys, g_xy)))
+    grad = jnp.where(jnp.isfinite(grad), grad, zero)
+    return div + jnp.sum(grad * (x - xs)), pots, jnp.all(conv), iters[0]
+
+
+def control_cost(controls: Mapping, *, t1: float = 1.0, kind: str = "jump",
+                 free: Optional[Sequence[str]] = None):
+    r"""The cost of layer-wise constant controls.
+
+    .. math::
+
+        C_{\rm jump}(θ) = \sum_{l=0}^{L-2} \frac{|θ_{l+1} − θ_l|^2}{h}, \qquad
+        C_{\rm energy}(θ) = h \sum_{l=0}^{L-1} |θ_l|^2, \qquad h = T / L,
+
+    (∫|θ̇|² of the piecewise-linear interpolation through the layers, and ∫|θ|²), summed over
+    the ``free`` weights (Frobenius norms).
+
+    Args:
+        controls: ``{name: (L, ...) array}``.
+        t1: the horizon T.
+        kind: ``"jump"``, ``"energy"`` or ``"none"`` (0).
+        free: the weights summed (None: all of ``controls``).
+
+    Returns:
+        The cost, a scalar array.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind not in COSTS:
+        raise ValueError(f"kind must be one of {COSTS}, got {kind!r}")
+    names = tuple(controls) if free is None else tuple(free)
+    total = jnp.zeros((), jnp.result_type(*[controls[n] for n in names]) if names else float)
+    if kind == "none":
+        return total
+    for name in names:
+        u = controls[name]
+        n_layers = u.shape[0]
+        h = t1 / n_layers
+        if kind == "jump":
+            total = total + jnp.sum((u[1:] - u[:-1]) ** 2) / h
+        else:
+            total = total + h * jnp.sum(u ** 2)
+    return total
+
+
+def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str = "euclidean",
+                 epsilon: float = 1e-2, cost: str = "none", cost_weight: float = 0.0,
+                 free: Optional[Sequence[str]] = None, steps_per_layer: int = 4,
+                 checkpoints: Optional[int] = None, method: str = "rk4",
+                 sinkhorn_threshold: float = 1e-6, sinkhorn_max_iterations: int = 5000,
+                 q_block: int = Q_BLOCK, k_block: int = K_BLOCK):
+    r"""The control objective ``J(θ) = S_ε(μ_T, ν) + λ C(θ)`` of :func:`measure_control`.
+
+    .. math::
+
+        S_ε(μ, ν) = OT_ε(μ, ν) − ½ OT_ε(μ, μ) − ½ OT_ε(ν, ν)
+
+    with μ_T the cloud of :func:`measure_flow` at T and ν the target cloud (uniform weights),
+    C the :func:`control_cost` of the free weights. Differentiable in the controls (and in
+    ``x0``) under ``jax.grad``; runs under ``jax.jit`` and ``jax.vmap``. The Sinkhorn solve
+    starts cold (annealed from ``0.05 · mean cost``), so the value is a function of the
+    controls up to ``sinkhorn_threshold``.
+
+    Args:
+        controls: ``{name: (L, ...) array}`` (missing weights: :func:`default_controls`).
+        x0: (N, d) the initial cloud.
+        target: (M, d) the target cloud.
+        t1: the horizon T.
+        model: ``"sphere"`` or ``"euclidean"``.
+        epsilon: the entropic ε (absolute, in squared distance units).
+        cost: ``"none"``, ``"jump"`` or ``"energy"``.
+        cost_weight: λ.
+        free: the weights the cost sums (None: those in ``controls``).
+        steps_per_layer: fixed steps a layer.
+        checkpoints: the adjoint's checkpoints a layer.
+        method: the fixed-step scheme.
+        sinkhorn_threshold: Sinkhorn's marginal tolerance.
+        sinkhorn_max_iterations: Sinkhorn's iteration budget.
+        q_block: attention query rows per tile.
+        k_block: attention keys per tile.
+
+    Returns:
+        J, a scalar array.
+
+    Raises:
+        ValueError: what :func:`measure_flow` raises, a target of another dimension, an
+            unknown cost.
+    """
+    _check_model(model)
+    x0 = _float(x0)
+    _check_cloud("x0", x0, model)
+    _check_cloud("target", target, model, x0.shape[1])
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    n_layers = _n_layers(controls)
+    full = _full_controls(model, controls, x0.shape[1], n_layers, x0.dtype)
+    free = tuple(controls) if free is None else tuple(free)
+    y = jnp.asarray(target, x0.dtype)
+    sk = _sinkhorn_settings(x0.shape[0], y.shape[0], sinkhorn_threshold,
+                            sinkhorn_max_iterations)
+    return _loss_jit(full, x0, y, jnp.asarray(epsilon, x0.dtype), jnp.asarray(t1, x0.dtype),
+                     jnp.asarray(cost_weight, x0.dtype), model=model, free=free, cost=cost,
+                     steps_per_layer=int(steps_per_layer), checkpoints=checkpoints,
+                     method=method, q_block=int(q_block), k_block=int(k_block), sk=sk)
+
+
+def _objective(full, x0, y, eps, eps_start, pots, t1, lam, *, model, free, cost,
+               steps_per_layer, checkpoints, method, q_block, k_block, sk):
+    """(J, (S_ε, C, potentials, converged, Sinkhorn iterations))."""
+    xT = _flow(full, x0, t1, model=model, steps_per_layer=steps_per_layer,
+               checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block)[-1]
+    div, pots, conv, iters = _divergence(xT, y, eps, eps_start, pots, sk, q_block, k_block)
+    c = control_cost({k: full[k] for k in free}, t1=t1, kind=cost) if free else 0.0 * div
+    return div + lam * c, (div, c, pots, conv, iters)
+
+
+@eqx.filter_jit
+def _loss_jit(full, x0, y, eps, t1, lam, *, model, free, cost, steps_per_layer, checkpoints,
+              method, q_block, k_block, sk):
+    pots = _zero_potentials(x0.shape[0], y.shape[0], x0.dtype)
+    eps0 = jax.lax.stop_gradient(_start_epsilon(x0, y))
+    return _objective(full, x0, y, eps, eps0, pots, t1, lam, model=model, free=free, cost=cost,
+                      steps_per_layer=steps_per_layer, checkpoints=checkpoints, method=method,
+                      q_block=q_block, k_block=k_block, sk=sk)[0]
+
+
+# ---------------------------------------------------------------------------------------
+# The optimiser
+# ---------------------------------------------------------------------------------------
+
+
+class MeasureControlResult(Solution):
+    r"""Result of :func:`measure_control` (a :class:`jaxdyn.Solution` pytree of arrays).
+
+    Attributes:
+        controls: ``{name: (L, ...) array}``, every weight of the model (the fixed ones too).
+        xs: (L + 1, N, d) the cloud at the layers' ends under the returned controls.
+        loss: J at the returned controls (at the final ε).
+        divergence: S_ε(μ_T, ν) there.
+        w2: ``sqrt(max(S_ε, 0))``: the W2 estimate at the final ε.
+        cost: the control cost C (unweighted).
+        epsilon: the final ε.
+        loss_history: J after the start and each iteration (Adam, then L-BFGS; NaN after the
+            last), each at that iteration's ε.
+        w2_history: ``sqrt(max(S_ε, 0))`` along the same iterations.
+        epsilon_history: ε along the same iterations.
+        result: :class:`jaxdyn.RESULTS`: ``successful`` (the gradient norm met ``gtol`` or
+            W2 met ``w2_tol``, and the final Sinkhorn solve converged), ``not_converged``
+            (the budget ran out, L-BFGS stalled, or Sinkhorn did not meet its threshold),
+            ``nonfinite`` (the loss or gradient became NaN/inf: the last finite iterate is
+            returned).
+        stats: ``num_steps`` (iterations taken, the start excluded), ``num_accepted_steps``
+            (iterations whose update was applied), ``iterations``, ``grad_norm`` (at the
+            returned controls, of the optimised parameters), ``stop`` (why the optimiser
+            stopped: ``STOP_TEXT``), ``sinkhorn_converged``, ``sinkhorn_iterations`` (of
+            the final (x, y) solve).
+        model: ``"sphere"`` or ``"euclidean"`` (static).
+        free: the optimised weights (static).
+        t1: the horizon T (static).
+    """
+
+    controls: dict
+    xs: Array
+    loss: Array
+    divergence: Array
+    w2: Array
+    cost: Array
+    epsilon: Array
+    loss_history: Array
+    w2_history: Array
+    epsilon_history: Array
+    result: RESULTS
+    stats: dict
+    model: str = eqx.field(static=True, default="euclidean")
+    free: tuple = eqx.field(static=True, default=())
+    t1: float = eqx.field(static=True, default=1.0)
+
+    num_steps = stat("num_steps", "Optimiser iterations taken (the start excluded).")
+    num_accepted_steps = stat("num_accepted_steps", "Iterations whose update was applied.")
+
+    @property
+    def message(self) -> str:
+        """Why the optimiser stopped, and the status (a concrete result)."""
+        stop = int(np.asarray(self.stats["stop"]))
+        return (f"{STOP_TEXT.get(stop, 'unknown')}; W2 ≈ {float(self.w2):.4g} at ε = "
+                f"{float(self.epsilon):.3g} after {int(np.asarray(self.stats['iterations']))} "
+                f"iterations; status {self.names}")
+
+
+def _to_raw(free_ctrl):
+    """The optimiser's parameters: β as log β (it stays positive), the others as they are."""
+    return {k: (jnp.log(v) if k == "beta" else v) for k, v in free_ctrl.items()}
+
+
+def _from_raw(raw):
+    return {k: (jnp.exp(v) if k == "beta" else v) for k, v in raw.items()}
+
+
+def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: float = 1.0,
+                    free: Optional[Sequence[str]] = None, init: Optional[Mapping] = None,
+                    init_scale: float = 0.1, seed: int = 0, epsilon: float = 1e-2,
+                    epsilon_start: Optional[float] = None, cost: str = "none",
+                    cost_weight: float = 0.0, adam_steps: int = 200, adam_lr: float = 0.05,
+                    lbfgs_steps: int = 100, gtol: float = 1e-6, w2_tol: float = 0.0,
+                    steps_per_layer: int = 4, checkpoints: Optional[int] = None,
+                    method: str = "rk4", sinkhorn_threshold: float = 1e-6,
+                    sinkhorn_max_iterations: int = 5000, q_block: int = Q_BLOCK,
+                    k_block: int = K_BLOCK, throw: bool = False) -> MeasureControlResult:
+    r"""Optimise layer-wise constant attention weights that push the cloud ``x0`` onto ``target``.
+
+    .. math::
+
+        \min_θ\ S_ε(μ_T^θ, ν) + λ\, C(θ)
+
+    (module doc; :func:`measure_loss`). One jitted program: a cold Sinkhorn solve at the
+    start, ``adam_steps`` of Adam (``optax.adam`` with a cosine-decayed learning rate, guarded
+    by ``optax.apply_if_finite``) while ε is annealed geometrically from ``epsilon_start`` to
+    ``epsilon`` over the first half of them (each Sinkhorn solve warm-started from the last
+    potentials), then up to ``lbfgs_steps`` of ``optax.lbfgs`` with its zoom line search at
+    the final ε (every evaluation warm-started from the potentials the Adam phase ended
+    with and annealed from ``epsilon_start``, so that the line search sees one
+    deterministic function). β is optimised as log β.
+    Stops early when the gradient norm ≤ ``gtol · max(1, |J|)`` (stationary) or W2 ≤
+    ``w2_tol`` (reached).
+
+    Args:
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``).
+        target: (M, d) the target cloud.
+        n_layers: L, the layers (pieces of the controls).
+        model: ``"sphere"`` (weights Q, K, V, β) or ``"euclidean"`` (Q, K, V, A, b).
+        t1: the horizon T.
+        free: the optimised weights (default: all of the model's).
+        init: starting values ``{name: (L, ...) array}`` (default :func:`default_controls`
+            plus, for the free weights without a given start, N(0, init_scale²) entries; β
+            times exp of such a draw).
+        init_scale: the scale of the random start.
+        seed: the seed of the random start (NumPy, on the host).
+        epsilon: the final entropic ε (absolute, squared distance units).
+        epsilon_start: the ε of the start (default 10 ε).
+        cost: ``"none"``, ``"jump"`` (∫|θ̇|²) or ``"energy"`` (∫|θ|²).
+        cost_weight: λ ≥ 0.
+        adam_steps: Adam iterations.
+        adam_lr: Adam's initial learning rate.
+        lbfgs_steps: L-BFGS iterations at most.
+        gtol: the stationarity tolerance.
+        w2_tol: stop once W2 ≤ w2_tol (0: never).
+        steps_per_layer: fixed steps a layer.
+        checkpoints: the adjoint's checkpoints a layer (None: diffrax's choice).
+        method: the fixed-step scheme (``"rk4"``, ``"euler"``, ...).
+        sinkhorn_threshold: Sinkhorn's marginal tolerance.
+        sinkhorn_max_iterations: Sinkhorn's iteration budget per solve.
+        q_block: attention query rows per tile.
+        k_block: attention keys per tile.
+        throw: raise when the result is not successful (``RuntimeError`` for concrete
+            inputs, ``eqx.error_if`` under a transformation).
+
+    Returns:
+        :class:`MeasureControlResult`.
+
+    Raises:
+        ValueError: an unknown model, method or cost, a free weight the model lacks,
+            clouds or starting values of the wrong shape, concrete clouds that are
+            non-finite or off the sphere, a non-positive ε, L, step count or budget.
+
+    With ``throw=True`` a concrete unsuccessful result raises ``RuntimeError`` with its
+    status message.
+    """
+    _check_model(model)
+    _layer_solver(method)
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    x0 = _float(x0)
+    _check_cloud("x0", x0, model)
+    _check_cloud("target", target, model, x0.shape[1])
+    y = jnp.asarray(target, x0.dtype)
+    for name, v in (("n_layers", n_layers), ("steps_per_layer", steps_per_layer),
+                    ("sinkhorn_max_iterations", sinkhorn_max_iterations)):
+        if isinstance(v, bool) or int(v) != v or int(v) < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    for name, v in (("adam_steps", adam_steps), ("lbfgs_steps", lbfgs_steps)):
+        if isinstance(v, bool) or int(v) != v or int(v) < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    for name, v in (("epsilon", epsilon), ("adam_lr", adam_lr), ("t1", t1)):
+        if not (isinstance(v, jax.core.Tracer) or (math.isfinite(float(v)) and float(v) > 0)):
+            raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+    if epsilon_start is not None and not (isinstance(epsilon_start, jax.core.Tracer)
+                                          or float(epsilon_start) > 0):
+        raise ValueError(f"epsilon_start must be > 0, got {epsilon_start!r}")
+    free = FAMILIES[model] if free is None else tuple(free)
+    if not free or any(f not in FAMILIES[model] for f in free) or len(set(free)) != len(free):
+        raise ValueError(f"free must be a non-empty subset of {FAMILIES[model]} for "
+                         f"model={model!r}, got {free!r}")
+    n_layers, d, dtype = int(n_layers), x0.shape[1], x0.dtype
+    init = dict(init or {})
+    full = _full_controls(model, init, d, n_layers, dtype)
+    rng = np.random.default_rng(int(seed))
+    shapes = _shapes(model, d, n_layers)
+    for name in free:  # a random start for the free weights not given
+        if name in init:
+            continue
+        draw = init_scale * rng.standard_normal(shapes[name])
+        full[name] = (full[name] * jnp.asarray(np.exp(draw), dtype) if name == "beta"
+                      else full[name] + jnp.asarray(draw, dtype))
+    if model == "sphere":
+        beta = full["beta"]
+        if not isinstance(beta, jax.core.Tracer) and not np.all(np.asarray(beta) > 0):
+            raise ValueError("the start's beta must be > 0 in every layer")
+    eps_start = 10.0 * epsilon if epsilon_start is None else epsilon_start
+    sk = _sinkhorn_settings(x0.shape[0], y.shape[0], sinkhorn_threshold,
+                            sinkhorn_max_iterations)
+    arr = lambda v: jnp.asarray(v, dtype)  # noqa: E731
+    res = _optimise(full, x0, y, arr(epsilon), arr(eps_start), arr(t1), arr(cost_weight),
+                    arr(adam_lr), arr(gtol), arr(w2_tol), model=model, free=free, cost=cost,
+                    adam_steps=int(adam_steps), lbfgs_steps=int(lbfgs_steps),
+                    steps_per_layer=int(steps_per_layer), checkpoints=checkpoints,
+                    method=method, q_block=int(q_block), k_block=int(k_block), sk=sk,
+                    t1_static=float(t1) if not isinstance(t1, jax.core.Tracer) else 1.0)
+    if throw:
+        if isinstance(res.loss, jax.core.Tracer):
+            res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
+        else:
+            raise_if_failed(res, "measure_control")
+    return res
+
+
+@eqx.filter_jit
+def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, model, free,
+              cost, adam_steps, lbfgs_steps, steps_per_layer, checkpoints, method, q_block,
+              k_block, sk, t1_static):
+    dtype = x0.dtype
+    fixed = {k: v for k, v in full.items() if k not in free}
+    z0, unravel = ravel_pytree(_to_raw({k: full[k] for k in free}))
+    n, m = x0.shape[0], y.shape[0]
+    kw = dict(model=model, free=free, cost=cost, steps_per_layer=steps_per_layer,
+              checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block, sk=sk)
+
+    def controls_of(z):
+        return {**fixed, **_from_raw(unravel(z))}
+
+    def objective(z, eps, eps_start, pots):
+        return _objective(controls_of(z), x0, y, eps, eps_start, pots, t1, lam, **kw)
+
+    vg = jax.value_and_grad(objective, has_aux=True)
+    size = 1 + adam_steps + lbfgs_steps
+    nan_hist = jnp.full((size,), jnp.nan, dtype)
+    w2_of = lambda div: jnp.sqrt(jnp.maximum(div, 0.0))  # noqa: E731
+
+    # the start: a cold solve at the first ε
+    eps0 = jax.lax.stop_gradient(_start_epsilon(x0, y))
+    first = eps_final if adam_steps == 0 else eps_first
+    (j0, (div0, _, pots, _, _)) = objective(z0, first, eps0, _zero_potentials(n, m, dtype))
+    hist = (nan_hist.at[0].set(j0), nan_hist.at[0].set(w2_of(div0)), nan_hist.at[0].set(first))
+
+    # Adam, ε annealed geometrically over the first half of the steps
+    anneal = max(1, adam_steps // 2)
+    sched = optax.cosine_decay_schedule(1.0, max(1, adam_steps), alpha=0.05)
+    adam = optax.apply_if_finite(
+        optax.chain(optax.scale_by_adam(), optax.scale_by_schedule(lambda k: -lr * sched(k))),
+        max_consecutive_errors=2**30)
+
+    def adam_step(carry, k):
+        z, state, pots, eps_prev, accepted, hist, good = carry
+        frac = jnp.minimum(k.astype(dtype) / anneal, 1.0)
+        eps = eps_first * (eps_final / eps_first) ** frac
+        (j, (div, _, new_pots, _, _)), g = vg(z, eps, eps_prev, pots)
+        finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
+        upd, state = adam.update(g, state, z)
+        z_new = optax.apply_updates(z, upd)
+        pots = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_pots, pots)
+        hist = (hist[0].at[k + 1].set(j), hist[1].at[k + 1].set(w2_of(div)),
+                hist[2].at[k + 1].set(eps))
+        return (jnp.where(finite, z_new, z), state, pots, eps, accepted + finite, hist,
+                jnp.where(finite, z, good)), None
+
+    carry = (z0, adam.init(z0), pots, first, jnp.int32(0), hist, z0)
+    if adam_steps:
+        carry, _ = jax.lax.scan(adam_step, carry, jnp.arange(adam_steps))
+    z, _, pots, _, accepted, hist, good = carry
+    # a run of non-finite Adam steps leaves z at the last finite iterate (apply_if_finite)
+
+    # L-BFGS at the final ε from fixed warm potentials (one deterministic function)
+    pots_fixed = pots
+
+    def value(zz):  # annealed from the first ε: the cloud has moved since the potentials
+        return objective(zz, eps_final, eps_first, pots_fixed)[0]
+
+    lbfgs = optax.lbfgs()
+    vg_state = optax.value_and_grad_from_state(value)
+
+    def cond(c):
+        return (c[2] < lbfgs_steps) & (c[4] < 0)
+
+    def body(c):
+        z, state, it, stall, stop, accepted, hist, last = c
+        j, g = vg_state(z, state=state)
+        gnorm = jnp.linalg.norm(g)
+        finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
+        div = j - lam * _cost_of(z)
+        w2 = w2_of(div)
+        stationary = gnorm <= gtol * jnp.maximum(1.0, jnp.abs(j))
+        reached = w2 <= w2_tol
+        upd, new_state = lbfgs.update(g, state, z, value=j, grad=g, value_fn=value)
+        z_new = optax.apply_updates(z, upd)
+        j_new = optax.tree_utils.tree_get(new_state, "value")
+        decreased = j_new < j - STALL_RTOL * jnp.abs(j)
+        stall = jnp.where(decreased, 0, stall + 1).astype(jnp.int32)
+        stop = jnp.where(~finite, NONFINITE, jnp.where(
+            reached, REACHED, jnp.where(stationary, STATIONARY,
+                                        jnp.where(stall >= STALL_COUNT, STALLED, -1))))
+        stop = stop.astype(jnp.int32)
+        go = finite & ~reached & ~stationary
+        k = 1 + adam_steps + it
+        hist = (hist[0].at[k].set(jnp.where(go, j_new, j)),
+                hist[1].at[k].set(jnp.where(go, w2_of(j_new - lam * _cost_of(z_new)), w2)),
+                hist[2].at[k].set(eps_final))
+        z_next = jnp.where(go, z_new, z)
+        state = jax.tree.map(lambda a, b: jnp.where(go, a, b), new_state, state)
+        return (z_next, state, it + go.astype(jnp.int32), stall, stop,
+                accepted + (go & decreased), hist, jnp.where(finite, z, last))
+
+    def _cost_of(zz):
+        if not free:
+            return jnp.zeros((), dtype)
+        return control_cost({k: controls_of(zz)[k] for k in free}, t1=t1, kind=cost)
+
+    c = (z, lbfgs.init(z), jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist, good)
+    if lbfgs_steps:
+        c = jax.lax.while_loop(cond, body, c)
+    z, _, it, _, stop, accepted, hist, last = c
+    stop = jnp.where(stop < 0, BUDGET, stop).astype(jnp.int32)
+    if lbfgs_steps == 0:
+        stop = jnp.int32(BUDGET)
+    z = jnp.where(stop == NONFINITE, last, z)
+
+    # the returned controls, evaluated once more at the final ε (warm potentials)
+    ctrl = controls_of(z)
+    (j, (div, cst, _, conv, sk_it)), g = vg(z, eps_final, eps_first, pots_fixed)
+    gnorm = jnp.linalg.norm(g)
+    xs = _flow(ctrl, x0, t1, model=model, steps_per_layer=steps_per_layer,
+               checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block)
+    w2 = w2_of(div)
+    stationary = gnorm <= gtol * jnp.maximum(1.0, jnp.abs(j))
+    good_end = (stationary | (w2 <= w2_tol)) & conv
+    finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(xs))
+    stop = jnp.where(finite, stop, NONFINITE).astype(jnp.int32)
+    status = jnp.where(~finite | (stop == NONFINITE), _code("nonfinite"),
+                       jnp.where(good_end, _code("successful"), _code("not_converged")))
+    iterations = jnp.int32(adam_steps) + it
+    return MeasureControlResult(
+        controls=ctrl, xs=xs, loss=j, divergence=div, w2=w2, cost=cst, epsilon=eps_final,
+        loss_history=hist[0], w2_history=hist[1], epsilon_history=hist[2],
+        result=from_codes(status),
+        stats={"num_steps": iterations, "num_accepted_steps": accepted,
+               "iterations": iterations, "grad_norm": gnorm, "stop": stop,
+               "sinkhorn_converged": conv, "sinkhorn_iterations": sk_it},
+        model=model, free=tuple(free), t1=t1_static)
+
+
+def _code(name):
+    from .._results import status_code
+
+    return jnp.int32(status_code(name))
+
+
+# ---------------------------------------------------------------------------------------
+# Replays: jaxdyn's own models, the moment ODE
+# ---------------------------------------------------------------------------------------
+
+
+def layer_models(controls: Mapping, *, model: str = "euclidean", kernel: str = "auto"):
+    """One :mod:`jaxdyn.models` field a layer, from layer-wise controls.
+
+    ``model="sphere"``: ``SphereAttention(Q_l, K_l, V_l, β_l)`` (B = Q_lᵀ K_l);
+    ``"euclidean"``: ``EuclideanAttention(A_l, K_lᵀ Q_l, V_l, b_l)``.
+
+    Args:
+        controls: ``{name: (L, ...) array}`` (missing weights: :func:`default_controls`).
+        model: ``"sphere"`` or ``"euclidean"``.
+        kernel: the models' attention kernel (``"dense"``, ``"blocked"``, ``"auto"``).
+
+    Returns:
+        A list of L models.
+
+    Raises:
+        ValueError: an unknown model, controls of the wrong shape.
+    """
+    from ..models import EuclideanAttention, SphereAttention
+
+    if model not in FAMILIES:
+        raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
+    n_layers = _n_layers(controls)
+    d = int(np.shape(controls.get("Q", controls.get("V", controls.get("A"))))[-1])
+    dtype = jnp.result_type(*[jnp.asarray(v) for v in controls.values()])
+    c = _full_controls(model, controls, d, n_layers, dtype)
+    out = []
+    for l in range(n_layers):
+        if model == "sphere":
+            out.append(SphereAttention(c["Q"][l], c["K"][l], c["V"][l], c["beta"][l],
+                                       kernel=kernel))
+        else:
+            out.append(EuclideanAttention(c["A"][l], c["K"][l].T @ c["Q"][l], c["V"][l],
+                                          c["b"][l], kernel=kernel))
+    return out
+
+
+def replay(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclidean",
+           steps_per_layer: int = 16, method: str = "rk4", kernel: str = "auto"):
+    r"""The cloud under the controls, integrated by :func:`jaxdyn.simulate` layer by layer.
+
+    An independent integration of :func:`measure_flow`'s dynamics (jaxdyn's models and
+    kernels, any step count): replaying optimised controls at a finer step checks that the
+    optimisation did not exploit the discretisation. Concrete inputs (one ``simulate`` a
+    layer).
+
+    Args:
+        controls: ``{name: (L, ...) array}``.
+        x0: (N, d) the initial cloud.
+        t1: the horizon T.
+        model: ``"sphere"`` or ``"euclidean"``.
+        steps_per_layer: steps a layer.
+        method: any method of :func:`jaxdyn.simulate`.
+        kernel: the models' attention kernel.
+
+    Returns:
+        (L + 1, N, d): the cloud at the layers' ends.
+
+    Raises:
+        ValueError: what :func:`layer_models` and :func:`jaxdyn.simulate` raise.
+    """
+    from ..simulation import simulate
+
+    if isinstance(steps_per_layer, bool) or int(steps_per_layer) < 1:
+        raise ValueError(f"steps_per_layer must be an integer >= 1, got {steps_per_layer!r}")
+    models = layer_models(controls, model=model, kernel=kernel)
+    h = float(t1) / len(models)
+    x = jnp.asarray(x0, models[0].V.dtype)
+    xs = [x]
+    for l, mdl in enumerate(models):
+        traj = simulate(mdl, x, t0=l * h, t1=(l + 1) * h, dt=h / steps_per_layer,
+                        saveat=[l * h + h], method=method)
+        x = traj.xs[-1]
+        xs.append(x)
+    return jnp.stack(xs)
+
+
+def moment_controls(controls: Mapping, *, t1: float = 1.0) -> dict:
+    r"""The Euclidean controls as :class:`jaxdyn.models.Control`\ s of the moment ODE.
+
+    ``{"A", "B" = KᵀQ, "V", "b"}``, piecewise constant on the L layers of ``[0, t1]``, for
+    :func:`jaxdyn.gaussian.solve_moments` (a Gaussian cloud under these controls follows the
+    moments up to sampling error).
+
+    Args:
+        controls: ``{name: (L, ...) array}`` of the ``"euclidean"`` model.
+        t1: the horizon T.
+
+    Returns:
+        ``{"A", "B", "V", "b"}`` → :class:`~jaxdyn.models.Control`.
+
+    Raises:
+        ValueError: controls of the wrong shape.
+    """
+    from ..models import Control
+
+    if not isinstance(controls, Mapping) or not controls:
+        raise ValueError("controls must be a non-empty mapping {name: (L, ...) array}")
+    n_layers = _n_layers(controls)
+    d = int(np.shape(controls.get("Q", controls.get("V", controls.get("A"))))[-1])
+    dtype = jnp.result_type(*[jnp.asarray(v) for v in controls.values()])
+    c = _full_controls("euclidean", controls, d, n_layers, dtype)
+    B = jnp.einsum("lji,ljk->lik", c["K"], c["Q"])  # K_lᵀ Q_l
+    return {"A": Control(c["A"], t1), "B": Control(B, t1), "V": Control(c["V"], t1),
+            "b": Control(c["b"], t1)}
