@@ -1,13 +1,20 @@
 """Host-side checks of concrete inputs shared by the drivers.
 
-Each raises a clear ``ValueError`` naming the problem before any tracing.
+One set of checks (finite, sign, integer, shape, length) for every library entry point, so
+that the next function inherits them: each raises a clear ``ValueError`` naming the argument
+and the problem before any tracing. Traced values are skipped (the programs flag them through
+their result codes) except where a check is about a shape, which is known when tracing.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax
 import numpy as np
 
-__all__ = ["check_times"]
+__all__ = ["check_cloud", "check_density", "check_finite", "check_integer", "check_same_length",
+           "check_times", "is_traced"]
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
@@ -36,3 +43,150 @@ def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
         raise ValueError(f"{name} times must lie in [{t0!r}, {t1!r}], got [{ts.min()!r}, {ts.max()!r}]")
     if dt0 is not None and not float(dt0) > 0:
         raise ValueError(f"the step dt must be > 0, got {float(dt0)!r}")
+
+
+def is_traced(a) -> bool:
+    """Whether ``a`` is a tracer (a value known only when the program runs)."""
+    return isinstance(a, jax.core.Tracer)
+
+
+def check_finite(name: str, a, *, what: str = "") -> None:
+    """Refuse a concrete array that holds NaN or inf (a traced one is left to the program).
+
+    Args:
+        name: the argument's name, used in the message.
+        a: an array-like (nested lists, NumPy, a concrete ``jax.Array``) or a tracer (skipped);
+            None is skipped.
+        what: what the argument is, appended to the name in the message.
+
+    Raises:
+        ValueError: naming the argument and how many of its entries are not finite.
+    """
+    if a is None or is_traced(a):
+        return
+    arr = np.asarray(a)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"{name}{what} must hold real numbers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.inexact):
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            raise ValueError(f"{name}{what} must be finite: {bad} of its {arr.size} entries "
+                             "are NaN or inf")
+
+
+def check_integer(name: str, v, *, minimum: int | None = None,
+                  integral_floats: bool = False) -> int:
+    """A concrete integer option (a size, a count of iterations), checked; returned as an int.
+
+    Args:
+        name: the argument's name, used in the message.
+        v: the value: a Python or NumPy integer (a float with an integral value too when
+            ``integral_floats``); never a bool, a non-integral number or a traced value.
+        minimum: the least value allowed (None: any).
+        integral_floats: accept floats with an integral value (``8.0``).
+
+    Returns:
+        ``v`` as a Python int.
+
+    Raises:
+        ValueError: naming the argument, for a traced value, a bool, a non-integral or
+            non-numeric value, or one below ``minimum``.
+    """
+    bound = "" if minimum is None else f" >= {minimum}"
+    if is_traced(v):
+        raise ValueError(f"{name} must be a concrete integer{bound} (it fixes an array size or "
+                         "a loop length), got a traced value")
+    ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+    if not ok and integral_floats and isinstance(v, (float, np.floating)):
+        ok = math.isfinite(v) and float(v).is_integer()
+    if not ok or (minimum is not None and int(v) < minimum):
+        raise ValueError(f"{name} must be an integer{bound}, got {v!r}")
+    return int(v)
+
+
+def check_density(name: str, rho, *, axis_name: str = "cells") -> np.ndarray:
+    """Concrete cell averages of a density on the host: finite, >= 0, with positive mass.
+
+    Every row along the last axis (one density each) must have positive mass.
+
+    Args:
+        name: the argument's name, used in the message.
+        rho: (..., M) cell averages, M >= 1 (concrete).
+        axis_name: what the last axis holds, for the message.
+
+    Returns:
+        ``rho`` as a float64 NumPy array.
+
+    Raises:
+        ValueError: naming the argument, for a traced value, an empty last axis, a NaN/inf or
+            negative entry, or a row of zero mass.
+    """
+    if is_traced(rho):
+        raise ValueError(f"{name} must be a concrete array (this function runs on the host), "
+                         "got a traced value")
+    r = np.asarray(rho, np.float64)
+    if r.ndim < 1 or r.shape[-1] < 1:
+        raise ValueError(f"{name} must hold at least one {axis_name[:-1]} (shape (..., M), "
+                         f"M >= 1), got shape {r.shape}")
+    check_finite(name, r, what=" (cell averages of a density)")
+    if np.any(r < 0):
+        at = tuple(int(i) for i in np.unravel_index(np.argmin(r), r.shape))
+        raise ValueError(f"{name} (cell averages of a density) must be >= 0, got "
+                         f"{float(r.min())!r} at index {at[0] if len(at) == 1 else at}")
+    mass = r.sum(axis=-1)
+    if np.any(mass <= 0):
+        raise ValueError(f"{name} (cell averages of a density) must have positive mass; "
+                         "it is 0 everywhere" + ("" if r.ndim == 1 else " in some row"))
+    return r
+
+
+def check_cloud(name: str, xs, *, min_points: int = 1, finite: bool = True) -> None:
+    """Refuse clouds (..., N, d) with fewer than ``min_points`` points, d = 0, or NaN/inf.
+
+    The shape is checked for concrete and traced values alike; finiteness on the host, for
+    concrete values only (a traced cloud is the program's to flag).
+
+    Args:
+        name: the argument's name, used in the message.
+        xs: (..., N, d) clouds.
+        min_points: the least N.
+        finite: check concrete values for NaN and inf.
+
+    Raises:
+        ValueError: naming the argument, its shape, or the first cloud that is not finite.
+    """
+    shape = tuple(np.shape(xs))
+    if len(shape) < 2:
+        raise ValueError(f"{name} must have shape (..., N, d), got {shape}")
+    if shape[-2] < min_points or shape[-1] < 1:
+        raise ValueError(f"{name} must hold clouds of at least {min_points} point(s) of "
+                         f"dimension d >= 1 (shape (..., N, d)), got shape {shape}")
+    if not finite or is_traced(xs):
+        return
+    arr = np.asarray(xs)
+    if np.issubdtype(arr.dtype, np.inexact):
+        ok = np.isfinite(arr).all(axis=(-2, -1))
+        if not np.all(ok):
+            where = "" if arr.ndim == 2 else f" (cloud {tuple(int(i) for i in np.argwhere(~ok)[0])})"
+            raise ValueError(f"{name} must be finite: it holds NaN or inf{where}")
+
+
+def check_same_length(name_a: str, a, name_b: str, b, *, axis_b: int = -1) -> None:
+    """Refuse two arrays that must run along one axis but have different lengths.
+
+    Args:
+        name_a: the first argument's name.
+        a: a 1-D array (its length).
+        name_b: the second argument's name.
+        b: an array whose axis ``axis_b`` must have ``a``'s length.
+        axis_b: that axis of ``b``.
+
+    Raises:
+        ValueError: naming both arguments and both lengths (or ``a`` not 1-D).
+    """
+    sa, sb = tuple(np.shape(a)), tuple(np.shape(b))
+    if len(sa) != 1:
+        raise ValueError(f"{name_a} must be 1-D, got shape {sa}")
+    if not sb or sb[axis_b] != sa[0]:
+        raise ValueError(f"{name_a} and {name_b} must have the same length: {name_a} has "
+                         f"{sa[0]} entries, {name_b} {sb[axis_b] if sb else 0} (shape {sb})")

@@ -12,6 +12,12 @@ accelerators; ``jax.grad`` flows through the energies. The one exception is
 length), so it runs on the host in NumPy; :func:`hitting_times` is its fixed-shape, traceable
 counterpart.
 
+Bad input gives no plausible number: clouds must hold at least one point of dimension d ≥ 1
+(a ValueError naming ``xs`` otherwise); a concrete cloud or parameter that holds NaN or inf
+is refused on the host (a ValueError naming it, and the first such cloud); under ``jax.jit``
+or ``jax.vmap`` a non-finite cloud or parameter makes its own values NaN (the floating
+statistics) or −1 (the integer ones: counts, ranks, labels), never a count or a fraction.
+
 Graph and pair conventions (stated once, used everywhere):
 
 * **pair fraction** ``pair_fraction(xs, threshold)``: the fraction of *unordered* pairs
@@ -38,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_cloud, check_finite, check_same_length, is_traced
 from .kernels import HIGHEST
 
 __all__ = [
@@ -80,6 +87,37 @@ def _batched(core, xs, params, core_ndims):
     return jax.tree.map(lambda a: a.reshape(lead + a.shape[1:]), out)
 
 
+def _input_error(xs, **params):
+    """What the shared host checks find wrong with the clouds and parameters (None: nothing).
+
+    Clouds (..., N, d) with N, d >= 1, all finite; parameters finite numbers (None skipped).
+    Shapes are checked for concrete and traced clouds alike; values (NaN, inf) for concrete
+    ones only (a traced non-finite value gives NaN or −1, :func:`_flag`).
+
+    Returns:
+      The message of the ValueError the caller raises (naming ``xs``, its shape or its first
+      non-finite cloud, or the parameter), or None.
+    """
+    try:
+        check_cloud("xs", xs)
+        for name, p in params.items():
+            if p is not None and not (is_traced(p) or np.issubdtype(np.asarray(p).dtype, np.number)):
+                return f"{name} must be a number or an array of numbers, got {p!r}"
+            check_finite(name, p)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _flag(out, x, *params):
+    """``out`` where the cloud ``x`` and the parameters are finite; else NaN (floats) or −1."""
+    ok = jnp.all(jnp.isfinite(x))
+    for p in params:
+        ok = ok & jnp.all(jnp.isfinite(p))
+    bad = jnp.asarray(jnp.nan if jnp.issubdtype(out.dtype, jnp.floating) else -1, out.dtype)
+    return jnp.where(ok, out, bad)
+
+
 def _gram(x):
     return jnp.matmul(x, x.T, precision=HIGHEST)
 
@@ -109,7 +147,6 @@ def _pair_fraction(x, thr, include_self):
     return count / max(n * (n - 1) // 2, 1)
 
 
-@functools.partial(jax.jit, static_argnames=("include_self",))
 def pair_fraction(xs, threshold=0.999, *, include_self=False):
     """Fraction of unordered pairs i < j with ⟨x_i, x_j⟩ > ``threshold`` (module doc).
 
@@ -122,9 +159,26 @@ def pair_fraction(xs, threshold=0.999, *, include_self=False):
         ⟨x_i, x_i⟩ = 1 > threshold): (2·count + N)/N² (static).
 
     Returns:
-      Shape ``xs.shape[:-2]``, xs's dtype.
+      Shape ``xs.shape[:-2]``, xs's dtype (NaN for a traced cloud or threshold that is not
+      finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or threshold that
+        is not finite (module doc).
     """
-    return _batched(lambda x, t: _pair_fraction(x, t, include_self), xs, (threshold,), (0,))
+    err = _input_error(xs, threshold=threshold)
+    if err:
+        raise ValueError(err)
+    if not isinstance(include_self, bool):
+        raise ValueError(f"include_self must be True or False, got {include_self!r}")
+    return _pair_fraction_jit(xs, threshold, include_self=include_self)
+
+
+@functools.partial(jax.jit, static_argnames=("include_self",))
+def _pair_fraction_jit(xs, threshold, *, include_self):
+    """:func:`pair_fraction` after its checks, one program a shape."""
+    return _batched(lambda x, t: _flag(_pair_fraction(x, t, include_self), x, t), xs,
+                    (threshold,), (0,))
 
 
 # ------------------------------------------------------------------ components
@@ -169,7 +223,6 @@ def _labels(x, delta):
     return lab
 
 
-@jax.jit
 def cluster_labels(xs, delta=1e-3):
     """Connected-component labels of the graph with edges ⟨x_i, x_j⟩ > 1 − δ.
 
@@ -178,12 +231,25 @@ def cluster_labels(xs, delta=1e-3):
       delta: δ (broadcasts against ``xs.shape[:-2]``).
 
     Returns:
-      (..., N) int32: each particle labelled by the smallest particle index in its component.
+      (..., N) int32: each particle labelled by the smallest particle index in its component
+      (−1 for every particle of a traced cloud, or δ, that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
+        finite (module doc).
     """
-    return _batched(_labels, xs, (delta,), (0,))
+    err = _input_error(xs, delta=delta)
+    if err:
+        raise ValueError(err)
+    return _labels_jit(xs, delta)
 
 
 @jax.jit
+def _labels_jit(xs, delta):
+    """:func:`cluster_labels` after its checks."""
+    return _batched(lambda x, d: _flag(_labels(x, d), x, d), xs, (delta,), (0,))
+
+
 def cluster_count(xs, delta=1e-3):
     """Number of connected components of the graph with edges ⟨x_i, x_j⟩ > 1 − δ (module doc).
 
@@ -192,16 +258,29 @@ def cluster_count(xs, delta=1e-3):
       delta: δ (broadcasts against ``xs.shape[:-2]``).
 
     Returns:
-      Shape ``xs.shape[:-2]``, int32.
+      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or δ, that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
+        finite (module doc).
     """
+    err = _input_error(xs, delta=delta)
+    if err:
+        raise ValueError(err)
+    return _count_jit(xs, delta)
+
+
+@jax.jit
+def _count_jit(xs, delta):
+    """:func:`cluster_count` after its checks."""
     def core(x, d):
         lab = _labels(x, d)
-        return jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
+        n = jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
+        return _flag(n, x, d)
 
     return _batched(core, xs, (delta,), (0,))
 
 
-@jax.jit
 def gram_rank(xs, threshold=0.9999, *, rtol=None):
     """Numerical rank of the 0/1 matrix 1[⟨x_i, x_j⟩ > threshold] (the rotf count; module doc).
 
@@ -211,16 +290,36 @@ def gram_rank(xs, threshold=0.9999, *, rtol=None):
       rtol: singular values below ``rtol·σ_max`` count as zero (default N·eps).
 
     Returns:
-      Shape ``xs.shape[:-2]``, int32.
+      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, threshold or rtol that is not
+      finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, threshold or
+        rtol that is not finite (module doc).
     """
+    err = _input_error(xs, threshold=threshold, rtol=rtol)
+    if err:
+        raise ValueError(err)
+    return _gram_rank_jit(xs, threshold, rtol=rtol)
+
+
+@functools.partial(jax.jit, static_argnames=("has_rtol",))
+def _gram_rank_core(xs, threshold, rtol, *, has_rtol):
+    """:func:`gram_rank` after its checks."""
     def core(x, t):
         n = x.shape[0]
         a = (_gram(x) > t).astype(x.dtype)
         s = jnp.linalg.svd(a, compute_uv=False)
-        tol = (n * jnp.finfo(x.dtype).eps if rtol is None else rtol) * s[0]
-        return jnp.sum(s > tol).astype(jnp.int32)
+        tol = (n * jnp.finfo(x.dtype).eps if not has_rtol else rtol) * s[0]
+        return _flag(jnp.sum(s > tol).astype(jnp.int32), x, t,
+                     *((rtol,) if has_rtol else ()))
 
     return _batched(core, xs, (threshold,), (0,))
+
+
+def _gram_rank_jit(xs, threshold, *, rtol):
+    """:func:`_gram_rank_core` with ``rtol`` an array leaf (None: the default)."""
+    return _gram_rank_core(xs, threshold, 0.0 if rtol is None else rtol, has_rtol=rtol is not None)
 
 
 def _masses_centres(x, delta):
@@ -235,7 +334,6 @@ def _masses_centres(x, delta):
     return mass[order], centre[order]
 
 
-@jax.jit
 def cluster_masses(xs, delta=1e-3):
     """Cluster masses (fractions of the N particles), largest first, padded with zeros to N entries.
 
@@ -246,12 +344,28 @@ def cluster_masses(xs, delta=1e-3):
       delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
 
     Returns:
-      (..., N) array.
+      (..., N) array (NaN for a traced cloud, or δ, that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
+        finite (module doc).
     """
-    return _batched(lambda x, d: _masses_centres(x, d)[0], xs, (delta,), (0,))
+    err = _input_error(xs, delta=delta)
+    if err:
+        raise ValueError(err)
+    return _masses_centres_jit(xs, delta)[0]
 
 
 @jax.jit
+def _masses_centres_jit(xs, delta):
+    """:func:`cluster_masses` and :func:`cluster_centres` after their checks."""
+    def core(x, d):
+        mass, centre = _masses_centres(x, d)
+        return _flag(mass, x, d), _flag(centre, x, d)
+
+    return _batched(core, xs, (delta,), (0,))
+
+
 def cluster_centres(xs, delta=1e-3):
     """Cluster centres Σ_{i∈C} x_i / |Σ_{i∈C} x_i| (points of the sphere), in the order of :func:`cluster_masses`.
 
@@ -260,12 +374,19 @@ def cluster_centres(xs, delta=1e-3):
       delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
 
     Returns:
-      (..., N, d) array, zero rows as padding.
+      (..., N, d) array, zero rows as padding (NaN for a traced cloud, or δ, that is not
+      finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
+        finite (module doc).
     """
-    return _batched(lambda x, d: _masses_centres(x, d)[1], xs, (delta,), (0,))
+    err = _input_error(xs, delta=delta)
+    if err:
+        raise ValueError(err)
+    return _masses_centres_jit(xs, delta)[1]
 
 
-@jax.jit
 def span_dimension(xs, rtol=1e-3):
     """Dimension of the linear span of the cloud: the singular values of (x_1; …; x_N) above ``rtol·σ_max``.
 
@@ -277,11 +398,24 @@ def span_dimension(xs, rtol=1e-3):
       rtol: the relative threshold on the singular values.
 
     Returns:
-      Shape ``xs.shape[:-2]``, int32.
+      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or rtol, that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or rtol that is
+        not finite (module doc).
     """
+    err = _input_error(xs, rtol=rtol)
+    if err:
+        raise ValueError(err)
+    return _span_jit(xs, rtol)
+
+
+@jax.jit
+def _span_jit(xs, rtol):
+    """:func:`span_dimension` after its checks."""
     def core(x, r):
         s = jnp.linalg.svd(x, compute_uv=False)
-        return jnp.sum(s > r * s[0]).astype(jnp.int32)
+        return _flag(jnp.sum(s > r * s[0]).astype(jnp.int32), x, r)
 
     return _batched(core, xs, (rtol,), (0,))
 
@@ -292,7 +426,6 @@ def _logits(x, beta, B):
     return beta * jnp.matmul(jnp.matmul(x, B, precision=HIGHEST), x.T, precision=HIGHEST)
 
 
-@jax.jit
 def interaction_energy(xs, beta, B=None):
     r"""The interaction energy E_β = (1/(2β N²)) Σ_{i,j} exp(β ⟨Q x_i, K x_j⟩).
 
@@ -308,20 +441,38 @@ def interaction_energy(xs, beta, B=None):
       B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
 
     Returns:
-      Shape ``xs.shape[:-2]``.
+      Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, β or B that is
+        not finite (module doc).
     """
+    err = _input_error(xs, beta=beta, B=B)
+    if err:
+        raise ValueError(err)
+    return _interaction_jit(xs, beta, B)
+
+
+def _energy_args(xs, beta, B):
+    """The clouds, β and B (default the identity) in the clouds' dtype."""
     xs = jnp.asarray(xs)
     d = xs.shape[-1]
     B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
-
-    def core(x, b, Bm):
-        n = x.shape[0]
-        return jnp.sum(jnp.exp(_logits(x, b, Bm))) / (2.0 * b * n * n)
-
-    return _batched(core, xs, (jnp.asarray(beta, xs.dtype), B), (0, 2))
+    return xs, jnp.asarray(beta, xs.dtype), B
 
 
 @jax.jit
+def _interaction_jit(xs, beta, B):
+    """:func:`interaction_energy` after its checks."""
+    xs, beta, B = _energy_args(xs, beta, B)
+
+    def core(x, b, Bm):
+        n = x.shape[0]
+        return _flag(jnp.sum(jnp.exp(_logits(x, b, Bm))) / (2.0 * b * n * n), x, b, Bm)
+
+    return _batched(core, xs, (beta, B), (0, 2))
+
+
 def log_partition_energy(xs, beta, B=None):
     r"""The softmax (SA) variant: F_β = (1/(β N)) Σ_i log((1/N) Σ_j exp(β x_iᵀ B x_j)).
 
@@ -335,23 +486,33 @@ def log_partition_energy(xs, beta, B=None):
       B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
 
     Returns:
-      Shape ``xs.shape[:-2]``.
+      Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite).
+
+    Raises:
+      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, β or B that is
+        not finite (module doc).
     """
-    xs = jnp.asarray(xs)
-    d = xs.shape[-1]
-    B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
+    err = _input_error(xs, beta=beta, B=B)
+    if err:
+        raise ValueError(err)
+    return _log_partition_jit(xs, beta, B)
+
+
+@jax.jit
+def _log_partition_jit(xs, beta, B):
+    """:func:`log_partition_energy` after its checks."""
+    xs, beta, B = _energy_args(xs, beta, B)
 
     def core(x, b, Bm):
         n = x.shape[0]
         lse = jax.scipy.special.logsumexp(_logits(x, b, Bm), axis=1) - jnp.log(n)
-        return jnp.mean(lse) / b
+        return _flag(jnp.mean(lse) / b, x, b, Bm)
 
-    return _batched(core, xs, (jnp.asarray(beta, xs.dtype), B), (0, 2))
+    return _batched(core, xs, (beta, B), (0, 2))
 
 
 # ------------------------------------------------------------------ merges and plateaus
 
-@jax.jit
 def hitting_times(ts, counts, levels):
     r"""The first saved time at which the cluster count is ≤ each level (traceable, batched).
 
@@ -368,7 +529,25 @@ def hitting_times(ts, counts, levels):
 
     Returns:
       (..., L) times; +inf where the count never reaches the level.
+
+    Raises:
+      ValueError: ``ts`` not 1-D and non-empty, ``counts`` whose last axis is not as long as
+        ``ts`` (the message names both lengths), or ``levels`` not 1-D (shapes: checked under
+        ``jax.jit`` too); concrete ``ts`` that are not finite.
     """
+    check_same_length("ts", ts, "counts", counts)
+    if np.shape(ts)[0] < 1:
+        raise ValueError("ts must hold at least one saved time, got an empty array")
+    if np.ndim(levels) != 1:
+        raise ValueError(f"levels must be a 1-D array of integer levels, got shape "
+                         f"{tuple(np.shape(levels))}")
+    check_finite("ts", ts)
+    return _hitting_jit(ts, counts, levels)
+
+
+@jax.jit
+def _hitting_jit(ts, counts, levels):
+    """:func:`hitting_times` after its checks."""
     ts = jnp.asarray(ts)
     counts = jnp.asarray(counts)
     levels = jnp.asarray(levels)

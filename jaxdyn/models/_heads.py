@@ -82,9 +82,10 @@ class MultiHeadAttention(AbstractAttentionModel):
       q_block: blocked-kernel query block size (None: the platform's default).
 
     Raises:
-      ValueError: for shapes that do not fit (H, p, d), an empty head, a concrete β or slope out
-        of its domain, an unknown mask, attention or kernel, a causal Sinkhorn, a bad
-        ``sinkhorn_iters``, ``rope`` or ``rope_base``.
+      ValueError: for shapes that do not fit (H, p, d), an empty head, concrete RoPE frequencies
+        that are not finite, a concrete β or slope out of its domain, an unknown mask,
+        attention or kernel, a causal Sinkhorn, a bad ``sinkhorn_iters``, ``rope`` or
+        ``rope_base`` (non-finite weights make the state non-finite: the drivers report it).
     """
 
     domains: ClassVar[Mapping[str, Domain]] = {
@@ -136,12 +137,14 @@ class MultiHeadAttention(AbstractAttentionModel):
                 raise ValueError(f"alibi must be a scalar or hold one slope a head, H = {H}, got "
                                  f"shape {alibi.shape}")
             alibi = parameter(MultiHeadAttention, "alibi", alibi, dt)
+        check_domain("rope_base", rope_base, Domain("positive", 0, "RoPE base"))
         if rope is True:
             rope = rope_frequencies(p, rope_base)
         if rope is not None:
             if tuple(np.shape(rope)) != (p // 2,):
                 raise ValueError(f"rope must hold p // 2 = {p // 2} frequencies, got shape "
                                  f"{tuple(np.shape(rope))}")
+            check_domain("rope", rope, Domain("finite", 1, "RoPE frequencies"))
             rope = to_array(rope, dt)
         self.alibi, self.rope = alibi, rope
         self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)

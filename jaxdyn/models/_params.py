@@ -28,7 +28,8 @@ class Domain(NamedTuple):
     """Where a parameter's values must lie.
 
     Attributes:
-      lower: ``"positive"`` (finite and > 0) or ``"nonnegative"`` (finite and >= 0).
+      lower: ``"positive"`` (finite and > 0), ``"nonnegative"`` (finite and >= 0) or
+        ``"finite"`` (any finite value).
       rank: the parameter's own number of axes (0 for a scalar); axes before them are a stack's
         (a batch of models built by ``stack_models``).
       what: the parameter's meaning, for error messages (e.g. ``"inverse temperature"``).
@@ -91,7 +92,10 @@ def _label(name: str, domain: Domain) -> str:
 
 def _out_of_domain(xp, v, domain: Domain):
     """Boolean array (the stack's shape): some entry of ``v`` outside ``domain``."""
-    ok = xp.isfinite(v) & ((v > 0) if domain.lower == "positive" else (v >= 0))
+    if domain.lower == "finite":
+        ok = xp.isfinite(v)
+    else:
+        ok = xp.isfinite(v) & ((v > 0) if domain.lower == "positive" else (v >= 0))
     return ~xp.all(ok, axis=tuple(range(v.ndim - domain.rank, v.ndim))) if domain.rank else ~ok
 
 
@@ -106,8 +110,9 @@ def check_domain(name: str, value, domain: Domain) -> None:
       domain: where its values must lie.
 
     Raises:
-      ValueError: naming the parameter, if it has the wrong number of axes or a concrete value
-        outside ``domain`` (non-finite, negative, or zero where it must be positive).
+      ValueError: naming the parameter, if it has the wrong number of axes, a dtype that is not
+        real, or a concrete value outside ``domain`` (non-finite, negative, or zero where it
+        must be positive).
     """
     if value is None:
         return
@@ -121,9 +126,10 @@ def check_domain(name: str, value, domain: Domain) -> None:
             or v.dtype == bool):
         raise ValueError(f"{_label(name, domain)} must be real numbers, got dtype {v.dtype}")
     if not is_traced(v) and bool(_out_of_domain(np, v.astype(np.float64), domain)):
-        bound = "> 0" if domain.lower == "positive" else ">= 0"
-        shown = v.item() if v.ndim == 0 else v.tolist()
-        raise ValueError(f"{_label(name, domain)} must be {bound} and finite, got {shown!r}")
+        bound = {"positive": "> 0 and finite", "nonnegative": ">= 0 and finite"}.get(
+            domain.lower, "finite")
+        shown = v.item() if v.ndim == 0 else (v.tolist() if v.size <= 16 else f"shape {v.shape}")
+        raise ValueError(f"{_label(name, domain)} must be {bound}, got {shown!r}")
 
 
 def parameter(cls, name: str, value, dtype):

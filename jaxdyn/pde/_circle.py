@@ -44,6 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_finite, check_integer
+from ..models import Domain
+from ..models._params import check_domain
+
 __all__ = ["CircleDensity", "circle_grid", "uniform_density", "cos_mode", "mode_amplitude",
            "velocity_bound", "cfl_dt"]
 
@@ -212,7 +216,8 @@ def check_weights(Q, K, V, d, dtype, what):
       (Q, K, V, dtype, (Q, K, V) on the host or None each).
 
     Raises:
-      ValueError: a weight that is not (d, d).
+      ValueError: a weight that is not (d, d), or a concrete Q or K that is not finite (a
+        non-finite V makes the solve non-finite, which the drivers report).
     """
     if dtype is None:
         qd = getattr(Q, "dtype", None)
@@ -221,27 +226,30 @@ def check_weights(Q, K, V, d, dtype, what):
     for name, w in (("Q", Q), ("K", K), ("V", V)):
         if np.shape(w) != (d, d):
             raise ValueError(f"{name} must be a {d}x{d} matrix {what}, got shape {np.shape(w)}")
+        if name != "V":  # the constructors read B = QᵀK on the host (a NaN V: a nonfinite solve)
+            check_finite(name, w, what=" (weights: B = QᵀK is read on the host)")
     host = tuple(host_value(w, dtype) for w in (Q, K, V))
     Q, K, V = (to_leaf(w, hw, dtype) for w, hw in zip((Q, K, V), host))
     return Q, K, V, dtype, host
 
 
+#: the domains of the densities' parameters (the models' shared checks, ``jaxdyn.models.Domain``)
+BETA = Domain("positive", 0, "inverse temperature")
+SIGMA = Domain("nonnegative", 0, "noise")
+
+
 def check_temperature(beta, sigma, dtype):
     """β and σ as scalars of ``dtype``, checked on the host where concrete (β > 0, σ ≥ 0).
 
+    A ValueError (through :func:`jaxdyn.models._params.check_domain`) refuses β or σ not a
+    scalar, a concrete β not finite and > 0, a concrete σ not finite and ≥ 0.
+
     Returns:
       (beta, sigma, beta on the host or None).
-
-    Raises:
-      ValueError: β or σ not a scalar, β ≤ 0, σ < 0.
     """
-    if np.ndim(beta) or np.ndim(sigma):
-        raise ValueError("beta and sigma must be scalars; to sweep them vmap over a stack of models")
+    check_domain("beta", beta, BETA)
+    check_domain("sigma", sigma, SIGMA)
     hb, hs = host_value(beta, dtype), host_value(sigma, dtype)
-    if hb is not None and not hb > 0:
-        raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
-    if hs is not None and not hs >= 0:
-        raise ValueError(f"sigma (noise) must be >= 0, got {float(hs)}")
     return to_leaf(beta, hb, dtype), to_leaf(sigma, hs, dtype), hb
 
 
@@ -285,8 +293,9 @@ class CircleDensity(eqx.Module):
       m, kernel, normalization, diffusion, limiter: static settings (``kernel`` resolved).
 
     Raises:
-      ValueError: a weight not 2 × 2, β or σ not a scalar, a concrete β ≤ 0 or σ < 0, m < 8,
-        an unknown option, or ``kernel="fft"`` with a concrete B not of the form aI + bJ.
+      ValueError: a weight not 2 × 2, a concrete Q or K not finite, β or σ not a scalar, a concrete
+        β not finite and > 0 or σ not finite and ≥ 0, m not an integer ≥ 8, an unknown option,
+        or ``kernel="fft"`` with a concrete B not of the form aI + bJ.
 
     Warns:
       UserWarning: concrete β, Q, K whose kernel width 1/√(β‖B‖₂) is below one cell (the grid
@@ -307,8 +316,7 @@ class CircleDensity(eqx.Module):
     def __init__(self, Q, K, V, beta, m, *, sigma=0.0, kernel="auto", normalization="softmax",
                  diffusion="fd", limiter="mc", dtype=None):
         Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 2, dtype, "(the weights on the plane of S¹)")
-        if isinstance(m, bool) or int(m) != m or m < 8:
-            raise ValueError(f"m (grid size) must be an integer >= 8, got {m!r}")
+        m = check_integer("m (grid size)", m, minimum=8, integral_floats=True)
         for name, v, opts in (("kernel", kernel, KERNELS), ("normalization", normalization, NORMALIZATIONS),
                               ("diffusion", diffusion, DIFFUSIONS), ("limiter", limiter, LIMITERS)):
             if v not in opts:

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_density, check_finite
+
 __all__ = ["perturbed_uniform", "clusters", "cluster_counts", "first_clusters", "merge_times"]
 
 
@@ -73,11 +75,13 @@ def clusters(rho, level=0.5, min_mass=0.01):
       and returns (None, 1.0).
 
     Raises:
-      ValueError: traced input.
+      ValueError: traced input, or a ``rho`` that is not 1-D, finite, ≥ 0 with positive mass.
     """
     if _traced(rho, level, min_mass):
         raise ValueError(_HOST_ONLY.format("clusters"))
-    rho = np.asarray(rho, float)
+    rho = check_density("rho", rho)
+    if rho.ndim != 1:
+        raise ValueError(f"rho must be the (M,) cell averages of one density, got shape {rho.shape}")
     m = rho.shape[-1]
     h = 2 * math.pi / m
     above = rho > level / (2 * math.pi)
@@ -138,11 +142,24 @@ def cluster_counts(rho_t, level=0.5, min_mass=0.01, max_cover=0.5, min_total=0.9
       min_total: the least total mass of the clusters.
 
     Returns:
-      (...,) integer counts: NumPy for concrete inputs, a traced array otherwise.
+      (...,) integer counts: NumPy for concrete inputs, a traced array otherwise (−1 for a
+      traced density that holds NaN or inf).
+
+    Raises:
+      ValueError: ``rho_t`` without a cell axis, or concrete inputs that are not finite.
     """
+    if np.ndim(rho_t) < 1 or np.shape(rho_t)[-1] < 1:
+        raise ValueError(f"rho_t must be (..., M) cell averages with M >= 1, got shape "
+                         f"{tuple(np.shape(rho_t))}")
+    for name, v in (("rho_t", rho_t), ("level", level), ("min_mass", min_mass),
+                    ("max_cover", max_cover), ("min_total", min_total)):
+        check_finite(name, v)
     xp = jnp if _traced(rho_t, level, min_mass, max_cover, min_total) else np
     rho_t = xp.asarray(rho_t) if xp is jnp else np.asarray(rho_t, float)
-    return _counts(xp, rho_t, level, min_mass, max_cover, min_total)
+    n = _counts(xp, rho_t, level, min_mass, max_cover, min_total)
+    if xp is jnp:
+        n = jnp.where(jnp.all(jnp.isfinite(rho_t), axis=-1), n, -1)
+    return n
 
 
 def first_clusters(ts, rho_t, **kw):

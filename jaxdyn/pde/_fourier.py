@@ -41,10 +41,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_integer
 from ..models import AbstractQKVModel, Domain
+from ..models._params import check_domain
 from ._circle import check_weights, host_value, to_leaf
 
 __all__ = ["CircleAttention", "fourier_modes", "bessel_ive"]
+
+#: the most Fourier modes ``CircleAttention`` chooses by itself (β‖QᵀK‖₂ up to about 1800 at
+#: the float32 roundoff); a larger ``n_modes`` must be passed explicitly
+MAX_MODES = 4096
 
 
 def _log_tail_bound(K: int, r: float) -> float:
@@ -129,7 +135,8 @@ class CircleAttention(AbstractQKVModel):
       beta: inverse temperature β > 0 (concrete, unless ``n_modes`` is given).
       normalization: ``"softmax"`` or ``"unnormalized"`` (weights e^{β x_iᵀBx_j}/N).
       n_modes: the truncation K (static: the length of the series); default
-        :func:`fourier_modes`(β‖B‖₂, tol), which needs concrete β, Q, K.
+        :func:`fourier_modes`(β‖B‖₂, tol), which needs concrete β, Q, K, and is refused above
+        ``MAX_MODES`` (pass n_modes then).
       tol: relative truncation error of the sums (default: the dtype's unit roundoff).
       dtype: the floating dtype of the leaves (default: Q's, else JAX's default float).
 
@@ -138,8 +145,10 @@ class CircleAttention(AbstractQKVModel):
       normalization, n_modes: static settings.
 
     Raises:
-      ValueError: a weight not 2 × 2, β not a scalar, a concrete β ≤ 0, an unknown
-        normalization, n_modes not an integer ≥ 0, or n_modes not given with traced β, Q or K.
+      ValueError: a weight not 2 × 2, a concrete Q or K not finite, β not a scalar, a concrete β not
+        finite and > 0, an unknown normalization, n_modes not an integer ≥ 0, n_modes not
+        given with traced β, Q or K, or not given when the truncation needs more than
+        ``MAX_MODES`` modes (the message names the n_modes to pass).
     """
 
     domains: ClassVar[Mapping[str, Domain]] = {"beta": Domain("positive", 0, "inverse temperature")}
@@ -150,11 +159,8 @@ class CircleAttention(AbstractQKVModel):
     def __init__(self, Q, K, V, beta, *, normalization="softmax", n_modes=None, tol=None, dtype=None):
         Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 2, dtype, "(CircleAttention: particles on S¹)")
         self.Q, self.K, self.V = Q, K, V
-        if np.ndim(beta):
-            raise ValueError("beta must be a scalar; to sweep it vmap over a stack of models")
+        check_domain("beta", beta, CircleAttention.domains["beta"])
         hb = host_value(beta, dtype)
-        if hb is not None and not hb > 0:
-            raise ValueError(f"beta (inverse temperature) must be > 0, got {float(hb)}")
         self.beta = to_leaf(beta, hb, dtype)
         if normalization not in ("softmax", "unnormalized"):
             raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
@@ -166,9 +172,15 @@ class CircleAttention(AbstractQKVModel):
             tol = float(jnp.finfo(dtype).eps) / 2 if tol is None else tol
             r_max = float(hb) * float(np.linalg.norm(hq.T @ hk, 2))
             n_modes = fourier_modes(r_max, tol)
-        if isinstance(n_modes, bool) or int(n_modes) != n_modes or n_modes < 0:
-            raise ValueError(f"n_modes must be an integer >= 0, got {n_modes!r}")
-        self.n_modes = int(n_modes)
+            if n_modes > MAX_MODES:
+                raise ValueError(
+                    f"CircleAttention: β‖QᵀK‖₂ = {r_max:.4g} needs n_modes = {n_modes} Fourier "
+                    f"modes for the truncation error {tol:.3g}, above MAX_MODES = {MAX_MODES} "
+                    f"(each field costs O(N·n_modes) sequential steps; from n_modes ~ N the "
+                    f"dense field is cheaper). Pass n_modes={n_modes} to accept that cost (or "
+                    f"a smaller n_modes, or a larger tol, for a coarser field), or use "
+                    f"jaxdyn.SphereAttention on d = 2 (dense, O(N²))")
+        self.n_modes = check_integer("n_modes", n_modes, minimum=0, integral_floats=True)
 
     def sums(self, x):
         """(D, Nc, r) at the queries x (N, 2) against the keys x̂_j = x_j/|x_j|, scaled by e^{−r_i}.

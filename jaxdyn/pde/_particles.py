@@ -14,13 +14,39 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_cloud, check_density, check_integer
+
 __all__ = ["sample_density", "quantile_points", "angles", "kde_circle", "w1_circle", "w1_circle_densities",
            "empirical_modes", "histogram_circle"]
 
 
-def _cdf_nodes(rho):
-    """Cumulative mass at the cell edges θ_j − h/2 (j = 0..M), normalised to 1."""
-    rho = np.asarray(rho, float)
+def _points(name, x):
+    """Points of S¹ (..., N, 2), N >= 1, finite: as a float64 NumPy array (a ValueError otherwise)."""
+    check_cloud(name, x)
+    if np.shape(x)[-1] != 2:
+        raise ValueError(f"{name} must hold points of S¹ in the plane, shape (..., N, 2), got "
+                         f"shape {tuple(np.shape(x))}")
+    return np.asarray(x, float)
+
+
+def _cells(m):
+    """The number of cells M, an integer >= 1 (a ValueError otherwise)."""
+    return check_integer("m (number of cells)", m, minimum=1, integral_floats=True)
+
+
+def _cdf_nodes(rho, name="rho"):
+    """Cumulative mass at the cell edges θ_j − h/2 (j = 0..M), normalised to 1.
+
+    Returns:
+      (the (M + 1,) cumulative masses, the cell width h).
+
+    Raises:
+      ValueError: ``rho`` not 1-D, not finite, negative somewhere or of zero mass.
+    """
+    rho = check_density(name, rho)
+    if rho.ndim != 1:
+        raise ValueError(f"{name} must be the (M,) cell averages of one density, got shape "
+                         f"{rho.shape}")
     m = rho.shape[-1]
     h = 2 * math.pi / m
     cum = np.concatenate([[0.0], np.cumsum(rho) * h])
@@ -34,12 +60,16 @@ def sample_density(key, rho, n: int):
 
     Args:
       key: a ``jax.random`` key.
-      rho: (M,) cell averages (≥ 0, any positive mass).
-      n: the number of points.
+      rho: (M,) cell averages (finite, ≥ 0, any positive mass).
+      n: the number of points (an integer ≥ 0).
 
     Returns:
       (n, 2) NumPy float64 points.
+
+    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a ``rho`` that is not
+    finite, negative somewhere or of zero mass, and an ``n`` that is not an integer ≥ 0.
     """
+    n = check_integer("n", n, minimum=0)
     cdf, h = _cdf_nodes(rho)
     u = np.asarray(jax.random.uniform(key, (n,), dtype=jnp.float64 if jax.config.jax_enable_x64
                                        else jnp.float32), float)
@@ -57,12 +87,16 @@ def quantile_points(rho, n: int):
     O(n^{-1/2}) noise of i.i.d. samples: a perturbation of size ε ≪ n^{-1/2} survives.
 
     Args:
-      rho: (M,) cell averages.
-      n: the number of points.
+      rho: (M,) cell averages (finite, ≥ 0, any positive mass).
+      n: the number of points (an integer ≥ 0).
 
     Returns:
       (n, 2) NumPy float64 points.
+
+    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a ``rho`` that is not
+    finite, negative somewhere or of zero mass, and an ``n`` that is not an integer ≥ 0.
     """
+    n = check_integer("n", n, minimum=0)
     cdf, h = _cdf_nodes(rho)
     u = (np.arange(n) + 0.5) / n
     j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
@@ -83,8 +117,11 @@ def empirical_modes(x, ks):
 
     Returns:
       (..., len(ks)) NumPy float64 amplitudes.
+
+    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses an ``x`` that is not
+    (..., N, 2) with N ≥ 1, or not finite.
     """
-    x = np.asarray(x, float)
+    x = _points("x", x)
     th = angles(x.reshape(-1, x.shape[-2], 2))
     ks = np.asarray(ks)
     out = np.stack([np.abs(_emp_coefficients(t, ks)) for t in th])
@@ -103,8 +140,12 @@ def histogram_circle(x, m: int):
 
     Returns:
       (..., M) NumPy float64 cell averages.
+
+    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses an ``x`` that is not
+    (..., N, 2) with N ≥ 1, or not finite, and an ``m`` that is not an integer ≥ 1.
     """
-    x = np.asarray(x, float)
+    m = _cells(m)
+    x = _points("x", x)
     h = 2 * math.pi / m
     th = angles(x.reshape(-1, x.shape[-2], 2))
     j = np.floor(np.mod(th + h / 2, 2 * math.pi) / h).astype(int) % m
@@ -138,7 +179,17 @@ def kde_circle(x, m: int, bandwidth: float):
 
     Returns:
       (M,) NumPy float64 cell averages.
+
+    Raises:
+      ValueError: ``x`` not (n, 2) with n ≥ 1, or not finite; ``m`` not an integer ≥ 1; a
+        bandwidth that is not finite and ≥ 0.
     """
+    m = _cells(m)
+    x = _points("x", x)
+    if x.ndim != 2:
+        raise ValueError(f"x must be one cloud of shape (n, 2), got shape {x.shape}")
+    if not (np.ndim(bandwidth) == 0 and math.isfinite(float(bandwidth)) and float(bandwidth) >= 0):
+        raise ValueError(f"bandwidth must be a finite number >= 0 (radians), got {bandwidth!r}")
     th = angles(x)
     n = np.arange(m // 2 + 1)
     emp = _emp_coefficients(th, n)
@@ -205,12 +256,19 @@ def w1_circle(rho, x):
     c is computed exactly).
 
     Args:
-      rho: (M,) cell averages (piecewise constant on cells, normalised to mass 1).
+      rho: (M,) cell averages (piecewise constant on cells; finite, ≥ 0, normalised to mass 1).
       x: (n, 2) points.
 
     Returns:
       W1 as a Python float.
+
+    Raises:
+      ValueError: ``rho`` not finite, negative somewhere or of zero mass; ``x`` not (n, 2) with
+        n ≥ 1, or not finite.
     """
+    x = _points("x", x)
+    if x.ndim != 2:
+        raise ValueError(f"x must be one cloud of shape (n, 2), got shape {x.shape}")
     cdf, h = _cdf_nodes(rho)
     m = len(cdf) - 1
     th = np.sort(np.mod(angles(x) + h / 2, 2 * math.pi))  # measured from the first edge
@@ -225,9 +283,9 @@ def w1_circle(rho, x):
     return _circular_w1(seg, f_lo, f_hi)[0]
 
 
-def _cdf_at(rho, theta):
+def _cdf_at(rho, theta, name="rho"):
     """Mass of the piecewise-constant density in [−h/2, θ] for any real θ (each turn adds 1)."""
-    cdf, h = _cdf_nodes(rho)
+    cdf, h = _cdf_nodes(rho, name)
     m = len(cdf) - 1
     u = np.asarray(theta) + h / 2
     turns = np.floor(u / (2 * math.pi))
@@ -241,17 +299,22 @@ def w1_circle_densities(rho_a, rho_b):
     difference of the CDFs is linear between the merged cell edges.
 
     Args:
-      rho_a: (M_a,) cell averages.
-      rho_b: (M_b,) cell averages.
+      rho_a: (M_a,) cell averages (finite, ≥ 0, positive mass; normalised to 1 here).
+      rho_b: (M_b,) cell averages (the same).
 
     Returns:
       W1 as a Python float.
+
+    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a density that is not
+    finite, negative somewhere or of zero mass.
     """
+    rho_a, rho_b = check_density("rho_a", rho_a), check_density("rho_b", rho_b)
     ma, mb = np.shape(rho_a)[-1], np.shape(rho_b)[-1]
     ha, hb = 2 * math.pi / ma, 2 * math.pi / mb
     o = -ha / 2
     eb = (np.arange(mb + 1) - 0.5) * hb
     eb = np.mod(eb - o, 2 * math.pi) + o
     knots = np.unique(np.concatenate([o + np.arange(ma + 1) * ha, eb, [o, o + 2 * math.pi]]))
-    d = (_cdf_at(rho_a, knots) - _cdf_at(rho_a, o)) - (_cdf_at(rho_b, knots) - _cdf_at(rho_b, o))
+    d = ((_cdf_at(rho_a, knots, "rho_a") - _cdf_at(rho_a, o, "rho_a"))
+         - (_cdf_at(rho_b, knots, "rho_b") - _cdf_at(rho_b, o, "rho_b")))
     return _circular_w1(np.diff(knots), d[:-1], d[1:])[0]

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_times
+from .._checks import check_integer, check_times
 from .._results import RESULTS, Solution, error_if_failed, stat
 from ._circle import CircleDensity, cfl_dt
 from ._sphere2 import sphere_cfl_dt
@@ -31,8 +31,8 @@ class DensitySolution(Solution):
       rho: (S, M) (S¹) or (S, n_lat, n_lon) (S²) cell averages of ρ at those times
         (S¹: ∫ρ dθ = h Σ_j ρ_j).
       result: ``successful``, ``nonfinite``, ``invalid_input`` (traced inputs out of range:
-        ρ0 negative or not finite, β ≤ 0, σ < 0, ``ts``/``t1``/``dt`` not valid; ``rho`` is then
-        not a solution), or diffrax's codes (``max_steps_reached``, ...).
+        ρ0 negative or not finite, β ≤ 0, σ < 0, ``ts``/``t1``/``dt`` not valid, ``ts`` past
+        ``t1``; ``rho`` is then not a solution), or diffrax's codes (``max_steps_reached``, ...).
       stats: ``num_steps`` (steps attempted: accepted + rejected), ``num_accepted_steps``,
         ``dt`` (the step of the fixed-step method; the first step of the adaptive ones),
         ``mass_error`` (max over saved times of |mass − mass of rho0|), ``min_rho`` (min over saved
@@ -72,11 +72,13 @@ def _solve(model, rho0, ts, t1, dt, cfl, method, max_steps, rtol, atol, traced):
     # the solve then runs on stand-in times and step (diffrax's own checks stay quiet, the
     # step count bounded)
     checks = {"rho0": lambda: jnp.all(jnp.isfinite(rho0)) & jnp.all(rho0 >= 0),
-              "model": lambda: (model.beta > 0) & (model.sigma >= 0),
+              "model": lambda: ((model.beta > 0) & jnp.isfinite(model.beta) & (model.sigma >= 0)
+                                & jnp.isfinite(model.sigma)),
               "ts": lambda: (jnp.all(jnp.isfinite(ts)) & jnp.all(ts[1:] >= ts[:-1]) & (ts[0] >= 0)
                              & (ts[-1] > 0)),
               "t1": lambda: (t1 > 0) & jnp.isfinite(t1),
-              "dt": lambda: (dt > 0) & jnp.isfinite(dt)}
+              "dt": lambda: (dt > 0) & jnp.isfinite(dt),
+              "ts_t1": lambda: ts[-1] <= t1}
     valid = None
     for name in traced:
         valid = checks[name]() if valid is None else valid & checks[name]()
@@ -125,7 +127,8 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
         ``jax.vmap`` sweeps β, σ).
       rho0: (M,) (S¹) or (n_lat, n_lon) (S²) cell averages, finite and ≥ 0 (a probability
         density: h Σ ρ0 = 1 for the usual scaling).
-      t1: the final time (> 0); with ``ts`` given, only checked.
+      t1: the final time (> 0); with ``ts`` given, only checked (``ts`` must end at or before
+        it).
       ts: saved times, non-decreasing, ≥ 0, the last > 0 (default: ``n_save`` times evenly
         spaced on [0, t1]; ``n_save = 1``: t1 alone). The solve runs from 0 to the last of them.
       n_save: number of saved times when ``ts`` is not given (an integer ≥ 1, static).
@@ -136,7 +139,7 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
       cfl: the CFL number of the default step.
       method: ``"heun"`` (fixed step, SSP, positivity-preserving), ``"tsit5"``/``"dopri5"``
         (adaptive, ``rtol``/``atol``; ``dt`` is the first step; positivity not guaranteed).
-      max_steps: diffrax's bound on the number of steps (static).
+      max_steps: diffrax's bound on the number of steps (static, an integer ≥ 1).
       rtol: relative tolerance of the adaptive methods.
       atol: absolute tolerance of the adaptive methods.
       throw: raise (also under jit, through ``eqx.error_if``) if the solve is not successful.
@@ -145,17 +148,21 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
       :class:`DensitySolution` (``ts``, ``rho`` (S, ...), ``result``, ``stats``).
 
     Raises:
-      ValueError: an unknown method, ``rho0`` of the wrong shape, or concrete inputs out of
-        range (ρ0 negative or not finite, t1 ≤ 0, ``n_save`` < 1, ``ts`` not valid, dt ≤ 0).
+      ValueError: an unknown method, ``rho0`` of the wrong shape, ``max_steps`` not an integer
+        ≥ 1, or concrete inputs out of range (ρ0 negative or not finite, t1 ≤ 0, ``n_save``
+        < 1, ``ts`` not valid or past t1, dt ≤ 0).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
+    max_steps = check_integer("max_steps", max_steps, minimum=1)
     dtype = model.beta.dtype
     # the inputs the program checks (traced: out-of-range values flagged); the others are
     # checked here, on the host
     traced = tuple(name for name, value in (
         ("rho0", rho0), ("model", (model.beta, model.sigma)), ("ts", t1 if ts is None else ts),
-        ("t1", t1), ("dt", cfl if dt is None else dt)) if not all(map(_concrete, jax.tree.leaves(value))))
+        ("t1", t1), ("dt", cfl if dt is None else dt),
+        ("ts_t1", () if ts is None else (ts, t1)))
+        if not all(map(_concrete, jax.tree.leaves(value))))
     if np.shape(rho0) != tuple(model.shape):
         raise ValueError(f"rho0 must have shape {tuple(model.shape)} (the model's grid), got {np.shape(rho0)}")
     if _concrete(rho0):
@@ -185,6 +192,10 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
             raise ValueError(f"ts must end after t = 0 (rho0 is the density at t = 0), got {host_ts}")
         check_times(0.0, host_ts[-1], host_ts, dt if dt is not None and _concrete(dt) else None,
                      name="ts")
+        if _concrete(t1) and host_ts[-1] > float(t1):
+            raise ValueError(f"ts must end at or before t1 = {float(t1)!r} (the solve runs to the "
+                             f"last saved time), got a last time {float(host_ts[-1])!r}; raise t1 or "
+                             "drop the times after it")
     elif dt is not None and _concrete(dt) and not float(dt) > 0:
         raise ValueError(f"the step dt must be > 0, got {float(dt)!r}")
     if dt is None and _concrete(cfl) and not float(cfl) > 0:

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_integer
 from ._circle import check_temperature, check_weights
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
@@ -90,8 +91,9 @@ class SphereDensity(eqx.Module):
       n_lat, n_lon, normalization, kernel: static settings (``kernel`` resolved).
 
     Raises:
-      ValueError: a weight not 3 × 3, β or σ not a scalar, a concrete β ≤ 0 or σ < 0, a grid
-        too small, an unknown option, or ``kernel="fft"`` with a concrete B that is not axial.
+      ValueError: a weight not 3 × 3, a concrete Q or K not finite, β or σ not a scalar, a concrete β
+        not finite and > 0 or σ not finite and ≥ 0, ``n_lat``/``n_lon`` not integers ≥ 4/≥ 8,
+        an unknown option, or ``kernel="fft"`` with a concrete B that is not axial.
     """
 
     Q: jax.Array
@@ -107,8 +109,8 @@ class SphereDensity(eqx.Module):
     def __init__(self, Q, K, V, beta, n_lat, n_lon, *, sigma=0.0, normalization="softmax",
                  kernel="auto", dtype=None):
         Q, K, V, dtype, (hq, hk, _) = check_weights(Q, K, V, 3, dtype, "on S²")
-        if n_lat < 4 or n_lon < 8:
-            raise ValueError(f"grid too small: n_lat >= 4 and n_lon >= 8 needed, got {n_lat}, {n_lon}")
+        n_lat = check_integer("n_lat (colatitude cells)", n_lat, minimum=4, integral_floats=True)
+        n_lon = check_integer("n_lon (longitude cells)", n_lon, minimum=8, integral_floats=True)
         if normalization not in ("softmax", "unnormalized"):
             raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
         if kernel not in ("auto", "dense", "fft"):
