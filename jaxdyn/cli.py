@@ -6,7 +6,9 @@
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR [--movie]                            redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
-    jaxdyn run CONFIG --out DIR --distributed              one process of several (jax.distributed)
+    jaxdyn run CONFIG --out DIR --distributed              one process of several (jax.distributed;
+                                                          --distributed-timeout SECONDS bounds
+                                                          the wait for the others)
 
 Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
 as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
@@ -90,20 +92,67 @@ def _prepare_precision(raw):
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 
+def _init_stalled(seconds: float):
+    """The watchdog's end of a cluster that did not form: one line, exit 2, no native abort."""
+    print(f"jaxdyn: error: --distributed: the cluster did not form within {seconds:g} s after "
+          "every process checked in (a process that stopped, or a network that blocks the "
+          "processes' ports); wait longer with --distributed-timeout", file=sys.stderr, flush=True)
+    os._exit(EXIT_BAD_INPUT)
+
+
+def _join_cluster(timeout_option):
+    """Check in with the other processes, then join the JAX cluster within a bounded wait.
+
+    The check-in (:func:`jaxdyn.experiments.processes.rendezvous`) names a port in use, a
+    duplicated id, counts that disagree and the processes that never start; JAX's start-up
+    itself, which ends in a native abort after its own time-out, runs under a watchdog that
+    ends the process with one line first.
+
+    Args:
+      timeout_option: the ``--distributed-timeout`` option (None: the environment or 120 s).
+
+    Raises:
+      ConfigError: the cluster cannot form, or a bad timeout (the message names the cause).
+    """
+    import threading
+
+    from .config import ConfigError
+    from .experiments.processes import rendezvous, start_timeout
+    from .simulation import DistributedSetupError, cluster_from_env, initialize_distributed
+
+    timeout = start_timeout(timeout_option)
+    if "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
+        return
+    try:
+        env = cluster_from_env()
+        from .simulation._sharding import _backends_initialized
+
+        if _backends_initialized():
+            initialize_distributed()  # raises: JAX has already started in this process
+        if env:
+            rendezvous(env["coordinator_address"], env["num_processes"], env["process_id"], timeout)
+        watchdog = threading.Timer(timeout, _init_stalled, (timeout,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:  # JAX's own time-out later than the watchdog's
+            initialize_distributed(initialization_timeout=int(timeout) + 30)
+        finally:
+            watchdog.cancel()
+    except DistributedSetupError as e:
+        raise ConfigError(f"--distributed: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"--distributed: {e}") from None
+
+
 def _cmd_run(args):
     from .config import ConfigError, load_yaml
     from .io import CONFIG_FILE
 
     if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
-        from .simulation import DistributedSetupError, initialize_distributed
-
         if not (args.out or args.resume):
             raise ConfigError("--distributed needs --out DIR (or --resume DIR): the same folder "
                               "for every process")
-        try:
-            initialize_distributed()
-        except DistributedSetupError as e:
-            raise ConfigError(f"--distributed: {e}") from None
+        _join_cluster(args.distributed_timeout)
 
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise ConfigError("give either --out DIR or --resume DIR, not both")
@@ -213,6 +262,10 @@ def build_parser():
                    help="one of several processes (jax.distributed) running this config into the "
                         "same --out: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, "
                         "or a cluster JAX detects (SLURM); process 0 writes")
+    r.add_argument("--distributed-timeout", metavar="SECONDS",
+                   help="with --distributed: how long every process waits for the others to start "
+                        "and join (default 120; also JAXDYN_DISTRIBUTED_TIMEOUT); past it, one "
+                        "line names the processes missing")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="redraw the figures of a finished run from its saved results")
     rep.add_argument("dir")

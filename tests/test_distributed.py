@@ -426,3 +426,183 @@ def test_two_processes_many_segments_equal_one_process(tmp_path, n):
     assert got["mean_inner_product"].shape == (2, 1, 14)
     for v in want.data_vars:
         np.testing.assert_allclose(got[v].values, want[v].values, rtol=0, atol=1e-5, err_msg=v)
+
+
+# ---------------------------------------------------------------- kinds whose points split
+
+VARIANTS = {"kind": "variants", "name": "var", "d": 3, "n": 8, "t1": 1.0, "dt": 0.1,
+            "save_every": 2, "dtype": "float64",
+            "sweep": {"norm": ["postln", "preln", "periln"], "beta": [1.0, 4.0]}}
+PDE = {"kind": "pde", "name": "pde", "mode": "clusters", "m": 32, "t1": 2.0, "n_save": 5,
+       "particles": {"cluster_n": 200, "dtype": "float64"}, "sweep": {"beta": [1.0, 2.0, 3.0]}}
+
+POINTS_WORKER = """
+import os, signal, sys
+import yaml
+from jaxdyn.cli import main
+from jaxdyn.experiments import engine
+import jaxdyn.experiments
+kill = sys.argv[3] == "kill" and os.environ["JAX_PROCESS_ID"] == "1"
+
+def hook(ci):  # process 1 SIGKILLs itself once its first item has been gathered
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+run = engine.run_experiment
+jaxdyn.experiments.run_experiment = lambda *a, **k: run(*a, **k, compute_hook=hook)
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--quiet"]))
+"""
+
+
+def _points_run(tmp_path, cfg, mode="run"):
+    path = tmp_path / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / f"{cfg['name']}-{mode}"
+    cmd = [sys.executable, "-c", textwrap.dedent(POINTS_WORKER), str(path), str(out), mode]
+    return _finish(_launch([cmd, cmd], _free_port())), out
+
+
+@pytest.mark.slow  # two processes of each kind (about 30 s each on two shared cores)
+@pytest.mark.parametrize("cfg", [VARIANTS, PDE], ids=["variants", "pde"])
+def test_points_kinds_split_over_two_processes_equal_one_process(tmp_path, cfg):
+    """The variants and pde kinds deal their chunks out to the processes (process 1 computes
+    its own, process 0 writes them all) and give one process's Dataset, value for value (the
+    wall-clock seconds aside)."""
+    res, out = _points_run(tmp_path, cfg)
+    assert [r[0] for r in res] == [0, 0], [r[2][-3000:] for r in res]
+    assert "computing its share of the chunks" in res[1][1]
+    one = tmp_path / "one"
+    same = yaml.safe_load((tmp_path / f"{cfg['name']}.yaml").read_text())  # its sweep's order
+    assert run_experiment(same, one, progress=False, log=lambda *_: None).status == "ok"
+    got, want = _load(out), _load(one)
+    assert set(got.data_vars) == set(want.data_vars)
+    for v in want.data_vars:
+        if not v.endswith("seconds"):
+            xr.testing.assert_identical(got[v], want[v])
+
+
+@pytest.mark.slow
+def test_killed_process_of_a_points_kind_is_noticed(tmp_path):
+    """Process 1 of a variants run SIGKILLed after its first chunk: process 0 stops at the next
+    gather (ProcessLostError, exit 1, no data.nc, the finished chunks kept), and ``--resume``
+    in one process finishes the run."""
+    res, out = _points_run(tmp_path, VARIANTS, "kill")
+    (rc0, _, err0), (rc1, _, _) = res
+    assert rc1 == -signal.SIGKILL
+    assert rc0 == 1, err0[-3000:]
+    assert "another process of this run stopped" in err0 and "--resume" in err0, err0[-3000:]
+    assert not (out / "data.nc").exists()
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+    assert len(list((out / "chunks").glob("chunk_*.npz"))) == 2  # the first round's
+    r = run_experiment(yaml.safe_load((out / "config.yaml").read_text()), out, resume=True,
+                       progress=False, log=lambda *_: None)
+    assert r.status == "ok" and r.chunks_computed == 1
+
+
+# ---------------------------------------------------------------- start-up faults in one line
+
+
+def _check_in(specs, timeout=3.0, port=None):
+    """Run :func:`rendezvous` for ``(id, count)`` specs in threads; each one's error or None."""
+    import threading
+
+    from jaxdyn.experiments.processes import rendezvous
+
+    port = port or _free_port()
+    errors = [None] * len(specs)
+
+    def one(k, pid, count):
+        try:
+            rendezvous(f"127.0.0.1:{port}", count, pid, timeout)
+        except Exception as e:  # noqa: BLE001 - recorded for the assertions
+            errors[k] = e
+
+    threads = [threading.Thread(target=one, args=(k, *s)) for k, s in enumerate(specs)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout + 30)
+    return errors, port
+
+
+def test_check_in_names_every_start_up_fault():
+    """The processes check in with process 0 before JAX joins them: a good cluster goes on
+    (and leaves the port free for JAX's coordinator); counts that disagree, two processes with
+    one id, a process that never starts (either side), a port in use and another program at
+    the address each end every process concerned with a ClusterStartError naming the cause,
+    within the wait given."""
+    from jaxdyn.experiments.processes import ClusterStartError
+    from jaxdyn.simulation._distributed import check_coordinator_port
+
+    errors, port = _check_in([(0, 3), (1, 3), (2, 3)])
+    assert errors == [None, None, None]
+    check_coordinator_port(f"127.0.0.1:{port}")  # free again
+
+    errors, _ = _check_in([(0, 2), (1, 3)])
+    assert all(isinstance(e, ClusterStartError) for e in errors)
+    assert all("process 1 was started with JAX_NUM_PROCESSES=3 and process 0 with 2" in str(e)
+               for e in errors)
+
+    errors, _ = _check_in([(0, 3), (1, 3), (1, 3)])
+    assert all("two processes were started with JAX_PROCESS_ID=1" in str(e) for e in errors)
+
+    t0 = time.time()
+    errors, _ = _check_in([(0, 3), (1, 3)], timeout=1.0)
+    assert time.time() - t0 < 10
+    assert all("process(es) 2 of 3 did not check in" in str(e) for e in errors), errors
+    assert "--distributed-timeout" in str(errors[0])
+
+    (e,), _ = _check_in([(1, 2)], timeout=1.0)
+    assert "process 0 at 127.0.0.1:" in str(e) and "did not answer within 1 s" in str(e)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        (e,), _ = _check_in([(0, 2)], port=busy.getsockname()[1])
+        assert "is in use on this host" in str(e) and "JAX_PROCESS_ID=0" in str(e)
+        (e,), _ = _check_in([(1, 2)], port=busy.getsockname()[1], timeout=1.0)
+        assert "is not a waiting process 0 of this run" in str(e)  # another program's port
+
+
+def test_start_timeout_option_and_environment(monkeypatch):
+    from jaxdyn.config import ConfigError
+    from jaxdyn.experiments.processes import START_TIMEOUT_ENV, start_timeout
+
+    monkeypatch.delenv(START_TIMEOUT_ENV, raising=False)
+    assert start_timeout() == 120.0 and start_timeout("2.5") == 2.5
+    monkeypatch.setenv(START_TIMEOUT_ENV, "30")
+    assert start_timeout() == 30.0 and start_timeout("5") == 5.0
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        with pytest.raises(ConfigError, match=f"--distributed-timeout={bad!r}: must be a positive"):
+            start_timeout(bad)
+    monkeypatch.setenv(START_TIMEOUT_ENV, "x")
+    with pytest.raises(ConfigError, match=f"{START_TIMEOUT_ENV}='x'"):
+        start_timeout()
+
+
+STALL_WORKER = """
+import sys, time
+import jaxdyn.simulation
+jaxdyn.simulation.initialize_distributed = lambda **k: time.sleep(60)  # JAX's start-up stalls
+from jaxdyn.cli import main
+sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--quiet",
+               "--distributed-timeout", "1.5"]))
+"""
+
+
+def test_stalled_cluster_start_ends_in_one_line(tmp_path):
+    """JAX's own start-up past the wait (it would abort natively after its time-out): the
+    watchdog ends the process with exit 2 and one line, without touching the folder."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    env = {**_env(_free_port(), 0, nproc=1)}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(STALL_WORKER), str(cfg),
+                        str(tmp_path / "o")], env=env, cwd=str(ROOT), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert time.time() - t0 < 30
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the cluster did not form within 1.5 s" in lines[0], p.stderr
+    assert not (tmp_path / "o").exists()

@@ -123,3 +123,28 @@ def test_resume_keeps_the_chunks_of_another_plan(tmp_path, monkeypatch):
     got, want = _load(out), _load(ref)
     for v in want.data_vars:
         np.testing.assert_allclose(got[v].values, want[v].values, rtol=0, atol=1e-6, err_msg=v)
+
+
+def test_points_split_items_and_records():
+    """A kind whose points split over processes: whole chunks are dealt out when there are at
+    least as many as processes, else contiguous parts of each chunk's points; a chunk's parts
+    packed, gathered and joined give its record."""
+    from types import SimpleNamespace
+
+    from jaxdyn.experiments import runner
+
+    run = SimpleNamespace(plan=SimpleNamespace(chunks=[[0, 1, 2], [3, 4], [5]]))
+    assert runner.work_items(run, [0, 1, 2], 2) == [(0, [0, 1, 2]), (1, [0, 1]), (2, [0])]
+    assert runner.work_items(run, [0], 2) == [(0, [0, 1]), (0, [2])]
+    assert runner.work_items(run, [2], 4) == [(2, [0])]
+    assert runner.work_items(run, [0, 1], 4) == [(0, [0, 1]), (0, [2]), (1, [0]), (1, [1])]
+    rows = np.arange(12.0).reshape(3, 4)
+    whole = {"a": rows, "ok": np.array([True, False, True]), "coord__t": np.arange(4.0)}
+    parts = [runner.unpack_record(runner.pack_record(
+        {"a": rows[s], "ok": whole["ok"][s], "coord__t": whole["coord__t"]}, {"a": ["t"], "ok": []}))
+        for s in (slice(0, 2), slice(2, 3))]
+    arrays, dims = runner.join_parts(parts)
+    assert dims == {"a": ["t"], "ok": []}
+    for k, v in whole.items():
+        np.testing.assert_array_equal(arrays[k], v)
+        assert arrays[k].dtype == v.dtype

@@ -136,7 +136,7 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
     kind = get_kind(cfg["kind"])
     procs = Processes.current()
     if not procs.writer:  # one line, then silence: process 0 reports
-        log(f"jaxdyn: {procs.describe()}: computing its share of every chunk of '{cfg['name']}'; "
+        log(f"jaxdyn: {procs.describe()}: computing its share of the chunks of '{cfg['name']}'; "
             f"process 0 writes {out_dir}")
         log, progress = (lambda *_: None), False
     warns = list(kind.check(cfg) or [])

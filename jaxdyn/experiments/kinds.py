@@ -28,7 +28,8 @@ KINDS = {
 }
 
 #: Members every kind defines in its ``schema`` module (loaded with the kind: no JAX).
-SCHEMA_MEMBERS = ("SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes")
+SCHEMA_MEMBERS = ("SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes",
+                  "process_split")
 #: Members every kind defines in its other modules, loaded on first use: name → module.
 LAZY_MEMBERS = {"run_points": "run", "step_functions": "run", "summarize": "summary",
                 "plot": "figures"}
@@ -95,6 +96,19 @@ class ExperimentKind(Protocol):
 
         Returns:
           Bytes.
+        """
+
+    def process_split(self, cfg: dict) -> str:
+        """How the processes of a ``jax.distributed`` run share the work (:mod:`.runner`).
+
+        Args:
+          cfg: the resolved config.
+
+        Returns:
+          ``"devices"``: every process runs every chunk and ``run_points`` shards its points over
+          the devices of all processes; ``"points"``: ``run_points`` uses this process's devices
+          only, and the engine deals the chunks (or parts of their points) out to the processes
+          and gathers the outputs to process 0.
         """
 
     def run_points(self, point_cfgs: list) -> tuple:

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import itertools
+import json
+import os
+import socket
+import time
 
 import numpy as np
 
@@ -31,6 +36,184 @@ class RunLockedError(ConfigError):
     def __init__(self, message: str, holder: str | None = None):
         super().__init__(message)
         self.holder = holder
+
+
+#: seconds every process waits for the others at start-up (``--distributed-timeout``, or the
+#: environment variable below)
+START_TIMEOUT_SECONDS = 120.0
+START_TIMEOUT_ENV = "JAXDYN_DISTRIBUTED_TIMEOUT"
+_HELLO = b"jaxdyn-rendezvous-1 "
+
+
+class ClusterStartError(ConfigError):
+    """The processes of a ``--distributed`` run cannot form their cluster (the message says why)."""
+
+
+def start_timeout(value=None) -> float:
+    """The start-up wait in seconds: ``value`` (the CLI option), else the environment, else 120.
+
+    Args:
+      value: the ``--distributed-timeout`` option (None when not given).
+
+    Returns:
+      Seconds (> 0).
+
+    Raises:
+      ConfigError: a value that is not a positive number (naming where it came from).
+    """
+    where = "--distributed-timeout"
+    if value is None:
+        value, where = os.environ.get(START_TIMEOUT_ENV, "").strip() or None, START_TIMEOUT_ENV
+    if value is None:
+        return START_TIMEOUT_SECONDS
+    try:
+        t = float(value)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ConfigError(f"{where}={value!r}: must be a positive number of seconds")
+    return t
+
+
+def _send(conn, obj):
+    conn.sendall(_HELLO + json.dumps(obj).encode() + b"\n")
+
+
+def _receive(conn, timeout: float):
+    """The message on ``conn`` (None: closed, garbled, not a jaxdyn process, or no answer in time)."""
+    conn.settimeout(timeout)
+    data = b""
+    try:
+        while not data.endswith(b"\n") and len(data) < 4096:
+            part = conn.recv(4096)
+            if not part:
+                break
+            data += part
+    except OSError:
+        return None
+    if not data.startswith(_HELLO):
+        return None
+    try:
+        msg = json.loads(data[len(_HELLO):])
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+def _listen(port: int):
+    """A listening socket on every interface at ``port``, or None where it is in use."""
+    families = [(socket.AF_INET6, ("::", port))] if socket.has_dualstack_ipv6() else []
+    for family, addr in families + [(socket.AF_INET, ("0.0.0.0", port))]:
+        try:
+            return socket.create_server(addr, family=family, dualstack_ipv6=family == socket.AF_INET6)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return None
+    raise OSError(errno.EADDRNOTAVAIL, "cannot listen on any interface")
+
+
+def rendezvous(address: str, count: int, pid: int, timeout: float):
+    """Every process of a ``--distributed`` run checks in with process 0 before JAX joins them.
+
+    JAX's own start-up waits for the missing, the duplicated or the miscounted process until
+    its time-out and then aborts every process natively, naming nothing. Here process 0 listens
+    on the coordinator's port, every other process sends it its ``JAX_PROCESS_ID`` and
+    ``JAX_NUM_PROCESSES``, and process 0 answers all once every id has checked in: all go on to
+    ``jax.distributed.initialize`` (on the same port, freed), or all stop with one line saying
+    why: a port in use, two processes with one id, counts that disagree, or the processes that
+    did not check in within ``timeout`` seconds.
+
+    Args:
+      address: ``HOST:PORT`` of process 0.
+      count: ``JAX_NUM_PROCESSES``.
+      pid: ``JAX_PROCESS_ID``.
+      timeout: seconds to wait for the others.
+
+    Raises:
+      ClusterStartError: the cluster cannot form (the message names the cause).
+    """
+    if count <= 1:
+        return
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    hint = f"(wait longer with --distributed-timeout or {START_TIMEOUT_ENV})"
+    if pid == 0:
+        srv = _listen(int(port))
+        if srv is None:
+            raise ClusterStartError(
+                f"JAX_COORDINATOR_ADDRESS={address}: port {port} is in use on this host (another "
+                "run's coordinator, a second process started with JAX_PROCESS_ID=0, or another "
+                "program); choose a free port")
+        _serve(srv, address, count, deadline, timeout, hint)
+    else:
+        _join(host.strip("[]"), int(port), address, count, pid, deadline, timeout, hint)
+
+
+def _serve(srv, address, count, deadline, timeout, hint):
+    peers, problem = {}, None
+    with srv:
+        srv.settimeout(0.5)
+        while len(peers) < count - 1 and problem is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [i for i in range(1, count) if i not in peers]
+                problem = (f"process(es) {', '.join(map(str, missing))} of {count} did not check in "
+                           f"with process 0 at {address} within {timeout:g} s: not started, "
+                           f"stopped, or given another JAX_COORDINATOR_ADDRESS {hint}")
+                break
+            try:
+                conn, _ = srv.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            msg = _receive(conn, min(5.0, max(left, 0.1)))
+            if msg is None:  # not one of ours
+                conn.close()
+                continue
+            i, n = msg.get("id"), msg.get("count")
+            if n != count:
+                problem = (f"process {i} was started with JAX_NUM_PROCESSES={n} and process 0 with "
+                           f"{count}: every process needs the same JAX_NUM_PROCESSES")
+            elif i in peers or i == 0:
+                problem = (f"two processes were started with JAX_PROCESS_ID={i}: every process "
+                           f"needs its own id, 0 to {count - 1}")
+            peers.setdefault(i, []).append(conn)
+        for conns in peers.values():
+            for conn in conns:
+                try:
+                    _send(conn, {"ok": problem is None, "error": problem})
+                    _receive(conn, 5.0)  # their close first: the port stays free for JAX
+                except OSError:
+                    pass
+                conn.close()
+    if problem is not None:
+        raise ClusterStartError(problem)
+
+
+def _join(host, port, address, count, pid, deadline, timeout, hint):
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ClusterStartError(f"process 0 at {address} did not answer within {timeout:g} s: "
+                                    f"not started, stopped, or another address {hint}")
+        try:
+            conn = socket.create_connection((host, port), timeout=min(5.0, left))
+        except OSError:
+            time.sleep(min(0.5, max(left, 0.0)))
+            continue
+        with conn:
+            try:
+                _send(conn, {"id": pid, "count": count})
+            except OSError:
+                continue
+            msg = _receive(conn, max(deadline - time.monotonic(), 1.0))
+        if msg is None:
+            raise ClusterStartError(
+                f"the process at {address} is not a waiting process 0 of this run: its cluster "
+                f"may have formed without this one (JAX_PROCESS_ID={pid} given to two "
+                "processes?), or the address is another program's")
+        if not msg.get("ok"):
+            raise ClusterStartError(f"process 0 stopped the start: {msg.get('error')}")
+        return
 
 
 class ProcessLostError(ConnectionError):
@@ -82,11 +265,15 @@ class Processes:
       writer: this process reads and writes the run folder (process 0, or the only one).
       failure: a refusal held back until the processes share it (several processes only: a
         single process raises at once).
+      index: this process's index in the cluster.
+      count: the cluster's process count.
     """
 
     multi: bool = False
     writer: bool = True
     failure: ConfigError | None = None
+    index: int = 0
+    count: int = 1
 
     @classmethod
     def current(cls) -> Processes:
@@ -99,7 +286,8 @@ class Processes:
 
         if not jax.distributed.is_initialized() or jax.process_count() == 1:
             return cls()
-        return cls(multi=True, writer=jax.process_index() == 0)
+        return cls(multi=True, writer=jax.process_index() == 0, index=jax.process_index(),
+                   count=jax.process_count())
 
     @staticmethod
     def describe() -> str:
@@ -151,6 +339,32 @@ class Processes:
             if lost is None:
                 raise
             raise lost from None
+
+    def gather_bytes(self, data: bytes) -> list:
+        """Every process's ``data`` (any length, empty allowed), in process order.
+
+        Args:
+          data: this process's bytes.
+
+        Returns:
+          One ``bytes`` per process, the same list on every process; a process lost meanwhile is
+          a :class:`ProcessLostError`.
+        """
+        if not self.multi:
+            return [bytes(data)]
+        sizes = self.gather([len(data)])[:, 0]
+        buf = np.zeros(max(int(sizes.max()), 1), np.uint8)
+        buf[:len(data)] = np.frombuffer(data, np.uint8)
+        from jax.experimental import multihost_utils
+
+        try:
+            rows = np.asarray(multihost_utils.process_allgather(buf, tiled=False)).reshape(len(sizes), -1)
+        except Exception as e:
+            lost = self.lost(e)
+            if lost is None:
+                raise
+            raise lost from None
+        return [rows[i, :int(n)].tobytes() for i, n in enumerate(sizes)]
 
     def agree_on_run(self, config_hash: str, resume: bool, n_chunks: int):
         """All processes start the run, or all refuse it.

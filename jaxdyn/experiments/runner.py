@@ -1,19 +1,31 @@
 """Running the chunks: the machine's limits, and the loop that computes and writes chunks.
 
-Every process computes every chunk it has not found on disk (with several processes a chunk's
-points are sharded over the devices of all of them) and the writer stores each one atomically
-as it finishes, so a killed run loses at most the chunk in flight. The loop checks for a signal
-between chunks, moves the progress bar within a chunk (:mod:`.progress`) and counts the time
-spent computing apart from compiling.
+The writer stores each chunk atomically as it finishes, so a killed run loses at most the chunk
+in flight. The loop checks for a signal between chunks, moves the progress bar within a chunk
+(:mod:`.progress`) and counts the time spent computing apart from compiling.
+
+With several processes the kind says how they share the work (``process_split``):
+
+* ``"devices"``: every process runs every chunk, whose points ``run_points`` shards over the
+  devices of all of them (one program across the cluster);
+* ``"points"``: ``run_points`` runs on this process's devices alone; the chunks still to
+  compute (or, when there are fewer chunks than processes, parts of each chunk's points) are
+  dealt out in rounds, one item per process, and after each round every process's outputs are
+  gathered to the writer, which stores the chunks completed. A process that stops is noticed
+  by the others at the round's gather.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import os
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+import numpy as np
 
 from .. import io as jio
 from . import folder
@@ -232,8 +244,132 @@ def compute_chunk(run: Run, ci: int, bar=None, position: int = 0) -> float:
     return (time.time() - t0) - (_compile_seconds() - c0)
 
 
+def process_split(run: Run) -> str:
+    """How the processes share the run's work: ``"devices"`` or ``"points"`` (module doc).
+
+    Args:
+      run: the run.
+
+    Returns:
+      The kind's answer for the run's config.
+
+    Raises:
+      RuntimeError: an answer that is neither (a bug of the kind).
+    """
+    split = run.kind.process_split(run.cfg)
+    if split not in ("devices", "points"):
+        raise RuntimeError(f"kind {run.cfg['kind']}: process_split gave {split!r}")
+    return split
+
+
+def work_items(run: Run, todo: list, n_proc: int) -> list:
+    """The items a ``"points"`` run deals out: ``(chunk, positions of its points)``, in order.
+
+    Whole chunks when there are at least as many as processes; else each chunk's points cut into
+    contiguous parts, so that every process gets an item where the points allow.
+
+    Args:
+      run: the run.
+      todo: the chunks to compute.
+      n_proc: the process count.
+
+    Returns:
+      The items.
+    """
+    parts = 1 if len(todo) >= n_proc else -(-n_proc // max(len(todo), 1))
+    items = []
+    for ci in todo:
+        n = len(run.plan.chunks[ci])
+        k = max(1, min(parts, n))
+        bounds = [round(j * n / k) for j in range(k + 1)]
+        items += [(ci, list(range(a, b))) for a, b in zip(bounds[:-1], bounds[1:])]
+    return items
+
+
+def pack_record(arrays: dict, dims: dict) -> bytes:
+    """A chunk record (:func:`.folder.chunk_record`) as bytes (NumPy's npz, no pickle)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{f"a__{k}": np.asarray(v) for k, v in arrays.items()},
+             dims=np.frombuffer(json.dumps(dims).encode(), np.uint8))
+    return buf.getvalue()
+
+
+def unpack_record(data: bytes) -> tuple[dict, dict]:
+    """The ``(arrays, dims)`` of :func:`pack_record`'s bytes."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        dims = json.loads(bytes(z["dims"]).decode())
+        return {k[3:]: z[k] for k in z.files if k.startswith("a__")}, dims
+
+
+def join_parts(parts: list) -> tuple[dict, dict]:
+    """One chunk's record from the records of its parts, in order (rows of vars stacked)."""
+    arrays0, dims = parts[0]
+    arrays = {k: (v if k.startswith("coord__") else np.concatenate([p[0][k] for p in parts]))
+              for k, v in arrays0.items()}
+    return arrays, dims
+
+
+def run_chunks_by_points(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable] = None):
+    """:func:`run_chunks` for a ``"points"`` kind with several processes (module doc).
+
+    Args:
+      run: the run.
+      tally: the finished chunks on entry; on return ``computed`` counts the chunks written
+        (writer) or the items computed (others).
+      bar: the progress bar (or None).
+      compute_hook: called with a chunk's index once this process has computed its item of it.
+    """
+    procs = run.processes
+    todo = [ci for ci in range(len(run.plan.chunks)) if ci not in tally.done]
+    items = work_items(run, todo, procs.count)
+    pending: dict = {}
+    t_start = time.time()
+    for r0 in range(0, len(items), procs.count):
+        check_interrupt()
+        procs.stop_if_preempted()
+        mine = items[r0 + procs.index] if r0 + procs.index < len(items) else None
+        data = b""
+        if mine is not None:
+            ci, pos = mine
+            idxs = [run.plan.chunks[ci][p] for p in pos]
+            pcs = [point_config(run.cfg, run.plan.points[i]) for i in idxs]
+            t0, c0 = time.time(), _compile_seconds()
+            with jprogress.within_chunk(_bar_sink(bar, len(tally.done) + tally.computed)):
+                outputs = run.kind.run_points(pcs)
+            data = pack_record(*folder.chunk_record(run.cfg["kind"], len(idxs), outputs))
+            tally.compute_seconds += (time.time() - t0) - (_compile_seconds() - c0)
+            if not procs.writer:
+                tally.computed += 1
+        got = procs.gather_bytes(data)
+        if mine is not None and compute_hook is not None:
+            compute_hook(mine[0])
+        if not procs.writer:
+            continue
+        for j, blob in enumerate(got):
+            if r0 + j >= len(items):
+                break
+            ci, pos = items[r0 + j]
+            pending.setdefault(ci, []).append(unpack_record(blob))
+            n_parts = sum(1 for it in items if it[0] == ci)
+            if len(pending[ci]) == n_parts:
+                arrays, dims = join_parts(pending.pop(ci))
+                jio.write_chunk(jio.chunk_path(run.out, ci), arrays,
+                                {"config_hash": run.config_hash, "points": run.plan.chunks[ci],
+                                 "dims": dims, "seconds": time.time() - t_start})
+                tally.computed += 1
+        if bar is not None:
+            bar.n = len(tally.done) + tally.computed
+            bar.refresh()
+            bar.set_postfix_str(f"{tally.computed} computed, {len(tally.done)} resumed, "
+                                f"{time.time() - t_start:.0f}s")
+    check_interrupt()
+
+
 def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable] = None):
     """Compute every chunk not in ``tally.done``, in order; the writer stores each.
+
+    With several processes and a kind whose points split over them (``process_split``
+    ``"points"``): :func:`run_chunks_by_points`.
 
     Args:
       run: the run.
@@ -241,6 +377,9 @@ def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable
       bar: the progress bar (or None).
       compute_hook: called with a chunk's index once it is computed (and written).
     """
+    if run.processes.multi and process_split(run) == "points":
+        run_chunks_by_points(run, tally, bar, compute_hook)
+        return
     t_start = time.time()
     for ci in range(len(run.plan.chunks)):
         check_interrupt()

@@ -16,7 +16,7 @@ slope of sqrt(log(β+1)/β) on the same β; (b) argmin_t W2 against log β (slop
 """
 
 from ..kinds import kind_exports
-from .schema import (BATCH_AXES, SCHEMA, W2_METHODS, check, estimate_bytes,
+from .schema import (BATCH_AXES, SCHEMA, W2_METHODS, check, estimate_bytes, process_split,
                      output_bytes, spectral_info)
 
 __getattr__, __all__ = kind_exports(__name__, ("W2_METHODS", "spectral_info"), lazy_extra={"analyse": "summary"})

@@ -124,6 +124,11 @@ def check(cfg):
     return warns
 
 
+def process_split(cfg):
+    """Several processes share each chunk: its systems are sharded over every process's devices."""
+    return "devices"
+
+
 def estimate_bytes(pc):
     """Memory of one ``concentration`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     return sc.estimate_bytes(pc)

@@ -40,7 +40,7 @@ Colour: the numerical blow-up time, and ``tr Σ(t1)`` where there is none.
 """
 
 from ..kinds import kind_exports
-from .schema import (BATCH_AXES, PHASE_SCHEMA, SCHEMA, check, estimate_bytes,
+from .schema import (BATCH_AXES, PHASE_SCHEMA, SCHEMA, check, estimate_bytes, process_split,
                      output_bytes, parameters)
 
 __getattr__, __all__ = kind_exports(__name__, ("PHASE_SCHEMA", "parameters"), lazy_extra={

@@ -179,6 +179,11 @@ def snapshot_index(pc):
     return np.asarray(sorted({int(np.argmin(np.abs(ts - s))) for s in want}))
 
 
+def process_split(cfg):
+    """Trajectories: systems sharded over every process's devices; phase diagrams: points dealt out."""
+    return "devices" if cfg["study"] == "trajectory" else "points"
+
+
 def estimate_bytes(pc):
     """Memory of one ``gaussian`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     item = 8 if pc["dtype"] == "float64" else 4

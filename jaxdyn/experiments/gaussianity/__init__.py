@@ -11,6 +11,6 @@ random weights, and a deliberately non-Gaussian map (``model: nongaussian``).
 """
 
 from ..kinds import kind_exports
-from .schema import BATCH_AXES, KEY_METRICS, MODELS, SCHEMA, check, estimate_bytes, output_bytes
+from .schema import BATCH_AXES, KEY_METRICS, MODELS, SCHEMA, check, estimate_bytes, process_split, output_bytes
 
 __getattr__, __all__ = kind_exports(__name__, ("MODELS", "KEY_METRICS"))

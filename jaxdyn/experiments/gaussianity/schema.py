@@ -111,6 +111,11 @@ def check(cfg):
     return []
 
 
+def process_split(cfg):
+    """Several processes share the chunks' points: each computes its own on its own devices."""
+    return "points"
+
+
 def estimate_bytes(pc):
     """Memory of one ``gaussianity`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     if pc["architecture"] != "bert":

@@ -23,6 +23,6 @@ one cloud's kernel density on the grid for the figure; the zonal growth rates.
 """
 
 from ..kinds import kind_exports
-from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
+from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, process_split, output_bytes
 
 __getattr__, __all__ = kind_exports(__name__)

@@ -88,6 +88,11 @@ def check(cfg):
     return warns
 
 
+def process_split(cfg):
+    """Several processes share the chunks' points: each computes its own on its own devices."""
+    return "points"
+
+
 def estimate_bytes(pc):
     """Memory of one ``pde`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     item = 8 if pc["dtype"] == "float64" else 4

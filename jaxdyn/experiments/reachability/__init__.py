@@ -23,6 +23,6 @@ curves, control profiles, and transfer W2 against N and L.
 """
 
 from ..kinds import kind_exports
-from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
+from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, process_split, output_bytes
 
 __getattr__, __all__ = kind_exports(__name__)

@@ -127,6 +127,11 @@ def check(cfg):
     return warns
 
 
+def process_split(cfg):
+    """Several processes share the chunks' points: each computes its own on its own devices."""
+    return "points"
+
+
 def estimate_bytes(pc):
     """Memory of one ``reachability`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     d = pc["d"]

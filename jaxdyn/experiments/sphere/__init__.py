@@ -11,6 +11,6 @@ the snapshots (``jaxdyn report DIR --movie``).
 """
 
 from ..kinds import kind_exports
-from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
+from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, process_split, output_bytes
 
 __getattr__, __all__ = kind_exports(__name__, lazy_extra={"movie": "figures"})

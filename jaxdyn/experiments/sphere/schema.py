@@ -33,6 +33,11 @@ def check(cfg):
     return sc.check_sphere(cfg)
 
 
+def process_split(cfg):
+    """Several processes share each chunk: its systems are sharded over every process's devices."""
+    return "devices"
+
+
 def estimate_bytes(pc):
     """Memory of one ``sphere`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
     # cluster statistics run afterwards in blocks of a fixed number of systems (run.py):

@@ -12,6 +12,6 @@ t = 0), and these points are time-dependent, noisy, or live in R^d.
 """
 
 from ..kinds import kind_exports
-from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, output_bytes
+from .schema import BATCH_AXES, SCHEMA, check, estimate_bytes, process_split, output_bytes
 
 __getattr__, __all__ = kind_exports(__name__)
