@@ -86,7 +86,6 @@ def _forward(q, k, v, c, q_block, k_block):
     return _unpad(out, n), _unpad(lse, n)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def attend(q, k, v, c, q_block: int = Q_BLOCK, k_block: int = K_BLOCK):
     """Softmax attention ``Σ_j softmax_j(q_i · k_j + c_j) v_j`` in tiles, forward and reverse.
 
@@ -99,8 +98,16 @@ def attend(q, k, v, c, q_block: int = Q_BLOCK, k_block: int = K_BLOCK):
         k_block: keys per tile.
 
     Returns:
-        (n, e) the averages.
+        (n, e) the averages, in the inputs' promoted dtype.
     """
+    dtype = jnp.result_type(q, k, v, c)
+    q, k, v, c = (jnp.asarray(a, dtype) for a in (q, k, v, c))
+    return _attend(q, k, v, c, int(q_block), int(k_block))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attend(q, k, v, c, q_block, k_block):
+    """:func:`attend` on inputs of one dtype (its custom derivative)."""
     return _forward(q, k, v, c, q_block, k_block)[0]
 
 
@@ -152,4 +159,4 @@ def _attend_bwd(q_block, k_block, res, g):
     return dq, _unpad(dk, m), _unpad(dv, m), _unpad(dc, m)
 
 
-attend.defvjp(_attend_fwd, _attend_bwd)
+_attend.defvjp(_attend_fwd, _attend_bwd)

@@ -1,0 +1,180 @@
+"""Measure-to-measure control: the kernel, the gradients, the replays, the statuses, and (slow)
+the Gaussian consistency with ``reach``, W2 against depth, and the replay at a finer step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdyn
+from jaxdyn.control import (
+    default_controls,
+    measure_control,
+    measure_flow,
+    measure_loss,
+    moment_controls,
+    replay,
+)
+from jaxdyn.control._measure_kernel import attend
+from jaxdyn.distances import w2_exact
+
+
+def _sphere(rng, n, d=3):
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _perturbed(model, d, n_layers, rng, scale=0.3):
+    c = default_controls(model, d, n_layers, jnp.float64)
+    c = {k: v + scale * rng.standard_normal(v.shape) for k, v in c.items()}
+    if model == "sphere":
+        c["beta"] = jnp.abs(c["beta"]) + 0.5
+    return c
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.float64, 1e-12)])
+def test_kernel_matches_dense_forward_and_reverse(dtype, tol):
+    rng = np.random.default_rng(0)
+    n, m, p, e = 37, 29, 3, 2  # sizes that are not multiples of the tiles
+    q, k, v, c = (jnp.asarray(rng.standard_normal(s), dtype)
+                  for s in [(n, p), (m, p), (m, e), (m,)])
+    g = jnp.asarray(rng.standard_normal((n, e)), dtype)
+
+    def dense(q, k, v, c):
+        return jax.nn.softmax(q @ k.T + c[None], axis=1) @ v
+
+    out = jax.jit(attend, static_argnums=(4, 5))(q, k, v, c, 8, 5)
+    np.testing.assert_allclose(out, dense(q, k, v, c), rtol=tol, atol=tol)
+    ga = jax.jit(jax.grad(lambda *a: jnp.sum(attend(*a, 8, 5) * g), argnums=(0, 1, 2, 3)))(
+        q, k, v, c)
+    gd = jax.jit(jax.grad(lambda *a: jnp.sum(dense(*a) * g), argnums=(0, 1, 2, 3)))(q, k, v, c)
+    for a, b in zip(ga, gd):
+        np.testing.assert_allclose(a, b, rtol=10 * tol, atol=10 * tol)
+
+
+def test_kernel_reverse_pass_holds_no_n_by_n_array():
+    # every intermediate of the reverse pass is at most a tile or a row stack
+    n, blk = 600, 64
+    x = jnp.ones((n, 3), jnp.float32)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(attend(x, x, x, jnp.zeros((n,)), blk,
+                                                            blk))))(x)
+
+    def subs(v):
+        if hasattr(v, "eqns"):
+            yield v
+        elif hasattr(getattr(v, "jaxpr", None), "eqns"):
+            yield v.jaxpr
+        elif isinstance(v, (tuple, list)):
+            for u in v:
+                yield from subs(u)
+
+    def sizes(jp):
+        for eqn in jp.eqns:
+            for var in eqn.outvars:
+                yield int(np.prod(var.aval.shape)) if hasattr(var.aval, "shape") else 0
+            for v in eqn.params.values():
+                for sub in subs(v):
+                    yield from sizes(sub)
+
+    assert max(sizes(jaxpr.jaxpr)) < n * n / 4
+
+
+@pytest.mark.parametrize("model", ["sphere", "euclidean"])
+def test_gradient_matches_central_differences(model):
+    """Each control family against central differences, float64, relative 1e-6."""
+    rng = np.random.default_rng(1)
+    n, d, n_layers = 10, 3, 2
+    x0, y = rng.standard_normal((n, d)), rng.standard_normal((n + 3, d)) + 0.5
+    if model == "sphere":
+        x0, y = _sphere(rng, n), _sphere(rng, n + 3)
+    c = _perturbed(model, d, n_layers, rng)
+    kw = dict(model=model, epsilon=0.05, sinkhorn_threshold=1e-13,
+              sinkhorn_max_iterations=20000, cost="jump", cost_weight=0.1, steps_per_layer=2,
+              q_block=4, k_block=4)
+
+    def f(cc):
+        return measure_loss(cc, x0, y, **kw)
+
+    vg = jax.jit(jax.value_and_grad(f))  # one program for the gradient and the differences
+    g = vg(c)[1]
+    for name in c:
+        v = np.asarray(c[name])
+        direction = rng.standard_normal(v.shape)
+        h = 1e-5
+        up = dict(c, **{name: jnp.asarray(v + h * direction)})
+        down = dict(c, **{name: jnp.asarray(v - h * direction)})
+        fd = (float(vg(up)[0]) - float(vg(down)[0])) / (2 * h)
+        an = float(jnp.sum(g[name] * direction))
+        assert abs(fd - an) <= 1e-6 * abs(fd), (name, fd, an)
+
+
+@pytest.mark.parametrize("model", ["sphere", "euclidean"])
+def test_flow_equals_simulate_layer_by_layer(model):
+    rng = np.random.default_rng(2)
+    x0 = _sphere(rng, 40) if model == "sphere" else rng.standard_normal((40, 3))
+    c = _perturbed(model, 3, 3, rng)
+    a = measure_flow(c, x0, model=model, steps_per_layer=4)
+    b = replay(c, x0, model=model, steps_per_layer=4)
+    assert a.shape == (4, 40, 3)
+    np.testing.assert_allclose(a, b, atol=1e-12)
+    if model == "sphere":
+        np.testing.assert_allclose(np.linalg.norm(a, axis=-1), 1.0, atol=1e-12)
+
+
+def test_flow_runs_under_jit_and_vmap():
+    rng = np.random.default_rng(3)
+    x0 = jnp.asarray(rng.standard_normal((3, 20, 2)))
+    c = _perturbed("euclidean", 2, 2, rng)
+    out = jax.jit(jax.vmap(lambda x: measure_flow(c, x, steps_per_layer=2)[-1]))(x0)
+    ref = measure_flow(c, x0[1], steps_per_layer=2)[-1]
+    np.testing.assert_allclose(out[1], ref, atol=1e-12)
+
+
+def test_moment_controls_are_the_layers_of_the_euclidean_model():
+    rng = np.random.default_rng(4)
+    c = _perturbed("euclidean", 2, 4, rng)
+    mc = moment_controls(c, t1=2.0)
+    l = 2  # t = 1.1 lies in layer 2 of [0, 2] cut into 4
+    np.testing.assert_allclose(mc["B"](1.1), c["K"][l].T @ c["Q"][l], atol=1e-14)
+    np.testing.assert_allclose(mc["A"](1.1), c["A"][l], atol=0)
+
+
+@pytest.mark.slow
+def test_measure_control_decreases_the_loss_and_reports_its_status():
+    rng = np.random.default_rng(5)
+    n = 24
+    x0 = rng.standard_normal((n, 2))
+    y = rng.standard_normal((n, 2)) * 0.5 + np.array([1.0, 0.0])
+    res = measure_control(x0, y, n_layers=2, model="euclidean", free=("A", "b", "V"),
+                          epsilon=0.05, adam_steps=10, lbfgs_steps=5, steps_per_layer=1,
+                          sinkhorn_threshold=1e-8)
+    hist = np.asarray(res.loss_history)
+    assert np.isfinite(hist[0]) and res.loss < hist[0] / 3
+    assert res.controls["A"].shape == (2, 2, 2) and res.xs.shape == (3, n, 2)
+    # 5 L-BFGS iterations do not reach a stationary point: the budget ran out
+    assert res.names == "not_converged" and int(res.stats["stop"]) == 2
+    assert res.num_steps == 15
+    w2 = w2_exact(np.asarray(res.xs[-1]), y).value
+    assert w2 < w2_exact(x0, y).value
+    # the same problem with a non-finite start: reported, not raised
+    bad = measure_control(x0, y, n_layers=2, model="euclidean", free=("A", "b", "V"),
+                          init={"A": np.full((2, 2, 2), 1e200)}, epsilon=0.05, adam_steps=10,
+                          lbfgs_steps=5, steps_per_layer=1, sinkhorn_threshold=1e-8)
+    assert bad.names == "nonfinite" and bad.status == jaxdyn.status_code("nonfinite")
+
+
+def test_host_checks_name_the_argument():
+    x = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="model"):
+        measure_control(x, x, n_layers=2, model="torus")
+    u = _sphere(np.random.default_rng(0), 5)
+    with pytest.raises(ValueError, match="free"):
+        measure_control(u, u, n_layers=2, model="sphere", free=("A",))
+    with pytest.raises(ValueError, match="unit rows"):
+        measure_control(x + 2.0, x + 2.0, n_layers=2, model="sphere")
+    with pytest.raises(ValueError, match="target"):
+        measure_control(x, np.zeros((5, 2)), n_layers=2)
+    with pytest.raises(ValueError, match="n_layers"):
+        measure_control(x, x, n_layers=0)
+    with pytest.raises(ValueError, match="shape"):
+        measure_flow({"Q": np.zeros((2, 3, 3)), "V": np.zeros((3, 3, 3))}, x)
