@@ -176,5 +176,7 @@ def test_host_checks_name_the_argument():
         measure_control(x, np.zeros((5, 2)), n_layers=2)
     with pytest.raises(ValueError, match="n_layers"):
         measure_control(x, x, n_layers=0)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="one L"):
         measure_flow({"Q": np.zeros((2, 3, 3)), "V": np.zeros((3, 3, 3))}, x)
+    with pytest.raises(ValueError, match="must have shape"):
+        measure_flow({"Q": np.zeros((2, 3, 2))}, x)
