@@ -80,7 +80,7 @@ def _check_positive(name, v, allow_none=True):
     arr = np.asarray(v)
     if (arr.shape != () or not np.issubdtype(arr.dtype, np.number) or not float(arr) > 0
             or not math.isfinite(float(arr))):
-        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        raise ValueError(f"{name} must be a positive number (finite), got {v!r}")
 
 
 def _warn_vacuous_epsilon(x, y, epsilon: float) -> None:
