@@ -1,6 +1,6 @@
 """A β sweep on S²: one vmapped simulation per β, mean pairwise inner product against depth.
 
-    python examples/beta_sweep.py --out figures/
+Run: ``python examples/beta_sweep.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax
@@ -19,6 +19,7 @@ models = jaxdyn.stack_models([jaxdyn.SphereAttention(I, I, I, beta=b) for b in b
 
 
 def run(model):
+    """One β: the trajectory's times, mean inner product and status."""
     traj = jaxdyn.simulate(model, x0, t1=10.0, dt=0.1, method="rk4", save_every=5)
     ip = jnp.einsum("snd,smd->snm", traj.xs, traj.xs).mean(axis=(1, 2))  # 1 = one cluster
     return traj.ts, ip, traj.status

@@ -1,6 +1,6 @@
 """The density solver on S¹: ρ(θ, t) from a perturbed uniform density breaks into k* clusters.
 
-    python examples/density_solver.py --out figures/
+Run: ``python examples/density_solver.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax

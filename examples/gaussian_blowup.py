@@ -1,6 +1,6 @@
 """A Gaussian blow-up: the moment ODE of Paper B reaches a pole at T*, against its closed form.
 
-    python examples/gaussian_blowup.py --out figures/
+Run: ``python examples/gaussian_blowup.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax.numpy as jnp

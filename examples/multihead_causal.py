@@ -1,6 +1,6 @@
 """Multi-head causal attention on S²: 4 heads with and without a causal mask.
 
-    python examples/multihead_causal.py --out figures/
+Run: ``python examples/multihead_causal.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax

@@ -1,6 +1,6 @@
 """A noisy run on S²: dx_i = P⊥(x_i) V Σ_j w_ij x_j dt + σ P⊥(x_i) ∘ dW_i for three σ.
 
-    python examples/noisy_run.py --out figures/
+Run: ``python examples/noisy_run.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax
@@ -17,6 +17,7 @@ sigmas = jnp.array([0.0, 0.2, 0.4])
 
 
 def run(sigma):
+    """One σ: the saved times and the mean inner product."""
     # geodesic Euler–Maruyama: on the sphere by construction; step k's increments come from
     # fold_in(key, k), so a run depends on its key alone
     sol = jaxdyn.simulate_sde(model, x0, jax.random.PRNGKey(1), sigma=sigma, t1=20.0, dt=0.05,

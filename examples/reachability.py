@@ -1,6 +1,6 @@
 """A reachability problem: optimised controls steer N(m0, S0) to a Gaussian target at t1 = 1.
 
-    python examples/reachability.py --out figures/
+Run: ``python examples/reachability.py --out figures/`` (default ``--out``: a new temporary folder).
 """
 
 import jax

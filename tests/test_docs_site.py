@@ -1,0 +1,209 @@
+"""The documentation site: it builds strictly, documents every public name, and renders.
+
+* ``mkdocs build --strict`` (no broken link or anchor, no missing API reference, no bad
+  docstring section) into a temporary build folder, once for this file; skipped when the
+  ``docs`` extra is not installed. ``JAXDYN_DOCS_SITE=DIR`` uses a site already built there
+  (``.ci/run`` builds it once and runs this file on it).
+* Every name of ``__all__`` of ``jaxdyn`` and of each subpackage has its entry in the API pages.
+* Headless Chromium (Debian's ``chromium``) opens the home page, one guide and one API page
+  from a local HTTP server and checks that their figures load and their equations are typeset
+  by MathJax (no TeX source left, no MathJax error); a screenshot of each is saved in the build
+  folder (``screenshots/``). Skipped when no browser is found (under ``CI=true`` as root,
+  ``apt-get install -y chromium`` is tried first).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs"))
+import hooks  # noqa: E402  (docs/hooks.py: the API pages' list of subpackages and names)
+
+sys.path.remove(str(ROOT / "docs"))
+
+PAGES = {"home": "", "guide": "guides/density/", "api": "api/kernels/"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    if os.environ.get("JAXDYN_DOCS_SITE"):
+        return Path(os.environ["JAXDYN_DOCS_SITE"])
+    try:
+        importlib.import_module("mkdocs")
+        importlib.import_module("mkdocstrings")
+        importlib.import_module("material")
+    except ImportError:
+        pytest.skip('the docs extra is not installed (pip install -e ".[docs]")')
+    out = tmp_path_factory.mktemp("docs-build") / "site"
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                        "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return out
+
+
+def test_site_builds_strictly(site):
+    for page in ["index.html", "math/index.html", "layout/index.html",
+                 "reproductions/index.html", "benchmarks/index.html"]:
+        assert (site / page).exists(), page
+    for sub in hooks.SUBPACKAGES:
+        assert (site / "api" / sub / "index.html").exists(), sub
+
+
+def _ids(html):
+    return set(re.findall(r'id="(jaxdyn\.[\w.]+)"', html))
+
+
+def test_every_public_name_has_an_api_entry(site):
+    missing = []
+    for sub in hooks.SUBPACKAGES:
+        ids = _ids((site / "api" / sub / "index.html").read_text())
+        module = importlib.import_module(f"jaxdyn.{sub}")
+        missing += [f"jaxdyn.{sub}.{n}" for n in module.__all__ if f"jaxdyn.{sub}.{n}" not in ids]
+    top = (site / "api" / "jaxdyn" / "index.html").read_text()
+    all_ids = set().union(*(_ids((site / "api" / s / "index.html").read_text())
+                            for s in hooks.SUBPACKAGES), _ids(top))
+    for name in hooks.public_names("jaxdyn"):
+        where = hooks.documented_at(name) or f"jaxdyn.{name}"
+        if where not in all_ids or f"<code>{name}</code>" not in top:
+            missing.append(f"jaxdyn.{name}")
+    assert not missing, missing
+
+
+@pytest.mark.xfail(reason="spectral, clusters and weights expose names outside their __all__",
+                   strict=False)
+def test_dir_matches_all():
+    """dir() of each subpackage holds no public name that its __all__ (the API pages) omits."""
+    leaks = {}
+    for sub in hooks.SUBPACKAGES:
+        module = importlib.import_module(f"jaxdyn.{sub}")
+        public = {n for n in dir(module) if not n.startswith("_")
+                  and not isinstance(getattr(module, n), types.ModuleType)}
+        if extra := sorted(public - set(module.__all__)):
+            leaks[sub] = extra
+    assert not leaks, leaks
+
+
+def _browser():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    if (os.environ.get("CI") == "true" and shutil.which("apt-get") and hasattr(os, "geteuid")
+            and os.geteuid() == 0):
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True,
+                       timeout=900, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        return shutil.which("chromium")
+    return None
+
+
+# Appended to a copy of each page: once MathJax and the fonts are ready, the page writes what
+# it shows into a <pre id="jaxdyn-check"> that --dump-dom returns.
+CHECK_SCRIPT = """
+<script>
+window.addEventListener("load", async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await document.fonts.ready;
+  const imgs = [...document.querySelectorAll("article img")];
+  const spans = [...document.querySelectorAll("article .arithmatex")];
+  const out = {
+    math: document.querySelectorAll("article mjx-container").length,
+    math_errors: document.querySelectorAll("mjx-merror").length,
+    untypeset: spans.filter((e) => !e.querySelector("mjx-container")).length,
+    fonts: [...document.fonts].filter((f) => f.status === "loaded" && /MJX/.test(f.family)).length,
+    images: imgs.length,
+    images_loaded: imgs.filter((i) => i.complete && i.naturalWidth > 0).length,
+  };
+  const pre = document.createElement("pre");
+  pre.id = "jaxdyn-check";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _chromium(browser, profile, *args):
+    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                           "--disable-dev-shm-usage", "--hide-scrollbars", "--no-first-run",
+                           f"--user-data-dir={profile}", "--window-size=1280,1600", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_pages_render_figures_and_equations(site, server, tmp_path):
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no headless browser (Debian's chromium package) on this machine")
+    shots = site.parent / "screenshots"
+    shots.mkdir(exist_ok=True)
+    for name, page in PAGES.items():
+        html = (site / page / "index.html").read_text()
+        (site / page / "check.html").write_text(html.replace("</body>", CHECK_SCRIPT + "</body>"))
+        p = _chromium(browser, tmp_path / f"profile-{name}", "--virtual-time-budget=15000",
+                      "--dump-dom", server + page + "check.html")
+        m = re.search(r'<pre id="jaxdyn-check">(.*?)</pre>', p.stdout)
+        assert m, (name, p.stderr[-2000:])
+        seen = json.loads(m.group(1))
+        assert seen["math"] >= 1 and seen["untypeset"] == 0 and seen["math_errors"] == 0, (name, seen)
+        assert seen["fonts"] >= 1, (name, seen)
+        assert seen["images_loaded"] == seen["images"], (name, seen)
+        if name != "api":
+            assert seen["images"] >= 1, (name, seen)
+        shot = shots / f"{name}.png"
+        _chromium(browser, tmp_path / f"profile-{name}-shot", "--timeout=5000",
+                  f"--screenshot={shot}", server + page)
+        assert shot.exists() and shot.stat().st_size > 50_000, (name, shot)
+
+
+def _python_blocks(page):
+    text = page.read_text()
+    for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M):
+        # the included examples run in tests/test_examples.py; the results-file block in
+        # tests/test_readme.py (it reads the quick start's run folder)
+        if "--8<--" not in m.group(1) and "runs/default" not in m.group(1):
+            yield text[: m.start()].count("\n") + 1, m.group(1)
+
+
+def test_docs_python_blocks_run(tmp_path, monkeypatch):
+    """Every python block written in a docs page (not an included example) runs as written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.chdir(tmp_path)
+    ran = 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        ns: dict = {}
+        for line, code in _python_blocks(page):
+            exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), ns)  # noqa: S102
+            ran += 1
+    assert ran >= 3
