@@ -207,3 +207,44 @@ def test_docs_python_blocks_run(tmp_path, monkeypatch):
             exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), ns)  # noqa: S102
             ran += 1
     assert ran >= 3
+
+
+def test_docs_commands_parse_and_resolve(capsys):
+    """Every `jaxdyn ...` line of the docs' bash blocks parses; every config it runs resolves."""
+    import shlex
+
+    from jaxdyn import cli
+    from jaxdyn.encoder_host import find_minilm
+
+    try:
+        find_minilm()
+        minilm = True
+    except FileNotFoundError:
+        minilm = False
+    checked = 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for m in re.finditer(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+            for line in m.group(1).splitlines():
+                words = shlex.split(line.split("#", 1)[0].rstrip(" &"))
+                while words and "=" in words[0] and not words[0].startswith("-"):
+                    words = words[1:]  # VAR=value prefixes
+                if words[:1] == ["srun"]:
+                    words = words[1:]
+                if words[:1] != ["jaxdyn"]:
+                    continue
+                args = words[1:]
+                try:
+                    cli.build_parser().parse_args(args)
+                except SystemExit:
+                    pytest.fail(f"{page.relative_to(ROOT)}: `{line}` does not parse: "
+                                f"{capsys.readouterr().err}")
+                configs = [a for a in args if a.startswith("configs/")]
+                if configs and (minilm or "minilm" not in configs[0]):
+                    sets = [x for i, x in enumerate(args) if i and args[i - 1] == "--set"]
+                    rc = cli.main(["config", str(ROOT / configs[0]),
+                                   *[w for s in sets for w in ("--set", s)]])
+                    assert rc == 0, (page, line, capsys.readouterr().err)
+                for path in re.findall(r"\b((?:configs|examples)/[\w./-]+)", line):
+                    assert (ROOT / path).exists(), (page, path)
+                checked += 1
+    assert checked >= 20
