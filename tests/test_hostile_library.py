@@ -22,7 +22,14 @@ import pytest
 
 import jaxdyn
 from jaxdyn import clusters, pde
-from jaxdyn.models import NGPT, DepthAttention, MultiHeadAttention, SphereAttention, stack_models
+from jaxdyn.models import (
+    NGPT,
+    DepthAttention,
+    MultiHeadAttention,
+    SphereAttention,
+    redrawn_weights,
+    stack_models,
+)
 
 I2, I3 = np.eye(2), np.eye(3)
 OK, INVALID = jaxdyn.status_code("successful"), jaxdyn.status_code("invalid_input")
@@ -228,6 +235,22 @@ REFUSED = {
                                     "x must hold clouds of at least 1 point"),
     "sample_density n 2.5": (lambda: pde.sample_density(jax.random.PRNGKey(0), RHO16, 2.5),
                              "n must be an integer >= 0, got 2.5"),
+    "perturbed_uniform m 4.5": (lambda: pde.perturbed_uniform(4.5, 0.1, jax.random.PRNGKey(0)),
+                                r"m \(number of cells\) must be an integer >= 4, got 4.5"),
+    "perturbed_uniform eps NaN": (lambda: pde.perturbed_uniform(16, np.nan, jax.random.PRNGKey(0)),
+                                  "eps must be finite"),
+    "uniform_density m 0": (lambda: pde.uniform_density(0),
+                            r"m \(number of cells\) must be an integer >= 1, got 0"),
+    "cos_mode k 2.5": (lambda: pde.cos_mode(16, 2.5), r"k \(the mode\) must be an integer, got 2.5"),
+    "linear_rates beta -1": (lambda: pde.linear_rates(-1.0, [1, 2]),
+                             r"beta \(inverse temperature\) must be > 0 and finite, got -1.0"),
+    "most_unstable_mode beta NaN": (lambda: pde.most_unstable_mode(np.nan),
+                                    r"beta \(inverse temperature\) must be > 0 and finite"),
+    "redrawn_weights n_periods 2.5": (
+        lambda: redrawn_weights({"ensemble": "gaussian", "scale": 1.0}, 3, 2.5),
+        "redrawn_weights: n_periods must be an integer >= 1, got 2.5"),
+    "redrawn_weights d 0": (lambda: redrawn_weights({"ensemble": "gaussian", "scale": 1.0}, 0, 2),
+                            r"redrawn_weights: d \(the dimension\) must be an integer >= 1, got 0"),
 }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..kernels._attention import HIGHEST
 from ..kernels._variants import heads_interaction
+from .._checks import check_integer
 from ._fields import AbstractAttentionModel, check_shape, kernel_options
 from ._heads import host_or_traced
 from ._params import Domain, float_dtype, parameter, to_array
@@ -193,13 +194,20 @@ def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=
       ``(Q, K, V)``, each of shape (n_periods, n_heads, d, d).
 
     Raises:
-      ValueError: for fewer than one period or head, or a weights section that cannot be built
+      ValueError: for a d, number of periods or heads that is not an integer >= 1, a spec that
+        is not a dict, or a weights section that cannot be built
         (``jaxdyn.weights.WeightsError``).
     """
     from ..weights import build_weights
 
-    if int(n_periods) < 1 or int(n_heads) < 1:
-        raise ValueError(f"n_periods and n_heads must be >= 1, got {n_periods}, {n_heads}")
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec must be a weights section (a dict), got {type(spec).__name__}")
+    try:
+        d = check_integer("d (the dimension)", d, minimum=1)
+        n_periods = check_integer("n_periods", n_periods, minimum=1)
+        n_heads = check_integer("n_heads", n_heads, minimum=1)
+    except ValueError as e:
+        raise ValueError(f"redrawn_weights: {e}") from None
     seed = spec.get("seed", 0)
     out = np.empty((3, n_periods, n_heads, d, d))
     for p in range(n_periods):

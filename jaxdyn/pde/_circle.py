@@ -87,12 +87,13 @@ def circle_grid(m: int, dtype=None):
     """Cell centres θ_j = j·2π/M (j = 0..M−1) and faces θ_{j+1/2} = θ_j + h/2.
 
     Args:
-      m: the number of cells M.
+      m: the number of cells M (an integer ≥ 1; a ValueError otherwise).
       dtype: the floating dtype (default: JAX's default float).
 
     Returns:
       (centres, faces): two (M,) arrays.
     """
+    m = check_integer("m (number of cells)", m, minimum=1, integral_floats=True)
     dtype = dtype or default_float()
     h = 2 * math.pi / m
     c = jnp.arange(m, dtype=dtype) * h
@@ -103,12 +104,13 @@ def uniform_density(m: int, dtype=None):
     """The uniform probability density 1/(2π) on M cells.
 
     Args:
-      m: the number of cells M.
+      m: the number of cells M (an integer ≥ 1; a ValueError otherwise).
       dtype: the floating dtype (default: JAX's default float).
 
     Returns:
       (M,) cell averages, all 1/(2π).
     """
+    m = check_integer("m (number of cells)", m, minimum=1, integral_floats=True)
     dtype = dtype or default_float()
     return jnp.full((m,), 1.0 / (2 * math.pi), dtype)
 
@@ -117,14 +119,15 @@ def cos_mode(m: int, k: int, dtype=None, phase=0.0):
     """Cell averages of cos(kθ + phase): sinc(k/M) cos(kθ_j + phase).
 
     Args:
-      m: the number of cells M.
-      k: the mode (an integer).
+      m: the number of cells M (an integer ≥ 1; a ValueError otherwise).
+      k: the mode (an integer; a ValueError otherwise).
       dtype: the floating dtype (default: JAX's default float).
       phase: the phase (radians).
 
     Returns:
       (M,) cell averages (the cell average of e^{ikθ} is sinc(k/M) e^{ikθ_j}).
     """
+    k = check_integer("k (the mode)", k, integral_floats=True)
     c, _ = circle_grid(m, dtype)
     return float(np.sinc(k / m)) * jnp.cos(k * c + phase)  # (a NumPy float64 scalar promoted float32)
 

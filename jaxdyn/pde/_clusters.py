@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_density, check_finite
+from .._checks import check_density, check_finite, check_integer
 
 __all__ = ["perturbed_uniform", "clusters", "cluster_counts", "first_clusters", "merge_times"]
 
@@ -48,9 +48,17 @@ def perturbed_uniform(m: int, eps, key, k_max=None):
 
     Returns:
       (M,) cell averages: NumPy float64 for concrete ``eps`` and ``key``, else a traced array of
-      JAX's default float.
+      JAX's default float (NaN for a traced ε that is not finite).
+
+    Raises:
+      ValueError: ``m`` not an integer ≥ 4 (at least one mode), ``k_max`` not an integer in
+        [1, M/2], or a concrete ε that is not finite.
     """
-    k_max = int(k_max or m // 4)
+    m = check_integer("m (number of cells)", m, minimum=4, integral_floats=True)
+    k_max = m // 4 if k_max is None else check_integer("k_max", k_max, minimum=1)
+    if k_max > m // 2:
+        raise ValueError(f"k_max must lie in [1, M/2] = [1, {m // 2}] for M = {m} cells, got {k_max}")
+    check_finite("eps", eps)
     ph = jax.random.uniform(key, (k_max,), minval=0.0, maxval=2 * math.pi)
     xp = jnp if _traced(eps, key) else np
     ph = ph if xp is jnp else np.asarray(ph, float)

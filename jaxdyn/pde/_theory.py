@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._circle import CircleDensity, cos_mode, mode_amplitude, uniform_density
+from .._checks import check_integer
+from ..models._params import check_domain
+from ._circle import BETA, SIGMA, CircleDensity, cos_mode, mode_amplitude, uniform_density
 
 __all__ = ["linear_rates", "most_unstable_mode", "growth_rate"]
 
@@ -30,10 +32,20 @@ def linear_rates(beta, ks, sigma=0.0, normalization="softmax"):
 
     Returns:
       NumPy float64 rates, the shape of ``ks``.
+
+    Raises:
+      ValueError: β not a finite number > 0, σ not a finite number ≥ 0, modes that are not
+        finite, or an unknown normalization.
     """
     from scipy.special import ive
 
+    if normalization not in ("softmax", "unnormalized"):
+        raise ValueError(f"normalization must be 'softmax' or 'unnormalized', got {normalization!r}")
+    check_domain("beta", beta, BETA)
+    check_domain("sigma", sigma, SIGMA)
     ks = np.asarray(ks, float)
+    if not np.all(np.isfinite(ks)):
+        raise ValueError(f"ks (the modes) must be finite, got {ks}")
     if normalization == "softmax":
         core = ks ** 2 / beta * ive(ks, beta) / ive(0, beta)
     else:
@@ -54,8 +66,16 @@ def most_unstable_mode(beta, k_max=None, sigma=0.0):
 
     Returns:
       k* as a Python int.
+
+    A ValueError (from the shared checks) refuses a β that is not a finite number > 0, a σ
+    that is not a finite number ≥ 0, and a ``k_max`` that is not an integer ≥ 1.
     """
-    k_max = k_max or int(10 + 4 * np.sqrt(2 * beta))
+    check_domain("beta", beta, BETA)
+    check_domain("sigma", sigma, SIGMA)
+    if k_max is not None:
+        k_max = check_integer("k_max", k_max, minimum=1)
+    else:
+        k_max = int(10 + 4 * np.sqrt(2 * float(beta)))
     ks = np.arange(1, k_max + 1)
     return int(ks[np.argmax(linear_rates(beta, ks, sigma=sigma))])
 
