@@ -57,7 +57,8 @@ COSTS = ("none", "jump", "energy")
 REACHED, STATIONARY, BUDGET, STALLED, NONFINITE = 0, 1, 2, 3, 4
 STOP_TEXT = {REACHED: "the target W2 was reached", STATIONARY: "the gradient norm met gtol",
              BUDGET: "the iteration budget ran out",
-             STALLED: "the loss stopped decreasing (L-BFGS found no decrease 5 times in a row)",
+             STALLED: "the loss stopped decreasing (L-BFGS found no decrease 5 times in a row, "
+                      "or its line search ended on a non-finite trial)",
              NONFINITE: "the loss or its gradient became non-finite (the last finite iterate "
                         "is returned)"}
 # L-BFGS stalls after this many iterations in a row without a relative decrease of STALL_RTOL
@@ -371,7 +372,7 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
                  epsilon: float = 1e-2, cost: str = "none", cost_weight: float = 0.0,
                  free: Optional[Sequence[str]] = None, steps_per_layer: int = 4,
                  checkpoints: Optional[int] = None, method: str = "rk4",
-                 sinkhorn_threshold: float = 1e-6, sinkhorn_max_iterations: int = 5000,
+                 sinkhorn_threshold: float = 1e-6, sinkhorn_max_iterations: int = 20000,
                  q_block: int = Q_BLOCK, k_block: int = K_BLOCK):
     r"""The control objective ``J(θ) = S_ε(μ_T, ν) + λ C(θ)`` of :func:`measure_control`.
 
@@ -528,7 +529,7 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
                     lbfgs_steps: int = 100, gtol: float = 1e-6, w2_tol: float = 0.0,
                     steps_per_layer: int = 4, checkpoints: Optional[int] = None,
                     method: str = "rk4", sinkhorn_threshold: float = 1e-6,
-                    sinkhorn_max_iterations: int = 5000, q_block: int = Q_BLOCK,
+                    sinkhorn_max_iterations: int = 20000, q_block: int = Q_BLOCK,
                     k_block: int = K_BLOCK, throw: bool = False) -> MeasureControlResult:
     r"""Optimise layer-wise constant attention weights that push the cloud ``x0`` onto ``target``.
 
@@ -726,13 +727,17 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
         upd, new_state = lbfgs.update(g, state, z, value=j, grad=g, value_fn=value)
         z_new = optax.apply_updates(z, upd)
         j_new = optax.tree_utils.tree_get(new_state, "value")
-        decreased = j_new < j - STALL_RTOL * jnp.abs(j)
+        g_new = optax.tree_utils.tree_get(new_state, "grad")
+        # a line search that ended on a non-finite trial found no usable step: stalled
+        trial_ok = jnp.isfinite(j_new) & jnp.all(jnp.isfinite(g_new))
+        decreased = trial_ok & (j_new < j - STALL_RTOL * jnp.abs(j))
         stall = jnp.where(decreased, 0, stall + 1).astype(jnp.int32)
+        stall = jnp.where(trial_ok, stall, STALL_COUNT).astype(jnp.int32)
         stop = jnp.where(~finite, NONFINITE, jnp.where(
             reached, REACHED, jnp.where(stationary, STATIONARY,
                                         jnp.where(stall >= STALL_COUNT, STALLED, -1))))
         stop = stop.astype(jnp.int32)
-        go = finite & ~reached & ~stationary
+        go = finite & ~reached & ~stationary & trial_ok
         k = 1 + adam_steps + it
         hist = (hist[0].at[k].set(jnp.where(go, j_new, j)),
                 hist[1].at[k].set(jnp.where(go, w2_of(j_new - lam * _cost_of(z_new)), w2)),

@@ -1,0 +1,104 @@
+"""Kind ``control``: loss and W2 against iterations, W2 against depth, particles, control heat maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ... import plots
+from .schema import MODEL_WEIGHTS, free_of, model_of
+from .summary import depth_rate, depth_table, iter_points, layers_of
+
+
+def _deepest(cfg, ds):
+    """(L, selection) of the point of largest L (its first seed)."""
+    best = None
+    for labels, sel in iter_points(ds):
+        L = layers_of(cfg, labels)
+        if best is None or L > best[0]:
+            best = (L, sel)
+    return best
+
+
+def plot(cfg, ds, out_dir):
+    """Draw the ``control`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
+    plt = plots.pyplot()
+    out_dir = Path(out_dir)
+    figs = []
+    model, d = model_of(cfg)
+    cmap = plt.get_cmap("viridis")
+    pts = list(iter_points(ds))
+    Ls = sorted({layers_of(cfg, lab) for lab, _ in pts})
+
+    # 1. loss and W2 against iterations
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for lab, sel in pts:
+        L = layers_of(cfg, lab)
+        c = cmap(Ls.index(L) / max(len(Ls) - 1, 1))
+        axes[0].semilogy(ds["loss_history"].isel(sel).values, color=c, lw=1, label=f"L = {L}")
+        axes[1].semilogy(ds["w2_history"].isel(sel).values, color=c, lw=1)
+    axes[0].set_ylabel("loss J")
+    axes[1].set_ylabel("W2 ≈ sqrt(S_ε)")
+    for ax in axes:
+        ax.set_xlabel("iteration (Adam, then L-BFGS)")
+        ax.axvline(cfg["adam_steps"], color="0.6", ls=":", lw=0.8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    axes[0].legend(uniq.values(), uniq.keys(), fontsize=7)
+    fig.suptitle(f"{cfg['problem']}: optimisation")
+    figs.append(plots.save(fig, out_dir / "loss_history.png"))
+
+    # 2. W2 against depth
+    rows = depth_table(cfg, ds)
+    fig, ax = plt.subplots(figsize=(4.8, 3.8))
+    for key, mk in (("w2_exact", "o-"), ("w2_sinkhorn", "s--")):
+        xs = [r["n_layers"] for r in rows if r[key]]
+        if xs:
+            ax.loglog(xs, [r[key] for r in rows if r[key]], mk, label=key.replace("_", " "))
+    if rows and rows[0]["w2_start"]:
+        ax.axhline(rows[0]["w2_start"], color="0.5", ls=":", lw=0.8, label="start")
+    slope = depth_rate(rows)
+    ax.set_title(f"W2 against depth (slope {slope:.2f})" if slope is not None else "W2 against depth")
+    ax.set_xlabel("layers L")
+    ax.set_ylabel("W2 to the target")
+    ax.legend(fontsize=7)
+    figs.append(plots.save(fig, out_dir / "w2_vs_depth.png"))
+
+    # 3. particles at several depths (deepest point)
+    L, sel = _deepest(cfg, ds)
+    parts = ds["particles"].isel(sel).values
+    tgt = ds["target"].isel(sel).values
+    depths = ds["depth"].values
+    layer = ds["depth_layer"].isel(sel).values
+    nd = len(depths)
+    fig = plt.figure(figsize=(3.2 * (nd + 1), 3.3))
+    for j in range(nd + 1):
+        pts_j, title = (tgt, "target") if j == nd else (parts[j], f"layer {int(layer[j])} of {L}")
+        if model == "sphere":
+            ax = fig.add_subplot(1, nd + 1, j + 1, projection="3d")
+            ax.scatter(pts_j[:, 0], pts_j[:, 1], pts_j[:, 2], s=3,
+                       color="r" if j == nd else cmap(j / max(nd - 1, 1)))
+            ax.set_box_aspect((1, 1, 1))
+        else:
+            ax = fig.add_subplot(1, nd + 1, j + 1)
+            ax.scatter(pts_j[:, 0], pts_j[:, 1], s=3,
+                       color="r" if j == nd else cmap(j / max(nd - 1, 1)))
+            ax.set_aspect("equal", adjustable="datalim")
+        ax.set_title(title, fontsize=8)
+    figs.append(plots.save(fig, out_dir / "particles_by_depth.png"))
+
+    # 4. controls against depth (deepest point): one heat map a free weight
+    names = [n for n in MODEL_WEIGHTS[model] if n in free_of(cfg)]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        v = ds[f"control_{name}"].isel(sel).values[:L].reshape(L, -1).T
+        im = ax.imshow(v, aspect="auto", cmap="RdBu_r", vmin=-np.nanmax(np.abs(v)),
+                       vmax=np.nanmax(np.abs(v)), interpolation="nearest")
+        ax.set_title(name)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("entry")
+        fig.colorbar(im, ax=ax, fraction=0.05)
+    fig.suptitle(f"controls against depth (L = {L})")
+    figs.append(plots.save(fig, out_dir / "controls_heatmap.png"))
+    return figs
