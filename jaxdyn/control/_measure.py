@@ -659,8 +659,8 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
     kw = dict(model=model, free=free, cost=cost, steps_per_layer=steps_per_layer,
               checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block, sk=sk)
 
-    def controls_of(z):
-        return {**fixed, **_from_raw(unravel(z))}
+    def controls_of(z):  # (the line search's trials may come in another float type)
+        return {**fixed, **_from_raw(unravel(jnp.asarray(z, dtype)))}
 
     def objective(z, eps, eps_start, pots):
         return _objective(controls_of(z), x0, y, eps, eps_start, pots, t1, lam, **kw)
