@@ -57,6 +57,7 @@ def _problem(n, n_layers, seed=0):
 
 
 def child_jaxdyn(n, n_layers, steps, what, epsilon):
+    """One jaxdyn gradient (flow or full objective): first call and second call, seconds."""
     import jax
     import jax.numpy as jnp
 
@@ -84,6 +85,7 @@ def child_jaxdyn(n, n_layers, steps, what, epsilon):
 
 
 def child_torch(n, n_layers, steps, ckpt):
+    """One PyTorch autograd gradient of the flow with dense attention (optionally checkpointed)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -130,6 +132,7 @@ def child_torch(n, n_layers, steps, ckpt):
 
 
 def child_kernel(n, which):
+    """One attention gradient through the interaction kernel or the control kernel."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -182,6 +185,7 @@ def _commit():
 
 
 def main():
+    """Run the children, collect times and peak memory, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p)
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 3000, 10000])

@@ -1,5 +1,8 @@
-"""Measure-to-measure control: the kernel, the gradients, the replays, the statuses, and (slow)
-the Gaussian consistency with ``reach``, W2 against depth, and the replay at a finer step."""
+"""Measure-to-measure control: kernel, gradients, replays, statuses; slow: Gaussian, depth, step.
+
+The slow cases: the Gaussian consistency with ``reach``, W2 against depth, and the replay of
+optimised controls at a finer step.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +37,7 @@ def _perturbed(model, d, n_layers, rng, scale=0.3):
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.float64, 1e-12)])
 def test_kernel_matches_dense_forward_and_reverse(dtype, tol):
+    """The blocked kernel equals dense softmax attention, value and all four cotangents."""
     rng = np.random.default_rng(0)
     n, m, p, e = 37, 29, 3, 2  # sizes that are not multiples of the tiles
     q, k, v, c = (jnp.asarray(rng.standard_normal(s), dtype)
@@ -53,6 +57,7 @@ def test_kernel_matches_dense_forward_and_reverse(dtype, tol):
 
 
 def test_kernel_reverse_pass_holds_no_n_by_n_array():
+    """No array of the reverse pass's program is as large as N × N / 4."""
     # every intermediate of the reverse pass is at most a tile or a row stack
     n, blk = 600, 64
     x = jnp.ones((n, 3), jnp.float32)
@@ -110,6 +115,7 @@ def test_gradient_matches_central_differences(model):
 
 @pytest.mark.parametrize("model", ["sphere", "euclidean"])
 def test_flow_equals_simulate_layer_by_layer(model):
+    """The layer flow equals jaxdyn.simulate run layer by layer on jaxdyn's own models."""
     rng = np.random.default_rng(2)
     x0 = _sphere(rng, 40) if model == "sphere" else rng.standard_normal((40, 3))
     c = _perturbed(model, 3, 3, rng)
@@ -122,6 +128,7 @@ def test_flow_equals_simulate_layer_by_layer(model):
 
 
 def test_flow_runs_under_jit_and_vmap():
+    """The flow under jit and vmap equals the single call."""
     rng = np.random.default_rng(3)
     x0 = jnp.asarray(rng.standard_normal((3, 20, 2)))
     c = _perturbed("euclidean", 2, 2, rng)
@@ -131,6 +138,7 @@ def test_flow_runs_under_jit_and_vmap():
 
 
 def test_moment_controls_are_the_layers_of_the_euclidean_model():
+    """The moment controls are B = KᵀQ and A of the layer the time lies in."""
     rng = np.random.default_rng(4)
     c = _perturbed("euclidean", 2, 4, rng)
     mc = moment_controls(c, t1=2.0)
@@ -141,6 +149,7 @@ def test_moment_controls_are_the_layers_of_the_euclidean_model():
 
 @pytest.mark.slow
 def test_measure_control_decreases_the_loss_and_reports_its_status():
+    """The optimiser lowers the loss and W2; budget and non-finite starts have their statuses."""
     rng = np.random.default_rng(5)
     n = 24
     x0 = rng.standard_normal((n, 2))
@@ -164,6 +173,7 @@ def test_measure_control_decreases_the_loss_and_reports_its_status():
 
 
 def test_host_checks_name_the_argument():
+    """Concrete inputs are checked on the host; the message names the argument."""
     x = np.zeros((5, 3))
     with pytest.raises(ValueError, match="model"):
         measure_control(x, x, n_layers=2, model="torus")
@@ -192,10 +202,13 @@ def _gaussian_problem(n=256, pieces=4):
 
 @pytest.mark.slow
 def test_gaussian_particle_optimum_beats_transferred_reach_and_replays_on_the_moment_ode():
-    """μ0 = N(0, I), ν = N(m1, S1) sampled: the particle-level optimum (started from reach's
+    """Gaussians: the particle optimum beats reach's transfer; the moment ODE lands on ν.
+
+    μ0 = N(0, I), ν = N(m1, S1) sampled: the particle-level optimum (started from reach's
     controls) reaches the target sample at least as well in exact W2 as reach's controls
     transferred to the particles, and its controls drive the moment ODE to within the sampling
-    error of (m1, S1)."""
+    error of (m1, S1).
+    """
     from jaxdyn.control import reach, transfer_particles
     from jaxdyn.gaussian import solve_moments
 
@@ -248,9 +261,12 @@ def _depth_sweep(problem, layers, n=96):
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", ["gaussian_to_mixture", "sphere_clusters"])
 def test_w2_reached_falls_with_depth_and_survives_a_finer_step(problem):
-    """A Gaussian onto two clusters in R^2, the uniform measure on S^2 onto three vMF clusters:
+    """W2 reached falls with depth; a replay at 4x the steps gives the same divergence.
+
+    A Gaussian onto two clusters in R^2, the uniform measure on S^2 onto three vMF clusters:
     the W2 reached falls with the depth L = 1, 2, 4, 8, 16, and the optimised controls replayed
-    at 4x the steps give the same divergence (the optimisation does not exploit the steps)."""
+    at 4x the steps give the same divergence (the optimisation does not exploit the steps).
+    """
     w_start, out = _depth_sweep(problem, (1, 2, 4, 8, 16))
     w = [out[L][0] for L in (1, 2, 4, 8, 16)]
     assert w[0] < w_start

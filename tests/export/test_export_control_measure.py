@@ -1,6 +1,8 @@
-"""Export cases of measure-to-measure control: the layer flow and the objective's gradient for
-each model (also with the weights built inside the function from NumPy), and the whole
-optimiser."""
+"""Export cases of measure-to-measure control.
+
+The layer flow and the objective's gradient for each model (also with the weights built inside
+the function from NumPy), and the whole optimiser.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,7 @@ def _clouds(model):
 
 
 def test_flow_and_loss_gradient_export_for_each_model():
+    """The flow and the objective's gradient lower for cuda and tpu, both models."""
     for model in ("sphere", "euclidean"):
         x0, y = _clouds(model)
         c = {k: np.asarray(v) + 0.1 for k, v in
@@ -35,6 +38,7 @@ def test_flow_and_loss_gradient_export_for_each_model():
 
 
 def test_flow_exports_with_weights_built_inside_from_numpy():
+    """The flow lowers with its weights built from NumPy inside the function."""
     x0, _ = _clouds("sphere")
     q = np.eye(3, dtype=np.float32)
 
@@ -47,6 +51,7 @@ def test_flow_exports_with_weights_built_inside_from_numpy():
 
 
 def test_measure_control_exports():
+    """The whole optimiser (Adam, L-BFGS, Sinkhorn) lowers for cuda and tpu."""
     x0, y = _clouds("euclidean")
     export_check(lambda x: measure_control(x, y, n_layers=2, adam_steps=2, lbfgs_steps=2,
                                            steps_per_layer=1), x0)
