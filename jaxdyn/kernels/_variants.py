@@ -112,7 +112,15 @@ def default_rope_freqs(p, base=10000.0, dtype=jnp.float32):
 
     Returns:
       (p // 2,) frequencies.
+
+    Raises:
+      ValueError: ``p`` not an integer ≥ 1, or a concrete base that is not finite and > 0.
     """
+    from ..models._params import Domain, check_domain  # the models' shared parameter checks
+
+    if isinstance(p, bool) or not hasattr(p, "__index__") or int(p) < 1:
+        raise ValueError(f"p (the head dimension) must be an integer >= 1, got {p!r}")
+    check_domain("base", base, Domain("positive", 0, "RoPE base"))
     return jnp.asarray(base, dtype) ** (-2.0 * jnp.arange(p // 2, dtype=dtype) / p)
 
 
