@@ -14,6 +14,7 @@ whole file stays within a few CPU-seconds of compilation.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -53,18 +54,20 @@ TRACED_MODELS = {
 
 @pytest.mark.parametrize("name", sorted(TRACED_MODELS))
 def test_traced_parameter_out_of_domain_is_flagged_under_vmap(name):
+    """A traced parameter ≤ 0 or inf is flagged by invalid() under vmap, member by member."""
     flags = jax.vmap(lambda v: TRACED_MODELS[name](v).invalid())(jnp.array([0.5, -1.0, jnp.inf]))
     assert np.asarray(flags).tolist() == [False, True, True]
 
 
 def test_simulate_reports_a_traced_negative_beta_of_multihead_attention():
+    """The simulate driver reports a traced β < 0 of MultiHeadAttention as invalid_input."""
     res = jax.vmap(lambda b: jaxdyn.simulate(MultiHeadAttention(I3, I3, I3, b), X3, t1=0.1,
                                              dt=0.1).result)(jnp.array([1.0, -1.0]))
     assert np.asarray(jaxdyn.status_codes(res)).tolist() == [OK, INVALID]
 
 
 def test_solve_density_reports_traced_beta_and_t1_out_of_range():
-    # one program: β ≤ 0, β = inf, and saved times past a traced t1 are each invalid_input
+    """solve_density reports traced β ≤ 0, β = inf and ts past a traced t1 as invalid_input."""
     def solve(b, t1):
         return pde.solve_density(pde.CircleDensity(I2, I2, I2, b, 16), RHO16, t1=t1,
                                  ts=np.array([0.05, 0.1])).result
@@ -90,6 +93,7 @@ CLOUD_FUNCTIONS = {
 
 @pytest.mark.parametrize("name", sorted(CLOUD_FUNCTIONS))
 def test_concrete_nan_cloud_is_refused(name):
+    """A concrete cloud with NaN is a ValueError naming xs and the cloud."""
     xs = np.stack([X3, np.full_like(X3, np.nan)])
     with pytest.raises(ValueError, match=r"xs must be finite: it holds NaN or inf \(cloud \(1,\)\)"):
         CLOUD_FUNCTIONS[name](xs)
@@ -97,11 +101,13 @@ def test_concrete_nan_cloud_is_refused(name):
 
 @pytest.mark.parametrize("name", sorted(CLOUD_FUNCTIONS))
 def test_empty_cloud_is_refused(name):
+    """An empty cloud is a ValueError naming xs and its shape."""
     with pytest.raises(ValueError, match=r"xs must hold clouds of at least 1 point.*\(0, 3\)"):
         CLOUD_FUNCTIONS[name](np.zeros((0, 3)))
 
 
 def test_traced_nan_cloud_gives_nan_or_minus_one_never_a_count():
+    """Under jit a NaN cloud gives NaN (floats) or −1 (integers); a finite one its own values."""
     xs = np.stack([X3, np.full_like(X3, np.nan)])
     out = jax.jit(lambda a: {k: f(a) for k, f in CLOUD_FUNCTIONS.items()})(xs)
     finite = {k: f(X3) for k, f in CLOUD_FUNCTIONS.items()}
@@ -115,6 +121,7 @@ def test_traced_nan_cloud_gives_nan_or_minus_one_never_a_count():
 
 
 def test_non_finite_parameter_is_refused():
+    """A concrete non-finite δ or β is a ValueError naming it."""
     with pytest.raises(ValueError, match="delta must be finite"):
         clusters.cluster_count(X3, np.nan)
     with pytest.raises(ValueError, match="beta must be finite"):
@@ -122,6 +129,7 @@ def test_non_finite_parameter_is_refused():
 
 
 def test_hitting_times_names_both_lengths():
+    """Saved times and counts of different lengths: a ValueError naming both, also under jit."""
     with pytest.raises(ValueError, match="ts has 3 entries, counts 5"):
         clusters.hitting_times(np.arange(3.0), np.array([5, 4, 3, 2, 1]), np.array([2]))
     with pytest.raises(ValueError, match="ts and counts must have the same length"):
@@ -150,6 +158,7 @@ DENSITY_FUNCTIONS = {
 @pytest.mark.parametrize("case", sorted(DENSITY_CASES))
 @pytest.mark.parametrize("fn", sorted(DENSITY_FUNCTIONS))
 def test_bad_density_is_refused(fn, case):
+    """All-zero, NaN and negative densities are refused by every host function on densities."""
     rho, needle = DENSITY_CASES[case]
     if fn == "w1_circle_densities":
         needle = needle.replace("rho", "rho_b")
@@ -158,7 +167,7 @@ def test_bad_density_is_refused(fn, case):
 
 
 def test_w1_circle_still_exact_on_a_good_density():
-    # the uniform density against a cloud at its cell centres: W1 = M · ∫ over a half cell
+    """The uniform density against a cloud at its cell centres: W1 = h/4 (exact)."""
     m = 16
     x = np.stack([np.cos(np.arange(m) * 2 * math.pi / m), np.sin(np.arange(m) * 2 * math.pi / m)], 1)
     h = 2 * math.pi / m
@@ -166,6 +175,7 @@ def test_w1_circle_still_exact_on_a_good_density():
 
 
 def test_cluster_counts_of_a_nan_density():
+    """cluster_counts refuses a concrete NaN density and gives −1 for a traced one."""
     with pytest.raises(ValueError, match="rho_t must be finite"):
         pde.cluster_counts(np.stack([RHO16, NAN]))
     n = jax.jit(pde.cluster_counts)(np.stack([RHO16, NAN]))
@@ -249,6 +259,8 @@ REFUSED = {
     "redrawn_weights n_periods 2.5": (
         lambda: redrawn_weights({"ensemble": "gaussian", "scale": 1.0}, 3, 2.5),
         "redrawn_weights: n_periods must be an integer >= 1, got 2.5"),
+    "default_rope_freqs base 0": (lambda: jaxdyn.kernels.default_rope_freqs(4, 0.0),
+                                  r"base \(RoPE base\) must be > 0 and finite, got 0.0"),
     "redrawn_weights d 0": (lambda: redrawn_weights({"ensemble": "gaussian", "scale": 1.0}, 0, 2),
                             r"redrawn_weights: d \(the dimension\) must be an integer >= 1, got 0"),
 }
@@ -256,12 +268,14 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refused_with_a_message_naming_the_field(case):
+    """Each bad constructor argument or option is a ValueError naming the field."""
     build, needle = REFUSED[case]
     with pytest.raises(ValueError, match=needle):
         build()
 
 
 def test_circle_attention_takes_a_large_n_modes_when_asked():
+    """An explicit n_modes is taken whatever β (the size check guards the automatic choice)."""
     assert pde.CircleAttention(I2, I2, I2, 1e5, n_modes=8).n_modes == 8
 
 
@@ -274,6 +288,7 @@ SOLVE_REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(SOLVE_REFUSED))
 def test_solve_density_refuses(case):
+    """solve_density refuses ts past t1 and a max_steps that is not an integer ≥ 1."""
     kw, needle = SOLVE_REFUSED[case]
     with pytest.raises(ValueError, match=needle):
         pde.solve_density(pde.CircleDensity(I2, I2, I2, 1.0, 16), RHO16, **kw)
@@ -282,10 +297,16 @@ def test_solve_density_refuses(case):
 # ------------------------------------------------------------------ an entropic ε too large (item 10)
 
 def test_fixed_epsilon_with_a_vacuous_bias_bound_warns():
-    # ε·log N ≥ mean(C) ≥ W2²: the value is S_ε at that ε (status: the solve's), not W2
+    """A fixed ε with ε·log N ≥ mean(C) ≥ W2² warns; an ε within the clouds' scale does not.
+
+    The value is then S_ε at that ε (the status: the solve's), not W2.
+    """
     x, y = X3, X3 + 0.3
     with pytest.warns(UserWarning, match=r"epsilon = 1e\+06 is too large.*exceeds mean\(C\)"):
         res = jaxdyn.w2_sinkhorn(x, y, epsilon=1e6)
     assert float(res.bias_bound) > float(res.divergence)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # an ε within the clouds' scale: no warning
+        assert jaxdyn.w2_sinkhorn(x, y, epsilon=1e-2).ok
     with pytest.raises(ValueError, match=r"epsilon must be a positive number \(finite\), got inf"):
         jaxdyn.w2_sinkhorn(x, y, epsilon=np.inf)
