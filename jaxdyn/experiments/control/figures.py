@@ -90,7 +90,8 @@ def plot(cfg, ds, out_dir):
 
     # 4. controls against depth (deepest point): one heat map a free weight
     names = [n for n in MODEL_WEIGHTS[model] if n in free_of(cfg)]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False,
+                             layout="constrained")
     for ax, name in zip(axes[0], names):
         v = ds[f"control_{name}"].isel(sel).values[:L].reshape(L, -1).T
         im = ax.imshow(v, aspect="auto", cmap="RdBu_r", vmin=-np.nanmax(np.abs(v)),
