@@ -97,3 +97,84 @@ def test_cli_data_nc_past_the_file_size_limit_ten_tries(tmp_path):
     for i in range(10):
         p, _ = _run_limited(tmp_path / str(i), 300 * 1024)
         assert p.returncode == 1, (i, p.returncode, p.stderr[-3000:])
+
+
+# ---------------------------------------------------------------- pde configs
+
+PDE = {"kind": "pde", "name": "p", "mode": "clusters", "dtype": "float32", "m": 64, "t1": 2.0,
+       "n_save": 5, "eps": 1e-3, "sweep": {"beta": [2.0]}}
+
+PDE_REFUSALS = [
+    ("figure_betas", {"figure_betas": [3.0]}, "config field 'figure_betas': [3.0] not among"),
+    ("eps", {"eps": 100.0}, "config field 'eps': at most 0.26 for m = 64"),
+    ("growth_k", {"growth_k": 1000}, "config field 'growth_k': at most M/2 = 32"),
+    ("cfl", {"cfl": 8.0}, "config field 'cfl': must be <= 1"),
+    ("particles.seeds", {"particles": {"cluster_n": 50, "seeds": [5]}},
+     "config field 'particles.seeds': [5] not among the run's seeds [0]"),
+]
+
+
+@pytest.mark.parametrize("case,change,needle", PDE_REFUSALS, ids=[c[0] for c in PDE_REFUSALS])
+def test_pde_config_refused_before_compute(tmp_path, capsys, case, change, needle):
+    """Each refused by the kind's check (exit 2, one line naming the field) before the run
+    computes or creates anything; the edge values pass."""
+    from jaxdyn.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**PDE, **change}))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not out.exists()
+
+
+def test_pde_config_edges_pass():
+    from jaxdyn.experiments import get_kind, resolve_config
+    from jaxdyn.experiments.pde.schema import max_eps
+
+    kind = get_kind("pde")
+    for change in ({"figure_betas": [2.0]}, {"eps": max_eps(64)}, {"growth_k": 32}, {"cfl": 1.0},
+                   {"particles": {"cluster_n": 50, "seeds": [0]}},
+                   {"sweep": {"beta": [2.0], "seed": [0, 5]}, "particles": {"cluster_n": 50, "seeds": [5]}}):
+        kind.check(resolve_config({**PDE, **change}))
+    assert 0.25 < max_eps(64) < 0.27
+
+
+@pytest.mark.slow  # about a minute: the density solver runs to its step limit first
+def test_pde_noise_that_overflows_ends_nonfinite(tmp_path, capsys):
+    """σ = 100: the density leaves the finite numbers; the run ends ``nonfinite`` (exit 3, the
+    status line), its figures named in a warning, never a traceback or ``failed``."""
+    from jaxdyn.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**PDE, "t1": 5.0, "sigma": 100.0}))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "run finished with status 'nonfinite'" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "nonfinite"
+    assert (out / "data.nc").exists()
+
+
+def test_results_of_a_nonfinite_run_that_cannot_be_drawn_are_a_warning():
+    """A summary or figure that fails on a run with non-finite points is a warning and an empty
+    result (the run ends nonfinite, exit 3); the same error in a finite run is raised."""
+    from types import SimpleNamespace
+
+    from jaxdyn.experiments import reporting
+
+    logged = []
+    run = SimpleNamespace(warnings=[], log=logged.append)
+
+    def bad():
+        raise ValueError("Invalid vmin or vmax")
+
+    assert reporting._tolerant(run, {"status": "nonfinite"}, "figures", bad, []) == []
+    assert run.warnings == ["the figures of a run with non-finite points are incomplete "
+                            "(ValueError: Invalid vmin or vmax)"]
+    assert logged == ["warning: " + run.warnings[0]]
+    assert reporting._tolerant(run, {"status": "nonfinite"}, "summary", lambda: {"a": 1}, {}) == {"a": 1}
+    with pytest.raises(ValueError, match="vmin"):
+        reporting._tolerant(run, {"status": "ok"}, "figures", bad, [])

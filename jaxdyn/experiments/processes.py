@@ -205,7 +205,8 @@ def _join(host, port, address, count, pid, deadline, timeout, hint):
                 _send(conn, {"id": pid, "count": count})
             except OSError:
                 continue
-            msg = _receive(conn, max(deadline - time.monotonic(), 1.0))
+            # process 0 started before this connection, so it answers within `timeout` of it
+            msg = _receive(conn, timeout + min(timeout, 10.0))
         if msg is None:
             raise ClusterStartError(
                 f"the process at {address} is not a waiting process 0 of this run: its cluster "

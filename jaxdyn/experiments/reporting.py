@@ -105,6 +105,28 @@ def _nonfinite(run: Run, ds) -> dict:
                         f"e.g. {bad_pts[0]}")}
 
 
+def _tolerant(run: Run, summary: dict, what: str, make, empty):
+    """``make()``; in a run with non-finite points an error there is a warning and ``empty``.
+
+    The results of a run that ends ``nonfinite`` (exit 3) are what they are: a summary or a
+    figure that cannot be made from its NaN or inf values is named, not a crash of the run.
+    An error in a run without non-finite points is raised (a bug).
+
+    Returns:
+      What ``make()`` returns, or ``empty``.
+    """
+    try:
+        return make()
+    except Exception as e:
+        if summary.get("status") != "nonfinite":
+            raise
+        msg = (f"the {what} of a run with non-finite points are incomplete "
+               f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        run.warnings.append(msg)
+        run.log(f"warning: {msg}")
+        return empty
+
+
 def finish(run: Run, tally: Tally, base: dict, clock: tuple[float, dict]) -> tuple[dict, list]:
     """Merge the chunks into ``data.nc``, summarise, draw the figures, write ``summary.json``.
 
@@ -132,10 +154,11 @@ def finish(run: Run, tally: Tally, base: dict, clock: tuple[float, dict]) -> tup
     summary.update(_nonfinite(run, ds))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        summary["results"] = run.kind.summarize(run.cfg, ds)
+        summary["results"] = _tolerant(run, summary, "summary", lambda: run.kind.summarize(run.cfg, ds), {})
     check_interrupt()
     t_fig = time.time()
-    figures = [str(p) for p in run.kind.plot(run.cfg, ds, run.out)]
+    figures = [str(p) for p in _tolerant(run, summary, "figures",
+                                         lambda: run.kind.plot(run.cfg, ds, run.out), [])]
     check_interrupt()
     summary["figures_seconds"] = time.time() - t_fig
     after = compile_stats()

@@ -89,12 +89,18 @@ def _one_point(pc):
     ks = np.arange(1, pc["growth_k"] + 1)
     grow = np.asarray(pde.growth_rate(model, ks))
     theory = pde.linear_rates(pc["beta"], ks, sigma=pc["sigma"], normalization=pc["normalization"])
-    counts = pde.cluster_counts(rho)
-    t_first, n_first = pde.first_clusters(ts, rho)
-    merges = pde.merge_times(ts, rho)
+    # a solve that lost finiteness (ends as status nonfinite): the readings of its finite frames
+    frame_ok = np.isfinite(rho).all(axis=-1)
+    n_ok = len(ts) if frame_ok.all() else int(np.argmin(frame_ok))
+    counts = np.full(len(ts), np.nan)
+    t_first, n_first, merges = float("nan"), 0, []
+    if n_ok:
+        counts[:n_ok] = pde.cluster_counts(rho[:n_ok])
+        t_first, n_first = pde.first_clusters(ts[:n_ok], rho[:n_ok])
+        merges = pde.merge_times(ts[:n_ok], rho[:n_ok])
     out = {
         "rho": (("t", "theta"), rho),
-        "cluster_count": (("t",), counts.astype(float)),
+        "cluster_count": (("t",), counts),
         "growth_measured": (("k",), grow),
         "growth_theory": (("k",), theory),
         "k_star": ((), float(pde.most_unstable_mode(pc["beta"], sigma=pc["sigma"]))),
@@ -109,7 +115,8 @@ def _one_point(pc):
     }
     coords = {"t": ts, "theta": np.asarray(pde.circle_grid(pc["m"])[0]), "k": ks}
     if pc["mode"] == "clusters":
-        t_mode, k_mode = _dominant_mode(ts, _density_modes(rho, ks), ks, pc["particles"]["mode_threshold"])
+        t_mode, k_mode = _dominant_mode(ts[:n_ok], _density_modes(rho[:n_ok], ks), ks,
+                                        pc["particles"]["mode_threshold"])
         out["first_mode_time"], out["first_mode"] = ((), t_mode), ((), float(k_mode))
         if pc["particles"]["cluster_n"]:
             pv, pcoords = _cluster_particles(pc, rho0, ts, t_first, ks)
@@ -193,6 +200,13 @@ def _cluster_particles(pc, rho0, ts, t_first, ks):
     return out, {"start": np.arange(len(starts))}  # index into particles.starts
 
 
+def _if_finite(fn, *arrays):
+    """``fn(*arrays)``, or NaN where an array holds NaN or inf (a run that ends nonfinite)."""
+    if all(np.all(np.isfinite(np.asarray(a))) for a in arrays):
+        return fn(*arrays)
+    return float("nan")
+
+
 def _particles(pc, model, rho0):
     p = pc["particles"]
     times = np.asarray(p["times"], float)
@@ -214,7 +228,7 @@ def _particles(pc, model, rho0):
                           dt=p["dt"], saveat=[float(t) for t in times] if times.max() > 0 else None,
                           method="rk4")
             xs = np.asarray(tr.xs, float)
-            vals.append([pde.w1_circle(rho_at[i], xs[i]) for i in range(len(times))])
+            vals.append([_if_finite(pde.w1_circle, rho_at[i], xs[i]) for i in range(len(times))])
             if s == 0 and n == max(p["n"]):
                 kde = np.stack([pde.kde_circle(xs[i], pc["m"], p["kde_bandwidth"]) for i in range(len(times))])
         vals = np.asarray(vals)
@@ -234,7 +248,7 @@ def _particles(pc, model, rho0):
         ts=np.unique(np.concatenate([[0.0], times])), cfl=pc["cfl"])
     fine_rho = np.asarray(fine.rho, float)
     fts = np.asarray(fine.ts)
-    grid_w1 = [pde.w1_circle_densities(rho_at[i], fine_rho[int(np.argmin(np.abs(fts - t)))])
+    grid_w1 = [_if_finite(pde.w1_circle_densities, rho_at[i], fine_rho[int(np.argmin(np.abs(fts - t)))])
                for i, t in enumerate(times)]
     out = {
         "w1": (("n", "t_compare"), np.asarray(w_mean)),

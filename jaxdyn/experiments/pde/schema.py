@@ -78,6 +78,17 @@ def check(cfg):
             and cfg["eps"] < 1e-5):
         raise ConfigError(f"config field 'particles.dtype': float32 rounding (6e-8) hides the perturbation "
                           f"ε = {cfg['eps']:g} of the quantile start; use float64")
+    _check_against_sweep(cfg)
+    if cfg["cfl"] > 1:
+        raise ConfigError(f"config field 'cfl': must be <= 1, got {cfg['cfl']:g} (the step is this "
+                          "fraction of the positivity step; above 1 the density can turn negative)")
+    if cfg["mode"] != "s2" and cfg["growth_k"] > cfg["m"] // 2:
+        raise ConfigError(f"config field 'growth_k': at most M/2 = {cfg['m'] // 2} for m = {cfg['m']} "
+                          f"cells (the grid's highest mode), got {cfg['growth_k']}")
+    if cfg["mode"] == "clusters" and cfg["eps"] > (top := max_eps(cfg["m"])):
+        raise ConfigError(f"config field 'eps': at most {top:.3g} for m = {cfg['m']}, got "
+                          f"{cfg['eps']:g} (ρ0 = (1 + ε · a sum of M/4 cosines)/2π must stay >= 0 "
+                          "whatever their phases)")
     warns = []
     if cfg["mode"] == "s2" and max(p["n"]) > 3000:
         warns.append(f"s2: N = {max(p['n'])}: W2 by exact assignment costs O(N³) a pair")
@@ -86,6 +97,45 @@ def check(cfg):
         warns.append(f"N = {big}: each particle step costs O(N²) kernel evaluations "
                      "(blocked kernel); on a few CPU cores this takes hours")
     return warns
+
+
+def max_eps(m: int) -> float:
+    """The largest ε for which the clusters start (``pde.perturbed_uniform``) is >= 0 for any phases.
+
+    Its perturbation Σ_{k ≤ M/4} sinc(k/M) cos(kθ + φ_k)/√(M/4) is at least minus the sum of
+    its amplitudes.
+
+    Args:
+      m: the grid cells M.
+
+    Returns:
+      1 / Σ_k sinc(k/M)/√(M/4).
+    """
+    import math
+
+    k_max = max(m // 4, 1)
+    amp = sum(abs(math.sin(math.pi * k / m) / (math.pi * k / m)) for k in range(1, k_max + 1))
+    return math.sqrt(k_max) / amp
+
+
+def _swept(cfg, name):
+    """The values field ``name`` takes in the run: its sweep's, else its own."""
+    return list(cfg.get("sweep", {}).get(name) or [cfg[name]])
+
+
+def _check_against_sweep(cfg):
+    """Fields that name values of the sweep name values it has."""
+    betas = _swept(cfg, "beta")
+    lost = [b for b in cfg["figure_betas"] if not any(abs(b - v) < 1e-9 for v in betas)]
+    if lost:
+        raise ConfigError(f"config field 'figure_betas': {lost} not among the run's β values "
+                          f"{betas}")
+    seeds, p = _swept(cfg, "seed"), cfg["particles"]
+    if cfg["mode"] == "clusters" and p["cluster_n"]:
+        lost = [s for s in p["seeds"] if s not in seeds]
+        if lost:
+            raise ConfigError(f"config field 'particles.seeds': {lost} not among the run's seeds "
+                              f"{seeds} (the particles run at the listed seeds of the sweep)")
 
 
 def process_split(cfg):

@@ -90,6 +90,11 @@ def _particle_entry(cfg, ds, d):
     return out
 
 
+def _count(v):
+    """An integer count, or None where the run lost finiteness (NaN)."""
+    return int(v) if np.isfinite(v) else None
+
+
 def summarize(cfg, ds):
     """The ``pde`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     if cfg["mode"] == "s2":
@@ -111,7 +116,7 @@ def summarize(cfg, ds):
         rows.append({**label, "k_star": int(d["k_star"]), "first_cluster_count": int(d["first_cluster_count"]),
                      "first_cluster_time": _f(d["first_cluster_time"]),
                      "first_merge_time": _f(d["first_merge_time"]),
-                     "final_cluster_count": int(np.asarray(d["cluster_count"].values)[-1]),
+                     "final_cluster_count": _count(np.asarray(d["cluster_count"].values)[-1]),
                      **_particle_entry(cfg, ds, d),
                      "growth_rate_max_rel_error": rel, "growth_rate_max_abs_error": absolute, "mass_error": float(d["mass_error"]),
                      "min_rho": float(d["min_rho"]), "solve_seconds": round(float(d["solve_seconds"]), 2),
