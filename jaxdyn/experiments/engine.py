@@ -72,7 +72,8 @@ def plan_chunks(cfg: dict, kind, points: list, n_devices: int = 1):
     return split_chunks(cfg, kind, points, n_devices, budget)
 
 
-def check_memory(cfg: dict, per_point: int, peak_chunk: int, process: int, n_devices: int = 1):
+def check_memory(cfg: dict, per_point: int, peak_chunk: int, process: int, n_devices: int = 1,
+                 kind=None):
     """Refuse, before any allocation, a run whose estimate exceeds what the machine has.
 
     Args:
@@ -81,9 +82,10 @@ def check_memory(cfg: dict, per_point: int, peak_chunk: int, process: int, n_dev
       peak_chunk: bytes of the largest chunk.
       process: bytes of the whole process.
       n_devices: devices a chunk is sharded over.
+      kind: the experiment kind (to name the field that drives one point's estimate).
     """
     refuse_oversized(cfg, MemoryEstimate(per_point, peak_chunk, process, n_devices=n_devices),
-                     host_memory_available(), device_memory_limit())
+                     host_memory_available(), device_memory_limit(), kind)
 
 
 def _plan(cfg, kind, out: Path, resume: bool) -> tuple[Plan, MemoryEstimate]:
@@ -152,7 +154,8 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
         # they agree on the config before process 0 touches the folder.
         if procs.failure is None:
             with procs.refusals():
-                check_memory(cfg, memory.per_point, memory.peak_chunk, memory.process, memory.n_devices)
+                check_memory(cfg, memory.per_point, memory.peak_chunk, memory.process, memory.n_devices,
+                             kind)
         procs.agree_on_run(config_hash(cfg), resume, len(plan.chunks))
         with procs.refusals():
             if procs.writer:

@@ -223,7 +223,69 @@ def estimate_memory(cfg: dict, kind, plan: Plan, devices: tuple[int, int], base_
     return MemoryEstimate(plan.per_point_bytes, plan.peak_chunk_bytes, process, allowance, n_dev)
 
 
-def refuse_oversized(cfg: dict, need: MemoryEstimate, host: tuple[int, str], device_limit: int | None):
+def _halved(value):
+    """``value`` (an int > 1, or a list of them) halved; None where there is nothing to halve."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 1:
+        return value // 2
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                 for v in value) and max(value) > 1:
+        return [max(v // 2, 1) for v in value]
+    return None
+
+
+def driving_fields(cfg: dict, kind) -> list:
+    """The integer fields whose size drives one grid point's memory estimate, largest effect first.
+
+    Each integer field of the kind (and of its sections) is halved in turn at the sweep's largest
+    point; those that cut the estimate by a quarter or more are named (at most two, within a
+    factor 1.5 of the strongest).
+
+    Args:
+      cfg: a resolved config.
+      kind: its kind.
+
+    Returns:
+      ``[(dotted name, value)]``.
+    """
+    point = {a: max(v) if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+             else v[0] for a, v in cfg.get("sweep", {}).items() if v}
+    pc = point_config(cfg, point)
+    try:
+        base = kind.estimate_bytes(pc)
+    except Exception:  # noqa: BLE001 - no estimate: nothing to name
+        return []
+    found = []
+
+    def probe(name, value, changed, default):
+        try:
+            ratio = kind.estimate_bytes(changed) / max(base, 1)
+        except Exception:  # noqa: BLE001 - a value the estimate cannot take
+            return
+        if ratio <= 0.75:  # a value above its default first: that is what the user raised
+            top = max(value) if isinstance(value, list) else value
+            above = isinstance(default, (int, list)) and top > (
+                max(default, default=0) if isinstance(default, list) else default)
+            found.append((not above, ratio, name, value))
+
+    for name, field in kind.SCHEMA.items():
+        v = pc.get(name)
+        if field.kind == "section" and field.schema and isinstance(v, dict):
+            for sub, sf in field.schema.items():
+                h = _halved(v.get(sub))
+                if h is not None:
+                    probe(f"{name}.{sub}", v[sub], {**pc, name: {**v, sub: h}}, sf.default)
+        elif field.kind in ("int", "list"):
+            h = _halved(v)
+            if h is not None:
+                probe(name, v, {**pc, name: h}, field.default)
+    found.sort(key=lambda f: f[:2])
+    return [(n, v) for a, r, n, v in found[:2] if a == found[0][0] and r <= 1.5 * found[0][1]]
+
+
+def refuse_oversized(cfg: dict, need: MemoryEstimate, host: tuple[int, str], device_limit: int | None,
+                     kind=None):
     """Refuse, before any allocation, a run whose estimate exceeds what the machine has.
 
     Args:
@@ -231,14 +293,21 @@ def refuse_oversized(cfg: dict, need: MemoryEstimate, host: tuple[int, str], dev
       need: the estimate.
       host: ``(bytes available on the host, where that bound comes from)``.
       device_limit: bytes on one accelerator (None on CPU).
+      kind: the experiment kind (names the field that drives one grid point's estimate:
+        :func:`driving_fields`; None: ``n`` where the config has one).
 
     Raises:
       ConfigError: the process needs more than the host has, or a chunk more than a device.
     """
     avail, where = host
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
-    # n drives it when one grid point alone is too big (a smaller sweep cannot help then)
-    if "n" in cfg and (2 * need.per_point > 0.5 * need.process or 2 * need.per_point > avail):
+    # a field of the point drives it when one grid point alone is too big (a smaller sweep
+    # cannot help then)
+    alone = 2 * need.per_point > 0.5 * need.process or 2 * need.per_point > avail
+    drivers = driving_fields(cfg, kind) if alone and kind is not None else []
+    if drivers:
+        field = "config field " + " or ".join(f"'{n}' (= {v})" for n, v in drivers)
+    elif alone and "n" in cfg:
         field = f"config field 'n' (= {cfg['n']})"
     elif cfg.get("sweep"):
         field = f"config field 'sweep' ({', '.join(f'{k}: {len(v)} values' for k, v in cfg['sweep'].items())})"

@@ -66,7 +66,8 @@ def model_path(cfg):
     try:
         return find_minilm()
     except Exception as e:  # FileNotFoundError / ImportError with the install command
-        raise ConfigError(f"config field 'model_path': no local model given and {e}") from None
+        raise ConfigError(f"config field 'model_path': no local model given and "
+                          f"{' '.join(str(e).split())}") from None
 
 
 @functools.lru_cache(maxsize=4)

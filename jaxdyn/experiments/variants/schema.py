@@ -71,6 +71,14 @@ def check(cfg):
             raise ConfigError("config fields 'depth.period'/'dt'/'save_every': a layer must be a "
                               f"whole number of saved steps (period/dt = {r:g}, save_every = "
                               f"{cfg['save_every']})")
+    if depth["source"] == "minilm":
+        from ...encoder_host import find_minilm
+
+        try:  # before the run, not at its first chunk
+            find_minilm()
+        except (FileNotFoundError, ImportError) as e:
+            raise ConfigError(f"config field 'depth.source': minilm needs the pretrained weights: "
+                              f"{' '.join(str(e).split())}") from None
     if cfg["init_tokens"] and depth["source"] != "minilm":
         raise ConfigError("config field 'init_tokens': needs depth.source minilm")
     heads = cfg["sweep"].get("head", [cfg["head"]])
