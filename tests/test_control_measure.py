@@ -237,6 +237,8 @@ def test_gaussian_particle_optimum_beats_transferred_reach_and_replays_on_the_mo
 
 
 def _depth_sweep(problem, layers, n=96):
+    """W2 reached at each depth, each depth started from the last one's optimum (repeated)."""
+    from jaxdyn.control import repeat_layers
     from jaxdyn.experiments.control.run import clouds
 
     pc = dict(problem=problem, seed=0, n_particles=n,
@@ -244,12 +246,20 @@ def _depth_sweep(problem, layers, n=96):
                           separation=2.0, spread=0.3, kappa=20.0))
     x0, y = clouds(pc)
     model = "euclidean" if problem == "gaussian_to_mixture" else "sphere"
-    out = {}
+    # R^2: a small ∫|θ|² keeps the weights where 8 RK4 steps resolve the flow
+    cost = dict(cost="energy", cost_weight=1e-3) if model == "euclidean" else {}
+    out, prev = {}, None
     for L in layers:
         s = max(1, 8 // L)
-        r = measure_control(x0, y, n_layers=L, model=model, epsilon=0.01, epsilon_start=0.1,
-                            adam_steps=80, lbfgs_steps=40, steps_per_layer=s, seed=0)
+        kw = dict(n_layers=L, model=model, epsilon=0.01, steps_per_layer=s, seed=0,
+                  lbfgs_steps=40, **cost)
+        if prev is None:
+            r = measure_control(x0, y, epsilon_start=0.1, adam_steps=80, **kw)
+        else:
+            r = measure_control(x0, y, init=repeat_layers(prev, L // prev_L), epsilon_start=0.01,
+                                adam_steps=30, adam_lr=0.01, **kw)
         assert r.names in ("successful", "not_converged"), r.message
+        prev, prev_L = r.controls, L
         same = measure_loss(r.controls, x0, y, model=model, epsilon=0.01, steps_per_layer=s,
                             free=())
         fine = measure_loss(r.controls, x0, y, model=model, epsilon=0.01,

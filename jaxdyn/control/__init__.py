@@ -26,6 +26,7 @@ from ._measure import (
     measure_flow as measure_flow,
     measure_loss as measure_loss,
     moment_controls as moment_controls,
+    repeat_layers as repeat_layers,
     replay as replay,
 )
 from ._reach import ReachOptions as ReachOptions, ReachResult as ReachResult, reach as reach
@@ -65,6 +66,7 @@ __all__ = [
     "random_target",
     "reach",
     "reach_loss",
+    "repeat_layers",
     "replay",
     "transfer_particles",
     "transformer_layers",

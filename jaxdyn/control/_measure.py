@@ -111,6 +111,28 @@ class _EuclideanLayer(eqx.Module):
 _LAYERS = {"sphere": _SphereLayer, "euclidean": _EuclideanLayer}
 
 
+def repeat_layers(controls: Mapping, factor: int = 2) -> dict:
+    """The same piecewise-constant controls on ``factor`` times as many layers.
+
+    Each layer's weights are repeated ``factor`` times: the controls, as functions of time on
+    ``[0, T]``, are unchanged, so a flow of depth ``factor · L`` started there is where the
+    depth-L optimum ended (a continuation in depth: ``init=repeat_layers(res.controls)``).
+
+    Args:
+        controls: ``{name: (L, ...) array}``.
+        factor: the repetition, an integer >= 1.
+
+    Returns:
+        ``{name: (factor · L, ...) array}``.
+
+    Raises:
+        ValueError: a factor that is not an integer >= 1.
+    """
+    if isinstance(factor, bool) or int(factor) != factor or int(factor) < 1:
+        raise ValueError(f"factor must be an integer >= 1, got {factor!r}")
+    return {k: jnp.repeat(jnp.asarray(v), int(factor), axis=0) for k, v in controls.items()}
+
+
 def _check_model(model):
     if model not in FAMILIES:
         raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
