@@ -83,9 +83,52 @@ def _options(pc):
                 sinkhorn_threshold=pc["sinkhorn_threshold"])
 
 
+def depth_ladder(n_layers, continuation=True):
+    """The depths a point climbs: ``L/2^k, …, L/2, L`` (k as large as L allows), or ``[L]``."""
+    out = [n_layers]
+    while continuation and out[-1] % 2 == 0:
+        out.append(out[-1] // 2)
+    return out[::-1]
+
+
+def _padded(a, size):
+    """A history as float64 of length ``size`` (NaN after its end)."""
+    a = np.asarray(a, np.float64)
+    out = np.full(size, np.nan)
+    out[:min(size, a.size)] = a[:size]
+    return out
+
+
+def _optimise(pc, x0, y):
+    """The point's optimisation: one depth, or the climb of :func:`depth_ladder`.
+
+    Returns:
+      The :class:`~jaxdyn.control.MeasureControlResult` at the point's depth.
+    """
+    from ...control import measure_control, repeat_layers
+
+    prev, prev_L = None, None
+    for L in depth_ladder(pc["n_layers"], pc["continuation"]):
+        opts = _options(dict(pc, n_layers=L))
+        kw = dict(n_layers=L, free=free_of(pc), seed=pc["seed"], lbfgs_steps=pc["lbfgs_steps"],
+                  gtol=pc["gtol"], **opts)
+        if prev is None:
+            res = measure_control(x0, y, init_scale=pc["init_scale"],
+                                  epsilon_start=pc["epsilon_start"], adam_steps=pc["adam_steps"],
+                                  adam_lr=pc["adam_lr"], **kw)
+        else:
+            res = measure_control(x0, y, init=repeat_layers(prev, L // prev_L),
+                                  epsilon_start=pc["epsilon"],
+                                  adam_steps=pc["continuation_adam_steps"],
+                                  adam_lr=pc["adam_lr"] / 5, **kw)
+        prev, prev_L = {k: res.controls[k] for k in free_of(pc)}, L
+        prev.update({k: v for k, v in res.controls.items() if k not in prev})
+    return jax.block_until_ready(res)
+
+
 def _run_points(pcs):
     from ... import status_code
-    from ...control import measure_control, measure_loss
+    from ...control import measure_loss
     from ...distances import w2_exact
 
     rows = []
@@ -96,12 +139,9 @@ def _run_points(pcs):
         L, Lmax = pc["n_layers"], pc["max_layers"]
         opts = _options(pc)
         t0 = time.perf_counter()
-        res = measure_control(x0, y, n_layers=L, free=free_of(pc), init_scale=pc["init_scale"],
-                              seed=pc["seed"], epsilon_start=pc["epsilon_start"],
-                              adam_steps=pc["adam_steps"], adam_lr=pc["adam_lr"],
-                              lbfgs_steps=pc["lbfgs_steps"], gtol=pc["gtol"], **opts)
-        res = jax.block_until_ready(res)
+        res = _optimise(pc, x0, y)
         seconds = time.perf_counter() - t0
+        size = 1 + pc["adam_steps"] + pc["lbfgs_steps"]
         fine = dict(opts, steps_per_layer=REPLAY_FACTOR * steps_of(pc))
         loss_fine = float(measure_loss(res.controls, x0, y, free=(), **fine))
         loss_same = float(measure_loss(res.controls, x0, y, free=(), **opts))
@@ -119,9 +159,9 @@ def _run_points(pcs):
             "grad_norm": float(res.stats["grad_norm"]), "seconds": seconds,
             "finite": bool(np.isfinite(float(res.loss))
                            and int(res.status) != status_code("nonfinite")),
-            "loss_history": np.asarray(res.loss_history, np.float64),
-            "w2_history": np.asarray(res.w2_history, np.float64),
-            "epsilon_history": np.asarray(res.epsilon_history, np.float64),
+            "loss_history": _padded(res.loss_history, size),
+            "w2_history": _padded(res.w2_history, size),
+            "epsilon_history": _padded(res.epsilon_history, size),
             "depth_layer": depth_idx.astype(np.int64),
             "particles": xs[depth_idx], "target": y.astype(np.float64),
         }

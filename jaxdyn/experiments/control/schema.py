@@ -28,6 +28,11 @@ SCHEMA = {
     "epsilon_start": Field("float", 0.1, "ε at the start (annealed to epsilon)", check=positive),
     "cost": Field("str", "none", "control cost", choices=("none", "jump", "energy")),
     "cost_weight": Field("float", 0.0, "weight λ of the control cost", check=nonnegative),
+    "continuation": Field("bool", True, "climb the depth: L/2^k, ..., L/2, L, each depth "
+                          "started from the last one's optimum (its layers repeated)"),
+    "continuation_adam_steps": Field("int", 30, "Adam iterations of a continued depth "
+                                     "(at epsilon, learning rate adam_lr / 5)",
+                                     check=at_least(0)),
     "adam_steps": Field("int", 150, "Adam iterations", check=at_least(0)),
     "adam_lr": Field("float", 0.05, "Adam's initial learning rate", check=positive),
     "lbfgs_steps": Field("int", 100, "L-BFGS iterations at most", check=at_least(0)),
