@@ -246,11 +246,11 @@ def _depth_sweep(problem, layers, n=96):
                           separation=2.0, spread=0.3, kappa=20.0))
     x0, y = clouds(pc)
     model = "euclidean" if problem == "gaussian_to_mixture" else "sphere"
-    # R^2: a small ∫|θ|² keeps the weights where 8 RK4 steps resolve the flow
+    # R^2: a small ∫|θ|² keeps the weights where 16 RK4 steps resolve the flow
     cost = dict(cost="energy", cost_weight=1e-3) if model == "euclidean" else {}
     out, prev = {}, None
     for L in layers:
-        s = max(1, 8 // L)
+        s = max(2, 16 // L)  # 16 RK4 steps over [0, T] at least, 2 a layer at least
         kw = dict(n_layers=L, model=model, epsilon=0.01, steps_per_layer=s, seed=0,
                   lbfgs_steps=40, **cost)
         if prev is None:

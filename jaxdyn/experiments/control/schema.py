@@ -37,7 +37,7 @@ SCHEMA = {
     "adam_lr": Field("float", 0.05, "Adam's initial learning rate", check=positive),
     "lbfgs_steps": Field("int", 100, "L-BFGS iterations at most", check=at_least(0)),
     "gtol": Field("float", 1e-6, "stationarity tolerance on the gradient norm", check=positive),
-    "steps_per_layer": Field("int", 0, "RK4 steps a layer (0: max(1, 8 // n_layers))",
+    "steps_per_layer": Field("int", 0, "RK4 steps a layer (0: max(2, 16 // n_layers))",
                              check=at_least(0)),
     "sinkhorn_threshold": Field("float", 1e-6, "Sinkhorn's marginal tolerance", check=positive),
     "exact_max": Field("int", 2048, "largest N for the exact W2 (O(N³))", check=at_least(0)),
@@ -68,7 +68,7 @@ def free_of(cfg):
 
 def steps_of(cfg):
     """RK4 steps a layer of a (point) config."""
-    return cfg["steps_per_layer"] or max(1, 8 // cfg["n_layers"])
+    return cfg["steps_per_layer"] or max(2, 16 // cfg["n_layers"])
 
 
 def check(cfg):
