@@ -14,7 +14,8 @@ from jaxdyn.experiments import KINDS, ExperimentKind, StepFunction, get_kind
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = [*sorted((ROOT / "jaxdyn" / "experiments").rglob("*.py"))] + [
     ROOT / "jaxdyn" / p for p in ("cli.py", "config.py", "io.py", "plots.py", "simulation/_distributed.py")]
-PROTOCOL_MEMBERS = ("SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "run_points",
+PROTOCOL_MEMBERS = ("SCHEMA", "BATCH_AXES", "check", "estimate_bytes", "output_bytes", "process_split",
+                    "run_points",
                     "step_functions", "summarize", "plot")
 
 

@@ -25,6 +25,7 @@ KINDS = {
     "gaussianity": "jaxdyn.experiments.gaussianity",
     "pde": "jaxdyn.experiments.pde",
     "variants": "jaxdyn.experiments.variants",
+    "control": "jaxdyn.experiments.control",
 }
 
 #: Members every kind defines in its ``schema`` module (loaded with the kind: no JAX).

@@ -287,7 +287,7 @@ def work_items(run: Run, todo: list, n_proc: int) -> list:
 
 
 def pack_record(arrays: dict, dims: dict) -> bytes:
-    """A chunk record (:func:`.folder.chunk_record`) as bytes (NumPy's npz, no pickle)."""
+    """A chunk record (:func:`.folder.chunk_record`) as bytes (NumPy's npz of plain arrays)."""
     buf = io.BytesIO()
     np.savez(buf, **{f"a__{k}": np.asarray(v) for k, v in arrays.items()},
              dims=np.frombuffer(json.dumps(dims).encode(), np.uint8))
