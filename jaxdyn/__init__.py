@@ -5,8 +5,8 @@ dynamics in R^d (Paper B), Wasserstein measurement and optax-driven control.
 
 The top level holds the names the README uses; everything else lives in a subpackage with
 one role each: ``jaxdyn.sphere``, ``kernels``, ``models``, ``integrators``, ``simulation``,
-``spectral``, ``clusters``, ``gaussian``, ``distances``, ``control``, ``encoder``, ``weights`` (and the
-shell: ``config``, ``io``, ``plots``, ``experiments``, ``cli``).
+``spectral``, ``clusters``, ``gaussian``, ``distances``, ``control``, ``pde``, ``encoder``,
+``weights``, ``choices`` (and the shell: ``config``, ``io``, ``plots``, ``experiments``, ``cli``).
 
 Every driver returns a :class:`Solution` pytree whose ``result`` is a :class:`RESULTS` code
 per member (diffrax's codes included): read it with ``.ok``, ``.status``, ``.messages``.
@@ -31,8 +31,8 @@ if _typing.TYPE_CHECKING:
         status_names as status_names,
     )
     from . import (  # noqa: F401  (the subpackages, for jaxdyn.<role>.<name>)
-        clusters, control, distances, gaussian, integrators, kernels, models, simulation, spectral,
-        sphere, weights,
+        choices, clusters, control, distances, encoder, gaussian, integrators, kernels, models, pde,
+        simulation, spectral, sphere, weights,
     )
     from .models import (
         EuclideanAttention as EuclideanAttention,
@@ -82,8 +82,8 @@ if _typing.TYPE_CHECKING:
         enable_compilation_cache as enable_compilation_cache,
     )
 
-_SUBPACKAGES = ("clusters", "control", "distances", "gaussian", "integrators", "kernels", "models",
-                "simulation", "spectral", "sphere", "weights")
+_SUBPACKAGES = ("choices", "clusters", "control", "distances", "encoder", "gaussian", "integrators",
+                "kernels", "models", "pde", "simulation", "spectral", "sphere", "weights")
 _NAMES = {
     "._results": ("RESULTS", "STATUS_NAMES", "Solution", "is_successful", "status_code",
                   "status_codes", "status_messages", "status_names"),

@@ -25,6 +25,7 @@ def _setup(dtype, n, d=3, seed=0, beta=4.0):
     return x, B, qx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("formulation", ["dot", "fused"])
 @pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
 def test_formulations_equal_dense(dtype, formulation, normalization):

@@ -98,6 +98,7 @@ def test_crossing_and_fits():
     assert s == pytest.approx(-1.0) and r2 == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_concentration_over_several_segments(tmp_path):
     """A run of 300 steps (two segments of the chunk integrator), in both integrators: every
     frame's outputs are arrays (the W2 results reduced to their values), the coupling bound at

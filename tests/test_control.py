@@ -234,6 +234,7 @@ def test_attention_only():
           f"m0 = e1 -> W2 {r1.w2:.2e} (scipy {w2_ref:.2e}) in {r1.iterations} iterations")
 
 
+@pytest.mark.slow
 def test_bounded_controls_respect_bound():
     d = 2
     m1, S1 = random_target(1, d)
@@ -341,6 +342,7 @@ def test_transfer_affine_flow_is_exact(dtype):
     assert 2.5 < errs[0] / errs[1] < 6.0  # first order: 4 expected
 
 
+@pytest.mark.slow
 def test_particle_w2_falls_with_n():
     """Attention-only controls on the particle system: the W2 between the cloud's empirical
     moments at t1 and the target falls as N grows. Initial clouds with exact moments (so the
@@ -420,6 +422,7 @@ def test_reachability_experiment_tiny(tmp_path):
                        log=lambda *a: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["rk4", "euler"])
 def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
     """transfer_particles runs simulate's fixed-step loop: piece by piece, it equals simulate
@@ -449,6 +452,7 @@ def test_transfer_is_simulate_on_the_frozen_field_per_piece(method):
                                np.asarray(y), rtol=0, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_reach_loss_solve_matches_adaptive():
     """reach's own solve (reach_loss: constant diffrax Dopri8 steps, each inside one piece)
     against scipy's DOP853 at rtol 1e-12 on random piecewise-constant and piecewise-linear
@@ -498,6 +502,7 @@ def test_reach_loss_solve_matches_adaptive():
     assert coarse.names == "max_steps_reached" and float(coarse.error_ratio) > 1.0
 
 
+@pytest.mark.slow
 def test_reach_rejects_too_long_trials_and_refines_a_too_long_start():
     """One fixed Dopri8 step a piece: a too-long trial of the L-BFGS line search is a rejected
     trial like any other (the target is reached at one step a piece, no refinement); a start

@@ -38,6 +38,7 @@ def _controls(seed, kind="piecewise", scale=0.3):
     return {k: Control(jnp.asarray(v), 1.0, kind) for k, v in vals.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["piecewise", "linear"])
 def test_reach_loss_jit_and_vmap(kind):
     """jit gives the eager value; vmap over targets gives each target's value."""
@@ -59,6 +60,7 @@ def test_reach_loss_jit_and_vmap(kind):
     np.testing.assert_allclose(float(direct[0].energy), float(control_energy(ctr)), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["piecewise", "linear"])
 def test_reach_loss_gradient_matches_finite_differences(kind):
     """∂L/∂(control values) and ∂L/∂m1 against central differences (float64, h = 1e-6)."""
@@ -88,6 +90,7 @@ def test_reach_loss_gradient_matches_finite_differences(kind):
         assert float(gm[i]) == pytest.approx(fd, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_reach_under_jit_with_traced_targets():
     """reach inside jax.jit (traced m1, S1): the same optimisation as the concrete call (same
     iterations and optimiser W2), the histories padded with NaN to the iteration budget; the
@@ -130,6 +133,7 @@ def test_results_are_pytrees_of_arrays():
     assert isinstance(r.certificate, Certificate) and r.free == ("A", "b", "V", "B")
 
 
+@pytest.mark.slow
 def test_cloud_w2_bures_under_jit_vmap_grad():
     """The Bures part of cloud_w2_to_gaussian under jit, vmap and grad (exact=False); the
     exact part refuses traced inputs."""
@@ -165,6 +169,7 @@ def test_reach_under_vmap_over_targets():
         np.testing.assert_allclose(float(rv.w2[i]), float(r.w2), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_transfer_particles_and_layers_under_jit_vmap_grad():
     """transfer_particles and transformer_layers: jit with a traced t1 gives the eager cloud,
     vmap over initial clouds gives each cloud's, and the gradient of a scalar of the final

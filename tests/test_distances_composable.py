@@ -45,6 +45,7 @@ def _fd(f, x, h, entries):
 TIGHT = dict(epsilon=0.05, threshold=1e-11, max_iterations=100_000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [None, 8], ids=["dense", "online"])
 def test_sinkhorn_gradient_matches_finite_differences(batch_size):
     x, y = _clouds()
@@ -66,6 +67,7 @@ def test_sinkhorn_gradient_matches_finite_differences(batch_size):
     assert float(tangent) == pytest.approx(float(np.sum(gx * v)), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_sinkhorn_value_gradient_and_float32():
     # the gradient of W2 = sqrt(S) is that of S over 2 W2; in float32 it agrees with float64
     x, y = _clouds()
@@ -80,6 +82,7 @@ def test_sinkhorn_value_gradient_and_float32():
     np.testing.assert_allclose(g32, g_div, rtol=0, atol=2e-3 * np.abs(g_div).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sinkhorn_under_jit_equals_the_concrete_call_and_the_exact_value(dtype):
     x, y = _clouds(n=60, m=60, d=3, seed=2, dtype=dtype)
@@ -94,6 +97,7 @@ def test_sinkhorn_under_jit_equals_the_concrete_call_and_the_exact_value(dtype):
     assert abs(float(jitted.divergence) - exact ** 2) <= float(jitted.bias_bound)
 
 
+@pytest.mark.slow
 def test_sinkhorn_under_vmap_is_per_member():
     # a batch of clouds, one of them with a NaN: one code per member, the others unaffected
     x, y = _clouds(n=30, m=20, seed=3)
@@ -115,6 +119,7 @@ def test_sinkhorn_under_vmap_is_per_member():
         assert float(byeps.divergence[k]) == pytest.approx(float(one.divergence), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_traced_options_out_of_range_are_flagged_and_concrete_ones_raise():
     x, y = _clouds(n=20, m=20, seed=4)
     bad = jax.jit(lambda e: w2_sinkhorn(x, y, epsilon=e))(-1.0)
@@ -133,6 +138,7 @@ def test_traced_options_out_of_range_are_flagged_and_concrete_ones_raise():
             lambda a: w2_sinkhorn(a, y, max_iterations=3, max_rounds=1, throw=True))(x))
 
 
+@pytest.mark.slow
 def test_identical_point_clouds_and_degenerate_input_under_jit():
     # all points at one place: W2 = 0 without a solve; a NaN: nonfinite
     z = jnp.ones((5, 2))
@@ -187,6 +193,7 @@ def test_bures_value_gradient_matches_finite_differences():
     assert list(res.names) == ["successful", "successful"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps", [3e-3, 1e-3, 1e-4])
 def test_sinkhorn_bias_bound_holds_against_the_exact_value(eps):
     # near-concentrated clouds, where a fixed ε is strongly biased (the sibling test in

@@ -390,6 +390,7 @@ def test_minilm_encoder_stack_matches_transformers(minilm, dtype):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.models
 def test_minilm_full_model_matches_transformers(minilm):
     import torch

@@ -34,6 +34,7 @@ def _reference(models, x0, **kw):
     return jax.vmap(lambda m, x: jaxdyn.simulate(m, x, **kw))(models, x0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
 def test_equals_vmapped_simulate(dtype, method):
     # non-symmetric random Q, K, V per system, β from 0.3 to 40: with |Bᵀx| up to ~2 the
@@ -52,6 +53,7 @@ def test_equals_vmapped_simulate(dtype, method):
     np.testing.assert_allclose(norms, 1.0, atol=tol(dtype, 1e-6, 1e-13))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("branch,safe", [("maximum", -1.0), ("bound", 1e30)])
 def test_each_shift_branch_alone_equals_the_reference(monkeypatch, branch, safe):
     # SAFE_SHIFT = -1 forces the running maximum everywhere, 1e30 the bound everywhere: at
@@ -80,6 +82,7 @@ def _assert_finite_and_matches(models, x0, atol, **kw):
     np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs), atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 def test_identity_weights_take_the_bound_at_any_beta():
     # Q = K = V = I on the sphere: l_ii equals the bound, so even β = 5000 (logits 5000,
     # weights spanning e^-10000) runs on the bound branch and matches the generic path
@@ -89,6 +92,7 @@ def test_identity_weights_take_the_bound_at_any_beta():
     _assert_finite_and_matches(models, x0, 2e-5, t1=0.02, dt=0.001, save_every=10, method="rk4")
 
 
+@pytest.mark.slow
 def test_saveat_after_t0_and_mixed_precision_inputs():
     # float32 clouds with float64 models are accepted (as by simulate), and saveat times
     # that do not start at t0 label the right states
@@ -111,6 +115,7 @@ def test_unnormalized_weights(dtype):
                                atol=tol(dtype, 1e-4, 1e-11), rtol=0)
 
 
+@pytest.mark.slow
 def test_large_beta_float32_stays_finite_and_matches():
     # β = 2000 on S¹: logits of order 10³, far outside the bound's safe range; the maximum
     # branch must keep every weight finite
@@ -118,6 +123,7 @@ def test_large_beta_float32_stays_finite_and_matches():
     _assert_finite_and_matches(models, x0, 2e-3, t1=0.2, dt=0.001, save_every=50, method="euler")
 
 
+@pytest.mark.slow
 def test_nonfinite_is_a_status():
     models, x0 = _systems(3, 5, 3, [1.0], np.float32, seed=5)
     x0 = x0.at[1, 0, 0].set(jnp.nan)

@@ -109,6 +109,7 @@ def test_vi_blowup_time_matches_closed_form(dtype):
                                        atol=tol(dtype, 1e-5, 1e-10) * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_vi_blowup_time_general_A():
     """Any A with V = vI: P = Σ⁻¹ is linear; its first singular time (expm + bisection)
     against the numerical blow-up time."""
@@ -165,6 +166,7 @@ def test_rank_preserved_and_symmetric(dtype):
     np.testing.assert_allclose(np.asarray(sol0.cov_final), ref, atol=tol(dtype, 1e-5, 1e-10) * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_invalid_S0_rejected_with_numbers():
     with pytest.raises(ValueError, match=r"S0 must be symmetric.*= 1\.000e-01"):
         solve_moments(None, np.array([[1.0, 0.1], [0.0, 1.0]]), A=np.zeros((2, 2)), B=np.eye(2),
@@ -317,6 +319,7 @@ def _workload(n, seed=0, d=D, scale=0.3):
     return A, B, V, b, m0
 
 
+@pytest.mark.slow
 def test_batch_agrees_with_diffrax_and_closed_forms():
     n = 64
     A, B, V, b, m0 = _workload(n, seed=11)
@@ -351,6 +354,7 @@ def test_batch_agrees_with_diffrax_and_closed_forms():
     assert np.array_equal(sol.cov_final, np.swapaxes(sol.cov_final, -1, -2))
 
 
+@pytest.mark.slow
 def test_batch_stiff_stage_matches_explicit_stage():
     """Force every member into the Rodas5 stage (1 explicit iteration): it must reproduce
     the explicit results and the closed-form blow-up times."""
@@ -374,6 +378,7 @@ def test_batch_stiff_stage_matches_explicit_stage():
     assert set(off.names) == {"stiff"} and "stiff=True" in off.messages[0]
 
 
+@pytest.mark.slow
 def test_batch_sweep_with_blowups_finishes_with_statuses():
     n = 256
     A, B, V, b, m0 = _workload(n, seed=0)
@@ -434,6 +439,7 @@ def test_scalar_and_vi_grids_match_theory():
     np.testing.assert_allclose(g.trace_final[ok], g.theory_trace[ok], rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_poles_in_one_direction_and_just_after_t1():
     """Both solvers, two members of closed form (A = 0, diagonal V, B, S0: σ_k' = 2 V_kk B_kk σ_k²):
     (0) V = diag(1, 10⁴, 1), B = diag(1, −10⁻⁴, −1): σ_1 blows up at T* = 0.5, the other

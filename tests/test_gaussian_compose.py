@@ -40,6 +40,7 @@ def _check_grad(f, x, h=1e-4, rtol=1e-6, seed=0):
         np.testing.assert_allclose(float(np.sum(g * E)), fd, rtol=rtol, atol=1e-12 * abs(fd))
 
 
+@pytest.mark.slow
 def test_solve_moments_under_jit_and_grad():
     A, B, V, b = _params(1)
     S0 = np.eye(D)
@@ -70,6 +71,7 @@ def test_solve_moments_vmaps_over_initial_covariances():
                                    rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_batch_under_jit_gives_the_concrete_statuses():
     """The composable path (traced inputs) and the fast path (concrete inputs) of
     solve_moments_batch: the same statuses, blow-up times and final states within the
@@ -130,6 +132,7 @@ def test_batch_grad_matches_finite_differences():
     _check_grad(loss, A)
 
 
+@pytest.mark.slow
 def test_stationary_covariance_under_jit_vmap_and_grad():
     rng = np.random.default_rng(4)
     X = rng.standard_normal((D, D))
@@ -171,6 +174,7 @@ def test_closed_forms_compose():
     _check_grad(lambda A: jnp.trace(lyapunov_equilibrium(A, np.eye(D), -0.8)[0]), A, h=1e-5)
 
 
+@pytest.mark.slow
 def test_solve_moments_with_rodas5_matches_dopri8():
     """The shared Rodas5 as solve_moments' solver: the same blow-up time and states."""
     from jaxdyn.integrators.rodas5 import Rodas5

@@ -30,6 +30,7 @@ def test_dtype_floors():
 T_REF = 0.7682323744706153
 
 
+@pytest.mark.slow
 def test_issue_example_blows_up_in_both_precisions():
     """Both drivers in float32, the batch driver in float64, against T_REF (the float64
     single-member driver: test_issue_example_float64_single_driver, under -m slow; its

@@ -278,6 +278,7 @@ def control_profiles():
         ("split", ("kurt_pc", "sw2")),  # bimodal along one axis
     ],
 )
+@pytest.mark.slow
 def test_nongaussian_maps_are_flagged(control_profiles, kind, metrics):
     _, prof = control_profiles[1][kind]
     for k in GAUSSIANITY_METRICS:  # the Gaussian input (layer 0) is at the floor

@@ -11,6 +11,7 @@ from jaxdyn import pde
 from jaxdyn.gaussian import solve_moments
 
 
+@pytest.mark.slow
 def test_traced_times_give_the_concrete_solve():
     eye = jnp.eye(3, dtype=jnp.float32)
     A, B = -eye, 0.1 * eye

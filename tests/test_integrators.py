@@ -116,6 +116,7 @@ def test_vmap_over_initial_conditions(dtype):
                                    atol=tol(dtype, 1e-5, 1e-13), rtol=0)
 
 
+@pytest.mark.slow
 def test_saveat_and_save_every():
     eye = jnp.eye(3)
     model = jaxdyn.SphereAttention(eye, eye, eye, 1.0)
@@ -334,6 +335,7 @@ def test_traced_bad_x0_is_flagged_and_concrete_raises():
             jax.jit(lambda x: jaxdyn.simulate(model, x, t1=0.1, dt=0.01, throw=True).xs)(bad))
 
 
+@pytest.mark.slow
 def test_saveat_ending_before_t1_and_bad_saveat():
     # the adaptive methods saved t1's state under the last saveat time's label (and the
     # diffrax SDE methods ran out of steps): each frame is now the state at its own time

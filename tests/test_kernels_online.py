@@ -59,6 +59,7 @@ def _case(dtype, name, seed=0):
     return q, k, v, c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("branch,safe", [("maximum", -1.0), ("bound", 1e30)])
 def test_variant_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, case, branch,
@@ -73,6 +74,7 @@ def test_variant_bound_shift_and_running_maximum_each_equal_dense(monkeypatch, c
     _close(got, want, np.float64)
 
 
+@pytest.mark.slow
 def test_variant_default_guard_float32(dtype=np.float32):
     # the default guard in float32, every case: blocked equals dense
     for case in CASES:
@@ -106,6 +108,7 @@ def test_negative_alibi_slopes_are_bounded(monkeypatch):
         _close(got, want, np.float32, f32=1e-4)
 
 
+@pytest.mark.slow
 def test_masked_keys_by_minus_infinity_bias(dtype):
     # key 0, the diagonal of rows 3 and 20 and a whole key block masked by a −∞ bias: the
     # guard sees a −∞ known logit and the first block's maximum, and falls back where needed
@@ -150,6 +153,7 @@ def test_variant_gradient_where_the_largest_weight_is_tiny_equals_dense():
         np.testing.assert_allclose(g_b, g_d, rtol=tol(dt, 1e-4, 1e-10), atol=0)
 
 
+@pytest.mark.slow
 def test_variant_gradients_blocked_equal_dense():
     # reverse mode through the causal pass (skipped, masked and full key blocks, a repeated
     # last query row) and through the Sinkhorn sweeps, in float64
@@ -184,6 +188,7 @@ def _check_grad(f, x, rel=1e-6):
     np.testing.assert_allclose(float(jnp.sum(g * u)), float(fd), rtol=rel)
 
 
+@pytest.mark.slow
 def test_interaction_under_jit_vmap_grad():
     rng = np.random.default_rng(9)
     x = jnp.asarray(rng.normal(size=(40, 3)))
@@ -210,6 +215,7 @@ def test_interaction_under_jit_vmap_grad():
             _check_grad(loss, [x, B, jnp.asarray(2.0)][arg])
 
 
+@pytest.mark.slow
 def test_heads_interaction_under_jit_vmap_grad():
     q, k, v = _qkv(np.float64, H=2, n=37, seed=10)
     bias = jnp.asarray(np.random.default_rng(11).normal(size=(2, 37)))
@@ -244,6 +250,7 @@ def test_heads_interaction_under_jit_vmap_grad():
     _check_grad(sink, q)
 
 
+@pytest.mark.slow
 def test_blocked_lse_and_tile_under_jit_vmap_grad():
     rng = np.random.default_rng(12)
     x = jnp.asarray(rng.normal(size=(45, 3)))
@@ -298,6 +305,7 @@ def test_guarded_shift():
     assert float(jax.grad(lambda r: jnp.sum(O.guarded_shift(r, low, lambda: r, 2.0)))(r)[0]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_", [np.float32, np.float64], ids=["f32", "f64"])
 def test_causal_rows_depend_on_their_prefix_only(dtype_):
     # under a causal mask row i sees rows and keys <= i only, bitwise: a later query far from

@@ -50,6 +50,7 @@ BUILD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILD))
 def test_built_inside_jit_from_numpy_equals_outside_and_vmaps(name):
     W, x, build = _weights(), _cloud(), BUILD[name]

@@ -281,6 +281,7 @@ def test_gauge_offset_in_warm_start_still_converges():
     pytest.param(np.float32, 3000, id="f32-3000", marks=pytest.mark.slow),  # ~50 s
     pytest.param(np.float64, 3000, id="f64-3000", marks=pytest.mark.slow),  # ~90 s
 ])
+@pytest.mark.slow
 def test_multiscale_equals_dense_solver(dtype, n):
     x, y = _clusters(n, seed=9)
     x, y = x.astype(dtype), y.astype(dtype)
@@ -388,6 +389,7 @@ def test_multiscale_solves_at_a_fixed_epsilon_as_the_dense_solver(factor):
             2e-3 * float(dense.divergence) + 1e-5 * eps), (eps, ms.divergence, dense.divergence)
 
 
+@pytest.mark.slow
 def test_multiscale_not_converged_when_the_budget_is_cut():
     # the certified solver reports not_converged (never a silent value) when its rounds
     # cannot meet the marginal tolerance within max_iterations

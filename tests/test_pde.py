@@ -457,6 +457,7 @@ def test_fourier_particle_field_bad_inputs():
         pde.fourier_modes(1.0, 2.0)
 
 
+@pytest.mark.slow
 def test_float32_at_large_beta_moves_and_differentiates():
     """The kernel's shift is the logits' maximum β‖B‖₂ (S¹) and β max(√(a²+b²), |c|) (S²):
     with the larger shifts used before (β‖B‖_F, β(√(a²+b²) + |c|)) every float32 kernel value

@@ -30,6 +30,7 @@ def _status(name):
 
 # ------------------------------------------------------------------ models inside jit
 
+@pytest.mark.slow
 def test_models_built_inside_jit_from_numpy_weights():
     rho = jnp.asarray(_rho0())
     seen = {}
@@ -77,6 +78,7 @@ def test_auto_kernel_of_traced_weights_is_dense_and_concrete_checks_stay():
         jax.jit(lambda b: pde.CircleDensity(I2, I2, I2, b, 64).beta)(1000.0)
 
 
+@pytest.mark.slow
 def test_circle_attention_inside_jit_and_traced_beta():
     x = jnp.asarray(pde.quantile_points(_rho0(), 24))
     ref = pde.CircleAttention(I2, DIAG2, I2, 3.0)
@@ -93,6 +95,7 @@ def test_circle_attention_inside_jit_and_traced_beta():
 
 # ------------------------------------------------------------------ solve_density traced
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [(jnp.float64, 1e-12), (jnp.float32, 1e-5)])
 def test_solve_under_jit_with_traced_inputs_equals_the_concrete_solve(dtype, rtol):
     rho0 = np.asarray(_rho0(), dtype)
@@ -119,6 +122,7 @@ def test_solve_under_jit_with_traced_inputs_equals_the_concrete_solve(dtype, rto
     assert float(a.stats["dt"]) == pytest.approx(float(pde.cfl_dt(model)), rel=rtol)
 
 
+@pytest.mark.slow
 def test_solve_under_vmap_over_rho0_beta_dt_and_sphere():
     rho0s = jnp.stack([jnp.asarray(_rho0(seed=s)) for s in range(3)])
     betas = jnp.asarray([1.0, 4.0, 9.0])
@@ -141,6 +145,7 @@ def test_solve_under_vmap_over_rho0_beta_dt_and_sphere():
         np.testing.assert_allclose(np.asarray(s2[i]), np.asarray(one), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_traced_inputs_out_of_range_are_flagged_not_raised():
     rho0 = jnp.asarray(_rho0())
     model = pde.CircleDensity(I2, I2, I2, 2.0, M)
@@ -172,6 +177,7 @@ def test_traced_inputs_out_of_range_are_flagged_not_raised():
         pde.solve_density(model, rho0, t1=-1.0)
 
 
+@pytest.mark.slow
 def test_density_solution_is_a_pytree_of_arrays():
     sol = pde.solve_density(pde.CircleDensity(I2, I2, I2, 2.0, M), _rho0(), t1=0.3, n_save=2)
     leaves = jax.tree.leaves(sol)
@@ -214,6 +220,7 @@ def test_grad_of_a_functional_of_the_final_density_matches_finite_differences(ke
     assert float(jnp.sum(gq * E)) == pytest.approx(float(fq), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_grad_through_the_dense_kernel_at_a_rotation_and_through_rho0():
     """At Q = K = I (traced Q: the dense kernel) the gradient in a direction off the rotations
     aI + bJ is the whole derivative; the gradient in ρ0 is the adjoint's."""
@@ -254,6 +261,7 @@ def test_grad_on_the_sphere_and_of_the_growth_rate():
 
 # ------------------------------------------------------------------ rates and cluster counts
 
+@pytest.mark.slow
 def test_rates_traced_in_beta():
     betas = jnp.asarray([2.0, 8.0])
     rates = jax.vmap(lambda b: pde.growth_rate(pde.CircleDensity(I2, I2, I2, b, 64), [1, 2, 3]))(betas)
@@ -265,6 +273,7 @@ def test_rates_traced_in_beta():
         pde.zonal_growth_rate(pde.SphereDensity(I3, I3, I3, 2.0, 4, 8), [1, 2])), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_density_cluster_counts_traced_equal_the_host_counts():
     m = 128
     th = 2 * np.pi * np.arange(m) / m

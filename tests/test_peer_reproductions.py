@@ -40,6 +40,7 @@ def _tfdy_loop(x, D, beta, tau, steps):
     return x
 
 
+@pytest.mark.slow
 def test_tfdy_split_step_is_euler_renormalise_with_usa_and_V_equal_D():
     """tfdy's split experiment is SphereAttention(I, D, D, β, unnormalized) with the published
     step (method="euler_renormalise"), dt = τ: two dd values (one each side of the split),

@@ -198,6 +198,7 @@ def _gelu_np(x):
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
+@pytest.mark.slow
 def test_modernbert_matches_a_loop_reference_and_its_windows():
     import jax
     with jax.enable_x64(True):

@@ -6,6 +6,7 @@ import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.linalg as sla
 
 from jaxdyn.integrators.rodas5 import RODAS5, Rodas5, rodas5_step
@@ -34,6 +35,7 @@ def _exact(ts):
     return np.array(out)
 
 
+@pytest.mark.slow
 def test_order_five_and_dense_output_on_a_nonautonomous_ode():
     ts = np.linspace(0.0, 2.0, 41)
     ref = _exact(ts)
@@ -50,6 +52,7 @@ def test_order_five_and_dense_output_on_a_nonautonomous_ode():
     assert np.all(dslopes > 4.5), (dense, dslopes)  # order 4 locally: 5 at the save times
 
 
+@pytest.mark.slow
 def test_adaptive_stiff_solve_and_gradient():
     Js = np.array([[-1e6, 0.0], [1.0, -1.0]])
     sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: jnp.asarray(Js) @ y), Rodas5(), 0.0,

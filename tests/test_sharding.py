@@ -40,6 +40,7 @@ def four_devices(request, tmp_path_factory, worker_id):
 NAMES = ["f64", pytest.param("f32", marks=pytest.mark.slow)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_sweep_sharded_over_four_devices_equals_unsharded(four_devices, name):
     assert four_devices["devices"] == 4

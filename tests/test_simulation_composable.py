@@ -43,6 +43,7 @@ def _assert_grad_matches(f, v, rtol=1e-6):
 # ------------------------------------------------------------------ simulate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler", "euler_renormalise", "dopri5"])
 def test_grad_of_simulate_against_central_differences(method):
     Q, K, V = _weights()
@@ -88,6 +89,7 @@ def test_step_counts_fixed_and_adaptive():
     assert not hasattr(adaptive, "n_steps")
 
 
+@pytest.mark.slow
 def test_a_diffrax_solver_object_as_method():
     """diffrax's own solvers run in simulate: Euler on the step grid (plain explicit Euler,
     the projected scheme on R^d), an adaptive one with the PID controller as "tsit5"."""
@@ -154,6 +156,7 @@ def test_geodesic_em_step_by_hand():
     assert isinstance(GeodesicEulerMaruyama(), diffrax.AbstractStratonovichSolver)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["geodesic_em", "heun"])
 def test_grad_of_simulate_sde_against_central_differences(method):
     Q, K, V = _weights()
@@ -191,6 +194,7 @@ def _stack(Q, K, V, betas):
     return jaxdyn.stack_models([jaxdyn.SphereAttention(Q, K, V, b) for b in betas])
 
 
+@pytest.mark.slow
 def test_simulate_ensemble_under_jit_vmap_and_grad():
     Q, K, V = _weights()
     x0 = jnp.stack([_x0(n=7, seed=s) for s in range(4)])
@@ -226,6 +230,7 @@ def test_simulate_ensemble_under_jit_vmap_and_grad():
 # ------------------------------------------------------------------ sharding
 
 
+@pytest.mark.slow
 def test_sharded_vmap_under_jit_vmap_and_grad():
     eye = np.eye(3)
     x0s = jnp.stack([_x0(n=6, seed=s) for s in range(3)])
@@ -244,6 +249,7 @@ def test_sharded_vmap_under_jit_vmap_and_grad():
     _assert_grad_matches(lambda b: loss(b, diffrax.DirectAdjoint()), 1.0)
 
 
+@pytest.mark.slow
 def test_query_sharding_under_jit_vmap_and_grad():
     Q, K, V = _weights()
     B = jnp.asarray(Q.T @ K)
@@ -284,6 +290,7 @@ TRACED_PARAMETERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRACED_PARAMETERS))
 def test_simulate_flags_a_traced_parameter_outside_its_domain(name):
     """A traced parameter outside its domain makes simulate's result invalid_input.
@@ -310,6 +317,7 @@ def test_simulate_flags_a_traced_parameter_outside_its_domain(name):
                 build(v), x0, t1=0.2, dt=0.1, throw=True))(-1.0).xs)
 
 
+@pytest.mark.slow
 def test_simulate_sde_flags_a_traced_parameter_outside_its_domain():
     """A traced β or period outside its domain makes simulate_sde's result invalid_input."""
     x0 = _x0(n=6)
@@ -326,6 +334,7 @@ def test_simulate_sde_flags_a_traced_parameter_outside_its_domain():
         assert jax.jit(lambda v, run=run: run(v, "heun"))(-1.0).names == "invalid_input", name
 
 
+@pytest.mark.slow
 def test_simulate_ensemble_flags_a_traced_beta_per_system():
     """A traced β outside its domain flags its own system of the ensemble (jit and vmap)."""
     x0 = jnp.stack([_x0(n=5, seed=s) for s in range(3)])
@@ -345,6 +354,7 @@ def test_simulate_ensemble_flags_a_traced_beta_per_system():
                                             ["invalid_input", "successful", "successful"]]
 
 
+@pytest.mark.slow
 def test_sharded_paths_flag_a_traced_parameter():
     """sharded_vmap(simulate) and a query-sharded field flag a traced β outside its domain."""
     x0s = jnp.stack([_x0(n=6, seed=s) for s in range(3)])

@@ -148,6 +148,7 @@ TINY = {"kind": "sphere", "name": "tiny", "d": 3, "n": 16, "t1": 0.4, "dt": 0.1,
         "snapshots": [0.0, 0.4], "sweep": {"beta": [1.0]}}
 
 
+@pytest.mark.slow
 def test_second_run_loads_every_program_from_the_cache(tmp_path):
     """``jaxdyn run`` writes every program it compiles to the persistent cache (small programs
     included: none holds a host callback); a second process loads them all (every program a

@@ -437,6 +437,7 @@ def _moments_vs_particles(attention, n, iters, kernel, dt):
     return err_S, err_m
 
 
+@pytest.mark.slow
 def test_solve_moments_attention_against_particles():
     """solve_moments(attention="l2") with two heads, A, b and m ≠ 0 against 1000 particles
     (exact initial moments, NumPy seed 1) through simulate with the Euclidean field (RK4,

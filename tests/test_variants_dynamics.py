@@ -93,6 +93,7 @@ def test_geodesic_em_weak_order_by_monte_carlo():
     assert abs(slope - 1.0) < 0.15, (slope, err)
 
 
+@pytest.mark.slow
 def test_sde_keys_reproducible_and_independent():
     eye = jnp.eye(3, dtype=jnp.float64)
     model = jaxdyn.SphereAttention(eye, eye, 0.5 * eye, 4.0)
@@ -180,6 +181,7 @@ def qkv():
     return Q, K, V, 1.7, z
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["postln", "preln", "periln", "ngpt"])
 def test_layernorm_placement_against_numpy(placement, qkv):
     Q, K, V, beta, z = qkv
@@ -236,6 +238,7 @@ def test_prenorm_accepts_euclidean_models(qkv):
 # Depth-varying weights
 
 
+@pytest.mark.slow
 def test_depth_attention_reduces_and_switches_layers(qkv):
     Q, K, V, beta, z = qkv
     x0 = jnp.asarray(_np_unit(z))
@@ -315,6 +318,7 @@ def minilm_f64():
     return load_bert(path, dtype=np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.models
 def test_minilm_heads_equal_the_encoders_attention(minilm_f64):
     """Per layer l: the encoder's attention sublayer a = concat_h(A_h v_h) Wo + bo on hidden
