@@ -399,3 +399,11 @@ def test_concrete_parameters_set_outside_their_domain_are_refused_on_the_host():
 
     out = jax.vmap(lambda r: jaxdyn.simulate(Drift(r), x0, t1=0.2, dt=0.1))(jnp.asarray([1.0, -1.0]))
     assert list(out.names) == ["successful", "successful"]
+
+
+@pytest.mark.parametrize("max_steps", [0, 2.5, True])
+def test_max_steps_not_a_positive_integer_is_refused(max_steps):
+    """simulate refuses a step budget that is not an integer >= 1, naming max_steps."""
+    model = jaxdyn.SphereAttention(I3, I3, I3, 1.0)
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1"):
+        jaxdyn.simulate(model, _x0(n=4), t1=0.1, dt=0.05, method="dopri5", max_steps=max_steps)

@@ -38,11 +38,10 @@ import lineax as lx
 import numpy as np
 
 from ..choices import SDE_METHODS  # the method names simulate_sde takes (one source)
-from .._results import error_if_failed
 from ..integrators import AbstractIntegrator, GeodesicEulerMaruyama, GridODETerm
 from ..sphere import tangent_project
-from ._simulate import (_adjoint, _check_x0, _trajectory, _x0_invalid, diffrax_trajectory,
-                        end_time, flag_invalid, invalid_parameters, plan_steps, save_indices,
+from ._simulate import (_adjoint, _check_x0, _trajectory, diffrax_trajectory,
+                        end_time, finish, flag_invalid, invalid_parameters, plan_steps, save_indices,
                         solver_of, step_grid)
 
 _SDE_SOLVERS = {"geodesic_em": GeodesicEulerMaruyama, "heun": diffrax.Heun,
@@ -182,13 +181,7 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
                                idx, end_time(t0, t1, dt, n, idx), _adjoint(adjoint))
     if isinstance(sigma, jax.core.Tracer):
         traj = flag_invalid(traj, ~(sigma >= 0))
-    if isinstance(x0, jax.core.Tracer):
-        # flagged, not raised, as in simulate: the concrete checks cannot run under jit/vmap
-        traj = flag_invalid(traj, _x0_invalid(model, x0, in_dtype))
-    traj = flag_invalid(traj, bad_params)  # traced parameters outside their domain
-    if throw:
-        traj = error_if_failed(traj, traj.result)
-    return traj
+    return finish(traj, model, x0, in_dtype, bad_params, throw)
 
 
 def _diffusion(sigma, proj, struct):

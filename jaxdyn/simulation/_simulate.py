@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_integer
 from .._results import RESULTS, Solution, error_if_failed, stat
 from ..integrators import INTEGRATORS, AbstractIntegrator, GridODETerm, scheme_step
 
@@ -237,6 +238,32 @@ def _where_invalid(bad, result):
     return jax.vmap(_where_invalid)(bad, result)
 
 
+def finish(traj, model, x0, in_dtype, bad_params, throw):
+    """The flags and the optional raise every particle driver ends with.
+
+    A traced ``x0`` is flagged (not raised: the concrete checks of ``_check_x0`` cannot run
+    under jit/vmap), then the traced parameters outside their domain (``bad_params``); with
+    ``throw`` an unsuccessful result raises through the program.
+
+    Args:
+        traj: the driver's result.
+        model: the field (its ``manifold`` decides the on-sphere check of ``x0``).
+        x0: the initial state.
+        in_dtype: the dtype ``x0`` came in.
+        bad_params: the model's ``invalid()`` (or None).
+        throw: whether to raise on an unsuccessful result.
+
+    Returns:
+        ``traj`` with its result codes updated.
+    """
+    if isinstance(x0, jax.core.Tracer):
+        traj = flag_invalid(traj, _x0_invalid(model, x0, in_dtype))
+    traj = flag_invalid(traj, bad_params)  # traced parameters outside their domain
+    if throw:
+        traj = error_if_failed(traj, traj.result)
+    return traj
+
+
 def _x0_invalid(model, x0, in_dtype):
     """Traceable: True where x0 is non-finite or (sphere models) has rows off the sphere."""
     tol = None
@@ -383,13 +410,14 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       parameter outside its domain, ``model.invalid()``) and ``stats``.
 
     Raises:
-      ValueError: bad method/times/shapes, a concrete x0 that is non-finite or off the
+      ValueError: bad method/times/shapes, max_steps not an integer >= 1, a concrete x0 that is non-finite or off the
         sphere, or a concrete model parameter outside its domain (under jit/vmap these are
         flagged as ``RESULTS.invalid_input`` instead).
     """
     if not isinstance(method, diffrax.AbstractSolver) and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or a diffrax solver, got {method!r}")
     solver, adaptive = solver_of(method)
+    max_steps = check_integer("max_steps", max_steps, minimum=1)
     t0, t1, dt, n = plan_steps(t0, t1, dt)
     in_dtype = x0.dtype if hasattr(x0, "dtype") else np.asarray(x0).dtype
     x0 = _check_x0(model, x0)
@@ -398,7 +426,7 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     if adaptive:
         # a saveat ending before t1: the solve ends at its last time
         traj = _solve_adaptive(solver, model, x0, args, t0, end_time(t0, t1, dt, n, idx), dt,
-                               idx, float(rtol), float(atol), int(max_steps), _adjoint(adjoint))
+                               idx, float(rtol), float(atol), max_steps, _adjoint(adjoint))
     else:
         if isinstance(solver, AbstractIntegrator):
             solver = solver.on(model)
@@ -406,13 +434,7 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
         else:
             field = model
         traj = _solve_fixed(solver, field, x0, args, t0, dt, idx, _adjoint(adjoint))
-    if isinstance(x0, jax.core.Tracer):
-        # flagged, not raised: the concrete checks of _check_x0 cannot run under jit/vmap
-        traj = flag_invalid(traj, _x0_invalid(model, x0, in_dtype))
-    traj = flag_invalid(traj, bad_params)  # traced parameters outside their domain
-    if throw:
-        traj = error_if_failed(traj, traj.result)
-    return traj
+    return finish(traj, model, x0, in_dtype, bad_params, throw)
 
 
 def _adjoint(adjoint):
