@@ -44,13 +44,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_cloud, check_finite, check_same_length, is_traced
-from .kernels import HIGHEST
+from ._checks import check_cloud as _check_cloud
+from ._checks import check_finite as _check_finite
+from ._checks import check_same_length as _check_same_length
+from ._checks import is_traced as _is_traced
+from .kernels import HIGHEST as _HIGHEST
 
 __all__ = [
     "gram", "pair_fraction", "cluster_labels", "cluster_count", "gram_rank", "cluster_masses",
     "cluster_centres", "span_dimension", "interaction_energy", "log_partition_energy",
-    "hitting_times", "merge_events", "MergeEvents",
+    "hitting_times", "merge_events", "MergeEvents", "CLOSURE_MAX_PARTICLES",
 ]
 
 
@@ -99,11 +102,11 @@ def _input_error(xs, **params):
       non-finite cloud, or the parameter), or None.
     """
     try:
-        check_cloud("xs", xs)
+        _check_cloud("xs", xs)
         for name, p in params.items():
-            if p is not None and not (is_traced(p) or np.issubdtype(np.asarray(p).dtype, np.number)):
+            if p is not None and not (_is_traced(p) or np.issubdtype(np.asarray(p).dtype, np.number)):
                 return f"{name} must be a number or an array of numbers, got {p!r}"
-            check_finite(name, p)
+            _check_finite(name, p)
     except ValueError as e:
         return str(e)
     return None
@@ -119,7 +122,7 @@ def _flag(out, x, *params):
 
 
 def _gram(x):
-    return jnp.matmul(x, x.T, precision=HIGHEST)
+    return jnp.matmul(x, x.T, precision=_HIGHEST)
 
 
 def gram(xs):
@@ -132,7 +135,7 @@ def gram(xs):
       (..., N, N) array.
     """
     xs = jnp.asarray(xs)
-    return jnp.matmul(xs, jnp.swapaxes(xs, -1, -2), precision=HIGHEST)
+    return jnp.matmul(xs, jnp.swapaxes(xs, -1, -2), precision=_HIGHEST)
 
 
 # ------------------------------------------------------------------ pair fraction
@@ -205,7 +208,7 @@ def _labels(x, delta):
     if n <= CLOSURE_MAX_PARTICLES:
         r = adj.astype(x.dtype)
         rounds = max(1, int(np.ceil(np.log2(max(n, 2)))))
-        r = jax.lax.fori_loop(0, rounds, lambda _, r: (jnp.matmul(r, r, precision=HIGHEST) > 0)
+        r = jax.lax.fori_loop(0, rounds, lambda _, r: (jnp.matmul(r, r, precision=_HIGHEST) > 0)
                               .astype(r.dtype), r)
         idx = jnp.arange(n, dtype=jnp.int32)
         return jnp.min(jnp.where(r > 0, idx[None, :], n), axis=1).astype(jnp.int32)
@@ -327,7 +330,7 @@ def _masses_centres(x, delta):
     lab = _labels(x, delta)
     onehot = (lab[:, None] == jnp.arange(n, dtype=lab.dtype)[None, :]).astype(x.dtype)  # (i, k)
     mass = jnp.sum(onehot, axis=0) / n  # (k,)
-    s = jnp.matmul(onehot.T, x, precision=HIGHEST)  # Σ_{i in k} x_i
+    s = jnp.matmul(onehot.T, x, precision=_HIGHEST)  # Σ_{i in k} x_i
     norm = jnp.linalg.norm(s, axis=-1, keepdims=True)
     centre = jnp.where(norm > 0, s / jnp.where(norm > 0, norm, 1.0), 0.0)
     order = jnp.argsort(-mass, stable=True)
@@ -423,7 +426,7 @@ def _span_jit(xs, rtol):
 # ------------------------------------------------------------------ energies
 
 def _logits(x, beta, B):
-    return beta * jnp.matmul(jnp.matmul(x, B, precision=HIGHEST), x.T, precision=HIGHEST)
+    return beta * jnp.matmul(jnp.matmul(x, B, precision=_HIGHEST), x.T, precision=_HIGHEST)
 
 
 def interaction_energy(xs, beta, B=None):
@@ -535,13 +538,13 @@ def hitting_times(ts, counts, levels):
         ``ts`` (the message names both lengths), or ``levels`` not 1-D (shapes: checked under
         ``jax.jit`` too); concrete ``ts`` that are not finite.
     """
-    check_same_length("ts", ts, "counts", counts)
+    _check_same_length("ts", ts, "counts", counts)
     if np.shape(ts)[0] < 1:
         raise ValueError("ts must hold at least one saved time, got an empty array")
     if np.ndim(levels) != 1:
         raise ValueError(f"levels must be a 1-D array of integer levels, got shape "
                          f"{tuple(np.shape(levels))}")
-    check_finite("ts", ts)
+    _check_finite("ts", ts)
     return _hitting_jit(ts, counts, levels)
 
 

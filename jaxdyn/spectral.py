@@ -33,9 +33,9 @@ from .spectral_host import (  # the host (NumPy) half, re-exported
     SpectralWeights as SpectralWeights,
     _square64,
     check_assumptions as check_assumptions,
-    random_orthogonal,
+    random_orthogonal as _random_orthogonal,
     rotation_matrix as rotation_matrix,
-    spectral_weights_host,
+    spectral_weights_host as _spectral_weights_host,
     subspace_angle as subspace_angle,
     top_eigenspace as top_eigenspace,
 )
@@ -308,9 +308,9 @@ def spectral_weights(
         mu_np = np.asarray(mu, dtype=np.float64)
         if mu_np.ndim == 1 and mu_np.size >= 2:
             d = mu_np.size
-            U = random_orthogonal(d, gaussian=np.asarray(
+            U = _random_orthogonal(d, gaussian=np.asarray(
                 jax.random.normal(key, (d, d), dtype=jnp.float32), dtype=np.float64))
-    sw = spectral_weights_host(mu, B, U, rotation=rotation, eigenspace_angle=eigenspace_angle,
+    sw = _spectral_weights_host(mu, B, U, rotation=rotation, eigenspace_angle=eigenspace_angle,
                                plane=plane, seed=seed, rtol=rtol)
     dt = _float_dtype(default=dtype)
     return sw._replace(**{f: _host_array(getattr(sw, f), dt) for f in ("Q", "K", "V", "M", "B", "U", "mu")})

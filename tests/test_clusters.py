@@ -146,6 +146,7 @@ def test_batching_and_jit():
     np.testing.assert_array_equal(np.asarray(cnt), np.asarray(C.cluster_count(xs, 1e-3)))
 
 
+@pytest.mark.slow
 def test_traced_parameters_under_vmap_and_jit():
     """Thresholds, δ and β traced (vmapped): each member equals the call with that number."""
     xs = clouds(7, frames=4)
@@ -206,6 +207,7 @@ def test_energies_against_direct_sums():
     assert float(C.interaction_energy(x, beta, Q.T @ K)) == pytest.approx(direct, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalization", ["unnormalized", "softmax"])
 def test_energy_nondecreasing_along_gradient_flow(normalization):
     """V = B = QᵀK symmetric (indefinite here): USA is N × the gradient flow of E_β, SA its
@@ -237,6 +239,7 @@ def two_masses_merge_time(n1, n2, beta, theta0, delta):
     return t
 
 
+@pytest.mark.slow
 def test_merge_time_of_two_point_masses_within_one_save_interval():
     n1, n2, beta, theta0, delta = 3, 5, 1.0, 2.0, 1e-3
     t_star = two_masses_merge_time(n1, n2, beta, theta0, delta)
@@ -295,6 +298,7 @@ def numpy_rotf_step_loop(x, beta, h, steps):
     return x
 
 
+@pytest.mark.slow
 def test_euler_renormalise_is_the_published_step_in_both_drivers():
     I = np.eye(2)
     betas = (0.5, 2.0, 9.0)
@@ -312,6 +316,7 @@ def test_euler_renormalise_is_the_published_step_in_both_drivers():
     np.testing.assert_allclose(np.linalg.norm(np.asarray(ens.xs), axis=-1), 1.0, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_euler_renormalise_local_difference_and_order():
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(4), 16, 3, dtype=jnp.float64)
     rng = np.random.default_rng(7)

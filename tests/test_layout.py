@@ -1,4 +1,4 @@
-"""The package layout keeps its rules (README, "Layout"): no import circle, the application
+"""The package layout keeps its rules (docs/layout.md): no import circle, the application
 layer on the public API, plotting only in the figure modules, the core without the shell."""
 
 import ast

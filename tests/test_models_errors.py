@@ -54,6 +54,7 @@ def test_nonfinite_is_a_status_not_an_exception():
 N_VMF, D_VMF = 50_000, 4
 
 
+@pytest.mark.slow
 def test_vmf_mean_resultant_length():
     # On S^{d-1}, E⟨x, μ⟩ = A_d(κ) = I_{d/2}(κ)/I_{d/2-1}(κ); on S³ (d = 4) I_2(κ)/I_1(κ).
     from scipy.special import ive
@@ -83,6 +84,7 @@ def test_uniform_and_mixture_moments():
         jaxdyn.sample_mixture(jax.random.PRNGKey(3), 10, 4, weight=1.0)
 
 
+@pytest.mark.slow
 def test_sampling_programs_are_bucketed_and_give_the_direct_numbers(monkeypatch):
     # one generator program per power-of-two row count, the numbers of the direct call bit for
     # bit (a sweep over N compiles a few generators, not one per N); a typed key, a traced key

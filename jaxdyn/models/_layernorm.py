@@ -140,7 +140,7 @@ class _RadialPlacement(AbstractNormPlacement):
 class PostLN(_SpherePlacement):
     """Post-LN: ẋ_i = P⊥(x_i) A_i(x) on the sphere (the engine's SphereAttention dynamics).
 
-    Args:
+    Attributes:
       field: the attention field A (a particle model).
     """
 
@@ -154,7 +154,7 @@ class PostLN(_SpherePlacement):
 class PreLN(_RadialPlacement):
     """Pre-LN: ż_i = A_i(z/|z|) in R^d (the radius r_i = |z_i| evolves and slows the angles).
 
-    Args:
+    Attributes:
       field: the attention field A, seen at the directions z/|z|.
     """
 
@@ -168,7 +168,7 @@ class PreLN(_RadialPlacement):
 class PeriLN(_RadialPlacement):
     """Peri-LN: ż_i = Â_i, Â = A/|A|, A evaluated at z/|z| (in R^d).
 
-    Args:
+    Attributes:
       field: the attention field A; its output is normalised again after the block.
     """
 
