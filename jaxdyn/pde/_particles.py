@@ -73,6 +73,11 @@ def sample_density(key, rho, n: int):
     cdf, h = _cdf_nodes(rho)
     u = np.asarray(jax.random.uniform(key, (n,), dtype=jnp.float64 if jax.config.jax_enable_x64
                                        else jnp.float32), float)
+    return _inverse_cdf_points(cdf, h, u)
+
+
+def _inverse_cdf_points(cdf, h, u):
+    """The points F⁻¹(u) on S¹ of the piecewise-linear CDF ``cdf`` on cells of width h."""
     j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
     frac = (u - cdf[j]) / np.maximum(cdf[j + 1] - cdf[j], 1e-300)
     theta = (j + np.clip(frac, 0, 1) - 0.5) * h
@@ -99,10 +104,7 @@ def quantile_points(rho, n: int):
     n = check_integer("n", n, minimum=0)
     cdf, h = _cdf_nodes(rho)
     u = (np.arange(n) + 0.5) / n
-    j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
-    frac = (u - cdf[j]) / np.maximum(cdf[j + 1] - cdf[j], 1e-300)
-    theta = (j + np.clip(frac, 0, 1) - 0.5) * h
-    return np.stack([np.cos(theta), np.sin(theta)], -1)
+    return _inverse_cdf_points(cdf, h, u)
 
 
 def empirical_modes(x, ks):
