@@ -217,14 +217,13 @@ def status_names(result):
 
 
 def status_messages(result):
-    """The message of each member's status.
+    """The message of each member's status (what happened and what to try).
 
     Args:
-        result: a concrete result (anything :func:`status_codes` takes, not traced).
+        result: as for :func:`status_names`.
 
     Returns:
-        A ``str`` for one member, an object array of ``str`` for a batch (a traced result,
-        under jit/vmap, is a ``ValueError``).
+        The messages, shaped as :func:`status_names`' names.
     """
     return _per_member(result, lambda c: _MESSAGES[c])
 

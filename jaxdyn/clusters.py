@@ -484,16 +484,15 @@ def log_partition_energy(xs, beta, B=None):
     same partition function (one cluster). Computed with log-sum-exp (no overflow).
 
     Args:
-      xs: (..., N, d) clouds.
-      beta: β, a scalar or broadcastable to ``xs.shape[:-2]``.
-      B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
+      xs: the clouds, as for :func:`interaction_energy`.
+      beta: β, as there.
+      B: the bilinear form QᵀK, as there.
 
     Returns:
-      Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite).
+      Shape ``xs.shape[:-2]``, with the same NaN convention.
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, β or B that is
-        not finite (module doc).
+      ValueError: the input errors of :func:`interaction_energy`.
     """
     err = _input_error(xs, beta=beta, B=B)
     if err:

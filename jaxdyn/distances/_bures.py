@@ -200,7 +200,7 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
         W2, ``divergence`` W2^2; ``result`` is ``nonfinite`` where an input is not finite.
 
     Raises:
-        ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
+        ValueError: the shape errors of :func:`bures_w2_squared`.
     """
     m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
     problem = _gaussians_problem(m0, S0, m1, S1)
