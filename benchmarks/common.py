@@ -28,7 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
+#: Where the scripts write; ``python -m benchmarks run`` points it at a scratch folder
+#: (``JAXDYN_BENCH_RESULTS``) and files the result under ``results/<workload>/``.
+RESULTS = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or HERE / "results")
 sys.path.insert(0, str(ROOT))
 
 

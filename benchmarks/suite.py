@@ -1,0 +1,501 @@
+"""The benchmark suite: its workloads, where their results live, and the generated table.
+
+A workload is one existing ``bench_*.py`` script with its arguments (full, ``--tiny`` and GPU)
+and a *headline*: the one jaxdyn time and the one baseline time that the docs table shows,
+read from the script's own JSON. The scripts keep their measurements; this module runs
+them in a child process, wraps what they wrote with the machine's facts, and stores
+
+    benchmarks/results/<workload>/<machine kind>.json   (and .png when the script drew one)
+
+one file per workload and machine kind: a new run replaces the file of its kind. A ``--tiny``
+run writes ``<machine kind>.tiny.json`` (a smoke test; not committed, not in the table).
+
+The machine kind names the hardware a number belongs to: ``cpu-<model>-<cores>c`` (plus
+``-<isa>`` when XLA's code generation was capped, ``--max-isa``) or ``gpu-<model>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN GENERATED BENCHMARKS -->"
+END = "<!-- END GENERATED BENCHMARKS -->"
+
+
+# ---------------------------------------------------------------------------------------------
+# headlines: (jaxdyn seconds, what; baseline seconds, what; floor seconds) from a script's JSON
+# ---------------------------------------------------------------------------------------------
+
+def _h(jaxdyn_s=None, jaxdyn="", baseline_s=None, baseline="", floor_s=None, note=""):
+    out = {"jaxdyn_s": jaxdyn_s, "jaxdyn": jaxdyn, "baseline_s": baseline_s,
+           "baseline": baseline, "floor_s": floor_s, "note": note}
+    return {k: v for k, v in out.items() if v not in (None, "")}
+
+
+def _phase(d):
+    impl = d["impl"]
+    main = "jaxdyn_ensemble" if "jaxdyn_ensemble" in impl else "jaxdyn_sharded"
+    t = impl.get("torch_eager") or {}
+    w = d.get("workload", {})
+    size = f"{w.get('betas')} β × {w.get('systems')} systems × n = {w.get('n')}, {w.get('steps')} steps"
+    base = (f"PyTorch eager ({t.get('device', 'cpu')}, {t.get('threads')} thread(s))"
+            if t else "")
+    return _h(impl[main]["median_s"], f"{main}, {size}", t.get("median_s"), base)
+
+
+def _large_n(d):
+    h = d.get("headline")
+    if h:
+        impl = h["impl"]
+        mine = "jax_blocked" if "jax_blocked" in impl else next(iter(impl))
+        torch = [v for k, v in impl.items() if k.partition("@")[0] == "torch" and "median_s" in v]
+        best = min(torch, key=lambda v: v["median_s"]) if torch else {}
+        return _h(impl[mine]["median_s"], f"{mine}, one field evaluation, N = {h['n']}",
+                  best.get("median_s"), "PyTorch eager (faster thread setting)" if best else "")
+    rows = {}
+    for name, v in d["impl"].items():
+        for r in v.get("rows", []):
+            if "median_s" in r:
+                rows.setdefault(r["n"], {})[name] = r["median_s"]
+    n = max(k for k, v in rows.items() if "jax_blocked" in v)
+    torch = [s for k, s in rows[n].items() if k.partition("@")[0] == "torch"]
+    return _h(rows[n]["jax_blocked"], f"jax_blocked, one field evaluation, N = {n}",
+              min(torch) if torch else None, "PyTorch eager" if torch else "")
+
+
+def _roofline(d):
+    rows = [r for r in d["rows"] if r.get("impl") == "jaxdyn_sharded"] or d["rows"]
+    r = max(rows, key=lambda r: r["n"])
+    return _h(r["median_s"], f"{r['impl']}, one field evaluation, N = {r['n']}",
+              floor_s=r.get("floor_s"), note="floor: N² exps at the measured exp rate")
+
+
+def _moments(d):
+    m = d["methods"]
+    n = d.get("workload", {}).get("n")
+    s = m.get("scipy_dop853") or {}
+    return _h(m["jaxdyn"]["seconds_median"], f"solve_moments_batch, {n} sets",
+              s.get("seconds"), "SciPy DOP853 loop" if s else "")
+
+
+def _reach(d):
+    r = max(d["rows"], key=lambda r: r["d"])
+    t = r.get("torch_scipy_lbfgsb") or {}
+    return _h(r["jaxdyn_lbfgs"]["median_s"], f"reach (L-BFGS), d = {r['d']}",
+              t.get("median_s"), "PyTorch autograd + SciPy L-BFGS-B" if t else "")
+
+
+def _pde(d):
+    parts = [p for p in d.get("particles", []) if "rk4_step_s" in p]
+    p = max(parts, key=lambda p: p["n"]) if parts else {}
+    return _h(d["density"]["heun_step_s"], f"density Heun step, M = {d.get('m')}",
+              p.get("rk4_step_s"), f"particle RK4 step, N = {p['n']} ({p.get('kind')})" if p else "")
+
+
+def _w2(d):
+    rows = [r for r in d["rows"] if not r.get("skipped") and r.get("jaxdyn_s") is not None]
+    paired = [r for r in rows if r.get("exact_s") is not None]
+    if paired:
+        r = max(paired, key=lambda r: (r["case"] == "concentration", r["n"]))
+        return _h(r["jaxdyn_s"], f"w2_sinkhorn, {r['case']}, N = {r['n']}",
+                  r["exact_s"], "SciPy exact assignment")
+    r = max(rows, key=lambda r: r["n"])
+    return _h(r["jaxdyn_s"], f"w2_sinkhorn, {r['case']}, N = {r['n']}",
+              note="no exact baseline at this N")
+
+
+def _w2_cache(d):
+    first, second = d["runs"][0], d["runs"][1]
+    return _h(second["wall_s"], f"w2_sinkhorn N = {d.get('n')}, second process (cache filled)",
+              first["wall_s"], "first process (empty cache)")
+
+
+def _causal(d):
+    r = max(d["rows"], key=lambda r: r["n"])
+    return _h(r["causal_median_s"], f"causal blocked field, N = {r['n']}",
+              r["full_median_s"], "the same without the mask")
+
+
+def _distributed(d):
+    m = d["median"]
+    return _h(m["2x1"]["wall_s"], "sweep_large, 2 processes × 1 device",
+              m["1x2"]["wall_s"], "1 process × 2 devices")
+
+
+def _first_call(d):
+    s = d["summary"]["moments"]
+    before = next((v for k, v in s.items() if k.startswith("before")), None)
+    now = next(v for k, v in s.items() if not k.startswith("before"))
+    return _h(statistics.median(now["compile_cpu_s"]), "solve_moments_batch compile (CPU s)",
+              statistics.median(before["compile_cpu_s"]) if before else None,
+              "the revision before" if before else "")
+
+
+def _startup(d):
+    runs = {r["code"]: r for r in d["default_run"]}
+    now = runs.get("now, first run") or next(iter(runs.values()))
+    before = runs.get("before") or {}
+    return _h(now["wall_s"], "`jaxdyn run` (default), first run",
+              before.get("wall_s"), "the base revision" if before else "")
+
+
+def _startup_configs(d):
+    rows = [r for r in d["rows"] if "first" in r]
+    return _h(sum(r["first"]["wall_s"] for r in rows), f"{len(rows)} shipped configs, first runs")
+
+
+def _control_measure(d):
+    rows = d["rows"]
+    mine = [r for r in rows if not str(r.get("impl", "")).startswith("torch") and r.get("run_s")]
+    r = max(mine, key=lambda r: r["n"])
+    torch = [t for t in rows if str(t.get("impl", "")).startswith("torch") and t.get("n") == r["n"]
+             and t.get("run_s")]
+    t = min(torch, key=lambda t: t["run_s"]) if torch else {}
+    return _h(r["run_s"], f"{r['impl']}, N = {r['n']}", t.get("run_s"),
+              f"PyTorch autograd ({t['impl']})" if t else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# the workloads
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One workload of the suite: a script, its arguments, and how to read its headline."""
+
+    name: str
+    script: str
+    summary: str
+    output: str                      # the stem of the JSON the script writes
+    headline: Callable[[dict], dict]
+    args: tuple = ()
+    tiny_args: tuple = ("--tiny",)
+    gpu_args: tuple | None = None    # None: not a GPU workload
+    out_args: Callable[[Path], list] | None = None  # redirect the script's output folder
+    fixed_output: bool = False       # the script writes to benchmarks/results only
+    timeout_s: float | None = None
+
+
+WORKLOADS = (
+    Workload("phase", "bench_phase.py",
+             "phase diagram of 8192 small systems on S¹ (published loop) vs PyTorch eager",
+             "phase", _phase,
+             gpu_args=("--variants", "jax_vmap,jaxdyn_sharded,jaxdyn_ensemble"), timeout_s=None),
+    Workload("large_n", "bench_large_n.py",
+             "one attention-field evaluation, N = 2¹⁰ … 2¹⁷: time and peak memory vs NumPy, "
+             "PyTorch, KeOps", "large_n", _large_n,
+             gpu_args=("--impls", "jax_dense,jax_blocked,torch", "--max-log2n", "20",
+                       "--min-log2n", "10", "--mem-cap-gb", "48", "--time-cap", "10",
+                       "--budget", "50", "--reps", "5", "--headline-rounds", "10")),
+    Workload("roofline", "bench_roofline.py",
+             "the field evaluation against the machine's exp-bound floor", "roofline",
+             _roofline),
+    Workload("moments", "bench_moments.py",
+             "4096 batched Gaussian moment solves with blow-ups vs a SciPy loop and Euler+PSD",
+             "moments_batch", _moments, tiny_args=("--quick",),
+             out_args=lambda d: ["--out", str(d / "moments_batch")]),
+    Workload("reach", "bench_reach.py",
+             "steer N(0, I) to random Gaussian targets (W2 < 1e-4) vs PyTorch + SciPy L-BFGS-B",
+             "reach", _reach),
+    Workload("pde", "bench_pde.py",
+             "one step of the density solver on S¹ vs one particle step", "pde_speed", _pde),
+    Workload("w2", "bench_w2.py",
+             "Sinkhorn W2 (default ε) to N = 10⁵ vs exact assignment and ott's default",
+             "w2_sinkhorn", _w2, tiny_args=("--quick",),
+             gpu_args=("--cases", "affine", "concentration", "--sizes", "1000", "4000", "10000",
+                       "30000", "100000", "--exact-max", "4000", "--ott-max", "0",
+                       "--repeat", "2", "--budget-s", "120"),
+             out_args=lambda d: ["--outdir", str(d)]),
+    Workload("w2_cache", "bench_w2_cache.py",
+             "multiscale W2 at N = 10⁵ in two fresh processes: empty vs filled compilation cache",
+             "w2_cache", _w2_cache, tiny_args=("--n", "2000"),
+             out_args=lambda d: ["--outdir", str(d)]),
+    Workload("causal", "bench_causal.py",
+             "a causal blocked attention pass vs a full one", "causal", _causal),
+    Workload("distributed", "bench_distributed.py",
+             "the sweep_large config in one process × 2 devices vs 2 processes × 1 device",
+             "distributed", _distributed),
+    Workload("first_call", "bench_first_call.py",
+             "first call (compile + run) of solve_moments_batch and reach", "first_call",
+             _first_call, tiny_args=("--which", "reach"), fixed_output=True),
+    Workload("startup", "bench_startup.py",
+             "the CLI's start and the default `jaxdyn run`, first and second run", "startup",
+             _startup),
+    Workload("startup_configs", "bench_startup.py",
+             "every shipped config: first and second run, compile seconds", "startup_configs",
+             _startup_configs, args=("--configs",), tiny_args=("--configs", "--tiny")),
+    Workload("control_measure", "bench_control_measure.py",
+             "one gradient of measure-to-measure control vs PyTorch autograd",
+             "control_measure", _control_measure),
+)
+BY_NAME = {w.name: w for w in WORKLOADS}
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+# ---------------------------------------------------------------------------------------------
+
+def _slug(s):
+    s = re.sub(r"\(r\)|\(tm\)|cpu|processor|@.*$", "", s.lower())
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+
+
+def _cpuinfo():
+    model, flags = None, []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if model is None and line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif not flags and line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return model, flags
+
+
+def gpu_name():
+    """The first GPU's name from ``nvidia-smi``, or None where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0].strip() if out else None
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args):
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def machine_facts(max_isa=None):
+    """The machine and code a run measures: CPU model, vector extensions, cores, GPU, library
+    versions, commit (and whether the tree differs from it), load at the start."""
+    model, flags = _cpuinfo()
+    facts = {
+        "cpu_model": model,
+        "vector_extensions": {f: f in flags for f in ("avx2", "fma", "avx512f", "avx512_vnni",
+                                                      "avx512_bf16", "amx_tile")},
+        "cpu_count": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "gpu": gpu_name(),
+        "python": sys.version.split()[0],
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "commit": _git("rev-parse", "HEAD"),
+        "tree_modified": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "xla_max_isa": max_isa,
+    }
+    try:
+        facts["loadavg_start"] = list(os.getloadavg())
+    except OSError:
+        pass
+    return facts
+
+
+def machine_kind(facts, gpu=False):
+    """``gpu-<model>`` for a GPU run, else ``cpu-<model>-<cores>c`` (``-<isa>`` when capped)."""
+    if gpu and facts.get("gpu"):
+        return "gpu-" + _slug(facts["gpu"])
+    cores = facts.get("cores_usable") or facts.get("cpu_count")
+    kind = f"cpu-{_slug(facts.get('cpu_model') or 'unknown')}-{cores}c"
+    if facts.get("xla_max_isa"):
+        kind += "-" + facts["xla_max_isa"].lower()
+    return kind
+
+
+# ---------------------------------------------------------------------------------------------
+# running a workload
+# ---------------------------------------------------------------------------------------------
+
+def result_path(workload, kind, tiny=False):
+    """benchmarks/results/<workload>/<kind>.json (``.tiny.json`` for a smoke test)."""
+    return RESULTS / workload / (f"{kind}.tiny.json" if tiny else f"{kind}.json")
+
+
+def headline(workload, data):
+    """The workload's headline from a script's JSON; ``{}`` where a field is missing."""
+    try:
+        return BY_NAME[workload].headline(data)
+    except (KeyError, IndexError, TypeError, ValueError, StopIteration):
+        return {}
+
+
+def _run_once(w, extra, tiny, gpu, max_isa, timeout):
+    tmp = Path(tempfile.mkdtemp(prefix=f"jaxdyn_bench_{w.name}_"))
+    argv = [sys.executable, str(HERE / w.script), *w.args]
+    argv += list(w.tiny_args) if tiny else []
+    argv += list(w.gpu_args or ()) if gpu else []
+    argv += ["--max-isa", max_isa] if max_isa else []
+    argv += w.out_args(tmp) if w.out_args else []
+    if w.fixed_output:
+        argv += ["--name", f"{w.output}_suite_run"]
+    argv += list(extra)
+    env = dict(os.environ, JAXDYN_BENCH_RESULTS=str(tmp), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    print("$ " + " ".join(argv[1:]), flush=True)
+    t0 = time.perf_counter()
+    try:
+        rc = subprocess.run(argv, cwd=ROOT, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    wall = time.perf_counter() - t0
+    if w.fixed_output:
+        src = RESULTS / f"{w.output}_suite_run.json"
+        if src.exists():
+            shutil.move(str(src), tmp / f"{w.output}.json")
+    found = sorted(tmp.glob(f"{w.output}*.json"), key=lambda p: len(p.name))
+    data = json.loads(found[0].read_text()) if found else None
+    pngs = sorted(tmp.glob(f"{w.output}*.png"), key=lambda p: len(p.name))
+    png = pngs[0].read_bytes() if pngs else None
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"rc": rc, "wall_s": wall, "argv": [Path(a).name if a.endswith(".py") else a
+                                               for a in argv[1:]], "data": data, "png": png}
+
+
+def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=None):
+    """Run workloads; write one result file per workload (see :func:`result_path`)."""
+    written = []
+    for name in names:
+        w = BY_NAME[name]
+        facts = machine_facts(max_isa)
+        kind = machine_kind(facts, gpu=gpu)
+        runs = [_run_once(w, extra, tiny, gpu, max_isa, timeout or w.timeout_s)
+                for _ in range(max(1, rounds))]
+        try:
+            facts["loadavg_end"] = list(os.getloadavg())
+        except OSError:
+            pass
+        ok = [r for r in runs if r["data"] is not None]
+        if not ok:
+            print(f"{name}: no result (exit {[r['rc'] for r in runs]})", flush=True)
+            continue
+        heads = [headline(name, r["data"]) for r in ok]
+        order = sorted(range(len(ok)), key=lambda i: heads[i].get("jaxdyn_s", float("inf")))
+        pick = order[(len(order) - 1) // 2]  # the round with the median jaxdyn time
+        record = {
+            "workload": name, "script": w.script, "machine_kind": kind, "tiny": tiny,
+            "command": ok[pick]["argv"], "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                                               time.gmtime()),
+            "machine": facts, "headline": heads[pick],
+            "rounds": [{"wall_s": r["wall_s"], "rc": r["rc"], "headline": h}
+                       for r, h in zip(ok, heads)],
+            "result": ok[pick]["data"],
+        }
+        for out_dir in [RESULTS] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
+            path = out_dir / name / result_path(name, kind, tiny).name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+            if ok[pick]["png"]:
+                path.with_suffix(".png").write_bytes(ok[pick]["png"])
+            written.append(path)
+            print(f"wrote {path}", flush=True)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# the docs table
+# ---------------------------------------------------------------------------------------------
+
+def _fmt_s(s):
+    if s is None:
+        return "—"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def committed_results():
+    """(workload, kind, record) for every result file in the layout, in the suite's order."""
+    out = []
+    for w in WORKLOADS:
+        for p in sorted((RESULTS / w.name).glob("*.json"), key=lambda p: p.name.split(".")[0]):
+            if not p.name.endswith(".tiny.json"):
+                out.append((w.name, p.stem, json.loads(p.read_text())))
+    return out
+
+
+def _machine_line(kind, rec):
+    m = rec.get("machine", {})
+    ext = m.get("vector_extensions") or {}
+    isa = ("AVX-512" if ext.get("avx512f") else "AVX2" if ext.get("avx2") else None) if ext else None
+    if m.get("xla_max_isa"):
+        isa = f"{isa}, XLA capped at {m['xla_max_isa']}" if isa else f"capped at {m['xla_max_isa']}"
+    host = "host: " if kind.startswith("gpu-") else ""
+    parts = [m.get("gpu") if kind.startswith("gpu-") else None, m.get("cpu_model"),
+             isa, f"{host}{m['cpu_count']} cores" if m.get("cpu_count") else None,
+             f"jax {m['jax']}" if m.get("jax") else None]
+    return ", ".join(p for p in parts if p) or "—"
+
+
+def table():
+    """The generated Markdown between the page's markers."""
+    rows = committed_results()
+    lines = ["| workload | jaxdyn | baseline | ratio | measured / floor | machine |",
+             "|---|---|---|---|---|---|"]
+    kinds = {}
+    for name, kind, rec in rows:
+        h = rec.get("headline") or {}
+        js, bs, fs = h.get("jaxdyn_s"), h.get("baseline_s"), h.get("floor_s")
+        ratio = f"{bs / js:.2f}×" if js and bs else "—"
+        floor = f"{js / fs:.2f}" if js and fs else "—"
+        what = f"{_fmt_s(js)}: {h['jaxdyn']}" if h.get("jaxdyn") and js is not None else _fmt_s(js)
+        base = f"{_fmt_s(bs)}: {h['baseline']}" if bs is not None else "—"
+        lines.append(f"| `{name}` | {what} | {base} | {ratio} | {floor} | `{kind}` |")
+        kinds.setdefault(kind, _machine_line(kind, rec))
+    lines += ["", "ratio = baseline / jaxdyn (above 1: jaxdyn is faster). measured / floor: the "
+              "jaxdyn time over the least time the machine's measured exp rate allows (1 is the "
+              "floor). Each row's file, with every timing of the run and its figure where the "
+              "script draws one: `benchmarks/results/<workload>/<machine>.json` (`.png`).", "",
+              "Machines:", ""]
+    lines += [f"- `{k}`: {v}" for k, v in sorted(kinds.items())]
+    return "\n".join(lines) + "\n"
+
+
+def render_page(text):
+    """The page with the generated table between its markers."""
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    if not rest:
+        raise ValueError(f"{DOCS_PAGE} has no {BEGIN} marker")
+    return f"{head}{BEGIN}\n{table()}{END}{tail}"
+
+
+def write_docs(page=DOCS_PAGE):
+    """Regenerate the table in docs/benchmarks.md; returns whether the page changed."""
+    old = page.read_text()
+    new = render_page(old)
+    if new != old:
+        page.write_text(new)
+    return new != old
