@@ -92,21 +92,8 @@ def _prepare_precision(raw):
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 
-def _init_stalled(seconds: float):
-    """The watchdog's end of a cluster that did not form: one line, exit 2, no native abort."""
-    print(f"jaxdyn: error: --distributed: the cluster did not form within {seconds:g} s after "
-          "every process checked in (a process that stopped, or a network that blocks the "
-          "processes' ports); wait longer with --distributed-timeout", file=sys.stderr, flush=True)
-    os._exit(EXIT_BAD_INPUT)
-
-
 def _join_cluster(timeout_option):
-    """Check in with the other processes, then join the JAX cluster within a bounded wait.
-
-    The check-in (:func:`jaxdyn.experiments.processes.rendezvous`) names a port in use, a
-    duplicated id, counts that disagree and the processes that never start; JAX's start-up
-    itself, which ends in a native abort after its own time-out, runs under a watchdog that
-    ends the process with one line first.
+    """Join the cluster of a ``--distributed`` run (:func:`.experiments.processes.join_cluster`).
 
     Args:
       timeout_option: the ``--distributed-timeout`` option (None: the environment or 120 s).
@@ -114,32 +101,11 @@ def _join_cluster(timeout_option):
     Raises:
       ConfigError: the cluster cannot form, or a bad timeout (the message names the cause).
     """
-    import threading
-
     from .config import ConfigError
-    from .experiments.processes import rendezvous, start_timeout
-    from .simulation import DistributedSetupError, cluster_from_env, initialize_distributed
+    from .experiments.processes import join_cluster
 
-    timeout = start_timeout(timeout_option)
-    if "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
-        return
     try:
-        env = cluster_from_env()
-        from .simulation._sharding import _backends_initialized
-
-        if _backends_initialized():
-            initialize_distributed()  # raises: JAX has already started in this process
-        if env:
-            rendezvous(env["coordinator_address"], env["num_processes"], env["process_id"], timeout)
-        watchdog = threading.Timer(timeout, _init_stalled, (timeout,))
-        watchdog.daemon = True
-        watchdog.start()
-        try:  # JAX's own time-out later than the watchdog's
-            initialize_distributed(initialization_timeout=int(timeout) + 30)
-        finally:
-            watchdog.cancel()
-    except DistributedSetupError as e:
-        raise ConfigError(f"--distributed: {e}") from None
+        join_cluster(timeout_option)
     except ConfigError as e:
         raise ConfigError(f"--distributed: {e}") from None
 

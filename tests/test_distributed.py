@@ -226,8 +226,8 @@ def test_query_sharded_field_over_two_processes_equals_one_process(two_processes
 
 KILLED_WORKER = """
 import os, signal, sys
-from jaxdyn.simulation import initialize_distributed
-initialize_distributed()
+from jaxdyn.experiments.processes import join_cluster
+join_cluster()  # what the CLI's --distributed does: the check-in, then the cluster
 from jaxdyn.experiments import run_experiment
 import yaml
 
@@ -606,3 +606,28 @@ def test_stalled_cluster_start_ends_in_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "the cluster did not form within 1.5 s" in lines[0], p.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow  # the README's two-process example as written (about a minute on two cores)
+def test_readme_two_process_example(tmp_path):
+    """``examples/two_process_sweep.sh`` (sweep_large made small, N = 64) runs on two processes
+    and gives the Dataset of one process with two devices."""
+    out = tmp_path / "two"
+    env = {k: v for k, v in _env(0, 0).items()
+           if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS_ID", "JAXDYN_NO_HOST"))}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    p = subprocess.run(["bash", str(ROOT / "examples" / "two_process_sweep.sh"), str(out)], env=env,
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=2 * TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["sweep"]["n"] == [64]
+    env1 = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
+    env1["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false"
+    one = tmp_path / "one"
+    q = subprocess.run([sys.executable, "-m", "jaxdyn.cli", "--no-host-devices", "run",
+                        str(out / "config.yaml"), "--out", str(one), "--quiet"], env=env1,
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=TIMEOUT)
+    assert q.returncode == 0, q.stderr[-3000:]
+    got, want = _load(out), _load(one)
+    for v in want.data_vars:  # the 4-devices-vs-1 rule (float32 config)
+        np.testing.assert_allclose(got[v].values, want[v].values, rtol=0, atol=1e-6, err_msg=v)

@@ -149,6 +149,59 @@ def rendezvous(address: str, count: int, pid: int, timeout: float):
         _join(host.strip("[]"), int(port), address, count, pid, deadline, timeout, hint)
 
 
+def _init_stalled(seconds: float):
+    """The watchdog's end of a cluster that did not form: one line, exit 2, no native abort."""
+    import sys
+
+    print(f"jaxdyn: error: --distributed: the cluster did not form within {seconds:g} s after "
+          "every process checked in (a process that stopped, or a network that blocks the "
+          "processes' ports); wait longer with --distributed-timeout", file=sys.stderr, flush=True)
+    os._exit(2)
+
+
+def join_cluster(timeout=None):
+    """Check in with the other processes, then join the JAX cluster within a bounded wait.
+
+    What ``jaxdyn run --distributed`` does before JAX starts, for a script that runs the engine
+    itself in every process. The check-in (:func:`rendezvous`, when the environment describes
+    the cluster) names a port in use, a duplicated id, counts that disagree and the processes
+    that never start; JAX's start-up itself, which ends in a native abort after its own
+    time-out, runs under a watchdog that ends the process first, with one line and exit 2.
+
+    Args:
+      timeout: seconds to wait for the others (None: :func:`start_timeout`'s environment or
+        default).
+
+    Raises:
+      ConfigError: the cluster cannot form, or a bad timeout (the message names the cause).
+    """
+    import sys
+    import threading
+
+    from ..simulation import DistributedSetupError, cluster_from_env, initialize_distributed
+
+    timeout = start_timeout(timeout)
+    if "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
+        return
+    try:
+        env = cluster_from_env()
+        from ..simulation._sharding import _backends_initialized
+
+        if _backends_initialized():
+            initialize_distributed()  # raises: JAX has already started in this process
+        if env:
+            rendezvous(env["coordinator_address"], env["num_processes"], env["process_id"], timeout)
+        watchdog = threading.Timer(timeout, _init_stalled, (timeout,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:  # JAX's own time-out later than the watchdog's
+            initialize_distributed(initialization_timeout=int(timeout) + 30)
+        finally:
+            watchdog.cancel()
+    except DistributedSetupError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _serve(srv, address, count, deadline, timeout, hint):
     peers, problem = {}, None
     with srv:
