@@ -3,6 +3,7 @@
     python -m benchmarks list                          # the workloads, one line each
     python -m benchmarks run [NAMES...] [--tiny] [--rounds K] [--gpu] [--max-isa AVX2]
     python -m benchmarks compare --before REV|TREE [--after TREE] [compare_revisions args]
+    python -m benchmarks cost [NAMES...]               # record the cost model in the results
     python -m benchmarks docs                          # regenerate the table in docs/benchmarks.md
 
 ``run`` runs each workload's ``bench_*.py`` script in a child process (the scripts own their
@@ -12,7 +13,9 @@ headline the docs table shows and the machine's facts (CPU model, vector extensi
 GPU, load at the start and end, jax/jaxlib versions, commit). With ``--rounds K`` the script
 runs K times and the round with the median jaxdyn time is kept (every round's headline is
 recorded). ``--tiny`` is a smoke test written to ``<kind>.tiny.json``, left out of the table.
-Arguments after ``--`` go to every script.
+Arguments after ``--`` go to every script. ``run`` and ``cost`` also record the cost model
+(``benchmarks/cost.py``: FLOPs and exps of the headline computation from XLA's cost analysis),
+from which ``docs`` shows the measured time over the floor the machine's rates imply.
 
 Why not asv (airspeed velocity): asv builds an environment per commit from the git history
 and measures one function at a time in its own harness, then serves the history from a web
@@ -76,6 +79,15 @@ def cmd_compare(args, rest):
     return subprocess.run(cmd, cwd=suite.ROOT).returncode
 
 
+def cmd_cost(args):
+    names = args.names or [w.name for w in suite.WORKLOADS]
+    paths = [p for n in names for p in sorted((suite.RESULTS / n).glob("*.json"))
+             if not p.name.endswith(".tiny.json")]
+    for p in suite.add_cost(paths):
+        print(f"recorded the cost model in {p.relative_to(suite.ROOT)}")
+    return 0
+
+
 def cmd_docs(args):
     changed = suite.write_docs()
     print(f"{suite.DOCS_PAGE.relative_to(suite.ROOT)}: {'regenerated' if changed else 'up to date'}")
@@ -101,6 +113,8 @@ def main(argv=None):
     c = sub.add_parser("compare", help="this tree against another revision, interleaved")
     c.add_argument("--before", required=True, help="a git revision or a checkout")
     c.add_argument("--after", default=str(Path(__file__).resolve().parent.parent))
+    k = sub.add_parser("cost", help="record the cost model in the committed results")
+    k.add_argument("names", nargs="*", help="workloads (default: all)")
     sub.add_parser("docs", help="regenerate the table in docs/benchmarks.md")
     args, rest = p.parse_known_args(argv)
     if args.cmd == "compare":
@@ -108,7 +122,7 @@ def main(argv=None):
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.extra = extra
-    return {"list": cmd_list, "run": cmd_run, "docs": cmd_docs}[args.cmd](args)
+    return {"list": cmd_list, "run": cmd_run, "cost": cmd_cost, "docs": cmd_docs}[args.cmd](args)
 
 
 if __name__ == "__main__":

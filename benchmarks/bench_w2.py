@@ -183,9 +183,9 @@ def run(args, save):
             row.update(
                 jaxdyn_s=med, jaxdyn_times_s=times, jaxdyn_w2=float(res.value),
                 epsilon=float(res.epsilon), converged=bool(res.converged),
-                n_iters=int(res.n_iters), epsilons=[float(e) for e in np.asarray(res.epsilons)],
-                epsilon_floored=bool(res.epsilon_floored), geometry=res.geometry,
-                kernel_density=float(res.kernel_density),
+                n_iters=int(res.num_steps), epsilons=[float(e) for e in np.asarray(res.stats["epsilons"])],
+                epsilon_floored=bool(res.stats["epsilon_floored"]), geometry=res.geometry,
+                kernel_density=float(res.stats["kernel_density"]),
                 batch_size=(None if multiscale else default_batch_size(n, n) or "dense"),
             )
             if case == "affine":
@@ -195,7 +195,7 @@ def run(args, save):
 
             if n <= args.exact_max:
                 t0 = time.perf_counter()
-                ex = w2_exact(x.astype(dtype), y.astype(dtype))
+                ex = float(w2_exact(x.astype(dtype), y.astype(dtype)).value)
                 row["exact_s"] = time.perf_counter() - t0
                 row["exact_w2"] = ex
                 row["rel_err"] = float(res.value) / ex - 1.0
@@ -211,13 +211,13 @@ def run(args, save):
                     row["ott_default_rel_err"] = row["ott_default_w2"] / row["exact_w2"] - 1.0
             took = time.perf_counter() - t_case
             spent += took
-            hist.append((n, med, res.n_iters))  # warm time of one W2
+            hist.append((n, med, int(res.num_steps)))  # warm time of one W2
             rows.append(row)
             save(rows)
             msg = (f"[{case}] N={n}: sinkhorn {med:.3f}s (first {row['jaxdyn_first_call_s']:.2f}s, "
                    f"{row['jaxdyn_first_call_cpu_s']:.1f} CPU-s, load {row['loadavg_after'][0]:.1f}) "
-                   f"W2={res.value:.5f} eps={res.epsilon:.2e} conv={res.converged} it={res.n_iters} "
-                   f"{res.geometry} density={res.kernel_density:.3f}")
+                   f"W2={res.value:.5f} eps={res.epsilon:.2e} conv={res.converged} it={int(res.num_steps)} "
+                   f"{res.geometry} density={float(res.stats['kernel_density']):.3f}")
             if "closed_form_w2" in row:
                 msg += f" | closed form W2={row['closed_form_w2']:.5f} rel_err={row['closed_form_rel_err']:+.2e}"
             if "exact_w2" in row:

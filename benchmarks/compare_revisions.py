@@ -4,7 +4,7 @@ It runs the benchmark suite (``benchmarks/run_all.sh``) on two revisions of the 
 interleaved on the same machine, and flags any workload more than 10 % slower:
 
     python benchmarks/compare_revisions.py --before /work/base --after /work/main \\
-        [--rounds 2] [--moments] [--tiny] [--out benchmarks/results/refactor_compare]
+        [--rounds 2] [--moments] [--tiny] [--out benchmarks/results/compare/latest]
 
 ``--before`` and ``--after`` are two checkouts of jaxdyn, each with its own ``benchmarks/``.
 Each tree runs **its own** scripts as subprocesses with ``cwd`` = the tree and
@@ -75,7 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="smoke test: the scripts' --tiny sizes")
     p.add_argument("--moments", action="store_true",
                    help="also bench_moments.py (about 41 s of compilation per run, plus scipy)")
-    p.add_argument("--out", default=str(HERE / "results" / "refactor_compare"),
+    p.add_argument("--out", default=str(HERE / "results" / "compare" / "latest"),
                    help="output path without suffix (.json and .png are written)")
     p.add_argument("--threshold", type=float, default=THRESHOLD)
     p.add_argument("--large-n-impls", default=LARGE_N_IMPLS)

@@ -4,13 +4,16 @@
 # Runs, against PyTorch CUDA eager measured in the same invocation:
 #   1. a probe of the blocked kernel's block step ("fused" vs "dot") and block sizes at
 #      N = 2^16, which picks the configuration used below (results/gpu_probe.json);
-#   2. the phase-diagram workload (benchmarks/bench_phase.py);
-#   3. one field evaluation for N = 2^10 … 2^20 (benchmarks/bench_large_n.py): time and the
-#      device allocator's peak memory, jaxdyn dense and blocked, PyTorch dense where it fits;
-#   4. Sinkhorn W2 against exact assignment (and the closed form of the affine case) for
-#      N = 10^3 … 10^5 (benchmarks/bench_w2.py, issue "Concentration study").
-# Results go to benchmarks/results/*_gpu.{json,png} and, when $OUT is set, to $OUT too
-# (phase_gpu, large_n_gpu, gpu_probe, w2_sinkhorn_gpu, summary_gpu, gpu_log.txt).
+#   2. the suite's GPU workloads through its entry point (`python -m benchmarks run --gpu`,
+#      each workload's GPU arguments are in benchmarks/suite.py):
+#      phase     the phase-diagram workload (benchmarks/bench_phase.py);
+#      large_n   one field evaluation for N = 2^10 … 2^20 (benchmarks/bench_large_n.py): time
+#                and the device allocator's peak memory, jaxdyn dense and blocked, PyTorch
+#                dense where it fits;
+#      w2        Sinkhorn W2 against exact assignment (and the closed form of the affine
+#                case) for N = 10^3 … 10^5 (benchmarks/bench_w2.py).
+# Results go to benchmarks/results/<workload>/gpu-<model>.{json,png} and, when $OUT is set,
+# to $OUT/<workload>/ too (with gpu_probe_gpu.json and gpu_log.txt).
 # Budget: each step has its own timeout (60 + 90 + 140 + 200 s); about 8-9 minutes on an
 # H200 in all (nothing to install there: JAX with CUDA is in the image; jaxdyn runs in place
 # from the repo with PYTHONPATH). Run it as one device call with a 590 s limit.
@@ -78,29 +81,23 @@ fi
 [ -n "$KB" ] && export JAXDYN_BENCH_K_BLOCK=$KB JAXDYN_BENCH_Q_BLOCK=$QB JAXDYN_BENCH_FORMULATION=$FORM
 
 echo "== 2. phase-diagram workload =="
-PHASE_ARGS="--tag $TAG --variants jax_vmap,jaxdyn_sharded,jaxdyn_ensemble"
-if [ "$TORCH_DEV" = "none" ]; then PHASE_ARGS="$PHASE_ARGS --skip-torch"; else PHASE_ARGS="$PHASE_ARGS --torch-device $TORCH_DEV"; fi
-timeout 90 $PY bench_phase.py $PHASE_ARGS $TINYARG || echo "phase benchmark failed or timed out"
+if [ "$TORCH_DEV" = "none" ]; then PHASE_TORCH="--skip-torch"; else PHASE_TORCH="--torch-device $TORCH_DEV"; fi
+(cd "$ROOT" && $PY -m benchmarks run phase --gpu --timeout 90 $TINYARG -- $PHASE_TORCH) \
+  || echo "phase benchmark failed or timed out"
 
 echo "== 3. large N =="
-LARGE_IMPLS="jax_dense,jax_blocked"
-[ "$TORCH_DEV" != "none" ] && LARGE_IMPLS="$LARGE_IMPLS,torch"
-MAXLOG=20
-[ "$TINY" = "1" ] && MAXLOG=8
-timeout 140 $PY bench_large_n.py --impls "$LARGE_IMPLS" --max-log2n $MAXLOG --min-log2n 10 \
-    --torch-device "${TORCH_DEV/none/cpu}" --mem-cap-gb 48 --time-cap 10 --budget 50 --reps 5 \
-    --headline-rounds 10 \
-    --tag "$TAG" $TINYARG || echo "large-N benchmark failed or timed out"
+LARGE_EXTRA="--torch-device ${TORCH_DEV/none/cpu}"
+[ "$TORCH_DEV" = "none" ] && LARGE_EXTRA="$LARGE_EXTRA --impls jax_dense,jax_blocked"
+[ "$TINY" = "1" ] && LARGE_EXTRA="$LARGE_EXTRA --max-log2n 8"
+(cd "$ROOT" && $PY -m benchmarks run large_n --gpu --timeout 140 $TINYARG -- $LARGE_EXTRA) \
+  || echo "large-N benchmark failed or timed out"
 
 echo "== 4. Sinkhorn W2 to N = 10^5 =="
-W2_ARGS="--name w2_sinkhorn$TAG --cases affine concentration --sizes 1000 4000 10000 30000 100000 --exact-max 4000 --ott-max 0 --repeat 2 --budget-s 120"
-[ "$TINY" = "1" ] && W2_ARGS="--name w2_sinkhorn$TAG --cases affine --sizes 200 400 --exact-max 400 --ott-max 0 --repeat 1"
-timeout 200 $PY bench_w2.py $W2_ARGS || echo "W2 benchmark failed or timed out"
-[ -n "${OUT:-}" ] && cp -f "$ROOT/benchmarks/results/w2_sinkhorn$TAG.json" "$ROOT/benchmarks/results/w2_sinkhorn$TAG.png" "$OUT/" 2>/dev/null
+W2_EXTRA=""
+[ "$TINY" = "1" ] && W2_EXTRA="--cases affine --sizes 200 400 --exact-max 400 --repeat 1"
+(cd "$ROOT" && $PY -m benchmarks run w2 --gpu --timeout 200 $TINYARG -- $W2_EXTRA) \
+  || echo "W2 benchmark failed or timed out"
 
 echo "== summary =="
-$PY summarize.py --tag "$TAG" || true
-if [ -n "${OUT:-}" ]; then
-  cp -f "$ROOT/benchmarks/results/summary$TAG.json" "$OUT/" 2>/dev/null || true
-fi
+$PY summarize.py --tag _gpu || true
 echo "gpu.sh done in $(( $(date +%s) - start )) s"

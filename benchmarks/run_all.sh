@@ -1,24 +1,19 @@
 #!/usr/bin/env bash
-# The CPU benchmark suite, one command:   bash benchmarks/run_all.sh [--tiny]
+# The CPU headline workloads, one command:   bash benchmarks/run_all.sh [--tiny] [--rounds K]
 #
-# Runs the phase-diagram workload (against PyTorch eager), large-N field evaluations
-# (against NumPy, PyTorch eager and KeOps; time and peak memory), and the roofline (exp and
-# matmul rates of this machine, jaxdyn's fraction of the exp-bound floor; run twice: as is and
-# with XLA capped at AVX2, as on a CPU without AVX-512, each against its own floor). Each script
-# exposes the host cores as JAX devices before JAX starts (opt out: JAXDYN_NO_HOST_DEVICES=1)
-# and writes benchmarks/results/<name>.json and .png. Extra arguments go to every script
-# (e.g. --tiny for a smoke test, --tag _x to keep earlier results).
+# A thin wrapper over the suite's entry point (`python -m benchmarks list` names every
+# workload): the phase-diagram workload (against PyTorch eager), large-N field evaluations
+# (against NumPy, PyTorch eager and KeOps; time and peak memory) and the roofline (jaxdyn's
+# fraction of the exp-bound floor), the roofline again with XLA capped at AVX2 (as on a CPU
+# without AVX-512, its own machine kind), then the targets' summary. Each workload writes
+# benchmarks/results/<workload>/<machine kind>.json; `python -m benchmarks docs` puts the
+# latest ones in docs/benchmarks.md. Arguments go to `python -m benchmarks run`.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-echo "== phase diagram =="
-$PY bench_phase.py "$@"
-echo "== large N =="
-$PY bench_large_n.py "$@"
-echo "== roofline =="
-$PY bench_roofline.py --isas native AVX2 "$@"
-echo "== summary =="
-$PY summarize.py "$@"
+$PY -m benchmarks run phase large_n roofline "$@"
+$PY -m benchmarks run roofline --max-isa AVX2 "$@"
+$PY benchmarks/summarize.py
 echo "benchmarks done in $(( $(date +%s) - start )) s"

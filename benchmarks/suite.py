@@ -361,6 +361,7 @@ def _run_once(w, extra, tiny, gpu, max_isa, timeout):
         argv += ["--name", f"{w.output}_suite_run"]
     argv += list(extra)
     env = dict(os.environ, JAXDYN_BENCH_RESULTS=str(tmp), PYTHONUNBUFFERED="1")
+    env.pop("OUT", None)  # the suite copies the one result file to $OUT itself
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     print("$ " + " ".join(argv[1:]), flush=True)
     t0 = time.perf_counter()
@@ -419,7 +420,74 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
                 path.with_suffix(".png").write_bytes(ok[pick]["png"])
             written.append(path)
             print(f"wrote {path}", flush=True)
+    if not tiny:
+        add_cost([p for p in written if p.parent.parent == RESULTS])
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# the cost model: FLOPs and exps of the headline maths (benchmarks/cost.py), and the floor
+# ---------------------------------------------------------------------------------------------
+
+def cost_counts(names):
+    """name -> {program, flops, transcendentals, bytes accessed, backend, jax} from
+    benchmarks/cost.py in a child process (one host device); only workloads it covers."""
+    env = dict(os.environ, JAXDYN_NO_HOST_DEVICES="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, str(HERE / "cost.py"), *names], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        print(f"cost analysis failed: {p.stderr[-2000:]}", flush=True)
+        return {}
+    return json.loads(lines[-1])
+
+
+def add_cost(paths):
+    """Record the cost model in result files (``cost``); returns the files changed."""
+    by_name = {}
+    for path in paths:
+        by_name.setdefault(Path(path).parent.name, []).append(Path(path))
+    counts = cost_counts(sorted(by_name))
+    changed = []
+    for name, files in by_name.items():
+        if name not in counts:
+            continue
+        for path in files:
+            rec = json.loads(path.read_text())
+            if rec.get("cost") != counts[name]:
+                rec["cost"] = counts[name]
+                path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
+                changed.append(path)
+    return changed
+
+
+def machine_rates(kind):
+    """The exp rate per core and the matmul rate measured by the roofline workload on this
+    machine kind (its committed result), or None."""
+    path = RESULTS / "roofline" / f"{kind}.json"
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text())
+    r = rec.get("result", {})
+    exp = (r.get("exp_one_core") or {}).get("rate_per_s")
+    mm = (r.get("matmul") or {}).get("flops_per_s")
+    cores = (rec.get("machine") or {}).get("cores_usable") or (rec.get("machine") or {}).get(
+        "cpu_count")
+    if not (exp and mm and cores):
+        return None
+    return {"exp_per_s_per_core": exp, "matmul_flops_per_s": mm, "cores": cores}
+
+
+def cost_floor(kind, rec):
+    """The least time the cost model allows on this machine kind: the larger of the exps at
+    the measured exp rate on all cores and the FLOPs at the measured matmul rate; None where
+    either is unknown."""
+    cost, rates = rec.get("cost"), machine_rates(kind)
+    if not cost or not rates or "transcendentals" not in cost or "flops" not in cost:
+        return None
+    return max(cost["transcendentals"] / (rates["exp_per_s_per_core"] * rates["cores"]),
+               cost["flops"] / rates["matmul_flops_per_s"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +535,8 @@ def table():
     kinds = {}
     for name, kind, rec in rows:
         h = rec.get("headline") or {}
-        js, bs, fs = h.get("jaxdyn_s"), h.get("baseline_s"), h.get("floor_s")
+        js, bs = h.get("jaxdyn_s"), h.get("baseline_s")
+        fs = h.get("floor_s") or cost_floor(kind, rec)
         ratio = f"{bs / js:.2f}×" if js and bs else "—"
         floor = f"{js / fs:.2f}" if js and fs else "—"
         what = f"{_fmt_s(js)}: {h['jaxdyn']}" if h.get("jaxdyn") and js is not None else _fmt_s(js)
@@ -475,8 +544,11 @@ def table():
         lines.append(f"| `{name}` | {what} | {base} | {ratio} | {floor} | `{kind}` |")
         kinds.setdefault(kind, _machine_line(kind, rec))
     lines += ["", "ratio = baseline / jaxdyn (above 1: jaxdyn is faster). measured / floor: the "
-              "jaxdyn time over the least time the machine's measured exp rate allows (1 is the "
-              "floor). Each row's file, with every timing of the run and its figure where the "
+              "jaxdyn time over the least time this machine allows (1 is the floor): the "
+              "roofline's own exp-bound floor, or the cost model's, the larger of the headline "
+              "computation's exps (XLA's cost analysis of its loop-free form, "
+              "`benchmarks/cost.py`) at the exp rate and its FLOPs at the matmul rate that the "
+              "roofline measured on the same machine kind. Each row's file, with every timing of the run and its figure where the "
               "script draws one: `benchmarks/results/<workload>/<machine>.json` (`.png`).", "",
               "Machines:", ""]
     lines += [f"- `{k}`: {v}" for k, v in sorted(kinds.items())]

@@ -13,8 +13,26 @@ sys.path.insert(0, str(HERE))
 
 
 def _load(name):
+    """The latest result of workload ``name`` (``phase``, ``large_n``, ``roofline``; a ``_gpu``
+    suffix: on a GPU) from ``results/<workload>/<machine kind>.json``, the script's own JSON;
+    a CPU result capped by ``--max-isa`` is not taken. A file ``results/<name>.json`` that a
+    script wrote when run alone wins."""
     p = HERE / "results" / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    if p.exists():
+        return json.loads(p.read_text())
+    gpu = name.endswith("_gpu")
+    workload = name[:-len("_gpu")] if gpu else name
+    recs = []
+    for q in (HERE / "results" / workload).glob("*.json"):
+        rec = json.loads(q.read_text())
+        kind = rec.get("machine_kind", q.stem)
+        if (q.name.endswith(".tiny.json") or kind.startswith("gpu-") != gpu
+                or (rec.get("machine") or {}).get("xla_max_isa")):
+            continue
+        recs.append(rec)
+    if not recs:
+        return None
+    return max(recs, key=lambda r: r.get("date") or "")["result"]
 
 
 def _rows(large, impl):
