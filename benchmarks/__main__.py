@@ -1,4 +1,4 @@
-"""jaxdyn's benchmark suite, one entry point (run from the repository root):
+"""jaxdyn's benchmark suite, one entry point, run from the repository root.
 
     python -m benchmarks list                          # the workloads, one line each
     python -m benchmarks run [NAMES...] [--tiny] [--rounds K] [--gpu] [--max-isa AVX2]
@@ -40,6 +40,7 @@ import suite  # noqa: E402
 
 
 def cmd_list(args):
+    """Print the workloads, one line each."""
     width = max(len(w.name) for w in suite.WORKLOADS)
     for w in suite.WORKLOADS:
         gpu = " [gpu]" if w.gpu_args is not None else ""
@@ -48,6 +49,7 @@ def cmd_list(args):
 
 
 def cmd_run(args):
+    """Run workloads; one result file each."""
     names = args.names or [w.name for w in suite.WORKLOADS]
     unknown = [n for n in names if n not in suite.BY_NAME]
     if unknown:
@@ -64,6 +66,7 @@ def cmd_run(args):
 
 
 def cmd_compare(args, rest):
+    """Compare this tree with a revision or checkout (compare_revisions.py)."""
     before = Path(args.before)
     tmp = None
     if not (before / "jaxdyn").is_dir():  # a git revision: extract it
@@ -80,6 +83,7 @@ def cmd_compare(args, rest):
 
 
 def cmd_cost(args):
+    """Record the cost model in the committed result files."""
     names = args.names or [w.name for w in suite.WORKLOADS]
     paths = [p for n in names for p in sorted((suite.RESULTS / n).glob("*.json"))
              if not p.name.endswith(".tiny.json")]
@@ -89,12 +93,14 @@ def cmd_cost(args):
 
 
 def cmd_docs(args):
+    """Regenerate the table in docs/benchmarks.md."""
     changed = suite.write_docs()
     print(f"{suite.DOCS_PAGE.relative_to(suite.ROOT)}: {'regenerated' if changed else 'up to date'}")
     return 0
 
 
 def main(argv=None):
+    """Parse the command line and run a subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = []
     if "--" in argv:

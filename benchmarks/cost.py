@@ -76,6 +76,7 @@ COSTS = {"large_n": large_n, "roofline": roofline, "phase": phase}
 
 
 def main(names):
+    """Print one JSON line: workload -> its cost counts."""
     import jax
 
     out = {}

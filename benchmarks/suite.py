@@ -298,8 +298,12 @@ def _git(*args):
 
 
 def machine_facts(max_isa=None):
-    """The machine and code a run measures: CPU model, vector extensions, cores, GPU, library
-    versions, commit (and whether the tree differs from it), load at the start."""
+    """The facts of the machine and code a run measures.
+
+    Returns:
+        CPU model, vector extensions, cores, GPU, library versions, commit (and whether the
+        tree differs from it), the XLA ISA cap, load at the start.
+    """
     model, flags = _cpuinfo()
     facts = {
         "cpu_model": model,
@@ -430,8 +434,12 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
 # ---------------------------------------------------------------------------------------------
 
 def cost_counts(names):
-    """name -> {program, flops, transcendentals, bytes accessed, backend, jax} from
-    benchmarks/cost.py in a child process (one host device); only workloads it covers."""
+    """The cost counts of workloads, from benchmarks/cost.py in a child process.
+
+    Returns:
+        name -> {program, flops, transcendentals, bytes accessed, backend, jax}, for the
+        workloads cost.py covers.
+    """
     env = dict(os.environ, JAXDYN_NO_HOST_DEVICES="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, str(HERE / "cost.py"), *names], cwd=ROOT, env=env,
@@ -463,8 +471,12 @@ def add_cost(paths):
 
 
 def machine_rates(kind):
-    """The exp rate per core and the matmul rate measured by the roofline workload on this
-    machine kind (its committed result), or None."""
+    """The rates the roofline workload measured on this machine kind.
+
+    Returns:
+        The exp rate per core, the matmul rate and the cores, from the committed roofline
+        result of ``kind``; None where there is none.
+    """
     path = RESULTS / "roofline" / f"{kind}.json"
     if not path.exists():
         return None
@@ -480,9 +492,12 @@ def machine_rates(kind):
 
 
 def cost_floor(kind, rec):
-    """The least time the cost model allows on this machine kind: the larger of the exps at
-    the measured exp rate on all cores and the FLOPs at the measured matmul rate; None where
-    either is unknown."""
+    """The least time the cost model allows on this machine kind.
+
+    Returns:
+        The larger of the exps at the measured exp rate on all cores and the FLOPs at the
+        measured matmul rate; None where either is unknown.
+    """
     cost, rates = rec.get("cost"), machine_rates(kind)
     if not cost or not rates or "transcendentals" not in cost or "flops" not in cost:
         return None

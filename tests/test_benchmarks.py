@@ -26,6 +26,7 @@ def _suite():
 
 
 def test_list_names_every_workload():
+    """`python -m benchmarks list` names every workload, in order."""
     suite = _suite()
     p = subprocess.run([sys.executable, "-m", "benchmarks", "list"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
@@ -35,6 +36,7 @@ def test_list_names_every_workload():
 
 
 def test_every_workload_has_its_script():
+    """Every workload's script exists."""
     suite = _suite()
     assert len({w.name for w in suite.WORKLOADS}) == len(suite.WORKLOADS)
     for w in suite.WORKLOADS:
@@ -42,6 +44,7 @@ def test_every_workload_has_its_script():
 
 
 def test_result_files_are_in_the_layout():
+    """Result files sit at results/<workload>/<kind>.json with computed headlines."""
     suite = _suite()
     rows = suite.committed_results()
     assert rows, "no committed result"
@@ -56,6 +59,7 @@ def test_result_files_are_in_the_layout():
 
 
 def test_docs_table_is_generated_from_the_results():
+    """The page's table is the generated one, deterministically."""
     suite = _suite()
     page = suite.DOCS_PAGE.read_text()
     once = suite.render_page(page)
@@ -67,6 +71,7 @@ def test_docs_table_is_generated_from_the_results():
 
 
 def test_headline_tolerates_missing_fields():
+    """A result without a field gives an empty headline, not an error."""
     suite = _suite()
     for w in suite.WORKLOADS:
         assert suite.headline(w.name, {}) == {}
