@@ -239,7 +239,7 @@ def _run_phase(pcs):
         sol = _phase_fn(pc)(*args)
         shp = (len(a), len(c))
         status = np.asarray(sol.status).reshape(shp)
-        tr = np.trace(np.asarray(sol.cov, np.float64), axis1=-2, axis2=-1).reshape(shp)
+        tr = np.trace(np.asarray(sol.cov_final, np.float64), axis1=-2, axis2=-1).reshape(shp)
         Tth, trth = phase_theory(parameters(pc)["S0"], a, c, pc["phase"]["v"], pc["t1"])
         rows.append({
             "blowup_time": np.asarray(sol.blowup_time, np.float64).reshape(shp),
