@@ -29,6 +29,7 @@ workload and machine kind that the docs page is generated from.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,11 @@ def cmd_compare(args, rest):
     cmd = [sys.executable, str(suite.HERE / "compare_revisions.py"), "--before", str(before),
            "--after", str(args.after), "--out", str(out), *rest]
     print("$ " + " ".join(cmd[1:]), flush=True)
-    return subprocess.run(cmd, cwd=suite.ROOT).returncode
+    try:
+        return subprocess.run(cmd, cwd=suite.ROOT).returncode
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cmd_cost(args):
