@@ -84,7 +84,7 @@ def test_kernel_reverse_pass_holds_no_n_by_n_array():
     assert max(sizes(jaxpr.jaxpr)) < n * n / 4
 
 
-@pytest.mark.parametrize("model", ["sphere", "euclidean"])
+@pytest.mark.parametrize("model", ["sphere", pytest.param("euclidean", marks=pytest.mark.slow)])
 def test_gradient_matches_central_differences(model):
     """Each control family against central differences, float64, relative 1e-6."""
     rng = np.random.default_rng(1)
