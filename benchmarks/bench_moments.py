@@ -242,7 +242,7 @@ def main():
         sol = solve_moments_batch(m0, S0, **kw)
         times.append(time.perf_counter() - tc)
     jx = dict(status=np.asarray(sol.status), blowup_time=np.asarray(sol.blowup_time),
-              cov=np.asarray(sol.cov), seconds=float(np.median(times)))
+              cov=np.asarray(sol.cov_final), seconds=float(np.median(times)))
     stiff = np.asarray(sol.stiff)
     print(f"jaxdyn: first call {first:.2f} s (compile + run), median {jx['seconds']:.3f} s "
           f"over {args.repeats}: {sol.counts()}; stiff-stage members {int(stiff.sum())}")
