@@ -138,7 +138,7 @@ def child_kernel(n, which):
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdyn.control._measure_kernel import attend
+    from jaxdyn.kernels import attend
     from jaxdyn.kernels import interaction
 
     rng = np.random.default_rng(0)

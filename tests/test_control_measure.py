@@ -18,7 +18,7 @@ from jaxdyn.control import (
     moment_controls,
     replay,
 )
-from jaxdyn.control._measure_kernel import attend
+from jaxdyn.kernels import attend
 from jaxdyn.distances import w2_exact
 
 

@@ -20,7 +20,7 @@ interpolation through the layers) or ``h Σ_l |θ_l|²`` (``"energy"``: ∫|θ|�
 Every layer is one ``diffrax.diffeqsolve`` of a fixed-step scheme of :mod:`jaxdyn.integrators`
 (projected RK4 by default; no step straddles a layer's end) reverse-differentiated by
 ``diffrax.RecursiveCheckpointAdjoint``: memory grows with N·d·(layers + checkpoints), not with
-the steps. Attention is :func:`jaxdyn.control._measure_kernel.attend`, blocked in both passes,
+the steps. Attention is :func:`jaxdyn.kernels.attend`, blocked in both passes,
 so neither the forward nor the reverse pass holds an N × N matrix. The gradient of S_ε in the
 points is Danskin's, ``∂S_ε/∂x_i = (2/N) (T_xx(x_i) − T_xy(x_i))`` with ``T`` the barycentric
 maps of the entropic plans (x, x) and (x, y), computed by the same kernel from the Sinkhorn
@@ -46,7 +46,7 @@ from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
 from ..integrators import INTEGRATORS, GridODETerm
-from ._measure_kernel import K_BLOCK, Q_BLOCK, attend
+from ..kernels._flash import K_BLOCK, Q_BLOCK, attend
 
 #: the weights of each model, in the order of the controls' dict
 FAMILIES = {"sphere": ("Q", "K", "V", "beta"), "euclidean": ("Q", "K", "V", "A", "b")}

@@ -185,9 +185,9 @@ def join_cluster(timeout=None):
         return
     try:
         env = cluster_from_env()
-        from ..simulation._sharding import _backends_initialized
+        from ..simulation import backends_initialized
 
-        if _backends_initialized():
+        if backends_initialized():
             initialize_distributed()  # raises: JAX has already started in this process
         if env:
             rendezvous(env["coordinator_address"], env["num_processes"], env["process_id"], timeout)

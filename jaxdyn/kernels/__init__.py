@@ -18,6 +18,7 @@ from ._attention import (
     pad_rows as pad_rows,
     resolve_kernel as resolve_kernel,
 )
+from ._flash import attend as attend
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
 from ._variants import (
     MASKS as MASKS,
@@ -34,6 +35,7 @@ __all__ = [
     "MASKS",
     "NORMALIZATIONS",
     "SAFE_SHIFT",
+    "attend",
     "attention_weights",
     "blocked",
     "blocked_lse",

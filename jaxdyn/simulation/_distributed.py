@@ -111,9 +111,9 @@ def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS
     kwargs = cluster_from_env()
     if kwargs.get("process_id") == 0:
         check_coordinator_port(kwargs["coordinator_address"])
-    from ._sharding import _backends_initialized
+    from ._sharding import backends_initialized
 
-    if _backends_initialized():
+    if backends_initialized():
         raise DistributedSetupError("JAX has already started in this process; join the cluster "
                                     "before any JAX computation")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

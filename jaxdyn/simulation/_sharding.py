@@ -57,7 +57,15 @@ QUERY_AXIS = "q"
 # Host devices
 
 
-def _backends_initialized() -> bool:
+def backends_initialized() -> bool:
+    """Whether a JAX backend has started in this process (after which the device count is fixed).
+
+    Host devices (``jax_num_cpu_devices``) and a multi-process cluster
+    (``jax.distributed.initialize``) must be set up before the first JAX computation.
+
+    Returns:
+        True once a backend runs; False before (and when JAX is not imported).
+    """
     if "jax" not in sys.modules:
         return False
     import jax
@@ -120,7 +128,7 @@ def configure_host_devices(n: int | None = None, *, vector_width: int | str | No
         raise ValueError(f"n (number of host devices) must be a positive integer or None, got {n!r}")
     if vector_width not in (None, "auto", 128, 256, 512):
         raise ValueError(f"vector_width must be None, 'auto', 128, 256 or 512, got {vector_width!r}")
-    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0") or _backends_initialized():
+    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0") or backends_initialized():
         return False
     flags = os.environ.get("XLA_FLAGS", "")
     if vector_width == "auto":

@@ -1,4 +1,4 @@
-r"""A blocked softmax attention whose reverse pass is blocked too (the measure-control kernel).
+r"""A blocked softmax attention whose reverse pass is blocked too (the kernel of the measure control).
 
 For queries ``q`` (n, p), keys ``k`` (m, p), values ``v`` (m, e) and a per-key bias ``c`` (m,),
 
