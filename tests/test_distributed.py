@@ -179,6 +179,7 @@ def _section(out, name):
     return out.split(f"--- {name}\n", 1)[1].split("\n--- ", 1)[0]
 
 
+@pytest.mark.slow
 def test_mismatched_config_is_refused_on_every_process(two_processes):
     (_, out0, err0), (_, out1, err1) = two_processes["procs"]
     r0, r1 = two_processes["results"]
@@ -406,6 +407,7 @@ sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2], "--distributed", "--qui
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [64, 16])  # vmap(simulate) (N > 48) and simulate_ensemble
 def test_two_processes_many_segments_equal_one_process(tmp_path, n):
     """Two processes give one process's Dataset for N > 48 and for runs of several segments

@@ -39,6 +39,7 @@ def _load(d):
         return ds.load().drop_attrs()
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_recomputation(tmp_path):
     cfg_file = tmp_path / "sweep.yaml"
     cfg_file.write_text(yaml.safe_dump(SWEEP))
@@ -87,6 +88,7 @@ def test_sweep_on_4_devices_equals_1(tmp_path, four_devices):
         np.testing.assert_allclose(b[v].values, a[v].values, rtol=0, atol=1e-6, err_msg=v)
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_chunks_of_another_plan(tmp_path, monkeypatch):
     """The automatic chunk size follows the device count and the memory budget, so a resume
     on another machine or with another process count plans other chunks: the finished ones
