@@ -197,6 +197,7 @@ def _grad_pair(loss, arg):
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent (sqrt's derivative at 0): f64 here, f32 under -m slow
+@pytest.mark.slow
 def test_gradient_with_a_zero_query_row_equals_dense(dtype):
     # β = 0 or a rank-deficient B gives a query row β Bᵀx_i = 0, where the bound shift's
     # sqrt has no derivative: the shift cancels in the weights, so it carries none (it gave

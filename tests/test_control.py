@@ -94,6 +94,7 @@ def _start(d, mean=0.0):
 
 @pytest.mark.parametrize("d", [2, 4])
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
+@pytest.mark.slow
 def test_certificate_full_rank_monge(d, dtype):
     m1, S1 = random_target(10 + d, d, dtype=dtype)
     m0, S0 = (a.astype(dtype) for a in _start(d, 0.5))
@@ -321,6 +322,7 @@ def test_controlled_field_matches_euclidean(dtype):
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
+@pytest.mark.slow
 def test_transfer_affine_flow_is_exact(dtype):
     """With V = B = 0 the particle flow is the affine map x ↦ G x + c of the certificate:
     RK4 (A constant per piece) reproduces it; L Euler layers converge to it at order 1."""

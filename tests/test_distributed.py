@@ -191,6 +191,7 @@ def test_mismatched_config_is_refused_on_every_process(two_processes):
     assert not refused.exists() or not any(refused.iterdir())
 
 
+@pytest.mark.slow
 def test_sweep_over_two_processes_equals_one_process(two_processes):
     r0, r1 = two_processes["results"]
     assert r0["rc_run"] == r1["rc_run"] == 0

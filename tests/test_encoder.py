@@ -95,6 +95,7 @@ def _np_encoder(params, cfg, h0, mask=None):
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
+@pytest.mark.slow
 def test_encoder_matches_numpy_reference(dtype):
     key = jax.random.PRNGKey(0)
     params = _rich_params(TINY, key, dtype)
@@ -216,6 +217,7 @@ def test_structural_errors():
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
+@pytest.mark.slow
 def test_input_layernorm_option(dtype):
     params = _rich_params(TINY, jax.random.PRNGKey(9), dtype)
     h0 = jnp.asarray(np.random.default_rng(9).normal(size=(2, 4, 16)).astype(dtype))
@@ -371,6 +373,7 @@ def _torch_stack(model, h0, mask, torch_dtype):
 
 @pytest.mark.models
 @pytest.mark.slow_dtype("f64")  # the model's own dtype (f32) in the default suite, f64 under -m slow
+@pytest.mark.slow
 def test_minilm_encoder_stack_matches_transformers(minilm, dtype):
     import torch
 

@@ -106,6 +106,7 @@ def test_saveat_after_t0_and_mixed_precision_inputs():
 
 
 @pytest.mark.slow_dtype("f32")
+@pytest.mark.slow
 def test_unnormalized_weights(dtype):
     models, x0 = _systems(6, 11, 3, [0.5, 2.0], dtype, seed=3, normalization="unnormalized")
     kw = dict(t1=1.0, dt=0.05, save_every=5, method="rk4")

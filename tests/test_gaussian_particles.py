@@ -154,6 +154,7 @@ def _rates(model, x):
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (N = 20 000, the tighter) in the default suite, f32 (N = 5 000) under -m slow
+@pytest.mark.slow
 def test_relu_initial_rates_match_stein_formula(dtype):
     p = {**P, "m0": np.array([0.3, -0.5])}  # both coordinates straddle 0: ReLU matters
     model = make_model(p, "relu", dtype)
@@ -184,6 +185,7 @@ def test_relu_with_zero_A_is_the_identity_model(dtype):
 
 
 @pytest.mark.slow_dtype("f32")
+@pytest.mark.slow
 def test_blowup_particles_stay_finite_and_part_from_the_closure(dtype):
     model = make_model(PB, "identity", dtype)
     x0s = _clouds(400, 2, PB, dtype, offset=5)

@@ -136,6 +136,7 @@ def gauss_profiles():
 
 
 @pytest.mark.slow_dtype("f64")  # the model's own dtype (f32) in the default suite, f64 under -m slow
+@pytest.mark.slow
 def test_profile_structure(gauss_profiles, dtype):
     prof = gauss_profiles[dtype]
     assert set(prof.values) == set(METRICS) == set(prof.floors)

@@ -165,6 +165,7 @@ def test_euclidean_model_runs_without_retraction():
 
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
 @pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
+@pytest.mark.slow
 def test_ensemble_step_is_the_integrator_class(dtype, method):
     """simulate_ensemble's batch-minor chunk steps with the integrator class on
     Sphere(axis=1): bitwise equal to the class stepping the chunk field, and equal to the

@@ -202,6 +202,7 @@ def test_one_dtype_for_mixed_inputs():
 # ------------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.slow
 def test_samplers_jit_and_vmap_over_keys_and_parameters():
     """The samplers under jit and vmap over keys equal their eager draws; κ, μ and the mixture
     weight may be traced (vmapped) too. A traced value out of range gives NaN samples (the

@@ -369,6 +369,7 @@ def test_extrapolation_is_linear_in_epsilon_and_keeps_padding():
 
 
 @pytest.mark.parametrize("factor", [10.0, pytest.param(0.05, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_multiscale_solves_at_a_fixed_epsilon_as_the_dense_solver(factor):
     # epsilon fixes ε (absolute): above the ladder's start ε0 the multiscale solver solved at
     # ε0, below it at 0.98 ε (the points' rounds start below the intermediate level's last

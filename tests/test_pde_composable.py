@@ -197,6 +197,7 @@ def _central(f, x, h):
 
 
 @pytest.mark.parametrize("kernel", ["fft", pytest.param("dense", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_grad_of_a_functional_of_the_final_density_matches_finite_differences(kernel):
     """d/dβ, d/dσ and d/dQ of F = Σ_j w_j ρ_j(t1) (a fixed-step Heun solve, float64)."""
     rho0 = jnp.asarray(_rho0())

@@ -99,6 +99,7 @@ def _models(dtype, betas):
 
 
 @pytest.mark.slow_dtype("f64")  # a code-path identity: f32 (the runs' default dtype) in the default suite, f64 under -m slow
+@pytest.mark.slow
 def test_sharded_vmap_equals_vmap_on_present_devices(dtype):
     betas = [0.5, 2.0, 9.0]
     models = _models(dtype, betas)
