@@ -156,6 +156,7 @@ def test_kind_default_float64_switches_x64_on(tmp_path):
     assert "dtype: float64" in p.stdout
 
 
+@pytest.mark.slow
 def test_force_removes_the_old_runs_figures_only(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

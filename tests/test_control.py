@@ -253,6 +253,7 @@ def test_bounded_controls_respect_bound():
           f"{res.message}")
 
 
+@pytest.mark.slow
 def test_energy_mode_lowers_energy_and_reaches():
     d = 2
     m1, S1 = random_target(1, d)

@@ -477,6 +477,7 @@ def test_locked_folder_is_refused_naming_the_holder(in_tmp, capsys):
     assert rc == 0, err
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_into_one_folder(tmp_path, capsys):
     """A second process running into a folder held by a first one (another config, or the
     same) is refused naming the holder; SIGTERM then stops the first with status

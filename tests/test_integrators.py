@@ -40,6 +40,7 @@ def _order(model, x0, method, dts, ref):
     ("exp_euler", 1.0, [0.04, 0.02, 0.01], [0.004, 0.002, 0.001]),
     ("rk4", 4.0, [0.5, 0.25, 0.125], [0.1, 0.05, 0.025]),
 ])
+@pytest.mark.slow_dtype("f64")  # the order in f32 in the default suite (the dts chosen for it), f64 under -m slow
 def test_convergence_order_against_diffrax(dtype, method, expected, dts32, dts64):
     Q, K, V = _qkv(np.float64, seed=2)
     model64 = jaxdyn.SphereAttention(Q, K, V, 2.0)
@@ -53,6 +54,7 @@ def test_convergence_order_against_diffrax(dtype, method, expected, dts32, dts64
     assert abs(slope - expected) < 0.25, (slope, errs)
 
 
+@pytest.mark.slow
 def test_diffrax_reference_stays_on_sphere():
     Q, K, V = _qkv(np.float64, seed=2)
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 12, 3, jnp.float64)
@@ -103,7 +105,7 @@ def test_vmap_over_beta_equals_separate_runs(dtype):
                                    atol=tol(dtype, 1e-5, 1e-13), rtol=0)
 
 
-@pytest.mark.slow_dtype("f32")
+@pytest.mark.slow_dtype("f64")  # the vmap identity in f32 in the default suite, f64 under -m slow
 def test_vmap_over_initial_conditions(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)

@@ -256,6 +256,7 @@ def test_exact_margins_equal_brute_force(dtype, given_low):
 # ------------------------------------------------------------------------------ solver
 
 
+@pytest.mark.slow
 def test_gauge_offset_in_warm_start_still_converges():
     # a warm start with f + c, g - c (the same plan) used to stall the float32 online
     # solver at small ε: R_i ≈ ε log a_i - f_i lost |c| 2^-24 / ε of accuracy
@@ -402,6 +403,7 @@ def test_multiscale_not_converged_when_the_budget_is_cut():
     assert res.names == "not_converged" and not res.converged
 
 
+@pytest.mark.slow
 def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch):
     # a round's lists are selected from its starting potentials; if they carry no transport
     # plan with the marginals (starved here: the first selection, on the intermediate level,

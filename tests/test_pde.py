@@ -491,6 +491,7 @@ def test_float32_at_large_beta_moves_and_differentiates():
     np.testing.assert_allclose(f_fft, f_dense, atol=1e-3 * np.abs(f_dense).max())
 
 
+@pytest.mark.slow
 def test_default_step_of_spectral_diffusion_and_solve_arguments():
     m = 128
     rho0 = pde.perturbed_uniform(m, 0.5, jax.random.PRNGKey(1), k_max=10)

@@ -54,6 +54,7 @@ def test_identical_heads_equal_single_head(qkv, kernel):
     np.testing.assert_allclose(_field(multi, x), one, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_heads_with_disjoint_supports_add(qkv):
     """castin's split: Q_h, K_h the rows of block h (head dimension p = d/H), V_h = E_hᵀ V_h
     writes only block h. The H-head ambient field is the sum of the H one-head ones (so is
