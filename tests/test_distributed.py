@@ -209,6 +209,7 @@ def test_sweep_over_two_processes_equals_one_process(two_processes):
     assert np.max(np.abs(moved[..., -1] - moved[..., 0])) > 1e-2  # the dynamics did something
 
 
+@pytest.mark.slow
 def test_only_process_0_writes_and_the_other_names_itself(two_processes):
     (_, out0, _), (_, out1, _) = two_processes["procs"]
     lines1 = [ln for ln in _section(out1, "run").splitlines() if ln.strip()]

@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # about 2 CPU-minutes: .ci/run runs it as its own step after the default suite
 def test_every_driver_exports_for_cuda_and_tpu():
     env = {**os.environ, "EQX_ON_ERROR": "nan", "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0",

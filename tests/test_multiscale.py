@@ -440,6 +440,7 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
     assert abs(float(res.value) / exact - 1) < 0.01, (float(res.value), exact)
 
 
+@pytest.mark.slow
 def test_slow_intermediate_rounds_go_on_with_covering_lists_then_hand_on(monkeypatch):
     # attempts far shorter than the intermediate rounds need (20 iterations, 60 in all): a
     # round whose lists cover its potentials goes on with them after an attempt, and hands its
