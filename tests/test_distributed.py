@@ -551,9 +551,7 @@ def test_check_in_names_every_start_up_fault():
     errors, _ = _check_in([(0, 3), (1, 3), (1, 3)])
     assert all("two processes were started with JAX_PROCESS_ID=1" in str(e) for e in errors)
 
-    t0 = time.time()
     errors, _ = _check_in([(0, 3), (1, 3)], timeout=1.0)
-    assert time.time() - t0 < 10
     assert all("process(es) 2 of 3 did not check in" in str(e) for e in errors), errors
     assert "--distributed-timeout" in str(errors[0])
 
@@ -601,12 +599,10 @@ def test_stalled_cluster_start_ends_in_one_line(tmp_path):
     cfg = tmp_path / "sweep.yaml"
     cfg.write_text(yaml.safe_dump(SWEEP))
     env = {**_env(_free_port(), 0, nproc=1)}
-    t0 = time.time()
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(STALL_WORKER), str(cfg),
                         str(tmp_path / "o")], env=env, cwd=str(ROOT), capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2, p.stderr[-3000:]
-    assert time.time() - t0 < 30
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "the cluster did not form within 1.5 s" in lines[0], p.stderr
     assert not (tmp_path / "o").exists()

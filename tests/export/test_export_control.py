@@ -39,12 +39,12 @@ def test_reach_loss_exports_for_each_control_family():
             ctr = {k: Control(A if k == "A" else vals[k], 1.0, kind) for k in "ABVb"}
             return reach_loss(ctr, np.zeros(D), np.eye(D), M1, S1, energy_weight=0.1)
 
-        export_check(f, jnp.asarray(vals["A"]))
+        assert export_check(f, jnp.asarray(vals["A"]))
 
 
 def test_controlled_moments_exports():
     vals = _values("piecewise")
-    export_check(lambda A: controlled_moments({k: Control(A if k == "A" else vals[k], 1.0)
+    assert export_check(lambda A: controlled_moments({k: Control(A if k == "A" else vals[k], 1.0)
                                                for k in "ABVb"}, None, np.eye(D), t1=1.0),
                  jnp.asarray(vals["A"]))
 
@@ -58,18 +58,18 @@ def test_transfer_particles_and_layers_export_with_the_model_built_inside():
         return ControlledEuclideanAttention.from_controls(
             {k: Control(v, 1.0) for k, v in vals.items()}, kernel="dense")
 
-    export_check(lambda x: transfer_particles(model(), x, t1=1.0, steps_per_piece=2),
+    assert export_check(lambda x: transfer_particles(model(), x, t1=1.0, steps_per_piece=2),
                  jnp.asarray(x0))
-    export_check(lambda x: transformer_layers(model(), x, t1=1.0, n_layers=8), jnp.asarray(x0))
+    assert export_check(lambda x: transformer_layers(model(), x, t1=1.0, n_layers=8), jnp.asarray(x0))
 
 
 def test_cloud_w2_bures_exports():
-    export_check(lambda x: cloud_w2_to_gaussian(x, M1, S1, exact=False),
+    assert export_check(lambda x: cloud_w2_to_gaussian(x, M1, S1, exact=False),
                  jnp.asarray(_RNG.standard_normal((32, D))))
 
 
 def test_reach_exports_with_traced_targets():
     """The whole optimisation (L-BFGS loop, verification solve) as one program."""
-    export_check(lambda m1, S1: reach(np.zeros(D), np.eye(D), m1, S1, n_pieces=N, init="zero",
+    assert export_check(lambda m1, S1: reach(np.zeros(D), np.eye(D), m1, S1, n_pieces=N, init="zero",
                                       lbfgs_steps=20, with_certificate=False),
                  jnp.asarray(M1), jnp.asarray(S1))

@@ -16,7 +16,7 @@ b = 0.3 * _RNG.standard_normal(D)
 
 
 def test_solve_moments_exports():
-    export_check(lambda S0: solve_moments(None, S0, A=A, B=B, V=V, b=b, t1=1.0, saveat=4),
+    assert export_check(lambda S0: solve_moments(None, S0, A=A, B=B, V=V, b=b, t1=1.0, saveat=4),
                  jnp.eye(D))
 
 
@@ -26,13 +26,13 @@ def test_solve_moments_with_fields_built_inside_from_numpy():
     def f(scale):
         return solve_moments(np.zeros(D), 2 * np.eye(D), A=A, B=scale * B, V=V, b=b, t1=1.0)
 
-    export_check(f, jnp.asarray(1.0))
+    assert export_check(f, jnp.asarray(1.0))
 
 
 def test_solve_moments_batch_exports():
     n = 4
     As = 0.3 * _RNG.standard_normal((n, D, D))
-    export_check(lambda As: solve_moments_batch(None, 2 * np.eye(D), A=As, B=B, V=V, b=b, t1=1.0),
+    assert export_check(lambda As: solve_moments_batch(None, 2 * np.eye(D), A=As, B=B, V=V, b=b, t1=1.0),
                  jnp.asarray(As))
 
 
@@ -40,11 +40,11 @@ def test_variant_moment_solve_exports():
     Q, K = (_RNG.standard_normal((2, 2, D)) for _ in range(2))
     Vh = 0.3 * _RNG.standard_normal((2, D, D))
     for attention in ("softmax", "l2", "sinkhorn"):
-        export_check(lambda S0: solve_moments(None, S0, A=None, V=Vh, Q=Q, K=K, beta=0.5, t1=0.5,
+        assert export_check(lambda S0: solve_moments(None, S0, A=None, V=Vh, Q=Q, K=K, beta=0.5, t1=0.5,
                                               attention=attention), jnp.eye(D))
 
 
 def test_stationary_covariance_exports():
     Am = np.eye(D) + 0.1 * A
-    export_check(lambda Vm: jaxdyn.gaussian.stationary_covariance(Am, np.eye(D), Vm).cov,
+    assert export_check(lambda Vm: jaxdyn.gaussian.stationary_covariance(Am, np.eye(D), Vm).cov,
                  jnp.asarray(-np.eye(D)))

@@ -1,7 +1,6 @@
 """Export cases of the attention kernels and the online log-sum-exp: each lowers for ``cuda``
 and ``tpu`` (the accelerators' branch of the blocked kernels) with no host callback."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

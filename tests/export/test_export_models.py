@@ -4,7 +4,6 @@ built there, Π and the Lyapunov functional, the samplers, and the encoders' for
 random weights."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -47,7 +46,7 @@ BUILD = {
 @pytest.mark.parametrize("name", sorted(BUILD))
 def test_field_built_inside_from_numpy(name):
     build = BUILD[name]
-    export_check(lambda x: (build()(0.7, x), build().invalid()), X0)
+    assert export_check(lambda x: (build()(0.7, x), build().invalid()), X0)
 
 
 def test_stacked_models_built_inside_vmapped():
@@ -57,11 +56,11 @@ def test_stacked_models_built_inside_vmapped():
         return (jax.vmap(lambda m: m(0.0, x))(models), jax.vmap(lambda m: m(0.0, x))(traced),
                 traced.invalid())
 
-    export_check(f, X0, np.array([0.5, 1.0], np.float32))
+    assert export_check(f, X0, np.array([0.5, 1.0], np.float32))
 
 
 def test_simulate_on_a_model_built_inside():
-    export_check(lambda x: jaxdyn.simulate(M.SphereAttention(*W, 1.5), x, t1=0.2, dt=0.05,
+    assert export_check(lambda x: jaxdyn.simulate(M.SphereAttention(*W, 1.5), x, t1=0.2, dt=0.05,
                                            method="rk4"), X0)
 
 
@@ -74,17 +73,17 @@ def test_spectral_projection_and_lyapunov():
         return (P(x), jaxdyn.lyapunov(x, P), jaxdyn.mass_near(x, P, 0.3),
                 jaxdyn.spectral.angle_to_subspace(x, P))
 
-    export_check(f, X0)
+    assert export_check(f, X0)
 
 
 def test_samplers():
     key = jax.random.PRNGKey(0)
-    export_check(lambda k: jaxdyn.sample_sphere(k, 16, D), key)
-    export_check(lambda k, kappa: jaxdyn.sample_vmf(k, 16, np.array([0.0, 1.0, 0.0]), kappa), key,
+    assert export_check(lambda k: jaxdyn.sample_sphere(k, 16, D), key)
+    assert export_check(lambda k, kappa: jaxdyn.sample_vmf(k, 16, np.array([0.0, 1.0, 0.0]), kappa), key,
                  np.float32(4.0))
-    export_check(lambda k, w: jaxdyn.sample_mixture(k, 16, D, kappa=3.0, weight=w), key,
+    assert export_check(lambda k, w: jaxdyn.sample_mixture(k, 16, D, kappa=3.0, weight=w), key,
                  np.float32(0.4))
-    export_check(lambda keys: jax.vmap(lambda k: jaxdyn.sphere.sample_initial(
+    assert export_check(lambda keys: jax.vmap(lambda k: jaxdyn.sphere.sample_initial(
         k, 16, D, "vmf", kappa=2.0))(keys), jax.random.split(key, 3))
 
 
@@ -96,13 +95,13 @@ def test_encoder_forward_on_random_weights():
     params = E.init_bert(TINY, jax.random.PRNGKey(1))
     h0 = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (2, 5, 8)), np.float32)
     mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
-    export_check(lambda h: E.encode(params, TINY, h, mask), h0)
+    assert export_check(lambda h: E.encode(params, TINY, h, mask), h0)
     # weights drawn inside the exported function, and the heads as a particle field
-    export_check(lambda k, h: E.encode(E.init_bert(TINY, k), TINY, h), jax.random.PRNGKey(3), h0)
-    export_check(lambda x: M.DepthAttention.from_heads(E.attention_heads(params, TINY))(0.5, x),
+    assert export_check(lambda k, h: E.encode(E.init_bert(TINY, k), TINY, h), jax.random.PRNGKey(3), h0)
+    assert export_check(lambda x: M.DepthAttention.from_heads(E.attention_heads(params, TINY))(0.5, x),
                  np.ones((4, 8), np.float32) / np.sqrt(8))
     ids = np.array([[1, 2, 3, 4]], np.int32)
-    export_check(lambda i: E.encode(params, TINY, E.embed(params, TINY, i)), ids)
+    assert export_check(lambda i: E.encode(params, TINY, E.embed(params, TINY, i)), ids)
 
 
 def test_paper_b_architectures_forward():
@@ -112,6 +111,6 @@ def test_paper_b_architectures_forward():
                         num_hidden_layers=2, image_size=8, patch_size=4)
     pm = E.init_modernbert(mb, jax.random.PRNGKey(0))
     pd = E.init_deit(deit, jax.random.PRNGKey(1))
-    export_check(lambda h: E.encode_modernbert(pm, mb, h), np.ones((1, 7, 8), np.float32))
-    export_check(lambda img: E.encode_deit(pd, deit, E.embed_deit(pd, deit, img)),
+    assert export_check(lambda h: E.encode_modernbert(pm, mb, h), np.ones((1, 7, 8), np.float32))
+    assert export_check(lambda img: E.encode_deit(pd, deit, E.embed_deit(pd, deit, img)),
                  np.ones((1, 8, 8, 3), np.float32))

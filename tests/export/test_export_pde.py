@@ -35,7 +35,7 @@ def test_solve_density_circle_built_inside(K, method):
         b = pde.solve_density(traced, rho0, t1=0.5, n_save=2, dt=0.01)
         return a, b
 
-    export_check(f, _rho0(), jnp.float64(3.0))
+    assert export_check(f, _rho0(), jnp.float64(3.0))
 
 
 def test_solve_density_traced_model_times_and_step():
@@ -44,9 +44,9 @@ def test_solve_density_traced_model_times_and_step():
     def f(model, rho0, ts, dt):
         return pde.solve_density(model, rho0, t1=1.0, ts=ts, dt=dt)
 
-    export_check(f, model, _rho0(jnp.float32), jnp.linspace(0.0, 1.0, 4, dtype=jnp.float32),
+    assert export_check(f, model, _rho0(jnp.float32), jnp.linspace(0.0, 1.0, 4, dtype=jnp.float32),
                  jnp.float32(0.02))
-    export_check(lambda t1: pde.solve_density(model, _rho0(jnp.float32), t1=t1, n_save=3),
+    assert export_check(lambda t1: pde.solve_density(model, _rho0(jnp.float32), t1=t1, n_save=3),
                  jnp.float32(0.7))
 
 
@@ -56,7 +56,7 @@ def test_solve_density_sphere_built_inside(K):
         model = pde.SphereDensity(I3, K, I3, 2.0, 4, 8, sigma=0.1)
         return pde.solve_density(model, rho0, t1=0.2, n_save=2)
 
-    export_check(f, _rho0_s2())
+    assert export_check(f, _rho0_s2())
 
 
 def test_rates_built_inside():
@@ -65,7 +65,7 @@ def test_rates_built_inside():
         sph = pde.SphereDensity(I3, I3, I3, beta, 4, 8, kernel="fft")
         return pde.growth_rate(circ, [1, 2, 3]), pde.zonal_growth_rate(sph, [1, 2])
 
-    export_check(f, jnp.float64(3.0))
+    assert export_check(f, jnp.float64(3.0))
 
 
 def test_circle_attention_field_built_inside():
@@ -76,7 +76,7 @@ def test_circle_attention_field_built_inside():
         traced = pde.CircleAttention(I2, I2, I2, beta, n_modes=12, normalization="unnormalized")
         return field(0.0, x), traced(0.0, x)
 
-    export_check(f, x, jnp.float64(2.0))
+    assert export_check(f, x, jnp.float64(2.0))
 
 
 def test_density_cluster_statistics():
@@ -88,7 +88,7 @@ def test_density_cluster_statistics():
         t, c = pde.first_clusters(ts, rho_t)
         return n, t, c.astype(t.dtype), pde.perturbed_uniform(M, eps, key)
 
-    export_check(f, rho_t, ts, jnp.float64(0.1), jax.random.PRNGKey(2))
+    assert export_check(f, rho_t, ts, jnp.float64(0.1), jax.random.PRNGKey(2))
 
 
 def test_particle_cluster_statistics():
@@ -104,4 +104,4 @@ def test_particle_cluster_statistics():
             C.interaction_energy(xs, beta), C.log_partition_energy(xs, beta, I3 * 0.5),
             C.hitting_times(ts, counts, jnp.asarray([1, 2]))))
 
-    export_check(f, xs, jnp.float64(2.0), jnp.float64(0.05))
+    assert export_check(f, xs, jnp.float64(2.0), jnp.float64(0.05))

@@ -37,7 +37,7 @@ def _model(kind):
 @pytest.mark.parametrize("method", METHODS)
 def test_simulate_model_given(method):
     model = _model("sphere")
-    export_check(lambda x0: jaxdyn.simulate(model, x0, t1=0.3, dt=0.1, method=method), X0)
+    assert export_check(lambda x0: jaxdyn.simulate(model, x0, t1=0.3, dt=0.1, method=method), X0)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -45,7 +45,7 @@ def test_simulate_model_given(method):
 def test_simulate_model_built_inside_from_numpy_weights(kind, method):
     if kind == "euclidean" and method == "euler_renormalise":
         method = "euler"  # in R^d the same step
-    export_check(lambda x0: jaxdyn.simulate(_model(kind), x0, t1=0.3, dt=0.1, method=method), X0)
+    assert export_check(lambda x0: jaxdyn.simulate(_model(kind), x0, t1=0.3, dt=0.1, method=method), X0)
 
 
 def test_simulate_with_a_diffrax_solver_and_traced_beta():
@@ -53,7 +53,7 @@ def test_simulate_with_a_diffrax_solver_and_traced_beta():
         return jaxdyn.simulate(jaxdyn.SphereAttention(Q, K, V, beta), x0, t1=0.3, dt=0.1,
                                method=diffrax.Heun())
 
-    export_check(run, X0, np.float32(1.5))
+    assert export_check(run, X0, np.float32(1.5))
 
 
 @pytest.mark.parametrize("method", ["geodesic_em", "heun"])
@@ -63,7 +63,7 @@ def test_simulate_sde(kind, method):
         return jaxdyn.simulate_sde(_model(kind), x0, jax.random.PRNGKey(1), sigma=sigma,
                                    t1=0.3, dt=0.1, method=method)
 
-    export_check(run, X0, np.float32(0.2))
+    assert export_check(run, X0, np.float32(0.2))
 
 
 def test_simulate_ensemble_models_built_and_stacked_inside():
@@ -73,7 +73,7 @@ def test_simulate_ensemble_models_built_and_stacked_inside():
         models = jaxdyn.stack_models([jaxdyn.SphereAttention(Q, K, V, betas[i]) for i in range(2)])
         return jaxdyn.simulate_ensemble(models, x0, t1=0.3, dt=0.1, method="euler_renormalise")
 
-    export_check(run, x0, np.asarray([1.0, 3.0], np.float32))
+    assert export_check(run, x0, np.asarray([1.0, 3.0], np.float32))
 
 
 def test_sharded_vmap_of_simulate():
@@ -84,7 +84,7 @@ def test_sharded_vmap_of_simulate():
         return sharded_vmap(lambda m, x: jaxdyn.simulate(m, x, t1=0.3, dt=0.1, method="rk4"))(
             models, x0)
 
-    export_check(run, x0, np.asarray([1.0, 2.0, 3.0], np.float32))
+    assert export_check(run, x0, np.asarray([1.0, 2.0, 3.0], np.float32))
 
 
 I = np.eye(D, dtype=np.float32)
@@ -110,13 +110,13 @@ def test_simulate_and_sde_flag_traced_parameters(name):
     def run(x0, v):
         return _with_status(jaxdyn.simulate(TRACED[name](v), x0, t1=0.3, dt=0.1, method="rk4"))
 
-    export_check(run, X0, np.float32(0.5))
+    assert export_check(run, X0, np.float32(0.5))
 
     def noisy(x0, v):
         return _with_status(jaxdyn.simulate_sde(TRACED[name](v), x0, jax.random.PRNGKey(1),
                                                 sigma=0.1, t1=0.3, dt=0.1))
 
-    export_check(noisy, X0, np.float32(0.5))
+    assert export_check(noisy, X0, np.float32(0.5))
 
 
 def test_simulate_ensemble_and_sharded_vmap_flag_traced_betas():
@@ -135,5 +135,5 @@ def test_simulate_ensemble_and_sharded_vmap_flag_traced_betas():
             stack(betas), x0))
 
     betas = np.asarray([1.0, 3.0], np.float32)
-    export_check(ensemble, x0, betas)
-    export_check(sharded, x0, betas)
+    assert export_check(ensemble, x0, betas)
+    assert export_check(sharded, x0, betas)
