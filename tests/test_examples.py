@@ -2,7 +2,7 @@
 
 The Python examples run in this process (``runpy``, as ``python examples/NAME.py --out DIR``
 would: their own folder on ``sys.path``, matplotlib on Agg), so that they share this test
-session's compiled programs; each asserts its own claims (a blow-up time against its closed
+run's compiled programs; each asserts its own claims (a blow-up time against its closed
 form, a causal first particle that stays put, a reached target). The two-process sweep starts
 two ``jaxdyn`` processes and runs under ``-m slow``.
 """
