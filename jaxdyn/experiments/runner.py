@@ -357,12 +357,17 @@ def run_chunks_by_points(run: Run, tally: Tally, bar=None, compute_hook: Optiona
                                 {"config_hash": run.config_hash, "points": run.plan.chunks[ci],
                                  "dims": dims, "seconds": time.time() - t_start})
                 tally.computed += 1
-        if bar is not None:
-            bar.n = len(tally.done) + tally.computed
-            bar.refresh()
-            bar.set_postfix_str(f"{tally.computed} computed, {len(tally.done)} resumed, "
-                                f"{time.time() - t_start:.0f}s")
+        _show_progress(bar, tally, t_start)
     check_interrupt()
+
+
+def _show_progress(bar, tally: Tally, t_start: float):
+    """Move the progress bar (if any) to the chunks finished so far, with their counts."""
+    if bar is not None:
+        bar.n = len(tally.done) + tally.computed
+        bar.refresh()
+        bar.set_postfix_str(f"{tally.computed} computed, {len(tally.done)} resumed, "
+                            f"{time.time() - t_start:.0f}s")
 
 
 def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable] = None):
@@ -390,9 +395,5 @@ def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable
         tally.computed += 1
         if compute_hook is not None:
             compute_hook(ci)
-        if bar is not None:
-            bar.n = len(tally.done) + tally.computed
-            bar.refresh()
-            bar.set_postfix_str(f"{tally.computed} computed, {len(tally.done)} resumed, "
-                                f"{time.time() - t_start:.0f}s")
+        _show_progress(bar, tally, t_start)
     check_interrupt()
