@@ -36,38 +36,58 @@ import numpy as np
 __all__ = ["RESULTS", "STATUS_NAMES", "Solution", "status_code", "status_codes", "status_messages", "status_names",
            "is_successful", "from_codes", "code", "raise_if_failed", "error_if_failed"]
 
+def _named(name: str) -> str:
+    """The message diffrax gives the code ``name``, led by the name (``"max_steps_reached: ..."``)."""
+    item = getattr(diffrax.RESULTS, name, None)
+    return f"{name}: {diffrax.RESULTS[item] if item is not None else name.replace('_', ' ')}"
+
+
 with warnings.catch_warnings():
-    # ``successful`` and ``nonfinite`` exist upstream (diffrax, optimistix); their messages are
-    # replaced on purpose: one that a printed result can show, and one that says what to try in
-    # an ODE/particle run.
+    # Every message is led by its code's name, so that a printed result names its status
+    # (``print(sol.result)`` shows ``RESULTS<blowup: Finite-time blow-up: ...>``; equinox's
+    # repr of a code shows its message, and diffrax's ``successful`` has none). The codes of
+    # diffrax (optimistix, lineax) keep their values and their messages after the name; the
+    # warning equinox gives for a message replaced on purpose is silenced.
     warnings.simplefilter("ignore")
 
     class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         successful = "successful: the solve finished with no failure."
+        max_steps_reached = _named("max_steps_reached")
+        singular = _named("singular")
+        breakdown = _named("breakdown")
+        stagnation = _named("stagnation")
+        conlim = _named("conlim")
+        nonfinite_input = _named("nonfinite_input")
+        nonlinear_max_steps_reached = _named("nonlinear_max_steps_reached")
+        nonlinear_divergence = _named("nonlinear_divergence")
+        dt_min_reached = _named("dt_min_reached")
+        event_occurred = _named("event_occurred")
+        max_steps_rejected = _named("max_steps_rejected")
+        internal_error = _named("internal_error")
         nonfinite = (
-            "Non-finite values (NaN or inf) appeared in the solution. Try a smaller step "
+            "nonfinite: Non-finite values (NaN or inf) appeared in the solution. Try a smaller step "
             "(dt) or tighter tolerances, float64 (jax_enable_x64), and check the inputs and "
             "parameters for NaN/inf.")
         blowup = (
-            "Finite-time blow-up: the covariance norm passed the blow-up threshold on a pole "
+            "blowup: Finite-time blow-up: the covariance norm passed the blow-up threshold on a pole "
             "(quadratic growth dominates). This is the dynamics, not a solver failure: the "
             "refined blow-up time is in `blowup_time`; the state is reported at the detection "
             "time.")
         large = (
-            "The covariance norm passed the blow-up threshold without the pole signature (or "
+            "large: The covariance norm passed the blow-up threshold without the pole signature (or "
             "on a pole whose refined blow-up time lies after t1), so no finite-time blow-up "
             "before t1 is claimed (`blowup_time` is inf) and the solve stopped there. Try a "
             "larger `blowup_threshold` to follow the growth further.")
         invalid_input = (
-            "Invalid input (e.g. a non-finite initial state, rows off the sphere, or an S0 "
+            "invalid_input: Invalid input (e.g. a non-finite initial state, rows off the sphere, or an S0 "
             "that is not a symmetric PSD covariance), flagged rather than raised because the "
             "check ran under jit/vmap. Call the driver on concrete inputs to get the "
             "ValueError that names the defect.")
         stiff = (
-            "The member turned stiff and the batched solver's stiff stage was switched off "
+            "stiff: The member turned stiff and the batched solver's stiff stage was switched off "
             "(`stiff=False`); it stopped at `t_final`. Run with `stiff=True` (Rodas5 stage).")
         not_converged = (
-            "The iterative solve did not meet its tolerance (Sinkhorn marginals, or reach's "
+            "not_converged: The iterative solve did not meet its tolerance (Sinkhorn marginals, or reach's "
             "W2 target). Try more iterations (`max_iterations`, `max_rounds`, `steps`), a "
             "larger epsilon or a looser tolerance; the value returned is the last iterate.")
 
@@ -246,7 +266,7 @@ def raise_if_failed(result, what: str = "solve"):
     c = int(codes[first]) if first else int(codes)
     where = f" (member {first[0] if len(first) == 1 else first}; {int(bad.sum())} of {bad.size} " \
             "failed)" if first else ""
-    raise RuntimeError(f"{what} failed{where}: {_NAMES[c]}: {_MESSAGES[c]}")
+    raise RuntimeError(f"{what} failed{where}: {_MESSAGES[c]}")  # the message names the status
 
 
 def error_if_failed(token, result):

@@ -6,6 +6,10 @@
     jaxdyn run [CONFIG] --resume DIR                       finish an interrupted run
     jaxdyn report DIR [--movie]                            redraw the figures from saved results
     jaxdyn config [CONFIG] [--set ...]                     print the resolved config
+    jaxdyn kinds [KIND]                                    the experiment kinds; a kind's config
+                                                          fields (--markdown: the reference
+                                                          page docs/guides/config-reference.md)
+    jaxdyn --version                                       the installed version
     jaxdyn run CONFIG --out DIR --distributed              one process of several (jax.distributed;
                                                           --distributed-timeout SECONDS bounds
                                                           the wait for the others)
@@ -25,7 +29,8 @@ variable ``JAXDYN_NO_HOST_DEVICES=1`` turns that off.
 ``--no-cache`` or ``JAXDYN_NO_CACHE=1`` turns that off.
 
 Only the standard library and the config reader load before a command runs: ``jaxdyn
---help``, ``jaxdyn run --help`` import no JAX. The command's programs hold no host callback:
+--help``, ``jaxdyn run --help``, ``jaxdyn --version``, ``jaxdyn config`` and ``jaxdyn kinds``
+import no JAX. The command's programs hold no host callback:
 unless ``EQX_ON_ERROR`` is set, it is ``nan`` (equinox's runtime checks return NaN, which ends
 as a non-finite grid point, instead of raising through a callback), so that JAX's persistent
 cache can store every program.
@@ -34,6 +39,7 @@ cache can store every program.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -186,6 +192,138 @@ def _cmd_config(args):
     return 0
 
 
+def _kind_summary(name):
+    """The one-line description of a kind: the first line of its package's docstring."""
+    from .experiments import get_kind
+
+    lines = (get_kind(name).__doc__ or "").strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    prefix = f"Experiment kind ``{name}``: "
+    return first[len(prefix):] if first.startswith(prefix) else first
+
+
+def _kind_rows(name):
+    """The reference rows of a kind's own fields (:func:`.config.schema_rows`)."""
+    from .config import schema_rows
+    from .experiments import get_kind
+
+    return schema_rows(get_kind(name).SCHEMA)
+
+
+def _common_rows():
+    """The reference rows of the fields every kind takes (the engine's)."""
+    from .config import schema_rows
+    from .experiments.planning import ENGINE_FIELDS
+
+    return schema_rows(ENGINE_FIELDS)
+
+
+def _text_rows(rows):
+    import textwrap
+
+    out = []
+    for r in rows:
+        head = f"  {r['name']}: {r['type']}"
+        if r["default"] != "(its fields)":
+            head += " (required)" if r["default"] == "required" else f" = {r['default']}"
+        if r["choices"]:
+            head += f"; one of: {', '.join(r['choices'])}"
+        if r["sweepable"]:
+            head += "; sweepable"
+        out.append(head)
+        if r["doc"]:
+            out += textwrap.wrap(r["doc"], width=92, initial_indent=" " * 6,
+                                 subsequent_indent=" " * 6)
+    return out
+
+
+def _md_cell(text):
+    """Text for a Markdown table cell: the characters Markdown would read escaped."""
+    for c in "\\`*_|[]":
+        text = text.replace(c, "\\" + c)
+    return text.replace("<", "&lt;").replace("{", "&#123;").replace("}", "&#125;")
+
+
+def _md_table(rows):
+    out = ["| field | type | default | values | description |", "|---|---|---|---|---|"]
+    for r in rows:
+        kind = f"{r['type']}, sweepable" if r["sweepable"] else r["type"]
+        default = r["default"] if r["default"] in ("required", "(its fields)") else f"`{r['default']}`"
+        values = ", ".join(f"`{c}`" for c in r["choices"])
+        out.append(f"| `{r['name']}` | {kind} | {default} | {values} | {_md_cell(r['doc'])} |")
+    return out
+
+
+def reference_markdown() -> str:
+    """The config reference page (docs/guides/config-reference.md), from the kinds' schemas.
+
+    Returns:
+      The page's Markdown: the fields every kind takes, then each kind's own, as tables.
+    """
+    from .experiments import KINDS
+
+    import textwrap
+
+    intro = (
+        "Every field of every experiment kind: its type, its default, the values it takes and "
+        "what it sets. A config is a YAML mapping whose `kind:` names one of the kinds below; a "
+        "field left out takes its default; a field of a section is written inside it "
+        "(`weights.seed` is `weights: {seed: 1}`). The fields marked *sweepable* may be given "
+        "values under `sweep:`, which makes a grid of their product: a list, or "
+        "`{range: [start, stop, step]}`, `{linspace: [start, stop, num]}`, "
+        "`{logspace: [start, stop, num]}` ([Sweeps and the CLI](cli.md)). "
+        "`jaxdyn config CONFIG` prints a config resolved, defaults filled in; in a terminal, "
+        "`jaxdyn kinds` lists the kinds and `jaxdyn kinds KIND` a kind's fields.")
+    source = ("This page is generated from the kinds' schemas (`jaxdyn/experiments/*/schema.py`) "
+              "by `jaxdyn kinds --markdown > docs/guides/config-reference.md`; "
+              "`tests/test_newcomer_cli.py` checks that it is up to date.")
+    wrap = functools.partial(textwrap.wrap, width=100, break_on_hyphens=False)
+    lines = [
+        "# Config reference",
+        "",
+        *wrap(intro),
+        "",
+        *wrap(source),
+        "",
+        "| kind | what it runs |",
+        "|---|---|",
+        *(f"| [`{k}`](#{k}) | {_md_cell(_kind_summary(k))} |" for k in KINDS),
+        "",
+        "## Fields of every kind",
+        "",
+        *_md_table(_common_rows()),
+    ]
+    for k in KINDS:
+        lines += ["", f"## {k}", "", _md_cell(_kind_summary(k)), "", *_md_table(_kind_rows(k))]
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_kinds(args):
+    from .config import ConfigError
+    from .experiments import KINDS
+
+    if args.markdown:
+        if args.kind is not None:
+            raise ConfigError("--markdown writes the page of every kind: give no KIND")
+        sys.stdout.write(reference_markdown())
+        return 0
+    if args.kind is None:
+        width = max(map(len, KINDS))
+        lines = ["Experiment kinds (the `kind:` of a config; `jaxdyn kinds KIND` lists a kind's "
+                 "fields):", ""]
+        lines += [f"  {k:<{width}}  {_kind_summary(k)}" for k in KINDS]
+        sys.stdout.write("\n".join(lines) + "\n")
+        return 0
+    if args.kind not in KINDS:
+        raise ConfigError(f"unknown experiment kind {args.kind!r}; known kinds: {', '.join(KINDS)}")
+    lines = [f"kind {args.kind}: {_kind_summary(args.kind)}", "",
+             "Its fields (NAME: TYPE = DEFAULT; `sweepable`: may take a list of values under "
+             "`sweep:`):", "", *_text_rows(_kind_rows(args.kind)), "",
+             "Fields of every kind:", "", *_text_rows(_common_rows())]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
 def _raise_interrupt(signum, frame):
     from .io import PENDING_SIGNALS
 
@@ -201,15 +339,24 @@ def _raise_pending():
         raise KeyboardInterrupt(f"signal {PENDING_SIGNALS[-1]}")
 
 
+def _version():
+    """The version of the running package (``jaxdyn.__version__``, its installed metadata's)."""
+    from . import __version__
+
+    return __version__
+
+
 def build_parser():
     """The argument parser of the ``jaxdyn`` command.
 
     Returns:
-      The parser (subcommands ``run``, ``report``, ``config``).
+      The parser (subcommands ``run``, ``report``, ``config``, ``kinds``).
     """
     p = argparse.ArgumentParser(prog="jaxdyn", description="Mean-field dynamics of Transformers in JAX.")
     p.add_argument("--no-host-devices", action="store_true",
                    help="do not expose the CPU cores as separate JAX devices")
+    p.add_argument("--version", action="version", version=f"jaxdyn {_version()}",
+                   help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an experiment (no CONFIG: the embedded default)")
     r.add_argument("config", nargs="?", help="YAML config (see configs/)")
@@ -241,6 +388,14 @@ def build_parser():
     c.add_argument("config", nargs="?")
     c.add_argument("--set", action="append", metavar="KEY=VALUE")
     c.set_defaults(func=_cmd_config)
+    k = sub.add_parser("kinds", help="list the experiment kinds, or one kind's config fields",
+                       description="List the experiment kinds (the `kind:` of a config), or the "
+                                   "config fields of one: name, type, default, allowed values, "
+                                   "help. The same tables are docs/guides/config-reference.md.")
+    k.add_argument("kind", nargs="?", help="a kind: list its fields (name, type, default, values)")
+    k.add_argument("--markdown", action="store_true",
+                   help="print the config reference page of every kind in Markdown")
+    k.set_defaults(func=_cmd_kinds)
     return p
 
 
@@ -265,8 +420,9 @@ def main(argv=None):
     # every process (measured at load ~15 on the 2 cores: second run 8.4 s compiling, 8 of 9
     # programs from the cache; with "nan" 2.9 s, 9 of 9, first run 16.5 s -> 10.5 s).
     os.environ.setdefault("EQX_ON_ERROR", "nan")
-    # host devices only where JAX runs (a run, a report); `jaxdyn config` loads no JAX
-    _host_devices(args.no_host_devices or args.command == "config")
+    # host devices only where JAX runs (a run, a report); `jaxdyn config` and `jaxdyn kinds`
+    # load no JAX
+    _host_devices(args.no_host_devices or args.command in ("config", "kinds"))
     # SIGTERM (a pre-empted job) ends the run like Ctrl-C: finished chunks stay on disk.
     from .io import PENDING_SIGNALS
 

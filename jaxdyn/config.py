@@ -98,6 +98,57 @@ class Field:
     sweepable: bool = False
 
 
+def format_value(value) -> str:
+    """A config value as it is written in YAML (``null``, ``true``, ``[1.0, 2.0]``, ``rk4``).
+
+    Args:
+      value: a default or a choice of a field.
+
+    Returns:
+      The YAML text (flow style).
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def schema_rows(schema: Mapping[str, Field], prefix: str = "") -> list[dict]:
+    """The fields of a schema for a reference listing, sections flattened to dotted names.
+
+    Args:
+      schema: field name → :class:`Field`.
+      prefix: the dotted path of the section (``""`` at the top level).
+
+    Returns:
+      One dict a field, in schema order (a section before its sub-fields): ``name`` (dotted),
+      ``type`` (``"int"``, ``"list of float"``, ``"matrix"`` (a list of rows), ``"section"``,
+      …), ``default`` (YAML text; ``"required"`` when there is none), ``choices`` (YAML texts,
+      empty when any value of the type goes), ``sweepable`` and ``doc``.
+    """
+    rows = []
+    for key, f in schema.items():
+        name = f"{prefix}{key}"
+        kind = f"list of {f.item}" if f.kind == "list" and f.item != "any" else f.kind
+        if f.default is REQUIRED:
+            default = "required"
+        elif f.kind == "section" and f.schema is not None:
+            default = "(its fields)"
+        else:
+            default = format_value(f.default)
+        rows.append({"name": name, "type": kind, "default": default,
+                     "choices": [format_value(c) for c in f.choices or ()],
+                     "sweepable": f.sweepable, "doc": f.doc})
+        if f.kind == "section" and f.schema is not None:
+            rows += schema_rows(f.schema, f"{name}.")
+    return rows
+
+
 def positive(v):
     """A field check: None if ``v > 0``, else the problem."""
     return None if v > 0 else "must be > 0"
