@@ -12,11 +12,12 @@ accelerators; ``jax.grad`` flows through the energies. The one exception is
 length), so it runs on the host in NumPy; :func:`hitting_times` is its fixed-shape, traceable
 counterpart.
 
-Bad input gives no plausible number: clouds must hold at least one point of dimension d ≥ 1
-(a ValueError naming ``xs`` otherwise); a concrete cloud or parameter that holds NaN or inf
-is refused on the host (a ValueError naming it, and the first such cloud); under ``jax.jit``
-or ``jax.vmap`` a non-finite cloud or parameter makes its own values NaN (the floating
-statistics) or −1 (the integer ones: counts, ranks, labels), never a count or a fraction.
+**Input checks.** Bad input gives no plausible number: clouds must be (..., N, d) with at
+least one point of dimension d ≥ 1 (a ValueError naming ``xs`` otherwise); a concrete cloud
+or parameter that holds NaN or inf is refused on the host (a ValueError naming it, and the
+first such cloud); under ``jax.jit`` or ``jax.vmap`` a non-finite cloud or parameter makes
+its own values NaN (the floating statistics) or −1 (the integer ones: counts, ranks, labels),
+never a count or a fraction.
 
 Graph and pair conventions (stated once, used everywhere):
 
@@ -28,7 +29,10 @@ Graph and pair conventions (stated once, used everywhere):
 * **cluster count** ``cluster_count(xs, delta)``: the number of connected components of the
   graph on the particles with an edge i ~ j when ⟨x_i, x_j⟩ > 1 − δ (each particle is in its
   own component at least). On a cloud made of tight, well-separated clusters this is the
-  number of clusters; it is invariant to permuting the particles.
+  number of clusters; it is invariant to permuting the particles. δ broadcasts against the
+  clouds' leading axes and defaults to 10⁻⁴ in every function of this graph
+  (:func:`cluster_labels`, :func:`cluster_count`, :func:`cluster_masses`,
+  :func:`cluster_centres`): the ``cluster_delta`` of the experiments' ``sphere`` kind.
 * **Gram rank** ``gram_rank(xs, threshold)``: the numerical rank of the 0/1 matrix
   A_ij = 1[⟨x_i, x_j⟩ > threshold] (the published count of the rotf scripts, threshold
   0.9999). When the graph is a disjoint union of cliques (after a permutation A is
@@ -121,6 +125,29 @@ def _flag(out, x, *params):
     return jnp.where(ok, out, bad)
 
 
+@functools.partial(jax.jit, static_argnames=("core", "options", "prepare", "ndims"))
+def _per_cloud(xs, *params, core, options=(), prepare=None, ndims=None):
+    """The program of every statistic after its host checks: ``core`` on each cloud, flagged.
+
+    ``core(x, *p, **dict(options))`` runs on each cloud x (N, d) of ``xs`` with its share of
+    the parameters (each broadcast against the leading axes, its trailing ``ndims`` axes its
+    own; default scalars); each output leaf goes through :func:`_flag`. ``prepare(xs,
+    *params)`` first, when given, returns the clouds and parameters to use. One compiled
+    program per statistic, shape and options.
+
+    Returns:
+      ``core``'s output with the leading axes of ``xs`` in front.
+    """
+    if prepare is not None:
+        xs, *params = prepare(xs, *params)
+    kw = dict(options)
+
+    def one(x, *p):
+        return jax.tree.map(lambda o: _flag(o, x, *p), core(x, *p, **kw))
+
+    return _batched(one, xs, tuple(params), ndims or (0,) * len(params))
+
+
 def _gram(x):
     return jnp.matmul(x, x.T, precision=_HIGHEST)
 
@@ -140,7 +167,7 @@ def gram(xs):
 
 # ------------------------------------------------------------------ pair fraction
 
-def _pair_fraction(x, thr, include_self):
+def _pair_fraction(x, thr, *, include_self):
     n = x.shape[0]
     g = _gram(x)
     iu = jnp.triu(jnp.ones((n, n), bool), k=1)
@@ -166,22 +193,15 @@ def pair_fraction(xs, threshold=0.999, *, include_self=False):
       finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or threshold that
-        is not finite (module doc).
+      ValueError: ``xs`` or ``threshold`` refused by the input checks (module doc), or an
+        ``include_self`` that is not True or False.
     """
-    err = _input_error(xs, threshold=threshold)
-    if err:
+    if err := _input_error(xs, threshold=threshold):
         raise ValueError(err)
     if not isinstance(include_self, bool):
         raise ValueError(f"include_self must be True or False, got {include_self!r}")
-    return _pair_fraction_jit(xs, threshold, include_self=include_self)
-
-
-@functools.partial(jax.jit, static_argnames=("include_self",))
-def _pair_fraction_jit(xs, threshold, *, include_self):
-    """:func:`pair_fraction` after its checks, one program a shape."""
-    return _batched(lambda x, t: _flag(_pair_fraction(x, t, include_self), x, t), xs,
-                    (threshold,), (0,))
+    return _per_cloud(xs, threshold, core=_pair_fraction,
+                      options=(("include_self", include_self),))
 
 
 # ------------------------------------------------------------------ components
@@ -226,62 +246,55 @@ def _labels(x, delta):
     return lab
 
 
-def cluster_labels(xs, delta=1e-3):
+def cluster_labels(xs, delta=1e-4):
     """Connected-component labels of the graph with edges ⟨x_i, x_j⟩ > 1 − δ.
 
     Args:
       xs: (..., N, d) clouds.
-      delta: δ (broadcasts against ``xs.shape[:-2]``).
+      delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
       (..., N) int32: each particle labelled by the smallest particle index in its component
       (−1 for every particle of a traced cloud, or δ, that is not finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
-        finite (module doc).
+      ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
-    err = _input_error(xs, delta=delta)
-    if err:
+    if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _labels_jit(xs, delta)
+    return _per_cloud(xs, delta, core=_labels)
 
 
-@jax.jit
-def _labels_jit(xs, delta):
-    """:func:`cluster_labels` after its checks."""
-    return _batched(lambda x, d: _flag(_labels(x, d), x, d), xs, (delta,), (0,))
+def _count(x, delta):
+    """The number of components: the particles that label their own component."""
+    lab = _labels(x, delta)
+    return jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
 
 
-def cluster_count(xs, delta=1e-3):
+def cluster_count(xs, delta=1e-4):
     """Number of connected components of the graph with edges ⟨x_i, x_j⟩ > 1 − δ (module doc).
 
     Args:
       xs: (..., N, d) clouds.
-      delta: δ (broadcasts against ``xs.shape[:-2]``).
+      delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
       Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or δ, that is not finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
-        finite (module doc).
+      ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
-    err = _input_error(xs, delta=delta)
-    if err:
+    if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _count_jit(xs, delta)
+    return _per_cloud(xs, delta, core=_count)
 
 
-@jax.jit
-def _count_jit(xs, delta):
-    """:func:`cluster_count` after its checks."""
-    def core(x, d):
-        lab = _labels(x, d)
-        n = jnp.sum(lab == jnp.arange(x.shape[0], dtype=lab.dtype)).astype(jnp.int32)
-        return _flag(n, x, d)
-
-    return _batched(core, xs, (delta,), (0,))
+def _rank(x, t, rtol, *, has_rtol):
+    """The numerical rank of 1[G > t]: singular values above rtol·σ_max (N·eps·σ_max without rtol)."""
+    a = (_gram(x) > t).astype(x.dtype)
+    s = jnp.linalg.svd(a, compute_uv=False)
+    tol = (rtol if has_rtol else x.shape[0] * jnp.finfo(x.dtype).eps) * s[0]
+    return jnp.sum(s > tol).astype(jnp.int32)
 
 
 def gram_rank(xs, threshold=0.9999, *, rtol=None):
@@ -297,32 +310,12 @@ def gram_rank(xs, threshold=0.9999, *, rtol=None):
       finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, threshold or
-        rtol that is not finite (module doc).
+      ValueError: ``xs``, ``threshold`` or ``rtol`` refused by the input checks (module doc).
     """
-    err = _input_error(xs, threshold=threshold, rtol=rtol)
-    if err:
+    if err := _input_error(xs, threshold=threshold, rtol=rtol):
         raise ValueError(err)
-    return _gram_rank_jit(xs, threshold, rtol=rtol)
-
-
-@functools.partial(jax.jit, static_argnames=("has_rtol",))
-def _gram_rank_core(xs, threshold, rtol, *, has_rtol):
-    """:func:`gram_rank` after its checks."""
-    def core(x, t):
-        n = x.shape[0]
-        a = (_gram(x) > t).astype(x.dtype)
-        s = jnp.linalg.svd(a, compute_uv=False)
-        tol = (n * jnp.finfo(x.dtype).eps if not has_rtol else rtol) * s[0]
-        return _flag(jnp.sum(s > tol).astype(jnp.int32), x, t,
-                     *((rtol,) if has_rtol else ()))
-
-    return _batched(core, xs, (threshold,), (0,))
-
-
-def _gram_rank_jit(xs, threshold, *, rtol):
-    """:func:`_gram_rank_core` with ``rtol`` an array leaf (None: the default)."""
-    return _gram_rank_core(xs, threshold, 0.0 if rtol is None else rtol, has_rtol=rtol is not None)
+    return _per_cloud(xs, threshold, 0.0 if rtol is None else rtol, core=_rank,
+                      options=(("has_rtol", rtol is not None),))
 
 
 def _masses_centres(x, delta):
@@ -337,57 +330,49 @@ def _masses_centres(x, delta):
     return mass[order], centre[order]
 
 
-def cluster_masses(xs, delta=1e-3):
+def cluster_masses(xs, delta=1e-4):
     """Cluster masses (fractions of the N particles), largest first, padded with zeros to N entries.
 
     Their number of non-zero entries is :func:`cluster_count`.
 
     Args:
       xs: (..., N, d) clouds.
-      delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
+      delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
       (..., N) array (NaN for a traced cloud, or δ, that is not finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
-        finite (module doc).
+      ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
-    err = _input_error(xs, delta=delta)
-    if err:
+    if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _masses_centres_jit(xs, delta)[0]
+    return _per_cloud(xs, delta, core=_masses_centres)[0]
 
 
-@jax.jit
-def _masses_centres_jit(xs, delta):
-    """:func:`cluster_masses` and :func:`cluster_centres` after their checks."""
-    def core(x, d):
-        mass, centre = _masses_centres(x, d)
-        return _flag(mass, x, d), _flag(centre, x, d)
-
-    return _batched(core, xs, (delta,), (0,))
-
-
-def cluster_centres(xs, delta=1e-3):
+def cluster_centres(xs, delta=1e-4):
     """Cluster centres Σ_{i∈C} x_i / |Σ_{i∈C} x_i| (points of the sphere), in the order of :func:`cluster_masses`.
 
     Args:
       xs: (..., N, d) clouds.
-      delta: δ of the graph ⟨x_i, x_j⟩ > 1 − δ.
+      delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
       (..., N, d) array, zero rows as padding (NaN for a traced cloud, or δ, that is not
       finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or δ that is not
-        finite (module doc).
+      ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
-    err = _input_error(xs, delta=delta)
-    if err:
+    if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _masses_centres_jit(xs, delta)[1]
+    return _per_cloud(xs, delta, core=_masses_centres)[1]
+
+
+def _span(x, rtol):
+    """The number of singular values of the cloud above ``rtol·σ_max``."""
+    s = jnp.linalg.svd(x, compute_uv=False)
+    return jnp.sum(s > rtol * s[0]).astype(jnp.int32)
 
 
 def span_dimension(xs, rtol=1e-3):
@@ -404,29 +389,31 @@ def span_dimension(xs, rtol=1e-3):
       Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or rtol, that is not finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud or rtol that is
-        not finite (module doc).
+      ValueError: ``xs`` or ``rtol`` refused by the input checks (module doc).
     """
-    err = _input_error(xs, rtol=rtol)
-    if err:
+    if err := _input_error(xs, rtol=rtol):
         raise ValueError(err)
-    return _span_jit(xs, rtol)
-
-
-@jax.jit
-def _span_jit(xs, rtol):
-    """:func:`span_dimension` after its checks."""
-    def core(x, r):
-        s = jnp.linalg.svd(x, compute_uv=False)
-        return _flag(jnp.sum(s > r * s[0]).astype(jnp.int32), x, r)
-
-    return _batched(core, xs, (rtol,), (0,))
+    return _per_cloud(xs, rtol, core=_span)
 
 
 # ------------------------------------------------------------------ energies
 
 def _logits(x, beta, B):
     return beta * jnp.matmul(jnp.matmul(x, B, precision=_HIGHEST), x.T, precision=_HIGHEST)
+
+
+def _energy_args(xs, beta, B):
+    """The clouds, β and B (default the identity) in the clouds' dtype."""
+    xs = jnp.asarray(xs)
+    d = xs.shape[-1]
+    B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
+    return xs, jnp.asarray(beta, xs.dtype), B
+
+
+def _interaction(x, beta, B):
+    """E_β of one cloud."""
+    n = x.shape[0]
+    return jnp.sum(jnp.exp(_logits(x, beta, B))) / (2.0 * beta * n * n)
 
 
 def interaction_energy(xs, beta, B=None):
@@ -447,33 +434,18 @@ def interaction_energy(xs, beta, B=None):
       Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite).
 
     Raises:
-      ValueError: ``xs`` not (..., N, d) with N, d >= 1, or a concrete cloud, β or B that is
-        not finite (module doc).
+      ValueError: ``xs``, β or B refused by the input checks (module doc).
     """
-    err = _input_error(xs, beta=beta, B=B)
-    if err:
+    if err := _input_error(xs, beta=beta, B=B):
         raise ValueError(err)
-    return _interaction_jit(xs, beta, B)
+    return _per_cloud(xs, beta, B, core=_interaction, prepare=_energy_args, ndims=(0, 2))
 
 
-def _energy_args(xs, beta, B):
-    """The clouds, β and B (default the identity) in the clouds' dtype."""
-    xs = jnp.asarray(xs)
-    d = xs.shape[-1]
-    B = jnp.eye(d, dtype=xs.dtype) if B is None else jnp.asarray(B, xs.dtype)
-    return xs, jnp.asarray(beta, xs.dtype), B
-
-
-@jax.jit
-def _interaction_jit(xs, beta, B):
-    """:func:`interaction_energy` after its checks."""
-    xs, beta, B = _energy_args(xs, beta, B)
-
-    def core(x, b, Bm):
-        n = x.shape[0]
-        return _flag(jnp.sum(jnp.exp(_logits(x, b, Bm))) / (2.0 * b * n * n), x, b, Bm)
-
-    return _batched(core, xs, (beta, B), (0, 2))
+def _log_partition(x, beta, B):
+    """F_β of one cloud, by log-sum-exp."""
+    n = x.shape[0]
+    lse = jax.scipy.special.logsumexp(_logits(x, beta, B), axis=1) - jnp.log(n)
+    return jnp.mean(lse) / beta
 
 
 def log_partition_energy(xs, beta, B=None):
@@ -494,23 +466,9 @@ def log_partition_energy(xs, beta, B=None):
     Raises:
       ValueError: the input errors of :func:`interaction_energy`.
     """
-    err = _input_error(xs, beta=beta, B=B)
-    if err:
+    if err := _input_error(xs, beta=beta, B=B):
         raise ValueError(err)
-    return _log_partition_jit(xs, beta, B)
-
-
-@jax.jit
-def _log_partition_jit(xs, beta, B):
-    """:func:`log_partition_energy` after its checks."""
-    xs, beta, B = _energy_args(xs, beta, B)
-
-    def core(x, b, Bm):
-        n = x.shape[0]
-        lse = jax.scipy.special.logsumexp(_logits(x, b, Bm), axis=1) - jnp.log(n)
-        return _flag(jnp.mean(lse) / b, x, b, Bm)
-
-    return _batched(core, xs, (beta, B), (0, 2))
+    return _per_cloud(xs, beta, B, core=_log_partition, prepare=_energy_args, ndims=(0, 2))
 
 
 # ------------------------------------------------------------------ merges and plateaus
