@@ -216,8 +216,32 @@ class LayerParams(eqx.Module):
     ln2_b: Float[Array, "L d"]
 
 
-# duplicate-code finder: the typed field lists of LayerParams and EmbeddingParams have the same
-# shape (a deliberate exception: one annotated array field per checkpoint tensor).
+# The modules of one layer of a reference checkpoint (under ``encoder.layer.N.``), each a weight
+# and a bias: (the LayerParams fields of its weight and bias, the module's name, the weight's
+# (in, out) shape in the letters d and f). Dense weights are stored (out, in) there.
+_LAYER_MODULES = (
+    ("wq", "bq", "attention.self.query", "dd"),
+    ("wk", "bk", "attention.self.key", "dd"),
+    ("wv", "bv", "attention.self.value", "dd"),
+    ("wo", "bo", "attention.output.dense", "dd"),
+    ("ln1_g", "ln1_b", "attention.output.LayerNorm", "d"),
+    ("wi", "bi", "intermediate.dense", "df"),
+    ("wf", "bf", "output.dense", "fd"),
+    ("ln2_g", "ln2_b", "output.LayerNorm", "d"),
+)
+
+
+def _layer_tensors(cfg):
+    """Each LayerParams field: (name, its tensor under ``encoder.layer.N.``, one layer's shape, transposed?)."""
+    size = {"d": cfg.hidden_size, "f": cfg.intermediate_size}
+    out = []
+    for weight, bias, module, io in _LAYER_MODULES:
+        shape = tuple(size[c] for c in io)
+        out += [(weight, f"{module}.weight", shape, len(shape) == 2),
+                (bias, f"{module}.bias", shape[-1:], False)]
+    return out
+
+
 class EmbeddingParams(eqx.Module):
     """BERT's embedding layer: word + position + token type, then LayerNorm.
 
@@ -233,6 +257,15 @@ class EmbeddingParams(eqx.Module):
     token_type: Float[Array, "n_types d"]
     ln_g: Float[Array, " d"]
     ln_b: Float[Array, " d"]
+
+
+def _embedding_tensors(cfg):
+    """Each EmbeddingParams field: (name, its tensor under ``embeddings.``, its shape)."""
+    d = cfg.hidden_size
+    return [("word", "word_embeddings.weight", (cfg.vocab_size, d)),
+            ("position", "position_embeddings.weight", (cfg.max_position_embeddings, d)),
+            ("token_type", "token_type_embeddings.weight", (cfg.type_vocab_size, d)),
+            ("ln_g", "LayerNorm.weight", (d,)), ("ln_b", "LayerNorm.bias", (d,))]
 
 
 class BertParams(eqx.Module):
@@ -329,7 +362,7 @@ def load_bert(
     cfg = BertConfig.from_json(folder / "config.json")
     tensors = _read_safetensors(files)
     p = _find_prefix(tensors, path)
-    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    L = cfg.num_hidden_layers
 
     def arr(name, shape, transpose=False):
         a = np.asarray(_get(tensors, p + name, path))
@@ -348,38 +381,13 @@ def load_bert(
 
     if f"{p}encoder.layer.{L}.attention.self.query.weight" in tensors:
         raise ValueError(f"{path}: the checkpoint has more layers than num_hidden_layers={L}")
-    layers = LayerParams(
-        wq=stack("attention.self.query.weight", (d, d), True),
-        bq=stack("attention.self.query.bias", (d,)),
-        wk=stack("attention.self.key.weight", (d, d), True),
-        bk=stack("attention.self.key.bias", (d,)),
-        wv=stack("attention.self.value.weight", (d, d), True),
-        bv=stack("attention.self.value.bias", (d,)),
-        wo=stack("attention.output.dense.weight", (d, d), True),
-        bo=stack("attention.output.dense.bias", (d,)),
-        ln1_g=stack("attention.output.LayerNorm.weight", (d,)),
-        ln1_b=stack("attention.output.LayerNorm.bias", (d,)),
-        wi=stack("intermediate.dense.weight", (d, f), True),
-        bi=stack("intermediate.dense.bias", (f,)),
-        wf=stack("output.dense.weight", (f, d), True),
-        bf=stack("output.dense.bias", (d,)),
-        ln2_g=stack("output.LayerNorm.weight", (d,)),
-        ln2_b=stack("output.LayerNorm.bias", (d,)),
-    )
+    layers = LayerParams(**{name: stack(tensor, shape, transpose)
+                            for name, tensor, shape, transpose in _layer_tensors(cfg)})
     emb = None
     if embeddings and f"{p}embeddings.word_embeddings.weight" in tensors:
-        emb = EmbeddingParams(
-            word=jax.device_put(np.ascontiguousarray(
-                arr("embeddings.word_embeddings.weight", (cfg.vocab_size, d)))),
-            position=jax.device_put(np.ascontiguousarray(
-                arr("embeddings.position_embeddings.weight", (cfg.max_position_embeddings, d))
-            )),
-            token_type=jax.device_put(np.ascontiguousarray(
-                arr("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d))
-            )),
-            ln_g=jax.device_put(np.ascontiguousarray(arr("embeddings.LayerNorm.weight", (d,)))),
-            ln_b=jax.device_put(np.ascontiguousarray(arr("embeddings.LayerNorm.bias", (d,)))),
-        )
+        emb = EmbeddingParams(**{
+            name: jax.device_put(np.ascontiguousarray(arr(f"embeddings.{tensor}", shape)))
+            for name, tensor, shape in _embedding_tensors(cfg)})
     return BertParams(layers=layers, embeddings=emb), cfg
 
 
@@ -454,21 +462,14 @@ def init_bert(
     """
     if not isinstance(cfg, BertConfig):
         raise ValueError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
-    d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    L = cfg.num_hidden_layers
     # a skeleton of shapes on the host (random_like draws every array; device zeros compiled
     # one fill program per shape)
     z = lambda *shape: np.zeros(shape, jnp.dtype(dtype))  # noqa: E731
-    layers = LayerParams(
-        wq=z(L, d, d), bq=z(L, d), wk=z(L, d, d), bk=z(L, d), wv=z(L, d, d), bv=z(L, d),
-        wo=z(L, d, d), bo=z(L, d), ln1_g=z(L, d), ln1_b=z(L, d),
-        wi=z(L, d, f), bi=z(L, f), wf=z(L, f, d), bf=z(L, d), ln2_g=z(L, d), ln2_b=z(L, d),
-    )
+    layers = LayerParams(**{name: z(L, *shape) for name, _, shape, _ in _layer_tensors(cfg)})
     emb = None
     if embeddings:
-        emb = EmbeddingParams(
-            word=z(cfg.vocab_size, d), position=z(cfg.max_position_embeddings, d),
-            token_type=z(cfg.type_vocab_size, d), ln_g=z(d), ln_b=z(d),
-        )
+        emb = EmbeddingParams(**{name: z(*shape) for name, _, shape in _embedding_tensors(cfg)})
     return random_like(BertParams(layers=layers, embeddings=emb), key, std=cfg.initializer_range)
 
 
@@ -549,13 +550,13 @@ def encoder_layer(lp: LayerParams, cfg: BertConfig, x, mask=None):
     """One post-LN BERT layer (the equations in the module docstring).
 
     Args:
-      lp: one layer's weights (no leading layer axis).
+      lp: one layer's weights, as for :func:`self_attention`.
       cfg: the architecture.
       x: (batch, seq, d) hidden states.
-      mask: None or bool (batch, seq), True for tokens that may be attended to.
+      mask: the attention mask, as for :func:`self_attention`.
 
     Returns:
-      (batch, seq, d) array.
+      (batch, seq, d) hidden states.
     """
     y = layer_norm(x + self_attention(lp, cfg, x, mask), lp.ln1_g, lp.ln1_b,
                    cfg.layer_norm_eps)
