@@ -69,15 +69,16 @@ def sample_density(key, rho, n: int):
     A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a ``rho`` that is not
     finite, negative somewhere or of zero mass, and an ``n`` that is not an integer ≥ 0.
     """
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    return _inverse_cdf_points(
+        rho, n, lambda k: np.asarray(jax.random.uniform(key, (k,), dtype=dtype), float))
+
+
+def _inverse_cdf_points(rho, n, levels):
+    """The n points F⁻¹(u) on S¹, u = ``levels(n)``, of the exact CDF F of ``rho``; n and rho checked."""
     n = check_integer("n", n, minimum=0)
     cdf, h = _cdf_nodes(rho)
-    u = np.asarray(jax.random.uniform(key, (n,), dtype=jnp.float64 if jax.config.jax_enable_x64
-                                       else jnp.float32), float)
-    return _inverse_cdf_points(cdf, h, u)
-
-
-def _inverse_cdf_points(cdf, h, u):
-    """The points F⁻¹(u) on S¹ of the piecewise-linear CDF ``cdf`` on cells of width h."""
+    u = levels(n)
     j = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, len(cdf) - 2)
     frac = (u - cdf[j]) / np.maximum(cdf[j + 1] - cdf[j], 1e-300)
     theta = (j + np.clip(frac, 0, 1) - 0.5) * h
@@ -92,19 +93,15 @@ def quantile_points(rho, n: int):
     O(n^{-1/2}) noise of i.i.d. samples: a perturbation of size ε ≪ n^{-1/2} survives.
 
     Args:
-      rho: (M,) cell averages (finite, ≥ 0, any positive mass).
-      n: the number of points (an integer ≥ 0).
+      rho: the cell averages, as for :func:`sample_density`.
+      n: the number of points, as there.
 
     Returns:
       (n, 2) NumPy float64 points.
 
-    A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a ``rho`` that is not
-    finite, negative somewhere or of zero mass, and an ``n`` that is not an integer ≥ 0.
+    The checks of ``rho`` and ``n`` (and their ValueErrors) are those of :func:`sample_density`.
     """
-    n = check_integer("n", n, minimum=0)
-    cdf, h = _cdf_nodes(rho)
-    u = (np.arange(n) + 0.5) / n
-    return _inverse_cdf_points(cdf, h, u)
+    return _inverse_cdf_points(rho, n, lambda k: (np.arange(k) + 0.5) / k)
 
 
 def empirical_modes(x, ks):
