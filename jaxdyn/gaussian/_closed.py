@@ -51,6 +51,17 @@ def _mm(x, y):
     return jnp.matmul(x, y, precision=HIGHEST)
 
 
+def _sym(X):
+    """The symmetric part ``(X + Xᵀ)/2`` (removes the rounding asymmetry of a symmetric result)."""
+    return 0.5 * (X + X.T)
+
+
+def _whitened(S0, B, v):
+    """``(R, R vS R)`` with ``R = Σ0^{1/2}`` and ``S = B + Bᵀ`` (the ``V = v I``, ``A = 0`` case)."""
+    R = sqrtm_psd(jnp.asarray(S0))
+    return R, _mm(_mm(R, v * (B + B.T)), R)
+
+
 def _expm1_over(a, t):
     """``expm1(2 a t) / a`` with its limit ``2t`` at ``a = 0`` (gradient-safe)."""
     small = jnp.abs(a) * jnp.abs(t) < 1e-6
@@ -120,10 +131,7 @@ def vi_blowup_time(S0, B, v):
     Returns:
         T*.
     """
-    S0 = jnp.asarray(S0)
-    R = sqrtm_psd(S0)
-    K = v * (B + B.T)
-    lam = jnp.linalg.eigvalsh(_mm(_mm(R, K), R))[-1]
+    lam = jnp.linalg.eigvalsh(_whitened(S0, B, v)[1])[-1]
     return jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf)
 
 
@@ -139,13 +147,9 @@ def vi_covariance(t, S0, B, v):
     Returns:
         (d, d) Σ(t), symmetric.
     """
-    S0 = jnp.asarray(S0)
-    d = S0.shape[0]
-    R = sqrtm_psd(S0)
-    K = v * (B + B.T)
-    M = jnp.eye(d, dtype=S0.dtype) - t * _mm(_mm(R, K), R)
-    X = _mm(R, jnp.linalg.solve(M, R))
-    return 0.5 * (X + X.T)
+    R, W = _whitened(S0, B, v)
+    M = jnp.eye(R.shape[0], dtype=R.dtype) - t * W
+    return _sym(_mm(R, jnp.linalg.solve(M, R)))
 
 
 def vi_precision(t, P0, A, B, v):
@@ -175,8 +179,7 @@ def vi_precision(t, P0, A, B, v):
     F11, F12 = E[:d, :d], E[:d, d:]
     Em = jax.scipy.linalg.expm(-A * t)
     G = _mm(F12, Em)
-    P = _mm(_mm(F11, P0), Em) - v * G
-    return 0.5 * (P + P.T)
+    return _sym(_mm(_mm(F11, P0), Em) - v * G)
 
 
 def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
@@ -239,8 +242,7 @@ def lyapunov_solve(A, Q):
     # vec(AᵀP) = (I ⊗ Aᵀ) vec(P), vec(PA) = (Aᵀ ⊗ I) vec(P)  (column-major vec)
     K = jnp.kron(I, A.T) + jnp.kron(A.T, I)
     p = jnp.linalg.solve(K, -jnp.reshape(Q.T, (-1,)))
-    P = jnp.reshape(p, (d, d)).T
-    return 0.5 * (P + P.T)
+    return _sym(jnp.reshape(p, (d, d)).T)
 
 
 def lyapunov_equilibrium(A, B, v):
@@ -258,5 +260,4 @@ def lyapunov_equilibrium(A, B, v):
         ``(Σ*, P*)``.
     """
     P = lyapunov_solve(A, v * (B + B.T))
-    Sig = jnp.linalg.inv(P)
-    return 0.5 * (Sig + Sig.T), P
+    return _sym(jnp.linalg.inv(P)), P
