@@ -116,10 +116,10 @@ def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
     Args:
         m: (d,) mean.
         S: (d, d) covariance.
-        Q: (p, d) query weights.
-        K: (p, d) key weights.
-        beta: inverse temperature.
-        attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
+        Q: the head's query weights, as for :func:`conditional_mean_map`.
+        K: its key weights, as there.
+        beta: the inverse temperature, as there.
+        attention: the attention, as there (a ValueError from there for an unknown one).
 
     Returns:
         ``(c (d,), T (d, d))``.
