@@ -31,6 +31,8 @@ MAX_STEPS_PER_PIECE = 64
 REFINE_ABOVE = 1e-2
 
 
+# kept apart deliberately: the field list has the shape of the encoder configs' (an annotated
+# default a line, jaxdyn/encoder/_archs.py); these are reach's own settings and defaults.
 @dataclasses.dataclass(frozen=True)
 class ReachOptions:
     """Settings of :func:`reach` (each can also be passed to it as a keyword).

@@ -77,9 +77,9 @@ def _trunc(key, shape, std, cutoff, dtype):
 # ModernBERT
 
 
-# duplicate-code finder: the field lists of ModernBertConfig and DeitConfig (and of BertConfig)
-# have the same shape, one annotated size a line (deliberate: each architecture's published
-# sizes are its defaults); what the configs share besides is EncoderSizes.
+# kept apart deliberately: the field lists of ModernBertConfig and DeitConfig (like those of
+# BertConfig and control's ReachOptions) have one shape, an annotated default a line; each
+# architecture's published sizes are its own defaults, and what the configs share is EncoderSizes.
 @dataclasses.dataclass(frozen=True)
 class ModernBertConfig(EncoderSizes):
     """ModernBERT's static architecture; the defaults are ModernBERT-base's published ones.
@@ -276,6 +276,7 @@ def encode_modernbert(params: ModernBertParams, cfg: ModernBertConfig,
 # DeiT
 
 
+# kept apart deliberately: the same shape as ModernBertConfig's field list (see there).
 @dataclasses.dataclass(frozen=True)
 class DeitConfig(EncoderSizes):
     """DeiT's static architecture; the defaults are deit_tiny_patch16_224's.
