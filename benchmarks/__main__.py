@@ -1,21 +1,26 @@
 """jaxdyn's benchmark suite, one entry point, run from the repository root.
 
     python -m benchmarks list                          # the workloads, one line each
-    python -m benchmarks run [NAMES...] [--tiny] [--rounds K] [--gpu] [--max-isa AVX2]
+    python -m benchmarks run [NAMES...] [--tiny] [--rounds K] [--gpu] [--max-isa AVX2] [--record]
     python -m benchmarks compare --before REV|TREE [--after TREE] [compare_revisions args]
-    python -m benchmarks cost [NAMES...]               # record the cost model in the results
+    python -m benchmarks cost [NAMES...] [--rates] [--record]   # the cost model and its floors
     python -m benchmarks docs                          # regenerate the table in docs/benchmarks.md
 
 ``run`` runs each workload's ``bench_*.py`` script in a child process (the scripts own their
 measurements: interleaved rounds against the baselines of the same invocation) and writes one
-file, ``benchmarks/results/<workload>/<machine kind>.json``, holding the script's JSON, the
-headline the docs table shows and the machine's facts (CPU model, vector extensions, cores,
-GPU, load at the start and end, jax/jaxlib versions, commit). With ``--rounds K`` the script
-runs K times and the round with the median jaxdyn time is kept (every round's headline is
-recorded). ``--tiny`` is a smoke test written to ``<kind>.tiny.json``, left out of the table.
-Arguments after ``--`` go to every script. ``run`` and ``cost`` also record the cost model
-(``benchmarks/cost.py``: FLOPs and exps of the headline computation from XLA's cost analysis),
-from which ``docs`` shows the measured time over the floor the machine's rates imply.
+file holding the script's JSON, the headline the docs table shows and the machine's facts (CPU
+model, vector extensions, cores, GPU, load at the start and end, jax/jaxlib versions, commit):
+``benchmarks/runs/<workload>/<machine kind>-<stamp>.json``, which git ignores, so a run never
+changes a tracked file. ``--record`` (the maintainers' flag) writes the tracked latest instead,
+``benchmarks/results/<workload>/<machine kind>.json``, which ``docs`` reads. With ``--rounds K``
+the script runs K times and the round with the median jaxdyn time is kept (every round's
+headline is recorded). ``--tiny`` is a smoke test (``<kind>-<stamp>.tiny.json``, never
+recorded). Arguments after ``--`` go to every script. ``run`` also counts the cost model
+(``benchmarks/cost.py``: FLOPs, exps and bytes of the headline computation, from XLA's cost
+analysis and our own count), from which ``docs`` shows the measured time over the floor the
+machine's rates imply. ``cost`` prints the model of the tracked results (``--rates``: with the
+rates of this machine measured now); with ``--record`` it writes the counts into them and the
+rates to ``benchmarks/results/machines/<kind>.json``.
 
 Why not asv (airspeed velocity): asv builds an environment per commit from the git history
 and measures one function at a time in its own harness, then serves the history from a web
@@ -61,8 +66,12 @@ def cmd_run(args):
         if no_gpu:
             print(f"not GPU workloads: {', '.join(no_gpu)}")
             return 2
+    if args.record and args.tiny:
+        print("--tiny is a smoke test and is never recorded: drop --record")
+        return 2
     written = suite.run(names, tiny=args.tiny, rounds=args.rounds, gpu=args.gpu,
-                        max_isa=args.max_isa, extra=args.extra, timeout=args.timeout)
+                        max_isa=args.max_isa, extra=args.extra, timeout=args.timeout,
+                        record=args.record)
     return 0 if len(written) >= len(names) else 1
 
 
@@ -76,7 +85,7 @@ def cmd_compare(args, rest):
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         before = Path(tmp)
-    out = suite.RESULTS / "compare" / "latest"
+    out = suite.RUNS / "compare" / "latest"
     cmd = [sys.executable, str(suite.HERE / "compare_revisions.py"), "--before", str(before),
            "--after", str(args.after), "--out", str(out), *rest]
     print("$ " + " ".join(cmd[1:]), flush=True)
@@ -88,12 +97,55 @@ def cmd_compare(args, rest):
 
 
 def cmd_cost(args):
-    """Record the cost model in the committed result files."""
+    """Print the cost model of the tracked results; with --record, write it into them."""
+    import json
+
     names = args.names or [w.name for w in suite.WORKLOADS]
+    unknown = [n for n in names if n not in suite.BY_NAME]
+    if unknown:
+        print(f"unknown workload(s): {', '.join(unknown)}; see `python -m benchmarks list`")
+        return 2
     paths = [p for n in names for p in sorted((suite.RESULTS / n).glob("*.json"))
              if not p.name.endswith(".tiny.json")]
-    for p in suite.add_cost(paths):
-        print(f"recorded the cost model in {p.relative_to(suite.ROOT)}")
+    here = None
+    if args.rates:
+        kind = suite.machine_kind(suite.machine_facts())
+        rates = suite.measure_rates()
+        if rates:
+            here = (kind, rates)
+            print(f"{kind}: exp {rates['exp_per_s_per_core']:.3g}/s per core x {rates['cores']}, "
+                  f"matmul {rates['matmul_flops_per_s']:.3g} FLOP/s, memory "
+                  f"{rates['bytes_per_s']:.3g} B/s")
+            if args.record:
+                print(f"wrote {suite.record_rates(kind, rates).relative_to(suite.ROOT)}")
+    if args.record:
+        for p in suite.add_cost(paths):
+            print(f"recorded the cost model in {p.relative_to(suite.ROOT)}")
+        records = [(p, json.loads(p.read_text()).get("cost")) for p in paths]
+    else:
+        counts = suite.cost_counts(paths)
+        records = [(p, counts.get(str(p))) for p in paths]
+    for p, c in records:
+        rec = json.loads(p.read_text())
+        kind = rec.get("machine_kind", p.stem)
+        rec["cost"] = c
+        js = (rec.get("headline") or {}).get("jaxdyn_s")
+        line = f"{p.parent.name:<22} {kind:<24} "
+        if not c or "error" in c:
+            print(line + (f"not counted ({c['error']})" if c else "not counted"))
+            continue
+        f_kind = suite.floor(c, suite.machine_rates(kind))
+        f_gpu = suite.h200_floor(rec)
+        line += (f"FLOPs {c['flops']:.3g}, exps {c['transcendentals']:.3g}, bytes "
+                 f"{c['bytes_min']:.3g}; floor {'%.3g s' % f_kind['floor_s'] if f_kind else '—'}"
+                 f"{' (%s)' % f_kind['bound'] if f_kind else ''}, H200 "
+                 f"{'%.3g s' % f_gpu if f_gpu else '—'}")
+        if js and f_kind:
+            line += f"; measured / floor {js / f_kind['floor_s']:.3g}"
+        if here:
+            f_here = suite.floor(c, here[1])
+            line += f"; floor on this machine ({here[0]}) {f_here['floor_s']:.3g} s" if f_here else ""
+        print(line)
     return 0
 
 
@@ -121,11 +173,19 @@ def main(argv=None):
     r.add_argument("--gpu", action="store_true", help="the GPU arguments of each workload")
     r.add_argument("--max-isa", default=None, help="cap XLA:CPU's vector ISA (e.g. AVX2)")
     r.add_argument("--timeout", type=float, default=None, help="seconds per script run")
+    r.add_argument("--record", action="store_true",
+                   help="write the tracked latest results/<workload>/<kind>.json (maintainers) "
+                        "instead of runs/<workload>/<kind>-<stamp>.json")
     c = sub.add_parser("compare", help="this tree against another revision, interleaved")
     c.add_argument("--before", required=True, help="a git revision or a checkout")
     c.add_argument("--after", default=str(Path(__file__).resolve().parent.parent))
-    k = sub.add_parser("cost", help="record the cost model in the committed results")
+    k = sub.add_parser("cost", help="the cost model of the tracked results and its floors")
     k.add_argument("names", nargs="*", help="workloads (default: all)")
+    k.add_argument("--rates", action="store_true",
+                   help="measure this machine's exp, matmul and memory rates now")
+    k.add_argument("--record", action="store_true",
+                   help="write the counts into the tracked results (and, with --rates, the "
+                        "rates to results/machines/<kind>.json)")
     sub.add_parser("docs", help="regenerate the table in docs/benchmarks.md")
     args, rest = p.parse_known_args(argv)
     if args.cmd == "compare":

@@ -19,7 +19,7 @@ seen by tracemalloc):
 ``--kernel-memory``: one attention gradient at N = 10^4 (float32) through
 :func:`jaxdyn.kernels.interaction` (blocked) and through the control kernel, each in a child.
 
-Writes ``benchmarks/results/control_measure.json`` with machine facts, the commit and the load.
+Writes ``benchmarks/runs/control_measure.json`` with machine facts, the commit and the load.
 """
 
 from __future__ import annotations

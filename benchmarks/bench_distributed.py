@@ -14,7 +14,7 @@ for ``2x1`` until both processes have ended), the engine's ``elapsed_seconds`` (
 ``summary.json``: the chunks, the merge and the figures), the sum of the chunks' compute
 seconds (chunk metadata) and the CPU seconds of all processes. The figure is the ratio
 ``2x1 / 1x2`` of each. The two ``data.nc`` are compared (largest absolute difference).
-Rounds alternate the layouts. Writes ``benchmarks/results/distributed.json`` and ``.png``.
+Rounds alternate the layouts. Writes ``benchmarks/runs/distributed.json`` and ``.png``.
 
     python benchmarks/bench_distributed.py            # one round
     python benchmarks/bench_distributed.py --rounds 2 --tiny

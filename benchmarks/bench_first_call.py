@@ -12,7 +12,7 @@ load) are recorded; "compile" is first call − warm call.
 ``--before COMMIT`` extracts ``git archive COMMIT`` of this repository into a temporary folder
 and runs it as the first tree (the code before); ``--trees`` adds checkouts by path. A child
 that fails is recorded with its error (the JSON is written whatever happens). Writes
-``benchmarks/results/first_call.json`` (``--name``), with ``machine_info()`` and the load.
+``benchmarks/runs/first_call.json`` (``--name``), with ``machine_info()`` and the load.
 """
 
 from __future__ import annotations
@@ -141,7 +141,9 @@ def main(argv=None):
         meta = dict(machine_info_error=repr(e))
     meta.update(load_avg_end=os.getloadavg(), time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 before=args.before)
-    path = Path(__file__).resolve().parent / "results" / f"{args.name}.json"
+    out = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or Path(__file__).resolve().parent / "runs")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.name}.json"
     path.write_text(json.dumps(dict(meta=meta, summary=summary, rows=rows), indent=1))
     print(f"wrote {path}")
 

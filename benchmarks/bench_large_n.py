@@ -25,7 +25,7 @@ temporaries); on GPUs the allocator's peak (``jax``: ``memory_stats()['peak_byte
 ``torch``: ``max_memory_allocated``). Configurations predicted to exceed ``--time-cap``
 seconds per evaluation (from the previous N, ×4) or ``--mem-cap-gb`` are skipped and say so.
 
-Output: benchmarks/results/large_n<tag>.json and .png (time per evaluation and speed-up
+Output: benchmarks/runs/large_n<tag>.json and .png (time per evaluation and speed-up
 against PyTorch eager and KeOps, and peak memory, against N).
 """
 

@@ -21,7 +21,7 @@ Errors, per method, against the reference: on members OK in both, the relative e
 the final Σ (max |ΔΣ| / max |Σ_ref|), split into members jaxdyn found non-stiff / stiff;
 on members BLOWUP in both, |ΔT*| / T*; and the status confusion counts.
 
-Writes benchmarks/results/moments_batch.json and moments_batch.png.
+Writes benchmarks/runs/moments_batch.json and moments_batch.png.
 Run: python benchmarks/bench_moments.py [--n 4096] [--repeats 3] [--quick]
 """
 
@@ -56,7 +56,8 @@ from jaxdyn.gaussian import (  # noqa: E402
 STATUSES = ("successful", "blowup", "large", "nonfinite", "max_steps_reached", "invalid_input",
             "stiff")
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# where a run writes (ignored by git; ``python -m benchmarks run`` passes ``--out``)
+RESULTS = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or Path(__file__).resolve().parent / "runs")
 D = 3
 
 

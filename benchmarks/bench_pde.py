@@ -4,7 +4,7 @@ One Heun step of the density at M cells (two right-hand sides: three FFT convolu
 M each, plus the flux) against one projected-RK4 particle step (four field evaluations) at N
 particles: the O(N K) Fourier field ``jaxdyn.pde.CircleAttention`` and ``jaxdyn.SphereAttention``
 (O(N²), blocked from N = 1024), β = 5, Q = K = V = I, float64. Wall time (median) and the
-process CPU time per call. Writes benchmarks/results/pde_speed.json.
+process CPU time per call. Writes benchmarks/runs/pde_speed.json.
 
     python benchmarks/bench_pde.py [--m 4096] [--n-fourier 1000 10000 100000] [--n-dense 1000 10000]
 """

@@ -37,7 +37,7 @@ All implementations are first called once (JAX: compilation), then timed in inte
 rounds (torch, jax, jaxdyn, torch, ...) so that they share the machine's load drift; we
 report the median over rounds, wall clock and process CPU time.
 
-Output: benchmarks/results/phase<tag>.json and .png (fractions against β for every
+Output: benchmarks/runs/phase<tag>.json and .png (fractions against β for every
 implementation; times as ratios to torch_eager).
 """
 

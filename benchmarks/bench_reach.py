@@ -25,7 +25,7 @@ Every final W2 (jaxdyn, torch, certificate) is re-measured by one independent ti
 jaxdyn solve (Dopri8, rtol 1e-11) and reported as ``w2_verified``. Times are wall-clock
 medians over the targets, with the process's CPU seconds (all threads) beside them
 (``cpu_times_s``; per d ``cpu_s`` and the load average before/after, ``load``). Writes
-``benchmarks/results/reach.json`` (after every d, so a partial run keeps its rows) and ``reach.png``.
+``benchmarks/runs/reach.json`` (after every d, so a partial run keeps its rows) and ``reach.png``.
 
     python benchmarks/bench_reach.py                # d = 2 4 8 16, 3 targets each
     python benchmarks/bench_reach.py --dims 2 4 --seeds 2 --tiny
@@ -145,7 +145,7 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3, help="random targets per d")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--replot", action="store_true",
-                   help="only redraw the PNG from benchmarks/results/reach<tag>.json")
+                   help="only redraw the PNG from benchmarks/runs/reach<tag>.json")
     args = setup(p, argv)
     if args.replot:
         import json

@@ -30,7 +30,7 @@ ISA (one subprocess each, in turn, ``--isa-rounds`` times) and writes
 Every JSON records the ISA XLA targeted and the registers of an emitted exp loop
 (``machine.isa``, see ``common.machine_info``).
 
-Output: benchmarks/results/roofline<tag>.json and .png.
+Output: benchmarks/runs/roofline<tag>.json and .png.
 """
 
 from __future__ import annotations

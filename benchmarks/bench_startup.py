@@ -14,10 +14,10 @@
   shorter horizon, a smaller sweep; ``SMALL`` lists the overrides), run twice into one fresh
   cache each: ``compile_seconds`` of the first and of the second run, their ratio (the
   target: at most 20 %), the programs and cache hits; from a ``git archive`` of HEAD, so that edits
-  made meanwhile do not mix in. Writes benchmarks/results/startup_configs.json.
+  made meanwhile do not mix in. Writes benchmarks/runs/startup_configs.json.
 
 Every cache lives in a temporary folder (the user's is never touched). Writes
-benchmarks/results/startup.json and startup.png.
+benchmarks/runs/startup.json and startup.png.
 
     python benchmarks/bench_startup.py [--base main] [--tiny]
     python benchmarks/bench_startup.py --configs [--only NAME ...]

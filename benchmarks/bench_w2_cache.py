@@ -10,7 +10,7 @@ of the two processes must be identical (the loaded programs are the compiled one
 
     python benchmarks/bench_w2_cache.py [--n 100000] [--name w2_cache_1e5]
 
-Writes ``benchmarks/results/NAME.json`` and ``NAME.png``.
+Writes ``benchmarks/runs/NAME.json`` and ``NAME.png``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--name", default="w2_cache")
-    p.add_argument("--outdir", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--outdir", default=os.environ.get("JAXDYN_BENCH_RESULTS")
+                   or str(Path(__file__).resolve().parent / "runs"))
     a = p.parse_args(argv)
     runs = []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE",

@@ -28,9 +28,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: Where the scripts write; ``python -m benchmarks run`` points it at a scratch folder
-#: (``JAXDYN_BENCH_RESULTS``) and files the result under ``results/<workload>/``.
-RESULTS = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or HERE / "results")
+#: Where the scripts write: ``benchmarks/runs/`` (ignored by git), so that running a script
+#: never changes a tracked file. ``python -m benchmarks run`` points it at a scratch folder
+#: (``JAXDYN_BENCH_RESULTS``) and files the result under ``runs/<workload>/``, or, with
+#: ``--record``, as the tracked latest ``results/<workload>/<machine kind>.json``.
+RESULTS = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or HERE / "runs")
 sys.path.insert(0, str(ROOT))
 
 
@@ -338,7 +340,7 @@ def machine_info(codegen_check=True):
 
 
 def out_dirs():
-    """benchmarks/results, and $OUT too when set (the GPU machine's return folder)."""
+    """:data:`RESULTS` (``benchmarks/runs``), and $OUT too when set (the GPU machine's return folder)."""
     dirs = [RESULTS]
     if os.environ.get("OUT"):
         dirs.append(Path(os.environ["OUT"]))

@@ -3,7 +3,7 @@
 #
 # Runs, against PyTorch CUDA eager measured in the same invocation:
 #   1. a probe of the blocked kernel's block step ("fused" vs "dot") and block sizes at
-#      N = 2^16, which picks the configuration used below (results/gpu_probe.json);
+#      N = 2^16, which picks the configuration used below (runs/gpu_probe_gpu.json);
 #   2. the suite's GPU workloads through its entry point (`python -m benchmarks run --gpu`,
 #      each workload's GPU arguments are in benchmarks/suite.py):
 #      phase     the phase-diagram workload (benchmarks/bench_phase.py);
@@ -12,8 +12,9 @@
 #                dense where it fits;
 #      w2        Sinkhorn W2 against exact assignment (and the closed form of the affine
 #                case) for N = 10^3 … 10^5 (benchmarks/bench_w2.py).
-# Results go to benchmarks/results/<workload>/gpu-<model>.{json,png} and, when $OUT is set,
-# to $OUT/<workload>/ too (with gpu_probe_gpu.json and gpu_log.txt).
+# Results are recorded (`--record`) as benchmarks/results/<workload>/gpu-<model>.{json,png} and,
+# when $OUT is set, go to $OUT/<workload>/ too (with gpu_probe_gpu.json and gpu_log.txt; without
+# $OUT those two stay in benchmarks/runs/, which git ignores).
 # Budget: each step has its own timeout (60 + 90 + 140 + 200 s); about 8-9 minutes on an
 # H200 in all (nothing to install there: JAX with CUDA is in the image; jaxdyn runs in place
 # from the repo with PYTHONPATH). Run it as one device call with a 590 s limit.
@@ -32,8 +33,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 TINY=${JAXDYN_BENCH_TINY:-0}
 TAG=${JAXDYN_BENCH_TAG:-_gpu}
-LOGDIR=${OUT:-$ROOT/benchmarks/results}
-mkdir -p "$LOGDIR" "$ROOT/benchmarks/results"
+LOGDIR=${OUT:-$ROOT/benchmarks/runs}
+mkdir -p "$LOGDIR" "$ROOT/benchmarks/runs"
 LOG="$LOGDIR/gpu_log.txt"
 exec > >(tee "$LOG") 2>&1
 start=$(date +%s)
@@ -63,7 +64,8 @@ EOF
 
 TORCH_DEV=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo none)
 TINYARG=""
-[ "$TINY" = "1" ] && TINYARG="--tiny"
+RECORD="--record"  # the tracked latest result of the GPU kind (a smoke test is never recorded)
+[ "$TINY" = "1" ] && TINYARG="--tiny" && RECORD=""
 cd "$ROOT/benchmarks"
 
 echo "== 1. probe: block step and block sizes at N = 2^16 =="
@@ -71,9 +73,9 @@ PROBE_N=65536
 [ "$TINY" = "1" ] && PROBE_N=512
 timeout 60 $PY bench_large_n.py --probe --probe-n $PROBE_N --tag "$TAG" || echo "probe failed or timed out"
 KB=""; QB=""; FORM=""
-if [ -f "$ROOT/benchmarks/results/gpu_probe$TAG.json" ]; then
+if [ -f "$ROOT/benchmarks/runs/gpu_probe$TAG.json" ]; then
   read -r FORM KB QB < <($PY -c "
-import json; r = json.load(open('$ROOT/benchmarks/results/gpu_probe$TAG.json'))
+import json; r = json.load(open('$ROOT/benchmarks/runs/gpu_probe$TAG.json'))
 b = r.get('best') or {}
 print(b.get('formulation', ''), b.get('k_block', ''), b.get('q_block', ''))")
   echo "probe picked: formulation=$FORM k_block=$KB q_block=$QB"
@@ -82,20 +84,20 @@ fi
 
 echo "== 2. phase-diagram workload =="
 if [ "$TORCH_DEV" = "none" ]; then PHASE_TORCH="--skip-torch"; else PHASE_TORCH="--torch-device $TORCH_DEV"; fi
-(cd "$ROOT" && $PY -m benchmarks run phase --gpu --timeout 90 $TINYARG -- $PHASE_TORCH) \
+(cd "$ROOT" && $PY -m benchmarks run phase --gpu --timeout 90 $RECORD $TINYARG -- $PHASE_TORCH) \
   || echo "phase benchmark failed or timed out"
 
 echo "== 3. large N =="
 LARGE_EXTRA="--torch-device ${TORCH_DEV/none/cpu}"
 [ "$TORCH_DEV" = "none" ] && LARGE_EXTRA="$LARGE_EXTRA --impls jax_dense,jax_blocked"
 [ "$TINY" = "1" ] && LARGE_EXTRA="$LARGE_EXTRA --max-log2n 8"
-(cd "$ROOT" && $PY -m benchmarks run large_n --gpu --timeout 140 $TINYARG -- $LARGE_EXTRA) \
+(cd "$ROOT" && $PY -m benchmarks run large_n --gpu --timeout 140 $RECORD $TINYARG -- $LARGE_EXTRA) \
   || echo "large-N benchmark failed or timed out"
 
 echo "== 4. Sinkhorn W2 to N = 10^5 =="
 W2_EXTRA=""
 [ "$TINY" = "1" ] && W2_EXTRA="--cases affine --sizes 200 400 --exact-max 400 --repeat 1"
-(cd "$ROOT" && $PY -m benchmarks run w2 --gpu --timeout 200 $TINYARG -- $W2_EXTRA) \
+(cd "$ROOT" && $PY -m benchmarks run w2 --gpu --timeout 200 $RECORD $TINYARG -- $W2_EXTRA) \
   || echo "W2 benchmark failed or timed out"
 
 echo "== summary =="

@@ -6,8 +6,9 @@
 # (against NumPy, PyTorch eager and KeOps; time and peak memory) and the roofline (jaxdyn's
 # fraction of the exp-bound floor), the roofline again with XLA capped at AVX2 (as on a CPU
 # without AVX-512, its own machine kind), then the targets' summary. Each workload writes
-# benchmarks/results/<workload>/<machine kind>.json; `python -m benchmarks docs` puts the
-# latest ones in docs/benchmarks.md. Arguments go to `python -m benchmarks run`.
+# benchmarks/runs/<workload>/<machine kind>-<stamp>.json (ignored by git); with --record, the
+# tracked benchmarks/results/<workload>/<machine kind>.json that `python -m benchmarks docs`
+# puts in docs/benchmarks.md. Arguments go to `python -m benchmarks run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -5,10 +5,12 @@ and a *headline*: the one jaxdyn time and the one baseline time that the docs ta
 read from the script's own JSON. The scripts keep their measurements; this module runs
 them in a child process, wraps what they wrote with the machine's facts, and stores
 
-    benchmarks/results/<workload>/<machine kind>.json   (and .png when the script drew one)
+    benchmarks/runs/<workload>/<machine kind>-<stamp>.json      (every run; ignored by git)
+    benchmarks/results/<workload>/<machine kind>.json           (``--record``: the tracked latest)
 
-one file per workload and machine kind: a new run replaces the file of its kind. A ``--tiny``
-run writes ``<machine kind>.tiny.json`` (a smoke test; not committed, not in the table).
+(and ``.png`` beside it when the script drew one). A plain run never changes a tracked file;
+``--record`` replaces the tracked latest of its machine kind, which the docs table shows. A
+``--tiny`` run (a smoke test) is never recorded: ``runs/<workload>/<kind>-<stamp>.tiny.json``.
 
 The machine kind names the hardware a number belongs to: ``cpu-<model>-<cores>c`` (plus
 ``-<isa>`` when XLA's code generation was capped, ``--max-isa``) or ``gpu-<model>``.
@@ -32,7 +34,8 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
+RESULTS = HERE / "results"  # the tracked latest result per workload and machine kind
+RUNS = HERE / "runs"        # every run, ignored by git
 DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- BEGIN GENERATED BENCHMARKS -->"
 END = "<!-- END GENERATED BENCHMARKS -->"
@@ -171,6 +174,13 @@ def _control_measure(d):
               f"PyTorch autograd ({t['impl']})" if t else "")
 
 
+def _control_kernel(d):
+    rows = {r["impl"]: r for r in d["rows"] if r.get("run_s")}
+    mine, base = rows["kernel-control"], rows.get("kernel-interaction") or {}
+    return _h(mine["run_s"], f"control kernel, one attention gradient, N = {mine['n']}",
+              base.get("run_s"), "the blocked interaction kernel" if base else "")
+
+
 # ---------------------------------------------------------------------------------------------
 # the workloads
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +198,6 @@ class Workload:
     tiny_args: tuple = ("--tiny",)
     gpu_args: tuple | None = None    # None: not a GPU workload
     out_args: Callable[[Path], list] | None = None  # redirect the script's output folder
-    fixed_output: bool = False       # the script writes to benchmarks/results only
     timeout_s: float | None = None
 
 
@@ -233,7 +242,7 @@ WORKLOADS = (
              "distributed", _distributed),
     Workload("first_call", "bench_first_call.py",
              "first call (compile + run) of solve_moments_batch and reach", "first_call",
-             _first_call, tiny_args=("--which", "reach"), fixed_output=True),
+             _first_call, tiny_args=("--which", "reach")),
     Workload("startup", "bench_startup.py",
              "the CLI's start and the default `jaxdyn run`, first and second run", "startup",
              _startup),
@@ -243,6 +252,10 @@ WORKLOADS = (
     Workload("control_measure", "bench_control_measure.py",
              "one gradient of measure-to-measure control vs PyTorch autograd",
              "control_measure", _control_measure),
+    Workload("control_measure_kernel", "bench_control_measure.py",
+             "one attention gradient at N = 10⁴: the control kernel vs the blocked interaction "
+             "kernel (time, peak memory)", "control_measure_kernel", _control_kernel,
+             args=("--kernel-memory",)),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -342,8 +355,26 @@ def machine_kind(facts, gpu=False):
 # ---------------------------------------------------------------------------------------------
 
 def result_path(workload, kind, tiny=False):
-    """benchmarks/results/<workload>/<kind>.json (``.tiny.json`` for a smoke test)."""
+    """The tracked latest: benchmarks/results/<workload>/<kind>.json (``.tiny.json``: smoke test)."""
     return RESULTS / workload / (f"{kind}.tiny.json" if tiny else f"{kind}.json")
+
+
+def output_path(workload, kind, record=False, tiny=False, stamp=None):
+    """Where a run's result goes.
+
+    Returns:
+        With ``record`` (not for a smoke test), the tracked latest :func:`result_path`;
+        otherwise ``benchmarks/runs/<workload>/<kind>-<stamp>[.tiny].json``, ignored by git.
+
+    Raises:
+        ValueError: ``record`` with ``tiny`` (a smoke test is never recorded).
+    """
+    if record and tiny:
+        raise ValueError("a --tiny run is a smoke test and is never recorded")
+    if record:
+        return result_path(workload, kind)
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return RUNS / workload / (f"{kind}-{stamp}.tiny.json" if tiny else f"{kind}-{stamp}.json")
 
 
 def headline(workload, data):
@@ -361,8 +392,6 @@ def _run_once(w, extra, tiny, gpu, max_isa, timeout):
     argv += list(w.gpu_args or ()) if gpu else []
     argv += ["--max-isa", max_isa] if max_isa else []
     argv += w.out_args(tmp) if w.out_args else []
-    if w.fixed_output:
-        argv += ["--name", f"{w.output}_suite_run"]
     argv += list(extra)
     env = dict(os.environ, JAXDYN_BENCH_RESULTS=str(tmp), PYTHONUNBUFFERED="1")
     env.pop("OUT", None)  # the suite copies the one result file to $OUT itself
@@ -374,10 +403,6 @@ def _run_once(w, extra, tiny, gpu, max_isa, timeout):
     except subprocess.TimeoutExpired:
         rc = "timeout"
     wall = time.perf_counter() - t0
-    if w.fixed_output:
-        src = RESULTS / f"{w.output}_suite_run.json"
-        if src.exists():
-            shutil.move(str(src), tmp / f"{w.output}.json")
     found = sorted(tmp.glob(f"{w.output}*.json"), key=lambda p: len(p.name))
     data = json.loads(found[0].read_text()) if found else None
     pngs = sorted(tmp.glob(f"{w.output}*.png"), key=lambda p: len(p.name))
@@ -387,8 +412,11 @@ def _run_once(w, extra, tiny, gpu, max_isa, timeout):
                                                for a in argv[1:]], "data": data, "png": png}
 
 
-def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=None):
-    """Run workloads; write one result file per workload (see :func:`result_path`)."""
+def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=None,
+        record=False):
+    """Run workloads; write one result file per workload (see :func:`output_path`)."""
+    if record and tiny:
+        raise ValueError("a --tiny run is a smoke test and is never recorded")
     written = []
     for name in names:
         w = BY_NAME[name]
@@ -416,8 +444,10 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
                        for r, h in zip(ok, heads)],
             "result": ok[pick]["data"],
         }
-        for out_dir in [RESULTS] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
-            path = out_dir / name / result_path(name, kind, tiny).name
+        local = output_path(name, kind, record=record, tiny=tiny)
+        for out_dir in [local.parent.parent] + ([Path(os.environ["OUT"])]
+                                                if os.environ.get("OUT") else []):
+            path = out_dir / name / local.name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1, default=str) + "\n")
             if ok[pick]["png"]:
@@ -425,84 +455,155 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
             written.append(path)
             print(f"wrote {path}", flush=True)
     if not tiny:
-        add_cost([p for p in written if p.parent.parent == RESULTS])
+        add_cost([p for p in written if p.parent.parent in (RESULTS, RUNS)])
     return written
 
 
 # ---------------------------------------------------------------------------------------------
-# the cost model: FLOPs and exps of the headline maths (benchmarks/cost.py), and the floor
+# the cost model: FLOPs, exps and bytes of the headline computation (benchmarks/cost.py), and
+# the floor they imply on the machine kind and on an H200
 # ---------------------------------------------------------------------------------------------
 
-def cost_counts(names):
-    """The cost counts of workloads, from benchmarks/cost.py in a child process.
+MACHINES = RESULTS / "machines"  # measured rates of machine kinds without a roofline result
 
-    Returns:
-        name -> {program, flops, transcendentals, bytes accessed, backend, jax}, for the
-        workloads cost.py covers.
-    """
+
+def _cost_child(args, timeout=900):
     env = dict(os.environ, JAXDYN_NO_HOST_DEVICES="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, str(HERE / "cost.py"), *names], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, str(HERE / "cost.py"), *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode != 0 or not lines:
-        print(f"cost analysis failed: {p.stderr[-2000:]}", flush=True)
-        return {}
+        print(f"cost.py failed: {p.stderr[-2000:]}", flush=True)
+        return None
     return json.loads(lines[-1])
 
 
+def cost_counts(paths):
+    """The cost records of result files, from benchmarks/cost.py in a child process.
+
+    Returns:
+        path (str) -> {program, flops, transcendentals, bytes_min, ...} or None.
+    """
+    return _cost_child([str(p) for p in paths]) or {}
+
+
 def add_cost(paths):
-    """Record the cost model in result files (``cost``); returns the files changed."""
-    by_name = {}
-    for path in paths:
-        by_name.setdefault(Path(path).parent.name, []).append(Path(path))
-    counts = cost_counts(sorted(by_name))
+    """Record the cost model in result files; returns the files changed."""
+    paths = [Path(p) for p in paths]
+    counts = cost_counts(paths) if paths else {}
     changed = []
-    for name, files in by_name.items():
-        if name not in counts:
+    for path in paths:
+        c = counts.get(str(path))
+        rec = json.loads(path.read_text())
+        if c is None and "cost" not in rec:
             continue
-        for path in files:
-            rec = json.loads(path.read_text())
-            if rec.get("cost") != counts[name]:
-                rec["cost"] = counts[name]
-                path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
-                changed.append(path)
+        if c is not None and "error" in c:
+            print(f"{path.relative_to(ROOT)}: cost not counted ({c['error']})", flush=True)
+            continue
+        if rec.get("cost") != c:
+            if c is None:
+                rec.pop("cost", None)
+            else:
+                rec["cost"] = c
+            path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
+            changed.append(path)
     return changed
 
 
+def measure_rates():
+    """This machine's exp, matmul and memory rates, measured now (``cost.py --rates``)."""
+    return _cost_child(["--rates"], timeout=600)
+
+
+def record_rates(kind, rates):
+    """Write the measured rates of a machine kind to results/machines/<kind>.json."""
+    path = MACHINES / f"{kind}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = {"machine_kind": kind, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "machine": machine_facts(), "rates": rates}
+    path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    return path
+
+
+def h200_rates():
+    """The published H200 rates the cost model uses (benchmarks/cost.py ``H200``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jaxdyn_bench_cost", HERE / "cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.H200
+
+
 def machine_rates(kind):
-    """The rates the roofline workload measured on this machine kind.
+    """The rates of a machine kind.
 
     Returns:
-        The exp rate per core, the matmul rate and the cores, from the committed roofline
-        result of ``kind``; None where there is none.
+        {exp_per_s_per_core, matmul_flops_per_s, cores, bytes_per_s (or None), source}: from
+        the tracked roofline result of ``kind`` (its exp and matmul probes; the bandwidth from
+        results/machines/<kind>.json where measured), else from results/machines/<kind>.json;
+        for ``gpu-nvidia-h200`` the published H200 figures; None where none is known.
     """
+    if kind.startswith("gpu-nvidia-h200"):
+        h = h200_rates()
+        return {"exp_per_s_per_core": h["exp_per_s"], "cores": 1,
+                "matmul_flops_per_s": h["fp32_flops_per_s"], "bytes_per_s": h["bytes_per_s"],
+                "source": "published H200 figures"}
+    measured = None
+    mpath = MACHINES / f"{kind}.json"
+    if mpath.exists():
+        measured = json.loads(mpath.read_text()).get("rates")
     path = RESULTS / "roofline" / f"{kind}.json"
-    if not path.exists():
+    if path.exists():
+        rec = json.loads(path.read_text())
+        r = rec.get("result", {})
+        exp = (r.get("exp_one_core") or {}).get("rate_per_s")
+        mm = (r.get("matmul") or {}).get("flops_per_s")
+        cores = (rec.get("machine") or {}).get("cores_usable") or (rec.get("machine") or {}).get(
+            "cpu_count")
+        if exp and mm and cores:
+            return {"exp_per_s_per_core": exp, "matmul_flops_per_s": mm, "cores": cores,
+                    "bytes_per_s": (measured or {}).get("bytes_per_s"),
+                    "source": f"roofline/{kind}.json"}
+    if measured:
+        return {**{k: measured.get(k) for k in ("exp_per_s_per_core", "matmul_flops_per_s",
+                                                 "cores", "bytes_per_s")},
+                "source": f"machines/{kind}.json"}
+    return None
+
+
+def floor(cost, rates):
+    """The least time ``cost`` takes at ``rates``.
+
+    Returns:
+        The largest of the exps at the exp rate of all cores, the FLOPs at the matmul rate
+        and the least bytes at the memory bandwidth (where measured), with which one binds;
+        None where the counts or the rates are unknown.
+    """
+    if not cost or not rates or "transcendentals" not in cost or "flops" not in cost:
         return None
-    rec = json.loads(path.read_text())
-    r = rec.get("result", {})
-    exp = (r.get("exp_one_core") or {}).get("rate_per_s")
-    mm = (r.get("matmul") or {}).get("flops_per_s")
-    cores = (rec.get("machine") or {}).get("cores_usable") or (rec.get("machine") or {}).get(
-        "cpu_count")
-    if not (exp and mm and cores):
-        return None
-    return {"exp_per_s_per_core": exp, "matmul_flops_per_s": mm, "cores": cores}
+    terms = {"exp": cost["transcendentals"] / (rates["exp_per_s_per_core"] * rates["cores"]),
+             "flop": cost["flops"] / rates["matmul_flops_per_s"]}
+    if rates.get("bytes_per_s") and cost.get("bytes_min") is not None:
+        terms["bytes"] = cost["bytes_min"] / rates["bytes_per_s"]
+    bound = max(terms, key=terms.get)
+    return {"floor_s": terms[bound], "bound": bound, "terms_s": terms}
 
 
 def cost_floor(kind, rec):
-    """The least time the cost model allows on this machine kind.
+    """The least time the cost model allows on this machine kind (seconds), or None."""
+    f = floor(rec.get("cost"), machine_rates(kind))
+    return f["floor_s"] if f else None
 
-    Returns:
-        The larger of the exps at the measured exp rate on all cores and the FLOPs at the
-        measured matmul rate; None where either is unknown.
-    """
-    cost, rates = rec.get("cost"), machine_rates(kind)
-    if not cost or not rates or "transcendentals" not in cost or "flops" not in cost:
-        return None
-    return max(cost["transcendentals"] / (rates["exp_per_s_per_core"] * rates["cores"]),
-               cost["flops"] / rates["matmul_flops_per_s"])
+
+def h200_floor(rec):
+    """The least time the cost model allows on an H200 (published rates), or None."""
+    h = h200_rates()
+    f = floor(rec.get("cost"), {"exp_per_s_per_core": h["exp_per_s"], "cores": 1,
+                                "matmul_flops_per_s": h["fp32_flops_per_s"],
+                                "bytes_per_s": h["bytes_per_s"]})
+    return f["floor_s"] if f else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,6 +643,20 @@ def _machine_line(kind, rec):
     return ", ".join(p for p in parts if p) or "—"
 
 
+_SUP = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _fmt_n(x):
+    """1.68·10⁷ style; — for None."""
+    if x is None:
+        return "—"
+    if x == 0:
+        return "0"
+    e = int(f"{x:.2e}".split("e")[1])
+    m = x / 10**e
+    return f"{m:.2f}·10{str(e).translate(_SUP)}" if e else f"{m:.2f}"
+
+
 def table():
     """The generated Markdown between the page's markers."""
     rows = committed_results()
@@ -553,20 +668,53 @@ def table():
         js, bs = h.get("jaxdyn_s"), h.get("baseline_s")
         fs = h.get("floor_s") or cost_floor(kind, rec)
         ratio = f"{bs / js:.2f}×" if js and bs else "—"
-        floor = f"{js / fs:.2f}" if js and fs else "—"
+        over = f"{js / fs:.3g}" if js and fs else "—"
         what = f"{_fmt_s(js)}: {h['jaxdyn']}" if h.get("jaxdyn") and js is not None else _fmt_s(js)
         base = f"{_fmt_s(bs)}: {h['baseline']}" if bs is not None else "—"
-        lines.append(f"| `{name}` | {what} | {base} | {ratio} | {floor} | `{kind}` |")
+        lines.append(f"| `{name}` | {what} | {base} | {ratio} | {over} | `{kind}` |")
         kinds.setdefault(kind, _machine_line(kind, rec))
     lines += ["", "ratio = baseline / jaxdyn (above 1: jaxdyn is faster). measured / floor: the "
-              "jaxdyn time over the least time this machine allows (1 is the floor): the "
-              "roofline's own exp-bound floor, or the cost model's, the larger of the headline "
-              "computation's exps (XLA's cost analysis of its loop-free form, "
-              "`benchmarks/cost.py`) at the exp rate and its FLOPs at the matmul rate that the "
-              "roofline measured on the same machine kind. Each row's file, with every timing of the run and its figure where the "
-              "script draws one: `benchmarks/results/<workload>/<machine>.json` (`.png`).", "",
+              "jaxdyn time over the least time the machine allows for the headline computation "
+              "(1 is the floor; the cost model below, or for `roofline` its own exp-bound floor). "
+              "Each row's file, with every timing of the run and its figure where the script "
+              "draws one: `benchmarks/results/<workload>/<machine>.json` (`.png`).", "",
               "Machines:", ""]
     lines += [f"- `{k}`: {v}" for k, v in sorted(kinds.items())]
+    lines += ["", "### Cost model", "",
+              "| workload | machine | FLOPs | exps | bytes (least) | floor here (bound) | "
+              "floor on an H200 (bound) | measured / floor here | counted |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    h200 = h200_rates()
+    for name, kind, rec in rows:
+        c = rec.get("cost")
+        if not c:
+            lines.append(f"| `{name}` | `{kind}` | — | — | — | — | — | — | not counted |")
+            continue
+        js = (rec.get("headline") or {}).get("jaxdyn_s")
+        here = floor(c, machine_rates(kind))
+        gpu = floor(c, {"exp_per_s_per_core": h200["exp_per_s"], "cores": 1,
+                        "matmul_flops_per_s": h200["fp32_flops_per_s"],
+                        "bytes_per_s": h200["bytes_per_s"]})
+        fh = f"{_fmt_s(here['floor_s'])} ({here['bound']})" if here else "— (no rates)"
+        fg = f"{_fmt_s(gpu['floor_s'])} ({gpu['bound']})" if gpu else "—"
+        over = f"{js / here['floor_s']:.3g}" if js and here and here["floor_s"] else "—"
+        lines.append(f"| `{name}` | `{kind}` | {_fmt_n(c.get('flops'))} | "
+                     f"{_fmt_n(c.get('transcendentals'))} | {_fmt_n(c.get('bytes_min'))} | {fh} | "
+                     f"{fg} | {over} | {c.get('program', '')} |")
+    src = h200["sources"]
+    lines += ["", "FLOPs and exps: XLA's cost analysis (`jax.jit(f).lower(...).compile()"
+              ".cost_analysis()`) of a loop-free, dense unit of the headline computation, times "
+              "how often it runs (our count; analytic where XLA's count exceeds the least work: "
+              "a causal mask's N(N + 1)/2 pairs, a multiscale kernel's kept fraction). Bytes: the "
+              "least the computation moves (inputs read and outputs written once). Floor here: "
+              "the largest of exps at the exp rate of all cores, FLOPs at the matmul rate and "
+              "bytes at the memory bandwidth that were measured on that machine kind (the "
+              "roofline's probes, or `python -m benchmarks cost --record` where a kind has no "
+              "roofline result); where the count leaves work out (a CLI run's W2 evaluations, "
+              "compilation) the floor stays a lower bound. The H200 floor uses published "
+              f"figures: FP32 {h200['fp32_flops_per_s'] / 1e12:.0f} TFLOP/s ({src['fp32_flops_per_s']}); "
+              f"exp {h200['exp_per_s'] / 1e12:.2f}·10¹²/s ({src['exp_per_s']}); memory "
+              f"{h200['bytes_per_s'] / 1e12:.1f} TB/s ({src['bytes_per_s']}). {h200['note']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,7 @@
-"""Read benchmarks/results/{phase,large_n,roofline}<tag>.json and print each target: met or
-the gap. Writes benchmarks/results/summary<tag>.json. Usage: python summarize.py [--tag _gpu]"""
+"""Read the latest phase, large_n and roofline results and print each target: met or the gap.
+
+Writes benchmarks/runs/summary<tag>.json (ignored by git). Usage: python summarize.py [--tag _gpu]
+"""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ sys.path.insert(0, str(HERE))
 def _load(name):
     """The latest result of workload ``name`` (``phase``, ``large_n``, ``roofline``; a ``_gpu``
     suffix: on a GPU) from ``results/<workload>/<machine kind>.json``, the script's own JSON;
-    a CPU result capped by ``--max-isa`` is not taken. A file ``results/<name>.json`` that a
+    a CPU result capped by ``--max-isa`` is not taken. A file ``runs/<name>.json`` that a
     script wrote when run alone wins."""
-    p = HERE / "results" / f"{name}.json"
+    p = HERE / "runs" / f"{name}.json"
     if p.exists():
         return json.loads(p.read_text())
     gpu = name.endswith("_gpu")
@@ -217,7 +219,8 @@ def summarize(tag=""):
                                     if x.get("fraction_of_floor_cpu_time") else "") + ")"
                                  for x in rows),
                        isa=isa_label({"machine": {"isa": r["isa"]}}))
-    p = HERE / "results" / f"summary{tag}.json"
+    p = HERE / "runs" / f"summary{tag}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(out, indent=2))
     return out
 

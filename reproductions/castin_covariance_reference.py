@@ -34,7 +34,10 @@ member by member with Euler's verdict, with blow-up times and limits side by sid
 published Euler's error against jaxdyn's solution at a fixed time, for h, h/2, …, h/32 on one
 member per experiment, with the fitted order.
 
-Output: benchmarks/results/castin_covariance<tag>.json and .png.
+Run: ``python reproductions/castin_covariance_reference.py`` (``--tiny``: a smoke test). Output:
+reproductions/runs/castin_covariance<tag>.json and .png (ignored by git); with ``--record``, the tracked
+reproductions/results/castin_covariance<tag>.json and .png that docs/reproductions.md quotes. The JSON's ``run``
+holds the whole run's wall and CPU seconds and the machine (reproductions/common.py).
 """
 
 from __future__ import annotations

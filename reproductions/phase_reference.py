@@ -12,7 +12,10 @@
    projected Euler for h = 0.1, 0.05, 0.025, 0.0125, and with RK4 at h = 0.0125 (the flow):
    both Euler steps are first order (docs/math.md §F.4) and their difference shrinks with h.
 
-Output: benchmarks/results/phase_reference<tag>.json.
+Run: ``python reproductions/phase_reference.py`` (``--tiny``: a smoke test). Output:
+reproductions/runs/phase_reference<tag>.json (ignored by git); with ``--record``, the tracked
+reproductions/results/phase_reference<tag>.json that docs/reproductions.md quotes. The JSON's ``run``
+holds the whole run's wall and CPU seconds and the machine (reproductions/common.py).
 """
 
 from __future__ import annotations

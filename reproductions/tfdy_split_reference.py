@@ -28,7 +28,10 @@ of 0.1, kmeans' threshold). The single-cluster fraction p̂ per dd carries the b
 standard error sqrt(p̂(1 − p̂)/100); ours and the published one are compared by the
 two-proportion z-score.
 
-Output: benchmarks/results/tfdy_split<tag>.json and .png.
+Run: ``python reproductions/tfdy_split_reference.py`` (``--tiny``: a smoke test). Output:
+reproductions/runs/tfdy_split<tag>.json and .png (ignored by git); with ``--record``, the tracked
+reproductions/results/tfdy_split<tag>.json and .png that docs/reproductions.md quotes. The JSON's ``run``
+holds the whole run's wall and CPU seconds and the machine (reproductions/common.py).
 """
 
 from __future__ import annotations
