@@ -232,7 +232,7 @@ _LAYER_MODULES = (
 
 
 def _layer_tensors(cfg):
-    """Each LayerParams field: (name, its tensor under ``encoder.layer.N.``, one layer's shape, transposed?)."""
+    """Each LayerParams field: (name, tensor under ``encoder.layer.N.``, shape a layer, transposed)."""
     size = {"d": cfg.hidden_size, "f": cfg.intermediate_size}
     out = []
     for weight, bias, module, io in _LAYER_MODULES:
