@@ -73,38 +73,44 @@ SINKHORN_DECAY = 0.9
 # ---------------------------------------------------------------------------------------
 
 
-class _SphereLayer(eqx.Module):
-    """One layer's field on S^{d-1}: ẋ_i = P⊥(x_i) V Σ_j softmax_j(β (Q x_i)·(K x_j)) x_j."""
+def _attended(theta, x, scale, q_block, k_block):
+    """(N, d): Σ_j softmax_j(scale (Q x_i)·(K x_j)) x_j, blocked (scale None: 1)."""
+    q = jnp.matmul(x, theta["Q"].T)
+    if scale is not None:
+        q = scale * q
+    k = jnp.matmul(x, theta["K"].T)
+    return attend(q, k, x, jnp.zeros(x.shape[:1], x.dtype), q_block, k_block)
 
-    manifold = "sphere"
+
+class _Layer(eqx.Module):
+    """One layer's weights and the attention tiles; the subclasses give the field."""
+
     theta: dict
     q_block: int = eqx.field(static=True)
     k_block: int = eqx.field(static=True)
+
+
+class _SphereLayer(_Layer):
+    """One layer's field on S^{d-1}: ẋ_i = P⊥(x_i) V Σ_j softmax_j(β (Q x_i)·(K x_j)) x_j."""
+
+    manifold = "sphere"
 
     def __call__(self, t, x, args=None):
         """The tangent field at x (N, d)."""
         th = self.theta
-        q = th["beta"] * jnp.matmul(x, th["Q"].T)
-        k = jnp.matmul(x, th["K"].T)
-        m = attend(q, k, x, jnp.zeros(x.shape[:1], x.dtype), self.q_block, self.k_block)
-        a = jnp.matmul(m, th["V"].T)
+        a = jnp.matmul(_attended(th, x, th["beta"], self.q_block, self.k_block), th["V"].T)
         return a - jnp.sum(a * x, axis=-1, keepdims=True) * x
 
 
-class _EuclideanLayer(eqx.Module):
+class _EuclideanLayer(_Layer):
     """One layer's field in R^d: ẋ_i = A x_i + b + V Σ_j softmax_j((Q x_i)·(K x_j)) x_j."""
 
     manifold = "euclidean"
-    theta: dict
-    q_block: int = eqx.field(static=True)
-    k_block: int = eqx.field(static=True)
 
     def __call__(self, t, x, args=None):
         """The field at x (N, d)."""
         th = self.theta
-        q = jnp.matmul(x, th["Q"].T)
-        k = jnp.matmul(x, th["K"].T)
-        m = attend(q, k, x, jnp.zeros(x.shape[:1], x.dtype), self.q_block, self.k_block)
+        m = _attended(th, x, None, self.q_block, self.k_block)
         return jnp.matmul(x, th["A"].T) + th["b"] + jnp.matmul(m, th["V"].T)
 
 
