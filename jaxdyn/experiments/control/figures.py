@@ -8,17 +8,17 @@ import numpy as np
 
 from ... import plots
 from .schema import MODEL_WEIGHTS, free_of, model_of
-from .summary import depth_rate, depth_table, iter_points, layers_of
+from .summary import depth_rate, depth_table, iter_points, layers_of, particles_of
 
 
 def _deepest(cfg, ds):
-    """(L, selection) of the point of largest L (its first seed)."""
+    """(L, selection) of the point of largest (N, L) (its first seed)."""
     best = None
     for labels, sel in iter_points(ds):
-        L = layers_of(cfg, labels)
-        if best is None or L > best[0]:
-            best = (L, sel)
-    return best
+        key = (particles_of(cfg, labels), layers_of(cfg, labels))
+        if best is None or key > best[0]:
+            best = (key, sel)
+    return best[0][1], best[1]
 
 
 def plot(cfg, ds, out_dir):
@@ -30,13 +30,16 @@ def plot(cfg, ds, out_dir):
     cmap = plt.get_cmap("viridis")
     pts = list(iter_points(ds))
     Ls = sorted({layers_of(cfg, lab) for lab, _ in pts})
+    ns = sorted({particles_of(cfg, lab) for lab, _ in pts})
+    styles = ("-", "--", ":", "-.")  # one a swept N
 
     # 1. loss and W2 against iterations
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for lab, sel in pts:
         L = layers_of(cfg, lab)
         c = cmap(Ls.index(L) / max(len(Ls) - 1, 1))
-        axes[0].semilogy(ds["loss_history"].isel(sel).values, color=c, lw=1, label=f"L = {L}")
+        axes[0].semilogy(ds["loss_history"].isel(sel).values, color=c, lw=1, label=f"L = {L}",
+                         ls=styles[ns.index(particles_of(cfg, lab)) % len(styles)])
         axes[1].semilogy(ds["w2_history"].isel(sel).values, color=c, lw=1)
     axes[0].set_ylabel("loss J")
     axes[1].set_ylabel("W2 ≈ sqrt(S_ε)")
@@ -51,15 +54,28 @@ def plot(cfg, ds, out_dir):
 
     # 2. W2 against depth
     rows = depth_table(cfg, ds)
-    fig, ax = plt.subplots(figsize=(4.8, 3.8))
-    for key, mk in (("w2_exact", "o-"), ("w2_sinkhorn", "s--")):
-        xs = [r["n_layers"] for r in rows if r[key]]
-        if xs:
-            ax.loglog(xs, [r[key] for r in rows if r[key]], mk, label=key.replace("_", " "))
+    ns = sorted({r["n_particles"] for r in rows})
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    slopes = []
+    for i, n in enumerate(ns):
+        rs = [r for r in rows if r["n_particles"] == n]
+        c = plt.get_cmap("tab10")(i % 10)
+        tag = f" N = {n}" if len(ns) > 1 else ""
+        for key, mk in (("w2_exact", "o-"), ("w2_sinkhorn", "s--")):
+            xs = [r["n_layers"] for r in rs if r[key]]
+            if xs:
+                ax.loglog(xs, [r[key] for r in rs if r[key]], mk, color=c, ms=4,
+                          label=key.replace("_", " ") + tag)
+        if rs[0]["w2_floor"]:
+            ax.axhline(rs[0]["w2_floor"], color=c, ls="-.", lw=0.8,
+                       label="W2(ν_N, ν'_N) floor" + tag)
+        slope = depth_rate(rs)
+        if slope is not None:
+            slopes.append(f"{slope:.2f}")
     if rows and rows[0]["w2_start"]:
         ax.axhline(rows[0]["w2_start"], color="0.5", ls=":", lw=0.8, label="start")
-    slope = depth_rate(rows)
-    ax.set_title(f"W2 against depth (slope {slope:.2f})" if slope is not None else "W2 against depth")
+    ax.set_title(f"W2 against depth (slope {', '.join(slopes)})" if slopes
+                 else "W2 against depth", fontsize=9)
     ax.set_xlabel("layers L")
     ax.set_ylabel("W2 to the target")
     ax.legend(fontsize=7)
@@ -72,20 +88,20 @@ def plot(cfg, ds, out_dir):
     depths = ds["depth"].values
     layer = ds["depth_layer"].isel(sel).values
     nd = len(depths)
-    fig = plt.figure(figsize=(3.2 * (nd + 1), 3.3))
-    for j in range(nd + 1):
+    globe = model == "sphere" and parts.shape[-1] >= 3
+    fig, axs = plots.panel_grid(nd + 1, max_cols=4, panel=(3.0, 3.0),
+                                projection="3d" if globe else None)
+    for j, ax in enumerate(axs):
         pts_j, title = (tgt, "target") if j == nd else (parts[j], f"layer {int(layer[j])} of {L}")
-        if model == "sphere":
-            ax = fig.add_subplot(1, nd + 1, j + 1, projection="3d")
-            ax.scatter(pts_j[:, 0], pts_j[:, 1], pts_j[:, 2], s=3,
-                       color="r" if j == nd else cmap(j / max(nd - 1, 1)))
+        color = "r" if j == nd else cmap(j / max(nd - 1, 1))
+        if globe:
+            ax.scatter(pts_j[:, 0], pts_j[:, 1], pts_j[:, 2], s=3, color=color)
             ax.set_box_aspect((1, 1, 1))
         else:
-            ax = fig.add_subplot(1, nd + 1, j + 1)
-            ax.scatter(pts_j[:, 0], pts_j[:, 1], s=3,
-                       color="r" if j == nd else cmap(j / max(nd - 1, 1)))
+            ax.scatter(pts_j[:, 0], pts_j[:, 1], s=3, color=color)
             ax.set_aspect("equal", adjustable="datalim")
         ax.set_title(title, fontsize=8)
+    fig.suptitle(f"particles by depth (L = {L}; colour: depth, red: the target)", fontsize=10)
     figs.append(plots.save(fig, out_dir / "particles_by_depth.png"))
 
     # 4. controls against depth (deepest point): one heat map a free weight

@@ -81,9 +81,12 @@ def _plot_ellipses(cfg, ds, out_dir):
     mc = _first(ds, "mean_closure", activation=act, n=nmax).values
     Cc = _first(ds, "cov_closure", activation=act, n=nmax).values
     k = len(tsn)
-    fig, axes = plt.subplots(1, k, figsize=(3.6 * k, 3.6), squeeze=False)
+    rows, cols = plots.grid_shape(k, max_cols=5)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[k:]:
+        ax.remove()
     cmap = plt.get_cmap("viridis")
-    for j, (ax, t) in enumerate(zip(axes[0], tsn)):
+    for j, (ax, t) in enumerate(zip(axes.flat, tsn)):
         i = t_index(ds, t)
         x = xs[j]
         ax.plot(x[:, 0], x[:, 1] if x.shape[1] > 1 else np.zeros(len(x)), ".", ms=1.5,
@@ -133,7 +136,7 @@ def _plot_trace(cfg, ds, out_dir):
     ax.set_ylabel("tr Σ(t)")
     ax.set_title(f"{cfg['name']}: tr Σ against t", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    plots.legend_outside(ax, fontsize=6)
     return plots.save(fig, out_dir / "trace.png")
 
 
@@ -265,19 +268,20 @@ def _plot_phase(cfg, ds, out_dir):
     v = cfg["phase"]["v"]
     lam = float(np.linalg.eigvalsh(parameters(cfg)["S0"])[-1])
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
-    ext = [c[0], c[-1], a[0], a[-1]]
-    im = axes[0].imshow(np.where(st == status_code("blowup"), T, np.nan), origin="lower", extent=ext,
-                        aspect="auto", cmap="magma_r", vmin=0, vmax=t1)
+    # cells centred on the grid values; the axes span the grid (span_data below)
+    ce, ae = plots.cell_edges(c), plots.cell_edges(a)
+    im = axes[0].pcolormesh(ce, ae, np.where(st == status_code("blowup"), T, np.nan), cmap="magma_r",
+                            vmin=0, vmax=t1, rasterized=True)
     fig.colorbar(im, ax=axes[0], label="numerical blow-up time T*")
     trp = np.where((st != status_code("blowup")) & np.isfinite(tr) & (tr > 0), tr, np.nan)
-    im2 = axes[1].imshow(trp, origin="lower", extent=ext, aspect="auto", cmap="viridis",
-                         norm=LogNorm(vmin=max(np.nanmin(trp), 1e-8), vmax=np.nanmax(trp))
-                         if np.any(np.isfinite(trp)) else None)
+    im2 = axes[1].pcolormesh(ce, ae, trp, cmap="viridis", rasterized=True,
+                             norm=LogNorm(vmin=max(np.nanmin(trp), 1e-8), vmax=np.nanmax(trp))
+                             if np.any(np.isfinite(trp)) else None)
     fig.colorbar(im2, ax=axes[1], label=f"tr Σ(t1 = {t1:g}) (no blow-up)")
     with np.errstate(invalid="ignore", divide="ignore"):
         rel = np.where((st == status_code("blowup")) & np.isfinite(Tth), np.abs(T - Tth) / Tth, np.nan)
-        im3 = axes[2].imshow(np.log10(np.maximum(rel, 1e-17)), origin="lower", extent=ext,
-                             aspect="auto", cmap="cividis")
+        im3 = axes[2].pcolormesh(ce, ae, np.log10(np.maximum(rel, 1e-17)), cmap="cividis",
+                                 rasterized=True)
     fig.colorbar(im3, ax=axes[2], label="log10 |T*_num − T*_theory| / T*_theory")
     cc = np.linspace(c[0], c[-1], 400)
     for ax in axes:
@@ -285,12 +289,13 @@ def _plot_phase(cfg, ds, out_dir):
         pos = v * cc > 0
         ax.plot(cc[pos], -v * cc[pos] * lam, color="C0", ls="--", lw=1.2)
         ax.axvline(0.0, color="C0", ls="--", lw=1.0)
-        CS = ax.contour(c, a, np.where(np.isfinite(Tth), Tth, 1e9), levels=[t1], colors="r",
-                        linewidths=1.5)
+        if a.size > 1 and c.size > 1:
+            ax.contour(c, a, np.where(np.isfinite(Tth), Tth, 1e9), levels=[t1], colors="r",
+                       linewidths=1.5)
         ax.set_xlabel("c   (B = c I)")
         ax.set_ylabel("a   (A = a I)")
-        ax.set_xlim(c[0], c[-1])
-        ax.set_ylim(a[0], a[-1])
+        plots.span_data(ax, c, "x")
+        plots.span_data(ax, a, "y")
     axes[0].plot([], [], "r-", label=f"theory: T* = t1 = {t1:g}")
     axes[0].plot([], [], color="C0", ls="--", label="theory: blow-up ever (vcλmax + a = 0, c = 0)")
     axes[0].legend(fontsize=7, loc="lower left")

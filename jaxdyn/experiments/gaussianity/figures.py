@@ -17,7 +17,11 @@ def plot(cfg, ds, out_dir):
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
     names = [n for n in KEY_METRICS if n in ds]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6))
+    rows, cols = plots.grid_shape(len(names), max_cols=4)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows + 0.6), squeeze=False,
+                             layout="constrained")
+    spare = list(axes.flat[len(names):])
+    axes = list(axes.flat[:len(names)])
     styles = ["-", "--", ":", "-."]
     colors = {"pretrained": "C0", "random": "C1", "nongaussian": "C3"}
     for ax, name in zip(np.atleast_1d(axes), names):
@@ -37,7 +41,18 @@ def plot(cfg, ds, out_dir):
         ax.grid(alpha=0.3)
         if name in ("kurt", "skew", "sw2", "kurt_pc", "radial_w2"):
             ax.set_yscale("symlog", linthresh=1e-2)
-    np.atleast_1d(axes)[0].legend(fontsize=6)
+    from matplotlib.patches import Patch
+
+    handles, labels = axes[0].get_legend_handles_labels()
+    handles.append(Patch(color="0.5", alpha=0.25, lw=0))
+    labels.append("exact-Gaussian noise floor ± 2 sd")
+    if spare:  # the legend in the first spare cell, off the data
+        spare[0].set_axis_off()
+        spare[0].legend(handles, labels, fontsize=7, loc="center")
+        for ax in spare[1:]:
+            ax.remove()
+    else:
+        plots.legend_outside(axes[-1], handles=handles, labels=labels)
     fig.suptitle(f"{cfg['name']}: distance from the moment-matched Gaussian per layer "
                  "(grey: exact-Gaussian noise floor ± 2 sd)")
     return [plots.save(fig, Path(out_dir) / "gaussianity.png")]

@@ -24,6 +24,7 @@ def _style(ax, xlabel, ylabel, title=None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 
+
 def _label(lab, cfg=None):
     text = ", ".join(f"{'β' if k == 'beta' else 'σ' if k == 'sigma' else k} = {v:g}" for k, v in lab.items())
     return text or (f"β = {cfg['beta']:g}" if cfg else "")
@@ -43,8 +44,8 @@ def _plot_s2(cfg, ds, out_dir, plt):
     lon, lat = np.asarray(ds["lon"].values), np.asarray(ds["lat"].values)
     ns = np.asarray(ds["n"].values, float)
     figs = []
-    fig, axes = plt.subplots(2, len(tc), figsize=(3.3 * len(tc), 5.6), squeeze=False,
-                             gridspec_kw={"hspace": 0.45})
+    fig, axes = plt.subplots(2, len(tc), figsize=(3.0 * len(tc) + 1.2, 5.6), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
     top = 4 * np.pi * max(float(np.asarray(d["rho_compare"].values).max()),
                           float(np.asarray(d["kde_compare"].values).max()))
     for j, t in enumerate(tc):
@@ -54,6 +55,8 @@ def _plot_s2(cfg, ds, out_dir, plt):
                                vmin=0, vmax=top, shading="auto", cmap="magma", rasterized=True)
             ax.set_title(f"{what}, t = {t:g}", fontsize=9)
             ax.set_xlabel("longitude (°)" if row else "")
+            ax.set_xticks([0, 90, 180, 270, 360])
+            ax.set_yticks([-90, -45, 0, 45, 90])
             if j == 0:
                 ax.set_ylabel("latitude (°)")
     fig.colorbar(im, ax=axes.ravel().tolist(), label="4π ρ", shrink=0.8)
@@ -101,7 +104,7 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
                 label=f"particles ({st} start): first cluster count")
         ax.plot(bs[ran] * (1.03 + 0.06 * i), k[ran], fk, ms=3, color=f"C{2 + 2 * i}",
                 label=f"particles ({st} start): dominant mode")
-    ax.set_xscale("log")
+    plots.log_value_ticks(ax, bs)
     _style(ax, "β", "clusters / mode",
            f"first clusters from a near-uniform start: solver (M = {cfg['m']}) and "
            f"N = {cfg['particles']['cluster_n']:,} particles")
@@ -128,18 +131,24 @@ def plot(cfg, ds, out_dir):
         show.append((lab, d))
     theta = np.asarray(ds["theta"].values)
     t = np.asarray(ds["t"].values)
-    fig, axes = plt.subplots(1, len(show), figsize=(3.4 * len(show), 3.6), squeeze=False)
-    for ax, (lab, d) in zip(axes[0], show):
+    rows, cols = plots.grid_shape(len(show), max_cols=4)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.9 * cols + 1.3, 3.4 * rows + 0.5), squeeze=False,
+                             sharey=True, layout="constrained")
+    used = list(axes.flat[:len(show)])
+    for ax in axes.flat[len(show):]:
+        ax.remove()
+    for j, (ax, (lab, d)) in enumerate(zip(used, show)):
         rho = np.asarray(d["rho"].values) * 2 * np.pi
         im = ax.pcolormesh(theta, t, np.maximum(rho, 1e-3), norm=LogNorm(1e-3, max(rho.max(), 10)),
                            shading="auto", cmap="magma", rasterized=True)
         ax.set_title(_label({k: v for k, v in lab.items() if k != "seed"}, cfg) +
                      f"\nk* = {int(d['k_star'])}, first clusters: {int(d['first_cluster_count'])}", fontsize=9)
+        ax.set_xticks([0, np.pi, 2 * np.pi], ["0", "π", "2π"])
         ax.set_xlabel("θ")
-        if ax is axes[0][0]:
+        if j % cols == 0:
             ax.set_ylabel("t")
-    fig.colorbar(im, ax=axes[0].tolist(), label="2π ρ(θ, t)", shrink=0.8)
-    fig.suptitle(f"{cfg['name']}: the density ρ(θ, t) on S¹ ({cfg['mode']})", fontsize=10, y=1.06)
+    fig.colorbar(im, ax=used, label="2π ρ(θ, t)", shrink=0.8)
+    fig.suptitle(f"{cfg['name']}: the density ρ(θ, t) on S¹ ({cfg['mode']})", fontsize=10)
     figs.append(plots.save(fig, out_dir / "spacetime.png"))
 
     # growth rates against the formula
@@ -164,7 +173,7 @@ def plot(cfg, ds, out_dir):
         a1.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k/I_0")
         bb = np.geomspace(bs.min(), bs.max(), 100)
         a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
-        a1.set_xscale("log")
+        plots.log_value_ticks(a1, bs)
         _style(a1, "β", "clusters")
         for i, (lab, d) in enumerate(show):
             a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",

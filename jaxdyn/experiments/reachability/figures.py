@@ -31,7 +31,10 @@ def plot(cfg, ds, out_dir):
     d_first = int(label_of(cfg, next(iter(pts.values()))[0], "d"))
 
     # 1. covariance along the way
-    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 4.0), squeeze=False)
+    # eigenvalue panels (d > 2) share their axis: the targets are comparable across modes
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 4.0), squeeze=False,
+                             sharey=all(int(label_of(cfg, pts[m][0], "d")) > 2 for m in modes),
+                             layout="constrained")
     cmap = plt.get_cmap("viridis")
     for ax, mode in zip(axes[0], modes):
         labels, sel = pts[mode]

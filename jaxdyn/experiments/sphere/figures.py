@@ -110,7 +110,7 @@ def variants_figure(cfg, ds, path):
     per_beta_curves = variant_curves(ds)
     t = ds["t"].values
     fig, axs = plt.subplots(1, len(per_beta_curves), figsize=(4.2 * len(per_beta_curves), 3.6),
-                            squeeze=False, sharey=True)
+                            squeeze=False, sharey=True, layout="constrained")
     for ax, (b, curves) in zip(axs[0], per_beta_curves.items()):
         labels = list(curves)
         full = [lab for lab in labels if "mask causal" not in lab]
@@ -124,7 +124,7 @@ def variants_figure(cfg, ds, path):
         ax.set_title("" if b is None else f"β = {b:g}", fontsize=10)
         ax.grid(alpha=0.3)
     axs[0][0].set_ylabel(f"mean cluster count (δ = {cfg['cluster_delta']:g})")
-    axs[0][-1].legend(fontsize=7)
+    plots.legend_outside(axs[0][-1])
     fig.suptitle(f"{cfg['name']}: clusters against depth", fontsize=11)
     return plots.save(fig, path)
 

@@ -14,16 +14,40 @@ from ... import plots
 from .summary import points, sigma_table
 
 
+def by_seed(ds, var):
+    """``var`` per grid point, the seeds of a point stacked: ``{label: (seeds, T) or (T,) array}``.
+
+    Args:
+      ds: the merged Dataset.
+      var: a variable with a trailing ``t`` axis.
+
+    Returns:
+      label (the point's coordinates but the seed, with the seed count) → its curves.
+    """
+    da = ds[var]
+    if "seed" not in da.dims or da.sizes["seed"] < 2:
+        return {lab: da.isel(i).values for lab, i in points(ds)}
+    rest = [a for a in da.dims if a not in ("seed", "t")]
+    da = da.transpose(*rest, "seed", "t")
+    out = {}
+    for flat in np.ndindex(*[ds.sizes[a] for a in rest]):
+        idx = dict(zip(rest, flat))
+        lab = ", ".join(f"{'β' if a == 'beta' else 'σ' if a == 'sigma' else a} = {ds[a].values[k]:g}"
+                        if np.issubdtype(ds[a].dtype, np.number) else f"{a} = {ds[a].values[k]}"
+                        for a, k in idx.items())
+        out[f"{lab or 'run'} ({da.sizes['seed']} seeds)"] = da.isel(idx).values
+    return out
+
+
 def plot(cfg, ds, out_dir):
     """Draw the ``variants`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
     out_dir = Path(out_dir)
     t = ds["t"].values
-    pts = points(ds)
-    figs = [plots.curves(t, {lab: ds["mean_inner_product"].isel(i).values for lab, i in pts},
+    figs = [plots.curves(t, by_seed(ds, "mean_inner_product"),
                          out_dir / "mean_inner_product.png", xlabel="t (depth)",
                          ylabel="mean pairwise ⟨x_i, x_j⟩ (directions)",
                          title=f"{cfg['name']}: clustering against depth")]
-    rad = {lab: ds["mean_radius"].isel(i).values for lab, i in pts}
+    rad = by_seed(ds, "mean_radius")
     if any(np.ptp(r) > 1e-3 for r in rad.values()):
         figs.append(plots.curves(t, rad, out_dir / "mean_radius.png", xlabel="t (depth)",
                                  ylabel="mean |z_i|", logy=True,
