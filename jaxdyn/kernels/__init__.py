@@ -26,6 +26,7 @@ from ._variants import (
     default_rope_freqs as default_rope_freqs,
     heads_interaction as heads_interaction,
     rope as rope,
+    sinkhorn_key_bias as sinkhorn_key_bias,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "pad_rows",
     "resolve_kernel",
     "rope",
+    "sinkhorn_key_bias",
 ]

@@ -46,6 +46,8 @@ inside the exponential's loop on a (keys × queries) tile (``logits="fused"``): 
 written once and read once, instead of written by a logits product, read and written by the
 exponential and read by the values product (0.87–0.91× the CPU time at N = 4096–8192 with
 AVX-512, 0.96–0.99× with XLA capped at AVX2: ``benchmarks/bench_roofline.py --logits-ab``).
+The derivative of the blocked kernel (softmax and unnormalised weights) is the core's
+second blocked pass (:func:`._online.sums`): reverse mode stores no N × M array either.
 Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default to TF32,
 which ruins logits at large β). Float64 runs everywhere once
 ``jax.config.update("jax_enable_x64", True)`` is set and the inputs are float64.
@@ -59,8 +61,8 @@ import jax
 import jax.numpy as jnp
 
 from ..choices import KERNELS, NORMALIZATIONS
-from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, key_blocks, pad_rows,
-                      ratio, safe_shift, stream)
+from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, pad_rows, ratio,
+                      safe_shift, sums)
 
 # ``_ratio`` and ``SAFE_SHIFT`` are shared with the ensemble driver's bound shift
 _ratio = ratio
@@ -344,7 +346,6 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
     # Unnormalised weights take no shift at all (e^{l_ij} as in the definition).
     n, d = qx.shape
     m = y.shape[0]
-    blocks = key_blocks(y, y, k_block)
     if normalization == "hardmax":
         mode, step = "hardmax", "dot"
     elif normalization == "unnormalized":
@@ -355,8 +356,9 @@ def _blocked(qx, y, normalization, k_block, q_block, formulation, self_keys=Fals
     if mode == "bound":
         r = bound(qx, y)
         low = jnp.sum(qx * y, axis=1) if (self_keys and m == n) else None
-    _, acc = stream(qx, blocks, mode=mode, q_block=q_block, step=step, logits=logits, r=r,
-                    low=low, safe=safe)
+    # the core's sums: their derivative is a second blocked pass (no N × M array)
+    _, acc = sums(qx, y, y, mode=mode, q_block=q_block, k_block=k_block, step=step,
+                  logits=logits, r=r, low=low, safe=safe)
     if normalization == "unnormalized":
         return acc[:, :d] / m
     return ratio(acc[:, :d], acc[:, d:])

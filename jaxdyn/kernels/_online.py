@@ -29,7 +29,12 @@ under a causal mask. The reference ``ref_i`` is one of:
 
 The reference carries no derivative (it cancels in ``m_i`` and ``lse_i``), and the quotient
 ``m_i`` is :func:`ratio`, whose derivative never squares the normaliser (which can be as small
-as e^-60 under the bound shift).
+as e^-60 under the bound shift). :func:`sums` is the entry point of every kernel: the sums
+with a derivative that is a second blocked pass over the same tiles (``jax.custom_jvp``; its
+tile step rematerialised, so that reverse mode, the transpose of that pass, stores the inputs
+and the references, never a tile: the flash-attention backward pass, one core for
+:func:`~jaxdyn.kernels.interaction`, :func:`~jaxdyn.kernels.heads_interaction` and
+:func:`~jaxdyn.kernels.attend`).
 
 A tile's logits are formed in one of three ways, picked by the caller per platform:
 ``"dot"`` (a matrix product, the exponential in its own loop, the weighted sums a product;
@@ -45,11 +50,13 @@ query.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -299,8 +306,9 @@ def finite_or_zero(mx):
     return jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), mx.dtype))
 
 
-def _scan_keys(body, init, blocks, qpos, causal):
+def _scan_keys(body, init, blocks, qpos, causal, start=None):
     """``body(carry, block, masked)`` folded over the key blocks (causal: skip or mask blocks)."""
+    # ``start`` maps a block to its first key's position (default: ``block.start``)
     # Under a causal mask, key blocks wholly after the query block are skipped (the choice
     # depends on positions only: under vmap it stays a branch) and the others masked. Masking
     # only the blocks across the diagonal (a three-way switch) saved no measurable forward
@@ -312,9 +320,10 @@ def _scan_keys(body, init, blocks, qpos, causal):
 
         return jax.lax.scan(step, init, blocks)[0]
     last = qpos[-1]  # positions are sorted within a query block
+    start = start or (lambda b: b.start)
 
     def step(carry, blk):
-        carry = jax.lax.cond(blk.start > last, lambda c: c, lambda c: body(c, blk, True), carry)
+        carry = jax.lax.cond(start(blk) > last, lambda c: c, lambda c: body(c, blk, True), carry)
         return carry, None
 
     return jax.lax.scan(step, init, blocks)[0]
@@ -380,14 +389,15 @@ def _fixed_pass(q, qpos, r, blocks, alibi, causal, logits, step="dot"):
     return _scan_keys(body, jnp.zeros((ncol, rows), q.dtype), blocks_t, qpos, causal).T
 
 
-def bound(q, keys, bias=None, *, amgm=None, causal=False):
+def bound(q, keys, bias=None, *, amgm=None, causal=False, qpos=None):
     """An upper bound ``r_i`` of ``⟨q_i, k_j⟩ + b_j`` over j, without derivative.
 
     Cauchy–Schwarz, ``r_i = |q_i| max_j |k_j| + max_j b_j``; with ``amgm = s > 0`` also the
     AM–GM bound ``s|q_i|²/2 + max_j (|k_j|²/(2s) + b_j)`` and the smaller of the two (for L2
     logits, ``q = 2βq'``, ``b_j = −β|k_j|² + …`` and ``s = 1/(2β)``, it is ``β|q'_i|² + max_j …``,
     tight where a key is near the query). ``causal``: the maxima over j ≤ i only (n = m), so
-    that ``r_i`` depends on the keys row i sees and on no other.
+    that ``r_i`` depends on the keys row i sees and on no other (row i at position
+    ``qpos_i``, default i).
 
     Args:
       q: (n, p) queries.
@@ -395,12 +405,16 @@ def bound(q, keys, bias=None, *, amgm=None, causal=False):
       bias: (m,) per-key bias or None.
       amgm: the AM–GM scale s (used where s > 0), or None.
       causal: maxima over the prefix j ≤ i.
+      qpos: (n,) positions of the query rows under a causal mask (None: 0..n−1, n = m).
 
     Returns:
       (n,) bound.
     """
     def mx(a):  # max_j a_j, over j <= i under a causal mask
-        return jax.lax.cummax(a) if causal else jnp.max(a)
+        if not causal:
+            return jnp.max(a)
+        c = jax.lax.cummax(a)
+        return c if qpos is None else c[jnp.clip(qpos, 0, a.shape[0] - 1)]
 
     q, keys = jax.lax.stop_gradient(q), jax.lax.stop_gradient(keys)
     bias = None if bias is None else jax.lax.stop_gradient(bias)
@@ -442,7 +456,7 @@ def map_query_blocks(fn, q_block, *rows):
 
 
 def stream(q, blocks, *, mode, q_block, step="dot", logits="matmul", r=None, low=None,
-           alibi=None, causal=False, safe=None):
+           alibi=None, causal=False, safe=None, q_offset=None):
     """The sums ``A_i`` and references ``ref_i`` of every query row (module doc).
 
     Args:
@@ -461,6 +475,7 @@ def stream(q, blocks, *, mode, q_block, step="dot", logits="matmul", r=None, low
       alibi: ALiBi slope (scalar) or None.
       causal: mask ``j > i`` (positions: row and key indices).
       safe: the bound shift's guard (``"bound"``); None: :func:`safe_shift` of q's dtype.
+      q_offset: the position of query row 0 (an integer scalar, may be traced; None: 0).
 
     Returns:
       (ref, A): (n,) references and (n, e + 1) sums; ``A[:, :e] / A[:, e:]`` is the average,
@@ -468,7 +483,7 @@ def stream(q, blocks, *, mode, q_block, step="dot", logits="matmul", r=None, low
     """
     n = q.shape[0]
     dtype = q.dtype
-    qpos = jnp.arange(n, dtype=jnp.int32) if (alibi is not None or causal) else None
+    qpos = query_positions(n, q_offset) if (alibi is not None or causal) else None
     if mode == "bound":
         safe = jnp.asarray(safe_shift(dtype) if safe is None else safe, dtype)
 
@@ -507,3 +522,170 @@ def stream(q, blocks, *, mode, q_block, step="dot", logits="matmul", r=None, low
     return map_query_blocks(one, q_block, q, qpos, r if mode == "bound" else None,
                             low if mode == "bound" else None)
 
+
+
+def query_positions(n, q_offset=None):
+    """Positions ``q_offset + i`` of n query rows (int32; ``q_offset`` None: 0).
+
+    Args:
+      n: number of rows.
+      q_offset: position of row 0, an integer scalar (may be traced), or None.
+
+    Returns:
+      (n,) int32 positions.
+    """
+    pos = jnp.arange(n, dtype=jnp.int32)
+    return pos if q_offset is None else pos + jnp.asarray(q_offset, jnp.int32)
+
+
+# ------------------------------------------------------- the sums with a blocked derivative
+
+
+class CoreOptions(NamedTuple):
+    """The static options of :func:`sums` (hashable: one program an option set)."""
+
+    mode: str
+    q_block: int
+    k_block: int
+    step: str
+    logits: str
+    causal: bool
+    positions: bool
+    safe: float | None
+
+
+def sums(q, keys, values, *, mode, q_block, k_block, step="dot", logits="matmul", bias=None,
+         alibi=None, r=None, low=None, causal=False, safe=None, q_offset=None):
+    """The references and sums ``(ref, A)`` of :func:`stream`, with a blocked derivative.
+
+    ``A_i = Σ_j e^{l_ij − ref_i} [v_j, 1]``, ``l_ij = ⟨q_i, k_j⟩ + b_j − α|i − j|`` (module
+    doc); ``ref`` carries no derivative (it cancels in the average and the log-sum-exp). The
+    derivative (forward mode, and reverse mode by its transpose) is a second blocked pass,
+
+        dA_i = Σ_j e^{l_ij − ref_i} (dl_ij [v_j, 1] + [dv_j, 0]),
+        dl_ij = ⟨dq_i, k_j⟩ + ⟨q_i, dk_j⟩ + db_j − dα |i − j|,
+
+    whose tile step is rematerialised (``jax.checkpoint``): reverse mode stores the inputs
+    and ``ref``, O((n + m)(p + e)), and recomputes each tile's exponentials, never the
+    N × M weights (the flash-attention backward pass). ``"hardmax"`` sums take the plain
+    derivative of :func:`stream` (only the values carry one).
+
+    Args:
+      q: (n, p) queries (pre-scaled).
+      keys: (m, p) keys.
+      values: (m, e) values (e may be 0: the normaliser alone).
+      mode: ``"bound"`` | ``"zero"`` | ``"running"`` | ``"hardmax"`` (:func:`stream`).
+      q_block: query block size.
+      k_block: key block size.
+      step: ``"dot"`` | ``"fused"`` (:func:`stream`).
+      logits: ``"matmul"`` | ``"fused"`` (:func:`stream`).
+      bias: (m,) per-key bias, or None.
+      alibi: ALiBi slope (scalar), or None.
+      r: (n,) upper bounds of the rows' logits (``"bound"``), without derivative.
+      low: (n,) a known logit of each row, or None (``"bound"``), without derivative.
+      causal: mask ``j > i``.
+      safe: the bound shift's guard; None: :func:`safe_shift` of q's dtype.
+      q_offset: the position of query row 0 (integer scalar, may be traced), or None.
+
+    Returns:
+      (ref, A): (n,) references and (n, e + 1) sums.
+    """
+    opts = CoreOptions(mode, int(q_block), int(k_block), step, logits, bool(causal),
+                       bool(causal or alibi is not None), safe)
+    if mode == "bound":
+        r = jax.lax.stop_gradient(r)
+        low = None if low is None else jax.lax.stop_gradient(low)
+    if mode == "hardmax":
+        return _sums(q, keys, values, bias, alibi, r, low, q_offset, opts)
+    return _core(q, keys, values, bias, alibi, r, low, q_offset, opts)
+
+
+def _sums(q, keys, values, bias, alibi, r, low, q_offset, opts):
+    """:func:`stream` over the key blocks of ``keys``, ``values`` and ``bias``."""
+    blocks = key_blocks(keys, values, opts.k_block, bias=bias, positions=opts.positions)
+    return stream(q, blocks, mode=opts.mode, q_block=opts.q_block, step=opts.step,
+                  logits=opts.logits, r=r, low=low, alibi=alibi, causal=opts.causal,
+                  safe=opts.safe, q_offset=q_offset)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8,))
+def _core(q, keys, values, bias, alibi, r, low, q_offset, opts):
+    """:func:`sums` (softmax and unnormalised modes), whose derivative is blocked."""
+    return _primal(q, keys, values, bias, alibi, r, low, q_offset, opts)
+
+
+# Rematerialised: inside an outer loop (heads, Sinkhorn sweeps) reverse mode would otherwise
+# hoist the tiles' loop-invariant parts (masks, logits of unchanged queries and keys) out of
+# the loop and store them for every tile, N × M values.
+_primal = jax.checkpoint(_sums, static_argnums=(8,), prevent_cse=False,
+                         policy=jax.checkpoint_policies.nothing_saveable)
+
+
+def _tangent(t):
+    """A tangent, or None where it is symbolically zero (or absent)."""
+    return None if t is None or isinstance(t, SymbolicZero) else t
+
+
+@functools.partial(_core.defjvp, symbolic_zeros=True)
+def _core_jvp(opts, primals, tangents):
+    q, keys, values, bias, alibi, r, low, q_offset = primals
+    ref, acc = _core(q, keys, values, bias, alibi, r, low, q_offset, opts)
+    dq, dk, dv, db, da = (_tangent(t) for t in tangents[:5])
+    if alibi is None:
+        da = None
+    if bias is None:
+        db = None
+    if all(t is None for t in (dq, dk, dv, db, da)):
+        dacc = jnp.zeros_like(acc)
+    else:
+        dacc = _tangent_pass(q, keys, values, bias, alibi, ref, q_offset, dq, dk, dv, db, da,
+                             opts)
+    return (ref, acc), (jnp.zeros_like(ref), dacc)
+
+
+def _tangent_pass(q, keys, values, bias, alibi, ref, q_offset, dq, dk, dv, db, da, opts):
+    """``dA`` of :func:`sums` (its doc), one rematerialised tile at a time."""
+    n, m, e = q.shape[0], keys.shape[0], values.shape[1]
+    dtype = q.dtype
+    kb = max(1, min(int(opts.k_block), m))
+    blocks = key_blocks(keys, values, kb, bias=bias, positions=opts.positions)
+    nb = blocks.keys.shape[0]
+
+    def cut(a, fill):  # a key-side tangent in blocks (padded keys: zero tangent)
+        if a is None:
+            return None
+        return pad_rows(a.astype(dtype), kb, value=fill)[0].reshape((nb, kb) + a.shape[1:])
+
+    # the values' tangent with a zero column for the normaliser
+    dvb = None if dv is None else cut(jnp.concatenate([dv, jnp.zeros((m, 1), dtype)], 1), 0)
+    tb = (cut(dk, 0), dvb, cut(db, 0))
+    qpos = query_positions(n, q_offset) if opts.positions else None
+
+    def rows(qr, pr, refr, dqr):
+        def body(acc, blk, masked):
+            kblk, (dkb, dvb_, dbb) = blk
+            l = _dot_logits(qr, kblk, pr, alibi, masked)
+            p = jnp.exp(l - refr[:, None])
+            terms = []
+            if dqr is not None:
+                terms.append(jnp.matmul(dqr, kblk.keys.T, precision=HIGHEST))
+            if dkb is not None:
+                terms.append(jnp.matmul(qr, dkb.T, precision=HIGHEST))
+            if dbb is not None:
+                terms.append(jnp.broadcast_to(dbb[None, :], l.shape))
+            if da is not None:
+                terms.append(-da * jnp.abs(pr[:, None] - kblk.pos[None, :]).astype(dtype))
+            if terms:
+                dl = sum(terms[1:], terms[0])
+                acc = acc + jnp.matmul(p * dl, kblk.vals, precision=HIGHEST)
+            if dvb_ is not None:
+                acc = acc + jnp.matmul(p, dvb_, precision=HIGHEST)
+            return acc
+
+        # rematerialised: reverse mode keeps the step's inputs, not its (rows, kb) tiles
+        step = jax.checkpoint(body, static_argnums=(2,), prevent_cse=False,
+                              policy=jax.checkpoint_policies.nothing_saveable)
+        init = jnp.zeros((qr.shape[0], e + 1), dtype)
+        return _scan_keys(step, init, (blocks, tb), pr, opts.causal, start=lambda b: b[0].start)
+
+    return map_query_blocks(rows, opts.q_block, q, qpos, ref, dq)

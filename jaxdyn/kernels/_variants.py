@@ -55,9 +55,10 @@ import jax.numpy as jnp
 
 from ..choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
-from ._online import FUSED_MAX_D, bound, key_blocks, ratio, stream
+from ._online import FUSED_MAX_D, bound, query_positions, ratio, sums
 
-__all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interaction", "rope"]
+__all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interaction", "rope",
+           "sinkhorn_key_bias"]
 
 LOGITS = ("dot", "l2")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
@@ -124,7 +125,7 @@ def default_rope_freqs(p, base=10000.0, dtype=jnp.float32):
     return jnp.asarray(base, dtype) ** (-2.0 * jnp.arange(p // 2, dtype=dtype) / p)
 
 
-def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
+def _dense_logits(q, k, beta, key_bias, alibi, causal, logits, q_offset=None):
     """The (n, m) logits of one head (module doc), the squared distances by differences."""
     if logits == "l2":
         d2 = jnp.sum((q[:, None, :] - k[None, :, :]) ** 2, axis=-1)
@@ -134,7 +135,7 @@ def _dense_logits(q, k, beta, key_bias, alibi, causal, logits):
     n, m = l.shape
     if key_bias is not None:
         l = l + key_bias[None, :]
-    i = jnp.arange(n)[:, None]
+    i = query_positions(n, q_offset)[:, None]
     j = jnp.arange(m)[None, :]
     if alibi is not None:
         l = l - alibi * jnp.abs(i - j).astype(l.dtype)
@@ -158,9 +159,10 @@ def _sinkhorn_dense(l, iters):
     return jax.lax.fori_loop(0, iters, sweep, jnp.zeros((m,), l.dtype))
 
 
-def _dense_weights_one(q, k, beta, key_bias, alibi, causal, logits, sinkhorn_iters):
-    """The dense (n, m) weights of one head."""
-    l = _dense_logits(q, k, beta, key_bias, alibi, causal, logits)
+def _dense_weights_one(q, k, beta, key_bias, alibi, causal, logits, sinkhorn_iters,
+                       q_offset=None):
+    """The dense (n, m) weights of one head (query row i at position ``q_offset + i``)."""
+    l = _dense_logits(q, k, beta, key_bias, alibi, causal, logits, q_offset)
     if sinkhorn_iters:
         l = l + _sinkhorn_dense(l, sinkhorn_iters)[None, :]
     return jax.nn.softmax(l, axis=-1)
@@ -235,7 +237,8 @@ def _variant_error(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters):
 
 
 def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False, logits="dot",
-                      sinkhorn_iters=0, kernel="auto", k_block=None, q_block=None):
+                      sinkhorn_iters=0, kernel="auto", k_block=None, q_block=None,
+                      q_offset=None):
     """Attention averages of every head, ``m_hi = Σ_j w^h_ij v_j`` (module doc).
 
     ``w^h_ij = exp(l^h_ij) / Σ_k exp(l^h_ik)`` with ``l^h_ij = β⟨q_hi, k_hj⟩ + b_hj − α_h|i − j|``
@@ -256,16 +259,29 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
       k_block: key block size (None: the platform default).
       q_block: query block size (None: the platform default; under a causal mask the CPU
         query block is ``CAUSAL_Q_BLOCK``, twice that from ``CAUSAL_LARGE_N`` queries).
+      q_offset: None (query i is key i's particle: self-attention, n = m under a causal
+        mask), or an integer scalar (may be traced): the queries are the particles
+        ``q_offset, q_offset + 1, …`` of the keys' cloud (a block of query rows, e.g. one
+        device's share), so that positions, masks and the known logit of the bound shift
+        refer to those rows. Not with Sinkhorn sweeps (their column sums need every row).
 
     Returns:
       (H, n, e).
 
     Raises:
       ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a causal
-        mask with n ≠ m or with Sinkhorn sweeps, a negative ``sinkhorn_iters``, or a block
-        size that is not a positive integer.
+        mask with n ≠ m (without ``q_offset``) or with Sinkhorn sweeps, Sinkhorn sweeps with
+        a ``q_offset``, a negative ``sinkhorn_iters``, or a block size that is not a
+        positive integer.
     """
-    err = _variant_error(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters)
+    err = _variant_error(q, k, v, key_bias, alibi, causal and q_offset is None, logits,
+                         sinkhorn_iters)
+    if not err and causal and sinkhorn_iters:
+        err = ("Sinkhorn attention takes no causal mask (a lower-triangular doubly stochastic "
+               "matrix is the identity)")
+    if not err and q_offset is not None and sinkhorn_iters:
+        err = ("Sinkhorn sweeps need every query row: compute their key bias on the whole "
+               "cloud and pass it as key_bias with sinkhorn_iters=0")
     if err:
         raise ValueError(err)
     k_block = _check_block("k_block", k_block)
@@ -275,33 +291,86 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
     k_block = None if k_block is None else min(k_block, m)
     q_block = None if q_block is None else min(q_block, n)
     # one program a call shape when called eagerly (inlined under a caller's jit)
-    return _heads_jit(q, k, v, beta, key_bias, alibi, causal=bool(causal), logits=logits,
-                      iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block,
-                      safe=_guard(q.dtype))
+    return _heads_jit(q, k, v, beta, key_bias, alibi, q_offset, causal=bool(causal),
+                      logits=logits, iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
+                      q_block=q_block, safe=_guard(q.dtype))
+
+
+def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", sinkhorn_iters=1,
+                      kernel="auto", k_block=None, q_block=None):
+    """The key bias of Sinkhorn attention: ``key_bias`` plus every head's column potential g.
+
+    :func:`heads_interaction` with ``sinkhorn_iters = s`` equals it with
+    ``key_bias=sinkhorn_key_bias(q, k, …, sinkhorn_iters=s)`` and no sweeps (module doc), so
+    that blocks of query rows (``q_offset``) can share the potential of the whole cloud.
+
+    Args:
+      q: queries (H, n, p), every row.
+      k: keys (H, m, p).
+      beta: inverse temperature, scalar.
+      key_bias: (H, m) per-key bias, or None.
+      alibi: ALiBi slopes (H,), or None.
+      logits: ``"dot"`` | ``"l2"``.
+      sinkhorn_iters: the number of Sinkhorn sweeps, >= 1.
+      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+      k_block: key block size (None: the platform default).
+      q_block: query block size (None: the platform default).
+
+    Returns:
+      (H, m) key bias.
+
+    Raises:
+      ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a
+        ``sinkhorn_iters`` that is not an integer >= 1, or a bad block size.
+    """
+    err = _variant_error(q, k, None, key_bias, alibi, False, logits, sinkhorn_iters)
+    if not err and int(sinkhorn_iters) < 1:
+        err = f"sinkhorn_iters must be an integer >= 1, got {sinkhorn_iters!r}"
+    if err:
+        raise ValueError(err)
+    k_block = _check_block("k_block", k_block)
+    q_block = _check_block("q_block", q_block)
+    kernel = resolve_kernel(kernel, k.shape[1])
+    n, m = q.shape[1], k.shape[1]
+    k_block = None if k_block is None else min(k_block, m)
+    q_block = None if q_block is None else min(q_block, n)
+    v = jnp.zeros((m, 0), q.dtype)
+    g = _heads_jit(q, k, v, beta, key_bias, alibi, None, causal=False, logits=logits,
+                   iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block,
+                   safe=_guard(q.dtype), potential=True)
+    return g if key_bias is None else key_bias.astype(g.dtype) + g
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "logits", "iters", "kernel", "k_block",
-                                             "q_block", "safe"))
-def _heads_jit(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, kernel, k_block,
-               q_block, safe):
+                                             "q_block", "safe", "potential"))
+def _heads_jit(q, k, v, beta, key_bias, alibi, q_offset, *, causal, logits, iters, kernel,
+               k_block, q_block, safe, potential=False):
     """:func:`heads_interaction` after its checks, one program a call shape."""
+    # ``potential``: the heads' Sinkhorn column potentials (H, m) instead of the averages
     beta = jnp.asarray(beta, q.dtype)
     v = v.astype(q.dtype)
     if kernel == "dense":
+        if potential:
+            def pot(qh, kh, bh, ah):
+                l = _dense_logits(qh, kh, beta, bh, ah, False, logits)
+                return _sinkhorn_dense(l, iters)
+
+            return jax.vmap(pot, in_axes=(0, 0, _ax(key_bias), _ax(alibi)))(q, k, key_bias,
+                                                                              alibi)
         w = jax.vmap(_dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None,
-                                                  None, None))(
-            q, k, beta, key_bias, alibi, causal, logits, iters)
+                                                  None, None, None))(
+            q, k, beta, key_bias, alibi, causal, logits, iters, q_offset)
         return jnp.einsum("hnm,me->hne", w, v, precision=HIGHEST)
     if key_bias is not None:
         key_bias = key_bias.astype(q.dtype)
     if alibi is not None:
         alibi = jnp.asarray(alibi, q.dtype)
-    opts = dict(causal=causal, logits=logits, iters=iters, safe=safe)
+    opts = dict(causal=causal, logits=logits, iters=iters, safe=safe, potential=potential)
     kb_c, qb_c = _variant_blocks("cpu", k_block, q_block, causal, q.shape[1])
     kb_g, qb_g = _variant_blocks("gpu", k_block, q_block, causal, q.shape[1])
     accel = "fused" if max(q.shape[2], v.shape[1]) <= FUSED_MAX_D else "dot"
     return jax.lax.platform_dependent(
-        q, k, v, beta, key_bias, alibi,
+        q, k, v, beta, key_bias, alibi, q_offset,
         cpu=functools.partial(_heads_blocked, mode="bound", step="dot", k_block=kb_c,
                               q_block=qb_c, over_heads="map", **opts),
         default=functools.partial(_heads_blocked, mode="running", step=accel, k_block=kb_g,
@@ -316,8 +385,8 @@ def _variant_blocks(platform, k_block, q_block, causal, n):
     return (kb if k_block is None else k_block), (qb if q_block is None else q_block)
 
 
-def _heads_blocked(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, mode, step,
-                   k_block, q_block, safe, over_heads):
+def _heads_blocked(q, k, v, beta, key_bias, alibi, q_offset, *, causal, logits, iters, mode,
+                   step, k_block, q_block, safe, over_heads, potential=False):
     """The blocked kernel of every head, one after the other (``"map"``) or vmapped."""
     # CPU: one head at a time. Vmapped, the heads' (keys × queries) tiles ran 2.7x slower
     # than H passes of one head (2 AVX-512 cores, N = 4096, H = 4, d = 3, float32, CPU
@@ -330,7 +399,8 @@ def _heads_blocked(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, mod
         qs = beta * q
     head = functools.partial(_head_blocked, beta=beta, causal=causal, l2=logits == "l2",
                              iters=iters, mode=mode, step=step, k_block=k_block,
-                             q_block=q_block, safe=safe)
+                             q_block=q_block, safe=safe, q_offset=q_offset,
+                             potential=potential)
     if q.shape[0] == 1:
         return head(qs[0], k[0], v, None if key_bias is None else key_bias[0],
                     None if alibi is None else alibi[0])[None]
@@ -341,37 +411,48 @@ def _heads_blocked(q, k, v, beta, key_bias, alibi, *, causal, logits, iters, mod
 
 
 def _head_blocked(qs, k, v, bias, alibi, *, beta, causal, l2, iters, mode, step, k_block,
-                  q_block, safe):
+                  q_block, safe, q_offset=None, potential=False):
     """One head: the Sinkhorn column potential (``iters`` sweeps), then the averages."""
+    # ``potential``: the column potential alone
     e = v.shape[1]
     # the AM–GM bound is tight for L2 logits (``._online.bound``): s = 1/(2β) for the rows
     amgm = 1 / (2 * beta) if l2 else None
     if iters:
         g = _sinkhorn_blocked(qs, k, bias, alibi, beta=beta, l2=l2, iters=iters, mode=mode,
                               step=step, k_block=k_block, q_block=q_block, safe=safe)
+        if potential:
+            return g
         bias = g if bias is None else bias + g
     _, acc = _pass(qs, k, v, bias, alibi, amgm=amgm, causal=causal, mode=mode, step=step,
-                   k_block=k_block, q_block=q_block, safe=safe)
+                   k_block=k_block, q_block=q_block, safe=safe, q_offset=q_offset)
     return ratio(acc[:, :e], acc[:, e:])
 
 
-def _pass(qs, k, v, bias, alibi, *, amgm, causal, mode, step, k_block, q_block, safe):
-    """:func:`~._online.stream` of one head (values ``v`` may have 0 columns)."""
-    # with the bound shift's bound and known logit where ``mode`` is "bound"
+def _pass(qs, k, v, bias, alibi, *, amgm, causal, mode, step, k_block, q_block, safe,
+          q_offset=None):
+    """The online core's :func:`~._online.sums` of one head (values ``v`` may have 0 columns)."""
+    # with the bound shift's bound and known logit where ``mode`` is "bound"; ``q_offset``:
+    # the queries are the rows q_offset, q_offset + 1, ... of the keys' cloud
     n, m = qs.shape[0], k.shape[0]
-    blocks = key_blocks(k, v, k_block, bias=bias, positions=alibi is not None or causal)
     r = low = None
     if mode == "bound":
-        r = bound(qs, k, bias, amgm=amgm, causal=causal)
+        i = None if q_offset is None else query_positions(n, q_offset)
+        r = bound(qs, k, bias, amgm=amgm, causal=causal, qpos=i)
         if alibi is not None:  # −α|i − j| <= max(−α, 0) · max_j |i − j| (j <= i if causal)
-            i = jnp.arange(n)
+            i = jnp.arange(n) if i is None else i
             span = i if causal else jnp.maximum(i, m - 1 - i)
             r = r + jnp.maximum(-alibi, 0) * span.astype(qs.dtype)
-        if n == m:  # the diagonal logit: a logit of row i, never masked (j = i)
+        if q_offset is None and n == m:  # the diagonal logit: a logit of row i (j = i)
             low = jnp.sum(qs * k, axis=1) + (0 if bias is None else bias)
-    return stream(qs, blocks, mode=mode, q_block=q_block, step=step,
-                  logits=_cpu_logits(qs.shape[1]), r=r, low=low, alibi=alibi, causal=causal,
-                  safe=safe)
+        elif q_offset is not None:  # row i's own key (the last key for padded rows)
+            i = query_positions(n, q_offset)
+            j = jnp.clip(i, 0, m - 1)
+            low = jnp.sum(qs * k[j], axis=1) + (0 if bias is None else bias[j])
+            if alibi is not None:
+                low = low - alibi * jnp.abs(i - j).astype(qs.dtype)
+    return sums(qs, k, v, mode=mode, q_block=q_block, k_block=k_block, step=step,
+                logits=_cpu_logits(qs.shape[1]), bias=bias, alibi=alibi, r=r, low=low,
+                causal=causal, safe=safe, q_offset=q_offset)
 
 
 def _cpu_logits(p):
