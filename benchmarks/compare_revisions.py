@@ -4,7 +4,7 @@ It runs the benchmark suite (``benchmarks/run_all.sh``) on two revisions of the 
 interleaved on the same machine, and flags any workload more than 10 % slower:
 
     python benchmarks/compare_revisions.py --before /work/base --after /work/main \\
-        [--rounds 2] [--moments] [--tiny] [--out benchmarks/results/compare/latest]
+        [--rounds 2] [--moments] [--tiny] [--out benchmarks/runs/compare/latest]
 
 ``--before`` and ``--after`` are two checkouts of jaxdyn, each with its own ``benchmarks/``.
 Each tree runs **its own** scripts as subprocesses with ``cwd`` = the tree and
@@ -28,9 +28,10 @@ not run, they did not change):
 Order: in round k every script runs once per tree, the two trees back to back
 (before → after in odd rounds, after → before in even rounds, so that neither tree always
 runs second; ``--fixed-order`` keeps before → after). Result files are written with
-``--tag _cmp_before_rK`` / ``_cmp_after_rK`` (``--no-plot``), read, and deleted, so the
-committed results and the trees stay as they were (``PYTHONDONTWRITEBYTECODE=1``: no
-``__pycache__`` either).
+``--tag _cmp_before_rK`` / ``_cmp_after_rK`` (``--no-plot``) into a scratch folder
+(``JAXDYN_BENCH_RESULTS``; a tree whose scripts ignore it writes to its
+``benchmarks/results/``), read, and deleted, so the tracked results and the trees stay as
+they were (``PYTHONDONTWRITEBYTECODE=1``: no ``__pycache__`` either).
 
 Per workload (script / implementation / N): the steady-state wall time is the script's
 median over its timed calls; over the rounds we take the median of those medians for each
@@ -48,12 +49,15 @@ Writes ``<out>.json`` (machine, trees, per-round raw numbers, the table) and ``<
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,7 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="smoke test: the scripts' --tiny sizes")
     p.add_argument("--moments", action="store_true",
                    help="also bench_moments.py (about 41 s of compilation per run, plus scipy)")
-    p.add_argument("--out", default=str(HERE / "results" / "compare" / "latest"),
+    p.add_argument("--out", default=str(HERE / "runs" / "compare" / "latest"),
                    help="output path without suffix (.json and .png are written)")
     p.add_argument("--threshold", type=float, default=THRESHOLD)
     p.add_argument("--large-n-impls", default=LARGE_N_IMPLS)
@@ -156,9 +160,18 @@ def probe(tree):
     return info
 
 
+SCRATCH = Path(tempfile.mkdtemp(prefix="jaxdyn_compare_"))  # the runs' JSON, removed at exit
+atexit.register(shutil.rmtree, SCRATCH, True)
+
+
 def script_runs(args, tag, tree):
-    """name → (argv after the interpreter, result JSON path) of one tree's workloads."""
-    results = Path(tree) / "benchmarks" / "results"
+    """name → (argv after the interpreter, result JSON path) of one tree's workloads.
+
+    The path is in a scratch folder that the run's ``JAXDYN_BENCH_RESULTS`` names; a tree
+    whose scripts predate that variable writes to its ``benchmarks/results/`` instead
+    (:func:`run_script` looks there too).
+    """
+    results = SCRATCH
     tiny = ["--tiny"] if args.tiny else []
     side = args.after_phase_args if Path(tree).resolve() == Path(args.after).resolve() else args.before_phase_args
     runs = {
@@ -181,12 +194,15 @@ def script_runs(args, tag, tree):
 def run_script(tree, argv, json_path, tag, timeout):
     """Run one script in ``tree``; return (parsed JSON or None, record). Deletes the files
     the run created whose names carry ``tag``."""
-    results = json_path.parent
-    before_files = set(results.iterdir()) if results.exists() else set()
+    dirs = [json_path.parent, Path(tree) / "benchmarks" / "results"]
+    for d in dirs[:1]:
+        d.mkdir(parents=True, exist_ok=True)
+    before_files = {d: set(d.iterdir()) if d.exists() else set() for d in dirs}
+    env = dict(tree_env(tree), JAXDYN_BENCH_RESULTS=str(json_path.parent))
     t0 = time.perf_counter()
     rec = {"argv": argv, "load_start": loadavg()}
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=tree, env=tree_env(tree),
+        proc = subprocess.run([sys.executable, *argv], cwd=tree, env=env,
                               capture_output=True, text=True, timeout=timeout)
         rec["returncode"] = proc.returncode
         if proc.returncode != 0:
@@ -197,6 +213,8 @@ def run_script(tree, argv, json_path, tag, timeout):
     rec["wall_s"] = time.perf_counter() - t0
     rec["load_end"] = loadavg()
     data = None
+    if not json_path.exists() and (dirs[1] / json_path.name).exists():
+        json_path = dirs[1] / json_path.name  # a tree whose scripts write to results/
     if json_path.exists():
         try:
             data = json.loads(json_path.read_text())
@@ -204,10 +222,11 @@ def run_script(tree, argv, json_path, tag, timeout):
             rec["error"] = rec.get("error", "") + f"\nunreadable {json_path}: {e}"
     elif "error" not in rec:
         rec["error"] = f"{json_path} not written"
-    if results.exists():
-        for p in set(results.iterdir()) - before_files:
-            if tag in p.name and p.is_file():
-                p.unlink()
+    for d in dirs:
+        if d.exists():
+            for p in set(d.iterdir()) - before_files[d]:
+                if tag in p.name and p.is_file():
+                    p.unlink()
     return data, rec
 
 

@@ -63,6 +63,9 @@ H200 = {
 
 RK_STAGES = {"rk4": 4, "heun": 2, "euler": 1, "euler_renormalise": 1, "exp_euler": 1,
              "midpoint": 2, "dopri5": 6, "tsit5": 6}
+#: Config kinds whose run integrates n particles under the attention field (their n, d, t1,
+#: dt, method and sweep give the field evaluations).
+PARTICLE_KINDS = ("sphere", "concentration", "variants", "gaussian")
 DOPRI8_EVALS = 13   # diffrax's Dopri8: 14 stages, first same as last
 RODAS5_EVALS = 8
 
@@ -283,8 +286,8 @@ def particle_config(cfg, name):
     Returns:
         Every member's field evaluations, dense form; None for a config without particles.
     """
-    if not all(k in cfg for k in ("d", "t1", "dt")) or ("n" not in cfg and "n" not in
-                                                            (cfg.get("sweep") or {})):
+    if cfg.get("kind") not in PARTICLE_KINDS or not all(k in cfg for k in ("d", "t1", "dt")) or (
+            "n" not in cfg and "n" not in (cfg.get("sweep") or {})):
         return None
     d = int(cfg["d"])
     steps = round(float(cfg["t1"]) / float(cfg["dt"]))
@@ -424,9 +427,11 @@ def _w2_counts(n, iters, density, d=3):
     unit = sinkhorn_iteration_unit(n0, d)
     pairs = density * n * n
     per_pair = {k: v / (n0 * n0) for k, v in unit.items()}
-    return _total(f"log-domain Sinkhorn, N = {n}: {iters} iterations x {density:.4g} of the "
-                  f"N² kernel (multiscale geometry's kept fraction) x 2 potentials; XLA's counts "
-                  f"per pair at N = {n0}, scaled", per_pair, pairs * iters, 4 * n * d * 4)
+    kept = ("the full N² kernel" if density >= 1 else
+            f"{density:.4g} of the N² kernel (the multiscale geometry's kept fraction)")
+    return _total(f"log-domain Sinkhorn, N = {n}: {iters} iterations x {kept} x 2 potentials; "
+                  f"XLA's counts per pair at N = {n0}, scaled", per_pair, pairs * iters,
+                  4 * n * d * 4)
 
 
 def w2(rec, kind):
@@ -457,10 +462,12 @@ def w2_cache(rec, kind):
 def causal(rec, kind):
     """One causal field evaluation: N(N + 1)/2 pairs."""
     n = _headline_n(rec) or 8192
-    unit = field_unit(n, causal=True)
+    n0 = min(n, 2048)
+    unit = _scaled(field_unit(n0, causal=True), (n / n0) ** 2)
     frac = (n + 1) / (2 * n)
-    return _total(f"one causal attention-field evaluation, N = {n} (dense, masked)", unit, 1,
-                  2 * n * 3 * 4, exps=n * (n + 1) / 2, flops=unit.get("flops", 0.0) * frac,
+    return _total(f"one causal attention-field evaluation, N = {n} (dense, masked; XLA's counts "
+                  f"at N = {n0} scaled by N²)", unit, 1, 2 * n * 3 * 4, exps=n * (n + 1) / 2,
+                  flops=unit.get("flops", 0.0) * frac,
                   note="exps and FLOPs: the N(N + 1)/2 unmasked pairs (the dense program "
                        "evaluates all N²)")
 
@@ -549,40 +556,64 @@ def cost_of(path):
 
 
 def measure_rates():
-    """This machine's rates, measured now.
+    """This machine's rates, measured now, per CPU-second so that other load does not count.
 
-    The exp rate per core and the matmul rate (``bench_roofline``'s probes) and the memory
-    bandwidth (a streaming add, 256 MB in and out).
+    The exp loop and the matmul of ``bench_roofline`` and a streaming add: each call's
+    process CPU time (all threads) gives a rate per core-second (time the process waited
+    for a core is not counted), the best of five calls; times the usable cores for the
+    machine. The memory bandwidth: a streaming a * c + 1 over 256 MB (read and written), bytes
+    per CPU-second of the call (one core's worth; a lower bound of the machine's).
 
     Returns:
-        {"exp_per_s_per_core", "matmul_flops_per_s", "bytes_per_s", "cores", "how"}.
+        {"exp_per_s_per_core", "matmul_flops_per_s", "bytes_per_s", "cores", "how", ...}.
     """
     import os
+    import resource
     import time
 
     import jax
     import jax.numpy as jnp
 
     sys.path.insert(0, str(HERE))
-    from bench_roofline import EXP_SIZES, measure_exp, measure_matmul
+    from bench_roofline import exp_loop
 
-    e = measure_exp(EXP_SIZES, 2**25, reps=3)
-    mm = measure_matmul(2048, reps=3)
-    a = jnp.ones((64 * 2**20,), jnp.float32)
-    f = jax.jit(lambda a: a * 1.0001 + 1.0)
-    jax.block_until_ready(f(a))
-    walls = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a))
-        walls.append(time.perf_counter() - t0)
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def best(fn, arg, work, reps=5):
+        jax.block_until_ready(fn(arg))
+        per_cpu, per_wall = 0.0, 0.0
+        for _ in range(reps):
+            c0, t0 = cpu(), time.perf_counter()
+            jax.block_until_ready(fn(arg))
+            c, t = cpu() - c0, time.perf_counter() - t0
+            per_cpu = max(per_cpu, work / max(c, 1e-9))
+            per_wall = max(per_wall, work / t)
+        return per_cpu, per_wall
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"exp_per_s_per_core": e["exps"] / max(e["wall_s"], e["cpu_s"]),
-            "matmul_flops_per_s": mm["flops_per_s"], "bytes_per_s": 2 * a.nbytes / min(walls),
-            "cores": cores,
-            "how": "bench_roofline.measure_exp (best loop form and size, per core: exps over the "
-                   "larger of wall and CPU seconds), measure_matmul (2048³ float32, HIGHEST), "
-                   "a streaming a * c + 1 over 256 MB (read and write, best of 5)",
+    exp_cpu, exp_wall = 0.0, 0.0
+    for form in ("reduce", "elementwise"):
+        size = 16384
+        f, reps = exp_loop(size, 2**26, form)
+        a = jax.random.uniform(jax.random.PRNGKey(0), (size,), jnp.float32, -8.0, 0.0)
+        c, w = best(f, a, size * reps)
+        exp_cpu, exp_wall = max(exp_cpu, c), max(exp_wall, w)
+    n = 2048
+    m = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    mm = jax.jit(lambda a: jnp.matmul(a, a, precision=jax.lax.Precision.HIGHEST))
+    mm_cpu, mm_wall = best(mm, m, 2 * n**3)
+    big = jnp.ones((64 * 2**20,), jnp.float32)
+    bw_cpu, bw_wall = best(jax.jit(lambda a: a * 1.0001 + 1.0), big, 2 * big.nbytes)
+    return {"exp_per_s_per_core": exp_cpu, "matmul_flops_per_s": mm_cpu * cores,
+            "bytes_per_s": bw_cpu, "cores": cores,
+            "wall_clock": {"exp_per_s": exp_wall, "matmul_flops_per_s": mm_wall,
+                           "bytes_per_s": bw_wall},
+            "how": "per CPU-second (process CPU time, all threads; best of 5 calls): the float32 "
+                   "exp loop of bench_roofline (16K elements, both loop forms) and a 2048³ "
+                   "float32 matmul (HIGHEST) times the usable cores; memory: a streaming "
+                   "a * c + 1 over 256 MB, read and written, per CPU-second (one core's worth)",
             "loadavg": list(os.getloadavg())}
 
 

@@ -435,7 +435,7 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
         heads = [headline(name, r["data"]) for r in ok]
         order = sorted(range(len(ok)), key=lambda i: heads[i].get("jaxdyn_s", float("inf")))
         pick = order[(len(order) - 1) // 2]  # the round with the median jaxdyn time
-        record = {
+        rec = {
             "workload": name, "script": w.script, "machine_kind": kind, "tiny": tiny,
             "command": ok[pick]["argv"], "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                time.gmtime()),
@@ -449,7 +449,7 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
                                                 if os.environ.get("OUT") else []):
             path = out_dir / name / local.name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+            path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
             if ok[pick]["png"]:
                 path.with_suffix(".png").write_bytes(ok[pick]["png"])
             written.append(path)
@@ -526,14 +526,19 @@ def record_rates(kind, rates):
     return path
 
 
+_H200 = {}
+
+
 def h200_rates():
     """The published H200 rates the cost model uses (benchmarks/cost.py ``H200``)."""
-    import importlib.util
+    if not _H200:
+        import importlib.util
 
-    spec = importlib.util.spec_from_file_location("jaxdyn_bench_cost", HERE / "cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.H200
+        spec = importlib.util.spec_from_file_location("jaxdyn_bench_cost", HERE / "cost.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _H200.update(mod.H200)
+    return _H200
 
 
 def machine_rates(kind):
@@ -613,6 +618,8 @@ def h200_floor(rec):
 def _fmt_s(s):
     if s is None:
         return "—"
+    if s < 1e-6:
+        return f"{s * 1e9:.0f} ns"
     if s < 1e-3:
         return f"{s * 1e6:.0f} µs"
     if s < 1:
@@ -700,7 +707,8 @@ def table():
         over = f"{js / here['floor_s']:.3g}" if js and here and here["floor_s"] else "—"
         lines.append(f"| `{name}` | `{kind}` | {_fmt_n(c.get('flops'))} | "
                      f"{_fmt_n(c.get('transcendentals'))} | {_fmt_n(c.get('bytes_min'))} | {fh} | "
-                     f"{fg} | {over} | {c.get('program', '')} |")
+                     f"{fg} | {over} | {c.get('program', '')}"
+                     f"{'; ' + c['note'] if c.get('note') else ''} |")
     src = h200["sources"]
     lines += ["", "FLOPs and exps: XLA's cost analysis (`jax.jit(f).lower(...).compile()"
               ".cost_analysis()`) of a loop-free, dense unit of the headline computation, times "
@@ -709,7 +717,7 @@ def table():
               "least the computation moves (inputs read and outputs written once). Floor here: "
               "the largest of exps at the exp rate of all cores, FLOPs at the matmul rate and "
               "bytes at the memory bandwidth that were measured on that machine kind (the "
-              "roofline's probes, or `python -m benchmarks cost --record` where a kind has no "
+              "roofline's probes, or `python -m benchmarks cost --rates --record` where a kind has no "
               "roofline result); where the count leaves work out (a CLI run's W2 evaluations, "
               "compilation) the floor stays a lower bound. The H200 floor uses published "
               f"figures: FP32 {h200['fp32_flops_per_s'] / 1e12:.0f} TFLOP/s ({src['fp32_flops_per_s']}); "

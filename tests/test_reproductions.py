@@ -85,7 +85,7 @@ def test_docs_name_the_scripts_where_they_are():
 
 @pytest.mark.slow
 def test_castin_reproduction_verdicts_and_first_order(tmp_path, monkeypatch):
-    """castin's four experiments: jaxdyn and the published Euler agree member by member."""
+    """Castin's four experiments: jaxdyn and the published Euler agree member by member."""
     mod = _import("castin_covariance_reference", tmp_path, monkeypatch)
     out = mod.main(["--no-plot", "--tag", "_test"])
     for name, r in out["experiments"].items():
@@ -102,7 +102,7 @@ def test_castin_reproduction_verdicts_and_first_order(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_tfdy_split_reproduction_matches_published_fractions(tmp_path, monkeypatch):
-    """tfdy's split experiment: every dd within binomial noise of the published fraction."""
+    """The split experiment of tfdy: every dd within binomial noise of the published fraction."""
     mod = _import("tfdy_split_reference", tmp_path, monkeypatch)
     out = mod.main(["--no-plot", "--tag", "_test"])
     assert out["max_abs_z"] < 3.5
