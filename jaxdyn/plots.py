@@ -334,10 +334,38 @@ def span_data(ax, v, axis="x"):
     (ax.set_xlim if axis == "x" else ax.set_ylim)(min(lo, hi), max(lo, hi))
 
 
+def _even_indices(n, most):
+    """At most ``most`` indices of ``0 … n−1`` at one stride, the first and the last included.
+
+    The stride divides n − 1 where one at most twice the smallest admissible does; else the
+    last index is added (or replaces the final stride point when that one is closer than half
+    a stride, or when adding would exceed ``most``).
+
+    Args:
+      n: the number of rows.
+      most: the most indices.
+
+    Returns:
+      The increasing indices.
+    """
+    if n <= most:
+        return list(range(n))
+    low = -(-(n - 1) // (most - 1))
+    for step in range(low, 2 * low + 1):
+        if (n - 1) % step == 0:
+            return list(range(0, n, step))
+    idx = list(range(0, n, low))
+    if n - 1 - idx[-1] < low / 2 or len(idx) == most:
+        idx[-1] = n - 1
+    else:
+        idx.append(n - 1)
+    return idx
+
+
 def value_ticks(ax, values, axis="y", max_ticks=9):
     """Rows (or columns) ``0 … n−1`` of a heat map labelled with their values.
 
-    At most ``max_ticks`` labels (spread evenly, always the first and the last value); the axis
+    At most ``max_ticks`` labels (every k-th row, always the first and the last value); the axis
     spans the n rows exactly (``−½ … n − ½``).
 
     Args:
@@ -348,7 +376,7 @@ def value_ticks(ax, values, axis="y", max_ticks=9):
     """
     values = np.asarray(values, float)
     n = values.size
-    idx = [int(i) for i in np.unique(np.round(np.linspace(0, n - 1, min(n, max_ticks))))]
+    idx = _even_indices(n, max_ticks)
     texts = [f"{values[i]:.3g}" for i in idx]
     if axis == "y":
         ax.set_yticks(idx, texts)

@@ -40,7 +40,13 @@ def plot(cfg, ds, out_dir):
         ax.set_xlabel(dim)
         ax.grid(alpha=0.3)
         if name in ("kurt", "skew", "sw2", "kurt_pc", "radial_w2"):
-            ax.set_yscale("symlog", linthresh=1e-2)
+            # log where every drawn value is positive (its minor ticks get labels on a short
+            # range); symlog keeps zeros and negatives
+            vals = np.concatenate([np.ravel(line.get_ydata()) for line in ax.get_lines()] or [[0.0]])
+            if np.all(np.isfinite(vals) & (vals > 0)):
+                ax.set_yscale("log")
+            else:
+                ax.set_yscale("symlog", linthresh=1e-2)
     from matplotlib.patches import Patch
 
     handles, labels = axes[0].get_legend_handles_labels()

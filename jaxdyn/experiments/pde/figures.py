@@ -59,6 +59,7 @@ def _plot_s2(cfg, ds, out_dir, plt):
             ax.set_yticks([-90, -45, 0, 45, 90])
             if j == 0:
                 ax.set_ylabel("latitude (°)")
+    fig.get_layout_engine().set(wspace=0.09)  # one panel's "360" and the next one's "0" apart
     fig.colorbar(im, ax=axes.ravel().tolist(), label="4π ρ", shrink=0.8)
     figs.append(plots.save(fig, out_dir / "s2_density_vs_kde.png"))
     fig, ax = plt.subplots(figsize=(5.4, 4.0))
@@ -147,6 +148,7 @@ def plot(cfg, ds, out_dir):
         ax.set_xlabel("θ")
         if j % cols == 0:
             ax.set_ylabel("t")
+    fig.get_layout_engine().set(wspace=0.06)  # θ's "2π" and the next panel's "0" apart
     fig.colorbar(im, ax=used, label="2π ρ(θ, t)", shrink=0.8)
     fig.suptitle(f"{cfg['name']}: the density ρ(θ, t) on S¹ ({cfg['mode']})", fontsize=10)
     figs.append(plots.save(fig, out_dir / "spacetime.png"))
