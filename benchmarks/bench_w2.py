@@ -28,8 +28,35 @@ Cases (float32 by default; x on S^2, y on S^2 except in ``affine``):
   kind to the debiasing, measured errors ~1e-6 against 5e-4 for ``concentration``: it
   checks convergence and numerics at large N, not the ε bias.)
 
+- ``gaussian_affine``: x ~ N(m, S) in R^3 (anisotropic, rotated axes) against
+  ``y = A x + b`` with A symmetric positive definite: the identity pairing is optimal, and
+  ``W2^2 = mean_i |y_i - x_i|^2`` equals the Bures closed form between the clouds' empirical
+  Gaussians (both recorded, :func:`gaussian_closed_form`; W2 ≈ 0.65).
+
 Reference per row: ``exact`` (scipy assignment) where ``N <= --exact-max``; for ``affine``
-also the closed form at every N (``reference="closed form"``).
+and ``gaussian_affine`` also the closed form at every N (``reference="closed form"``).
+
+``--compare`` (default sizes 10^4, 3·10^4, 10^5) measures on ``gaussian_affine``, in one
+process, every method's W2 against the closed form and its wall and CPU seconds (all threads
+of the process): first calls apart (compilation, KeOps builds), then ``--repeat`` warm calls
+per method in interleaved rounds (``--repeat-large`` above 20 000 points). Methods, each
+with its accuracy parameter set by ``--...`` options (tuned for ``|error| <= 1e-3``):
+
+- ``jaxdyn``: ``w2_sinkhorn`` as it comes (multiscale solver above 4096 points);
+  ``jaxdyn_tuned`` the same with ``--jaxdyn-rel-eps``.
+- ``geomloss``: GeomLoss ``SamplesLoss("sinkhorn", p=2, blur, scaling, debias=True)`` on
+  KeOps (``--geomloss-backend multiscale``): its debiased divergence uses the cost
+  ``|x - y|^2 / 2`` at ``ε = blur^2``, so ``W2 ≈ sqrt(2 S)``: the same estimator as
+  jaxdyn's (the debiased S_ε of the cost |x - y|^2 at ε = 2 blur^2), fixed ε ladder
+  (``scaling``: one iteration per ε level), float32.
+- ``ott``: plain ott-jax ``sinkdiv`` (dense point cloud, fixed ``--ott-eps``, jitted),
+  for N <= ``--ott-max``.
+- ``pot_emd``: POT's exact ``ot.emd2`` on the dense float64 cost (N <= ``--pot-emd-max``);
+  ``pot_sinkhorn``: POT's ``empirical_sinkhorn_divergence`` (log domain, primal costs;
+  N <= ``--pot-sinkhorn-max``).
+
+The baselines are not dependencies of jaxdyn: ``pip install geomloss pykeops pot`` (KeOps
+compiles its kernels with the system C++ compiler on first use and caches them).
 
 Writes ``benchmarks/results/<name>.json`` and ``.png`` (``--name``, default
 ``w2_sinkhorn``). ``--quick`` runs small sizes only. Larger N for a case are skipped once the
@@ -37,12 +64,15 @@ case has used ``--budget-s`` seconds.
 
     python benchmarks/bench_w2.py --quick
     python benchmarks/bench_w2.py --sizes 1000 2000 5000 10000 --exact-max 5000
+    python benchmarks/bench_w2.py --compare --jaxdyn-rel-eps 0.02 --geomloss-blur 0.01
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import platform
 import resource
@@ -99,6 +129,9 @@ def make_case(name: str, n: int, seed: int = 0):
     elif name == "affine":
         x, _ = make_case("concentration", n, seed)
         y = x @ AFFINE_A.T + AFFINE_B
+    elif name == "gaussian_affine":
+        x = GAUSS_M + rng.standard_normal((n, 3)) @ np.linalg.cholesky(GAUSS_S).T
+        y = x @ GAUSS_A.T + GAUSS_B
     else:
         raise ValueError(f"unknown case {name!r}")
     return x, y
@@ -188,8 +221,8 @@ def run(args, save):
                 kernel_density=float(res.stats["kernel_density"]),
                 batch_size=(None if multiscale else default_batch_size(n, n) or "dense"),
             )
-            if case == "affine":
-                row["closed_form_w2"] = affine_w2(x)
+            if case in ("affine", "gaussian_affine"):
+                row["closed_form_w2"] = affine_w2(x) if case == "affine" else gaussian_closed_form(x, y)[0]
                 row["closed_form_rel_err"] = float(res.value) / row["closed_form_w2"] - 1.0
             row["coupling_upper_bound"] = float(w2_coupling(xj, yj))
 
@@ -227,6 +260,221 @@ def run(args, save):
                 if "ott_default_rel_err" in row:
                     msg += f" rel_err={row['ott_default_rel_err']:+.2%}"
             print(msg, flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# --compare: jaxdyn against GeomLoss, ott-jax and POT at equal accuracy (gaussian_affine)
+# --------------------------------------------------------------------------------------
+
+#: the ``gaussian_affine`` case: X ~ N(GAUSS_M, GAUSS_S) in R^3, Y = GAUSS_A X + GAUSS_B with
+#: GAUSS_A symmetric positive definite (rotated axes, so nothing is aligned with the grid).
+_ROT = np.linalg.qr(np.array([[1.0, 0.3, -0.2], [0.4, 1.0, 0.1], [-0.3, 0.2, 1.0]]))[0]
+GAUSS_M = np.array([0.5, 0.0, -0.5])
+GAUSS_S = _ROT @ np.diag([1.0, 0.36, 0.09]) @ _ROT.T
+GAUSS_A = _ROT.T @ np.diag([1.3, 0.9, 0.7]) @ _ROT
+GAUSS_B = np.array([0.3, -0.2, 0.1])
+
+
+def _sqrtm_psd(s):
+    w, v = np.linalg.eigh(s)
+    return (v * np.sqrt(np.maximum(w, 0.0))) @ v.T
+
+
+def gaussian_closed_form(x, y):
+    """The closed-form W2 of the ``gaussian_affine`` pair, two ways (float64).
+
+    ``y = A x + b`` with A symmetric positive definite is the gradient of a convex map of x,
+    so the identity pairing is optimal: ``W2^2 = mean_i |y_i - x_i|^2`` exactly; this equals
+    the Bures formula ``|m_x - m_y|^2 + tr(S_x + S_y - 2 (S_y^½ S_x S_y^½)^½)`` between the
+    clouds' empirical Gaussians (the affine map is also their OT map).
+
+    Returns:
+        (pairing value, Bures value): they agree to rounding; the first is the reference.
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    pair = float(np.sqrt(np.mean(np.sum((y - x) ** 2, axis=1))))
+    mx, my = x.mean(0), y.mean(0)
+    sx, sy = np.cov(x.T, bias=True), np.cov(y.T, bias=True)
+    ry = _sqrtm_psd(sy)
+    b2 = float(np.sum((mx - my) ** 2) + np.trace(sx + sy - 2.0 * _sqrtm_psd(ry @ sx @ ry)))
+    return pair, float(np.sqrt(max(b2, 0.0)))
+
+
+def _geomloss_fn(x, y, blur, scaling, backend):
+    """GeomLoss's debiased Sinkhorn divergence (KeOps) as a W2 estimate.
+
+    ``SamplesLoss("sinkhorn", p=2)`` uses the cost ``|x - y|^2 / 2`` and ``ε = blur^2``: its
+    debiased S_ε is half the debiased divergence of the cost ``|x - y|^2`` at ``ε' = 2 blur^2``
+    (the quantity jaxdyn reports), so ``W2 ≈ sqrt(2 · max(S, 0))``.
+
+    Returns:
+        A function of no argument: one solve, the estimate and the divergence.
+    """
+    import torch
+    from geomloss import SamplesLoss
+
+    xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+    yt = torch.from_numpy(np.ascontiguousarray(y, np.float32))
+    loss = SamplesLoss("sinkhorn", p=2, blur=blur, scaling=scaling, debias=True, backend=backend)
+
+    def fn():
+        with torch.no_grad():
+            s = float(loss(xt, yt))
+        return {"w2": math.sqrt(max(2.0 * s, 0.0)), "divergence": 2.0 * s}
+
+    return fn
+
+
+@functools.partial(jax.jit, static_argnames=("max_iterations",))
+def _ott_sinkdiv(x, y, eps, max_iterations):
+    from ott.tools import sinkhorn_divergence as sd
+
+    div, out = sd.sinkdiv(x, y, epsilon=eps,
+                          solve_kwargs={"max_iterations": max_iterations, "threshold": 1e-3})
+    return div, jnp.all(jnp.stack(out.converged)), jnp.stack(out.n_iters)
+
+
+def _ott_fn(xj, yj, eps, max_iterations):
+    """Plain ott-jax: ``sinkdiv`` (dense point cloud, |x - y|^2) at a fixed ε, jitted."""
+    e = jnp.asarray(eps, xj.dtype)
+
+    def fn():
+        div, conv, its = _ott_sinkdiv(xj, yj, e, max_iterations)
+        div = float(div)
+        return {"w2": math.sqrt(max(div, 0.0)), "divergence": div, "converged": bool(conv),
+                "epsilon": float(eps), "n_iters": [int(i) for i in np.asarray(its)]}
+
+    return fn
+
+
+def _pot_emd_fn(x, y):
+    """POT's exact network simplex (``ot.emd2``) on the dense float64 cost."""
+    import ot
+
+    n = x.shape[0]
+    a = np.full(n, 1.0 / n)
+
+    def fn():
+        cost = ot.dist(np.asarray(x, np.float64), np.asarray(y, np.float64))  # |x - y|^2
+        w = float(ot.emd2(a, a, cost, numItermax=100_000_000))
+        return {"w2": math.sqrt(max(w, 0.0)), "divergence": w}
+
+    return fn
+
+
+def _pot_sinkhorn_fn(x, y, reg, max_iterations):
+    """POT's debiased Sinkhorn (``ot.bregman.empirical_sinkhorn_divergence``, log domain).
+
+    POT's divergence is made of primal costs ``<P_ε, C>`` (no entropy term), cost |x - y|^2.
+
+    Returns:
+        A function of no argument: one solve, the estimate and the divergence.
+    """
+    import ot
+
+    def fn():
+        s = float(ot.bregman.empirical_sinkhorn_divergence(
+            np.asarray(x, np.float64), np.asarray(y, np.float64), reg, numIterMax=max_iterations,
+            stopThr=1e-6, method="sinkhorn_log", warn=False))
+        return {"w2": math.sqrt(max(s, 0.0)), "divergence": s, "epsilon": reg}
+
+    return fn
+
+
+def _jaxdyn_fn(xj, yj, **kw):
+    """The W2 of ``w2_sinkhorn`` with options ``kw``; the result's diagnostics beside the value."""
+    from jaxdyn import compile_stats
+
+    def fn():
+        c0 = compile_stats()["compile_seconds"]
+        res = w2_sinkhorn(xj, yj, **kw)
+        value = float(res.value)
+        return {"w2": value, "divergence": float(res.divergence), "epsilon": float(res.epsilon),
+                "converged": bool(res.converged), "n_iters": int(res.num_steps),
+                "num_rounds": int(res.stats["num_rounds"]), "geometry": res.geometry,
+                "kernel_density": float(res.stats["kernel_density"]),
+                "compile_s": compile_stats()["compile_seconds"] - c0}
+
+    return fn
+
+
+def _versions():
+    """Versions of the baselines' packages (None where not installed)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("jax", "ott-jax", "geomloss", "pykeops", "torch", "pot"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _timed(fn):
+    """Wrap ``fn`` to record wall and CPU seconds (all threads of the process) per call."""
+    log = []
+
+    def call():
+        c0, t0 = _cpu_s(), time.perf_counter()
+        out = fn()
+        log.append((time.perf_counter() - t0, _cpu_s() - c0))
+        return out
+
+    return call, log
+
+
+def run_compare(args, save):
+    """The interleaved comparison at equal accuracy (``--compare``); one row per (N, method)."""
+    rows = []
+    for n in args.sizes:
+        x, y = make_case(args.compare_case, n, seed=args.seed)
+        ref, bures = gaussian_closed_form(x, y)
+        xj, yj = jnp.asarray(x, np.float32), jnp.asarray(y, np.float32)
+        impls = {"jaxdyn": _jaxdyn_fn(xj, yj)}
+        if args.jaxdyn_rel_eps:
+            impls["jaxdyn_tuned"] = _jaxdyn_fn(xj, yj, rel_epsilon=args.jaxdyn_rel_eps)
+        if n <= args.geomloss_max:
+            impls["geomloss"] = _geomloss_fn(x, y, args.geomloss_blur, args.geomloss_scaling,
+                                             args.geomloss_backend)
+        if n <= args.ott_max:
+            impls["ott"] = _ott_fn(xj, yj, args.ott_eps, args.ott_max_iterations)
+        if n <= args.pot_emd_max:
+            impls["pot_emd"] = _pot_emd_fn(x, y)
+        if n <= args.pot_sinkhorn_max:
+            impls["pot_sinkhorn"] = _pot_sinkhorn_fn(x, y, args.pot_reg, args.pot_max_iterations)
+        timed = {k: _timed(f) for k, f in impls.items()}
+        outs = {}
+        # first calls (compilation, KeOps builds, caches), then interleaved warm rounds
+        for name, (call, _) in timed.items():
+            outs[name] = call()
+            print(f"[{n}] {name}: first {timed[name][1][-1][0]:.2f}s", flush=True)
+        reps = args.repeat if n <= SINGLE_CALL_ABOVE else args.repeat_large
+        for _ in range(reps):
+            for name, (call, _) in timed.items():
+                outs[name] = call()
+        for name, (_, log) in timed.items():
+            out = outs[name]
+            warm = log[1:] or log[:1]
+            row = dict(case=args.compare_case, n=n, method=name, reference=ref,
+                       bures_empirical=bures, w2=out["w2"], rel_err=out["w2"] / ref - 1.0,
+                       first_wall_s=log[0][0], first_cpu_s=log[0][1],
+                       wall_s=statistics.median(t for t, _ in warm),
+                       cpu_s=statistics.median(c for _, c in warm),
+                       warm_calls=len(log) - 1, times=[list(t) for t in log],
+                       **{k: v for k, v in out.items() if k != "w2"})
+            row["meets_1e-3"] = abs(row["rel_err"]) <= 1e-3
+            rows.append(row)
+            print(f"[{n}] {name}: W2={out['w2']:.6f} ref={ref:.6f} rel_err={row['rel_err']:+.2e} "
+                  f"warm {row['wall_s']:.2f}s {row['cpu_s']:.1f} CPU-s (first {row['first_wall_s']:.2f}s "
+                  f"{row['first_cpu_s']:.1f} CPU-s) load {os.getloadavg()[0]:.1f}", flush=True)
+        base = {r["method"]: r for r in rows if r["n"] == n}
+        for r in rows:
+            if r["n"] == n and "geomloss" in base:
+                r["wall_over_geomloss"] = r["wall_s"] / base["geomloss"]["wall_s"]
+                r["cpu_over_geomloss"] = r["cpu_s"] / base["geomloss"]["cpu_s"]
+        save(rows)
     return rows
 
 
@@ -279,6 +527,36 @@ def plot(rows, path_png, title):
     plt.close(fig)
 
 
+def plot_compare(rows, path_png, title):
+    """Time and error against N, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for k, m in enumerate(methods):
+        rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["n"])
+        n = [r["n"] for r in rs]
+        ax1.loglog(n, [r["wall_s"] for r in rs], "o-", color=f"C{k}", label=f"{m} (wall)")
+        ax1.loglog(n, [r["cpu_s"] for r in rs], "x:", color=f"C{k}", label=f"{m} (CPU-s)")
+        ax2.loglog(n, [max(abs(r["rel_err"]), 1e-9) for r in rs], "o-", color=f"C{k}", label=m)
+    ax1.set_xlabel("N (points per cloud)")
+    ax1.set_ylabel("seconds per W2 (warm)")
+    ax1.legend(fontsize=7)
+    ax1.grid(True, which="both", alpha=0.3)
+    ax2.axhline(1e-3, color="gray", lw=0.8, ls="--")
+    ax2.set_xlabel("N")
+    ax2.set_ylabel("|W2 / closed form - 1|")
+    ax2.legend(fontsize=7)
+    ax2.grid(True, which="both", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path_png, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes only (N = 500, 1000)")
@@ -294,9 +572,30 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="w2_sinkhorn")
     p.add_argument("--outdir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    g = p.add_argument_group("--compare: jaxdyn vs GeomLoss, ott-jax, POT at equal accuracy")
+    g.add_argument("--compare", action="store_true",
+                   help="the interleaved comparison on --compare-case (default sizes 1e4 3e4 1e5)")
+    g.add_argument("--compare-case", default="gaussian_affine")
+    g.add_argument("--repeat-large", type=int, default=1,
+                   help="warm calls per method above 20 000 points (after the first call)")
+    g.add_argument("--jaxdyn-rel-eps", type=float, default=0.0,
+                   help="also run jaxdyn with this rel_epsilon (0: default only)")
+    g.add_argument("--geomloss-max", type=int, default=10**6)
+    g.add_argument("--geomloss-blur", type=float, default=0.01)
+    g.add_argument("--geomloss-scaling", type=float, default=0.9)
+    g.add_argument("--geomloss-backend", default="multiscale")
+    g.add_argument("--ott-eps", type=float, default=1e-3, help="plain ott-jax: its fixed ε (|x - y|^2)")
+    g.add_argument("--ott-max-iterations", type=int, default=20000)
+    g.add_argument("--pot-emd-max", type=int, default=10000)
+    g.add_argument("--pot-sinkhorn-max", type=int, default=0)
+    g.add_argument("--pot-reg", type=float, default=1e-2)
+    g.add_argument("--pot-max-iterations", type=int, default=2000)
     args = p.parse_args(argv)
     if args.sizes is None:
-        args.sizes = [500, 1000] if args.quick else [1000, 2000, 4000, 10000, 30000, 100000]
+        args.sizes = ([1000] if args.quick else [10000, 30000, 100000]) if args.compare else (
+            [500, 1000] if args.quick else [1000, 2000, 4000, 10000, 30000, 100000])
+    if args.compare and args.ott_max == p.get_default("ott_max"):
+        args.ott_max = 10000
     if args.quick:
         args.repeat = min(args.repeat, 2)
 
@@ -318,14 +617,33 @@ def main(argv=None):
             machine=platform.machine(), cpu_count=os.cpu_count(), dtype=args.dtype, quick=args.quick,
             sizes=args.sizes, exact_max=args.exact_max, ott_max=args.ott_max, repeat=args.repeat,
             budget_s=args.budget_s, total_s=time.perf_counter() - t0, complete=final, argv=sys.argv[1:],
-            machine_info=minfo,
+            machine_info=minfo, compare=args.compare,
         )
+        if args.compare:
+            meta.update(
+                description=("W2 of a Gaussian affine pair in R^3 (closed form) at equal accuracy: "
+                             "jaxdyn w2_sinkhorn vs GeomLoss (KeOps), plain ott-jax sinkdiv, POT; "
+                             "interleaved warm calls, first calls apart, wall and CPU seconds"),
+                case=args.compare_case, versions=_versions(), options={
+                    k: getattr(args, k) for k in (
+                        "jaxdyn_rel_eps", "geomloss_blur", "geomloss_scaling", "geomloss_backend",
+                        "geomloss_max", "ott_eps", "ott_max", "ott_max_iterations", "pot_emd_max",
+                        "pot_sinkhorn_max", "pot_reg", "pot_max_iterations", "repeat", "repeat_large")})
         tmp = jpath + ".tmp"
         with open(tmp, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         os.replace(tmp, jpath)
         return meta
 
+    if args.compare:
+        rows = run_compare(args, save)
+        meta = save(rows, final=True)
+        total = meta["total_s"]
+        ppath = os.path.join(args.outdir, f"{args.name}.png")
+        plot_compare(rows, ppath, f"W2 of a Gaussian affine pair in R^3 at equal accuracy "
+                                  f"(closed form) — {meta['backend']}, {os.cpu_count()} cores")
+        print(f"wrote {jpath} and {ppath} (total {total:.1f}s)", flush=True)
+        return
     rows = run(args, save)
     meta = save(rows, final=True)
     total = meta["total_s"]
