@@ -59,7 +59,8 @@ def site(tmp_path_factory):
 
 def test_site_builds_strictly(site):
     for page in ["index.html", "math/index.html", "layout/index.html",
-                 "reproductions/index.html", "benchmarks/index.html"]:
+                 "reproductions/index.html", "benchmarks/index.html",
+                 "guides/config-reference/index.html"]:
         assert (site / page).exists(), page
     for sub in hooks.SUBPACKAGES:
         assert (site / "api" / sub / "index.html").exists(), sub

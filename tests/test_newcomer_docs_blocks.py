@@ -2,7 +2,8 @@
 
 Each ```python block of docs/index.md and docs/guides/*.md runs alone in a fresh interpreter (as a
 reader pasting it would: JAX's x64 mode off unless the block turns it on, matplotlib on Agg), in
-a temporary folder. JAX's warning that a requested float64 was truncated to float32 is an error
+a temporary folder; the blocks that claim float64 run in the default suite, the others under
+``-m slow``. JAX's warning that a requested float64 was truncated to float32 is an error
 there, and a block that speaks of float64 must end with its arrays in float64. Blocks included
 from examples/ (``--8<--``) run in tests/test_examples.py; a block that reads a run folder
 (``runs/...``) must be one of README.md's, which tests/test_readme.py runs after making the run.
@@ -54,6 +55,10 @@ def python_blocks():
 
 
 BLOCKS = python_blocks()
+# each block is a fresh interpreter (15-30 s of CPU on 2 cores): the blocks that claim float64
+# run in the default suite, the others under -m slow
+PARAMS = [pytest.param(b, marks=() if "float64" in b[2] or "--8<--" in b[2] or "runs/" in b[2]
+                       else pytest.mark.slow) for b in BLOCKS]
 
 
 def _id(block):
@@ -66,7 +71,7 @@ def test_blocks_are_found():
     assert any("float64" in code for _, _, code in BLOCKS)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=_id)
+@pytest.mark.parametrize("block", PARAMS, ids=_id)
 def test_python_block_runs_as_written(block, tmp_path):
     page, start, code = block
     where = _id(block)

@@ -2,7 +2,7 @@
 
 ``print(sol.result)`` and the repr of a result show the status name of each member (every
 message is led by its name), for jaxdyn's codes and diffrax's, for one member and for a batch,
-on the density solver's result and others.
+on the density solver's result.
 """
 
 from __future__ import annotations
@@ -52,22 +52,17 @@ def test_raise_names_the_status_once():
 
 
 def test_density_solution_prints_its_status():
-    m = 32
-    model = pde.CircleDensity(jnp.eye(2), jnp.eye(2), jnp.eye(2), 1.0, m)
-    rho0 = pde.perturbed_uniform(m, 1e-3, jax.random.PRNGKey(0))
-    sol = pde.solve_density(model, rho0, t1=0.1, n_save=2)
-    assert sol.names == "successful"
-    assert repr(sol.result).endswith("RESULTS<successful: the solve finished with no failure.>")
-    assert "result=jaxdyn._results.RESULTS<successful: " in repr(sol)
-    batch = jax.vmap(lambda r: pde.solve_density(model, r, t1=0.1, n_save=2))(
-        jnp.stack([rho0, rho0.at[0].set(jnp.nan)]))
-    assert list(batch.names) == ["successful", "invalid_input"]
-    assert [m.group(1) for m in re.finditer(r"'(\w+): ", repr(batch.result))] == list(batch.names)
-
-
-def test_trajectory_prints_its_status():
-    x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 8, 3)
-    traj = jaxdyn.simulate(jaxdyn.SphereAttention(jnp.eye(3), jnp.eye(3), jnp.eye(3), beta=1.0),
-                           x0, t1=0.2, dt=0.1)
-    assert "RESULTS<successful: " in repr(traj.result) and "RESULTS<successful: " in repr(traj)
-
+    # tests/test_pde.py's call (one compiled program for both): diffrax stops at max_steps
+    model = pde.CircleDensity(np.eye(2), np.eye(2), np.eye(2), 5.0, 32)
+    rho0 = pde.uniform_density(32, jnp.float64)
+    sol = pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5)
+    assert sol.names == "max_steps_reached"
+    assert repr(sol.result).endswith("RESULTS<max_steps_reached: The maximum number of solver "
+                                     "steps was reached. Try increasing `max_steps`.>")
+    assert "result=jaxdyn._results.RESULTS<max_steps_reached: " in repr(sol)
+    # a batch of them (the result a vmapped solve returns): one name a member
+    batch = jax.tree.map(lambda a, b: jnp.stack([a, b]), sol.result,
+                         RESULTS.where(jnp.asarray(True), RESULTS.successful, sol.result))
+    assert list(jaxdyn.status_names(batch)) == ["max_steps_reached", "successful"]
+    assert [m.group(1) for m in re.finditer(r"'(\w+): ", repr(batch))] == ["max_steps_reached",
+                                                                           "successful"]
