@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import itertools
 import json
 import os
 import socket
@@ -159,6 +158,30 @@ def _init_stalled(seconds: float):
     os._exit(2)
 
 
+def _record_signal(signum, frame):
+    """The signal handler of a cluster's process: record the signal, raise nothing."""
+    jio.PENDING_SIGNALS.append(int(signum))
+
+
+def defer_signals():
+    """Make SIGTERM and SIGINT wait for the next chunk boundary in this process of a cluster.
+
+    A process that raised at once would leave the others blocked in a collective; instead the
+    handler records the signal, and :meth:`Processes.stop_if_preempted` stops every process at
+    the same boundary. It replaces the handler that ``jax.distributed.initialize`` installs
+    for JAX's preemption service, whose sync point is decided asynchronously and could let one
+    process pass it unaware. Outside the main thread it does nothing (Python allows handlers
+    there only).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _record_signal)
+
+
 def join_cluster(timeout=None):
     """Check in with the other processes, then join the JAX cluster within a bounded wait.
 
@@ -198,6 +221,8 @@ def join_cluster(timeout=None):
             initialize_distributed(initialization_timeout=int(timeout) + 30)
         finally:
             watchdog.cancel()
+        if sys.modules["jax"].process_count() > 1:
+            defer_signals()
     except DistributedSetupError as e:
         raise ConfigError(str(e)) from None
 
@@ -489,28 +514,26 @@ class Processes:
         return [int(ci) for ci in np.flatnonzero(rows[0, 1:])]
 
     def stop_if_preempted(self):
-        """Several processes: SIGTERM to any of them stops all at this chunk boundary.
+        """Several processes: a SIGTERM or SIGINT to any of them stops all at this chunk boundary.
 
-        JAX's preemption service catches the signal (a preemption notice); every process asks it
-        at the same boundaries.
+        In a cluster the signal handler only records the signal (:func:`defer_signals`); at
+        each chunk boundary every process contributes the signal it holds (0 for none) to one
+        all-gather, so all of them see the same rows and stop at the same boundary, whichever
+        process got the signal and whenever it came (in a chunk, in a collective).
 
         Raises:
-          KeyboardInterrupt: a process got the notice.
+          KeyboardInterrupt: a process got a signal (this process records it as its own, so
+            that every process exits with the same code).
         """
         if not self.multi:
             return
-        import signal
-
-        from jax.experimental import multihost_utils
-
-        try:
-            stop = multihost_utils.reached_preemption_sync_point(next(_SYNC_STEPS))
-        except RuntimeError:  # the preemption service is off: signals reach the CLI's handler
-            return
-        if stop:
-            jio.PENDING_SIGNALS.append(int(signal.SIGTERM))
-            raise KeyboardInterrupt(f"signal {int(signal.SIGTERM)} (a preemption notice: every "
-                                    "process stops at this chunk)")
+        held = int(jio.PENDING_SIGNALS[-1]) if jio.PENDING_SIGNALS else 0
+        got = int(self.gather(np.asarray([held], np.int32)).max())
+        if got:
+            if not jio.PENDING_SIGNALS:
+                jio.PENDING_SIGNALS.append(got)
+            raise KeyboardInterrupt(f"signal {got} (to one process: every process stops at "
+                                    "this chunk)")
 
     def lost(self, e: BaseException) -> ProcessLostError | None:
         """A :class:`ProcessLostError` if ``e`` says another process went away, else None.
@@ -558,4 +581,3 @@ class Processes:
         return e
 
 
-_SYNC_STEPS = itertools.count()  # chunk boundaries, counted alike by every process

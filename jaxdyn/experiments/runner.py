@@ -325,8 +325,8 @@ def run_chunks_by_points(run: Run, tally: Tally, bar=None, compute_hook: Optiona
     pending: dict = {}
     t_start = time.time()
     for r0 in range(0, len(items), procs.count):
+        procs.stop_if_preempted()  # the collective first: a held signal stops every process
         check_interrupt()
-        procs.stop_if_preempted()
         mine = items[r0 + procs.index] if r0 + procs.index < len(items) else None
         data = b""
         if mine is not None:
@@ -358,6 +358,7 @@ def run_chunks_by_points(run: Run, tally: Tally, bar=None, compute_hook: Optiona
                                  "dims": dims, "seconds": time.time() - t_start})
                 tally.computed += 1
         _show_progress(bar, tally, t_start)
+    procs.stop_if_preempted()
     check_interrupt()
 
 
@@ -387,13 +388,14 @@ def run_chunks(run: Run, tally: Tally, bar=None, compute_hook: Optional[Callable
         return
     t_start = time.time()
     for ci in range(len(run.plan.chunks)):
-        check_interrupt()
         if ci in tally.done:
             continue
-        run.processes.stop_if_preempted()
+        run.processes.stop_if_preempted()  # the collective first: a held signal stops all
+        check_interrupt()
         tally.compute_seconds += compute_chunk(run, ci, bar, len(tally.done) + tally.computed)
         tally.computed += 1
         if compute_hook is not None:
             compute_hook(ci)
         _show_progress(bar, tally, t_start)
+    run.processes.stop_if_preempted()
     check_interrupt()
