@@ -5,7 +5,9 @@ With helpers that read a status per member of a (batched) result.
 ``RESULTS`` extends ``diffrax.RESULTS`` (an ``equinox.Enumeration``), so diffrax's own codes
 (``successful``, ``max_steps_reached``, ``dt_min_reached``, ...) pass through unchanged via
 ``RESULTS.promote(sol.result)``, and adds the outcomes of jaxdyn's drivers, each with a
-message that says what happened and what to try.
+message that says what happened and what to try. Every message begins with its code's name, so
+that a printed result names its status: ``print(sol.result)`` shows
+``RESULTS<max_steps_reached: The maximum number of solver steps was reached. ...>``.
 
 Every driver returns a pytree built on :class:`Solution`: a ``result`` (a ``RESULTS`` item
 whose value is an int array of any batch shape: one code per member under ``vmap``) and
