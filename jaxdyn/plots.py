@@ -532,7 +532,9 @@ def particle_movie(xs, ts, path, *, title="", fps=8, colors=None, color_label=No
             return (sc,)
 
     if label:
-        fig.colorbar(sc, ax=ax, shrink=0.7, label=label)
+        cb = fig.colorbar(sc, ax=ax, shrink=0.7, label=label)
+        if lim == (-np.pi, np.pi):
+            cb.set_ticks([-np.pi, -np.pi / 2, 0, np.pi / 2, np.pi], labels=["−π", "−π/2", "0", "π/2", "π"])
     anim = animation.FuncAnimation(fig, draw, frames=len(ts), blit=False)
     if path.suffix == ".mp4" and animation.writers.is_available("ffmpeg"):
         writer = animation.FFMpegWriter(fps=fps)

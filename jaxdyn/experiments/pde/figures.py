@@ -181,6 +181,7 @@ def plot(cfg, ds, out_dir):
             a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
                     label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         _style(a2, "t", "cluster count (0: not yet broken up)", "clusters appear, then merge")
+        plots.legend_outside(a2)  # the counts' steps fill the panel
         figs.append(plots.save(fig, out_dir / "cluster_counts.png"))
 
     if cfg["mode"] == "clusters" and "start" in ds.dims:
