@@ -131,6 +131,24 @@ def _sharded_checks(dt):
     t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=1.0, dt=0.1, method="euler").xs)
     t_un = np.asarray(jaxdyn.simulate(m, x, t1=1.0, dt=0.1, method="euler").xs)
     fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
+    # MultiHeadAttention: each device's rows keep their positions (mask, ALiBi, RoPE); the
+    # Sinkhorn potentials come from the whole cloud
+    H = 2
+    Qh, Kh, Vh = (jnp.asarray(rng.normal(size=(H, d, d)) * 0.5, dt) for _ in range(3))
+    blk = dict(kernel="blocked", k_block=16, q_block=8)
+    for label, kw in [("mha-causal-alibi-rope", dict(mask="causal", alibi=0.1, rope=True, **blk)),
+                      ("mha-causal-dense", dict(mask="causal", alibi=0.2, kernel="dense")),
+                      ("mha-l2", dict(attention="l2", **blk)),
+                      ("mha-sinkhorn", dict(attention="sinkhorn", sinkhorn_iters=3, **blk))]:
+        mh = jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, **kw)
+        a = np.asarray(query_sharded_field(mh)(0.0, x))
+        b = np.asarray(mh(0.0, x))
+        fields[label] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
+    mh = jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, mask="causal", **blk)
+    t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(mh), x, t1=1.0, dt=0.1,
+                                      method="euler").xs)
+    t_un = np.asarray(jaxdyn.simulate(mh, x, t1=1.0, dt=0.1, method="euler").xs)
+    fields["mha-simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
     r["fields"] = fields
     return r
 

@@ -197,3 +197,42 @@ def test_split_over_three_devices_equals_one(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) == 0.0
+
+
+def _multihead_systems(nb, n, dtype, seed=0, **kw):
+    """A stack of MultiHeadAttention systems (2 heads, d = 3) and their clouds."""
+    rng = np.random.default_rng(seed)
+    ms = []
+    for i in range(nb):
+        Q, K, V = (jnp.asarray(rng.standard_normal((2, 3, 3)) / np.sqrt(3), dtype)
+                   for _ in range(3))
+        ms.append(jaxdyn.MultiHeadAttention(Q, K, V, 1.0 + i, **kw))
+    x0 = jnp.asarray(_unit(rng.standard_normal((nb, n, 3))), dtype)
+    return jaxdyn.stack_models(ms), x0
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(mask="causal", alibi=0.1, rope=True)],
+                         ids=["full", "causal-alibi-rope"])
+def test_multihead_equals_vmapped_simulate(dtype, kw):
+    # stacked MultiHeadAttention: each system's own field, chunks of 2 over 5 systems
+    models, x0 = _multihead_systems(5, 9, dtype, seed=11, **kw)
+    run = dict(t1=0.6, dt=0.1, save_every=2, method="rk4")
+    ref = _reference(models, x0, **run)
+    got = simulate_ensemble(models, x0, chunk=2, **run)
+    assert got.xs.shape == ref.xs.shape and got.xs.dtype == ref.xs.dtype
+    assert got.ts.shape == ref.ts.shape[1:] and np.asarray(got.ok).shape == (5,)
+    np.testing.assert_allclose(np.asarray(got.ts), np.asarray(ref.ts[0]), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(got.xs), np.asarray(ref.xs),
+                               atol=tol(dtype, 1e-5, 1e-12), rtol=0)
+    assert np.all(np.asarray(got.ok))
+    assert int(got.num_steps) == int(ref.num_steps[0])
+
+
+def test_multihead_bad_input_is_named():
+    models, x0 = _multihead_systems(3, 5, np.float32)
+    with pytest.raises(ValueError, match="stack of 2 models"):
+        simulate_ensemble(models, x0[:2], t1=1.0, dt=0.1)
+    with pytest.raises(ValueError, match="method"):
+        simulate_ensemble(models, x0, t1=1.0, dt=0.1, method="dopri8")
+    with pytest.raises(ValueError, match="unit vectors"):
+        simulate_ensemble(models, 2 * x0, t1=1.0, dt=0.1)

@@ -157,3 +157,40 @@ def test_query_sharded_interaction_one_device_is_plain(dtype):
     ref = jaxdyn.kernels.interaction(x, x, B, 4.0, kernel="dense")
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0,
                                atol=tol(dtype, 1e-5, 1e-12))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(mask="causal", alibi=0.15, rope=True, kernel="blocked", k_block=8, q_block=8),
+    dict(mask="causal", alibi=0.15, rope=True, kernel="dense"),
+    dict(attention="l2", kernel="blocked", k_block=8, q_block=8),
+    dict(attention="sinkhorn", sinkhorn_iters=2, alibi=0.1, kernel="blocked", k_block=8,
+         q_block=8),
+], ids=["causal-alibi-rope", "causal-dense", "l2", "sinkhorn"])
+def test_multihead_rows_equal_the_whole_field(dtype, kw):
+    # the rows a device holds (any offset, a ragged last share, padded rows past the end)
+    # give the whole field's rows: the positions, masks and potentials of the whole cloud
+    rng = np.random.default_rng(3)
+    Q, K, V = (jnp.asarray(rng.normal(size=(2, 3, 3)), dtype) for _ in range(3))
+    model = jaxdyn.MultiHeadAttention(Q, K, V, 2.0, **kw)
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(2), 37, 3, dtype)
+    whole = np.asarray(model.ambient(0.0, x))
+    scale = float(np.max(np.abs(whole)))
+    rows = eqx.filter_jit(lambda *a: model.ambient_rows(*a))
+    for a, b in [(0, 10), (10, 20), (20, 37), (30, 37)]:
+        got = np.asarray(rows(0.0, x[a:b], x, a))
+        np.testing.assert_allclose(got, whole[a:b], rtol=0, atol=tol(dtype, 1e-5, 1e-12) * scale)
+    # padded rows (repeats of the last particle past the end) stay finite
+    pad = jnp.concatenate([x[30:], jnp.broadcast_to(x[-1], (3, 3))])
+    got = np.asarray(rows(0.0, pad, x, 30))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got[:7], whole[30:], rtol=0, atol=tol(dtype, 1e-5, 1e-12) * scale)
+
+
+def test_query_sharded_multihead_on_present_devices_equals_model():
+    Q = jnp.asarray(np.random.default_rng(4).normal(size=(2, 3, 3)))
+    model = jaxdyn.MultiHeadAttention(Q, Q, Q, 1.5, mask="causal", kernel="blocked", k_block=8,
+                                      q_block=8)
+    x = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 29, 3, jnp.float64)
+    field = query_sharded_field(model)
+    np.testing.assert_allclose(np.asarray(field(0.0, x)), np.asarray(model(0.0, x)), rtol=0,
+                               atol=1e-12)

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..choices import ATTENTIONS, MASKS
 from ..kernels._attention import HIGHEST
-from ..kernels._variants import heads_interaction, rope
+from ..kernels._online import query_positions
+from ..kernels._variants import heads_interaction, rope, sinkhorn_key_bias
 from ._fields import AbstractAttentionModel, kernel_options
 from ._params import Domain, check_domain, float_dtype, is_traced, parameter, to_array
 
@@ -176,3 +177,42 @@ class MultiHeadAttention(AbstractAttentionModel):
     def ambient(self, t, x, args=None):
         """Σ_h V_h m_hi for x of shape (N, d): the field before the tangent projection."""
         return jnp.einsum("hne,hde->nd", self.head_averages(x), self.V, precision=HIGHEST)
+
+    def ambient_rows(self, t, rows, x, offset, args=None):
+        """:meth:`ambient` at the particles ``offset, offset + 1, …`` of the cloud ``x`` only.
+
+        Equal to ``ambient(t, x)[offset:offset + len(rows)]`` (up to rounding): the rows
+        keep their positions (masks, ALiBi, RoPE, the bound shift's known logit); Sinkhorn
+        weights take the column potentials of the whole cloud. Rows past the end of ``x``
+        (padding) attend to every particle.
+
+        Args:
+          t: time (unused: the field is autonomous).
+          rows: (n, d) the particles ``x[offset:offset + n]``.
+          x: (N, d) the whole cloud (the keys and values).
+          offset: the index in ``x`` of ``rows[0]``, an integer scalar (may be traced).
+          args: unused.
+
+        Returns:
+          (n, d) array.
+        """
+        q = jnp.einsum("hpd,nd->hnp", self.Q, rows, precision=HIGHEST)
+        k = jnp.einsum("hpd,nd->hnp", self.K, x, precision=HIGHEST)
+        logits = "l2" if self.attention == "l2" else "dot"
+        bias = None
+        if self.sinkhorn_iters:  # the column potentials need every query row
+            qa = jnp.einsum("hpd,nd->hnp", self.Q, x, precision=HIGHEST)
+            if self.rope is not None:
+                qa = rope(qa, self.rope)
+            bias = sinkhorn_key_bias(
+                qa, rope(k, self.rope) if self.rope is not None else k, self.beta,
+                alibi=self.alibi, logits=logits, sinkhorn_iters=self.sinkhorn_iters,
+                kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
+        if self.rope is not None:
+            q = rope(q, self.rope, query_positions(rows.shape[0], offset))
+            k = rope(k, self.rope)
+        m = heads_interaction(
+            q, k, x, self.beta, key_bias=bias, alibi=self.alibi,
+            causal=self.mask == "causal", logits=logits, kernel=self.kernel,
+            k_block=self.k_block, q_block=self.q_block, q_offset=offset)
+        return jnp.einsum("hne,hde->nd", m, self.V, precision=HIGHEST)

@@ -72,6 +72,7 @@ from jax.sharding import PartitionSpec as P
 from ..kernels._online import SAFE_SHIFT, guarded_shift, ratio
 from ..integrators import INTEGRATORS, GridODETerm, Sphere
 from ..models._fields import SphereAttention
+from ..models._heads import MultiHeadAttention
 from .._results import RESULTS, error_if_failed, raise_if_failed
 from ._simulate import (Trajectory, flag_invalid, invalid_parameters, plan_steps, save_indices,
                         step_grid, unit_tolerance)
@@ -288,7 +289,10 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
 
     Args:
       models: a stacked :class:`SphereAttention` (:func:`jaxdyn.stack_models`): Q, K, V of
-        shape (B, d, d), beta of shape (B,); softmax or unnormalised weights.
+        shape (B, d, d), beta of shape (B,); softmax or unnormalised weights. Or a stacked
+        :class:`MultiHeadAttention` (Q, K of shape (B, H, p, d), V (B, H, d, d), beta (B,);
+        any mask, positions and weights): each system's own field (the online core's
+        kernels), ``vmap`` over the systems of a chunk.
       x0: (B, N, d) initial clouds, unit rows, N <= ``MAX_PARTICLES``.
       t1: the end time (a Python number).
       dt: the step (a Python number; rounded so that the steps tile [t0, t1]).
@@ -311,14 +315,19 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
       ``models.invalid()``) and ``stats`` (scalar step counts).
 
     Raises:
-      ValueError: not a stacked SphereAttention, hardmax weights, another method, shapes
+      ValueError: not a stacked SphereAttention or MultiHeadAttention, hardmax weights,
+        another method, shapes
         that disagree, N > ``MAX_PARTICLES``, a concrete x0 with non-unit rows, a concrete
         β outside its domain, a dtype other than float32/float64, a bad ``chunk`` or
         ``devices``.
     """
+    if isinstance(models, MultiHeadAttention):
+        return _ensemble_of_fields(models, x0, t1=t1, dt=dt, t0=t0, save_every=save_every,
+                                   saveat=saveat, method=method, chunk=chunk, devices=devices,
+                                   throw=throw)
     if not isinstance(models, SphereAttention):
-        raise ValueError("simulate_ensemble takes a stacked SphereAttention (jaxdyn.stack_models); "
-                         f"got {type(models).__name__}. Other models: "
+        raise ValueError("simulate_ensemble takes a stacked SphereAttention or MultiHeadAttention "
+                         f"(jaxdyn.stack_models); got {type(models).__name__}. Other models: "
                          "jaxdyn.sharded_vmap(simulate)")
     if models.normalization not in ("softmax", "unnormalized"):
         raise ValueError(f"simulate_ensemble supports softmax and unnormalized weights, not "
@@ -385,6 +394,73 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     traj = Trajectory(ts=ts, xs=xs, result=result,
                       stats={"num_steps": steps, "num_accepted_steps": steps})
     traj = flag_invalid(traj, bad_params)  # one flag per system
+    if throw:
+        if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
+            traj = error_if_failed(traj, traj.result)
+        else:
+            raise_if_failed(traj, "simulate_ensemble")
+    return traj
+
+
+def _ensemble_of_fields(models, x0, *, t1, dt, t0, save_every, saveat, method, chunk, devices,
+                        throw):
+    """:func:`simulate_ensemble` of models in the generic layout: ``simulate`` per system.
+
+    Each system runs :func:`jaxdyn.simulate` with its model's own field (its kernels: the
+    online core for :class:`~jaxdyn.MultiHeadAttention`), ``vmap`` over the systems of a
+    chunk and the chunks split over the devices (:func:`jaxdyn.sharded_vmap`, adjoint
+    ``diffrax.DirectAdjoint``); the result has the ensemble's form (``ts`` (S,), scalar step
+    counts).
+
+    Returns:
+      The :class:`Trajectory`.
+
+    Raises:
+      ValueError: as :func:`simulate_ensemble` (method, shapes, N, a concrete x0 off the
+        sphere, dtype, chunk, devices).
+    """
+    from ._sharding import sharded_vmap
+    from ._simulate import simulate
+
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"simulate_ensemble: method must be one of {METHODS}, got {method!r}")
+    x0 = jnp.asarray(x0) if not _is_traced(x0) else x0
+    if x0.ndim != 3 or 0 in x0.shape:
+        raise ValueError(f"x0 must have shape (B, N, d) (a batch of clouds), got {x0.shape}")
+    nb, n, d = x0.shape
+    if models.Q.ndim != 4 or models.Q.shape[0] != nb or models.Q.shape[-1] != d \
+            or models.beta.shape != (nb,):
+        raise ValueError(f"models must be a stack of {nb} models of dimension {d} (Q of shape "
+                         f"({nb}, H, p, {d}), beta of shape ({nb},)), matching x0 {x0.shape}; "
+                         f"got Q {models.Q.shape}, beta {models.beta.shape}")
+    if n > MAX_PARTICLES:
+        raise ValueError(f"simulate_ensemble is for N <= {MAX_PARTICLES} particles, got N = {n}; "
+                         "use jaxdyn.sharded_vmap(simulate) for larger systems")
+    dtype = np.dtype(jnp.result_type(
+        x0.dtype if jnp.issubdtype(x0.dtype, jnp.floating) else jnp.float32, models.Q.dtype))
+    if dtype.name not in SAFE_SHIFT:
+        raise ValueError(f"simulate_ensemble runs in float32 or float64, got {dtype.name}")
+    if not _is_traced(x0):  # on the host, in float64 (simulate's rule)
+        err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
+        if not err <= unit_tolerance(x0.dtype):
+            raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
+                             f"(max ||x_i| - 1| = {err:.3g}); "
+                             "normalise them with jaxdyn.normalize")
+    if chunk is not None and (isinstance(chunk, bool) or not hasattr(chunk, "__index__")
+                              or int(chunk) < 1):
+        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
+    devs = tuple(jax.devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("devices must name at least one device")
+
+    def one(model, x):
+        return simulate(model, x, t1=t1, dt=dt, t0=t0, save_every=save_every, saveat=saveat,
+                        method=method, adjoint=diffrax.DirectAdjoint())
+
+    traj = sharded_vmap(one, devs, batch_size=None if chunk is None else int(chunk))(
+        models, x0.astype(dtype))
+    traj = Trajectory(ts=traj.ts[0], xs=traj.xs, result=traj.result,
+                      stats={k: v[0] for k, v in traj.stats.items()})
     if throw:
         if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
             traj = error_if_failed(traj, traj.result)

@@ -311,29 +311,36 @@ def query_sharded_interaction(x, y, B, beta, *, mesh=None, **kwargs):
       The (n, d) attention averages.
     """
     mesh = _resolve_mesh(mesh, QUERY_AXIS)
-    return _query_sharded(lambda xq, xk, p: interaction(xq, xk, p[0], p[1], **kwargs),
+    return _query_sharded(lambda xq, xk, p, off: interaction(xq, xk, p[0], p[1], **kwargs),
                           x, y, (B, jnp.asarray(beta, dtype=x.dtype)), mesh)
 
 
 def _query_sharded(rows_fn, x, y, params, mesh):
-    """Evaluate ``rows_fn(x_rows, y, params)`` with the rows of x split over the mesh."""
+    """Evaluate ``rows_fn(x_rows, y, params, offset)`` with the rows of x split over the mesh."""
+    # ``offset``: the index in x of the device's first row (an int32 scalar; 0 unsharded)
     n = x.shape[0]
     k = mesh.devices.size
     if k == 1:
-        return rows_fn(x, y, params)
+        return rows_fn(x, y, params, jnp.zeros((), jnp.int32))
     size = _padded_size(n, k)
     xp = _pad_to(x, size)
     axis = mesh.axis_names[0]
-    out = jax.shard_map(lambda xq, yk, p: rows_fn(xq, yk, p), mesh=mesh,
-                        in_specs=(P(axis), P(), P()), out_specs=P(axis),
+    rows = size // k
+
+    def local(xq, yk, p):
+        return rows_fn(xq, yk, p, jax.lax.axis_index(axis).astype(jnp.int32) * rows)
+
+    out = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P(), P()), out_specs=P(axis),
                         check_vma=False)(xp, y, params)
     return out[:n]
 
 
-def _rows_field(model, t, xq, xk, args):
-    """The field of ``model`` at the query rows ``xq`` of the cloud ``xk``."""
+def _rows_field(model, t, xq, xk, args, offset):
+    """The field of ``model`` at the query rows ``xq`` (rows ``offset, …``) of the cloud ``xk``."""
     from ..models._fields import EuclideanAttention, SphereAttention, ZeroTemperature
 
+    if _has_rows_field(model):  # e.g. MultiHeadAttention: the online core with row positions
+        return tangent_project(xq, model.ambient_rows(t, xq, xk, offset, args))
     if isinstance(model, SphereAttention):
         m = interaction(xq, xk, model.B, model.beta, normalization=model.normalization,
                         kernel=model.kernel, k_block=model.k_block, q_block=model.q_block)
@@ -346,8 +353,15 @@ def _rows_field(model, t, xq, xk, args):
                 + jnp.matmul(m, V.T, precision=HIGHEST))
     if isinstance(model, ZeroTemperature):  # local field: rows are independent
         return model(t, xq, args)
-    raise ValueError("query sharding supports SphereAttention, EuclideanAttention and "
-                     f"ZeroTemperature models; got {type(model).__name__}")
+    raise ValueError("query sharding supports SphereAttention, MultiHeadAttention, "
+                     "EuclideanAttention and ZeroTemperature models; got "
+                     f"{type(model).__name__}")
+
+
+def _has_rows_field(model):
+    """Whether ``model`` is a sphere model with ``ambient_rows(t, rows, x, offset, args)``."""
+    return (getattr(model, "manifold", None) == "sphere"
+            and callable(getattr(model, "ambient_rows", None)))
 
 
 class QueryShardedField(eqx.Module):
@@ -384,10 +398,10 @@ class QueryShardedField(eqx.Module):
     def __call__(self, t, x, args=None):
         arrays, static = eqx.partition((self.model, args), eqx.is_array)
 
-        def rows(xq, xk, p):  # p: replicated parameters and time
+        def rows(xq, xk, p, off):  # p: replicated parameters and time
             arrs, tt = p
             model, a = eqx.combine(arrs, static)
-            return _rows_field(model, tt, xq, xk, a)
+            return _rows_field(model, tt, xq, xk, a, off)
 
         return _query_sharded(rows, x, x, (arrays, jnp.asarray(t, x.dtype)), self.mesh)
 
@@ -398,13 +412,18 @@ def query_sharded_field(model, mesh=None) -> QueryShardedField:
     For one large system (N in the tens of thousands and up); sweeps of many systems shard
     better with :func:`sharded_vmap`.
 
+    A :class:`~jaxdyn.MultiHeadAttention` (any mask, positions and weights) evaluates its
+    field at each device's rows with their positions (``ambient_rows``); with Sinkhorn
+    weights every device first computes the column potentials of the whole cloud.
+
     Args:
-      model: a :class:`SphereAttention`, :class:`EuclideanAttention` or
+      model: a :class:`SphereAttention`, :class:`MultiHeadAttention` (or another sphere
+        model with ``ambient_rows``), :class:`EuclideanAttention` or
         :class:`ZeroTemperature`.
       mesh: a one-axis mesh, a sequence of devices, or None (all devices).
 
     Returns:
-      The :class:`QueryShardedField`.
+      The :class:`QueryShardedField` (a ValueError for a model of another kind).
     """
     mesh = _resolve_mesh(mesh, QUERY_AXIS)
     _rows_field_check(model)
@@ -414,6 +433,8 @@ def query_sharded_field(model, mesh=None) -> QueryShardedField:
 def _rows_field_check(model):
     from ..models._fields import EuclideanAttention, SphereAttention, ZeroTemperature
 
-    if not isinstance(model, (SphereAttention, EuclideanAttention, ZeroTemperature)):
-        raise ValueError("query_sharded_field supports SphereAttention, EuclideanAttention and "
-                         f"ZeroTemperature models; got {type(model).__name__}")
+    if not (isinstance(model, (SphereAttention, EuclideanAttention, ZeroTemperature))
+            or _has_rows_field(model)):
+        raise ValueError("query_sharded_field supports SphereAttention, MultiHeadAttention, "
+                         "EuclideanAttention and ZeroTemperature models; got "
+                         f"{type(model).__name__}")

@@ -76,6 +76,30 @@ def test_simulate_ensemble_models_built_and_stacked_inside():
     assert export_check(run, x0, np.asarray([1.0, 3.0], np.float32))
 
 
+def test_simulate_ensemble_of_multihead_models_built_inside():
+    x0 = np.stack([X0, X0[::-1]])
+
+    def run(x0, betas):
+        models = jaxdyn.stack_models([jaxdyn.MultiHeadAttention(
+            np.stack([Q, K]), np.stack([K, V]), np.stack([V, Q]), betas[i], mask="causal",
+            alibi=0.1) for i in range(2)])
+        return jaxdyn.simulate_ensemble(models, x0, t1=0.3, dt=0.1, method="rk4")
+
+    assert export_check(run, x0, np.asarray([1.0, 3.0], np.float32))
+
+
+def test_query_sharded_field_of_multihead():
+    from jaxdyn.simulation import query_sharded_field
+
+    def run(x0, beta):
+        model = jaxdyn.MultiHeadAttention(np.stack([Q, K]), np.stack([K, V]), np.stack([V, Q]),
+                                          beta, mask="causal", rope=True, kernel="blocked",
+                                          k_block=4, q_block=4)
+        return jaxdyn.simulate(query_sharded_field(model), x0, t1=0.3, dt=0.1, method="rk4")
+
+    assert export_check(run, X0, np.float32(2.0))
+
+
 def test_sharded_vmap_of_simulate():
     x0 = np.stack([X0, X0[::-1], X0])
 
