@@ -9,12 +9,22 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The CLI's persistent compilation cache stays off in tests (the user's cache folder is never
 # written; tests/test_startup.py turns it on in a temporary folder).
 os.environ.setdefault("JAXDYN_NO_CACHE", "1")
+# XLA:CPU's LLVM passes off (JAX's public ``jax_disable_most_optimizations``): the tests compile
+# hundreds of small programs that each run for milliseconds, and LLVM's optimisation is a
+# large part of each compile. The HLO programs (what jaxdyn builds, and what the assertions
+# check) are the same; only their machine code is less optimised. Measured on tests/test_gaussian.py
+# and tests/test_pde.py (2 cores, -n 0): 54.0 CPU-s with the passes, 47.4 without. Set in the
+# environment, so that the subprocesses the tests start (the CLI, the multi-process runs) share
+# it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite on fully optimised programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_disable_most_optimizations",
+                  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() not in ("0", "false", "no", "off"))
 
 # The export cases (tests/export/) run in tests/test_export.py's child process, with
 # EQX_ON_ERROR=nan; collected here only there.
@@ -59,6 +69,51 @@ def _session_cache_back():
 
         cc.reset_cache()
         _use_session_cache()
+
+
+# ``JAXDYN_TEST_CPU=PREFIX``: per-test CPU seconds (user + system of this process and of the
+# subprocesses it waited for, ``resource.getrusage``) and wall seconds, setup + call + teardown,
+# written to ``PREFIX.<worker>.json`` when the session ends (one file per xdist worker; the
+# controller writes ``PREFIX.master.json``). A module- or session-scoped fixture is charged to
+# the first test that uses it; "_session" holds what the process spent outside the tests
+# (imports, collection). Off unless the variable is set.
+_CPU_LOG = os.environ.get("JAXDYN_TEST_CPU")
+_cpu_records = {}
+
+
+def _cpu_now():
+    import resource
+    import time
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
+            kids.ru_utime + kids.ru_stime, time.perf_counter())
+
+
+if _CPU_LOG:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """Record the CPU and wall seconds of one test (setup, call and teardown)."""
+        cpu0, kids0, wall0 = _cpu_now()
+        yield
+        cpu1, kids1, wall1 = _cpu_now()
+        _cpu_records[item.nodeid] = {"cpu": round(cpu1 - cpu0, 3),
+                                     "children": round(kids1 - kids0, 3),
+                                     "wall": round(wall1 - wall0, 3)}
+
+    def pytest_sessionfinish(session):
+        """Write this process's records to ``JAXDYN_TEST_CPU.<worker>.json``."""
+        import json
+
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "master")
+        cpu, kids, _ = _cpu_now()
+        tests = sum(r["cpu"] for r in _cpu_records.values())
+        _cpu_records["_session"] = {"cpu": round(cpu - tests, 3), "children": round(kids, 3),
+                                    "total_cpu": round(cpu, 3)}
+        with open(f"{_CPU_LOG}.{worker}.json", "w") as f:
+            json.dump(_cpu_records, f, indent=0)
 
 DTYPES = [np.float32, np.float64]
 

@@ -58,7 +58,8 @@ def _free_port():
 def _env(port, pid, nproc=2):
     env = {k: v for k, v in os.environ.items()
            if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
-           or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}  # conftest's cache
+           or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE",  # conftest's cache
+                            "JAX_DISABLE_MOST_OPTIMIZATIONS"))}  # and its compile options
     env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
@@ -163,7 +164,8 @@ def two_processes(tmp_path_factory):
                   "data_nc": (killed / "data.nc").exists(),
                   "summary": json.loads((killed / "summary.json").read_text()),
                   "chunks": sorted(p.name for p in (killed / "chunks").glob("chunk_*.npz"))}
-    env = {k: v for k, v in _env(0, 0).items() if not k.startswith("JAX_")}
+    env = {k: v for k, v in _env(0, 0).items()
+           if not k.startswith("JAX_") or k == "JAX_DISABLE_MOST_OPTIMIZATIONS"}
     env.update(JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false")
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(SINGLE_WORKER), str(killed),

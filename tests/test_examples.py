@@ -4,7 +4,7 @@ The Python examples run in this process (``runpy``, as ``python examples/NAME.py
 would: their own folder on ``sys.path``, matplotlib on Agg), so that they share this test
 run's compiled programs; each asserts its own claims (a blow-up time against its closed
 form, a causal first particle that stays put, a reached target). The two-process sweep starts
-two ``jaxdyn`` processes and runs under ``-m slow``.
+two ``jaxdyn`` processes; it and the reachability example run under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PYTHON_EXAMPLES = ["beta_sweep", "multihead_causal", "noisy_run", "density_solver",
                    "gaussian_blowup", "reachability"]
+# reachability's optimisation loop (about 7 CPU-s) runs under -m slow; reach itself runs by
+# default in tests/test_control_compose.py
+SLOW_EXAMPLES = {"reachability"}
 
 
 def test_every_example_is_listed_and_shown_in_a_guide():
@@ -34,7 +37,8 @@ def test_every_example_is_listed_and_shown_in_a_guide():
             assert (ROOT / "docs" / "figures" / f"example_{name}.png").exists(), name
 
 
-@pytest.mark.parametrize("name", PYTHON_EXAMPLES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES
+                                  else n for n in PYTHON_EXAMPLES])
 def test_example_runs_and_writes_its_figure(name, tmp_path, monkeypatch):
     import matplotlib
 

@@ -261,14 +261,19 @@ def test_profile_errors():
 
 
 @pytest.fixture(scope="module")
-def control_profiles():
-    """The three controls on a Gaussian input of scale 2.5: (h0, {kind: (stack, profile)})."""
+def control_stacks():
+    """The three controls on a Gaussian input of scale 2.5: (h0, {kind: stack})."""
     h0 = gaussian_tokens(jax.random.PRNGKey(11), 16, N // 16, D, 2.5, jnp.float32)
-    out = {}
-    for kind in ("cube", "relu", "split"):
-        hs = nongaussian_stack(h0, jax.random.PRNGKey(12), n_layers=3, kind=kind)
-        out[kind] = (hs, gaussianity_profile(hs, jax.random.PRNGKey(13), **KW))
-    return h0, out
+    return h0, {kind: nongaussian_stack(h0, jax.random.PRNGKey(12), n_layers=3, kind=kind)
+                for kind in ("cube", "relu", "split")}
+
+
+@pytest.fixture(scope="module")
+def control_profiles(control_stacks):
+    """The controls and their profiles: (h0, {kind: (stack, profile)})."""
+    h0, stacks = control_stacks
+    return h0, {kind: (hs, gaussianity_profile(hs, jax.random.PRNGKey(13), **KW))
+                for kind, hs in stacks.items()}
 
 
 @pytest.mark.parametrize(
@@ -289,12 +294,12 @@ def test_nongaussian_maps_are_flagged(control_profiles, kind, metrics):
         assert np.all(z > 10.0), (kind, k, z)
 
 
-def test_nongaussian_stack_keeps_the_scale(control_profiles):
-    h0, out = control_profiles
+def test_nongaussian_stack_keeps_the_scale(control_stacks):
+    h0, out = control_stacks
     assert h0.shape == (16, N // 16, D)
     np.testing.assert_allclose(float(jnp.std(h0)), 2.5, rtol=0.02)
     rms = float(jnp.sqrt(jnp.mean(h0**2)))
-    for kind, (hs, _) in out.items():
+    for kind, hs in out.items():
         assert len(hs) == 4
         np.testing.assert_array_equal(np.asarray(hs[0]), np.asarray(h0))
         for h in hs[1:]:

@@ -42,6 +42,8 @@ TINY = {
     "snapshots": [0.0, 1.0], "sweep": {"beta": [1.0, 10.0, 100.0]}, "chunk_size": 1,
 }
 QUIET = dict(progress=False, log=lambda *_: None)
+# another config whose chunks are computed by TINY's compiled program (the same shapes)
+OTHER = {**TINY, "sweep": {"beta": [2.0]}}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -433,7 +435,7 @@ def test_read_chunk_names_the_file(tmp_path, finished):
 def test_chunk_of_another_config_is_refused(in_tmp, capsys, finished):
     run = _copy_run(finished, in_tmp)
     other = in_tmp / "other"
-    run_experiment({**TINY, "n": 40, "sweep": {"beta": [1.0]}}, other, **QUIET)
+    run_experiment(OTHER, other, **QUIET)
     shutil.copy(other / "chunks" / "chunk_00000.npz", run / "chunks" / "chunk_00001.npz")
     _refused(in_tmp, ["run", "--resume", str(run), "--quiet"], capsys, 2,
              ["chunk_00001.npz was written by another config"], run, created=True)
@@ -443,7 +445,7 @@ def test_merge_verifies_every_chunk(tmp_path):
     """A chunk swapped in by another process after the skip-check is caught at the merge:
     the run fails naming the chunk, and no data.nc is written."""
     out, other = tmp_path / "run", tmp_path / "other"
-    run_experiment({**TINY, "n": 40, "sweep": {"beta": [1.0]}}, other, **QUIET)
+    run_experiment(OTHER, other, **QUIET)
     foreign = (other / "chunks" / "chunk_00000.npz").read_bytes()
 
     def swap(ci):
