@@ -1,24 +1,29 @@
-"""Benchmark: a causal blocked attention pass against a full one.
+"""Benchmark: a causal blocked attention pass against a full one; variants vs sphere kernel.
 
-The blocked kernel of :class:`jaxdyn.MultiHeadAttention` skips every key block that lies
-wholly after the last query of a query block (``lax.cond`` in the key scan), so a causal
-pass should cost about half a full pass: with query blocks of q and key blocks of k, query
-block b processes ⌈(b + 1) q / k⌉ of N / k key blocks, a fraction (1 + q/N)/2 of the work
-(plus the masking's elementwise select on the diagonal blocks).
+:class:`jaxdyn.MultiHeadAttention` and :class:`jaxdyn.SphereAttention` run on one
+online-softmax core (``jaxdyn/kernels/_online.py``): with one head, no mask and softmax
+weights the two fields should cost the same. Under a causal mask the blocked kernel skips
+every key block that lies wholly after the last query of a query block (``lax.cond`` in the
+key scan), so a causal pass should cost about half a full pass: with query blocks of q and
+key blocks of k, query block b processes ⌈(b + 1) q / k⌉ of N / k key blocks, a fraction
+(1 + q/N)/2 of the work (plus the masking's elementwise select on the diagonal blocks).
 
-For each N, in one invocation and in interleaved rounds (``common.interleaved``):
+For each N, in one invocation and in interleaved rounds (``common.interleaved``: the first
+call, compilation included, timed apart; medians of ``--reps`` rounds, wall and process CPU;
+each timed sample makes ``--inner`` calls, 16384 // N by default, and the times are per call):
 
-- ``full``: ``MultiHeadAttention(..., kernel="blocked")`` field, no mask;
+- ``full``: ``MultiHeadAttention(..., kernel="blocked")`` field, H = ``--heads``, no mask;
 - ``causal``: the same with ``mask="causal"``;
-- ``sphere_attention`` (baseline of the variant kernel itself): ``SphereAttention`` blocked
-  (the production single-head kernel, bound-shift softmax), full.
+- ``sphere_attention``: ``SphereAttention(..., kernel="blocked")``, the single-head kernel;
+- ``full_auto`` and ``sphere_attention_auto``: both with ``kernel="auto"``.
 
-All at the same block sizes (``--k-block``, ``--q-block``), d = 3, H = ``--heads``, float32,
-jitted; the first call (compilation) timed apart. Reports the median wall and CPU times and
-the ratios causal / full and full / sphere_attention. Writes
-``benchmarks/results/causal.json`` and ``.png``.
+d = 3, float32, β = 9, Q = K = V = I (``--weights random``: Gaussian Q, K, V), jitted; block
+sizes ``--k-block`` / ``--q-block`` (default: the kernels' own, per platform and mask).
+Reports the ratios causal / full and full / sphere_attention (wall and CPU). Writes
+``benchmarks/results/causal.json`` and ``.png`` (``python -m benchmarks run causal``:
+``benchmarks/results/causal/<machine>.json``).
 
-    python benchmarks/bench_causal.py            # N = 2048, 4096, 8192
+    python benchmarks/bench_causal.py            # N = 4096, 16384
     python benchmarks/bench_causal.py --tiny
 """
 
@@ -31,11 +36,16 @@ from common import add_common_args, fmt_s, interleaved, machine_info, plt, save_
 
 
 def main(argv=None):
+    """Run the benchmark (module doc) and write its JSON and figure."""
     p = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
-    p.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192])
+    p.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--k-block", type=int, default=256)
-    p.add_argument("--q-block", type=int, default=512)
+    p.add_argument("--k-block", type=int, default=None)
+    p.add_argument("--q-block", type=int, default=None)
+    p.add_argument("--weights", choices=("identity", "random"), default="identity")
+    p.add_argument("--inner", type=int, default=None,
+                   help="calls per timed sample (default: 16384 // N, at least 1); the "
+                        "times reported are per call")
     p.add_argument("--name", default="causal")
     args = setup(p, argv)
 
@@ -45,49 +55,86 @@ def main(argv=None):
     import numpy as np
 
     import jaxdyn as jd
+    import jaxdyn.kernels
+    from jaxdyn.kernels._variants import CAUSAL_LARGE_N, CAUSAL_Q_BLOCK
 
     sizes = [256, 512] if args.tiny else args.sizes
-    reps = args.reps or (2 if args.tiny else 5)
+    reps = args.reps or (2 if args.tiny else 7)
     d, H = 3, args.heads
     blocks = dict(k_block=args.k_block, q_block=args.q_block)
-    eye = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (H, d, d))
+    if args.weights == "identity":
+        Q = K = V = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (H, d, d))
+    else:
+        ks = jax.random.split(jax.random.PRNGKey(1), 3)
+        Q, K, V = (jax.random.normal(k, (H, d, d), jnp.float32) / np.sqrt(d) for k in ks)
     field = eqx.filter_jit(lambda m, x: m(0.0, x))
     rows = []
     for n in sizes:
         x = jd.sample_sphere(jax.random.PRNGKey(0), n, d)
         models = {
-            "full": jd.MultiHeadAttention(eye, eye, eye / H, 9.0, kernel="blocked", **blocks),
-            "causal": jd.MultiHeadAttention(eye, eye, eye / H, 9.0, mask="causal",
-                                            kernel="blocked", **blocks),
-            "sphere_attention": jd.SphereAttention(eye[0], eye[0], eye[0], 9.0, kernel="blocked",
+            "full": jd.MultiHeadAttention(Q, K, V / H, 9.0, kernel="blocked", **blocks),
+            "causal": jd.MultiHeadAttention(Q, K, V / H, 9.0, mask="causal", kernel="blocked",
+                                            **blocks),
+            "sphere_attention": jd.SphereAttention(Q[0], K[0], V[0], 9.0, kernel="blocked",
                                                    **blocks),
+            "full_auto": jd.MultiHeadAttention(Q, K, V / H, 9.0, kernel="auto", **blocks),
+            "sphere_attention_auto": jd.SphereAttention(Q[0], K[0], V[0], 9.0, kernel="auto",
+                                                        **blocks),
         }
-        print(f"N = {n}")
-        res = interleaved({k: {"fn": (lambda m=m: field(m, x))} for k, m in models.items()},
-                          reps=reps, log=print)
-        full, causal = (np.asarray(res[k].pop("out")) for k in ("full", "causal"))
-        res["sphere_attention"].pop("out")
-        nkb = -(-n // args.k_block)
-        nqb = -(-n // args.q_block)
-        visited = sum(min(nkb, -(-min(n, (b + 1) * args.q_block) // args.k_block))
-                      for b in range(nqb))
+        inner = args.inner or max(1, 16384 // n)
+        print(f"N = {n} ({inner} calls a sample)")
+
+        def calls(m):
+            def fn():
+                for _ in range(inner - 1):
+                    jax.block_until_ready(field(m, x))
+                return field(m, x)
+
+            return fn
+
+        res = interleaved({k: {"fn": calls(m)} for k, m in models.items()}, reps=reps, log=print)
+        for r in res.values():  # per call
+            for s in ("median_s", "min_s", "cpu_median_s"):
+                r[s] /= inner
+        outs = {k: np.asarray(res[k].pop("out")) for k in list(res)}
+        # the key blocks a causal pass visits, at the blocks it ran with (CPU defaults)
+        kb = args.k_block or jd.kernels.DEFAULT_BLOCKS["cpu"][0]
+        qb = args.q_block or (CAUSAL_Q_BLOCK * (2 if n >= CAUSAL_LARGE_N else 1))
+        nkb, nqb = -(-n // kb), -(-n // qb)
+        visited = sum(min(nkb, -(-min(n, (b + 1) * qb) // kb)) for b in range(nqb))
+
+        def ratio(a, b, s="median_s"):
+            return res[a][s] / res[b][s]
+
         row = {
-            "n": n, "heads": H, **blocks,
+            "n": n, "heads": H, "weights": args.weights, "inner_calls": inner,
+            "k_block": args.k_block,
+            "q_block": args.q_block,
             **{f"{k}_{s}": res[k][s] for k in res for s in ("compile_s", "median_s", "min_s",
                                                              "cpu_median_s")},
-            "causal_over_full": res["causal"]["median_s"] / res["full"]["median_s"],
-            "causal_over_full_cpu": res["causal"]["cpu_median_s"] / res["full"]["cpu_median_s"],
-            "full_over_sphere_attention": res["full"]["median_s"]
-            / res["sphere_attention"]["median_s"],
+            "causal_over_full": ratio("causal", "full"),
+            "causal_over_full_cpu": ratio("causal", "full", "cpu_median_s"),
+            "full_over_sphere_attention": ratio("full", "sphere_attention"),
+            "full_over_sphere_attention_cpu": ratio("full", "sphere_attention", "cpu_median_s"),
+            "full_auto_over_sphere_attention_auto": ratio("full_auto", "sphere_attention_auto"),
+            "full_auto_over_sphere_attention_auto_cpu": ratio("full_auto",
+                                                              "sphere_attention_auto",
+                                                              "cpu_median_s"),
             "key_blocks_visited_fraction": visited / (nkb * nqb),
             # the last row attends to everything: causal and full agree there
-            "last_row_max_abs_diff": float(np.max(np.abs(full[-1] - causal[-1]))),
+            "last_row_max_abs_diff": float(np.max(np.abs(outs["full"][-1] - outs["causal"][-1]))),
+            # one head, no mask: the same field as SphereAttention (B = QᵀK)
+            "full_vs_sphere_max_abs_diff": float(np.max(np.abs(outs["full"]
+                                                               - outs["sphere_attention"]))),
         }
         print(f"  causal/full {row['causal_over_full']:.3f} "
               f"(CPU {row['causal_over_full_cpu']:.3f}; "
               f"blocks visited {row['key_blocks_visited_fraction']:.3f}); full "
               f"{fmt_s(res['full']['median_s'])}, full/SphereAttention "
-              f"{row['full_over_sphere_attention']:.3f}")
+              f"{row['full_over_sphere_attention']:.3f} "
+              f"(CPU {row['full_over_sphere_attention_cpu']:.3f}), auto "
+              f"{row['full_auto_over_sphere_attention_auto']:.3f} "
+              f"(CPU {row['full_auto_over_sphere_attention_auto_cpu']:.3f})")
         rows.append(row)
     write_json(args.name + args.tag, {"rows": rows, "reps": reps, "machine": machine_info()})
     if not args.no_plot:
@@ -99,11 +146,14 @@ def main(argv=None):
         ax.plot(ns, [r["key_blocks_visited_fraction"] for r in rows], "k:",
                 label="key blocks visited")
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.1)
         ax.set_xlabel("N (particles)")
         ax.set_ylabel("ratio")
+        ax.plot(ns, [r["full_over_sphere_attention"] for r in rows], "^-",
+                label="MultiHeadAttention / SphereAttention (wall)")
+        ax.set_ylim(0, max(1.1, *(r["full_over_sphere_attention"] for r in rows)) * 1.05)
         ax.set_title(f"causal vs full blocked pass (d = {d}, H = {H}, "
-                     f"k_block {args.k_block}, q_block {args.q_block})", fontsize=9)
+                     f"k_block {args.k_block or 'default'}, q_block "
+                     f"{args.q_block or 'default'})", fontsize=9)
         ax.legend(fontsize=8)
         save_figure(fig, args.name + args.tag)
 
