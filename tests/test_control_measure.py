@@ -239,7 +239,7 @@ def test_gaussian_particle_optimum_beats_transferred_reach_and_replays_on_the_mo
 def _depth_sweep(problem, layers, n=96):
     """W2 reached at each depth, each depth started from the last one's optimum (repeated)."""
     from jaxdyn.control import repeat_layers
-    from jaxdyn.experiments.control.run import clouds
+    from jaxdyn.experiments.control.run import clouds, resampled_target
 
     pc = dict(problem=problem, seed=0, n_particles=n,
               target=dict(clusters=2 if problem == "gaussian_to_mixture" else 3,
@@ -265,6 +265,11 @@ def _depth_sweep(problem, layers, n=96):
         fine = measure_loss(r.controls, x0, y, model=model, epsilon=0.01,
                             steps_per_layer=4 * s, free=())
         out[L] = (w2_exact(np.asarray(r.xs[-1]), y).value, float(same), float(fine))
+        print(f"{problem} N = {n} L = {L}: W2 {out[L][0]:.4f}, S_eps {same:.3e} (4x steps "
+              f"{float(fine):.3e}), {r.names}, stop {int(r.stats['stop'])}, "
+              f"{int(r.stats['iterations'])} iterations")
+    floor = w2_exact(y, resampled_target(pc)).value
+    print(f"{problem} N = {n}: start {w2_exact(x0, y).value:.4f}, floor W2(y, y') {floor:.4f}")
     return w2_exact(x0, y).value, out
 
 
@@ -283,5 +288,8 @@ def test_w2_reached_falls_with_depth_and_survives_a_finer_step(problem):
     assert w[-1] < 0.6 * w[0]
     for a, b in zip(w, w[1:]):
         assert b <= 1.1 * a  # falls with L (up to the optimiser's 10 % spread)
+    slope = np.polyfit(np.log([1, 2, 4, 8, 16]), np.log(w), 1)[0]  # least squares, 5 points
+    print(f"{problem}: W2 against L, log-log slope {slope:.3f}")
+    assert slope < -0.15
     for L, (_, same, fine) in out.items():
         assert abs(fine - same) <= 0.05 * same + 1e-3, (L, same, fine)

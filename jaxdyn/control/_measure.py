@@ -341,7 +341,12 @@ def _divergence(x, y, eps, eps_start, pots, sk, q_block, k_block):
         problems, ott-jax); its derivative in x is formed by :func:`attend`.
     """
     xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
-    div, pots, conv, iters = _round_body(xs, ys, eps, jnp.maximum(eps_start, eps), pots, **sk)
+    # a non-finite cloud keeps Sinkhorn's marginal error NaN, so its loops would run to their
+    # budget: they solve for a zero cloud instead, and S_ε is NaN
+    ok = jnp.all(jnp.isfinite(xs))
+    div, pots, conv, iters = _round_body(jnp.where(ok, xs, 0.0), ys, eps,
+                                         jnp.maximum(eps_start, eps), pots, **sk)
+    div = jnp.where(ok, div, jnp.nan)
     pots = jax.lax.stop_gradient(pots)
     (_, g_xy), (_, g_xx), _ = pots
     zero = jnp.zeros((), x.dtype)

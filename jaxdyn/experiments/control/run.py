@@ -45,6 +45,18 @@ def vmf_s2(rng, n, centres, kappa):
     return x / np.linalg.norm(x, axis=1, keepdims=True), lab
 
 
+def _target(rng, pc):
+    """A draw of the point's target law, n_particles points."""
+    n, tg = pc["n_particles"], pc["target"]
+    k = tg["clusters"]
+    if pc["problem"] == "gaussian_to_mixture":
+        ang = 2 * np.pi * np.arange(k) / k
+        centres = tg["separation"] * np.stack([np.cos(ang), np.sin(ang)], axis=1)
+        return centres[rng.integers(0, k, n)] + tg["spread"] * rng.standard_normal((n, 2))
+    centres = np.eye(3)[:k] if k <= 3 else np.concatenate([np.eye(3), _fibonacci(k)[3:]])
+    return vmf_s2(rng, n, centres, tg["kappa"])[0]
+
+
 def clouds(pc):
     """The point's initial and target clouds (float64, from its seed).
 
@@ -55,19 +67,28 @@ def clouds(pc):
       ``(x0, y)``, each (n_particles, d).
     """
     rng = np.random.default_rng([pc["seed"], 0xC0])
-    n, tg = pc["n_particles"], pc["target"]
-    k = tg["clusters"]
+    n = pc["n_particles"]
     if pc["problem"] == "gaussian_to_mixture":
         x0 = rng.standard_normal((n, 2))
-        ang = 2 * np.pi * np.arange(k) / k
-        centres = tg["separation"] * np.stack([np.cos(ang), np.sin(ang)], axis=1)
-        y = centres[rng.integers(0, k, n)] + tg["spread"] * rng.standard_normal((n, 2))
-        return x0, y
-    x0 = rng.standard_normal((n, 3))
-    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
-    centres = np.eye(3)[:k] if k <= 3 else np.concatenate([np.eye(3), _fibonacci(k)[3:]])
-    y, _ = vmf_s2(rng, n, centres, tg["kappa"])
-    return x0, y
+    else:
+        x0 = rng.standard_normal((n, 3))
+        x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    return x0, _target(rng, pc)
+
+
+def resampled_target(pc):
+    """A second draw of the target law, independent of :func:`clouds`' (float64).
+
+    ``W2(ν_N, ν'_N)`` of the two draws is the sampling floor: how far two samples of N points
+    of the same law lie apart, the W2 a cloud pushed exactly onto ``ν_N`` has to ``ν'_N``.
+
+    Args:
+      pc: a point config.
+
+    Returns:
+      (n_particles, d).
+    """
+    return _target(np.random.default_rng([pc["seed"], 0xC1]), pc)
 
 
 def run_points(pcs):
@@ -149,9 +170,13 @@ def _run_points(pcs):
         exact = pc["n_particles"] <= pc["exact_max"]
         w2_ex = float(w2_exact(xs[-1], y).value) if exact else np.nan
         w2_0 = float(w2_exact(x0, y).value) if exact else np.nan
+        y2 = resampled_target(pc)
+        w2_floor = float(w2_exact(y, y2).value) if exact else np.nan
+        w2_indep = float(w2_exact(xs[-1], y2).value) if exact else np.nan
         depth_idx = np.round(np.linspace(0, L, pc["n_depths"])).astype(int)
         row = {
             "w2_exact": w2_ex, "w2_start": w2_0, "w2_sinkhorn": float(res.w2),
+            "w2_floor": w2_floor, "w2_exact_resampled": w2_indep,
             "loss": float(res.loss), "divergence": float(res.divergence),
             "cost": float(res.cost), "divergence_same_steps": loss_same,
             "divergence_fine_steps": loss_fine, "status": int(res.status),

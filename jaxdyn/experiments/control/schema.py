@@ -19,7 +19,8 @@ SCHEMA = {
     "seed": Field("int", 0, "seed of the clouds and of the random start", sweepable=True),
     "max_layers": Field("int", 16, "length of the saved layer axis (>= every n_layers)",
                         check=at_least(1)),
-    "n_particles": Field("int", 256, "points N of each cloud", check=at_least(2)),
+    "n_particles": Field("int", 256, "points N of each cloud", check=at_least(2),
+                         sweepable=True),
     "dtype": Field("str", "float64", "floating type", choices=("float32", "float64")),
     "t1": Field("float", 1.0, "horizon T", check=positive),
     "free": Field("list", [], "optimised weights (empty: all of the model's)", item="str"),
@@ -51,7 +52,8 @@ SCHEMA = {
     }),
 }
 
-# Points run one by one (each optimisation is one compiled loop of its own L).
+# Points run one by one (each optimisation is one compiled loop of its own L and N): a sweep
+# over n_layers, n_particles and seed is a sweep over chunks, each saved when done (resumable).
 BATCH_AXES = ()
 
 
@@ -85,8 +87,9 @@ def check(cfg):
     if cfg["epsilon_start"] < cfg["epsilon"]:
         raise ConfigError("config field 'epsilon_start': must be >= epsilon")
     warns = []
-    if cfg["n_particles"] > cfg["exact_max"]:
-        warns.append(f"n_particles = {cfg['n_particles']} > exact_max: the exact W2 is skipped "
+    big = max(cfg["sweep"].get("n_particles", [cfg["n_particles"]]))
+    if big > cfg["exact_max"]:
+        warns.append(f"n_particles = {big} > exact_max: the exact W2 is skipped there "
                      "(the Sinkhorn W2 is recorded)")
     if cfg["problem"] == "sphere_clusters" and cfg["target"]["clusters"] > 12:
         warns.append("more than 12 clusters on S^2 overlap at the default kappa")
