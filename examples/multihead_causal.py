@@ -5,6 +5,7 @@ Run: ``python examples/multihead_causal.py --out figures/`` (default ``--out``: 
 
 import jax
 import jax.numpy as jnp
+from matplotlib.ticker import MaxNLocator
 
 import jaxdyn
 from _common import out_dir, pyplot
@@ -30,9 +31,10 @@ plt = pyplot()
 fig, ax = plt.subplots(figsize=(5, 3.2))
 for mask, (t, c) in curves.items():
     ax.plot(t, c, label={"none": "full attention", "causal": "causal mask"}[mask])
-ax.set(xlabel="t (depth)", ylabel="clusters", yscale="log",
+ax.set(xlabel="t (depth)", ylabel="clusters (δ = 1e-4)", ylim=(0, N + 4),  # cluster_count's default δ
        title=f"{H} heads, β = {beta:g}, N = {N} on S²")
-ax.legend()
+ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+ax.legend(loc="lower left")  # the curves start at N and fall to the right
 fig.tight_layout()
 fig.savefig(out / "multihead_causal.png", dpi=120)
 print(out / "multihead_causal.png")

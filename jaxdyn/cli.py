@@ -354,7 +354,8 @@ def build_parser():
     """
     p = argparse.ArgumentParser(prog="jaxdyn", description="Mean-field dynamics of Transformers in JAX.")
     p.add_argument("--no-host-devices", action="store_true",
-                   help="do not expose the CPU cores as separate JAX devices")
+                   help="do not expose the CPU cores as separate JAX devices (one CPU device; "
+                        "the same as the environment variable JAXDYN_NO_HOST_DEVICES=1)")
     p.add_argument("--version", action="version", version=f"jaxdyn {_version()}",
                    help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
