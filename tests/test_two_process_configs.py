@@ -1,7 +1,9 @@
-"""Every shipped config (``configs/*.yaml``), shrunk by ``--set`` overrides to a few seconds, run
-once in one process (one CPU device) and once as two processes of one JAX cluster
-(``jaxdyn run CONFIG --out DIR --distributed``, one CPU device each): the two ``data.nc`` hold
-the same variables, coordinates and values, and ``summary.json`` the same status.
+"""Two processes of one JAX cluster give the single-process Dataset, for every shipped config.
+
+Every config (``configs/*.yaml``), shrunk by ``--set`` overrides to a few seconds, runs once in
+one process (one CPU device) and once as two processes of one JAX cluster (``jaxdyn run CONFIG
+--out DIR --distributed``, one CPU device each): the two ``data.nc`` hold the same variables,
+coordinates and values, and ``summary.json`` the same status.
 
 Values: integers, booleans and strings exactly; floats with ``np.testing.assert_allclose`` at
 ``rtol = 1e-6`` (float32) or ``1e-12`` (float64), NaN equal to NaN (a deterministic computation
@@ -42,8 +44,9 @@ _PARTICLES_SPHERE = ["n=64", "t1=1.0", "chunk_size=1"]
 _REACH = ["lbfgs_steps=10", "sweep.mode=[all, attention]", "sweep.seed=[0]",
           "transfer.n_particles=[64]", "transfer.repeats=1", "transfer.layers=[4]",
           "transfer.layer_n=64", "chunk_size=1"]
-_CONTROL = ["n_particles=32", "adam_steps=5", "lbfgs_steps=5", "continuation_adam_steps=3",
-            "max_layers=2", "sweep.n_layers=[1, 2]", "chunk_size=1"]
+# one depth, two seeds: one program per process (the optimiser's compilations dominate)
+_CONTROL = ["n_particles=16", "adam_steps=3", "lbfgs_steps=3", "continuation=false",
+            "n_layers=1", "max_layers=1", "sweep={seed: [0, 1]}", "chunk_size=1"]
 _GAUSSIANITY = ["batch=2", "seq=16", "n_dirs=16", "n_floor=3", "n_pc=4", "chunk_size=1"]
 REDUCED = {
     "beta_sweep_s2": ["n=64", "t1=1.0", "snapshots=[0.0, 1.0]",
@@ -104,8 +107,7 @@ def _free_port():
 
 
 def _env(port=None, pid=None):
-    """The environment of one process: one CPU device, single-threaded XLA; the cluster's
-    variables when ``port`` is given (process ``pid`` of 2), none otherwise."""
+    """One process's environment (one CPU device, single-threaded XLA), in the cluster if ``port``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
            or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}  # conftest's cache
@@ -144,8 +146,7 @@ def _float_rule(dtype):
 
 
 def _differences(a, b):
-    """Largest absolute and relative difference of two float arrays (NaN where both are NaN
-    ignored; 0 for arrays with no finite pair)."""
+    """The largest absolute and relative differences of two arrays over their finite pairs."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     both = np.isfinite(a) & np.isfinite(b)
     if not both.any():
