@@ -25,7 +25,7 @@ def _load(path):
         return ds.load()
 
 
-@pytest.mark.slow  # about 50 s of CPU: the compilations of two depths' optimisers
+@pytest.mark.slow  # over 30 s of CPU (the compilations of two depths' optimisers)
 def test_sweep_over_depth_resumes_to_the_same_dataset_and_reports_the_budget(tmp_path):
     """One chunk a depth; a run cut after the first chunk resumes to the uninterrupted Dataset.
 
@@ -60,7 +60,7 @@ def test_sweep_over_depth_resumes_to_the_same_dataset_and_reports_the_budget(tmp
     assert floor > 0 and floor == pytest.approx(float(ref["w2_floor"].values[0]))
 
 
-@pytest.mark.slow  # about 70 s of CPU (one optimiser's compilation)
+@pytest.mark.slow  # 73 s of CPU measured (one optimiser's compilation)
 def test_nonfinite_optimisation_is_the_run_status(tmp_path):
     """A start whose flow overflows ends ``nonfinite``: the point is named, with the reason."""
     cfg = {**TINY, "problem": "gaussian_to_mixture", "init_scale": 1e3, "n_layers": 1,
