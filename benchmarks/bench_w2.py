@@ -474,6 +474,10 @@ def run_compare(args, save):
             if r["n"] == n and "geomloss" in base:
                 r["wall_over_geomloss"] = r["wall_s"] / base["geomloss"]["wall_s"]
                 r["cpu_over_geomloss"] = r["cpu_s"] / base["geomloss"]["cpu_s"]
+        # the fields the suite's headline reads (jaxdyn's warm wall time, per case and N)
+        base["jaxdyn"]["jaxdyn_s"] = base["jaxdyn"]["wall_s"]
+        if "geomloss" in base:
+            base["jaxdyn"]["geomloss_s"] = base["geomloss"]["wall_s"]
         save(rows)
     return rows
 
