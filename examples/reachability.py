@@ -6,6 +6,7 @@ Run: ``python examples/reachability.py --out figures/`` (default ``--out``: a ne
 import jax
 import jax.numpy as jnp
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 import jaxdyn
 from jaxdyn import control
@@ -32,6 +33,7 @@ ax.semilogy(np.arange(len(w2)), w2, marker=".")
 ax.axhline(1e-4, color="k", ls="--", lw=1, label="reached: W2 < 1e-4")
 ax.set(xlabel="L-BFGS iteration", ylabel="Bures W2 to the target at t1",
        title="d = 2, all controls free, 4 pieces")
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 ax.legend()
 fig.tight_layout()
 fig.savefig(out / "reachability.png", dpi=120)

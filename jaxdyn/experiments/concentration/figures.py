@@ -30,7 +30,7 @@ def plot(cfg, ds, out_dir):
     label = {"w2_exact": "exact", "w2_sinkhorn": "Sinkhorn", "w2_coupling": "coupling bound"}[var]
     figs = [plots.curves(ds[tdim].values, {f"β = {b:g}": r for b, r in zip(betas, w2)},
                          out_dir / "w2_vs_t.png", xlabel="t (depth)",
-                         ylabel=f"W2(ρ_t, Π#ρ0) ({label})", logy=True,
+                         ylabel=rf"W2($\rho_t$, Π#ρ0) ({label})", logy=True,
                          title=f"{cfg['name']}: distance to Π#ρ0")]
     if len(betas) >= 2:
         mins = np.asarray(res["min_w2"])
@@ -39,14 +39,14 @@ def plot(cfg, ds, out_dir):
         fit = res["fit_min_w2_vs_beta"]
         figs.append(plots.scatter_fit(
             betas, mins, out_dir / "min_w2_vs_beta.png", logx=True, logy=True, xlabel="β",
-            ylabel="min_t W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β) (a bound's scale)"),
+            ylabel=r"$\min_t$ W2", reference=(betas, scale * theory, "C·sqrt(log(β+1)/β) (a bound's scale)"),
             title=f"slope {_num(fit['loglog_slope'])}; sqrt(log(β+1)/β): {_num(fit['theory_slope_sqrt_logb_over_b'])}"
                   " (Theorem 1 bounds, does not predict)"))
         am = np.asarray(res["argmin_t"])
         f2 = res["fit_argmin_t_vs_log_beta"]
         figs.append(plots.scatter_fit(
             np.log(betas), am, out_dir / "argmin_t_vs_log_beta.png", xlabel="log β",
-            ylabel="argmin_t W2", line=True,
+            ylabel=r"$\arg\min_t$ W2", line=True,
             title=f"argmin t vs log β: slope {_num(f2['slope'])}, R² {_r2(f2)}"))
         f3 = res["fit_overtake_t_vs_log_beta"]
         # the overtakes the fit uses (summary.analyse's in_fit)

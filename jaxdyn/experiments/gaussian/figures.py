@@ -282,7 +282,7 @@ def _plot_phase(cfg, ds, out_dir):
         rel = np.where((st == status_code("blowup")) & np.isfinite(Tth), np.abs(T - Tth) / Tth, np.nan)
         im3 = axes[2].pcolormesh(ce, ae, np.log10(np.maximum(rel, 1e-17)), cmap="cividis",
                                  rasterized=True)
-    fig.colorbar(im3, ax=axes[2], label="log10 |T*_num − T*_theory| / T*_theory")
+    fig.colorbar(im3, ax=axes[2], label=r"$\log_{10}\, |T^*_\mathrm{num} - T^*_\mathrm{theory}|\, /\, T^*_\mathrm{theory}$")
     cc = np.linspace(c[0], c[-1], 400)
     for ax in axes:
         # blow-up ever: v c > 0 and v c λmax > -a  → boundary a = -v c λmax for v c > 0, and c = 0

@@ -91,7 +91,7 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
     kst = np.array([int(d["k_star"]) for _, d in pts])
     order = np.argsort(bs)
     bb = np.geomspace(bs.min(), bs.max(), 100)
-    ax.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k(β)/I_0(β)")
+    ax.plot(bs[order], kst[order], "k-", lw=1, label=r"$k^* = \arg\max_k\, k^2 I_k(\beta)/I_0(\beta)$")
     ax.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
     ax.plot(bs * 0.94, [int(d["first_cluster_count"]) for _, d in pts], "o", mfc="none", color="C0",
             label="solver: first cluster count (each seed)")
@@ -160,8 +160,8 @@ def plot(cfg, ds, out_dir):
         th, g = np.asarray(d["growth_theory"].values), np.asarray(d["growth_measured"].values)
         ax.plot(ks, th, "-", color=f"C{i}", lw=1.2, label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
         ax.plot(ks, g, "o", color=f"C{i}", ms=4, mfc="none")
-    _style(ax, "mode k", "growth rate λ_k",
-           "solver (circles) against (k²/β) I_k(β)/I_0(β) − σ²k²/2 (lines)")
+    _style(ax, "mode k", r"growth rate $\lambda_k$",
+           r"solver (circles) against $(k^2/\beta)\, I_k(\beta)/I_0(\beta) - \sigma^2 k^2/2$ (lines)")
     figs.append(plots.save(fig, out_dir / "growth_rates.png"))
 
     if cfg["mode"] == "clusters":
@@ -172,7 +172,7 @@ def plot(cfg, ds, out_dir):
         jitter = np.linspace(-0.04, 0.04, max(1, len(pts)))[np.arange(len(pts)) % max(1, len(pts))]
         a1.plot(bs * (1 + 0 * jitter), counts, "o", mfc="none", label="first clusters (solver, each seed)")
         order = np.argsort(bs)
-        a1.plot(bs[order], kst[order], "k-", lw=1, label="k* = argmax k² I_k/I_0")
+        a1.plot(bs[order], kst[order], "k-", lw=1, label=r"$k^* = \arg\max_k\, k^2 I_k/I_0$")
         bb = np.geomspace(bs.min(), bs.max(), 100)
         a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
         plots.log_value_ticks(a1, bs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from ... import plots
 from .summary import groups, iter_points, label_of
@@ -86,6 +87,7 @@ def plot(cfg, ds, out_dir):
     ax.axhline(cfg["tol"], color="k", ls="--", lw=0.8, label=f"tol = {cfg['tol']:g}")
     ax.set_yscale("log")
     ax.set_xlabel("optimiser iteration (Adam, then L-BFGS)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("W2 at t1 (optimiser's solve)")
     ax.set_title(f"{cfg['name']}: optimisation, every target")
     ax.grid(alpha=0.3)
@@ -140,7 +142,7 @@ def plot(cfg, ds, out_dir):
             a2.axhline(float(ds["layer_limit_w2_bures"].isel(sel)), color=c, ls=":", lw=1.0,
                        label=f"{lab}: continuous time, same x0")
             a2.plot(Ls, ds["layer_w2_gap"].isel(sel).values, "^--", color=c, lw=1.0,
-                    label=f"{lab}: RMS |x_L − x(t1)| (layers vs continuous)")
+                    label=rf"{lab}: RMS $|x_L - x(t_1)|$ (layers vs continuous)")
         sel0 = tr_pts[0][1]
         fl = ds["particle_w2_floor"].isel(sel0).values
         if np.any(np.isfinite(fl)):

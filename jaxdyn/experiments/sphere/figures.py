@@ -38,14 +38,14 @@ def plot(cfg, ds, out_dir):
     curves = {f"β = {b:.3g}": (ip.isel(beta=i).values if "beta" in ip.dims else ip.values)
               for i, b in enumerate(betas)}
     figs.append(plots.curves(ds["t"].values, curves, out_dir / "mean_inner_product.png",
-                             xlabel="t (depth)", ylabel="mean pairwise ⟨x_i, x_j⟩",
+                             xlabel="t (depth)", ylabel=r"mean pairwise $\langle x_i, x_j\rangle$",
                              title=f"{cfg['name']}: clustering against time"))
     if "pair_fraction" in ds and "beta" in ds.dims and ds.sizes["beta"] > 1:
         pf = per_beta(ds, "pair_fraction")
         cc = per_beta(ds, "cluster_count")
         figs.append(plots.heatmaps(
             ds["t"].values, np.asarray(betas),
-            {f"fraction of pairs with ⟨x_i, x_j⟩ > {cfg['pair_threshold']:g}":
+            {rf"fraction of pairs with $\langle x_i, x_j\rangle$ > {cfg['pair_threshold']:g}":
                  pf.transpose("beta", "t").values,
              f"mean cluster count (components, δ = {cfg['cluster_delta']:g})":
                  cc.transpose("beta", "t").values},

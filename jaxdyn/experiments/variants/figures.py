@@ -45,12 +45,12 @@ def plot(cfg, ds, out_dir):
     t = ds["t"].values
     figs = [plots.curves(t, by_seed(ds, "mean_inner_product"),
                          out_dir / "mean_inner_product.png", xlabel="t (depth)",
-                         ylabel="mean pairwise ⟨x_i, x_j⟩ (directions)",
+                         ylabel=r"mean pairwise $\langle x_i, x_j\rangle$ (directions)",
                          title=f"{cfg['name']}: clustering against depth")]
     rad = by_seed(ds, "mean_radius")
     if any(np.ptp(r) > 1e-3 for r in rad.values()):
         figs.append(plots.curves(t, rad, out_dir / "mean_radius.png", xlabel="t (depth)",
-                                 ylabel="mean |z_i|", logy=True,
+                                 ylabel=r"mean $|z_i|$", logy=True,
                                  title=f"{cfg['name']}: the radius (pre-/peri-LN)"))
     table = sigma_table(cfg, ds)
     if table is not None and ds.sizes["sigma"] > 1:
@@ -65,10 +65,10 @@ def plot(cfg, ds, out_dir):
             frac[f"β = {b:g}"] = np.array([r["fraction_reaching_single_cluster"] for r in rows])
         figs.append(plots.curves(sig, med, out_dir / "time_to_single_cluster.png",
                                  xlabel="σ (noise)",
-                                 ylabel=f"median time to mean ⟨x_i, x_j⟩ ≥ {thr:g}",
+                                 ylabel=rf"median time to mean $\langle x_i, x_j\rangle$ ≥ {thr:g}",
                                  title=f"{cfg['name']}: noise against metastability "
                                        f"(gaps: not reached by t1 = {cfg['t1']:g})"))
         figs.append(plots.curves(sig, frac, out_dir / "fraction_single_cluster.png",
-                                 xlabel="σ (noise)", ylabel=f"fraction reaching ⟨x_i, x_j⟩ ≥ {thr:g}",
+                                 xlabel="σ (noise)", ylabel=rf"fraction reaching $\langle x_i, x_j\rangle$ ≥ {thr:g}",
                                  title=f"{cfg['name']}: runs reaching one cluster by t1"))
     return figs
