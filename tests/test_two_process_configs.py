@@ -59,8 +59,7 @@ REDUCED = {
     "control_sphere_clusters": _CONTROL,
     "gaussian_blowup": ["t1=0.2", "sweep.n=[250, 500]", "sweep.seed=[0, 1]",
                         "snapshots=[0.0, 0.2]", "snapshot_particles=100", "chunk_size=2"],
-    "gaussian_phase_diagram": ["phase.a=[-2.0, 2.0, 5]", "phase.c=[-2.0, 2.0, 5]",
-                               "chunk_size=10"],
+    "gaussian_phase_diagram": ["phase.a=[-2.0, 2.0, 5]", "phase.c=[-2.0, 2.0, 5]"],
     "gaussian_stable": ["t1=0.5", "sweep.n=[250]", "sweep.seed=[0, 1]",
                         "snapshots=[0.0, 0.5]", "snapshot_particles=100", "chunk_size=2"],
     "gaussianity_deit_random": [*_GAUSSIANITY, "layers=2", "sweep.scale=[0.5, 1.0]"],
@@ -91,6 +90,12 @@ REDUCED = {
     "variants_heads_causal": ["n=32", "t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 9.0]",
                               "sweep.heads=[1, 4]", "chunk_size=4"],
     "variants_layernorm": ["n=16", "t1=2.0", "sweep.beta=[1.0]", "chunk_size=2"],
+}
+
+# Configs whose run is one grid point by design (so one chunk: process 1 computes nothing), and why.
+ONE_POINT = {
+    "gaussian_phase_diagram": "study phase_diagram solves its whole (a, c) grid as one batch of "
+                              "solve_moments_batch and cannot sweep n, seed or activation",
 }
 
 # Configs that need the pretrained all-MiniLM-L6-v2 package.
@@ -222,7 +227,8 @@ def test_two_processes_give_the_single_process_dataset(config, tmp_path):
                                    f"process 0:\n{err0[-4000:]}\nprocess 1:\n{err1[-4000:]}")
     assert "computing its share of the chunks" in out1, out1
     chunks = sorted(p.name for p in (two / "chunks").glob("chunk_*.npz"))
-    assert len(chunks) >= 2, f"{name}: {chunks}: the reduced config needs at least two chunks"
+    assert len(chunks) >= 2 or name in ONE_POINT, (
+        f"{name}: {chunks}: the reduced config needs at least two chunks")
     status = _summary(one)["status"], _summary(two)["status"]
     assert status[0] == status[1] == "ok", (name, status)
     config_dtype = yaml.safe_load((one / "config.yaml").read_text()).get("dtype")
