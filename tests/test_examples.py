@@ -94,10 +94,13 @@ def _figure_checks(fig):
                 assert not inside.any(), f"the legend covers {line.get_label()!r}"
         for axis in (ax.xaxis, ax.yaxis):
             label = axis.get_label().get_text()
-            if "clusters" in label or "iteration" in label:
+            if "clusters" in label or "iteration" in label:  # a count: integer tick labels
                 lo, hi = sorted(axis.get_view_interval())
                 ticks = [t for t in axis.get_ticklocs() if lo <= t <= hi]
                 assert ticks and all(float(t).is_integer() for t in ticks), (label, ticks)
+                shown = [re.sub(r"\$|\\mathdefault\{|\}", "", t.get_text()).replace("−", "-")
+                         for t in [*axis.get_ticklabels(), *axis.get_ticklabels(minor=True)]]
+                assert all(re.fullmatch(r"-?\d+", t) for t in shown if t), (label, shown)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES
@@ -145,26 +148,30 @@ def test_two_process_sweep_help():
     assert p.returncode == 2 and "--bogus" in p.stderr, p
 
 
-def test_figure_text_has_no_literal_underscore():
+FIGURE_MODULES = ["jaxdyn/plots.py", *sorted(str(p.relative_to(ROOT)) for p in
+                                            (ROOT / "jaxdyn" / "experiments").glob("*/figures.py"))]
+
+
+@pytest.mark.parametrize("module", FIGURE_MODULES)
+def test_figure_text_has_no_literal_underscore(module):
     """The experiments' figure texts write subscripts in mathtext.
 
     Labels, titles and legend entries (read from the source): an underscore outside ``$…$``
     shows as itself.
     """
-    files = [ROOT / "jaxdyn" / "plots.py", *sorted((ROOT / "jaxdyn" / "experiments").glob("*/figures.py"))]
+    path = ROOT / module
+    tree = ast.parse(path.read_text())
+    skip = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr)}  # docstrings
+    skip |= {id(c) for n in ast.walk(tree) if isinstance(n, ast.Raise) for c in ast.walk(n)}
     bad = []
-    for path in files:
-        tree = ast.parse(path.read_text())
-        skip = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
-                and isinstance(n.body[0], ast.Expr)}  # docstrings
-        skip |= {id(c) for n in ast.walk(tree) if isinstance(n, ast.Raise) for c in ast.walk(n)}
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip:
-                shown = re.sub(r"\$[^$]*\$", "", n.value)
-                # text meant for a reader (spaces or non-ASCII), not a variable or key name
-                if "_" in shown and (" " in shown or any(ord(c) > 127 for c in shown)):
-                    bad.append(f"{path.relative_to(ROOT)}:{n.lineno}: {n.value!r}")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip:
+            shown = re.sub(r"\$[^$]*\$", "", n.value)
+            # text meant for a reader (spaces or non-ASCII), not a variable or key name
+            if "_" in shown and (" " in shown or any(ord(c) > 127 for c in shown)):
+                bad.append(f"{module}:{n.lineno}: {n.value!r}")
     assert not bad, "\n".join(bad)
 
 
