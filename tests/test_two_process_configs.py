@@ -102,8 +102,17 @@ ONE_POINT = {
 NEEDS_MINILM = {"gaussianity_minilm", "minilm_heads"}
 
 # Float variables known to differ between the runs at rounding, with the reason:
-# {config: {variable: (rtol, atol)}}; empty where every value is reproduced to the rule above.
-ROUNDING: dict = {}
+# {config: {variable: (rtol, atol)}}; the others are held to the rule above.
+# The gaussian trajectory study (float32 particles, chunks of two clouds): one process holds a
+# chunk's two clouds on its one device, two processes one each, so XLA vectorises the per-frame
+# float32 reductions over N (mean, covariance, projected moments) for a batch of two or of one
+# and sums in another order. The trajectories agree to the bit (x_snapshot); the reductions by
+# a few float32 ulps (measured: mean and covariance 3e-7 and 5e-7 relative); the excess kurtosis
+# m4/σ⁴ − 3 and the skewness (near 0 for these near-Gaussian clouds) carry that as absolute
+# error (measured 1.2e-6 and 4.3e-7), and the Bures distance computed from those moments (a
+# matrix square root) as 2e-6 relative.
+_GAUSSIAN_ROUNDING = {"kurt": (1e-6, 1e-5), "skew": (1e-6, 1e-5), "bures": (1e-5, 0.0)}
+ROUNDING: dict = {"gaussian_stable": _GAUSSIAN_ROUNDING, "gaussian_blowup": _GAUSSIAN_ROUNDING}
 
 
 def _free_port():
