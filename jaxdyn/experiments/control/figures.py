@@ -42,7 +42,7 @@ def plot(cfg, ds, out_dir):
                          ls=styles[ns.index(particles_of(cfg, lab)) % len(styles)])
         axes[1].semilogy(ds["w2_history"].isel(sel).values, color=c, lw=1)
     axes[0].set_ylabel("loss J")
-    axes[1].set_ylabel("W2 ≈ sqrt(S_ε)")
+    axes[1].set_ylabel(r"W2 ≈ sqrt($S_\varepsilon$)")
     for ax in axes:
         ax.set_xlabel("iteration (Adam, then L-BFGS)")
         ax.axvline(cfg["adam_steps"], color="0.6", ls=":", lw=0.8)
@@ -68,7 +68,7 @@ def plot(cfg, ds, out_dir):
                           label=key.replace("_", " ") + tag)
         if rs[0]["w2_floor"]:
             ax.axhline(rs[0]["w2_floor"], color=c, ls="-.", lw=0.8,
-                       label="W2(ν_N, ν'_N) floor" + tag)
+                       label=r"W2($\nu_N$, $\nu'_N$) floor" + tag)
         slope = depth_rate(rs)
         if slope is not None:
             slopes.append(f"{slope:.2f}")
