@@ -437,7 +437,8 @@ def _w2_counts(n, iters, density, d=3):
 def w2(rec, kind):
     """Sinkhorn iterations at the headline N, over the kernel entries the geometry keeps."""
     rows = [r for r in (rec.get("result") or {}).get("rows") or []
-            if r.get("jaxdyn_s") is not None and not r.get("skipped")]
+            if (r.get("jaxdyn_s") is not None or r.get("method") == "jaxdyn")
+            and not r.get("skipped")]
     n = _headline_n(rec)
     r = next((r for r in rows if r["n"] == n and r.get("n_iters")), None)
     if r is None:

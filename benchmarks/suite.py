@@ -112,6 +112,15 @@ def _pde(d):
 
 
 def _w2(d):
+    compare = [r for r in d["rows"] if r.get("method") and r.get("wall_s") is not None]
+    if compare:  # bench_w2 --compare: jaxdyn against GeomLoss at equal accuracy
+        n = max(r["n"] for r in compare if r["method"] == "jaxdyn")
+        at_n = {r["method"]: r for r in compare if r["n"] == n}
+        j, g = at_n["jaxdyn"], at_n.get("geomloss")
+        return _h(j["wall_s"], f"w2_sinkhorn, {j['case']}, N = {n}",
+                  g["wall_s"] if g else None, "GeomLoss multiscale Sinkhorn (KeOps)" if g else "",
+                  note=f"warm calls; relative error {j['rel_err']:.1e} (GeomLoss "
+                       f"{g['rel_err']:.1e})" if g else "")
     rows = [r for r in d["rows"] if not r.get("skipped") and r.get("jaxdyn_s") is not None]
     paired = [r for r in rows if r.get("exact_s") is not None]
     if paired:
