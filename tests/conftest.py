@@ -9,22 +9,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The CLI's persistent compilation cache stays off in tests (the user's cache folder is never
 # written; tests/test_startup.py turns it on in a temporary folder).
 os.environ.setdefault("JAXDYN_NO_CACHE", "1")
-# XLA:CPU's LLVM passes off (JAX's public ``jax_disable_most_optimizations``): the tests compile
-# hundreds of small programs that each run for milliseconds, and LLVM's optimisation is a
-# large part of each compile. The HLO programs (what jaxdyn builds, and what the assertions
-# check) are the same; only their machine code is less optimised. Measured on tests/test_gaussian.py
-# and tests/test_pde.py (2 cores, -n 0): 54.0 CPU-s with the passes, 47.4 without. Set in the
-# environment, so that the subprocesses the tests start (the CLI, the multi-process runs) share
-# it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite on fully optimised programs.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_disable_most_optimizations",
-                  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() not in ("0", "false", "no", "off"))
 
 # The export cases (tests/export/) run in tests/test_export.py's child process, with
 # EQX_ON_ERROR=nan; collected here only there.
