@@ -7,10 +7,13 @@ coordinates and values, and ``summary.json`` the same status.
 
 Values: integers, booleans and strings exactly; floats with ``np.testing.assert_allclose`` at
 ``rtol = 1e-6`` (a float32 variable, or any float variable of a run whose ``dtype`` is float32)
-or ``1e-12`` (float64), NaN equal to NaN (a deterministic computation
-gives the same numbers whichever process computes a point; the device kinds also run each
-chunk's systems split over two devices instead of one: the same per-system program). The
-wall-clock variables (``*seconds``) are not compared.
+or ``1e-12`` (float64), NaN equal to NaN: a deterministic computation gives the same numbers
+whichever process computes a point. The kinds that split each chunk's systems over every
+device (sphere, concentration, gaussian trajectories) put a chunk of several systems on the one
+device of the single process but one system on each device of the cluster: XLA then vectorises
+float32 reductions otherwise, and :data:`ROUNDING` names the variables that differ at rounding
+for that reason, with the measured differences (one process with two devices gives the
+two-process Dataset bit for bit). The wall-clock variables (``*seconds``) are not compared.
 
 The configs are collected by glob: a new config fails here until :data:`REDUCED` has its
 overrides. The three processes of a config run at once (the single-process reference beside
