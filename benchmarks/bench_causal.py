@@ -56,7 +56,7 @@ def main(argv=None):
 
     import jaxdyn as jd
     import jaxdyn.kernels
-    from jaxdyn.kernels._variants import CAUSAL_LARGE_N, CAUSAL_Q_BLOCK
+    from jaxdyn.kernels import CAUSAL_LARGE_N, CAUSAL_Q_BLOCK
 
     sizes = [256, 512] if args.tiny else args.sizes
     reps = args.reps or (2 if args.tiny else 7)

@@ -101,6 +101,7 @@ def test_application_layer_uses_public_names_only():
                          r"|from \.\. import _|jaxdyn\._\w+")
     private_name = re.compile(r"^\s*from [\w.]+ import .*\b_[A-Za-z]\w*")
     files = list((PKG / "experiments").rglob("*.py")) + list((ROOT / "benchmarks").glob("*.py"))
+    files += list((ROOT / "reproductions").glob("*.py"))
     hits = []
     for f in files:
         for i, line in enumerate(f.read_text().splitlines(), 1):

@@ -2,15 +2,12 @@
 covariance ODE, each against an independent NumPy transcription of the published equations.
 
 Default tests (a few CPU-seconds): the step and the right-hand side, exactly (float64).
-Slow tests (``-m slow``): the whole reproductions, ``benchmarks/tfdy_split_reference.py`` and
-``benchmarks/castin_covariance_reference.py`` (their default-suite counterparts: the two
-tests above them).
+The whole reproductions (``reproductions/tfdy_split_reference.py`` and
+``reproductions/castin_covariance_reference.py``) run in ``tests/test_reproductions.py``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +18,6 @@ import jaxdyn
 
 jax.config.update("jax_enable_x64", True)
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 # --------------------------------------------------------------------------------------
@@ -96,44 +92,3 @@ def test_castin_covariance_rhs_is_the_moment_ode_with_A0_B_KtQ_over_sqrt_d(rank_
         ref = _castin_rhs(S, Q, K, V, d)
         np.testing.assert_allclose(np.asarray(dS), ref, rtol=0, atol=1e-12 * max(1.0, np.abs(ref).max()))
         np.testing.assert_array_equal(np.asarray(dm), 0.0)
-
-
-# --------------------------------------------------------------------------------------
-# The whole reproductions (slow)
-# --------------------------------------------------------------------------------------
-
-
-def _bench(name, tmp_path, monkeypatch):
-    """Import a benchmark script, its results redirected to tmp_path."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        mod = __import__(name)
-        common = __import__("common")
-    finally:
-        sys.path.remove(str(BENCH))
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    monkeypatch.delenv("OUT", raising=False)
-    return mod
-
-
-@pytest.mark.slow
-def test_castin_reproduction_verdicts_and_first_order(tmp_path, monkeypatch):
-    """Default-suite counterpart: test_castin_covariance_rhs_is_the_moment_ode_…"""
-    mod = _bench("castin_covariance_reference", tmp_path, monkeypatch)
-    out = mod.main(["--no-plot", "--tag", "_test"])
-    for name, r in out["experiments"].items():
-        assert r["agree"] == r["members"], (name, r["disagree_members"])
-    assert out["experiments"]["zero"]["euler_verdicts"]["converged"] == out["experiments"]["zero"]["members"]
-    assert out["experiments"]["blowup"]["jaxdyn_verdicts"]["blowup"] == out["experiments"]["blowup"]["members"]
-    mixed = out["experiments"]["mixed"]["jaxdyn_verdicts"]
-    assert mixed["converged"] > 0 and mixed["blowup"] > 0
-    for name, s in out["order_study"].items():
-        assert 0.9 < s["fitted_order"] < 1.1, (name, s["fitted_order"])
-
-
-@pytest.mark.slow
-def test_tfdy_split_reproduction_matches_published_fractions(tmp_path, monkeypatch):
-    """Default-suite counterpart: test_tfdy_split_step_is_euler_renormalise_…"""
-    mod = _bench("tfdy_split_reference", tmp_path, monkeypatch)
-    out = mod.main(["--no-plot", "--tag", "_test"])
-    assert out["max_abs_z"] < 3.5

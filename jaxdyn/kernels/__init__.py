@@ -21,6 +21,8 @@ from ._attention import (
 from ._flash import attend as attend
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
 from ._variants import (
+    CAUSAL_LARGE_N as CAUSAL_LARGE_N,
+    CAUSAL_Q_BLOCK as CAUSAL_Q_BLOCK,
     MASKS as MASKS,
     attention_weights as attention_weights,
     default_rope_freqs as default_rope_freqs,
@@ -30,6 +32,8 @@ from ._variants import (
 )
 
 __all__ = [
+    "CAUSAL_LARGE_N",
+    "CAUSAL_Q_BLOCK",
     "DEFAULT_BLOCKS",
     "HIGHEST",
     "KERNELS",

@@ -57,7 +57,8 @@ from ..choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
 from ._online import FUSED_MAX_D, bound, query_positions, ratio, sums
 
-__all__ = ["MASKS", "attention_weights", "default_rope_freqs", "heads_interaction", "rope",
+__all__ = ["CAUSAL_LARGE_N", "CAUSAL_Q_BLOCK", "MASKS", "attention_weights", "default_rope_freqs",
+           "heads_interaction", "rope",
            "sinkhorn_key_bias"]
 
 LOGITS = ("dot", "l2")
