@@ -12,8 +12,8 @@ whichever process computes a point. The kinds that split each chunk's systems ov
 device (sphere, concentration, gaussian trajectories) put a chunk of several systems on the one
 device of the single process but one system on each device of the cluster: XLA then vectorises
 float32 reductions otherwise, and :data:`ROUNDING` names the variables that differ at rounding
-for that reason, with the measured differences (one process with two devices gives the
-two-process Dataset bit for bit). The wall-clock variables (``*seconds``) are not compared.
+for that reason, with the measured differences (the initial clouds agree to the bit; the
+integration and the reductions part). The wall-clock variables (``*seconds``) are not compared.
 
 The configs are collected by glob: a new config fails here until :data:`REDUCED` has its
 overrides. The three processes of a config run at once (the single-process reference beside
