@@ -1,11 +1,13 @@
 """The multiscale W2 compiles nothing on a second call with the same clouds."""
 
 import numpy as np
+import pytest
 
 import jaxdyn
 from jaxdyn.distances import w2_sinkhorn
 
 
+@pytest.mark.slow  # about 30 CPU-s: two multiscale solves at N = 5000
 def test_second_multiscale_call_compiles_nothing_and_gives_the_same_value():
     """Every program of the multiscale solver is cached: a second call compiles none (about 30 CPU-s)."""
     rng = np.random.default_rng(0)

@@ -211,6 +211,7 @@ def _multihead_systems(nb, n, dtype, seed=0, **kw):
     return jaxdyn.stack_models(ms), x0
 
 
+@pytest.mark.slow_dtype("f64")  # the model path in f32 by default; f64 under -m slow
 @pytest.mark.parametrize("kw", [dict(), dict(mask="causal", alibi=0.1, rope=True)],
                          ids=["full", "causal-alibi-rope"])
 def test_multihead_equals_vmapped_simulate(dtype, kw):

@@ -159,6 +159,7 @@ def test_query_sharded_interaction_one_device_is_plain(dtype):
                                atol=tol(dtype, 1e-5, 1e-12))
 
 
+@pytest.mark.slow_dtype("f64")  # the model path in f32 by default; f64 under -m slow
 @pytest.mark.parametrize("kw", [
     dict(mask="causal", alibi=0.15, rope=True, kernel="blocked", k_block=8, q_block=8),
     dict(mask="causal", alibi=0.15, rope=True, kernel="dense"),
