@@ -125,9 +125,18 @@ _GAUSSIAN_ROUNDING = {"kurt": (1e-6, 1e-5), "skew": (1e-6, 1e-5), "bures": (1e-5
 # products is the rule of the 4-devices-against-1 test (tests/test_sweeps.py).
 _SPHERE_ROUNDING = {"x_snapshot": (1e-6, 1e-6), "mean_inner_product": (1e-6, 1e-6),
                     "energy": (1e-5, 0.0)}
+# The concentration kind on S² (float32, chunks of two systems), for the same reason: the
+# trajectories part by a float32 ulp, and the mean of L = |P_E⊥ x|²/|P_E x|² over the particles
+# divides by |P_E x|², near 0 for a particle near E⊥, so that ulp grows there (measured 1.4e-5
+# relative at β = 100 ... 1000; the median of L, the masses and W2 agree to 1e-6 or exactly).
+# On S³ (the d = 4 configs) the two runs agree to the bit.
+_CONCENTRATION_ROUNDING = {"lyapunov_mean": (1e-4, 0.0)}
 ROUNDING: dict = {"gaussian_stable": _GAUSSIAN_ROUNDING, "gaussian_blowup": _GAUSSIAN_ROUNDING,
                   "beta_sweep_s2": _SPHERE_ROUNDING, "sweep_large": _SPHERE_ROUNDING,
-                  "variants_heads_causal": _SPHERE_ROUNDING}
+                  "variants_heads_causal": _SPHERE_ROUNDING,
+                  "concentration_s2": _CONCENTRATION_ROUNDING,
+                  "terminal_phase": _CONCENTRATION_ROUNDING,
+                  "terminal_phase_readings": _CONCENTRATION_ROUNDING}
 
 
 def _free_port():
