@@ -38,6 +38,12 @@ import numpy as np
 __all__ = ["RESULTS", "STATUS_NAMES", "Solution", "status_code", "status_codes", "status_messages", "status_names",
            "is_successful", "from_codes", "code", "raise_if_failed", "error_if_failed"]
 
+#: the codes jaxdyn's RESULTS takes from diffrax (and the optimistix/lineax codes it extends)
+_LIBRARY_CODES = ("max_steps_reached", "singular", "breakdown", "stagnation", "conlim",
+                  "nonfinite_input", "nonlinear_max_steps_reached", "nonlinear_divergence",
+                  "dt_min_reached", "event_occurred", "max_steps_rejected", "internal_error")
+
+
 def _named(name: str) -> str:
     """The message diffrax gives the code ``name``, led by the name (``"max_steps_reached: ..."``)."""
     item = getattr(diffrax.RESULTS, name, None)
@@ -54,18 +60,8 @@ with warnings.catch_warnings():
 
     class RESULTS(diffrax.RESULTS):  # pyright: ignore[reportGeneralTypeIssues]
         successful = "successful: the solve finished with no failure."
-        max_steps_reached = _named("max_steps_reached")
-        singular = _named("singular")
-        breakdown = _named("breakdown")
-        stagnation = _named("stagnation")
-        conlim = _named("conlim")
-        nonfinite_input = _named("nonfinite_input")
-        nonlinear_max_steps_reached = _named("nonlinear_max_steps_reached")
-        nonlinear_divergence = _named("nonlinear_divergence")
-        dt_min_reached = _named("dt_min_reached")
-        event_occurred = _named("event_occurred")
-        max_steps_rejected = _named("max_steps_rejected")
-        internal_error = _named("internal_error")
+        # diffrax's (optimistix's, lineax's) codes, each message led by its name
+        locals().update({n: _named(n) for n in _LIBRARY_CODES})
         nonfinite = (
             "nonfinite: Non-finite values (NaN or inf) appeared in the solution. Try a smaller step "
             "(dt) or tighter tolerances, float64 (jax_enable_x64), and check the inputs and "

@@ -188,8 +188,6 @@ class ReachResult(Solution):
                          f"(steps_per_piece {int(st['steps_per_piece'])})")
         return "; ".join(parts)
 
-    # kept apart deliberately: one stats property a line, a declaration each (the shape of other
-    # name = f("name") tables, e.g. jaxdyn/_results.py's RESULTS messages).
     iterations = stat("iterations")
 
     evaluations = stat("evaluations")

@@ -285,12 +285,7 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
                "cloud and pass it as key_bias with sinkhorn_iters=0")
     if err:
         raise ValueError(err)
-    k_block = _check_block("k_block", k_block)
-    q_block = _check_block("q_block", q_block)
-    kernel = resolve_kernel(kernel, k.shape[1])
-    n, m = q.shape[1], k.shape[1]
-    k_block = None if k_block is None else min(k_block, m)
-    q_block = None if q_block is None else min(q_block, n)
+    kernel, k_block, q_block = _call_blocks(kernel, k_block, q_block, q.shape[1], k.shape[1])
     # one program a call shape when called eagerly (inlined under a caller's jit)
     return _heads_jit(q, k, v, beta, key_bias, alibi, q_offset, causal=bool(causal),
                       logits=logits, iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
@@ -329,13 +324,8 @@ def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", si
         err = f"sinkhorn_iters must be an integer >= 1, got {sinkhorn_iters!r}"
     if err:
         raise ValueError(err)
-    k_block = _check_block("k_block", k_block)
-    q_block = _check_block("q_block", q_block)
-    kernel = resolve_kernel(kernel, k.shape[1])
-    n, m = q.shape[1], k.shape[1]
-    k_block = None if k_block is None else min(k_block, m)
-    q_block = None if q_block is None else min(q_block, n)
-    v = jnp.zeros((m, 0), q.dtype)
+    kernel, k_block, q_block = _call_blocks(kernel, k_block, q_block, q.shape[1], k.shape[1])
+    v = jnp.zeros((k.shape[1], 0), q.dtype)
     g = _heads_jit(q, k, v, beta, key_bias, alibi, None, causal=False, logits=logits,
                    iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block,
                    safe=_guard(q.dtype), potential=True)
@@ -485,3 +475,11 @@ def _sinkhorn_blocked(qs, k, bias, alibi, *, beta, l2, iters, mode, step, k_bloc
         return -(_row_lse(k, qs, f, alibi, amgm=col_s, **opts) + b0) + shift
 
     return jax.lax.fori_loop(0, iters, sweep, jnp.zeros((m,), qs.dtype))
+
+
+def _call_blocks(kernel, k_block, q_block, n, m):
+    """The concrete kernel at ``m`` keys and the checked block sizes, capped at ``m`` and ``n``."""
+    k_block = _check_block("k_block", k_block)
+    q_block = _check_block("q_block", q_block)
+    return (resolve_kernel(kernel, m), None if k_block is None else min(k_block, m),
+            None if q_block is None else min(q_block, n))

@@ -394,12 +394,7 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
     traj = Trajectory(ts=ts, xs=xs, result=result,
                       stats={"num_steps": steps, "num_accepted_steps": steps})
     traj = flag_invalid(traj, bad_params)  # one flag per system
-    if throw:
-        if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
-            traj = error_if_failed(traj, traj.result)
-        else:
-            raise_if_failed(traj, "simulate_ensemble")
-    return traj
+    return _thrown(traj, x0, models, throw)
 
 
 def _ensemble_of_fields(models, x0, *, t1, dt, t0, save_every, saveat, method, chunk, devices,
@@ -461,9 +456,20 @@ def _ensemble_of_fields(models, x0, *, t1, dt, t0, save_every, saveat, method, c
         models, x0.astype(dtype))
     traj = Trajectory(ts=traj.ts[0], xs=traj.xs, result=traj.result,
                       stats={k: v[0] for k, v in traj.stats.items()})
-    if throw:
-        if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
-            traj = error_if_failed(traj, traj.result)
-        else:
-            raise_if_failed(traj, "simulate_ensemble")
+    return _thrown(traj, x0, models, throw)
+
+
+def _thrown(traj, x0, models, throw):
+    """A trajectory with ``throw`` applied: a failure raised (concrete inputs) or flagged.
+
+    Traced inputs flag the failure for equinox's runtime error instead of raising.
+
+    Returns:
+      ``traj`` (or its flagged copy).
+    """
+    if not throw:
+        return traj
+    if any(_is_traced(a) for a in jax.tree.leaves(eqx.filter((x0, models), eqx.is_array))):
+        return error_if_failed(traj, traj.result)
+    raise_if_failed(traj, "simulate_ensemble")
     return traj
