@@ -155,3 +155,13 @@ def test_config_output_ends_with_a_newline(capsys):
         rc, out, _ = _main(argv, capsys)
         assert rc == 0 and out.endswith("\n") and not out.endswith("\n\n"), argv
         assert yaml.safe_load(out)["kind"]
+
+
+def test_figure_beta_outside_the_sweep_is_named_with_the_beta_shown(capsys):
+    cfg = str(ROOT / "configs" / "beta_sweep_s2.yaml")  # figure_beta: 30
+    rc, _, err = _main(["config", cfg, "--set", "sweep.beta=[1,10,100]"], capsys)
+    assert rc == 0
+    assert ("figure_beta = 30 is not among the run's β values [1.0, 10.0, 100.0]: the snapshot "
+            "figure shows the nearest, β = 10") in err
+    rc, _, err = _main(["config", cfg], capsys)
+    assert rc == 0 and "figure_beta" not in err

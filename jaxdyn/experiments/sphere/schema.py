@@ -30,7 +30,15 @@ BATCH_AXES = ("beta", "seed")
 def check(cfg):
     """Cross-field checks of a ``sphere`` config (:meth:`~jaxdyn.experiments.ExperimentKind.check`)."""
     sc.check_variants(cfg)
-    return sc.check_sphere(cfg)
+    warns = sc.check_sphere(cfg)
+    betas = list(cfg.get("sweep", {}).get("beta") or [cfg["beta"]])
+    fb = cfg.get("figure_beta")
+    if fb is not None and not any(abs(fb - b) < 1e-9 for b in betas):
+        near = min(betas, key=lambda b: abs(b - fb))
+        warns.append(f"figure_beta = {fb:g} is not among the run's β values {betas}: the "
+                     f"snapshot figure shows the nearest, β = {near:g} (set figure_beta to one of "
+                     "them)")
+    return warns
 
 
 def process_split(cfg):
