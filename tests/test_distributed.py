@@ -202,6 +202,7 @@ def test_sweep_over_two_processes_equals_one_process(two_processes):
     run = two_processes["tmp"] / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["versions"]["devices"] == 2
+    assert summary["versions"]["processes"] == 2
     got, reference = _load(run), _load(two_processes["single"])
     assert got.sizes == reference.sizes
     for v in reference.data_vars:  # the 4-devices-vs-1 rule (float32 config)

@@ -38,7 +38,7 @@ def compile_stats() -> dict:
 
 
 def versions() -> dict:
-    """Python, JAX, the backend, the device count and jaxdyn's version.
+    """Python, JAX, the backend, the device and process counts and jaxdyn's version.
 
     Returns:
       The versions.
@@ -46,7 +46,8 @@ def versions() -> dict:
     import jax
 
     out = {"python": platform.python_version(), "jax": jax.__version__,
-           "backend": jax.default_backend(), "devices": len(jax.devices())}
+           "backend": jax.default_backend(), "devices": len(jax.devices()),
+           "processes": jax.process_count()}
     try:
         from importlib.metadata import version
         out["jaxdyn"] = version("jaxdyn")
