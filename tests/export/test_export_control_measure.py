@@ -31,9 +31,9 @@ def test_flow_and_loss_gradient_export_for_each_model():
         x0, y = _clouds(model)
         c = {k: np.asarray(v) + 0.1 for k, v in
              default_controls(model, x0.shape[1], 2, jnp.float32).items()}
-        export_check(lambda V, c=c, x0=x0, model=model: measure_flow(
+        assert export_check(lambda V, c=c, x0=x0, model=model: measure_flow(
             dict(c, V=V), x0, model=model, steps_per_layer=2), c["V"])
-        export_check(lambda V, c=c, x0=x0, y=y, model=model: jax.grad(
+        assert export_check(lambda V, c=c, x0=x0, y=y, model=model: jax.grad(
             lambda v: measure_loss(dict(c, V=v), x0, y, model=model, epsilon=0.1))(V), c["V"])
 
 
@@ -47,11 +47,11 @@ def test_flow_exports_with_weights_built_inside_from_numpy():
              "beta": np.ones((2,), np.float32)}
         return measure_flow(c, x, model="sphere", steps_per_layer=1)
 
-    export_check(f, x0)
+    assert export_check(f, x0)
 
 
 def test_measure_control_exports():
     """The whole optimiser (Adam, L-BFGS, Sinkhorn) lowers for cuda and tpu."""
     x0, y = _clouds("euclidean")
-    export_check(lambda x: measure_control(x, y, n_layers=2, adam_steps=2, lbfgs_steps=2,
+    assert export_check(lambda x: measure_control(x, y, n_layers=2, adam_steps=2, lbfgs_steps=2,
                                            steps_per_layer=1), x0)

@@ -22,32 +22,32 @@ def _clouds(n=24, m=20, d=3, dtype=np.float32):
 @pytest.mark.parametrize("batch_size", [None, 8], ids=["dense", "online"])
 def test_w2_sinkhorn_exports(batch_size):
     x, y = _clouds()
-    export_check(lambda a, b: w2_sinkhorn(a, b, batch_size=batch_size), x, y)
+    assert export_check(lambda a, b: w2_sinkhorn(a, b, batch_size=batch_size), x, y)
 
 
 def test_w2_sinkhorn_fixed_epsilon_and_throw_export():
     # a traced ε (an argument of the program), and throw=True (eqx.error_if: under
     # EQX_ON_ERROR=nan a NaN select, no callback)
     x, y = _clouds()
-    export_check(lambda a, b, e: w2_sinkhorn(a, b, epsilon=e), x, y, jnp.float32(0.1))
-    export_check(lambda a, b: w2_sinkhorn(a, b, throw=True), x, y)
+    assert export_check(lambda a, b, e: w2_sinkhorn(a, b, epsilon=e), x, y, jnp.float32(0.1))
+    assert export_check(lambda a, b: w2_sinkhorn(a, b, throw=True), x, y)
 
 
 def test_w2_sinkhorn_gradient_exports():
     x, y = _clouds()
-    export_check(lambda a, b: jax.grad(lambda p: w2_sinkhorn(p, b).divergence)(a), x, y)
+    assert export_check(lambda a, b: jax.grad(lambda p: w2_sinkhorn(p, b).divergence)(a), x, y)
 
 
 def test_w2_coupling_exports():
     x, y = _clouds(m=24)
-    export_check(w2_coupling, x, y)
-    export_check(w2_coupling, jnp.stack([x, 2 * x]), y)  # a batch of clouds
+    assert export_check(w2_coupling, x, y)
+    assert export_check(w2_coupling, jnp.stack([x, 2 * x]), y)  # a batch of clouds
 
 
 @pytest.mark.parametrize("method", ["sinkhorn", "coupling"])
 def test_w2_methods_export(method):
     x, y = _clouds(m=24)
-    export_check(lambda a, b: w2(a, b, method=method), x, y)
+    assert export_check(lambda a, b: w2(a, b, method=method), x, y)
 
 
 def test_bures_w2_exports():
@@ -57,8 +57,8 @@ def test_bures_w2_exports():
     S1 = jnp.asarray(np.eye(3) * 2.0, jnp.float32)
     m0 = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
     m1 = jnp.zeros(3, jnp.float32)
-    export_check(bures_w2, m0, S0, m1, S1)
-    export_check(bures_w2_squared, m0, S0, m1, S1)
+    assert export_check(bures_w2, m0, S0, m1, S1)
+    assert export_check(bures_w2_squared, m0, S0, m1, S1)
 
 
 def test_distances_built_inside_from_numpy_inputs_export():
@@ -74,4 +74,4 @@ def test_distances_built_inside_from_numpy_inputs_export():
                      np.ones(2, np.float32), scale * np.eye(2, dtype=np.float32))
         return r.value + b.value + w2_coupling(x, yn).value
 
-    export_check(f, jnp.float32(1.5))
+    assert export_check(f, jnp.float32(1.5))

@@ -20,7 +20,7 @@ def _cloud(n=40, d=3, seed=0):
 def test_interaction_exports(kernel, normalization):
     x = _cloud()
     B = jnp.eye(3, dtype=jnp.float32)
-    export_check(lambda x, B, beta: K.interaction(x, x, B, beta, normalization=normalization,
+    assert export_check(lambda x, B, beta: K.interaction(x, x, B, beta, normalization=normalization,
                                                   kernel=kernel, k_block=16, q_block=32),
                  x, B, jnp.float32(2.0))
 
@@ -29,13 +29,13 @@ def test_interaction_with_weights_built_inside_exports():
     # B from NumPy weights inside the exported function
     rng = np.random.default_rng(1)
     Q, Kw = rng.normal(size=(3, 3)), rng.normal(size=(3, 3))
-    export_check(lambda x: K.interaction(x, x, jnp.asarray(Q.T @ Kw, jnp.float32), 1.5,
+    assert export_check(lambda x: K.interaction(x, x, jnp.asarray(Q.T @ Kw, jnp.float32), 1.5,
                                          kernel="blocked"), _cloud(1100))
 
 
 def test_blocked_exports():
     x = _cloud()
-    export_check(lambda x: K.blocked(2.0 * x, x, k_block=16, q_block=32, self_keys=True), x)
+    assert export_check(lambda x: K.blocked(2.0 * x, x, k_block=16, q_block=32, self_keys=True), x)
 
 
 @pytest.mark.parametrize("opts", [
@@ -64,18 +64,18 @@ def test_heads_interaction_exports(kernel, opts):
         return K.heads_interaction(q, k, x, beta, alibi=alibi, key_bias=bias, kernel=kernel,
                                    k_block=8, q_block=16, **opts)
 
-    export_check(f, x, jnp.float32(2.0), alibi, bias)
+    assert export_check(f, x, jnp.float32(2.0), alibi, bias)
 
 
 def test_attention_weights_exports():
     q = _cloud(9)[None]
-    export_check(lambda q, b: K.attention_weights(q, q, b, causal=True), q, jnp.float32(1.0))
+    assert export_check(lambda q, b: K.attention_weights(q, q, b, causal=True), q, jnp.float32(1.0))
 
 
 def test_blocked_lse_exports():
     x, y = _cloud(50), _cloud(30, seed=1)
     pot = jnp.zeros((30,), jnp.float32)
-    export_check(lambda x, pot, eps: K.blocked_lse(x, y, pot, eps, q_block=16, k_block=8),
+    assert export_check(lambda x, pot, eps: K.blocked_lse(x, y, pot, eps, q_block=16, k_block=8),
                  x, pot, jnp.float32(0.1))
 
 
@@ -100,11 +100,11 @@ def test_blocked_gradients_export(which):
             return jnp.sum(jnp.sin(K.attend(beta * x, x, x, jnp.zeros((70,), jnp.float32),
                                             32, 16)))
 
-    export_check(jax.grad(f, argnums=(0, 1)), x, jnp.float32(2.0))
+    assert export_check(jax.grad(f, argnums=(0, 1)), x, jnp.float32(2.0))
 
 
 def test_sinkhorn_key_bias_exports():
     q = _cloud(37)[None]
-    export_check(lambda q, beta: K.sinkhorn_key_bias(q, q, beta, sinkhorn_iters=2,
+    assert export_check(lambda q, beta: K.sinkhorn_key_bias(q, q, beta, sinkhorn_iters=2,
                                                      kernel="blocked", k_block=8, q_block=16),
                  q, jnp.float32(2.0))
