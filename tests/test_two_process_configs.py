@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from test_distributed import _finish  # the launch helpers of the two-process tests
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -159,22 +160,6 @@ def _env(port=None, pid=None):
     return env
 
 
-def _finish(procs, timeout=TIMEOUT):
-    """Wait for every process (killing all of them past ``timeout``); (rc, out, err) each."""
-    deadline = time.time() + timeout
-    res = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            pytest.fail(f"a process hung past {timeout}s:\n{out}\n{err[-3000:]}")
-        res.append((p.returncode, out, err))
-    return res
-
-
 def _load(d):
     with xr.open_dataset(Path(d) / "data.nc", engine="h5netcdf") as ds:
         return ds.load()
@@ -253,7 +238,7 @@ def test_two_processes_give_the_single_process_dataset(config, tmp_path):
              for pid in range(2)]
     procs.append(subprocess.Popen(cmd(one), env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
-    (rc0, out0, err0), (rc1, out1, err1), (rc, _, err) = _finish(procs)
+    (rc0, out0, err0), (rc1, out1, err1), (rc, _, err) = _finish(procs, TIMEOUT)
     seconds = time.time() - t0
     assert rc == 0, f"{name}, one process: exit {rc}\n{err[-4000:]}"
     assert rc0 == 0 and rc1 == 0, (f"{name}, two processes: exit {rc0}, {rc1}\n"
