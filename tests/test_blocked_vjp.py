@@ -9,6 +9,7 @@ at a time, never stored).
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _jaxpr import largest_array as _largest_array
 import pytest
 
 import jaxdyn
@@ -128,28 +129,6 @@ def test_attend_gradient_with_bias_equals_dense(dtype):
 
 
 # ------------------------------------------------------------ no N × N array in the gradient
-
-
-def _largest_array(jaxpr):
-    """The largest number of elements of any value the program (and its sub-programs) makes."""
-    def subs(v):
-        if hasattr(v, "eqns"):
-            yield v
-        elif hasattr(getattr(v, "jaxpr", None), "eqns"):
-            yield v.jaxpr
-        elif isinstance(v, (tuple, list)):
-            for u in v:
-                yield from subs(u)
-
-    def sizes(jp):
-        for eqn in jp.eqns:
-            for var in eqn.outvars:
-                yield int(np.prod(var.aval.shape)) if hasattr(var.aval, "shape") else 0
-            for v in eqn.params.values():
-                for sub in subs(v):
-                    yield from sizes(sub)
-
-    return max(sizes(jaxpr.jaxpr))
 
 
 N = 512

@@ -7,6 +7,7 @@ optimised controls at a finer step.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _jaxpr import largest_array
 import pytest
 
 import jaxdyn
@@ -64,24 +65,7 @@ def test_kernel_reverse_pass_holds_no_n_by_n_array():
     jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(attend(x, x, x, jnp.zeros((n,)), blk,
                                                             blk))))(x)
 
-    def subs(v):
-        if hasattr(v, "eqns"):
-            yield v
-        elif hasattr(getattr(v, "jaxpr", None), "eqns"):
-            yield v.jaxpr
-        elif isinstance(v, (tuple, list)):
-            for u in v:
-                yield from subs(u)
-
-    def sizes(jp):
-        for eqn in jp.eqns:
-            for var in eqn.outvars:
-                yield int(np.prod(var.aval.shape)) if hasattr(var.aval, "shape") else 0
-            for v in eqn.params.values():
-                for sub in subs(v):
-                    yield from sizes(sub)
-
-    assert max(sizes(jaxpr.jaxpr)) < n * n / 4
+    assert largest_array(jaxpr) < n * n / 4
 
 
 @pytest.mark.parametrize("model", ["sphere", pytest.param("euclidean", marks=pytest.mark.slow)])
