@@ -515,16 +515,23 @@ def plot(rows, path_png, title):
         if nor:
             ax2.semilogx([r["n"] for r in nor], [100 * abs(r["ott_default_rel_err"]) for r in nor], "^:",
                          color=col, label=f"{case}: ott default ε")
-    ax1.set_xlabel("N (points per cloud)")
-    ax1.set_ylabel("time per W2 [s] (median, warm)")
-    ax1.legend(fontsize=7)
-    ax1.grid(True, which="both", alpha=0.3)
-    ax2.axhline(2.0, color="gray", lw=0.8, ls="--")
     ax2.set_yscale("log")
+    _finish_figure(fig, ax1, ax2, "time per W2 [s] (median, warm)",
+                   "|W2 error| vs exact or closed form [%]", 2.0, title, path_png)
+
+
+def _finish_figure(fig, ax1, ax2, time_label, error_label, error_target, title, path_png):
+    """Labels, legends, grids and the error target of the two panels; the figure saved."""
+    import matplotlib.pyplot as plt
+
+    ax1.set_xlabel("N (points per cloud)")
+    ax1.set_ylabel(time_label)
+    ax2.axhline(error_target, color="gray", lw=0.8, ls="--")
     ax2.set_xlabel("N")
-    ax2.set_ylabel("|W2 error| vs exact or closed form [%]")
-    ax2.legend(fontsize=7)
-    ax2.grid(True, which="both", alpha=0.3)
+    ax2.set_ylabel(error_label)
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path_png, dpi=120)
@@ -546,19 +553,8 @@ def plot_compare(rows, path_png, title):
         ax1.loglog(n, [r["wall_s"] for r in rs], "o-", color=f"C{k}", label=f"{m} (wall)")
         ax1.loglog(n, [r["cpu_s"] for r in rs], "x:", color=f"C{k}", label=f"{m} (CPU-s)")
         ax2.loglog(n, [max(abs(r["rel_err"]), 1e-9) for r in rs], "o-", color=f"C{k}", label=m)
-    ax1.set_xlabel("N (points per cloud)")
-    ax1.set_ylabel("seconds per W2 (warm)")
-    ax1.legend(fontsize=7)
-    ax1.grid(True, which="both", alpha=0.3)
-    ax2.axhline(1e-3, color="gray", lw=0.8, ls="--")
-    ax2.set_xlabel("N")
-    ax2.set_ylabel("|W2 / closed form - 1|")
-    ax2.legend(fontsize=7)
-    ax2.grid(True, which="both", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path_png, dpi=120)
-    plt.close(fig)
+    _finish_figure(fig, ax1, ax2, "seconds per W2 (warm)", "|W2 / closed form - 1|", 1e-3, title,
+                   path_png)
 
 
 def main(argv=None):
