@@ -168,6 +168,27 @@ def run_experiment(raw_or_cfg: dict, out_dir, *, resume: bool = False, progress:
             lock.release()
 
 
+def _preload_figures(kind: str) -> None:
+    """Import the kind's figure module (matplotlib with it) in a background thread.
+
+    The chunks run in XLA with Python's lock released, so the import (about half a second)
+    overlaps the compute instead of following it. An import error is left for the report to
+    raise (where it is named) when the figures are drawn.
+    """
+    import importlib
+    import threading
+
+    from .kinds import KINDS
+
+    def load():
+        try:
+            importlib.import_module(f"{KINDS[kind]}.figures")
+        except Exception:  # noqa: BLE001 - raised again, and named, when the figures are drawn
+            pass
+
+    threading.Thread(target=load, name="jaxdyn-preload-figures", daemon=True).start()
+
+
 def _run_locked(run: runner.Run, progress: bool, compute_hook, clock) -> RunResult:
     """The chunks and the report, with the folder locked (on the writer)."""
     import jax
@@ -182,6 +203,8 @@ def _run_locked(run: runner.Run, progress: bool, compute_hook, clock) -> RunResu
     writer = run.processes.writer
     if writer:
         jio.write_json(run.out / jio.SUMMARY_FILE, base)
+    if writer:
+        _preload_figures(run.cfg["kind"])
     tally = runner.Tally()
     bar = None
     try:
