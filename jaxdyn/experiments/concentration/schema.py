@@ -12,6 +12,9 @@ import numpy as np
 from ...config import ConfigError, Field, at_least, positive
 from ...spectral_host import check_assumptions, subspace_angle, top_eigenspace
 from .. import sphere_fields as sc
+# a concentration point is a sphere integration: the sphere kind's process split and memory
+# estimate serve it unchanged (its Dataset holds more values a frame: output_bytes below)
+from ..sphere.schema import estimate_bytes, process_split  # noqa: F401
 
 
 W2_METHODS = ("exact", "sinkhorn", "coupling")
@@ -122,16 +125,6 @@ def check(cfg):
             warns += regime_warnings(cfg["sweep"].get("beta", [cfg["beta"]]), d,
                                      math.radians(ang), cfg["near_angle_deg"])
     return warns
-
-
-def process_split(cfg):
-    """Several processes share each chunk: its systems are sharded over every process's devices."""
-    return "devices"
-
-
-def estimate_bytes(pc):
-    """Memory of one ``concentration`` grid point (:meth:`~jaxdyn.experiments.ExperimentKind.estimate_bytes`)."""
-    return sc.estimate_bytes(pc)
 
 
 def output_bytes(pc):
