@@ -161,7 +161,10 @@ def _case(name, n, dtype, seed=0):
     return x.astype(dtype), y.astype(dtype)
 
 
-@pytest.mark.parametrize("name", ["spread", "separated", "near_limit"])
+@pytest.mark.parametrize("name", [
+    # spread at N = 1000 (~2 000 iterations, 7 CPU-s) under -m slow; spread clouds by default:
+    # test_w2_dispatch_returns_the_methods_results (the default ε rule within 2 %, N = 200)
+    pytest.param("spread", marks=pytest.mark.slow), "separated", "near_limit"])
 @pytest.mark.slow_dtype("f64")  # f64 (~14 s, spread the most): the ε rule is the same in f32
 def test_sinkhorn_default_epsilon_within_2_percent_of_exact(name, dtype):
     x, y = _case(name, 1000, dtype)
@@ -193,13 +196,24 @@ def test_sinkhorn_fixed_large_epsilon_is_biased_as_documented():
     assert res.value < exact * 0.95
 
 
-def test_sinkhorn_translation_is_exact_at_any_epsilon(dtype):
-    # debiased divergence of a translated copy: S_ε(μ, μ + τ) = |τ|^2 for every ε
-    # (the cross terms of |x - y - τ|^2 integrate to constants under the marginals)
+# the translated clouds and options of the translation test (test_bad_options_and_list_inputs_*
+# solves them again from nested lists: one compiled program for both)
+TRANSLATION = dict(epsilon=0.05, threshold=1e-5)
+
+
+def _translated(dtype):
     rng = np.random.default_rng(4)
     x = _unit(rng.standard_normal((200, 3))).astype(dtype)
     tau = np.array([0.4, 0.0, -0.3], dtype=dtype)
-    res = w2_sinkhorn(x, x + tau, epsilon=0.05, threshold=1e-5)
+    return x, x + tau, tau
+
+
+@pytest.mark.slow_dtype("f32")  # f64 (tighter) by default; Sinkhorn in f32: the default-ε tests
+def test_sinkhorn_translation_is_exact_at_any_epsilon(dtype):
+    # debiased divergence of a translated copy: S_ε(μ, μ + τ) = |τ|^2 for every ε
+    # (the cross terms of |x - y - τ|^2 integrate to constants under the marginals)
+    x, y, tau = _translated(dtype)
+    res = w2_sinkhorn(x, y, **TRANSLATION)
     assert res.converged
     assert res.divergence == pytest.approx(float(tau @ tau), rel=tol(dtype, 1e-4, 1e-7))
 
@@ -465,7 +479,9 @@ def test_bures_structural_errors():
 def test_sinkhorn_result_is_a_pytree_for_jit_and_vmap():
     """W2Solution holds arrays: it passes through jax.jit (in and out), stacks and vmaps;
     float(res.value) still works; throw=True raises with the status message."""
-    x, y = _case("spread", 100, np.float64, seed=3)
+    # the clouds of test_w2_dispatch_returns_the_methods_results: its two programs (the default
+    # rule, the cut budget) serve here too
+    x, y = _case("spread", 200, np.float64, seed=6)
     res = w2_sinkhorn(x, y)
     assert isinstance(res, jaxdyn.Solution) and bool(res.ok) and res.names == "successful"
     assert isinstance(float(res.value), float) and int(res.num_steps) > 0
@@ -506,8 +522,10 @@ def test_bad_options_and_list_inputs_and_nan_gaussians():
     assert float(w2_exact(x.tolist(), y.tolist()).value) == pytest.approx(
         float(w2_exact(x, y).value), rel=1e-12)
     assert float(w2_exact(x.tolist(), y.tolist()).value) == pytest.approx(0.1 * np.sqrt(2), rel=1e-9)
-    assert float(w2_sinkhorn(x.tolist(), y.tolist(), epsilon=0.5).value) == pytest.approx(
-        float(w2_sinkhorn(x, y, epsilon=0.5).value), rel=1e-9)
+    # (the clouds and options of the translation test: its compiled program)
+    xt, yt, _ = _translated(np.float64)
+    assert float(w2_sinkhorn(xt.tolist(), yt.tolist(), **TRANSLATION).value) == pytest.approx(
+        float(w2_sinkhorn(xt, yt, **TRANSLATION).value), rel=1e-9)
     # a NaN in a Gaussian's parameters gives W2 = NaN (it read 0, "identical Gaussians")
     from jaxdyn.distances import bures_w2, bures_w2_squared
     S = np.eye(2)
