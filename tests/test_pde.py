@@ -16,6 +16,12 @@ from jaxdyn import pde
 
 I2 = np.eye(2)
 
+# the field of a density model, jitted: one program per kernel and grid (op by op, the dense
+# and FFT paths compile each of their many small ops)
+_velocity = eqx.filter_jit(lambda model, rho: model.velocity(rho))
+# a particle model's field at t = 0, jitted (one program per model structure, shared by cases)
+_field = eqx.filter_jit(lambda model, x: model(0.0, x))
+
 
 def _cell_averages(f, m, q=64):
     """Cell averages of f on the M cells centred at jh (Gauss–Legendre, q nodes a cell)."""
@@ -77,7 +83,7 @@ def test_dense_kernel_matches_quadrature_general_weights():
     rho = _cell_averages(f, m)
     model = pde.CircleDensity(Q, K, V, beta, m)
     assert model.kernel == "dense"
-    v = np.asarray(model.velocity(jnp.asarray(rho)))
+    v = np.asarray(_velocity(model, jnp.asarray(rho)))
     faces = (np.arange(m) + 0.5) * 2 * math.pi / m
     phi = np.arange(4096) * 2 * math.pi / 4096
     B = Q.T @ K
@@ -90,14 +96,15 @@ def test_dense_kernel_matches_quadrature_general_weights():
 
 
 def test_fft_and_dense_agree_and_auto_choice():
-    rho = _cell_averages(lambda th: np.exp(2 * np.cos(th)) * (1.2 + np.sin(3 * th)), 128)
+    # (M = 256: the grid of the quadrature test above, whose dense program serves here)
+    rho = _cell_averages(lambda th: np.exp(2 * np.cos(th)) * (1.2 + np.sin(3 * th)), 256)
     R = np.array([[0.8, -0.3], [0.3, 0.8]])  # B = RᵀI = aI + bJ: a kernel in θ − φ
     V = np.array([[1.0, 0.4], [-0.2, 0.7]])
-    fft = pde.CircleDensity(R, I2, V, 30.0, 128)
-    dense = pde.CircleDensity(R, I2, V, 30.0, 128, kernel="dense")
+    fft = pde.CircleDensity(R, I2, V, 30.0, 256)
+    dense = pde.CircleDensity(R, I2, V, 30.0, 256, kernel="dense")
     assert fft.kernel == "fft"
-    np.testing.assert_allclose(np.asarray(fft.velocity(jnp.asarray(rho))),
-                               np.asarray(dense.velocity(jnp.asarray(rho))), atol=1e-12)
+    np.testing.assert_allclose(np.asarray(_velocity(fft, jnp.asarray(rho))),
+                               np.asarray(_velocity(dense, jnp.asarray(rho))), atol=1e-12)
     with pytest.raises(ValueError, match="kernel='fft' needs B"):
         pde.CircleDensity(np.diag([1.0, 0.5]), I2, I2, 1.0, 64, kernel="fft")
 
@@ -117,15 +124,16 @@ def test_mass_conserved_and_positive(sigma):
 
 
 def test_vmap_over_beta_and_sigma():
-    m = 64
+    # the grid, save count and default (CFL) step of test_mass_conserved_and_positive: the
+    # members' own solves run its compiled program; under vmap each member takes its own step
+    m = 256
     rho0 = _cell_averages(lambda th: 1 + 0.3 * np.cos(2 * th), m) / (2 * math.pi)
     params = [(2.0, 0.0), (8.0, 0.1)]
     models = [pde.CircleDensity(I2, I2, I2, b, m, sigma=s) for b, s in params]
     stack = jax.tree.map(lambda *a: jnp.stack(a), *models)
-    dt = min(float(pde.cfl_dt(mm)) for mm in models)
-    batched = jax.vmap(lambda mm: pde.solve_density(mm, rho0, t1=1.0, n_save=3, dt=dt).rho)(stack)
+    batched = jax.vmap(lambda mm: pde.solve_density(mm, rho0, t1=1.0, n_save=7).rho)(stack)
     for i, mm in enumerate(models):
-        one = pde.solve_density(mm, rho0, t1=1.0, n_save=3, dt=dt).rho
+        one = pde.solve_density(mm, rho0, t1=1.0, n_save=7).rho
         np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one), rtol=1e-12, atol=1e-14)
 
 
@@ -428,7 +436,7 @@ def test_fourier_particle_field_equals_dense(beta, general):
         f = pde.CircleAttention(Q, K, V, beta, normalization=norm)
         d = jaxdyn.SphereAttention(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), beta,
                                    kernel="dense", normalization=norm)
-        a, b = np.asarray(jax.jit(f.__call__)(0.0, x)), np.asarray(d(0.0, x))
+        a, b = np.asarray(_field(f, x)), np.asarray(_field(d, x))
         assert np.max(np.abs(a - b)) <= 1e-13 * np.max(np.abs(b)), (norm, f.n_modes)
 
 
@@ -532,7 +540,8 @@ def test_traced_weights_and_modes():
     def loss(K):
         return jnp.sum(pde.CircleDensity(I2, K, I2, 2.0, 16, kernel="dense").velocity(rho) ** 2)
 
-    g = jax.grad(loss)(jnp.asarray(I2))
+    # (jitted: one program each instead of the eager ops one by one; K and k are traced alike)
+    g = jax.jit(jax.grad(loss))(jnp.asarray(I2))
     assert np.all(np.isfinite(np.asarray(g)))
-    amps = jax.vmap(lambda k: pde.mode_amplitude(rho, k))(jnp.arange(1, 4))
+    amps = jax.jit(jax.vmap(lambda k: pde.mode_amplitude(rho, k)))(jnp.arange(1, 4))
     np.testing.assert_allclose(np.asarray(amps), [complex(pde.mode_amplitude(rho, k)) for k in (1, 2, 3)])
