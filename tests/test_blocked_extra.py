@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxdyn
 from jaxdyn.kernels._attention import (
     AUTO_BLOCKED_MIN_KEYS,
     DEFAULT_BLOCKS,
@@ -17,10 +16,16 @@ from jaxdyn.kernels._attention import (
 from conftest import tol
 
 
+def _sphere(seed, n, d, dtype):
+    """Points uniform on the unit sphere of R^d, n of them (NumPy: no program to compile)."""
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True), dtype)
+
+
 def _setup(dtype, n, d=3, seed=0, beta=4.0):
     rng = np.random.default_rng(seed)
     B = jnp.asarray(rng.normal(size=(d, d)) + np.eye(d), dtype)  # non-symmetric
-    x = jaxdyn.sample_sphere(jax.random.PRNGKey(seed), n, d, dtype)
+    x = _sphere(seed + 100, n, d, dtype)
     qx = jnp.asarray(beta, dtype) * jnp.matmul(x, B, precision=jax.lax.Precision.HIGHEST)
     return x, B, qx
 
@@ -87,7 +92,7 @@ def test_vmap_over_beta_and_grad_match_dense(dtype):
 def test_mixed_query_key_sets(dtype):
     # n ≠ m, keys not the queries: both formulations still agree with dense.
     x, B, _ = _setup(dtype, 70, seed=1)
-    y = jaxdyn.sample_sphere(jax.random.PRNGKey(9), 45, 3, dtype)
+    y = _sphere(9, 45, 3, dtype)
     dense = interaction(x, y, B, 3.0, kernel="dense")
     got = interaction(x, y, B, 3.0, kernel="blocked", k_block=16, q_block=32)
     np.testing.assert_allclose(np.asarray(got), np.asarray(dense), rtol=0,
@@ -148,6 +153,7 @@ def test_bound_shift_guard_is_live_and_batch_wide(monkeypatch):
         np.testing.assert_allclose(np.asarray(many[i]), np.asarray(ref), rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # default-suite counterpart (∂/∂Q, ∂/∂K of the same bound-shifted pass, with ∂/∂(V, β, x)): tests/test_blocked_vjp.py::test_sphere_attention_gradient_equals_dense
 def test_bound_shift_gradient_equals_dense_gradient():
     x, B, _ = _setup(np.float64, 90, beta=3.0, seed=5)
 
@@ -160,6 +166,7 @@ def test_bound_shift_gradient_equals_dense_gradient():
     np.testing.assert_allclose(np.asarray(g_blocked), np.asarray(g_dense), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow_dtype("f32")  # f64 (1e-12) here; both float32 logits in the default suite: test_fused_logits_large_beta_float32
 def test_cpu_logits_by_matmul_and_in_the_exp_loop_equal_dense(dtype):
     # The CPU step with a fixed shift (bound-shifted softmax; unnormalised: no shift) forms
     # a tile's logits either by a matrix product or inside the exponential's loop on a
@@ -193,7 +200,9 @@ def test_fused_logits_large_beta_float32():
 
 
 def _grad_pair(loss, arg):
-    return [np.asarray(jax.grad(lambda a: loss(a, k))(arg)) for k in ("dense", "blocked")]
+    # each gradient one jitted program (not op by op)
+    return [np.asarray(jax.jit(jax.grad(lambda a, k=k: loss(a, k)))(arg))
+            for k in ("dense", "blocked")]
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent (sqrt's derivative at 0): f64 here, f32 under -m slow

@@ -49,7 +49,7 @@ def test_kernel_matches_dense_forward_and_reverse(dtype, tol):
         return jax.nn.softmax(q @ k.T + c[None], axis=1) @ v
 
     out = jax.jit(attend, static_argnums=(4, 5))(q, k, v, c, 8, 5)
-    np.testing.assert_allclose(out, dense(q, k, v, c), rtol=tol, atol=tol)
+    np.testing.assert_allclose(out, jax.jit(dense)(q, k, v, c), rtol=tol, atol=tol)
     ga = jax.jit(jax.grad(lambda *a: jnp.sum(attend(*a, 8, 5) * g), argnums=(0, 1, 2, 3)))(
         q, k, v, c)
     gd = jax.jit(jax.grad(lambda *a: jnp.sum(dense(*a) * g), argnums=(0, 1, 2, 3)))(q, k, v, c)
@@ -102,10 +102,10 @@ def test_flow_equals_simulate_layer_by_layer(model):
     """The layer flow equals jaxdyn.simulate run layer by layer on jaxdyn's own models."""
     rng = np.random.default_rng(2)
     x0 = _sphere(rng, 40) if model == "sphere" else rng.standard_normal((40, 3))
-    c = _perturbed(model, 3, 3, rng)
+    c = _perturbed(model, 3, 2, rng)
     a = measure_flow(c, x0, model=model, steps_per_layer=4)
     b = replay(c, x0, model=model, steps_per_layer=4)
-    assert a.shape == (4, 40, 3)
+    assert a.shape == (3, 40, 3)
     np.testing.assert_allclose(a, b, atol=1e-12)
     if model == "sphere":
         np.testing.assert_allclose(np.linalg.norm(a, axis=-1), 1.0, atol=1e-12)

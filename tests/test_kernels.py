@@ -32,6 +32,12 @@ def _loop_reference(x, V, B, beta, normalization):
     return out
 
 
+def _sphere(seed, n, d, dtype):
+    """Points uniform on the unit sphere of R^d, n of them (NumPy: no program to compile)."""
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True), dtype)
+
+
 def _random_qkv(seed, d, dtype=np.float64):
     rng = np.random.default_rng(seed)
     return [rng.normal(size=(d, d)).astype(dtype) for _ in range(3)]
@@ -42,7 +48,7 @@ def _random_qkv(seed, d, dtype=np.float64):
 def test_kernel_matches_double_loop(dtype, normalization, kernel):
     d, n, beta = 4, 37, 1.7
     Q, K, V = _random_qkv(1, d)  # non-symmetric
-    x = np.asarray(jaxdyn.sample_sphere(jax.random.PRNGKey(3), n, d, jnp.float64))
+    x = np.asarray(_sphere(3, n, d, np.float64))
     ref = _loop_reference(x, V, Q.T @ K, beta, normalization)
     model = jaxdyn.SphereAttention(Q.astype(dtype), K.astype(dtype), V.astype(dtype), beta,
                                    kernel=kernel, normalization=normalization, k_block=8, q_block=16)
@@ -56,15 +62,33 @@ def test_kernel_matches_double_loop(dtype, normalization, kernel):
     np.testing.assert_allclose(field, proj, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 2e-5, 1e-12))
 
 
-# 511 and 1030 (more remainders of the same block layouts) under -m slow: ~40 s of compiles
-@pytest.mark.parametrize("n", [1, 5, pytest.param(511, marks=pytest.mark.slow), 513,
-                               pytest.param(1030, marks=pytest.mark.slow)])
+def _sizes():
+    """The (dtype, n) cases of test_blocked_equals_dense, the slow ones marked.
+
+    511 and 1030 (more remainders of the same block layouts) under -m slow (~40 s of
+    compiles); float64 (the tighter tolerance) by default, float32 under -m slow (the float32
+    blocked kernel against a double loop, ragged key and query blocks, every normalization,
+    by default: test_kernel_matches_double_loop).
+
+    Returns:
+        The ``pytest.param`` list.
+    """
+    out = []
+    for dt, name in ((np.float32, "f32"), (np.float64, "f64")):
+        for n in (1, 5, 511, 513, 1030):
+            slow = n in (511, 1030) or name == "f32"
+            out.append(pytest.param(dt, n, id=f"{name}-{n}",
+                                    marks=[pytest.mark.slow] if slow else []))
+    return out
+
+
+@pytest.mark.parametrize("dtype,n", _sizes())
 @pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "hardmax"])
 def test_blocked_equals_dense(dtype, n, normalization):
     d = 3
     Q, K, V = _random_qkv(7, d)
     B = jnp.asarray(Q.T @ K, dtype)
-    x = jaxdyn.sample_sphere(jax.random.PRNGKey(n), n, d, dtype)
+    x = _sphere(n, n, d, dtype)
     dense = interaction(x, x, B, 3.0, kernel="dense", normalization=normalization)
     for kb, qb in [(128, 256), (500, 100), (7, 33)]:
         blocked = interaction(x, x, B, 3.0, kernel="blocked", normalization=normalization,
@@ -95,7 +119,7 @@ def test_block_sizes_meaning_the_same_blocks_share_one_program():
     # at 6 points, blocks of 128 and of 500 keys are both one block of 6: one program, the
     # same numbers (a shape no other test uses: both would otherwise be cached already);
     # blocks of 2 are another program
-    x = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 6, 5, jnp.float64)
+    x = _sphere(3, 6, 5, np.float64)
     B = jnp.eye(5, dtype=jnp.float64)
     with _traces_of("_interaction_jit") as traces:
         a = interaction(x, x, B, 2.0, kernel="blocked", k_block=128, q_block=256)
@@ -109,7 +133,7 @@ def test_block_sizes_meaning_the_same_blocks_share_one_program():
 
 def test_large_beta_float32_no_overflow():
     d = 3
-    x = jaxdyn.sample_sphere(jax.random.PRNGKey(0), 600, d, jnp.float32)
+    x = _sphere(0, 600, d, np.float32)
     B = jnp.eye(d, dtype=jnp.float32)
     for kernel in ["dense", "blocked"]:
         m = interaction(x, x, B, 1e4, kernel=kernel, k_block=128)

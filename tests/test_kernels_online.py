@@ -133,24 +133,27 @@ def test_one_head_is_the_sphere_kernel():
     np.testing.assert_allclose(np.asarray(m1[0]), np.asarray(m2), rtol=0, atol=1e-13)
 
 
-def test_variant_gradient_where_the_largest_weight_is_tiny_equals_dense():
+@pytest.mark.parametrize("dt,beta", [(np.float32, 55.0),
+                                     pytest.param(np.float64, 590.0, marks=pytest.mark.slow)],
+                         ids=["f32", "f64"])  # float64 by default: tests/test_blocked_extra.py (same quotient)
+def test_variant_gradient_where_the_largest_weight_is_tiny_equals_dense(dt, beta):
     # one query e1 against keys orthogonal to it: every logit is 0 and the bound is β, so
     # the normaliser is e^-β; the bound shift is taken up to SAFE_SHIFT. The quotient's
     # derivative must not square it (e^-110 underflows in float32).
     th = np.linspace(0, 2 * np.pi, 7, endpoint=False)
     y0 = np.stack([np.zeros_like(th), np.cos(th), np.sin(th) + 0.3], 1)
     y0 /= np.linalg.norm(y0, axis=1, keepdims=True)
-    for dt, beta in ((np.float32, 55.0), (np.float64, 590.0)):
-        k = jnp.asarray(y0, dt)[None]
+    k = jnp.asarray(y0, dt)[None]
 
-        def loss(q, kernel):
-            m = heads_interaction(q, k, k[0], beta, kernel=kernel, k_block=4, q_block=4)
-            return jnp.sum(m ** 2)
+    def loss(q, kernel):
+        m = heads_interaction(q, k, k[0], beta, kernel=kernel, k_block=4, q_block=4)
+        return jnp.sum(m ** 2)
 
-        q = jnp.asarray([[[1.0, 0.0, 0.0]]], dt)
-        g_d, g_b = (np.asarray(jax.grad(loss)(q, kern)) for kern in ("dense", "blocked"))
-        assert np.all(np.isfinite(g_b)), (dt, g_b)
-        np.testing.assert_allclose(g_b, g_d, rtol=tol(dt, 1e-4, 1e-10), atol=0)
+    q = jnp.asarray([[[1.0, 0.0, 0.0]]], dt)
+    g_d, g_b = (np.asarray(jax.jit(jax.grad(loss), static_argnums=1)(q, kern))
+                for kern in ("dense", "blocked"))
+    assert np.all(np.isfinite(g_b)), (dt, g_b)
+    np.testing.assert_allclose(g_b, g_d, rtol=tol(dt, 1e-4, 1e-10), atol=0)
 
 
 @pytest.mark.slow
@@ -177,9 +180,16 @@ def test_variant_gradients_blocked_equal_dense():
 
 
 def _fd(f, x, h=1e-6):
-    """Central finite difference of a scalar f along a fixed random direction of x."""
+    """Central finite difference of a scalar f along a fixed random direction of x.
+
+    f is jitted: one program for both evaluations.
+
+    Returns:
+        (the difference quotient, the direction).
+    """
     u = jnp.asarray(np.random.default_rng(0).normal(size=np.shape(x)), jnp.float64)
-    return (f(x + h * u) - f(x - h * u)) / (2 * h), u
+    fj = jax.jit(f)
+    return (fj(x + h * u) - fj(x - h * u)) / (2 * h), u
 
 
 def _check_grad(f, x, rel=1e-6):

@@ -397,6 +397,10 @@ def test_variant_moment_rhs_identities():
     mean c + T x on N(m, S), m ≠ 0, against a 120 × 120 Gauss–Hermite rule (1e−12)."""
     from jaxdyn.gaussian import conditional_mean_affine, moment_rhs, variant_moment_rhs
 
+    # each right-hand side one jitted program (not op by op)
+    variant_moment_rhs = jax.jit(variant_moment_rhs)
+    moment_rhs = jax.jit(moment_rhs)
+    conditional_mean_affine = jax.jit(conditional_mean_affine, static_argnames="attention")
     Q, K, V, A, m, b = _moment_problem()
     S = jnp.asarray(_S)
     got = variant_moment_rhs(m, S, A, b, Q[:1], K[:1], V[:1], 0.3)
@@ -510,9 +514,9 @@ def test_sinkhorn_cross_attention_potential_stays_bounded():
     rng = np.random.default_rng(0)
     q = rng.normal(size=(1, 8, 3))
     k = rng.normal(size=(1, 64, 3))
-    w64 = np.asarray(attention_weights(jnp.asarray(q), jnp.asarray(k), 1.0, sinkhorn_iters=2000))
-    w32 = np.asarray(attention_weights(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                       1.0, sinkhorn_iters=2000))
+    w64 = np.asarray(_weights(jnp.asarray(q), jnp.asarray(k), 1.0, sinkhorn_iters=2000))
+    w32 = np.asarray(_weights(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), 1.0,
+                              sinkhorn_iters=2000))
     np.testing.assert_allclose(w64.sum(-1), 1.0, atol=1e-12)
     np.testing.assert_allclose(w64.sum(-2), 8 / 64, atol=1e-9)  # columns to n/m
     assert np.max(np.abs(w32 - w64) / w64) < 2e-5
