@@ -9,8 +9,10 @@ change, and each fresh process pays Python's, JAX's and jaxdyn's start-up (≈ 1
   own ``XLA_FLAGS`` and environment, as a fresh process would);
 * then this process exposes 4 host devices (``--xla_force_host_platform_device_count=4``):
   ``sweep``: ``run_experiment(SWEEP_4)`` on 4 devices into ``spec["sweep_out"]``;
-* ``f32``/``f64`` (the dtypes in ``spec["dtypes"]``): sharded sweeps and query-sharded
-  fields against the unsharded ones (float64 by default).
+* ``f32``/``f64`` (the dtypes in ``spec["dtypes"]``): query-sharded fields against the
+  unsharded ones (float64 by default: :data:`DEFAULT_FIELDS`); with ``spec["full"]`` (a slow
+  test selected) also sharded sweeps, more multi-head attentions and simulate on the
+  query-sharded fields.
 
 :func:`four_devices` runs it once per test session (shared by the xdist workers).
 """
@@ -31,6 +33,10 @@ SWEEP = {
     "sweep": {"beta": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "seed": [0]},
 }
 SWEEP_4 = {**SWEEP, "chunk_size": 0}
+
+# the query-sharded fields checked on 4 devices in the default suite
+DEFAULT_FIELDS = ["blocked-softmax", "blocked-hardmax", "zero", "euclid", "interaction",
+                  "simulate", "mha-causal-alibi-rope", "mha-causal-dense"]
 
 # configure_host_devices cases: (name, n, keyword arguments, environment)
 HOST_CASES = [
@@ -76,7 +82,16 @@ def _host_case(n, kw, env):
     return _in_child(run)
 
 
-def _sharded_checks(dt):
+def _fields(query_sharded_field, model, x):
+    """The query-sharded field of ``model`` at ``x`` and the model's own, each one program."""
+    import equinox as eqx
+    import numpy as np
+
+    return (np.asarray(eqx.filter_jit(query_sharded_field(model))(0.0, x)),
+            np.asarray(eqx.filter_jit(model)(0.0, x)))
+
+
+def _sharded_checks(dt, full=True):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -100,13 +115,14 @@ def _sharded_checks(dt):
     def sim(model, x):
         return jaxdyn.simulate(model, x, t1=2.0, dt=0.1, method="euler", save_every=5).xs
 
-    ref = np.asarray(jax.vmap(sim)(models, x0))
-    for label, fn in [("sweep", sharded_vmap(sim)),
-                      ("sweep_chunked", sharded_vmap(sim, mesh=sweep_mesh(), batch_size=1))]:
-        got = np.asarray(fn(models, x0))
-        r[label] = {"shape": list(got.shape), "ref_shape": list(ref.shape),
-                    "maxdiff": float(np.max(np.abs(got - ref))), "dtype": str(got.dtype)}
-    r["moved"] = float(np.max(np.abs(ref[:, -1] - ref[:, 0])))
+    if full:  # sharded_vmap over 4 devices (tests/test_sharding.py, -m slow)
+        ref = np.asarray(jax.vmap(sim)(models, x0))
+        for label, fn in [("sweep", sharded_vmap(sim)),
+                          ("sweep_chunked", sharded_vmap(sim, mesh=sweep_mesh(), batch_size=1))]:
+            got = np.asarray(fn(models, x0))
+            r[label] = {"shape": list(got.shape), "ref_shape": list(ref.shape),
+                        "maxdiff": float(np.max(np.abs(got - ref))), "dtype": str(got.dtype)}
+        r["moved"] = float(np.max(np.abs(ref[:, -1] - ref[:, 0])))
 
     # One large system: query rows split over 4 devices, N = 103 (not a multiple of 4).
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, dt)
@@ -114,15 +130,13 @@ def _sharded_checks(dt):
     for kern, norm in [("blocked", "softmax"), ("blocked", "hardmax")]:
         m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel=kern, normalization=norm, k_block=16,
                                    q_block=8)
-        a = np.asarray(query_sharded_field(m)(0.0, x))
-        b = np.asarray(m(0.0, x))
+        a, b = _fields(query_sharded_field, m, x)
         fields[f"{kern}-{norm}"] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
-    z = jaxdyn.ZeroTemperature(Q, K, V)
-    fields["zero"] = [float(np.max(np.abs(np.asarray(query_sharded_field(z)(0.0, x))
-                                          - np.asarray(z(0.0, x))))), 1.0]
+    a, b = _fields(query_sharded_field, jaxdyn.ZeroTemperature(Q, K, V), x)
+    fields["zero"] = [float(np.max(np.abs(a - b))), 1.0]
     e = jaxdyn.EuclideanAttention(0.1 * Q, 0.5 * K, V, jnp.ones(d, dt), activation="relu")
-    fields["euclid"] = [float(np.max(np.abs(np.asarray(query_sharded_field(e)(0.0, 2 * x))
-                                            - np.asarray(e(0.0, 2 * x))))), 1.0]
+    a, b = _fields(query_sharded_field, e, 2 * x)
+    fields["euclid"] = [float(np.max(np.abs(a - b))), 1.0]
     B = jnp.matmul(Q.T, K)
     qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
     ri = np.asarray(jaxdyn.kernels.interaction(x, x, B, 2.0, kernel="dense"))
@@ -136,19 +150,20 @@ def _sharded_checks(dt):
     H = 2
     Qh, Kh, Vh = (jnp.asarray(rng.normal(size=(H, d, d)) * 0.5, dt) for _ in range(3))
     blk = dict(kernel="blocked", k_block=16, q_block=8)
-    for label, kw in [("mha-causal-alibi-rope", dict(mask="causal", alibi=0.1, rope=True, **blk)),
-                      ("mha-causal-dense", dict(mask="causal", alibi=0.2, kernel="dense")),
-                      ("mha-l2", dict(attention="l2", **blk)),
-                      ("mha-sinkhorn", dict(attention="sinkhorn", sinkhorn_iters=3, **blk))]:
-        mh = jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, **kw)
-        a = np.asarray(query_sharded_field(mh)(0.0, x))
-        b = np.asarray(mh(0.0, x))
+    heads = [("mha-causal-alibi-rope", dict(mask="causal", alibi=0.1, rope=True, **blk)),
+             ("mha-causal-dense", dict(mask="causal", alibi=0.2, kernel="dense"))]
+    if full:  # by default: their rows at any offset in tests/test_sharding.py (one device)
+        heads += [("mha-l2", dict(attention="l2", **blk)),
+                  ("mha-sinkhorn", dict(attention="sinkhorn", sinkhorn_iters=3, **blk))]
+    for label, kw in heads:
+        a, b = _fields(query_sharded_field, jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, **kw), x)
         fields[label] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
-    mh = jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, mask="causal", **blk)
-    t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(mh), x, t1=1.0, dt=0.1,
-                                      method="euler").xs)
-    t_un = np.asarray(jaxdyn.simulate(mh, x, t1=1.0, dt=0.1, method="euler").xs)
-    fields["mha-simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
+    if full:
+        mh = jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, mask="causal", **blk)
+        t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(mh), x, t1=1.0, dt=0.1,
+                                          method="euler").xs)
+        t_un = np.asarray(jaxdyn.simulate(mh, x, t1=1.0, dt=0.1, method="euler").xs)
+        fields["mha-simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
     r["fields"] = fields
     return r
 
@@ -168,7 +183,8 @@ def main(spec):
     import jax.numpy as jnp
 
     for name in spec.get("dtypes", []):
-        out[name] = _sharded_checks({"f32": jnp.float32, "f64": jnp.float64}[name])
+        out[name] = _sharded_checks({"f32": jnp.float32, "f64": jnp.float64}[name],
+                                    spec.get("full", True))
     return out
 
 
@@ -178,19 +194,21 @@ def four_devices(request, tmp_path_factory, worker_id, timeout=600):
     the 4-device run's folder."""
     from conftest import run_once
 
-    names = sorted({it.callspec.params["name"] for it in request.session.items
-                    if "four_devices" in getattr(it, "fixturenames", ())
-                    and "name" in getattr(getattr(it, "callspec", None), "params", {})})
+    items = [it for it in request.session.items if "four_devices" in getattr(it, "fixturenames", ())]
+    names = sorted({it.callspec.params["name"] for it in items
+                    if "name" in getattr(getattr(it, "callspec", None), "params", {})})
+    # every check when a slow test uses the worker (-m slow), else the default set
+    full = any(it.get_closest_marker("slow") is not None for it in items)
     base = tmp_path_factory.getbasetemp()
     root = base if worker_id == "master" else base.parent  # shared by the xdist workers
-    key = "device_worker_" + "_".join(names)
+    key = "device_worker_" + "_".join(names) + ("_full" if full else "")
     sweep_dir = root / (key + "_sweep")
 
     def compute():
         env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDYN_NO_HOST_DEVICES")}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("JAX_PLATFORMS", "cpu")
-        spec = {"dtypes": names, "sweep_out": str(sweep_dir)}
+        spec = {"dtypes": names, "full": full, "sweep_out": str(sweep_dir)}
         p = subprocess.run([sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
                            env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
         assert p.returncode == 0, f"device worker failed:\n{p.stdout}\n{p.stderr[-4000:]}"

@@ -17,7 +17,9 @@ on localhost, a free port chosen at run time, one CPU device each.
 Every process is started with a hard timeout; ``JAXDYN_NO_HOST_DEVICES=1`` and single-threaded
 XLA keep each on one core. One two-process launch serves all the cluster checks (the refused
 config, the sweep, the fields, then the kill, which ends it): each process's start-up, cluster
-join and compilations are paid once; the resume runs in one more process (two devices).
+join and compilations are paid once; the resume runs in one more process (two devices). That
+launch runs under ``-m slow``; the default suite starts two processes that only join one
+cluster and compare the query-sharded field, and checks the lost-process path in-process.
 """
 
 import json
@@ -93,18 +95,10 @@ def _load(d):
         return ds.load().drop_attrs()
 
 
-WORKER = """
-import json, os, signal, sys
-import numpy as np
-from jaxdyn.cli import main
-good, bad, out_bad, out, out_killed = sys.argv[1:6]
-pid = int(os.environ["JAX_PROCESS_ID"])
-res = {}
-print("--- mismatch", flush=True)
-res["rc_mismatch"] = main(["run", bad if pid == 1 else good, "--out", out_bad, "--distributed", "--quiet"])
-print("--- run", flush=True)
-res["rc_run"] = main(["run", good, "--out", out, "--distributed", "--quiet"])
-print("--- field", flush=True)
+# The field of one cluster (x64 on): query_sharded_field with the queries split over every
+# process's devices against the field of this process; the sweep mesh's devices and processes.
+FIELDS = """
+import equinox as eqx
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
@@ -118,15 +112,48 @@ Q, K, V = (jnp.asarray(rng.normal(size=(d, d)) * 0.5 + np.eye(d), jnp.float64) f
 x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, jnp.float64)  # 103: padding exercised
 fields = {}
 m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16, q_block=8)
-a, b = np.asarray(query_sharded_field(m)(0.0, x)), np.asarray(m(0.0, x))
+a = np.asarray(eqx.filter_jit(query_sharded_field(m))(0.0, x))
+b = np.asarray(eqx.filter_jit(m)(0.0, x))
 fields["field"] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
+"""
+
+# simulate on the query-sharded field of one cluster against this process's (full launch)
+SIMULATE = """
 m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
 t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=0.5, dt=0.1, method="euler").xs)
 t_un = np.asarray(jaxdyn.simulate(m, x, t1=0.5, dt=0.1, method="euler").xs)
 fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), float(np.max(np.abs(t_un[-1] - t_un[0])))]
+"""
+RESULT = """
 res["fields"] = fields
 print("RESULT " + json.dumps(res), flush=True)
-# last: process 1 SIGKILLs itself once it has computed its share of the second chunk
+"""
+
+# Two processes that join one cluster (as the CLI's --distributed does) and compute the field:
+# the cluster check of the default suite (the full launch below runs under -m slow; simulate on
+# a query-sharded field runs by default on 4 devices in tests/test_sharding.py).
+FIELD_WORKER = """
+import json
+import numpy as np
+from jaxdyn.experiments.processes import join_cluster
+join_cluster()
+res = {}
+""" + FIELDS + RESULT
+
+
+WORKER = """
+import json, os, signal, sys
+import numpy as np
+from jaxdyn.cli import main
+good, bad, out_bad, out, out_killed = sys.argv[1:6]
+pid = int(os.environ["JAX_PROCESS_ID"])
+res = {}
+print("--- mismatch", flush=True)
+res["rc_mismatch"] = main(["run", bad if pid == 1 else good, "--out", out_bad, "--distributed", "--quiet"])
+print("--- run", flush=True)
+res["rc_run"] = main(["run", good, "--out", out, "--distributed", "--quiet"])
+print("--- field", flush=True)
+""" + FIELDS + SIMULATE + RESULT + """# last: process 1 SIGKILLs itself once it has computed its share of the second chunk
 print("--- killed", flush=True)
 print("--- killed", file=sys.stderr, flush=True)
 if pid == 0:
@@ -177,6 +204,20 @@ def two_processes(tmp_path_factory):
             "single": tmp / "single"}
 
 
+@pytest.fixture(scope="module")
+def cluster_fields(request):
+    """Each process's RESULT of the fields over one two-process cluster: from the full launch
+    when a selected test uses it (``-m slow``), else from two processes that only join the
+    cluster and compute the fields."""
+    if any("two_processes" in getattr(it, "fixturenames", ()) for it in request.session.items):
+        return request.getfixturevalue("two_processes")["results"]
+    cmd = [sys.executable, "-c", textwrap.dedent(FIELD_WORKER)]
+    res = _finish(_launch([cmd, cmd], _free_port()))
+    for rc, out, err in res:
+        assert rc == 0 and "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
+    return [json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0]) for _, out, _ in res]
+
+
 def _section(out, name):
     return out.split(f"--- {name}\n", 1)[1].split("\n--- ", 1)[0]
 
@@ -223,11 +264,14 @@ def test_only_process_0_writes_and_the_other_names_itself(two_processes):
     assert len(list((two_processes["tmp"] / "run" / "chunks").glob("chunk_*.npz"))) == 3
 
 
-def test_query_sharded_field_over_two_processes_equals_one_process(two_processes):
-    for r in two_processes["results"]:
+def test_query_sharded_field_over_two_processes_equals_one_process(cluster_fields):
+    for r in cluster_fields:
+        assert r["devices"] == [2, 1] and r["mesh_processes"] == 2  # one device on each process
         for label, (diff, scale) in r["fields"].items():
             assert diff <= 1e-12 * max(scale, 1.0), (label, diff, scale)
-        assert r["fields"]["simulate"][1] > 1e-2  # the particles moved
+        assert "field" in r["fields"]
+        if "simulate" in r["fields"]:  # the full launch (-m slow)
+            assert r["fields"]["simulate"][1] > 1e-2  # the particles moved
 
 
 KILLED_WORKER = """
@@ -261,6 +305,7 @@ print("RESULT " + json.dumps({"computed": computed, "status": [r.status, r2.stat
 """
 
 
+@pytest.mark.slow  # default-suite counterpart: test_a_lost_process_is_named_and_the_cluster_left
 def test_killed_process_stops_the_other_cleanly(two_processes):
     k = two_processes["after_kill"]
     rc0, rc1 = k["rc"]
@@ -275,13 +320,44 @@ def test_killed_process_stops_the_other_cleanly(two_processes):
     assert k["chunks"] == ["chunk_00000.npz", "chunk_00001.npz"]
 
 
+@pytest.mark.slow  # resumes in one process: tests/test_cli.py, tests/test_hostile.py
 def test_resume_with_another_process_count_gives_the_identical_dataset(two_processes):
     r = two_processes["resumed"]
     assert r["status"] == ["ok", "ok"] and r["computed"] == [2]
     xr.testing.assert_identical(_load(two_processes["out"]), _load(two_processes["single"]))
 
 
-@pytest.mark.slow  # default-suite counterpart: test_killed_process_stops_the_other_cleanly
+def test_a_lost_process_is_named_and_the_cluster_left(monkeypatch):
+    """A collective that fails because another process went away (gloo's message) becomes a
+    ProcessLostError naming it, and the cluster is marked left (the process exits without
+    JAX's shutdown barrier); other errors, interrupts and a single process pass through.
+    (The two-process runs of this path are under -m slow.)"""
+    from jaxdyn.config import ConfigError
+    from jaxdyn.experiments.processes import Processes, ProcessLostError, exit_status
+    from jaxdyn.simulation import _distributed
+
+    left = []
+    monkeypatch.setattr(_distributed, "_LOST", left)  # not this test process's exit status
+    gloo = ValueError("UNKNOWN: Gloo all-to-all failed: Read error: Connection reset by peer")
+    assert Processes().lost(gloo) is None and Processes().stopping(gloo) is gloo
+    assert left == []
+    two = Processes(multi=True, writer=False, index=1, count=2)
+    for other in (ValueError("shapes do not match"), KeyboardInterrupt()):
+        assert two.lost(other) is None
+    assert left == []
+    lost = two.stopping(gloo)
+    assert isinstance(lost, ProcessLostError)
+    assert "another process of this run stopped (UNKNOWN: Gloo all-to-all failed" in str(lost)
+    assert left == [_distributed.LOST_EXIT_STATUS]
+    assert two.lost(lost) is lost
+    # this process stopping on its own (a refusal, an interrupt) leaves the cluster with its
+    # own exit status
+    for own in (ConfigError("refused"), KeyboardInterrupt()):
+        assert two.stopping(own) is own
+        assert left[-1] == exit_status(own) != _distributed.LOST_EXIT_STATUS
+
+
+@pytest.mark.slow  # default-suite counterpart: test_a_lost_process_is_named_and_the_cluster_left
 def test_killed_coordinator_stops_the_other(tmp_path):
     """Process 0 (the coordinator and the writer) SIGKILLed after writing two chunks: process 1
     ends within the hang guard with a failure status (our ProcessLostError, or JAX's own

@@ -15,6 +15,8 @@ def _qkv(dtype, d=3, seed=0, scale=0.6):
 
 
 @pytest.mark.parametrize("method", ["euler", "rk4", "exp_euler"])
+@pytest.mark.slow_dtype("f64")  # the retraction in f32 (the runs' default dtype, where 1e4 steps
+# of drift would show) in the default suite, f64 under -m slow
 def test_unit_norm_after_1e4_steps(dtype, method):
     Q, K, V = _qkv(dtype)
     model = jaxdyn.SphereAttention(Q, K, V, 5.0)
@@ -22,7 +24,9 @@ def test_unit_norm_after_1e4_steps(dtype, method):
     tr = jaxdyn.simulate(model, x0, t1=10.0, dt=1e-3, save_every=2500, method=method)
     assert int(tr.num_steps) == int(tr.num_accepted_steps) == 10_000
     assert bool(tr.ok) and tr.names == "successful"
-    err = float(jnp.max(jnp.abs(jnp.linalg.norm(tr.xs, axis=-1) - 1.0)))
+    xs = np.asarray(tr.xs)
+    assert xs.dtype == dtype
+    err = float(np.max(np.abs(np.linalg.norm(xs, axis=-1) - 1.0)))
     assert err < tol(dtype, 1e-6, 1e-12), err
 
 
@@ -83,15 +87,18 @@ def test_single_cluster_identity_weights(dtype):
     x0 = jaxdyn.sample_sphere(jax.random.PRNGKey(11), 200, 3, dtype)
     tr = jaxdyn.simulate(jaxdyn.SphereAttention(eye, eye, eye, 1.0), x0, t1=40.0, dt=0.05,
                          method="rk4", save_every=100)
+    x0, xs = np.asarray(x0), np.asarray(tr.xs)  # the checks in NumPy (no eager programs)
     G0 = x0 @ x0.T
-    G = tr.xs[-1] @ tr.xs[-1].T
-    assert float(jnp.min(G0)) < -0.9
-    assert float(jnp.min(G)) > 1 - tol(dtype, 1e-5, 1e-9)
-    mean_ip = jnp.mean(tr.xs @ jnp.swapaxes(tr.xs, 1, 2), axis=(1, 2))
-    assert bool(jnp.all(jnp.diff(mean_ip) > -1e-6))  # monotone approach
+    G = xs[-1] @ xs[-1].T
+    assert float(np.min(G0)) < -0.9
+    assert float(np.min(G)) > 1 - tol(dtype, 1e-5, 1e-9)
+    mean_ip = np.mean(xs @ np.swapaxes(xs, 1, 2), axis=(1, 2))
+    assert bool(np.all(np.diff(mean_ip) > -1e-6))  # monotone approach
 
 
 @pytest.mark.slow_dtype("f32")
+@pytest.mark.slow  # default-suite counterpart: tests/test_simulation_composable.py's
+# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over β and x0, rk4, f64, 1e-13)
 def test_vmap_over_beta_equals_separate_runs(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     betas = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -277,7 +284,8 @@ def test_rodas5_order_and_stiff_decay():
         errs.append(np.max(np.abs(np.asarray(y) - exact)))
     slopes = np.diff(np.log(errs)) / np.log(0.5)
     assert np.all((slopes > 4.5) & (slopes < 6.0)), (errs, slopes)
-    y1, _, _ = rodas5_step(lambda y: -1e12 * y, jnp.asarray([1.0, -2.0]), jnp.asarray(1.0))
+    y1, _, _ = jax.jit(lambda y, h: rodas5_step(lambda z: -1e12 * z, y, h))(
+        jnp.asarray([1.0, -2.0]), jnp.asarray(1.0))
     assert np.max(np.abs(np.asarray(y1))) < 1e-9
 
 
@@ -382,8 +390,12 @@ def test_vmf_float32_at_large_kappa():
     from scipy.special import ive
 
     mu = jnp.asarray([0.0, 0.0, 1.0], jnp.float32)
+    # one program for the three κ (a traced float32 κ: the sampler casts κ to its dtype)
+    vmf = jax.jit(lambda kappa: jaxdyn.sample_vmf(jax.random.PRNGKey(3), 20_000, mu, kappa))
     for kappa in (3e4, 1e6, 1e9):
-        x = np.asarray(jaxdyn.sample_vmf(jax.random.PRNGKey(3), 20_000, mu, kappa), np.float64)
+        x = vmf(jnp.float32(kappa))
+        assert x.dtype == jnp.float32
+        x = np.asarray(x, np.float64)
         w = x @ np.asarray(mu, np.float64)
         assert w.min() > 0.99, (kappa, w.min())
         # the spread about μ, from the tangent part (1 − w rounds to 0 in float32 at large κ):

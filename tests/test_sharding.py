@@ -30,10 +30,11 @@ from conftest import tol
 
 @pytest.fixture(scope="module")
 def four_devices(request, tmp_path_factory, worker_id):
-    # one subprocess (tests/_device_worker.py, about 15 CPU-s) for the whole session, shared
-    # with tests/test_sweeps.py: the configure_host_devices cases (forked children), then the
+    # one subprocess (tests/_device_worker.py) for the whole session, shared with
+    # tests/test_sweeps.py: the configure_host_devices cases (forked children), then the
     # 4-device checks for the dtypes of the selected tests (f64, whose tolerance is 1e-12, by
-    # default; f32 under -m slow: 1-device sharded_vmap in f32 is checked in-process below)
+    # default; f32 under -m slow: 1-device sharded_vmap in f32 is checked in-process below);
+    # the sharded sweeps and the costlier fields only when a slow test here is selected
     return device_worker.four_devices(request, tmp_path_factory, worker_id)
 
 
@@ -56,6 +57,7 @@ def test_sweep_sharded_over_four_devices_equals_unsharded(four_devices, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_query_sharded_field_equals_unsharded(four_devices, name):
     rtol = tol(np.float32 if name == "f32" else np.float64, 1e-5, 1e-12)
+    assert set(device_worker.DEFAULT_FIELDS) <= set(four_devices[name]["fields"])
     for label, (diff, scale) in four_devices[name]["fields"].items():
         assert diff <= rtol * max(scale, 1.0), (label, diff, scale)
 
@@ -174,24 +176,27 @@ def test_multihead_rows_equal_the_whole_field(dtype, kw):
     Q, K, V = (jnp.asarray(rng.normal(size=(2, 3, 3)), dtype) for _ in range(3))
     model = jaxdyn.MultiHeadAttention(Q, K, V, 2.0, **kw)
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(2), 37, 3, dtype)
-    whole = np.asarray(model.ambient(0.0, x))
+    whole = np.asarray(eqx.filter_jit(model.ambient)(0.0, x))
     scale = float(np.max(np.abs(whole)))
-    rows = eqx.filter_jit(lambda *a: model.ambient_rows(*a))
-    for a, b in [(0, 10), (10, 20), (20, 37), (30, 37)]:
-        got = np.asarray(rows(0.0, x[a:b], x, a))
+    # shares of 10 rows at a traced offset, as on a device of the mesh: one compiled program
+    rows = eqx.filter_jit(lambda t, q, y, a: model.ambient_rows(t, q, y, a))
+    for a, b in [(0, 10), (10, 20), (20, 30), (27, 37)]:
+        got = np.asarray(rows(0.0, x[a:b], x, jnp.int32(a)))
         np.testing.assert_allclose(got, whole[a:b], rtol=0, atol=tol(dtype, 1e-5, 1e-12) * scale)
-    # padded rows (repeats of the last particle past the end) stay finite
+    # the ragged last share padded to 10 rows (repeats of the last particle past the end):
+    # the padded rows stay finite
     pad = jnp.concatenate([x[30:], jnp.broadcast_to(x[-1], (3, 3))])
-    got = np.asarray(rows(0.0, pad, x, 30))
+    got = np.asarray(rows(0.0, pad, x, jnp.int32(30)))
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got[:7], whole[30:], rtol=0, atol=tol(dtype, 1e-5, 1e-12) * scale)
 
 
+@pytest.mark.slow  # default-suite counterpart: the 4-device fields "mha-causal-*" (f64, 1e-12)
 def test_query_sharded_multihead_on_present_devices_equals_model():
     Q = jnp.asarray(np.random.default_rng(4).normal(size=(2, 3, 3)))
     model = jaxdyn.MultiHeadAttention(Q, Q, Q, 1.5, mask="causal", kernel="blocked", k_block=8,
                                       q_block=8)
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(3), 29, 3, jnp.float64)
     field = query_sharded_field(model)
-    np.testing.assert_allclose(np.asarray(field(0.0, x)), np.asarray(model(0.0, x)), rtol=0,
-                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(eqx.filter_jit(field)(0.0, x)),
+                               np.asarray(eqx.filter_jit(model)(0.0, x)), rtol=0, atol=1e-12)
