@@ -274,7 +274,7 @@ def test_control_energy_quadrature():
     for kind, n in (("piecewise", 5), ("linear", 6)):
         c = Control(jnp.asarray(rng.standard_normal((n, 2, 2))), 2.0, kind)
         ts = np.linspace(0, 2.0, 20001)
-        f = np.sum(np.asarray(jax.vmap(c)(jnp.asarray(ts))) ** 2, axis=(1, 2))
+        f = np.sum(np.asarray(jax.jit(jax.vmap(c))(jnp.asarray(ts))) ** 2, axis=(1, 2))
         quad = np.trapezoid(f, ts)
         assert control_energy({"A": c}, names=("A",)) == pytest.approx(quad, rel=1e-3)
     with pytest.raises(ValueError, match="pass t1"):

@@ -307,12 +307,22 @@ def test_guarded_shift():
     # decision for a vmapped batch; no derivative
     r, low = jnp.asarray([3.0, 4.0]), jnp.asarray([1.0, 2.0])
     mx = jnp.asarray([2.5, 3.5])
-    np.testing.assert_array_equal(O.guarded_shift(r, low, lambda: mx, 2.0), r)
-    np.testing.assert_array_equal(O.guarded_shift(r, low, lambda: mx, 1.9), mx)
-    np.testing.assert_array_equal(O.guarded_shift(r, low.at[0].set(jnp.nan), lambda: mx, 1e9), mx)
-    many = jax.vmap(lambda r: O.guarded_shift(r, low, lambda: r - 1, 2.0))(jnp.stack([r, r + 1]))
-    np.testing.assert_array_equal(many, jnp.stack([r - 1, r]))
-    assert float(jax.grad(lambda r: jnp.sum(O.guarded_shift(r, low, lambda: r, 2.0)))(r)[0]) == 0
+
+    @jax.jit  # every case in one program (not op by op)
+    def cases(r, low, mx):
+        return (O.guarded_shift(r, low, lambda: mx, 2.0),
+                O.guarded_shift(r, low, lambda: mx, 1.9),
+                O.guarded_shift(r, low.at[0].set(jnp.nan), lambda: mx, 1e9),
+                jax.vmap(lambda r: O.guarded_shift(r, low, lambda: r - 1, 2.0))(
+                    jnp.stack([r, r + 1])),
+                jax.grad(lambda r: jnp.sum(O.guarded_shift(r, low, lambda: r, 2.0)))(r))
+
+    safe, unsafe, nan, many, grad = cases(r, low, mx)
+    np.testing.assert_array_equal(safe, r)
+    np.testing.assert_array_equal(unsafe, mx)
+    np.testing.assert_array_equal(nan, mx)
+    np.testing.assert_array_equal(many, np.stack([r - 1, r]))
+    assert float(grad[0]) == 0
 
 
 @pytest.mark.slow
