@@ -41,20 +41,49 @@ def _tols(dtype):
 # ----------------------------------------------------------------------------- closed forms
 
 
-@pytest.mark.parametrize("a,c,s0", [(0.3, 0.5, 1.0), (0.0, 0.7, 0.5), (-0.4, 1.0, 2.0)])
+# The scalar law's cases (a, c, σ0, t1): three blow-ups, then c < 0 < a (σ → a/|c|, no blow-up).
+SCALAR_CASES = [(0.3, 0.5, 1.0, 5.0), (0.0, 0.7, 0.5, 5.0), (-0.4, 1.0, 2.0, 5.0), (0.5, -0.5, 1.0, 40.0)]
+
+
+@pytest.fixture(scope="module")
+def scalar_solutions():
+    """``get(dtype)``: the d = 1 solves of every SCALAR_CASES member as one vmapped program (a
+    stack of parameters and t1, one compilation a dtype instead of one solve per case),
+    with member ``i`` as ``sol(i)``."""
+    cache = {}
+
+    def get(dtype):
+        if dtype not in cache:
+            a, c, s0, t1 = (jnp.asarray(v, dtype) for v in zip(*SCALAR_CASES))
+            one = lambda x: jnp.reshape(x, (1, 1))  # noqa: E731
+            batch = jax.jit(jax.vmap(lambda a, c, s0, t1: solve_moments(
+                None, one(s0), A=one(a), B=one(c), V=jnp.ones((1, 1), dtype), t1=t1,
+                saveat=N_SAVE, **_tols(dtype))))(a, c, s0, t1)
+            batch = jax.tree.map(np.asarray, batch)  # members read on the host, not op by op
+            cache[dtype] = lambda i: jax.tree.map(lambda leaf: leaf[i], batch)
+        return cache[dtype]
+
+    return get
+
+
+# the scalar closed forms, jitted: one program each (op by op, each small op compiles)
+_scalar_blowup_time = jax.jit(scalar_blowup_time)
+_scalar_variance = jax.jit(scalar_variance)
+
+
+@pytest.mark.parametrize("case", range(3), ids=["0.3-0.5-1.0", "0.0-0.7-0.5", "-0.4-1.0-2.0"])
 @pytest.mark.slow_dtype("f32")  # f32: a second set of solver compilations
-def test_scalar_blowup_time_matches_closed_form(dtype, a, c, s0):
-    T = float(scalar_blowup_time(s0, a, c))
+def test_scalar_blowup_time_matches_closed_form(dtype, case, scalar_solutions):
+    a, c, s0, _ = SCALAR_CASES[case]
+    T = float(_scalar_blowup_time(s0, a, c))
     assert np.isfinite(T)
-    one = lambda x: jnp.full((1, 1), x, dtype)  # noqa: E731
-    sol = solve_moments(None, one(s0), A=one(a), B=one(c), V=one(1.0), t1=5.0, saveat=N_SAVE,
-                        **_tols(dtype))
+    sol = scalar_solutions(dtype)(case)
     assert int(sol.status) == status_code("blowup")
     assert abs(float(sol.blowup_time) - T) / T < tol(dtype, 1e-4, 1e-9)
-    # the saved trajectory before T* follows σ(t)
+    # the saved trajectory before T* follows σ(t) (evaluated at every saved time: one shape)
     ts = np.asarray(sol.ts)
     before = ts < T
-    ref = np.asarray(scalar_variance(ts[before], s0, a, c))
+    ref = np.asarray(_scalar_variance(ts, s0, a, c))[before]
     got = np.asarray(sol.cov)[before, 0, 0]
     np.testing.assert_allclose(got, ref, rtol=tol(dtype, 1e-4, 1e-9))
     assert np.all(np.isnan(np.asarray(sol.cov)[~before]))
@@ -79,12 +108,12 @@ def test_blowup_status_message_and_throw():
     assert run(-1.0, max_steps=2).names == "max_steps_reached"
 
 
-def test_scalar_no_blowup_cases():
+def test_scalar_no_blowup_cases(scalar_solutions):
     # c < 0 < a: σ → a/|c|; c > 0 > a with cσ0 < |a|: decays; both: T* = inf.
-    assert np.isinf(float(scalar_blowup_time(1.0, 0.5, -0.5)))
-    assert np.isinf(float(scalar_blowup_time(0.5, -1.0, 1.0)))
-    sol = solve_moments(None, np.ones((1, 1)), A=0.5 * np.ones((1, 1)), B=-0.5 * np.ones((1, 1)),
-                        V=np.ones((1, 1)), t1=40.0, **KWS)
+    assert np.isinf(float(_scalar_blowup_time(1.0, 0.5, -0.5)))
+    assert np.isinf(float(_scalar_blowup_time(0.5, -1.0, 1.0)))
+    sol = scalar_solutions(np.float64)(3)  # A = 0.5, B = -0.5, V = 1, σ0 = 1 to t1 = 40
+    assert SCALAR_CASES[3] == (0.5, -0.5, 1.0, 40.0)
     assert int(sol.status) == status_code("successful")
     np.testing.assert_allclose(float(sol.cov_final[0, 0]), 1.0, rtol=1e-9)
 
