@@ -29,11 +29,17 @@ def _fd(f, x, E, h):
     return (float(f(x + h * E)) - float(f(x - h * E))) / (2 * h)
 
 
-def _check_grad(f, x, h=1e-4, rtol=1e-6, seed=0):
-    """``jax.grad(f)(x)`` against central differences along two random directions."""
-    g = np.asarray(jax.grad(f)(jnp.asarray(x)))
+def _check_grad(f, x, h=1e-4, rtol=1e-6, seed=0, jit=False):
+    """``jax.grad(f)(x)`` against central differences along two random directions.
+
+    ``jit=True``: the gradient and the differences through ``jax.jit`` (one program each
+    instead of every small op compiled on its own).
+    """
+    grad = jax.jit(jax.grad(f)) if jit else jax.grad(f)
+    g = np.asarray(grad(jnp.asarray(x)))
     assert np.all(np.isfinite(g))
     rng = np.random.default_rng(seed)
+    f = jax.jit(f) if jit else f
     for _ in range(2):
         E = rng.standard_normal(np.shape(x))
         fd = _fd(f, np.asarray(x), E, h)
@@ -162,16 +168,16 @@ def test_closed_forms_compose():
                                rtol=1e-14)
     for f in (lambda x: scalar_blowup_time(x[0], x[1], x[2]),
               lambda x: scalar_variance(0.2, x[0], x[1], x[2])):
-        _check_grad(f, np.asarray([1.0, 0.3, 0.5]), h=1e-5)
+        _check_grad(f, np.asarray([1.0, 0.3, 0.5]), h=1e-5, jit=True)
     # V = vI: T* and Σ(t) in B
     rng = np.random.default_rng(7)
     B = rng.standard_normal((D, D)) + np.eye(D)
     S0 = np.eye(D) + 0.2 * np.ones((D, D))
-    _check_grad(lambda B: vi_blowup_time(S0, B, 0.7), B, h=1e-5)
-    _check_grad(lambda B: jnp.sum(vi_covariance(0.1, S0, B, 0.7)), B, h=1e-5)
+    _check_grad(lambda B: vi_blowup_time(S0, B, 0.7), B, h=1e-5, jit=True)
+    _check_grad(lambda B: jnp.sum(vi_covariance(0.1, S0, B, 0.7)), B, h=1e-5, jit=True)
     X = rng.standard_normal((D, D))
     A = X @ X.T / D + 0.6 * np.eye(D)
-    _check_grad(lambda A: jnp.trace(lyapunov_equilibrium(A, np.eye(D), -0.8)[0]), A, h=1e-5)
+    _check_grad(lambda A: jnp.trace(lyapunov_equilibrium(A, np.eye(D), -0.8)[0]), A, h=1e-5, jit=True)
 
 
 @pytest.mark.slow

@@ -30,6 +30,13 @@ from jaxdyn.encoder._gaussianity import (
 N, D = 2048, 16
 KW = dict(n_dirs=64, n_floor=16, n_pc=3)
 
+# The building blocks as the profile runs them: jitted (one program a shape and dtype; op by op
+# each of their small ops compiles on its own)
+_sliced_w2 = jax.jit(sliced_w2)
+_projected_moments = jax.jit(projected_moments)
+_effective_rank = jax.jit(effective_rank)
+_moments = jax.jit(moments)
+
 
 # ---------------------------------------------------------------------------------------
 # Building blocks
@@ -51,12 +58,12 @@ def test_sliced_w2_of_a_translation(dtype):
     c = np.array([1.0, -2.0, 0.5, 0.0, 3.0, 1.0], dtype)
     dirs = random_directions(jax.random.PRNGKey(0), 6, 40, dtype)
     expected = math.sqrt(np.mean((np.asarray(dirs, np.float64).T @ c.astype(np.float64)) ** 2))
-    got = sliced_w2(jnp.asarray(x), jnp.asarray(x + c), dirs)
+    got = _sliced_w2(jnp.asarray(x), jnp.asarray(x + c), dirs)
     assert got.dtype == dtype
     np.testing.assert_allclose(float(got), expected, rtol=tol(dtype, 1e-5, 1e-12))
     # A relabelling of the points is at distance 0.
     perm = rng.permutation(300)
-    assert float(sliced_w2(jnp.asarray(x), jnp.asarray(x[perm]), dirs)) == 0.0
+    assert float(_sliced_w2(jnp.asarray(x), jnp.asarray(x[perm]), dirs)) == 0.0
     np.testing.assert_allclose(np.linalg.norm(np.asarray(dirs), axis=0), 1.0, rtol=tol(dtype, 1e-6, 1e-14))
 
 
@@ -67,7 +74,7 @@ def test_sliced_w2_one_dimensional_closed_form(dtype):
     y = np.array([[2.0], [-1.0], [3.0]], dtype)  # sorted: -1, 2, 3
     dirs = jnp.asarray(np.array([[1.0, -1.0]], dtype))
     expected = math.sqrt((1.0 + 1.0 + 4.0) / 3.0)
-    np.testing.assert_allclose(float(sliced_w2(jnp.asarray(x), jnp.asarray(y), dirs)), expected, rtol=1e-6)
+    np.testing.assert_allclose(float(_sliced_w2(jnp.asarray(x), jnp.asarray(y), dirs)), expected, rtol=1e-6)
 
 
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
@@ -75,14 +82,14 @@ def test_projected_moments_closed_forms(dtype):
     # Two atoms ±a along e1 (and anything symmetric elsewhere): g1 = 0, g2 = 1 − 3 = −2.
     x = np.array([[2.0, 1.0], [-2.0, -1.0], [2.0, -1.0], [-2.0, 1.0]], dtype)
     e1 = jnp.asarray(np.array([[1.0], [0.0]], dtype))
-    g1, g2 = projected_moments(jnp.asarray(x), e1)
+    g1, g2 = _projected_moments(jnp.asarray(x), e1)
     np.testing.assert_allclose(np.asarray(g1), 0.0, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g2), -2.0, rtol=1e-6)
     # Bernoulli(p) centred: g1 = (1 − 2p)/sqrt(p q), g2 = (1 − 6 p q)/(p q); p = 1/4.
     p, q = 0.25, 0.75
     b = np.array([1.0, 0.0, 0.0, 0.0] * 5, np.float64)
     xc = (b - b.mean()).astype(dtype)[:, None]
-    g1, g2 = projected_moments(jnp.asarray(xc), jnp.ones((1, 1), dtype))
+    g1, g2 = _projected_moments(jnp.asarray(xc), jnp.ones((1, 1), dtype))
     np.testing.assert_allclose(float(g1[0]), (1 - 2 * p) / math.sqrt(p * q), rtol=tol(dtype, 1e-5, 1e-12))
     np.testing.assert_allclose(float(g2[0]), (1 - 6 * p * q) / (p * q), rtol=tol(dtype, 1e-5, 1e-12))
 
@@ -90,7 +97,7 @@ def test_projected_moments_closed_forms(dtype):
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_effective_rank_closed_forms(dtype):
     def er(lam):
-        a, b = effective_rank(jnp.asarray(np.array(lam, dtype)))
+        a, b = _effective_rank(jnp.asarray(np.array(lam, dtype)))
         return float(a), float(b)
 
     r = tol(dtype, 1e-5, 1e-12)
@@ -105,7 +112,7 @@ def test_effective_rank_closed_forms(dtype):
 def test_moments_match_numpy(dtype):
     x = np.random.default_rng(2).normal(size=(500, 4)) @ np.diag([1.0, 2.0, 3.0, 0.1])
     x = x.astype(dtype)
-    m, c = moments(jnp.asarray(x))
+    m, c = _moments(jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(m), x.astype(np.float64).mean(0), atol=tol(dtype, 1e-5, 1e-13))
     np.testing.assert_allclose(
         np.asarray(c), np.cov(x.astype(np.float64).T, bias=True), atol=tol(dtype, 1e-4, 1e-12)
@@ -127,12 +134,18 @@ def _gaussian_layers(dtype, n=N, d=D):
     return [jnp.asarray(x.astype(dtype)) for x in layers]
 
 
+class _ByDtype(dict):
+    """The profiles of the exact Gaussian layers, computed for a dtype when first asked (the
+    default suite reads only float64's: float32's run is not paid for there)."""
+
+    def __missing__(self, dt):
+        self[dt] = gaussianity_profile(_gaussian_layers(dt), jax.random.PRNGKey(5), **KW)
+        return self[dt]
+
+
 @pytest.fixture(scope="module")
 def gauss_profiles():
-    return {
-        dt: gaussianity_profile(_gaussian_layers(dt), jax.random.PRNGKey(5), **KW)
-        for dt in (np.float32, np.float64)
-    }
+    return _ByDtype()
 
 
 @pytest.mark.slow_dtype("f64")  # the model's own dtype (f32) in the default suite, f64 under -m slow
