@@ -72,7 +72,14 @@ def test_built_inside_jit_from_numpy_equals_outside_and_vmaps(name):
                                rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("name", sorted(BUILD))
+# Under -m slow, with a default-suite sibling through the same constructor: the plain Euclidean
+# model (euclidean_control), the l2 heads (multi_head), the pre- and peri-LN wrappers (postln,
+# ngpt), the blocked kernel (tests/test_blocked_vjp.py: its gradient in every argument, β too).
+_GRAD_SLOW = {"euclidean", "multi_head_l2", "preln", "periln", "sphere_blocked"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _GRAD_SLOW else n
+                                  for n in sorted(BUILD)])
 def test_grad_through_the_constructor_matches_finite_differences(name):
     W, x, build = _weights(), _cloud(), BUILD[name]
     r = np.random.default_rng(3).standard_normal((N, D))
