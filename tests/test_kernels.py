@@ -93,7 +93,7 @@ def test_blocked_equals_dense(dtype, n, normalization):
     for kb, qb in [(128, 256), (500, 100), (7, 33)]:
         blocked = interaction(x, x, B, 3.0, kernel="blocked", normalization=normalization,
                               k_block=kb, q_block=qb)
-        scale = float(jnp.max(jnp.abs(dense)))
+        scale = float(np.max(np.abs(np.asarray(dense))))
         np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense),
                                    atol=tol(dtype, 1e-5, 1e-12) * scale, rtol=0)
 
@@ -136,10 +136,10 @@ def test_large_beta_float32_no_overflow():
     x = _sphere(0, 600, d, np.float32)
     B = jnp.eye(d, dtype=jnp.float32)
     for kernel in ["dense", "blocked"]:
-        m = interaction(x, x, B, 1e4, kernel=kernel, k_block=128)
-        assert bool(jnp.all(jnp.isfinite(m)))
+        m = np.asarray(interaction(x, x, B, 1e4, kernel=kernel, k_block=128))
+        assert np.all(np.isfinite(m))
         # At β = 10⁴ each particle mostly attends to itself and its nearest neighbours.
-        assert float(jnp.min(jnp.sum(m * x, axis=1))) > 0.9
+        assert float(np.min(np.sum(m * np.asarray(x), axis=1))) > 0.9
 
 
 def test_kernel_rejects_bad_shapes():
