@@ -187,6 +187,8 @@ def test_sinkhorn_near_limit_unnormalised_copy():
     assert abs(res.value / exact - 1) < 0.02
 
 
+@pytest.mark.slow  # 1000 points in f64 (3.6 CPU-s); a fixed ε by default: the translation test, and
+# the bias bound |S_ε - W2²| <= ε log N against the exact value: test_w2_dispatch_returns_the_methods_results
 def test_sinkhorn_fixed_large_epsilon_is_biased_as_documented():
     # at ε = 1e-3 (≈ 0.2 W2^2) the near-limit case is off by > 5 %: the reason ε must follow W2^2
     x, y = _case("near_limit", 1000, np.float64)
