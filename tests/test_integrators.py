@@ -112,7 +112,8 @@ def test_vmap_over_beta_equals_separate_runs(dtype):
                                    atol=tol(dtype, 1e-5, 1e-13), rtol=0)
 
 
-@pytest.mark.slow_dtype("f64")  # the vmap identity in f32 in the default suite, f64 under -m slow
+@pytest.mark.slow  # default-suite counterpart: tests/test_simulation_composable.py's
+# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over x0 and β, rk4, f64, 1e-13)
 def test_vmap_over_initial_conditions(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)
