@@ -4,8 +4,10 @@
 docs/benchmarks.md is what ``python -m benchmarks docs`` generates from the committed result
 files (deterministically), and each file's headline is the one its script JSON gives; every
 workload has a cost model and every tracked result records it. A run without ``--record``
-writes only under the ignored ``benchmarks/runs/``: one tiny workload is run (a few seconds)
-and ``git status`` of benchmarks/ is unchanged by it.
+writes only under the ignored ``benchmarks/runs/``: the suite's ``run`` (its script's child
+process replaced by a result in-process) writes there and ``git status`` of benchmarks/ is
+unchanged by it; the same with one tiny workload run for real (a child process that starts
+JAX) under ``-m slow``.
 """
 
 import importlib.util
@@ -13,6 +15,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -117,6 +121,34 @@ def test_scripts_alone_write_under_runs():
     assert _git("check-ignore", "benchmarks/runs/x.json").strip()
 
 
+def test_tiny_run_writes_under_runs_only(monkeypatch):
+    """``suite.run(["pde"], tiny=True)`` writes its one result file under benchmarks/runs/ and
+    changes nothing git tracks or shows in benchmarks/ (the script's child process replaced by
+    its JSON: the real child runs in test_tiny_run_leaves_the_tree_unchanged, -m slow)."""
+    suite = _suite()
+    before = _git("status", "--porcelain", "--untracked-files=all", "benchmarks/")
+    data = {"rows": [{"n": 8}]}
+
+    def run_once(w, extra, tiny, gpu, max_isa, timeout):
+        assert tiny and w.name == "pde"
+        return {"rc": 0, "wall_s": 0.1, "argv": [w.script, *w.tiny_args], "data": data,
+                "png": None}
+
+    monkeypatch.setattr(suite, "_run_once", run_once)
+    monkeypatch.delenv("OUT", raising=False)
+    written = suite.run(["pde"], tiny=True)
+    try:
+        assert len(written) == 1 and written[0].is_relative_to(BENCH / "runs" / "pde"), written
+        assert written[0].name.endswith(".tiny.json")
+        rec = json.loads(written[0].read_text())
+        assert rec["tiny"] is True and rec["result"] == data and rec["workload"] == "pde"
+    finally:
+        for w in written:
+            w.unlink()
+    assert _git("status", "--porcelain", "--untracked-files=all", "benchmarks/") == before
+
+
+@pytest.mark.slow  # a child process that starts JAX; the suite's writing: the test above
 def test_tiny_run_leaves_the_tree_unchanged(tmp_path):
     """`python -m benchmarks run pde --tiny` changes nothing git tracks or shows in benchmarks/."""
     before = _git("status", "--porcelain", "--untracked-files=all", "benchmarks/")

@@ -1,7 +1,14 @@
-"""The CLI and the experiment engine: config errors before compute, files written, status
-on non-finite states, resume and report."""
+"""The CLI and the experiment engine: config errors before compute, files written, status.
 
+On non-finite states, resume and report. One ``jaxdyn run`` of TINY (a module fixture) is read
+by the test of the files written and copied by the resume and report tests, which change their
+copy.
+"""
+
+import contextlib
+import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -61,11 +68,26 @@ def test_bad_config_is_named_before_compute(tmp_path, capsys, patch, needle):
     assert not (tmp_path / "out" / "chunks").exists()  # nothing computed
 
 
-def test_run_writes_everything(tmp_path, capsys):
-    out = tmp_path / "run"
-    rc = cli.main(["run", _write(tmp_path, TINY), "--out", str(out), "--quiet"])
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """``jaxdyn run`` of TINY: (exit code, what it printed, the run folder)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    out = tmp / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = cli.main(["run", _write(tmp, TINY), "--out", str(out), "--quiet"])
+    return rc, printed.getvalue(), out
+
+
+def _copy(run, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+def test_run_writes_everything(cli_run):
+    rc, printed, out = cli_run
     assert rc == 0
-    printed = capsys.readouterr().out
     assert str(out) in printed
     for f in ["config.yaml", "summary.json", "data.nc", "particles.png", "mean_inner_product.png"]:
         assert (out / f).exists(), f
@@ -98,9 +120,10 @@ def test_nonfinite_is_a_status(tmp_path, capsys):
         assert ds["finite"].values.tolist() == [True, False]
 
 
-def test_resume_skips_finished_chunks(tmp_path):
-    out = tmp_path / "run"
-    first = run_experiment(TINY, out, progress=False, log=lambda *_: None)
+def test_resume_skips_finished_chunks(cli_run, tmp_path):
+    rc, _, finished = cli_run
+    assert rc == 0 and json.loads((finished / "summary.json").read_text())["status"] == "ok"
+    out = _copy(finished, tmp_path)
     ref = xr.open_dataset(out / "data.nc", engine="h5netcdf").load()
     # Simulate an interruption after the first chunk: drop the later chunks and the data file.
     for i in (1, 2):
@@ -117,12 +140,10 @@ def test_resume_skips_finished_chunks(tmp_path):
         run_experiment(TINY, out, progress=False, log=lambda *_: None)
     with pytest.raises(ConfigError, match="config differs"):
         run_experiment({**TINY, "n": 40}, out, resume=True, progress=False, log=lambda *_: None)
-    assert first.status == "ok"
 
 
-def test_report_redraws_figures(tmp_path, capsys):
-    out = tmp_path / "run"
-    run_experiment(TINY, out, progress=False, log=lambda *_: None)
+def test_report_redraws_figures(cli_run, tmp_path):
+    out = _copy(cli_run[2], tmp_path)
     (out / "particles.png").unlink()
     assert cli.main(["report", str(out)]) == 0
     assert (out / "particles.png").exists()

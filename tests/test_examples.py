@@ -74,7 +74,7 @@ def _figure_checks(fig):
     """Legends off the curves, no literal underscore, integer ticks on count axes."""
     import matplotlib.text
 
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # the layout (positions, extents) without rasterizing
     renderer = fig.canvas.get_renderer()
     for text in fig.findobj(matplotlib.text.Text):
         shown = re.sub(r"\$[^$]*\$", "", text.get_text())

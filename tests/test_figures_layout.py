@@ -2,7 +2,8 @@
 
 Colours are explained by colour bars. The figures are drawn from small synthetic data and
 checked on the Agg renderer (window extents in pixels) before they are written: ``plots.save``
-is replaced by a recorder.
+is replaced by a recorder, which lays each figure out as a draw would
+(``Figure.draw_without_rendering``: positions and extents, no rasterizing).
 """
 
 import itertools
@@ -18,11 +19,11 @@ plt = plots.pyplot()
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures the code under test would save, drawn on the Agg canvas and kept open."""
+    """The figures the code under test would save, laid out on the Agg canvas and kept open."""
     figs = []
 
     def record(fig, path):
-        fig.canvas.draw()
+        fig.draw_without_rendering()
         figs.append(fig)
         return path
 
@@ -30,6 +31,33 @@ def drawn(monkeypatch):
     yield figs
     for fig in figs:
         plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def drawn_once(tmp_path_factory):
+    """``draw(key, plot)``: ``(paths, figures)`` that ``plot(out_dir)`` would save, drawn once
+    per key for the module (tests that read the same figures share them), closed at its end."""
+    cache = {}
+
+    def draw(key, plot):
+        if key not in cache:
+            figs = []
+
+            def record(fig, path):
+                fig.draw_without_rendering()
+                figs.append(fig)
+                return path
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(plots, "save", record)
+                paths = plot(tmp_path_factory.mktemp("figures"))
+            cache[key] = (paths, figs)
+        return cache[key]
+
+    yield draw
+    for _, figs in cache.values():
+        for fig in figs:
+            plt.close(fig)
 
 
 def _number(text):
@@ -159,10 +187,16 @@ def _sphere_dataset(betas, d, n_snap=10, n=16, seeds=2):
 SPHERE_CFG = {"name": "s", "beta": 1.0, "figure_beta": None, "pair_threshold": 0.999, "cluster_delta": 1e-4}
 
 
-def test_sphere_kind_two_beta_phase_diagram(drawn, tmp_path):
+def _sphere_two_beta_s1(drawn_once):
+    """The sphere kind's figures of a two-β S¹ run (drawn once for the module)."""
     from jaxdyn.experiments.sphere import figures
 
-    paths = figures.plot(SPHERE_CFG, _sphere_dataset([1.0, 9.0], d=2), tmp_path)
+    return drawn_once("sphere-s1", lambda out: figures.plot(
+        SPHERE_CFG, _sphere_dataset([1.0, 9.0], d=2), out))
+
+
+def test_sphere_kind_two_beta_phase_diagram(drawn_once):
+    paths, drawn = _sphere_two_beta_s1(drawn_once)
     fig = drawn[[p.name for p in paths].index("phase_diagram.png")]
     panels = [ax for ax in fig.axes if ax.get_ylabel() == "β"]
     assert len(panels) == 2
@@ -185,11 +219,9 @@ def _colour_bar_labels(fig):
     return [ax.get_ylabel() for ax in fig.axes if not ax.get_title().startswith("t = ")]
 
 
-def test_s1_particles_are_drawn_on_a_flat_circle_in_a_grid(drawn, tmp_path):
-    from jaxdyn.experiments.sphere import figures
-
-    figures.plot(SPHERE_CFG, _sphere_dataset([1.0, 9.0], d=2), tmp_path)
-    fig = drawn[0]
+def test_s1_particles_are_drawn_on_a_flat_circle_in_a_grid(drawn_once):
+    paths, drawn = _sphere_two_beta_s1(drawn_once)
+    fig = drawn[[p.name for p in paths].index("particles.png")]
     panels = _panels(fig)
     assert len(panels) == 10
     for ax in panels:
@@ -274,23 +306,25 @@ def _pde_dataset(betas, m=128, nt=61):
         coords={"beta": np.asarray(betas, float), "t": t, "theta": theta, "k": k})
 
 
-@pytest.mark.parametrize("betas", [[2.0, 3.0, 5.0], [2.0, 5.0, 20.0, 100.0], [1.0, 2, 4, 8, 16, 32]])
-def test_pde_space_time_tick_labels_do_not_overlap(drawn, tmp_path, betas):
+def _pde_figures(drawn_once, betas):
+    """The pde kind's figures (mode clusters) of ``_pde_dataset(betas)``, drawn once a module."""
     from jaxdyn.experiments.pde import figures
 
     cfg = {"mode": "clusters", "beta": 1.0, "figure_betas": [], "name": "p"}
-    paths = figures.plot(cfg, _pde_dataset(betas), tmp_path)
+    return drawn_once(("pde", tuple(betas)), lambda out: figures.plot(cfg, _pde_dataset(betas), out))
+
+
+@pytest.mark.parametrize("betas", [[2.0, 3.0, 5.0], [2.0, 5.0, 20.0, 100.0], [1.0, 2, 4, 8, 16, 32]])
+def test_pde_space_time_tick_labels_do_not_overlap(drawn_once, betas):
+    paths, drawn = _pde_figures(drawn_once, betas)
     names = [p.name for p in paths]
     assert "spacetime.png" in names
     for name, fig in zip(names, drawn):
         assert not _tick_label_clashes(fig), (name, _tick_label_clashes(fig))
 
 
-def test_pde_cluster_figure_marks_the_betas(drawn, tmp_path):
-    from jaxdyn.experiments.pde import figures
-
-    cfg = {"mode": "clusters", "beta": 1.0, "figure_betas": [], "name": "p"}
-    paths = figures.plot(cfg, _pde_dataset([2.0, 3.0, 5.0]), tmp_path)
+def test_pde_cluster_figure_marks_the_betas(drawn_once):
+    paths, drawn = _pde_figures(drawn_once, [2.0, 3.0, 5.0])
     fig = drawn[[p.name for p in paths].index("cluster_counts.png")]
     ax = [a for a in fig.axes if a.get_xlabel() == "β"][0]
     shown = sorted(_number(lab.get_text()) for _, lab in _shown_ticks(ax, "x"))

@@ -5,8 +5,11 @@ file outside the run folder.
 Cost rule: the CLI cases call ``jaxdyn.cli.main(argv)`` in-process (argument parsing, config
 loading, the engine's refusals, and the few runs here use a 3-point sphere sweep of N = 48
 that compiles once per test session); a subprocess is used only where a second process or a
-real signal is essential (two concurrent runs into one folder, SIGTERM mid-run). The whole
-corpus costs well under a CPU-minute.
+real signal is essential (two concurrent runs into one folder, SIGTERM mid-run). The runs
+build their figures but do not render them: ``plots.save`` writes a placeholder PNG through the
+same atomic write (the figures' files, names, fsync and modes are the real ones; rendering is
+checked in tests/test_cli.py and tests/test_figures_layout.py). The whole corpus costs well
+under a CPU-minute.
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ OTHER = {**TINY, "sweep": {"beta": [2.0]}}
 
 # ----------------------------------------------------------------------------- helpers
 
+# a 1×1 PNG: what plots.save writes here in place of the rendered figure
+PLACEHOLDER_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _figures_not_rendered():
+    """plots.save without the rendering (module doc): the figure is built, then closed."""
+    from jaxdyn import plots
+
+    def save(fig, path):
+        plots.pyplot().close(fig)
+        return jio.atomic_write_bytes(path, PLACEHOLDER_PNG)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots, "save", save)
+        yield
+
+
 
 def _snapshot(root: Path, exclude: Path | None):
     """(size, mtime, mode) of every file under root outside ``exclude``."""
@@ -76,8 +99,17 @@ def finished(tmp_path_factory):
     return out
 
 
-def _copy_run(finished, tmp):
-    dst = tmp / "run"
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    """One finished OTHER run (its chunk and data.nc are foreign to TINY's runs; copied by
+    the cases that change it)."""
+    out = tmp_path_factory.mktemp("other") / "run"
+    assert run_experiment(OTHER, out, **QUIET).status == "ok"
+    return out
+
+
+def _copy_run(finished, tmp, name="run"):
+    dst = tmp / name
     shutil.copytree(finished, dst)
     return dst
 
@@ -432,21 +464,18 @@ def test_read_chunk_names_the_file(tmp_path, finished):
         jio.read_chunk(p)
 
 
-def test_chunk_of_another_config_is_refused(in_tmp, capsys, finished):
+def test_chunk_of_another_config_is_refused(in_tmp, capsys, finished, other_run):
     run = _copy_run(finished, in_tmp)
-    other = in_tmp / "other"
-    run_experiment(OTHER, other, **QUIET)
-    shutil.copy(other / "chunks" / "chunk_00000.npz", run / "chunks" / "chunk_00001.npz")
+    shutil.copy(other_run / "chunks" / "chunk_00000.npz", run / "chunks" / "chunk_00001.npz")
     _refused(in_tmp, ["run", "--resume", str(run), "--quiet"], capsys, 2,
              ["chunk_00001.npz was written by another config"], run, created=True)
 
 
-def test_merge_verifies_every_chunk(tmp_path):
+def test_merge_verifies_every_chunk(tmp_path, other_run):
     """A chunk swapped in by another process after the skip-check is caught at the merge:
     the run fails naming the chunk, and no data.nc is written."""
-    out, other = tmp_path / "run", tmp_path / "other"
-    run_experiment(OTHER, other, **QUIET)
-    foreign = (other / "chunks" / "chunk_00000.npz").read_bytes()
+    out = tmp_path / "run"
+    foreign = (other_run / "chunks" / "chunk_00000.npz").read_bytes()
 
     def swap(ci):
         if ci == 2:
@@ -682,10 +711,31 @@ def test_library_refusals(in_tmp, case, call, exc, needle):
     _TMP.clear()
 
 
+def _float16_cloud():
+    return jaxdyn.normalize(jaxdyn.sample_sphere(jax.random.PRNGKey(0), 16, 3).astype(jnp.float16))
+
+
+def test_float16_after_normalize_passes_the_check():
+    """The unit-vector check's tolerance follows x0's dtype: the advice of its own message
+    (jaxdyn.normalize) can be followed in float16. The check simulate runs on a concrete x0,
+    on the host (nothing compiled; the run itself: the slow test below)."""
+    from jaxdyn.simulation._simulate import _check_x0
+
+    x = _float16_cloud()
+    assert x.dtype == jnp.float16
+    model = jaxdyn.SphereAttention(jnp.eye(3), jnp.eye(3), jnp.eye(3), 1.0)
+    err = np.max(np.abs(np.linalg.norm(np.asarray(x, np.float64), axis=-1) - 1))
+    assert err > 1e-5  # float16's rounding: far above a float32 or float64 tolerance
+    assert _check_x0(model, x).shape == (16, 3)
+    with pytest.raises(ValueError, match="x0 rows must be unit vectors"):  # the check is on
+        _check_x0(model, 1.05 * x)
+
+
+@pytest.mark.slow  # a simulate compilation; the check itself: the test above
 def test_float16_after_normalize_is_accepted():
     """The unit-vector check's tolerance follows x0's dtype: the advice of its own message
     (jaxdyn.normalize) can be followed in float16."""
-    x = jaxdyn.normalize(jaxdyn.sample_sphere(jax.random.PRNGKey(0), 16, 3).astype(jnp.float16))
+    x = _float16_cloud()
     sol = jaxdyn.simulate(jaxdyn.SphereAttention(jnp.eye(3), jnp.eye(3), jnp.eye(3), 1.0), x,
                           t1=0.1, dt=0.05)
     assert list(np.atleast_1d(sol.names)) == ["successful"]
@@ -756,7 +806,7 @@ def test_library_resume_of_nothing_makes_no_folder(tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_report_of_a_live_run_and_of_foreign_results(in_tmp, capsys, finished):
+def test_report_of_a_live_run_and_of_foreign_results(in_tmp, capsys, finished, other_run):
     """``report`` takes the folder's lock: a run still writing the folder is named (exit 4, no
     advice to resume what is running); a ``data.nc`` written by another config than the
     folder's ``config.yaml`` is refused (exit 2) rather than drawn, and the folder is unchanged."""
@@ -770,8 +820,7 @@ def test_report_of_a_live_run_and_of_foreign_results(in_tmp, capsys, finished):
         assert "--resume" not in err
     finally:
         lock.release()
-    other = in_tmp / "other"
-    assert run_experiment({**TINY, "sweep": {"beta": [2.0]}}, other, **QUIET).status == "ok"
+    other = _copy_run(other_run, in_tmp, "other")  # a finished run of another config
     shutil.copyfile(other / "data.nc", run / "data.nc")
     _refused(in_tmp, ["report", str(run)], capsys, 2, ["written by another config", "config.yaml",
                                                       f"--resume {run}"], run)

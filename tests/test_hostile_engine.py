@@ -7,8 +7,8 @@ before any compute.
 * ``pde`` configs whose fields disagree are refused by ``resolve_config`` / the kind's check
   (exit 2, naming the field) before the run computes anything.
 
-The file-size cases run in a child process (the limit is the child's own); the config cases
-call the CLI in-process and compute nothing.
+The file-size cases run in a child process (the limit is the child's own; the one that runs
+the engine under ``-m slow``); the config cases call the CLI in-process and compute nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ def _run_limited(tmp_path, limit):
     return p, out
 
 
+@pytest.mark.slow  # a child process that starts JAX and runs the engine. By default: the
+# engine's one line, exit 1, summary failed, chunks kept and no temporary file on a write error
+# of data.nc (test_hostile.py::test_disk_full[data], in-process) and the file-size limit inside
+# HDF5's write (test_write_dataset_past_the_file_size_limit_is_an_os_error, a child without JAX)
 def test_cli_data_nc_past_the_file_size_limit_exits_1_with_one_line(tmp_path):
     p, out = _run_limited(tmp_path, 300 * 1024)
     assert p.returncode == 1, (p.returncode, p.stderr[-3000:])
@@ -92,7 +96,7 @@ def test_cli_data_nc_past_the_file_size_limit_exits_1_with_one_line(tmp_path):
     assert not [f for f in out.rglob("*") if f.name.endswith(".tmp")]
 
 
-@pytest.mark.slow  # ten tries of the case above (one in the default suite)
+@pytest.mark.slow  # ten tries of the case above
 def test_cli_data_nc_past_the_file_size_limit_ten_tries(tmp_path):
     for i in range(10):
         p, _ = _run_limited(tmp_path / str(i), 300 * 1024)
