@@ -9,7 +9,6 @@ import contextlib
 import io
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -71,7 +71,6 @@ def _figures_not_rendered():
         yield
 
 
-
 def _snapshot(root: Path, exclude: Path | None):
     """(size, mtime, mode) of every file under root outside ``exclude``."""
     out = {}
