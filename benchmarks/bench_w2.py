@@ -11,7 +11,7 @@ For each case and N it runs, in the same process:
   for N <= ``--exact-max`` (O(N^3)).
 - ``ott_default`` (baseline): ott-jax's ``sinkdiv`` with its default ε (5 % of the cost's
   standard deviation), dense, jitted, for N <= ``--ott-max``: the bias that motivated the
-  rule. (``results/w2_sinkhorn_gpu.json`` was measured before this call was jitted: its
+  rule. (The GPU record ``results/w2/gpu-nvidia-h200.json`` times this baseline unjitted: its
   ``ott_default_s`` includes tracing and compilation on every call; only its errors count.)
 
 Cases (float32 by default; x on S^2, y on S^2 except in ``affine``):
@@ -58,8 +58,8 @@ with its accuracy parameter set by ``--...`` options (tuned for ``|error| <= 1e-
 The baselines are not dependencies of jaxdyn: ``pip install geomloss pykeops pot`` (KeOps
 compiles its kernels with the system C++ compiler on first use and caches them).
 
-Writes ``benchmarks/results/<name>.json`` and ``.png`` (``--name``, default
-``w2_sinkhorn``). ``--quick`` runs small sizes only. Larger N for a case are skipped once the
+Writes ``<outdir>/<name>.json`` and ``.png`` (``--outdir``, default ``benchmarks/runs/``;
+``--name``, default ``w2_sinkhorn``). ``--quick`` runs small sizes only. Larger N for a case are skipped once the
 case has used ``--budget-s`` seconds.
 
     python benchmarks/bench_w2.py --quick
@@ -87,7 +87,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from common import machine_info  # noqa: E402
+from common import RESULTS, machine_info  # noqa: E402
 from jaxdyn.distances import (  # noqa: E402
     default_batch_size,
     default_multiscale,
@@ -571,7 +571,9 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="w2_sinkhorn")
-    p.add_argument("--outdir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--outdir", default=str(RESULTS),
+                   help="where the JSON and figure go (default benchmarks/runs/, ignored by git; "
+                        "`python -m benchmarks run w2 --record` files them under results/)")
     g = p.add_argument_group("--compare: jaxdyn vs GeomLoss, ott-jax, POT at equal accuracy")
     g.add_argument("--compare", action="store_true",
                    help="the interleaved comparison on --compare-case (default sizes 1e4 3e4 1e5)")

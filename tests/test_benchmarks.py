@@ -119,6 +119,13 @@ def test_scripts_alone_write_under_runs():
     assert p.returncode == 0, p.stderr
     assert Path(p.stdout.strip()) == BENCH / "runs"
     assert _git("check-ignore", "benchmarks/runs/x.json").strip()
+    # a script with an --outdir option of its own defaults to the same folder
+    for script in sorted(BENCH.glob("bench_*.py")):
+        text = script.read_text()
+        at = text.find('"--outdir"')
+        if at >= 0:
+            option = text[at:at + 200]
+            assert "RESULTS" in option or '"runs"' in option, (script.name, option)
 
 
 def test_tiny_run_writes_under_runs_only(monkeypatch):
