@@ -139,7 +139,7 @@ def main(argv=None):
         meta = machine_info()
     except Exception as e:  # noqa: BLE001 — the rows are written whatever happens
         meta = dict(machine_info_error=repr(e))
-    meta.update(load_avg_end=os.getloadavg(), time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    meta.update(load_avg_end=os.getloadavg(), time=time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
                 before=args.before)
     out = Path(os.environ.get("JAXDYN_BENCH_RESULTS") or Path(__file__).resolve().parent / "runs")
     out.mkdir(parents=True, exist_ok=True)

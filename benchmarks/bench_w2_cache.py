@@ -86,7 +86,7 @@ def main(argv=None):
     same = runs[0]["w2"] == runs[1]["w2"]
     res = {"benchmark": "w2_cache", "n": a.n, "seed": a.seed, "dtype": "float32",
            "cpu": platform.processor() or platform.machine(), "cpu_flags": _cpu_flags(),
-           "loadavg_after": list(os.getloadavg()), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+           "loadavg_after": list(os.getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                           time.gmtime()),
            "runs": runs, "identical_w2": same,
            "second_over_first_wall": runs[1]["wall_s"] / runs[0]["wall_s"],

@@ -296,7 +296,7 @@ def machine_info(codegen_check=True):
     import jax
 
     info = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),

@@ -446,7 +446,7 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
         pick = order[(len(order) - 1) // 2]  # the round with the median jaxdyn time
         rec = {
             "workload": name, "script": w.script, "machine_kind": kind, "tiny": tiny,
-            "command": ok[pick]["argv"], "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+            "command": ok[pick]["argv"], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                time.gmtime()),
             "machine": facts, "headline": heads[pick],
             "rounds": [{"wall_s": r["wall_s"], "rc": r["rc"], "headline": h}
@@ -529,7 +529,7 @@ def record_rates(kind, rates):
     """Write the measured rates of a machine kind to results/machines/<kind>.json."""
     path = MACHINES / f"{kind}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    rec = {"machine_kind": kind, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    rec = {"machine_kind": kind, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": machine_facts(), "rates": rates}
     path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
     return path

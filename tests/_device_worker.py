@@ -14,7 +14,7 @@ change, and each fresh process pays Python's, JAX's and jaxdyn's start-up (≈ 1
   test selected) also sharded sweeps, more multi-head attentions and simulate on the
   query-sharded fields.
 
-:func:`four_devices` runs it once per test session (shared by the xdist workers).
+:func:`four_devices` runs it once per pytest run (shared by the xdist workers).
 """
 
 import json
@@ -189,7 +189,7 @@ def main(spec):
 
 
 def four_devices(request, tmp_path_factory, worker_id, timeout=600):
-    """The worker's JSON, computed once per test session for the dtypes of the selected
+    """The worker's JSON, computed once per pytest run for the dtypes of the selected
     ``name``-parametrized tests that use the ``four_devices`` fixture; ``["sweep_dir"]`` is
     the 4-device run's folder."""
     from conftest import run_once

@@ -20,52 +20,52 @@ jax.config.update("jax_enable_x64", True)
 # EQX_ON_ERROR=nan; collected here only there.
 collect_ignore = [] if os.environ.get("EQX_ON_ERROR") in ("nan", "off") else ["export"]
 
-# One persistent compilation cache per test session, in a temporary folder shared by the xdist
+# One persistent compilation cache per pytest run, in a temporary folder shared by the xdist
 # workers and the subprocesses of the tests (created by the controller before the workers start; they inherit the variable), so
 # that a program compiled by one worker (the same step of the same model in several test files)
-# is loaded, not compiled again, by the other. Removed when the session ends. The user's cache
+# is loaded, not compiled again, by the other. Removed when the run ends. The user's cache
 # folder is never touched (JAXDYN_NO_CACHE above keeps the CLI's own cache off).
-_SESSION_CACHE = "JAXDYN_TEST_SESSION_JIT_CACHE"
-if not os.environ.get(_SESSION_CACHE):
+_RUN_CACHE = "JAXDYN_TEST_RUN_JIT_CACHE"
+if not os.environ.get(_RUN_CACHE):
     import atexit
     import shutil
     import tempfile
 
-    os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="jaxdyn-tests-jit-")
-    atexit.register(shutil.rmtree, os.environ[_SESSION_CACHE], True)
+    os.environ[_RUN_CACHE] = tempfile.mkdtemp(prefix="jaxdyn-tests-jit-")
+    atexit.register(shutil.rmtree, os.environ[_RUN_CACHE], True)
     # the subprocesses that tests start (the CLI, the 4-device and the multi-process runs) read
-    # JAX's options from the environment: they share the session's cache too
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
+    # JAX's options from the environment: they share the run's cache too
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_RUN_CACHE]
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 
-def _use_session_cache():
-    jax.config.update("jax_compilation_cache_dir", os.environ[_SESSION_CACHE])
+def _use_run_cache():
+    jax.config.update("jax_compilation_cache_dir", os.environ[_RUN_CACHE])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-_use_session_cache()
+_use_run_cache()
 
 
 @pytest.fixture(autouse=True)
-def _session_cache_back():
+def _run_cache_back():
     """A test that turns the persistent cache elsewhere or off (tests/test_startup.py) gets
-    the session's back afterwards."""
+    the run's cache back afterwards."""
     yield
-    if jax.config.jax_compilation_cache_dir != os.environ[_SESSION_CACHE]:
+    if jax.config.jax_compilation_cache_dir != os.environ[_RUN_CACHE]:
         from jax.experimental.compilation_cache import compilation_cache as cc
 
         cc.reset_cache()
-        _use_session_cache()
+        _use_run_cache()
 
 
 # ``JAXDYN_TEST_CPU=PREFIX``: per-test CPU seconds (user + system of this process and of the
 # subprocesses it waited for, ``resource.getrusage``) and wall seconds, setup + call + teardown,
-# written to ``PREFIX.<worker>.json`` when the session ends (one file per xdist worker; the
-# controller writes ``PREFIX.master.json``). A module- or session-scoped fixture is charged to
-# the first test that uses it; "_session" holds what the process spent outside the tests
+# written to ``PREFIX.<worker>.json`` when the run ends (one file per xdist worker; the
+# controller writes ``PREFIX.master.json``). A module- or run-scoped fixture is charged to
+# the first test that uses it; "_outside_tests" holds what the process spent outside the tests
 # (imports, collection). Off unless the variable is set.
 _CPU_LOG = os.environ.get("JAXDYN_TEST_CPU")
 _cpu_records = {}
@@ -93,15 +93,15 @@ if _CPU_LOG:
                                      "children": round(kids1 - kids0, 3),
                                      "wall": round(wall1 - wall0, 3)}
 
-    def pytest_sessionfinish(session):
+    def pytest_unconfigure(config):
         """Write this process's records to ``JAXDYN_TEST_CPU.<worker>.json``."""
         import json
 
-        worker = getattr(session.config, "workerinput", {}).get("workerid", "master")
+        worker = getattr(config, "workerinput", {}).get("workerid", "master")
         cpu, kids, _ = _cpu_now()
         tests = sum(r["cpu"] for r in _cpu_records.values())
-        _cpu_records["_session"] = {"cpu": round(cpu - tests, 3), "children": round(kids, 3),
-                                    "total_cpu": round(cpu, 3)}
+        _cpu_records["_outside_tests"] = {"cpu": round(cpu - tests, 3), "children": round(kids, 3),
+                                          "total_cpu": round(cpu, 3)}
         with open(f"{_CPU_LOG}.{worker}.json", "w") as f:
             json.dump(_cpu_records, f, indent=0)
 
@@ -135,9 +135,9 @@ def tol(dtype, f32, f64):
 
 
 def run_once(tmp_path_factory, worker_id, key, compute):
-    """``compute()`` (JSON-able) once per test session, shared by the xdist workers.
+    """``compute()`` (JSON-able) once per pytest run, shared by the xdist workers.
 
-    Each worker of ``pytest -n`` has its own session (a module- or session-scoped fixture
+    Each worker of ``pytest -n`` is a pytest process of its own (a fixture scoped to the whole run
     runs once per worker); an expensive result, such as a subprocess, is computed by the
     first worker that asks and read back from the shared base temporary directory by the
     others (they wait on a lock meanwhile)."""

@@ -4,7 +4,7 @@ file outside the run folder.
 
 Cost rule: the CLI cases call ``jaxdyn.cli.main(argv)`` in-process (argument parsing, config
 loading, the engine's refusals, and the few runs here use a 3-point sphere sweep of N = 48
-that compiles once per test session); a subprocess is used only where a second process or a
+that compiles once per pytest run); a subprocess is used only where a second process or a
 real signal is essential (two concurrent runs into one folder, SIGTERM mid-run). The runs
 build their figures but do not render them: ``plots.save`` writes a placeholder PNG through the
 same atomic write (the figures' files, names, fsync and modes are the real ones; rendering is

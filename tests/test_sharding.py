@@ -30,7 +30,7 @@ from conftest import tol
 
 @pytest.fixture(scope="module")
 def four_devices(request, tmp_path_factory, worker_id):
-    # one subprocess (tests/_device_worker.py) for the whole session, shared with
+    # one subprocess (tests/_device_worker.py) for the whole pytest run, shared with
     # tests/test_sweeps.py: the configure_host_devices cases (forked children), then the
     # 4-device checks for the dtypes of the selected tests (f64, whose tolerance is 1e-12, by
     # default; f32 under -m slow: 1-device sharded_vmap in f32 is checked in-process below);

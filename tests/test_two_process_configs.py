@@ -17,7 +17,7 @@ integration and the reductions part). The wall-clock variables (``*seconds``) ar
 
 The configs are collected by glob: a new config fails here until :data:`REDUCED` has its
 overrides. The three processes of a config run at once (the single-process reference beside
-the cluster), each under a hard timeout; they share the session's persistent compilation
+the cluster), each under a hard timeout; they share the pytest run's persistent compilation
 cache (``tests/conftest.py`` puts it in the environment). A summary line per config (the
 largest absolute and relative difference of each float variable, the seconds) is printed
 (``-s`` shows it) and, with ``JAXDYN_TWO_PROCESS_LOG=FILE``, appended to FILE as JSON.

@@ -399,7 +399,7 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
       adjoint: how ``jax.grad`` differentiates the solve (a ``diffrax.AbstractAdjoint``);
         None: diffrax's default ``RecursiveCheckpointAdjoint``. Inside ``shard_map`` (e.g.
         :func:`jaxdyn.sharded_vmap`) reverse mode needs ``diffrax.DirectAdjoint()``: the
-        default's checkpointed loop is refused there by equinox (diffrax issue 765).
+        default's checkpointed loop is refused there by equinox (diffrax's tracker, #765).
       throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
         so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.
 
