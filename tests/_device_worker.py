@@ -170,7 +170,8 @@ def _sharded_checks(dt, full=True):
 
 def main(spec):
     out = {"host": {name: _host_case(n, kw, env) for name, n, kw, env in HOST_CASES}}
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
+                               + os.environ.get("JAXDYN_TEST_XLA_FLAGS", "")).strip()
     import jax
 
     out["devices"] = len(jax.devices())

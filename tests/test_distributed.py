@@ -63,7 +63,8 @@ def _env(port, pid, nproc=2):
            or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE",  # conftest's cache
                             "JAX_DISABLE_MOST_OPTIMIZATIONS"))}  # and its compile options
     env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
-               XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+               XLA_FLAGS=("--xla_cpu_multi_thread_eigen=false "
+                          + os.environ.get("JAXDYN_TEST_XLA_FLAGS", "")).strip(),
                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
                JAX_PROCESS_ID=str(pid), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return env
