@@ -193,9 +193,9 @@ def four_devices(request, tmp_path_factory, worker_id, timeout=600):
     """The worker's JSON, computed once per pytest run for the dtypes of the selected
     ``name``-parametrized tests that use the ``four_devices`` fixture; ``["sweep_dir"]`` is
     the 4-device run's folder."""
-    from conftest import run_once
+    from conftest import run_once, selected_items
 
-    items = [it for it in request.session.items if "four_devices" in getattr(it, "fixturenames", ())]
+    items = [it for it in selected_items(request.config) if "four_devices" in getattr(it, "fixturenames", ())]
     names = sorted({it.callspec.params["name"] for it in items
                     if "name" in getattr(getattr(it, "callspec", None), "params", {})})
     # every check when a slow test uses the worker (-m slow), else the default set

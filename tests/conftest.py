@@ -133,12 +133,21 @@ def dtype(request):
     return request.param
 
 
-@pytest.hookimpl(tryfirst=True)
+_SELECTED = pytest.StashKey[list]()
+
+
+def selected_items(config):
+    """The tests this run selected (after ``-m`` / ``-k`` deselection)."""
+    return config.stash.get(_SELECTED, [])
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.slow_dtype("f32")``: the f32 instances of a test (parametrized by the
     ``dtype`` fixture) are marked ``slow`` (run with ``-m slow``); the others stay default.
     Used where one dtype in the default suite checks the property and the other dtype's
-    compilations would double its cost."""
+    compilations would double its cost. Once every other hook has deselected, the selected
+    tests are kept for :func:`selected_items`."""
     for item in items:
         mark = item.get_closest_marker("slow_dtype")
         if mark is None or not hasattr(item, "callspec"):
@@ -147,6 +156,8 @@ def pytest_collection_modifyitems(config, items):
         if dt is not None and {np.dtype(np.float32): "f32",
                                np.dtype(np.float64): "f64"}[np.dtype(dt)] in mark.args:
             item.add_marker(pytest.mark.slow)
+    yield
+    config.stash[_SELECTED] = list(items)
 
 
 def tol(dtype, f32, f64):

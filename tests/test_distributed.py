@@ -210,7 +210,9 @@ def cluster_fields(request):
     """Each process's RESULT of the fields over one two-process cluster: from the full launch
     when a selected test uses it (``-m slow``), else from two processes that only join the
     cluster and compute the fields."""
-    if any("two_processes" in getattr(it, "fixturenames", ()) for it in request.session.items):
+    from conftest import selected_items
+
+    if any("two_processes" in getattr(it, "fixturenames", ()) for it in selected_items(request.config)):
         return request.getfixturevalue("two_processes")["results"]
     cmd = [sys.executable, "-c", textwrap.dedent(FIELD_WORKER)]
     res = _finish(_launch([cmd, cmd], _free_port()))
