@@ -176,6 +176,28 @@ def test_variant_gradients_blocked_equal_dense():
                                        atol=1e-11 * float(jnp.max(jnp.abs(b))))
 
 
+
+@pytest.mark.parametrize("p", [3, pytest.param(10, marks=pytest.mark.slow)],
+                         ids=["fused", "matmul"])  # the CPU tiles' two logits
+def test_causal_key_blocks_visited_equal_dense(dtype, p):
+    # the causal pass visits the key blocks wholly before a query block unmasked, then per
+    # sub-block of as many rows as a key block those across its diagonal, masked: query
+    # blocks wider, narrower and not multiples of the key block, ragged last blocks, a block
+    # of rows at an unaligned offset and one running past the last particle (which attends
+    # to every particle), ALiBi on the second head: all equal dense
+    q, k, v = _qkv(dtype, H=2, n=37, p=p, seed=15)
+    alibi = jnp.asarray([0.0, 0.3], dtype)
+    cases = [(dict(k_block=8, q_block=20), None, 37), (dict(k_block=16, q_block=8), None, 37),
+             (dict(k_block=5, q_block=37), None, 37), (dict(k_block=8, q_block=16), 13, 20),
+             (dict(k_block=8, q_block=8), 30, 12)]
+    for blocks, off, rows in cases:
+        qr = q if off is None else jnp.pad(q, ((0, 0), (0, 8), (0, 0)))[:, off:off + rows]
+        kw = dict(alibi=alibi, causal=True, q_offset=off)
+        got = heads_interaction(qr, k, v, 2.0, kernel="blocked", **blocks, **kw)
+        want = heads_interaction(qr, k, v, 2.0, kernel="dense", **kw)
+        _close(got, want, dtype)
+
+
 # --------------------------------------------------------- composability with traced inputs
 
 

@@ -41,9 +41,10 @@ the maximum of the first key block (key 0: never masked); otherwise, and on acce
 running maximum (with a −∞-safe reference: a row may see no unmasked key in a block). Under a
 causal mask the bound's maxima run over j ≤ i and each row takes its own choice: row i's
 average depends on the particles j ≤ i only, bitwise. Under a
-causal mask a query block skips (``lax.switch``) every key block that lies wholly after its
-last query and masks only the blocks across its diagonal, so a causal pass costs about half a
-full one (``benchmarks/bench_causal.py``).
+causal mask a query block never visits a key block that lies wholly after its last query;
+on CPU it masks only the key blocks across its diagonal, by sub-blocks of as many rows as a
+key block (:mod:`._online`), so a causal pass costs about half a full one
+(``benchmarks/bench_causal.py``).
 """
 
 from __future__ import annotations
