@@ -13,8 +13,8 @@ import math
 import jax
 import numpy as np
 
-__all__ = ["check_cloud", "check_density", "check_finite", "check_integer", "check_same_length",
-           "check_times", "is_traced"]
+__all__ = ["check_bounds", "check_cloud", "check_density", "check_finite", "check_integer",
+           "check_same_length", "check_square", "check_times", "is_traced"]
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
@@ -196,3 +196,64 @@ def check_same_length(name_a: str, a, name_b: str, b, *, axis_b: int = -1) -> No
     if not sb or sb[axis_b] != sa[0]:
         raise ValueError(f"{name_a} and {name_b} must have the same length: {name_a} has "
                          f"{sa[0]} entries, {name_b} {sb[axis_b] if sb else 0} (shape {sb})")
+
+
+def check_bounds(name: str, v, *, low=None, high=None, low_open: bool = False,
+                 high_open: bool = False, what: str = "") -> None:
+    """Refuse a concrete number (or array of numbers) that is not finite or lies out of range.
+
+    Traced values are skipped (the program flags them); None is skipped.
+
+    Args:
+        name: the argument's name, used in the message.
+        v: a number, an array-like of numbers or a tracer.
+        low: the least value allowed (None: no lower bound).
+        high: the largest value allowed (None: no upper bound).
+        low_open: exclude ``low`` itself (``> low`` rather than ``>= low``).
+        high_open: exclude ``high`` itself.
+        what: what the argument is, appended to the name in the message.
+
+    Raises:
+        ValueError: naming the argument, the range and the value at fault.
+    """
+    if v is None or is_traced(v):
+        return
+    arr = np.asarray(v)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) \
+            or np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(f"{name}{what} must be a real number, got {v!r}")
+    a = arr.astype(np.float64)
+    conds, bad = [], ~np.isfinite(a)
+    if low is not None:
+        conds.append(f"{'>' if low_open else '>='} {low!r}")
+        bad |= (a <= low) if low_open else (a < low)
+    if high is not None:
+        conds.append(f"{'<' if high_open else '<='} {high!r}")
+        bad |= (a >= high) if high_open else (a > high)
+    if np.any(bad):
+        shown = a.item() if a.ndim == 0 else a[bad].flat[0].item()
+        rule = " and ".join(conds + ["finite"])
+        raise ValueError(f"{name}{what} must be {rule}, got {shown!r}")
+
+
+def check_square(name: str, a, d: int | None = None, *, batch: bool = False) -> None:
+    """Refuse an array that is not a square (d, d) matrix (or a stack (..., d, d) if ``batch``).
+
+    The shape is checked for concrete and traced values alike.
+
+    Args:
+        name: the argument's name, used in the message.
+        a: an array-like or a tracer.
+        d: the size it must have (None: any).
+        batch: allow leading axes.
+
+    Raises:
+        ValueError: naming the argument, the shape wanted and the shape given.
+    """
+    shape = tuple(np.shape(a))
+    ok = (len(shape) >= 2 if batch else len(shape) == 2) and shape[-1] == shape[-2] \
+        and (d is None or shape[-1] == d)
+    if not ok:
+        n = "d" if d is None else str(d)
+        want = f"({'..., ' if batch else ''}{n}, {n})"
+        raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {shape}")

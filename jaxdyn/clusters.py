@@ -15,9 +15,10 @@ counterpart.
 **Input checks.** Bad input gives no plausible number: clouds must be (..., N, d) with at
 least one point of dimension d ≥ 1 (a ValueError naming ``xs`` otherwise); a concrete cloud
 or parameter that holds NaN or inf is refused on the host (a ValueError naming it, and the
-first such cloud); under ``jax.jit`` or ``jax.vmap`` a non-finite cloud or parameter makes
-its own values NaN (the floating statistics) or −1 (the integer ones: counts, ranks, labels),
-never a count or a fraction.
+first such cloud), and so is a concrete δ < 0, β ≤ 0, rtol < 0 or a B that is not (d, d);
+under ``jax.jit`` or ``jax.vmap`` a non-finite cloud or parameter (or a traced δ, β or rtol out
+of that range) makes its own values NaN (the floating statistics) or −1 (the integer ones:
+counts, ranks, labels), never a count or a fraction.
 
 Graph and pair conventions (stated once, used everywhere):
 
@@ -48,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_bounds as _check_bounds
 from ._checks import check_cloud as _check_cloud
 from ._checks import check_finite as _check_finite
 from ._checks import check_same_length as _check_same_length
@@ -94,10 +96,16 @@ def _batched(core, xs, params, core_ndims):
     return jax.tree.map(lambda a: a.reshape(lead + a.shape[1:]), out)
 
 
+#: the range of each parameter (besides finite), checked on the host for concrete values:
+#: δ ≥ 0 (edges ⟨x_i, x_j⟩ > 1 − δ), β > 0 (the energies divide by it), rtol ≥ 0
+_BOUNDS = {"delta": dict(low=0), "beta": dict(low=0, low_open=True), "rtol": dict(low=0)}
+
+
 def _input_error(xs, **params):
     """What the shared host checks find wrong with the clouds and parameters (None: nothing).
 
-    Clouds (..., N, d) with N, d >= 1, all finite; parameters finite numbers (None skipped).
+    Clouds (..., N, d) with N, d >= 1, all finite; parameters finite numbers (None skipped),
+    δ ≥ 0, β > 0, rtol ≥ 0, and B of shape (..., d, d).
     Shapes are checked for concrete and traced clouds alike; values (NaN, inf) for concrete
     ones only (a traced non-finite value gives NaN or −1, :func:`_flag`).
 
@@ -111,9 +119,25 @@ def _input_error(xs, **params):
             if p is not None and not (_is_traced(p) or np.issubdtype(np.asarray(p).dtype, np.number)):
                 return f"{name} must be a number or an array of numbers, got {p!r}"
             _check_finite(name, p)
+            if name in _BOUNDS:
+                _check_bounds(name, p, **_BOUNDS[name])
+        if params.get("B") is not None:
+            d, sb = np.shape(xs)[-1], tuple(np.shape(params["B"]))
+            if len(sb) < 2 or sb[-2:] != (d, d):
+                return (f"B must have shape (d, d) or (..., d, d) with the clouds' d = {d}, "
+                        f"got shape {sb}")
     except ValueError as e:
         return str(e)
     return None
+
+
+def _in_range(name, p):
+    """``p``, or NaN where a traced ``p`` lies outside its range (:data:`_BOUNDS`; then flagged)."""
+    if p is None or name not in _BOUNDS or not _is_traced(p):
+        return p
+    b = _BOUNDS[name]
+    ok = (p > b["low"]) if b.get("low_open") else (p >= b["low"])
+    return jnp.where(ok, p, jnp.nan)
 
 
 def _flag(out, x, *params):
@@ -160,7 +184,11 @@ def gram(xs):
 
     Returns:
       (..., N, N) array.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``xs`` not (..., N, d)
+    with N, d >= 1 (the shape; its values are not checked).
     """
+    _check_cloud("xs", xs, finite=False)
     xs = jnp.asarray(xs)
     return jnp.matmul(xs, jnp.swapaxes(xs, -1, -2), precision=_HIGHEST)
 
@@ -255,14 +283,14 @@ def cluster_labels(xs, delta=1e-4):
 
     Returns:
       (..., N) int32: each particle labelled by the smallest particle index in its component
-      (−1 for every particle of a traced cloud, or δ, that is not finite).
+      (−1 for every particle of a traced cloud, or δ, that is not finite, or a traced δ < 0).
 
     Raises:
       ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
     if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _per_cloud(xs, delta, core=_labels)
+    return _per_cloud(xs, _in_range("delta", delta), core=_labels)
 
 
 def _count(x, delta):
@@ -279,14 +307,15 @@ def cluster_count(xs, delta=1e-4):
       delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
-      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or δ, that is not finite).
+      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud or δ that is not finite, or a
+      traced δ < 0).
 
     Raises:
       ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
     if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _per_cloud(xs, delta, core=_count)
+    return _per_cloud(xs, _in_range("delta", delta), core=_count)
 
 
 def _rank(x, t, rtol, *, has_rtol):
@@ -314,7 +343,7 @@ def gram_rank(xs, threshold=0.9999, *, rtol=None):
     """
     if err := _input_error(xs, threshold=threshold, rtol=rtol):
         raise ValueError(err)
-    return _per_cloud(xs, threshold, 0.0 if rtol is None else rtol, core=_rank,
+    return _per_cloud(xs, threshold, 0.0 if rtol is None else _in_range("rtol", rtol), core=_rank,
                       options=(("has_rtol", rtol is not None),))
 
 
@@ -340,14 +369,14 @@ def cluster_masses(xs, delta=1e-4):
       delta: δ, default 1e-4 (the experiments' ``cluster_delta``); broadcasts against the leading axes.
 
     Returns:
-      (..., N) array (NaN for a traced cloud, or δ, that is not finite).
+      (..., N) array (NaN for a traced cloud or δ that is not finite, or a traced δ < 0).
 
     Raises:
       ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
     if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _per_cloud(xs, delta, core=_masses_centres)[0]
+    return _per_cloud(xs, _in_range("delta", delta), core=_masses_centres)[0]
 
 
 def cluster_centres(xs, delta=1e-4):
@@ -359,14 +388,14 @@ def cluster_centres(xs, delta=1e-4):
 
     Returns:
       (..., N, d) array, zero rows as padding (NaN for a traced cloud, or δ, that is not
-      finite).
+      finite, or a traced δ < 0).
 
     Raises:
       ValueError: ``xs`` or δ refused by the input checks (module doc).
     """
     if err := _input_error(xs, delta=delta):
         raise ValueError(err)
-    return _per_cloud(xs, delta, core=_masses_centres)[1]
+    return _per_cloud(xs, _in_range("delta", delta), core=_masses_centres)[1]
 
 
 def _span(x, rtol):
@@ -386,14 +415,14 @@ def span_dimension(xs, rtol=1e-3):
       rtol: the relative threshold on the singular values.
 
     Returns:
-      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud, or rtol, that is not finite).
+      Shape ``xs.shape[:-2]``, int32 (−1 for a traced cloud or rtol that is not finite, or a traced rtol < 0).
 
     Raises:
       ValueError: ``xs`` or ``rtol`` refused by the input checks (module doc).
     """
     if err := _input_error(xs, rtol=rtol):
         raise ValueError(err)
-    return _per_cloud(xs, rtol, core=_span)
+    return _per_cloud(xs, _in_range("rtol", rtol), core=_span)
 
 
 # ------------------------------------------------------------------ energies
@@ -431,14 +460,14 @@ def interaction_energy(xs, beta, B=None):
       B: (d, d) or (..., d, d) bilinear form QᵀK (default the identity).
 
     Returns:
-      Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite).
+      Shape ``xs.shape[:-2]`` (NaN for a traced cloud, β or B that is not finite, or a traced β ≤ 0).
 
     Raises:
       ValueError: ``xs``, β or B refused by the input checks (module doc).
     """
     if err := _input_error(xs, beta=beta, B=B):
         raise ValueError(err)
-    return _per_cloud(xs, beta, B, core=_interaction, prepare=_energy_args, ndims=(0, 2))
+    return _per_cloud(xs, _in_range("beta", beta), B, core=_interaction, prepare=_energy_args, ndims=(0, 2))
 
 
 def _log_partition(x, beta, B):
@@ -468,7 +497,7 @@ def log_partition_energy(xs, beta, B=None):
     """
     if err := _input_error(xs, beta=beta, B=B):
         raise ValueError(err)
-    return _per_cloud(xs, beta, B, core=_log_partition, prepare=_energy_args, ndims=(0, 2))
+    return _per_cloud(xs, _in_range("beta", beta), B, core=_log_partition, prepare=_energy_args, ndims=(0, 2))
 
 
 # ------------------------------------------------------------------ merges and plateaus
@@ -493,7 +522,7 @@ def hitting_times(ts, counts, levels):
     Raises:
       ValueError: ``ts`` not 1-D and non-empty, ``counts`` whose last axis is not as long as
         ``ts`` (the message names both lengths), or ``levels`` not 1-D (shapes: checked under
-        ``jax.jit`` too); concrete ``ts`` that are not finite.
+        ``jax.jit`` too); concrete ``ts`` or ``levels`` that are not finite.
     """
     _check_same_length("ts", ts, "counts", counts)
     if np.shape(ts)[0] < 1:
@@ -502,6 +531,7 @@ def hitting_times(ts, counts, levels):
         raise ValueError(f"levels must be a 1-D array of integer levels, got shape "
                          f"{tuple(np.shape(levels))}")
     _check_finite("ts", ts)
+    _check_finite("levels", levels)
     return _hitting_jit(ts, counts, levels)
 
 
@@ -576,7 +606,7 @@ def merge_events(ts, counts, *, monotone=True):
 
     Raises:
       ValueError: traced inputs, ``ts`` and ``counts`` not 1-D of one non-zero length, or
-        ``ts`` not strictly increasing.
+        ``ts`` not strictly increasing, or ``ts`` or ``counts`` not finite.
     """
     if any(isinstance(a, jax.core.Tracer) for a in (ts, counts)):
         raise ValueError("merge_events returns as many merges as there are (a data-dependent "
@@ -587,6 +617,8 @@ def merge_events(ts, counts, *, monotone=True):
     if ts.ndim != 1 or c.shape != ts.shape or ts.size == 0:
         raise ValueError(f"ts and counts must be 1-D arrays of the same non-zero length, got "
                          f"{ts.shape} and {c.shape}")
+    _check_finite("ts", ts)
+    _check_finite("counts", c)
     if np.any(np.diff(ts) <= 0):
         raise ValueError("ts must be strictly increasing")
     if monotone:

@@ -164,8 +164,15 @@ def at_least(k):
     return lambda v: None if v >= k else f"must be >= {k}"
 
 
+def nonempty(v):
+    """A field check: None if the list ``v`` holds at least one value, else the problem."""
+    return None if len(v) else "expected a non-empty list"
+
+
 def all_positive(v):
-    """A field check: None if every value of the list ``v`` is > 0, else the problem."""
+    """A field check: None if the list ``v`` is non-empty and every value is > 0, else the problem."""
+    if not v:
+        return "expected a non-empty list of values > 0"
     return None if all(x > 0 for x in v) else "every value must be > 0"
 
 

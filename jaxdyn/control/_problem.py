@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_bounds, check_finite, check_integer, check_square
 from ..gaussian._solve import Control, check_covariance, solve_moments
 
 
@@ -119,7 +120,13 @@ def numerical_rank(S, rank_rtol: Optional[float] = None):
 
     Returns:
         ``(rank, eigenvalues, eigenvectors)``, the eigenvalues descending (NumPy).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses S not a finite (d, d)
+    matrix, or a ``rank_rtol`` that is not a finite number >= 0.
     """
+    check_square("S", S)
+    check_finite("S", S)
+    check_bounds("rank_rtol", rank_rtol, low=0)
     S = np.asarray(S)
     dtype = S.dtype if np.issubdtype(S.dtype, np.floating) else np.float64
     rt = _default_rank_rtol(dtype) if rank_rtol is None else float(rank_rtol)
@@ -147,7 +154,21 @@ def random_target(seed: int, d: int, *, mean_scale: float = 1.0, eig_range=(0.25
 
     Returns:
         ``(m1, S1)``: (d,) and (d, d) NumPy arrays.
+
+    Raises:
+        ValueError: d not an integer >= 1, a ``mean_scale`` that is not finite, an
+            ``eig_range`` that is not two finite numbers 0 < low <= high, or a rank that is
+            not an integer in [0, d].
     """
+    d = check_integer("d (the dimension)", d, minimum=1)
+    check_finite("mean_scale", mean_scale)
+    if np.shape(eig_range) != (2,):
+        raise ValueError(f"eig_range must be (low, high), got {eig_range!r}")
+    check_bounds("eig_range", eig_range, low=0, low_open=True)
+    if float(eig_range[0]) > float(eig_range[1]):
+        raise ValueError(f"eig_range must be (low, high) with low <= high, got {tuple(eig_range)}")
+    if rank is not None and check_integer("rank", rank, minimum=0) > d:
+        raise ValueError(f"rank must be an integer in [0, d] = [0, {d}], got {rank!r}")
     rng = np.random.default_rng(seed)
     m1 = mean_scale * rng.standard_normal(d)
     z = rng.standard_normal((d, d))

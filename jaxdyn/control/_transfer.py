@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._checks import check_finite
 from .._results import RESULTS, Solution, from_codes, status_code
 from ..distances import bures_w2_squared, w2_exact
 from ..gaussian._particles import gaussian_cloud
@@ -234,8 +235,12 @@ def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
         :class:`CloudW2`.
 
     Raises:
-        ValueError: ``x`` is not (N, d), or ``exact=True`` with traced inputs.
+        ValueError: ``x`` is not (N, d), a concrete target ``m1`` or ``S1`` that is not
+            finite, or ``exact=True`` with traced inputs. (A cloud that holds NaN or inf, one
+            whose dynamics diverged, gives NaN and the status ``nonfinite``.)
     """
+    check_finite("m1", m1)
+    check_finite("S1", S1)
     traced = any(isinstance(a, jax.core.Tracer) for a in (x, m1, S1))
     x = jnp.asarray(x)
     dtype = jnp.promote_types(x.dtype, jnp.result_type(float))  # float64 under x64

@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._solution import W2Solution, closed_solution
@@ -32,6 +33,13 @@ def _zero_cut(w):
     return d * jnp.finfo(w.dtype).eps * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
 
 
+def _check_square_stack(name, s):
+    """Refuse an ``s`` that is not a stack of square matrices (..., d, d) (shapes only)."""
+    shape = tuple(np.shape(s))
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(f"{name} must be square matrices of shape (..., d, d), got shape {shape}")
+
+
 @jax.custom_jvp
 def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
     r"""Symmetric PSD square root ``R = U diag(sqrt(max(λ, 0))) Uᵀ`` from ``eigh``.
@@ -51,7 +59,11 @@ def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
 
     Returns:
         The square roots R (..., d, d), symmetric PSD with R R = S (for PSD S).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``s`` not of shape
+    (..., d, d).
     """
+    _check_square_stack("s", s)
     w, u = _eigh_psd(s)
     return jnp.matmul(u * jnp.sqrt(w)[..., None, :], jnp.swapaxes(u, -1, -2),
                       precision=jax.lax.Precision.HIGHEST)
@@ -86,7 +98,11 @@ def trace_sqrtm_psd(c: Float[Array, "... d d"]) -> Float[Array, "..."]:
 
     Returns:
         The traces of their square roots, shape (...).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``c`` not of shape
+    (..., d, d).
     """
+    _check_square_stack("c", c)
     w, _ = _eigh_psd(c)
     return jnp.sum(jnp.sqrt(w), axis=-1)
 
@@ -115,6 +131,23 @@ def _gaussians_problem(m0, S0, m1, S1):
                     f"same d, got {mname}: {m.shape}, {sname}: {c.shape}")
     if m0.shape[-1] != m1.shape[-1]:
         return f"m0 and m1 must have the same d, got {m0.shape} and {m1.shape}"
+    for name, c in (("S0", S0), ("S1", S1)):
+        if isinstance(c, jax.core.Tracer):
+            continue  # a traced covariance: its negative eigenvalues are clipped to 0
+        h = np.asarray(c, np.float64)
+        if not np.all(np.isfinite(h)):
+            continue  # NaN or inf: the result says ``nonfinite``
+        scale = np.maximum(np.abs(h).max(axis=(-2, -1)), 1.0)
+        eps = float(jnp.finfo(c.dtype).eps) if jnp.issubdtype(c.dtype, jnp.floating) else 2.2e-16
+        tol = 100.0 * h.shape[-1] * eps * scale
+        asym = np.abs(h - np.swapaxes(h, -1, -2)).max(axis=(-2, -1))
+        lmin = np.linalg.eigvalsh(0.5 * (h + np.swapaxes(h, -1, -2)))[..., 0]
+        if np.any(asym > tol):
+            return (f"{name} must be symmetric (a covariance): max |{name} - {name}ᵀ| = "
+                    f"{float(np.max(asym)):.3e}")
+        if np.any(lmin < -tol):
+            return (f"{name} must be positive semi-definite (a covariance): min eigenvalue = "
+                    f"{float(np.min(lmin)):.3e}")
     return None
 
 
@@ -126,8 +159,9 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     with eigh-based square roots (:func:`sqrtm_psd`, :func:`trace_sqrtm_psd`), so it is
     accurate for ill-conditioned and singular (PSD) covariances, jittable, vmappable and
     differentiable (also at repeated eigenvalues, e.g. S1 = I). The smooth choice for a
-    loss. Covariances are symmetrised; they must be PSD (not checked: a negative
-    eigenvalue is clipped to 0).
+    loss. Covariances must be symmetric PSD: a concrete one that is not (beyond rounding,
+    ``100 d eps max(1, max|S|)``) is refused; a traced one is symmetrised and a negative
+    eigenvalue clipped to 0.
 
     Args:
         m0: means (..., d) of the first Gaussians.
@@ -139,7 +173,8 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
         W2^2, shape (...) (the inputs' batch shapes broadcast); NaN where an input is NaN.
 
     Raises:
-        ValueError: if the shapes are not (..., d) and (..., d, d) with one d.
+        ValueError: if the shapes are not (..., d) and (..., d, d) with one d, or a concrete
+            covariance is not symmetric PSD.
     """
     m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
     problem = _gaussians_problem(m0, S0, m1, S1)
@@ -200,7 +235,7 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
         W2, ``divergence`` W2^2; ``result`` is ``nonfinite`` where an input is not finite.
 
     Raises:
-        ValueError: the shape errors of :func:`bures_w2_squared`.
+        ValueError: the shape and covariance errors of :func:`bures_w2_squared`.
     """
     m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
     problem = _gaussians_problem(m0, S0, m1, S1)

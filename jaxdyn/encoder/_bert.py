@@ -86,6 +86,8 @@ class EncoderSizes:
           ValueError: naming the sizes.
         """
         d, h = self.hidden_size, self.num_attention_heads
+        if d < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {d}")
         if h < 1 or d % h or (even_heads and (d // h) % 2):
             raise ValueError(f"hidden_size ({d}) must be a multiple of num_attention_heads ({h})"
                              + (" with an even head size (RoPE rotates pairs)" if even_heads else ""))
@@ -145,6 +147,8 @@ class BertConfig(EncoderSizes):
     def __post_init__(self):
         """Refuse sizes that do not split into heads and unknown activations (ValueError)."""
         self.check_sizes()
+        if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
+            raise ValueError(f"layer_norm_eps must be a finite number > 0, got {self.layer_norm_eps!r}")
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(
                 f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {self.hidden_act!r}"

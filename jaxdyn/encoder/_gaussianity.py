@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import check_bounds, check_integer
 from ..distances import bures_w2, sqrtm_psd
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -489,8 +490,14 @@ def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype
 
     Returns:
       (batch, seq, d) array.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses batch, seq or d not an
+    integer >= 1, or a concrete scale that is not a finite number > 0.
     """
-    return scale * jax.random.normal(key, (batch, seq, d), dtype)
+    shape = tuple(check_integer(n, v, minimum=1) for n, v in
+                  (("batch", batch), ("seq", seq), ("d (the width)", d)))
+    check_bounds("scale", scale, low=0, low_open=True)
+    return scale * jax.random.normal(key, shape, dtype)
 
 
 _CONTROL_KINDS = ("cube", "relu", "split")
@@ -523,8 +530,9 @@ def nongaussian_stack(h0, key, *, n_layers: int = 6, kind: str = "cube") -> list
       The list of L + 1 arrays.
 
     Raises:
-      ValueError: for an unknown kind.
+      ValueError: for an unknown kind or an ``n_layers`` that is not an integer >= 0.
     """
+    check_integer("n_layers", n_layers, minimum=0)
     if kind not in _CONTROL_KINDS:
         raise ValueError(f"kind must be one of {_CONTROL_KINDS}, got {kind!r}")
     h0 = jnp.asarray(h0)

@@ -44,7 +44,7 @@ def check_dtype(cfg):
 WEIGHTS_SCHEMA = {
     "ensemble": Field("str", "identity", "name of a weight ensemble"),
     "seed": Field("int", 0, "seed of random ensembles"),
-    "scale": Field("float", 1.0, "overall scale of random ensembles"),
+    "scale": Field("float", 1.0, "overall scale of random ensembles", check=positive),
     "sign": Field("float", 1.0, "sign for V = ±KᵀQ"),
     "Q": Field("matrix", None, "explicit Q (d×d list of rows)"),
     "K": Field("matrix", None, "explicit K"),

@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_integer
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import Rodas5
 from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
@@ -515,8 +516,13 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
 
     Raises:
         ValueError: a concrete input with a wrong shape, a non-floating S0, non-finite
-            values, an S0 that is not a covariance, ``t1 <= 0`` or ``chunk < 1``.
+            values, an S0 that is not a covariance, ``t1 <= 0`` or ``chunk < 1``, step budgets
+            that are not integers >= 1, an rtol or atol not a finite number >= 0, a
+            ``blowup_threshold`` not > 1.
     """
+    max_explicit_iterations = check_integer("max_explicit_iterations", max_explicit_iterations,
+                                            minimum=1)
+    max_stiff_iterations = check_integer("max_stiff_iterations", max_stiff_iterations, minimum=1)
     S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
     if not jnp.issubdtype(S0_dtype, jnp.floating):
         # as solve_moments: the solve's dtype is S0's

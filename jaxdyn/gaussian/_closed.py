@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_bounds, check_finite, check_square
 from ..distances import sqrtm_psd
 
 __all__ = [
@@ -71,6 +72,13 @@ def _expm1_over(a, t):
     return jnp.where(small, series, jnp.expm1(2.0 * a_safe * t) / a_safe)
 
 
+def _check_scalar_law(sigma0, a, c, t=None):
+    """The host checks of the scalar law's concrete inputs (σ0 ≥ 0; t, a, c finite)."""
+    check_bounds("sigma0", sigma0, low=0, what=" (the initial variance)")
+    for name, v in (("t", t), ("a", a), ("c", c)):
+        check_finite(name, v)
+
+
 def scalar_variance(t, sigma0, a, c):
     """σ(t) of the scalar law ``σ' = 2aσ + 2cσ²`` (d = 1, a = A, c = V·B).
 
@@ -84,7 +92,11 @@ def scalar_variance(t, sigma0, a, c):
 
     Returns:
         σ(t), broadcast over the inputs; inf at and after the blow-up time.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete t, a or c that
+    are not finite, or a σ0 that is not a finite number >= 0 (a variance).
     """
+    _check_scalar_law(sigma0, a, c, t=t)
     t, sigma0, a, c = (jnp.asarray(x) for x in (t, sigma0, a, c))
     den = 1.0 - c * sigma0 * _expm1_over(a, t)
     val = sigma0 * jnp.exp(2.0 * a * t) / den
@@ -105,7 +117,11 @@ def scalar_blowup_time(sigma0, a, c):
 
     Returns:
         T*, broadcast over the inputs.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete a or c that are
+    not finite, or a σ0 that is not a finite number >= 0 (a variance).
     """
+    _check_scalar_law(sigma0, a, c)
     sigma0, a, c = (jnp.asarray(x) for x in (sigma0, a, c))
     cs = c * sigma0
     blows = (c > 0) & (sigma0 > 0) & (cs > -a)
@@ -235,7 +251,14 @@ def lyapunov_solve(A, Q):
 
     Returns:
         (d, d) P, symmetrised.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses A or Q not (d, d)
+    matrices of one d, or concrete ones that are not finite.
     """
+    check_square("A", A)
+    check_square("Q", Q, np.shape(A)[0])
+    check_finite("A", A)
+    check_finite("Q", Q)
     A = jnp.asarray(A)
     d = A.shape[0]
     I = jnp.eye(d, dtype=A.dtype)

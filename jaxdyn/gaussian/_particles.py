@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_finite, check_integer, check_same_length
 from ..distances import bures_w2, sqrtm_psd
 from ..sphere._sampling import normal_rows
 
@@ -58,11 +59,22 @@ def gaussian_cloud(key, n: int, m, S, *, exact_moments: bool = False, dtype=np.f
         (n, d) points.
 
     Raises:
-        ValueError: ``exact_moments`` with ``n <= d``.
+        ValueError: ``n`` not an integer >= 1, ``m`` not a finite (d,) vector, ``S`` not a
+            (d, d) covariance (finite, symmetric, PSD), or ``exact_moments`` with ``n <= d``.
     """
+    from ._solve import check_covariance
+
+    n = check_integer("n (number of points)", n, minimum=1)
+    check_finite("m", m)
     m = np.asarray(m, np.float64)
+    if m.ndim != 1:
+        raise ValueError(f"m must be a (d,) mean vector, got shape {m.shape}")
     d = m.shape[0]
-    n = int(n)
+    if np.shape(S) != (d, d):
+        raise ValueError(f"S must have shape ({d}, {d}) to match m, got {tuple(np.shape(S))}")
+    S_host = np.asarray(S)
+    check_covariance(S_host if np.issubdtype(S_host.dtype, np.floating)
+                     else S_host.astype(np.float64), "S")
     if exact_moments and n <= d:
         raise ValueError(f"exact_moments needs n > d, got n = {n}, d = {d}")
     R = _sqrt64(S)
@@ -94,7 +106,12 @@ def directions(d: int, k: int, dtype=jnp.float64):
 
     Returns:
         (d, k) array.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses d or k not an
+    integer >= 1.
     """
+    d = check_integer("d (the dimension)", d, minimum=1)
+    k = check_integer("k (number of directions)", k, minimum=1)
     if d == 1:
         return jnp.ones((1, 1), dtype)
     if d == 2:
@@ -184,7 +201,11 @@ def fit_slope(ns, errs):
 
     Returns:
         The slope as a Python float; NaN with fewer than 2 usable points.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``ns`` and ``errs`` not
+    1-D of one length.
     """
+    check_same_length("ns", ns, "errs", errs)
     ns, errs = np.asarray(ns, float), np.asarray(errs, float)
     ok = np.isfinite(errs) & (errs > 0)
     if ok.sum() < 2:

@@ -39,6 +39,7 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
+from .._checks import check_finite, check_integer, check_square
 from .._results import RESULTS, Solution, from_codes, status_code
 from ._solve import moment_rhs
 from ._batch import solve_moments_batch
@@ -226,8 +227,13 @@ def stationary_covariance(A, B, V, b=None, *, S_init=None, n_continuation: int =
         A :class:`StationaryPoint`.
 
     Raises:
-        ValueError: A, B, V not square matrices of one shape.
+        ValueError: A, B, V not square matrices of one shape; concrete A, B, V, b or S_init
+            that are not finite; ``n_continuation`` or ``newton_iters`` not an integer >= 1.
     """
+    for name, X in (("A", A), ("B", B), ("V", V), ("b", b), ("S_init", S_init)):
+        check_finite(name, X)
+    n_continuation = check_integer("n_continuation", n_continuation, minimum=1)
+    newton_iters = check_integer("newton_iters", newton_iters, minimum=1)
     A, B, V = (jnp.asarray(x) for x in (A, B, V))
     for name, X in (("A", A), ("B", B), ("V", V)):
         if X.ndim != 2 or X.shape != A.shape or A.shape[0] != A.shape[1]:
@@ -288,7 +294,14 @@ def classify(A, B, V, S0=None, *, tol: float = 1e-12) -> Regime:
 
     Returns:
         A :class:`Regime`.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses A, B, V (and S0) not
+    finite (d, d) matrices of one d.
     """
+    for name, X in (("A", A), ("B", B), ("V", V), ("S0", S0)):
+        check_finite(name, X)
+        if X is not None:
+            check_square(name, X, np.shape(A)[0] if np.ndim(A) == 2 else None)
     A, B, V = (np.asarray(x, np.float64) for x in (A, B, V))
     d = A.shape[0]
     sym = lambda X: 0.5 * (X + X.T)  # noqa: E731
@@ -437,7 +450,15 @@ def scalar_grid(a_values, c_values, sigma0: float, *, t1, dtype=np.float64, **so
 
     Returns:
         A :class:`GridResult` with the theory.
+
+    Raises:
+        ValueError: ``a_values`` or ``c_values`` empty or not finite (and the errors of
+            :func:`jaxdyn.solve_moments_batch`).
     """
+    for name, vals in (("a_values", a_values), ("c_values", c_values)):
+        if np.size(vals) == 0:
+            raise ValueError(f"{name} must hold at least one value, got an empty list")
+        check_finite(name, vals)
     res = moment_grid(lambda a, c: dict(A=np.full((1, 1), a, dtype), B=np.full((1, 1), c, dtype),
                                         V=np.ones((1, 1), dtype)),
                       a_values, c_values, np.full((1, 1), sigma0, dtype), t1=t1, **solver_kw)

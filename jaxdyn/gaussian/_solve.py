@@ -50,7 +50,7 @@ import numpy as np
 
 from ..models._control import Control
 from ..models._params import Domain, invalid_parameters
-from .._checks import check_times
+from .._checks import check_bounds, check_integer, check_times
 from .._results import RESULTS, Solution, stat, error_if_failed, from_codes, status_code, status_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -583,7 +583,12 @@ def dtype_tolerances(dtype, rtol, atol):
     Returns:
         ``(rtol, atol)`` as Python floats (float32: at least 1.19e-6 and 1.19e-8; float64
         leaves any rtol ≥ 2.2e-15).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses an rtol or atol that is
+    not a finite number >= 0.
     """
+    check_bounds("rtol", rtol, low=0)
+    check_bounds("atol", atol, low=0)
     eps = float(jnp.finfo(dtype).eps)
     return max(float(rtol), RTOL_FLOOR_EPS * eps), max(float(atol), ATOL_FLOOR_EPS * eps)
 
@@ -606,7 +611,11 @@ def dtype_threshold(dtype, threshold):
 
     Returns:
         A Python float (float32: at most 8389).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses a threshold that is not a
+    finite number > 1 (a solve would stop at once).
     """
+    check_bounds("blowup_threshold", threshold, low=1, low_open=True)
     return min(float(threshold), BLOWUP_RESOLVE / float(jnp.finfo(dtype).eps))
 
 
@@ -989,7 +998,8 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     Raises:
         ValueError: concrete inputs that do not fit: missing A/B (or Q/K with
             ``attention``), shapes, a non-finite m0, an S0 that is not a covariance,
-            ``t1 <= 0``, bad save times.
+            ``t1 <= 0``, bad save times, a ``max_steps`` that is not an integer >= 1, an
+            rtol or atol that is not a finite number >= 0, a ``blowup_threshold`` not > 1.
     """
     if attention is None:
         if A is None or B is None or Q is not None or K is not None:
@@ -1001,6 +1011,7 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
             raise ValueError(f"solve_moments(attention={attention!r}) takes Q, K (per-head "
                              f"weights) and beta instead of B")
         field = VariantMomentField(A, Q, K, V, b, beta=beta, attention=attention)
+    max_steps = check_integer("max_steps", max_steps, minimum=1)
     d = field.dim
     S0 = jnp.asarray(S0)
     check_covariance(S0, "S0")

@@ -398,8 +398,12 @@ def stack_models(models):
       One model whose leaves are the stacked leaves.
 
     Raises:
+      TypeError: for ``models`` that is a single model or not a sequence of models.
       ValueError: for an empty list, models of different types, static fields or array shapes.
     """
+    if isinstance(models, eqx.Module) or not hasattr(models, "__iter__"):
+        raise TypeError(f"stack_models takes a list of models, got a {type(models).__name__}; "
+                        "pass [model] for a stack of one")
     models = list(models)
     if not models:
         raise ValueError("stack_models needs at least one model")

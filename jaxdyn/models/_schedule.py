@@ -27,7 +27,7 @@ import numpy as np
 
 from ..kernels._attention import HIGHEST
 from ..kernels._variants import heads_interaction
-from .._checks import check_integer
+from .._checks import check_bounds, check_integer
 from ._fields import AbstractAttentionModel, check_shape, kernel_options
 from ._heads import host_or_traced
 from ._params import Domain, float_dtype, parameter, to_array
@@ -195,7 +195,8 @@ def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=
 
     Raises:
       ValueError: for a d, number of periods or heads that is not an integer >= 1, a spec that
-        is not a dict, or a weights section that cannot be built
+        is not a dict, a ``scale`` that is not a finite number > 0, or a weights section that
+        cannot be built
         (``jaxdyn.weights.WeightsError``).
     """
     from ..weights import build_weights
@@ -206,6 +207,9 @@ def redrawn_weights(spec: dict, d: int, n_periods: int, n_heads: int = 1, dtype=
         d = check_integer("d (the dimension)", d, minimum=1)
         n_periods = check_integer("n_periods", n_periods, minimum=1)
         n_heads = check_integer("n_heads", n_heads, minimum=1)
+        if "scale" in spec:
+            check_bounds("spec['scale']", spec["scale"], low=0, low_open=True,
+                         what=" (the ensemble's scale)")
     except ValueError as e:
         raise ValueError(f"redrawn_weights: {e}") from None
     seed = spec.get("seed", 0)

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_finite, check_integer
+from .._checks import check_bounds, check_finite, check_integer
 from ..models import Domain
 from ..models._params import check_domain
 
@@ -145,12 +145,16 @@ def mode_amplitude(rho, k: int):
       (...,) complex amplitudes.
 
     Raises:
-      ValueError: a concrete k outside [0, M/2].
+      ValueError: a concrete k that is not an integer in [0, M/2], or concrete cell averages
+        that are not finite.
     """
-    m = rho.shape[-1]
+    m = np.shape(rho)[-1]
+    check_finite("rho", rho)
+    if not isinstance(k, jax.core.Tracer):
+        check_integer("k (the mode)", k, minimum=0)
     if not isinstance(k, jax.core.Tracer) and not 0 <= int(k) <= m // 2:
         raise ValueError(f"k must lie in [0, M/2] = [0, {m // 2}] for M = {m} cells, got {k}")
-    return 2 * jnp.fft.rfft(rho, axis=-1)[..., k] / m
+    return 2 * jnp.fft.rfft(jnp.asarray(rho), axis=-1)[..., k] / m
 
 
 #: the grid resolves the attention kernel e^{β⟨·⟩} while its width 1/√(β‖B‖₂) is at least
@@ -526,7 +530,11 @@ def cfl_dt(model: CircleDensity, cfl: float = 0.9):
 
     Returns:
       A scalar array, the step (traceable).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses a concrete cfl that is
+    not a finite number > 0.
     """
+    check_bounds("cfl", cfl, low=0, low_open=True, what=" (the CFL number)")
     h = model.h
     diff = model.sigma ** 2 / h ** 2 * (1.0 if model.diffusion == "fd" else math.pi ** 2 / 4)
     return cfl / (2 * velocity_bound(model) / h + diff)

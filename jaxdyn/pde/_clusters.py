@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_density, check_finite, check_integer
+from .._checks import check_density, check_finite, check_integer, check_same_length
 
 __all__ = ["perturbed_uniform", "clusters", "cluster_counts", "first_clusters", "merge_times"]
 
@@ -181,7 +181,11 @@ def first_clusters(ts, rho_t, **kw):
     Returns:
       (time, count) of the first saved time with ``cluster_counts`` > 0; (nan, 0) if none:
       Python numbers for concrete inputs, traced scalars otherwise.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``ts`` not 1-D, or not as
+    long as ``rho_t`` has rows (also under jit); the errors of :func:`cluster_counts`.
     """
+    check_same_length("ts", ts, "rho_t", rho_t, axis_b=-2 if np.ndim(rho_t) >= 2 else -1)
     n = cluster_counts(rho_t, **kw)
     if isinstance(n, np.ndarray) and not _traced(ts):
         i = np.flatnonzero(n > 0)
@@ -205,10 +209,13 @@ def merge_times(ts, rho_t, **kw):
       A list of (t, n_before, n_after), one per drop (as many as there are).
 
     Raises:
-      ValueError: traced input.
+      ValueError: traced input, ``ts`` not 1-D or not as long as ``rho_t`` has rows, ``ts``
+        not finite; the errors of :func:`cluster_counts`.
     """
     if _traced(ts, rho_t):
         raise ValueError(_HOST_ONLY.format("merge_times"))
+    check_same_length("ts", ts, "rho_t", rho_t, axis_b=-2 if np.ndim(rho_t) >= 2 else -1)
+    check_finite("ts", ts)
     n = cluster_counts(rho_t, **kw)
     ts = np.asarray(ts)
     out = []

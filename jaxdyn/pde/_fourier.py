@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_integer
+from .._checks import check_bounds, check_integer
 from ..models import AbstractQKVModel, Domain
 from ..models._params import check_domain
 from ._circle import check_weights, host_value, to_leaf
@@ -104,7 +104,13 @@ def bessel_ive(r, K: int, extra: int | None = None):
 
     Returns:
       r.shape + (K + 1,) array.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses K or extra not an integer
+    >= 0, or a concrete r that is not finite and >= 0.
     """
+    K = check_integer("K (the largest order)", K, minimum=0)
+    extra = None if extra is None else check_integer("extra", extra, minimum=0)
+    check_bounds("r", r, low=0)
     r = jnp.asarray(r)
     L = 2 * K + 30 if extra is None else K + int(extra)
 

@@ -181,14 +181,16 @@ def kde_circle(x, m: int, bandwidth: float):
 
     Raises:
       ValueError: ``x`` not (n, 2) with n ≥ 1, or not finite; ``m`` not an integer ≥ 1; a
-        bandwidth that is not finite and ≥ 0.
+        bandwidth that is not finite and > 0.
     """
     m = _cells(m)
     x = _points("x", x)
     if x.ndim != 2:
         raise ValueError(f"x must be one cloud of shape (n, 2), got shape {x.shape}")
-    if not (np.ndim(bandwidth) == 0 and math.isfinite(float(bandwidth)) and float(bandwidth) >= 0):
-        raise ValueError(f"bandwidth must be a finite number >= 0 (radians), got {bandwidth!r}")
+    if not (np.ndim(bandwidth) == 0 and math.isfinite(float(bandwidth)) and float(bandwidth) > 0):
+        # 0 would be the empirical measure cut at M/2 modes: Gibbs oscillations, negative cells
+        raise ValueError(f"bandwidth must be a finite number > 0 (radians; for the cell counts "
+                         f"use histogram_circle), got {bandwidth!r}")
     th = angles(x)
     n = np.arange(m // 2 + 1)
     emp = _emp_coefficients(th, n)

@@ -37,8 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_integer
-from ._circle import check_temperature, check_weights
+from .._checks import check_bounds, check_integer
+from ..models._params import check_domain
+from ._circle import BETA, SIGMA, check_temperature, check_weights
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
 
@@ -280,7 +281,11 @@ def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
 
     Returns:
       A scalar array, the step (traceable).
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses a concrete cfl that is
+    not a finite number > 0.
     """
+    check_bounds("cfl", cfl, low=0, low_open=True, what=" (the CFL number)")
     g = model.geometry()
     vmax = _norm2(model.V)
     if model.normalization != "softmax":
@@ -308,9 +313,15 @@ def sphere_rates(beta, ls, sigma=0.0):
 
     Returns:
       NumPy float64 array of the rates, the shape of ``ls``.
+
+    A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses β not a finite number >
+    0, σ not a finite number ≥ 0, or degrees that are not finite numbers ≥ 0.
     """
     from scipy.special import ive
 
+    check_domain("beta", beta, BETA)
+    check_domain("sigma", sigma, SIGMA)
+    check_bounds("ls", ls, low=0, what=" (the degrees)")
     ls = np.asarray(ls, float)
     return ls * (ls + 1) / beta * ive(ls + 0.5, beta) / ive(0.5, beta) - sigma ** 2 * ls * (ls + 1) / 2
 

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...config import Field, positive
+from ...config import Field, nonempty, positive
 from .. import sphere_fields as sc
+
+
+def cosine(v):
+    """A field check: None if ``v`` lies in [−1, 1] (an inner product of unit vectors), else the problem."""
+    return None if -1 <= v <= 1 else "must lie in [-1, 1] (an inner product of unit vectors)"
 
 
 SCHEMA = {
     **sc.SPHERE_FIELDS,
     **sc.VARIANT_FIELDS,
     "snapshots": Field("list", [0.0, 1.0, 3.0, 10.0], "times of particle snapshots (clipped to t1)",
-                       item="float"),
+                       item="float", check=nonempty),
     "figure_beta": Field("float", None, "β of the snapshot figure (default: the middle of the sweep)"),
     "cluster_stats": Field("bool", False, "record per frame the pair fraction, the cluster count, "
                            "the Gram rank and E_β (jaxdyn.clusters; an N×N Gram matrix a frame) "
                            "and draw the β × t heat maps"),
-    "pair_threshold": Field("float", 0.999, "pair fraction: pairs i < j with ⟨x_i, x_j⟩ above this"),
+    "pair_threshold": Field("float", 0.999, "pair fraction: pairs i < j with ⟨x_i, x_j⟩ above this",
+                            check=cosine),
     "cluster_delta": Field("float", 1e-4, "cluster count: components of ⟨x_i, x_j⟩ > 1 − δ",
                            check=positive),
-    "gram_threshold": Field("float", 0.9999, "Gram rank: rank of 1[⟨x_i, x_j⟩ > this]"),
+    "gram_threshold": Field("float", 0.9999, "Gram rank: rank of 1[⟨x_i, x_j⟩ > this]",
+                            check=cosine),
 }
 
 
