@@ -577,6 +577,40 @@ def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
     return np.maximum(m, leaf_margins(rows, rows, p2, eps, block, t))
 
 
+def _moved_margins(m, keep, p0, p1, eps):
+    """Upper bounds of the margins at key potentials ``p1`` from bounds ``m`` at ``p0``.
+
+    ``m`` (nq, nk) bounds ``(p0_j - C_ij - R_i) / ε`` over the rows of leaf I and the keys of
+    block J (R_i the row's log-sum-exp at ``p0``), ``keep`` the lists. With ``Δ = p1 - p0``,
+    a term moves by at most ``max_{j in J} Δ_j``, and the row's log-sum-exp at ``p1`` is at
+    least its sum over the listed blocks, which moves by at least ``min_{j in list(I)} Δ_j``
+    and held all but a fraction ``η < M e^{-T}`` of R_i's mass (every dropped margin below
+    -T: the condition this bound is checked against), so
+
+        margin at p1 <= m_IJ + (max_{j in J} Δ_j - min_{j in list(I)} Δ_j) / ε - log(1 - η)
+
+    (a leaf with an empty list takes the minimum over every key). No kernel pass: the
+    end-of-round check of a round whose potentials moved little since its selection.
+
+    Returns:
+        The bounds (nq, nk), or None if ``p0``, ``p1`` differ in which entries are finite.
+    """
+    a, b = np.asarray(p0, np.float64), np.asarray(p1, np.float64)
+    fin = np.isfinite(a)
+    if not np.array_equal(fin, np.isfinite(b)):
+        return None
+    nk = m.shape[1]
+    d = (b - np.where(fin, a, 0.0)).reshape(nk, -1)
+    fin = fin.reshape(nk, -1)
+    d_max = np.max(np.where(fin, d, -np.inf), axis=1)
+    d_min = np.min(np.where(fin, d, np.inf), axis=1)
+    listed = np.min(np.where(keep, d_min[None, :], np.inf), axis=1)
+    low = np.where(keep.any(1), listed, np.min(d_min, initial=np.inf))
+    with np.errstate(invalid="ignore"):
+        bound = m + (d_max[None, :] - low[:, None]) / float(eps) + 1e-6
+    return np.where(np.isnan(bound), np.inf, bound)
+
+
 class _Selection:
     """Keep masks of the four kernels (xy rows x, xy rows y, xx, yy) and their lists."""
 
@@ -584,18 +618,26 @@ class _Selection:
         self.bx, self.by, self.block, self.margin = bx, by, block, margin
         self.keep = None
         self.order = None
-        self._last = None  # (pots, eps, masks): the end-of-round check serves the next select
+        self._last = None  # (pots, eps, {kernel: margins}): the check serves the next select
+        self._base = None  # (pots, eps, margins) of the last update: the check's first try
+
+    def _kernel_margins(self, pots, eps, k):
+        """The margins of kernel ``k`` (0: xy rows x, 1: xy rows y, 2: xx, 3: yy) at ``pots``."""
+        if not (self._last is not None and self._last[0] is pots and self._last[1] == eps):
+            self._last = (pots, eps, {})
+        done = self._last[2]
+        if k not in done:
+            (f, g), (fx, gx), (fy, gy) = pots
+            bx, by, b = self.bx, self.by, self.block
+            t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
+            done[k] = (leaf_margins(bx, by, g, eps, b, t) if k == 0 else
+                       leaf_margins(by, bx, f, eps, b, t) if k == 1 else
+                       _sym_margins(bx, fx, gx, eps, b, t) if k == 2 else
+                       _sym_margins(by, fy, gy, eps, b, t))
+        return done[k]
 
     def _margins(self, pots, eps):
-        if self._last is not None and self._last[0] is pots and self._last[1] == eps:
-            return self._last[2]
-        (f, g), (fx, gx), (fy, gy) = pots
-        bx, by, b = self.bx, self.by, self.block
-        t = self.margin + max(_SELECT_EXTRA, 0.0)  # candidates for the widest use (select)
-        out = [leaf_margins(bx, by, g, eps, b, t), leaf_margins(by, bx, f, eps, b, t),
-               _sym_margins(bx, fx, gx, eps, b, t), _sym_margins(by, fy, gy, eps, b, t)]
-        self._last = (pots, eps, out)
-        return out
+        return [self._kernel_margins(pots, eps, k) for k in range(4)]
 
     def update(self, pots, eps, fresh=True, extra=0.0):
         """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra``.
@@ -607,6 +649,7 @@ class _Selection:
             The four neighbour lists, at one length.
         """
         marg = self._margins(pots, eps)
+        self._base = (pots, eps, marg)
         new = [m >= -(self.margin + extra) for m in marg]
         if fresh or self.keep is None:
             self.keep = new
@@ -619,10 +662,47 @@ class _Selection:
         return tuple(jnp.asarray(_neighbours(k, u, width=width))
                      for k, u in zip(self.keep, self.order))
 
+    def _moved_covers(self, pots, eps, k) -> bool:
+        """The check of kernel ``k`` from the last selection's margins and the potentials' move.
+
+        A sufficient condition (:func:`_moved_margins`).
+
+        Returns:
+            True if it certifies the kernel's lists; False if it cannot tell.
+        """
+        if self._base is None or self._base[1] != eps:
+            return False
+        (f0, g0), (fx0, gx0), (fy0, gy0) = self._base[0]
+        (f1, g1), (fx1, gx1), (fy1, gy1) = pots
+        pairs = [((g0, g1),), ((f0, f1),), ((fx0, fx1), (gx0, gx1)), ((fy0, fy1), (gy0, gy1))][k]
+        keep, m = self.keep[k], self._base[2][k]
+        for p0, p1 in pairs:
+            bound = _moved_margins(m, keep, p0, p1, eps)
+            if bound is None or not np.all(keep | (bound < -self.margin)):
+                return False
+        return True
+
     def covers(self, pots, eps) -> bool:
-        """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists."""
-        marg = self._margins(pots, eps)
-        ok = [bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
+        """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists.
+
+        Kernel by kernel: first from the margins of the last selection and the move of the
+        potentials since (no kernel pass; it certifies the symmetric problems' kernels, whose
+        potentials barely move in a round); where that cannot certify, from the margins at
+        ``pots``.
+
+        Returns:
+            Whether the lists hold every needed block.
+        """
+        marg = []
+        for k in range(4):
+            if self._moved_covers(pots, eps, k):
+                marg.append(None)  # certified: nothing missing
+            else:
+                marg.append(self._kernel_margins(pots, eps, k))
+        if os.environ.get("JAXDYN_W2_LOG"):
+            _log(f"check: {sum(m is None for m in marg)} of 4 kernels certified by the "
+                 "selection's margins and the potentials' move")
+        ok = [m is None or bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
         if not all(ok) and os.environ.get("JAXDYN_W2_LOG"):
             for name, h, m, good in zip(("xy rows x", "xy rows y", "xx", "yy"), self.keep, marg, ok):
                 if good:
@@ -714,6 +794,13 @@ def _extrapolate(h1, h2, eps):
 FINE_BLOCK = 64
 
 
+#: the largest ε ratio between two rounds on the intermediate level (it only warm-starts:
+#: no selection needs to stay tight). Measured, gaussian_affine N = 3·10^4, warm call:
+#: ratio 4 -> 3 rounds (40 + 60 + 70 iterations), 54.7 CPU-s in all; 16 -> 2 rounds
+#: (100 + 70), 42.2 CPU-s (with the symmetric kernels' check from the potentials' move);
+#: 100 -> 1 round, not converged in its attempt, and the points' round then took 190
+#: iterations instead of 70: 57.6 CPU-s.
+MID_ROUND_RATIO = 16.0
 #: the rounds on the points start this fraction below the intermediate level's last ε.
 MID_EPS_BELOW = 0.02
 #: a round whose ε is at least this fraction of the previous round's keeps its lists.
@@ -906,7 +993,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     # selection is made there) instead of solving again at that ε
     nxt = rule(eps, c_div[-1]) if (c_div and np.isfinite(c_div[-1])) else None
     if nxt is not None:
-        eps = max(nxt, eps / FINE_ROUND_RATIO)
+        eps = max(nxt, eps / MID_ROUND_RATIO)
     n_total = n_coarse
     fine_rounds = fine_round_limit(max_rounds)
     hist = []  # (ε, potentials) of the finished rounds on the points
@@ -1017,7 +1104,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
                 break
             if nxt is None:
                 break
-            eps_prev, eps = eps, max(nxt, eps / FINE_ROUND_RATIO)
+            eps_prev, eps = eps, max(nxt, eps / (FINE_ROUND_RATIO if certify else MID_ROUND_RATIO))
         else:
             converged = False
         return eps, div, converged, certified, n_it, eps_list, div_list, pots, dens
