@@ -178,6 +178,8 @@ LIBRARY = [
      lambda: pde.solve_density(CD(), RHO16, t1=-1.0)),
     ('solve_density method bogus', 'type', ValueError, "method must be one of ('heun', 'tsit5', 'dopri5'), got 'bogus'",
      lambda: pde.solve_density(CD(), RHO16, t1=0.1, method="bogus")),
+    ('solve_density cfl -1', 'range', ValueError, 'cfl must be > 0, got -1.0',
+     lambda: pde.solve_density(CD(), RHO16, t1=0.1, cfl=-1.0)),
     ('kde_circle bandwidth 0', 'range', ValueError, 'bandwidth must be a finite number > 0 (radians; for the cell counts use histogram_circle), got 0.0',
      lambda: pde.kde_circle(XC, 16, 0.0)),
     ('kde_circle bandwidth NaN', 'NaN/inf', ValueError, 'bandwidth must be a finite number > 0 (radians; for the cell counts use histogram_circle), got nan',
