@@ -2,11 +2,13 @@
 
 :class:`jaxdyn.MultiHeadAttention` and :class:`jaxdyn.SphereAttention` run on one
 online-softmax core (``jaxdyn/kernels/_online.py``): with one head, no mask and softmax
-weights the two fields should cost the same. Under a causal mask the blocked kernel skips
-every key block that lies wholly after the last query of a query block (``lax.cond`` in the
-key scan), so a causal pass should cost about half a full pass: with query blocks of q and
-key blocks of k, query block b processes ⌈(b + 1) q / k⌉ of N / k key blocks, a fraction
-(1 + q/N)/2 of the work (plus the masking's elementwise select on the diagonal blocks).
+weights the two fields should cost the same. Under a causal mask the CPU kernel visits, for
+each query block, the key blocks wholly before its first query (unmasked), then, by
+sub-blocks of as many rows as a key block, the key blocks up to each sub-block's diagonal
+(those across it masked), in loops whose trip counts are the block's own; so a causal pass
+should cost about half a full pass: with key blocks of k, the rows of the sub-block s
+(k rows) meet s + 1 of N / k key blocks, a fraction (1 + k/N)/2 of the (row, key block)
+pairs (``key_blocks_visited_fraction``; plus the masking's select on the diagonal blocks).
 
 For each N, in one invocation and in interleaved rounds (``common.interleaved``: the first
 call, compilation included, timed apart; medians of ``--reps`` rounds, wall and process CPU;
@@ -97,11 +99,16 @@ def main(argv=None):
             for s in ("median_s", "min_s", "cpu_median_s"):
                 r[s] /= inner
         outs = {k: np.asarray(res[k].pop("out")) for k in list(res)}
-        # the key blocks a causal pass visits, at the blocks it ran with (CPU defaults)
-        kb = args.k_block or jd.kernels.DEFAULT_BLOCKS["cpu"][0]
-        qb = args.q_block or (CAUSAL_Q_BLOCK * (2 if n >= CAUSAL_LARGE_N else 1))
-        nkb, nqb = -(-n // kb), -(-n // qb)
-        visited = sum(min(nkb, -(-min(n, (b + 1) * qb) // kb)) for b in range(nqb))
+        # the (row, key block) pairs a causal pass visits, at the blocks it ran with (CPU
+        # defaults): each sub-block of kb rows of a query block up to its last row's key block
+        kb = min(n, args.k_block or jd.kernels.DEFAULT_BLOCKS["cpu"][0])
+        qb = min(n, args.q_block or (CAUSAL_Q_BLOCK * (2 if n >= CAUSAL_LARGE_N else 1)))
+        nkb = -(-n // kb)
+        visited = 0
+        for b in range(0, n, qb):
+            for s in range(b, min(n, b + qb), kb):
+                end = min(n, b + qb, s + kb)
+                visited += (end - s) * min(nkb, (end - 1) // kb + 1)
 
         def ratio(a, b, s="median_s"):
             return res[a][s] / res[b][s]
@@ -120,7 +127,7 @@ def main(argv=None):
             "full_auto_over_sphere_attention_auto_cpu": ratio("full_auto",
                                                               "sphere_attention_auto",
                                                               "cpu_median_s"),
-            "key_blocks_visited_fraction": visited / (nkb * nqb),
+            "key_blocks_visited_fraction": visited / (n * nkb),
             # the last row attends to everything: causal and full agree there
             "last_row_max_abs_diff": float(np.max(np.abs(outs["full"][-1] - outs["causal"][-1]))),
             # one head, no mask: the same field as SphereAttention (B = QᵀK)
