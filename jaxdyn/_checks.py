@@ -65,6 +65,8 @@ def check_finite(name: str, a, *, what: str = "") -> None:
     if a is None or is_traced(a):
         return
     arr = np.asarray(a)
+    if arr.dtype.kind == "V" and arr.dtype.itemsize <= 2:  # ml_dtypes' small floats (bfloat16)
+        arr = arr.astype(np.float32)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise ValueError(f"{name}{what} must hold real numbers, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.inexact):
@@ -219,8 +221,8 @@ def check_bounds(name: str, v, *, low=None, high=None, low_open: bool = False,
     if v is None or is_traced(v):
         return
     arr = np.asarray(v)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) \
-            or np.issubdtype(arr.dtype, np.complexfloating):
+    real = arr.dtype.kind in "iuf" or (arr.dtype.kind == "V" and arr.dtype.itemsize <= 2)
+    if not real:  # (kind "V": the 8- and 16-bit floats of ml_dtypes, e.g. bfloat16)
         raise ValueError(f"{name}{what} must be a real number, got {v!r}")
     a = arr.astype(np.float64)
     conds, bad = [], ~np.isfinite(a)

@@ -660,3 +660,17 @@ def test_cli_commands_refused(tmp_path, capsys, argv, needle):
     assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_shared_checks_take_small_float_dtypes():
+    """bfloat16 values are numbers to the shared checks: finite ones pass, NaN and ranges are named."""
+    from jaxdyn._checks import check_bounds, check_finite
+
+    check_finite("x", jnp.ones(3, jnp.bfloat16))
+    check_bounds("delta", jnp.asarray(0.5, jnp.bfloat16), low=0)
+    with pytest.raises(ValueError, match="x must be finite: 1 of its 2 entries"):
+        check_finite("x", jnp.asarray([1.0, jnp.nan], jnp.bfloat16))
+    with pytest.raises(ValueError, match="delta must be >= 0 and finite, got -1.0"):
+        check_bounds("delta", jnp.asarray(-1.0, jnp.bfloat16), low=0)
+    with pytest.raises(ValueError, match="must be a real number, got True"):
+        check_bounds("delta", True, low=0)
