@@ -66,10 +66,14 @@ LOGITS = ("dot", "l2")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
 CAUSAL_Q_BLOCK = 512
 #: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK. Measured (CPU
-#: time of causal / full pass, medians of interleaved rounds on 2 shared cores, one head,
-#: d = 3, float32): N = 4096: query blocks of 256 0.58-0.61, 512 0.60-0.63, 1024 0.61;
-#: N = 8192: 512 0.59-0.62, 1024 0.58-0.60; N = 16384: 512 0.56-0.58, 1024 0.53-0.55,
-#: 2048 0.56.
+#: time of the causal / full core pass, medians of interleaved rounds on 2 shared, loaded
+#: cores, one head, d = 3, float32, key blocks of 256; the full pass at query blocks of
+#: 4096): N = 4096: query blocks of 256 0.51-0.55, 512 0.44-0.52, 1024 0.44-0.52, 2048
+#: 0.47-0.57; N = 8192: 512 0.49, 1024 0.48, 2048 0.50; N = 16384: 1024 0.48, 2048 0.47,
+#: 4096 0.54. The query block sets the width of the unmasked tiles only (the diagonal goes
+#: by sub-blocks of a key block's rows, ``._online``); the derivative's pass, a key scan
+#: that masks every key block it visits, costs (1 + q/N)/2 of a full one at query blocks of
+#: q: the smaller of near ties.
 CAUSAL_LARGE_N = 8192
 
 
