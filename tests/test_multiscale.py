@@ -212,6 +212,45 @@ def test_selection_certified_for_a_transport_potential():
     assert (keep & ~need_leaf).sum() <= 0.01 * need_leaf.sum(), (keep.mean(), need_leaf.mean())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_moved_margins_bound_every_term_at_the_moved_potentials(dtype):
+    # the end-of-round check without a kernel pass: margins selected at potential p0, then
+    # p1 = p0 + a drift (a gradient of many eps across the cloud) + noise of eps / 2. Both
+    # bounds (the least move over a leaf's list; each row's own move of its log-sum-exp)
+    # bound every term at p1 against brute force, and the rows' one certifies the lists
+    block = 64
+    x, _ = _clusters(2000, seed=12)
+    A, t = np.diag([1.0, 1.5, 0.7]), np.array([0.0, 0.02, 0.0])
+    y = x @ A.T + t
+    bx, by = M.make_blocks(x, dtype, block), M.make_blocks(y, dtype, block)
+    yp, xp = np.asarray(by.pts, np.float64), np.asarray(bx.pts, np.float64)
+    d = yp - t
+    yv = np.asarray(by.valid)
+    p0 = np.where(yv, (yp ** 2).sum(1) - (d @ np.linalg.inv(A) * d).sum(1), -np.inf)
+    eps, margin = 2e-5, 25.0
+    rng = np.random.default_rng(3)
+    p1 = p0 + 20 * eps * yp[:, 0] + 0.5 * eps * rng.standard_normal(p0.shape)
+    keep, m0 = M.select(bx, by, jnp.asarray(p0, dtype), eps, margin + 4, block)
+    terms = p1[None, :] - ((xp[:, None, :] - yp[None, :, :]) ** 2).sum(-1)
+    r = eps * scipy.special.logsumexp(terms / eps, axis=1)
+    nq, nk = bx.centers.shape[0], by.centers.shape[0]
+    xv = np.asarray(bx.valid)
+    true = np.where(xv[:, None], terms - r[:, None], -np.inf).reshape(nq, block, nk, block)
+    true = true.max(axis=(1, 3)) / eps
+    slack = 2e-3 if dtype == np.float32 else 1e-9
+    b_list = M._moved_margins(m0, keep, jnp.asarray(p0, dtype), jnp.asarray(p1, dtype), eps)
+    b_rows = M._moved_margins_by_rows(m0, keep, bx, by, jnp.asarray(p0, dtype),
+                                      jnp.asarray(p1, dtype), eps, block)
+    assert np.all(b_list >= true - slack) and np.all(b_rows >= true - slack)
+    assert np.all(keep | (true < -margin))  # (the lists still hold every needed block)
+    assert np.all(keep | (b_rows < -margin))  # certified without a kernel pass on the terms
+    assert np.median((b_rows - true)[keep]) < np.median((b_list - true)[keep])
+    # potentials whose finite entries differ cannot be compared
+    p2 = np.where(np.arange(p0.size) == int(np.flatnonzero(yv)[0]), -np.inf, p1)
+    assert M._moved_margins(m0, keep, jnp.asarray(p0, dtype), jnp.asarray(p2, dtype),
+                            eps) is None
+
+
 # float32 under -m slow: a dtype-independent check, tighter in float64 (the float32 rounding of
 # the bounds: test_block_and_leaf_bounds_bound_every_term[float32] by default)
 @pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])

@@ -554,7 +554,7 @@ def _same(p, q) -> bool:
     return p is q or bool(np.array_equal(np.asarray(p), np.asarray(q)))
 
 
-def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
+def _sym_margins(rows: Blocks, p1, p2, eps, block, t, keys: Blocks | None = None):
     """The margins of a symmetric problem's kernel (rows against themselves) for both its potentials.
 
     ``p1``, ``p2`` are equal but for rounding (symmetric start, parallel updates): then, with
@@ -562,10 +562,13 @@ def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
     (a key's term moves by at most δ, a row's log-sum-exp too), one computation instead of
     two; if they differ by more than ε / 2, both are computed.
 
+    ``keys``: the cloud's leaves when ``rows`` are some of them (default: ``rows``).
+
     Returns:
         The margins (nq, nk) valid for both potentials.
     """
-    m = leaf_margins(rows, rows, p1, eps, block, t)
+    keys = rows if keys is None else keys
+    m = leaf_margins(rows, keys, p1, eps, block, t)
     if _same(p1, p2):
         return m
     a, b = np.asarray(p1, np.float64), np.asarray(p2, np.float64)
@@ -574,7 +577,25 @@ def _sym_margins(rows: Blocks, p1, p2, eps, block, t):
         delta = float(np.max(np.abs(a[fin] - b[fin]), initial=0.0))
         if delta <= 0.5 * float(eps):
             return m + 2.0 * delta / float(eps)
-    return np.maximum(m, leaf_margins(rows, rows, p2, eps, block, t))
+    return np.maximum(m, leaf_margins(rows, keys, p2, eps, block, t))
+
+
+def _leaf_subset(b: Blocks, leaves: np.ndarray, block: int) -> Blocks:
+    """The leaves ``leaves`` of ``b``, with empty leaves appended up to a :func:`_pow2` count.
+
+    (A few counts: the selection's programs are compiled a few times only.)
+
+    Returns:
+        The :class:`Blocks` of those leaves.
+    """
+    nb, d = b.centers.shape
+    ns = block // SUB
+    idx = jnp.asarray(leaves)
+    sub = Blocks(b.pts.reshape(nb, block, d)[idx].reshape(-1, d),
+                 b.valid.reshape(nb, block)[idx].reshape(-1), b.centers[idx], b.radii[idx],
+                 b.sub_centers.reshape(nb, ns, d)[idx].reshape(-1, d),
+                 b.sub_radii.reshape(nb, ns)[idx].reshape(-1), b.counts[leaves])
+    return _pad_leaves(sub, _pow2(len(leaves)), block)
 
 
 def _moved_margins(m, keep, p0, p1, eps):
@@ -611,6 +632,48 @@ def _moved_margins(m, keep, p0, p1, eps):
     return np.where(np.isnan(bound), np.inf, bound)
 
 
+def _moved_margins_by_rows(m, keep, rows: Blocks, keys: Blocks, p0, p1, eps, block):
+    """:func:`_moved_margins` with each row's own move of its log-sum-exp over its list.
+
+    Where the potentials' move has a gradient, the move of a row's log-sum-exp is far
+    above the least move over its list: this takes it exactly, ``R'^list_i - R^list_i``
+    (two passes over the lists, at ``p0`` and at ``p1``), and the row's log-sum-exp at
+    ``p0`` is at most ``R^list_i - ε log(1 - η_I)``, ``η_I = block Σ_{J dropped} e^{m_IJ}``
+    the dropped fraction, so
+
+        margin at p1 <= m_IJ + (max_{j in J} Δ_j - min_{i in I} (R'^list_i - R^list_i)) / ε
+                        - log(1 - η_I).
+
+    Returns:
+        The bounds (nq, nk) (+inf where they cannot be formed).
+    """
+    nq, nk = m.shape
+    dtype = rows.pts.dtype
+    nbr = jnp.asarray(_neighbours(keep, m))
+    e, zero = jnp.asarray(eps, dtype), jnp.zeros((), dtype)
+    r0 = np.asarray(_sparse_c_transform(rows.pts, rows.valid, keys.pts, p0, e, zero, nbr,
+                                        block=block), np.float64)  # -R^list (ε log w = 0)
+    r1 = np.asarray(_sparse_c_transform(rows.pts, rows.valid, keys.pts, p1, e, zero, nbr,
+                                        block=block), np.float64)
+    ok = np.isfinite(r0) & np.isfinite(r1)
+    move = np.where(ok, np.where(ok, r0, 0.0) - np.where(ok, r1, 0.0), np.inf)
+    move = np.min(move.reshape(nq, block), axis=1)
+    bad_rows = (np.asarray(rows.valid) & ~ok).reshape(nq, block).any(1)
+    with np.errstate(over="ignore"):
+        eta = block * np.sum(np.where(keep, 0.0, np.exp(np.minimum(m, 700.0))), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low = move + float(eps) * np.log1p(-np.minimum(eta, 1.0))
+    low = np.where(bad_rows | (eta >= 1.0), -np.inf, low)
+    a, b = np.asarray(p0, np.float64), np.asarray(p1, np.float64)
+    fin = np.isfinite(a).reshape(nk, -1)
+    d = (b - np.where(np.isfinite(a), a, 0.0)).reshape(nk, -1)
+    d_max = np.max(np.where(fin & np.isfinite(d), d, -np.inf), axis=1)
+    # float32 log-sum-exps: a slack of 1e-3 in units of ε
+    with np.errstate(invalid="ignore"):
+        bound = m + (d_max[None, :] - low[:, None]) / float(eps) + 1e-3
+    return np.where(np.isnan(bound), np.inf, bound)
+
+
 class _Selection:
     """Keep masks of the four kernels (xy rows x, xy rows y, xx, yy) and their lists."""
 
@@ -639,6 +702,18 @@ class _Selection:
     def _margins(self, pots, eps):
         return [self._kernel_margins(pots, eps, k) for k in range(4)]
 
+    def _leaf_margins_of(self, pots, eps, k, leaves):
+        """The margins of kernel ``k`` at ``pots`` for the row leaves ``leaves`` only."""
+        (f, g), (fx, gx), (fy, gy) = pots
+        bx, by, b = self.bx, self.by, self.block
+        t = self.margin + max(_SELECT_EXTRA, 0.0)
+        rows = _leaf_subset((bx, by, bx, by)[k], leaves, b)
+        m = (leaf_margins(rows, by, g, eps, b, t) if k == 0 else
+             leaf_margins(rows, bx, f, eps, b, t) if k == 1 else
+             _sym_margins(rows, fx, gx, eps, b, t, keys=bx) if k == 2 else
+             _sym_margins(rows, fy, gy, eps, b, t, keys=by))
+        return m[:len(leaves)]
+
     def update(self, pots, eps, fresh=True, extra=0.0):
         """Select at ``eps`` from ``pots`` with the margin enlarged by ``extra``.
 
@@ -662,47 +737,66 @@ class _Selection:
         return tuple(jnp.asarray(_neighbours(k, u, width=width))
                      for k, u in zip(self.keep, self.order))
 
-    def _moved_covers(self, pots, eps, k) -> bool:
-        """The check of kernel ``k`` from the last selection's margins and the potentials' move.
+    def _moved_bounds(self, pots, eps, k):
+        """Bounds of kernel ``k``'s margins from the last selection's and the potentials' move.
 
-        A sufficient condition (:func:`_moved_margins`).
+        :func:`_moved_margins` for each key potential of the kernel (both, for a symmetric
+        one).
 
         Returns:
-            True if it certifies the kernel's lists; False if it cannot tell.
+            The bounds (nq, nk), or None if they cannot be formed.
         """
         if self._base is None or self._base[1] != eps:
-            return False
+            return None
         (f0, g0), (fx0, gx0), (fy0, gy0) = self._base[0]
         (f1, g1), (fx1, gx1), (fy1, gy1) = pots
         pairs = [((g0, g1),), ((f0, f1),), ((fx0, fx1), (gx0, gx1)), ((fy0, fy1), (gy0, gy1))][k]
         keep, m = self.keep[k], self._base[2][k]
+        out = None
         for p0, p1 in pairs:
             bound = _moved_margins(m, keep, p0, p1, eps)
-            if bound is None or not np.all(keep | (bound < -self.margin)):
-                return False
-        return True
+            if bound is None:
+                return None
+            out = bound if out is None else np.maximum(out, bound)
+        if k < 2:
+            rows, keys = (self.bx, self.by) if k == 0 else (self.by, self.bx)
+            out = np.minimum(out, _moved_margins_by_rows(m, keep, rows, keys, *pairs[0], eps,
+                                                         self.block))
+        return out
 
     def covers(self, pots, eps) -> bool:
         """Every block that the certificate at ``eps`` needs for ``pots`` is in the lists.
 
         Kernel by kernel: first from the margins of the last selection and the move of the
-        potentials since (no kernel pass; it certifies the symmetric problems' kernels, whose
-        potentials barely move in a round); where that cannot certify, from the margins at
-        ``pots``.
+        potentials since (:func:`_moved_margins`, no kernel pass: it certifies the symmetric
+        problems' kernels, whose potentials barely move in a round, and most leaves of the
+        (x, y) ones); the leaves that this cannot certify get their margins at ``pots``
+        (all leaves' if more than a quarter of them).
 
         Returns:
             Whether the lists hold every needed block.
         """
-        marg = []
+        marg, n_moved, again = [], 0, []
         for k in range(4):
-            if self._moved_covers(pots, eps, k):
-                marg.append(None)  # certified: nothing missing
-            else:
+            bound = self._moved_bounds(pots, eps, k)
+            keep = self.keep[k]
+            if bound is None:
                 marg.append(self._kernel_margins(pots, eps, k))
+                continue
+            bad = np.flatnonzero((~keep & (bound >= -self.margin)).any(1))
+            if bad.size > keep.shape[0] // 4:
+                marg.append(self._kernel_margins(pots, eps, k))
+                continue
+            n_moved += 1
+            again.append(int(bad.size))
+            if bad.size:
+                bound = bound.copy()
+                bound[bad] = self._leaf_margins_of(pots, eps, k, bad)
+            marg.append(bound)
         if os.environ.get("JAXDYN_W2_LOG"):
-            _log(f"check: {sum(m is None for m in marg)} of 4 kernels certified by the "
-                 "selection's margins and the potentials' move")
-        ok = [m is None or bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
+            _log(f"check: {n_moved} of 4 kernels certified by the selection's margins and the "
+                 f"potentials' move, but for {again} leaves whose margins are computed again")
+        ok = [bool(np.all(h | (m < -self.margin))) for h, m in zip(self.keep, marg)]
         if not all(ok) and os.environ.get("JAXDYN_W2_LOG"):
             for name, h, m, good in zip(("xy rows x", "xy rows y", "xx", "yy"), self.keep, marg, ok):
                 if good:
