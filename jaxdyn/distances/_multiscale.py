@@ -29,11 +29,12 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    sparse pass would be dense, is solved on the weighted centroids of the sub-blocks
    (N / 32 points) down to ε = 4 x their median squared radius; the potentials are carried
    to the points by one c-transform against the centroids, then the ladder continues on
-   the points with sparse kernels, ε falling at most 4x per round. Each round on the
-   points starts at its own ε from the potentials of the two rounds before it (the first:
-   the last two coarse ones, carried) extrapolated linearly in ε. On the intermediate
+   the points with sparse kernels, ε falling at most 4x per round on the points and 16x
+   on the intermediate level. Each round starts at its own ε from the potentials of the
+   two rounds before it (the first: the last two coarse ones, carried) extrapolated
+   linearly in ε. On the intermediate
    level, the ladder below the coarse floor first runs to its end on the
-   weighted centroids of runs of ``MID`` = 4 rows (N / 4 points, sparse rounds as on the
+   weighted centroids of runs of ``MID`` = 4 rows (N / 4 points or more, sparse rounds as on the
    points, no certificate: it only warm-starts; a run whose points lie farther than
    ``sqrt(MID_SPREAD · ε)`` from their centroid, ε the predicted final one, enters as two
    halves or as its points), and the points start from its last
@@ -45,7 +46,12 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
 5. **Certificate.** A round's lists are selected from its starting potentials at its own ε
    (margin T + 4); the last round's are checked again with its final potentials (margin T),
    and the round is rerun from them with the union of both selections if a needed block
-   was missing. The final potentials are therefore a fixed point of a kernel that differs
+   was missing. The check first bounds the final margins by the selection's plus the
+   potentials' move (:func:`_moved_margins`: a term moves by at most the largest move of
+   its key block's potentials, a row's log-sum-exp by at least the least move over its
+   list, or, for the (x, y) kernels, by its own move over its list, two passes over the
+   lists: :func:`_moved_margins_by_rows`); only the leaves this cannot certify get their
+   margins computed again at the final potentials (all leaves if more than a quarter). The final potentials are therefore a fixed point of a kernel that differs
    from the dense one by less than the bound above (``SinkhornW2.result`` is
    ``not_converged`` if the check still fails).
 
