@@ -245,6 +245,15 @@ def test_moved_margins_bound_every_term_at_the_moved_potentials(dtype):
     assert np.all(keep | (true < -margin))  # (the lists still hold every needed block)
     assert np.all(keep | (b_rows < -margin))  # certified without a kernel pass on the terms
     assert np.median((b_rows - true)[keep]) < np.median((b_list - true)[keep])
+    # lists that drop needed blocks: the bounds still hold (the dropped share enters them)
+    best = np.max(np.where(keep, m0, -np.inf), axis=1, keepdims=True)
+    starved = keep & (m0 >= best)
+    for bound in (M._moved_margins(m0, starved, jnp.asarray(p0, dtype), jnp.asarray(p1, dtype),
+                                   eps),
+                  M._moved_margins_by_rows(m0, starved, bx, by, jnp.asarray(p0, dtype),
+                                           jnp.asarray(p1, dtype), eps, block)):
+        assert np.all(bound >= true - slack)
+        assert not np.all(starved | (bound < -margin))
     # potentials whose finite entries differ cannot be compared
     p2 = np.where(np.arange(p0.size) == int(np.flatnonzero(yv)[0]), -np.inf, p1)
     assert M._moved_margins(m0, keep, jnp.asarray(p0, dtype), jnp.asarray(p2, dtype),

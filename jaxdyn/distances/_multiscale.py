@@ -611,10 +611,10 @@ def _moved_margins(m, keep, p0, p1, eps):
     block J (R_i the row's log-sum-exp at ``p0``), ``keep`` the lists. With ``Δ = p1 - p0``,
     a term moves by at most ``max_{j in J} Δ_j``, and the row's log-sum-exp at ``p1`` is at
     least its sum over the listed blocks, which moves by at least ``min_{j in list(I)} Δ_j``
-    and held all but a fraction ``η < M e^{-T}`` of R_i's mass (every dropped margin below
-    -T: the condition this bound is checked against), so
+    and held all but a fraction ``η_I <= block Σ_{J dropped} e^{m_IJ}`` of R_i's mass
+    (:func:`_dropped_share`), so
 
-        margin at p1 <= m_IJ + (max_{j in J} Δ_j - min_{j in list(I)} Δ_j) / ε - log(1 - η)
+        margin at p1 <= m_IJ + (max_{j in J} Δ_j - min_{j in list(I)} Δ_j) / ε - log(1 - η_I)
 
     (a leaf with an empty list takes the minimum over every key). No kernel pass: the
     end-of-round check of a round whose potentials moved little since its selection.
@@ -634,8 +634,24 @@ def _moved_margins(m, keep, p0, p1, eps):
     listed = np.min(np.where(keep, d_min[None, :], np.inf), axis=1)
     low = np.where(keep.any(1), listed, np.min(d_min, initial=np.inf))
     with np.errstate(invalid="ignore"):
-        bound = m + (d_max[None, :] - low[:, None]) / float(eps) + 1e-6
+        bound = (m + (d_max[None, :] - low[:, None]) / float(eps)
+                 + _dropped_share(m, keep, a.size // nk)[:, None] + 1e-6)
     return np.where(np.isnan(bound), np.inf, bound)
+
+
+def _dropped_share(m, keep, block):
+    """``-log(1 - η_I)``, ``η_I = block Σ_{J not in keep} e^{m_IJ}`` (+inf if η_I >= 1).
+
+    η_I bounds the share of a row's sum that the blocks dropped from leaf I's list hold
+    (each of their ``block`` terms is at most ``e^{m_IJ}`` of it).
+
+    Returns:
+        (nq,) float64.
+    """
+    with np.errstate(over="ignore"):
+        eta = block * np.sum(np.where(keep, 0.0, np.exp(np.minimum(m, 700.0))), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(eta < 1.0, -np.log1p(-np.where(eta < 1.0, eta, 0.0)), np.inf)
 
 
 def _moved_margins_by_rows(m, keep, rows: Blocks, keys: Blocks, p0, p1, eps, block):
@@ -665,18 +681,17 @@ def _moved_margins_by_rows(m, keep, rows: Blocks, keys: Blocks, p0, p1, eps, blo
     move = np.where(ok, np.where(ok, r0, 0.0) - np.where(ok, r1, 0.0), np.inf)
     move = np.min(move.reshape(nq, block), axis=1)
     bad_rows = (np.asarray(rows.valid) & ~ok).reshape(nq, block).any(1)
-    with np.errstate(over="ignore"):
-        eta = block * np.sum(np.where(keep, 0.0, np.exp(np.minimum(m, 700.0))), axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        low = move + float(eps) * np.log1p(-np.minimum(eta, 1.0))
-    low = np.where(bad_rows | (eta >= 1.0), -np.inf, low)
+    low = np.where(bad_rows, -np.inf, move)
     a, b = np.asarray(p0, np.float64), np.asarray(p1, np.float64)
+    if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+        return np.full(m.shape, np.inf)
     fin = np.isfinite(a).reshape(nk, -1)
     d = (b - np.where(np.isfinite(a), a, 0.0)).reshape(nk, -1)
     d_max = np.max(np.where(fin & np.isfinite(d), d, -np.inf), axis=1)
     # float32 log-sum-exps: a slack of 1e-3 in units of ε
     with np.errstate(invalid="ignore"):
-        bound = m + (d_max[None, :] - low[:, None]) / float(eps) + 1e-3
+        bound = (m + (d_max[None, :] - low[:, None]) / float(eps)
+                 + _dropped_share(m, keep, a.size // nk)[:, None] + 1e-3)
     return np.where(np.isnan(bound), np.inf, bound)
 
 
