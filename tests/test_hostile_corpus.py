@@ -674,3 +674,23 @@ def test_shared_checks_take_small_float_dtypes():
         check_bounds("delta", jnp.asarray(-1.0, jnp.bfloat16), low=0)
     with pytest.raises(ValueError, match="must be a real number, got True"):
         check_bounds("delta", True, low=0)
+
+
+@pytest.mark.slow  # one solve_moments program (Dopri8 and the pole refinement): seconds to compile
+def test_solve_moments_flags_traced_times_out_of_range():
+    """Traced times out of range are invalid_input for their member only.
+
+    Under vmap: t1 ≤ 0, t1 NaN, save times past t1; in a bounded number of steps, while the
+    valid member keeps its solve.
+    """
+    def solve(t1, last):
+        return jaxdyn.solve_moments(None, I2, A=-I2, B=0 * I2, V=I2, t1=t1,
+                                    saveat=jnp.stack([0.5 * last, last]))
+
+    t1 = jnp.array([1.0, -1.0, jnp.nan, 0.7])
+    last = jnp.array([1.0, -1.0, 1.0, 1.0])  # member 3: save times past its t1
+    sol = jax.vmap(solve)(t1, last)
+    assert list(jaxdyn.status_names(sol.result)) == ["successful"] + 3 * ["invalid_input"]
+    assert int(np.max(np.asarray(sol.num_steps))) < 1000
+    ref = jaxdyn.solve_moments(None, I2, A=-I2, B=0 * I2, V=I2, t1=1.0, saveat=np.array([0.5, 1.0]))
+    np.testing.assert_allclose(np.asarray(sol.cov[0]), np.asarray(ref.cov), rtol=1e-6)

@@ -850,6 +850,13 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
     S0, invalid, thr = _prepared_start(S0, threshold)
     if callable(getattr(field, "invalid", None)):  # a traced control grid out of its domain
         invalid = invalid | field.invalid()
+    # the checks of the host's check_times, for traced times: flagged, and the solve then runs on
+    # stand-in times (diffrax's own checks stay quiet, the step count bounded)
+    bad_times = ~(jnp.isfinite(t1) & (t1 > 0) & jnp.all(jnp.isfinite(ts)) & jnp.all(ts >= 0)
+                  & jnp.all(ts <= t1) & jnp.all(ts[1:] >= ts[:-1]))
+    invalid = invalid | bad_times
+    t1 = jnp.where(bad_times, jnp.ones_like(t1), t1)
+    ts = jnp.where(bad_times, jnp.ones_like(ts), ts)
     cond_fn = _threshold_event(thr)
     zero = jnp.zeros((), dtype)
     sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
