@@ -437,14 +437,21 @@ def test_documented_meaning(case):
 # ------------------------------------------------------------------ traced values out of range
 
 def test_traced_parameters_out_of_range_are_flagged():
-    """Under vmap a traced δ < 0 or β ≤ 0 gives −1 / NaN for its member, the others their values."""
-    def stats(delta, beta):
-        return clusters.cluster_count(X3, delta), clusters.interaction_energy(X3, beta)
+    """Under vmap a traced value out of its range gives −1 / NaN for its member only.
 
-    n, e = jax.vmap(stats)(jnp.array([1e-4, -1.0, 1e-4]), jnp.array([1.0, 1.0, 0.0]))
-    assert np.asarray(n).tolist() == [4, -1, 4]
-    e = np.asarray(e)
-    assert np.isfinite(e[:2]).all() and e[0] == e[1] and np.isnan(e[2])
+    δ < 0 (cluster count), β ≤ 0 (energy), cfl ≤ 0 (the CFL step), σ0 < 0 (the scalar law).
+    """
+    def stats(delta, beta, cfl, sigma0):
+        return (clusters.cluster_count(X3, delta), clusters.interaction_energy(X3, beta),
+                pde.cfl_dt(CD(), cfl), gaussian.scalar_variance(0.5, sigma0, 1.0, 1.0))
+
+    n, e, dt, var = (np.asarray(a) for a in jax.vmap(stats)(
+        jnp.array([1e-4, -1.0, 1e-4, 1e-4]), jnp.array([1.0, 1.0, 0.0, 1.0]),
+        jnp.array([0.9, 0.9, 0.9, -1.0]), jnp.array([0.1, 0.1, 0.1, -0.1])))
+    assert n.tolist() == [4, -1, 4, 4]
+    assert np.isfinite(e[[0, 1, 3]]).all() and e[0] == e[1] == e[3] and np.isnan(e[2])
+    assert dt[0] == dt[1] == dt[2] > 0 and np.isnan(dt[3])
+    assert var[0] == var[1] == var[2] > 0 and np.isnan(var[3])
 
 
 # ------------------------------------------------------------------ the CLI: jaxdyn config

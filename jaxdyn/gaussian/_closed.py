@@ -73,10 +73,17 @@ def _expm1_over(a, t):
 
 
 def _check_scalar_law(sigma0, a, c, t=None):
-    """The host checks of the scalar law's concrete inputs (σ0 ≥ 0; t, a, c finite)."""
+    """The host checks of the scalar law's concrete inputs (σ0 ≥ 0; t, a, c finite).
+
+    Returns:
+        σ0, NaN where a traced σ0 is negative (the results are then NaN).
+    """
     check_bounds("sigma0", sigma0, low=0, what=" (the initial variance)")
     for name, v in (("t", t), ("a", a), ("c", c)):
         check_finite(name, v)
+    if isinstance(sigma0, jax.core.Tracer):
+        return jnp.where(sigma0 >= 0, sigma0, jnp.nan)
+    return sigma0
 
 
 def scalar_variance(t, sigma0, a, c):
@@ -96,7 +103,7 @@ def scalar_variance(t, sigma0, a, c):
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete t, a or c that
     are not finite, or a σ0 that is not a finite number >= 0 (a variance).
     """
-    _check_scalar_law(sigma0, a, c, t=t)
+    sigma0 = _check_scalar_law(sigma0, a, c, t=t)
     t, sigma0, a, c = (jnp.asarray(x) for x in (t, sigma0, a, c))
     den = 1.0 - c * sigma0 * _expm1_over(a, t)
     val = sigma0 * jnp.exp(2.0 * a * t) / den
@@ -121,7 +128,7 @@ def scalar_blowup_time(sigma0, a, c):
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete a or c that are
     not finite, or a σ0 that is not a finite number >= 0 (a variance).
     """
-    _check_scalar_law(sigma0, a, c)
+    sigma0 = _check_scalar_law(sigma0, a, c)
     sigma0, a, c = (jnp.asarray(x) for x in (sigma0, a, c))
     cs = c * sigma0
     blows = (c > 0) & (sigma0 > 0) & (cs > -a)

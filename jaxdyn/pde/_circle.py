@@ -502,6 +502,13 @@ class CircleDensity(eqx.Module):
         return -(F - jnp.roll(F, 1)) / self.h
 
 
+def traced_positive(v):
+    """``v``, or NaN where a traced ``v`` is not > 0 (a concrete one is checked on the host)."""
+    if not isinstance(v, jax.core.Tracer):
+        return v
+    return jnp.where(v > 0, v, jnp.nan)
+
+
 def velocity_bound(model: CircleDensity):
     """An upper bound of |v|: ‖V‖₂ (softmax, since |m| ≤ 1) or ‖V‖₂ e^{s} (unnormalised).
 
@@ -529,7 +536,7 @@ def cfl_dt(model: CircleDensity, cfl: float = 0.9):
       cfl: the CFL number (≤ 1 keeps ρ ≥ 0 with Heun).
 
     Returns:
-      A scalar array, the step (traceable).
+      A scalar array, the step (traceable; NaN for a traced cfl that is not > 0).
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses a concrete cfl that is
     not a finite number > 0.
@@ -537,4 +544,4 @@ def cfl_dt(model: CircleDensity, cfl: float = 0.9):
     check_bounds("cfl", cfl, low=0, low_open=True, what=" (the CFL number)")
     h = model.h
     diff = model.sigma ** 2 / h ** 2 * (1.0 if model.diffusion == "fd" else math.pi ** 2 / 4)
-    return cfl / (2 * velocity_bound(model) / h + diff)
+    return traced_positive(cfl) / (2 * velocity_bound(model) / h + diff)

@@ -39,7 +39,7 @@ import numpy as np
 
 from .._checks import check_bounds, check_integer
 from ..models._params import check_domain
-from ._circle import BETA, SIGMA, check_temperature, check_weights
+from ._circle import BETA, SIGMA, check_temperature, check_weights, traced_positive
 
 __all__ = ["SphereDensity", "sphere_rates", "zonal_mode", "zonal_growth_rate", "sphere_cfl_dt"]
 
@@ -280,7 +280,7 @@ def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
       cfl: the CFL number (≤ 1 keeps ρ ≥ 0 with Heun).
 
     Returns:
-      A scalar array, the step (traceable).
+      A scalar array, the step (traceable; NaN for a traced cfl that is not > 0).
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses a concrete cfl that is
     not a finite number > 0.
@@ -297,7 +297,7 @@ def sphere_cfl_dt(model: SphereDensity, cfl: float = 0.9):
     dist_p = jnp.sin(g["tc"]) * g["dph"]
     rate = (2 * vmax * (Ltop + Lbot + Lside)
             + model.sigma ** 2 * ((Ltop + Lbot) / g["dth"] + Lside / dist_p)) / g["area"]
-    return cfl / jnp.max(rate)
+    return traced_positive(cfl) / jnp.max(rate)
 
 
 def sphere_rates(beta, ls, sigma=0.0):
