@@ -914,7 +914,9 @@ FINE_BLOCK = 64
 #: ratio 4 -> 3 rounds (40 + 60 + 70 iterations), 54.7 CPU-s in all; 16 -> 2 rounds
 #: (100 + 70), 42.2 CPU-s (with the symmetric kernels' check from the potentials' move);
 #: 100 -> 1 round, not converged in its attempt, and the points' round then took 190
-#: iterations instead of 70: 57.6 CPU-s.
+#: iterations instead of 70: 57.6 CPU-s; 8 -> 2 rounds (80 + 110), 45.5 CPU-s. At N = 10^5
+#: (ratio 4 -> 16): rounds at ε 1.3e-2, 3.3e-3, 2.1e-3 of 70 + 80 + 20 iterations, 144 CPU-s
+#: for the level -> at 3.3e-3, 2.1e-3 of 250 (one reselection) + 60, 101 CPU-s.
 MID_ROUND_RATIO = 16.0
 #: the rounds on the points start this fraction below the intermediate level's last ε.
 MID_EPS_BELOW = 0.02
