@@ -328,7 +328,12 @@ def _scan_keys(body, init, blocks, qpos, causal, start=None):
     start = start or (lambda b: b.start)
 
     def step(carry, blk):
-        carry = jax.lax.cond(start(blk) > last, lambda c: c, lambda c: body(c, blk, True), carry)
+        # skipped where every query is before the block: under vmap over query offsets, of
+        # every member (one unbatched branch, the mask serving the others; a batched
+        # predicate would run both sides and select, with a stop_gradient in the linear
+        # pass that reverse mode cannot transpose)
+        skip = all_at_most(last, start(blk) - 1)
+        carry = jax.lax.cond(skip, lambda c: c, lambda c: body(c, blk, True), carry)
         return carry, None
 
     return jax.lax.scan(step, init, blocks)[0]
