@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import typing as _typing
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_bounds
 from .spectral_host import (  # the host (NumPy) half, re-exported
     DEFAULT_RTOL as DEFAULT_RTOL,
     AssumptionReport as AssumptionReport,
@@ -183,9 +186,15 @@ def lyapunov(x: Float[Array, "... d"], P_E) -> Float[Array, "..."]:
 
     Returns:
       (...) values of L.
+
+    Raises:
+      ValueError: ``P_E`` that is not a (d, d) projector, or points whose last axis is not d.
     """
     P = _projector_of(P_E)
     x = jnp.asarray(x)
+    if x.ndim < 1 or x.shape[-1] != P.shape[-1]:
+        raise ValueError(f"P_E is a ({P.shape[0]}, {P.shape[1]}) projector but the points x have "
+                         f"shape {x.shape}: their last axis must have {P.shape[-1]} entries")
     px = jnp.matmul(x, P.T, precision=_HIGHEST)
     num = jnp.sum((x - px) ** 2, axis=-1)
     den = jnp.sum(px**2, axis=-1)
@@ -238,13 +247,17 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
     Args:
       x: (..., N, d) clouds.
       basis: (d, k) orthonormal columns (or an :class:`Eigenspace` / :class:`Projection`).
-      angle: the angle, radians.
+      angle: the angle, radians, in [0, π/2] (a concrete angle outside, or NaN, is refused
+        with a ValueError naming it).
 
     Returns:
-      (...) fractions in [0, 1].
+      (...) fractions in [0, 1]; NaN where a traced ``angle`` is NaN or outside [0, π/2].
     """
+    check_bounds("angle", angle, low=0.0, high=math.pi / 2, what=" (radians)")
     th = angle_to_subspace(x, basis)
-    return jnp.mean((th <= angle).astype(th.dtype), axis=-1)
+    mass = jnp.mean((th <= angle).astype(th.dtype), axis=-1)
+    ok = (angle >= 0) & (angle <= math.pi / 2)  # False for NaN
+    return jnp.where(ok, mass, jnp.nan)
 
 
 # --------------------------------------------------------------------------------------

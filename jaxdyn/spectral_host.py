@@ -482,6 +482,8 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
     mu_np = _host("mu", mu).astype(np.float64)
     if mu_np.ndim != 1 or mu_np.size < 2:
         raise ValueError(f"mu must be a vector of d >= 2 eigenvalues, got shape {mu_np.shape}")
+    if not np.all(np.isfinite(mu_np)):
+        raise ValueError(f"mu (the eigenvalues of M) must be finite, got {mu_np.tolist()}")
     d = mu_np.size
     if plane is None:
         plane = (int(np.argmax(mu_np)), int(np.argmin(mu_np)))

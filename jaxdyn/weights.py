@@ -148,4 +148,9 @@ def build_weights(spec: dict, d: int):
                 f"{', '.join(repr('weights.' + f) for f in given)}: read by ensemble {owner!r} "
                 f"only, but weights.ensemble is {name!r}; set 'weights.ensemble: {owner}' or "
                 "remove them")
+    scale = spec.get("scale")
+    if scale is not None and not (isinstance(scale, (int, float, np.integer, np.floating))
+                                  and not isinstance(scale, (bool, np.bool_))
+                                  and np.isfinite(scale) and scale > 0):
+        raise WeightsError(f"config field 'weights.scale' must be a finite number > 0, got {scale!r}")
     return ENSEMBLES[name](spec, d)

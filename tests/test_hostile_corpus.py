@@ -35,6 +35,7 @@ from jaxdyn.models import (
     SphereAttention,
     redrawn_weights,
 )
+from jaxdyn.weights import build_weights
 
 I2, I3 = np.eye(2), np.eye(3)
 X3 = np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0.6, 0.8, 0]])
@@ -318,7 +319,7 @@ LIBRARY = [
      lambda: jaxdyn.check_assumptions(np.full((3, 3), np.nan), I3, I3)),
     ('projection NaN V', 'NaN/inf', ValueError, 'V has non-finite entries',
      lambda: jaxdyn.projection(I3, I3, np.full((3, 3), np.nan))),
-    ('spectral_weights mu NaN', 'NaN/inf', ValueError, 'M has non-finite entries',
+    ('spectral_weights mu NaN', 'NaN/inf', ValueError, 'mu (the eigenvalues of M) must be finite, got [1.0, nan, 0.0]',
      lambda: jaxdyn.spectral_weights(np.array([1.0, np.nan, 0.0]))),
     ('rotation_matrix plane out of range', 'range', ValueError, 'plane must be two distinct indices in [0, 3), got (0, 5)',
      lambda: spectral.rotation_matrix(3, 0.1, plane=(0, 5))),
@@ -396,6 +397,18 @@ LIBRARY = [
      lambda: encoder.gaussian_tokens(KEY, 1, 2.5, 8)),
     ('redrawn_weights scale -1', 'range', ValueError, "redrawn_weights: spec['scale'] (the ensemble's scale) must be > 0",
      lambda: redrawn_weights({"ensemble": "gaussian", "scale": -1.0}, 3, 2)),
+    ('mass_near angle -1', 'range', ValueError, 'angle (radians) must be >= 0.0 and <= 1.57',
+     lambda: spectral.mass_near(X3, I3[:, :1], -1.0)),
+    ('mass_near angle NaN', 'NaN/inf', ValueError, 'angle (radians) must be >= 0.0 and <= 1.57',
+     lambda: spectral.mass_near(X3, I3[:, :1], float("nan"))),
+    ('lyapunov P_E of another d', 'shape', ValueError, 'P_E is a (2, 2) projector but the points x have shape (4, 3)',
+     lambda: spectral.lyapunov(X3, I2)),
+    ('build_weights scale -1', 'range', ValueError, "config field 'weights.scale' must be a finite number > 0, got -1.0",
+     lambda: build_weights({"ensemble": "gaussian", "scale": -1.0}, 3)),
+    ('build_weights scale NaN', 'NaN/inf', ValueError, "config field 'weights.scale' must be a finite number > 0, got nan",
+     lambda: build_weights({"ensemble": "gaussian", "scale": float("nan")}, 3)),
+    ('default_batch_size n 0', 'range', ValueError, 'n (points of the first cloud) must be an integer >= 1, got 0',
+     lambda: distances.default_batch_size(0, 4)),
     ('redrawn_weights ensemble bogus', 'type', ValueError, "config field 'weights.ensemble': unknown ensemble 'bogus'",
      lambda: redrawn_weights({"ensemble": "bogus"}, 3, 2)),
 ]
@@ -439,15 +452,19 @@ def test_documented_meaning(case):
 def test_traced_parameters_out_of_range_are_flagged():
     """Under vmap a traced value out of its range gives −1 / NaN for its member only.
 
-    δ < 0 (cluster count), β ≤ 0 (energy), cfl ≤ 0 (the CFL step), σ0 < 0 (the scalar law).
+    δ < 0 (cluster count), β ≤ 0 (energy), cfl ≤ 0 (the CFL step), σ0 < 0 (the scalar law), an
+    angle outside [0, π/2] or NaN (the mass near a subspace).
     """
-    def stats(delta, beta, cfl, sigma0):
+    def stats(delta, beta, cfl, sigma0, angle):
         return (clusters.cluster_count(X3, delta), clusters.interaction_energy(X3, beta),
-                pde.cfl_dt(CD(), cfl), gaussian.scalar_variance(0.5, sigma0, 1.0, 1.0))
+                pde.cfl_dt(CD(), cfl), gaussian.scalar_variance(0.5, sigma0, 1.0, 1.0),
+                spectral.mass_near(X3, I3[:, :1], angle))
 
-    n, e, dt, var = (np.asarray(a) for a in jax.vmap(stats)(
+    n, e, dt, var, mass = (np.asarray(a) for a in jax.vmap(stats)(
         jnp.array([1e-4, -1.0, 1e-4, 1e-4]), jnp.array([1.0, 1.0, 0.0, 1.0]),
-        jnp.array([0.9, 0.9, 0.9, -1.0]), jnp.array([0.1, 0.1, 0.1, -0.1])))
+        jnp.array([0.9, 0.9, 0.9, -1.0]), jnp.array([0.1, 0.1, 0.1, -0.1]),
+        jnp.array([0.1, -1.0, jnp.nan, 2.0])))
+    assert mass[0] == 0.25 and np.isnan(mass[1:]).all()
     assert n.tolist() == [4, -1, 4, 4]
     assert np.isfinite(e[[0, 1, 3]]).all() and e[0] == e[1] == e[3] and np.isnan(e[2])
     assert dt[0] == dt[1] == dt[2] > 0 and np.isnan(dt[3])

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import check_integer
 from .._results import RESULTS, code, error_if_failed, from_codes, raise_if_failed
 from ._checks import _as_float_array, pair_problem
 from ._rounds import _MAX_ROUND_RATIO, _anneal_length, _round_body, dual_divergence
@@ -60,12 +61,14 @@ def default_batch_size(n: int, m: int) -> Optional[int]:
     ``ONLINE_ROW_BLOCK`` rows.
 
     Args:
-        n: points of the first cloud.
-        m: points of the second cloud.
+        n: points of the first cloud, an integer >= 1 (else a ValueError names it).
+        m: points of the second cloud, an integer >= 1 (else a ValueError names it).
 
     Returns:
         None (a dense N x M cost matrix) or the online geometry's row block.
     """
+    check_integer("n (points of the first cloud)", n, minimum=1)
+    check_integer("m (points of the second cloud)", m, minimum=1)
     if n * m <= 2**24:
         return None
     return ONLINE_ROW_BLOCK["cpu" if jax.default_backend() == "cpu" else "gpu"]
