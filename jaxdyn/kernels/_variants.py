@@ -64,16 +64,17 @@ __all__ = ["CAUSAL_LARGE_N", "CAUSAL_Q_BLOCK", "MASKS", "attention_weights", "de
 
 LOGITS = ("dot", "l2")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
-CAUSAL_Q_BLOCK = 512
-#: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK. Measured (CPU
-#: time of the causal / full core pass, medians of interleaved rounds on 2 shared, loaded
-#: cores, one head, d = 3, float32, key blocks of 256; the full pass at query blocks of
-#: 4096): N = 4096: query blocks of 256 0.51-0.55, 512 0.44-0.52, 1024 0.44-0.52, 2048
-#: 0.47-0.57; N = 8192: 512 0.49, 1024 0.48, 2048 0.50; N = 16384: 1024 0.48, 2048 0.47,
-#: 4096 0.54. The query block sets the width of the unmasked tiles only (the diagonal goes
-#: by sub-blocks of a key block's rows, ``._online``); the derivative's pass, a key scan
-#: that masks every key block it visits, costs (1 + q/N)/2 of a full one at query blocks of
-#: q: the smaller of near ties.
+CAUSAL_Q_BLOCK = 1024
+#: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK. Measured (wall
+#: time of the causal / full field, medians of 11-21 interleaved rounds on 2 idle cores
+#: (Intel Xeon, AVX-512), one head, d = 3, float32, key blocks of 256; the full pass at its
+#: own defaults): N = 4096: query blocks of 256 0.64, 512 0.73-0.79, 1024 0.61-0.62, 2048
+#: 0.60; N = 8192: 256 0.64, 1024 0.59, 2048 0.58; N = 16384: 256 0.57, 1024 0.55, 2048
+#: 0.52. On 2 loaded cores (CPU time) 512-2048 tie at N = 4096 (0.44-0.57): the wider
+#: tiles win where both cores are free to split them. The query block sets the width of the
+#: unmasked tiles only (the diagonal goes by sub-blocks of a key block's rows, ``._online``);
+#: the derivative's pass, a key scan that masks every key block it visits, costs
+#: (1 + q/N)/2 of a full one at query blocks of q.
 CAUSAL_LARGE_N = 8192
 
 
