@@ -673,6 +673,76 @@ def _fmt_n(x):
     return f"{m:.2f}·10{str(e).translate(_SUP)}" if e else f"{m:.2f}"
 
 
+#: the performance targets the detail tables below are read against
+W2_TARGET_S, W2_TARGET_N, W2_TARGET_ERR = 60.0, 100_000, 1e-3
+CAUSAL_TARGET, MHA_TARGET = 0.6, 1.10
+
+
+def _target_lines(rows):
+    """Detail tables: W2 at every N of a ``--compare`` run, and the causal / full ratios."""
+    def who(kind, rec):  # the machine kind and the commit the run measured (where recorded)
+        c = (rec.get("machine") or {}).get("commit")
+        return f"`{kind}` ({c[:7]})" if c else f"`{kind}` (commit not recorded)"
+
+    out = []
+    w2 = [(k, r) for n, k, r in rows if n == "w2" and any(
+        x.get("method") for x in (r.get("result") or {}).get("rows", []))]
+    if w2:
+        out += ["", "### W2 at large N, against the baselines", "",
+                f"Target: at most {W2_TARGET_S:.0f} s wall at N = {W2_TARGET_N:,} on the machine, "
+                f"relative error at most {W2_TARGET_ERR:g} against the closed form, and at least "
+                "GeomLoss's speed at every N. Warm calls (the first call, compilation included, "
+                "apart); one run per machine; a method absent at an N did not run there.", "",
+                "| machine (commit) | N | method | wall (warm) | CPU (warm) | first call | relative error "
+                "| wall / GeomLoss | target |", "|---|---|---|---|---|---|---|---|---|"]
+        for kind, rec in w2:
+            rs = [x for x in rec["result"]["rows"] if x.get("method") and x.get("wall_s") is not None]
+            geo = {x["n"]: x["wall_s"] for x in rs if x["method"] == "geomloss"}
+            for x in sorted(rs, key=lambda x: (x["n"], x["method"] != "jaxdyn", x["method"])):
+                vs = f"{x['wall_s'] / geo[x['n']]:.2f}" if x["n"] in geo else "—"
+                tgt = "—"
+                if x["method"] == "jaxdyn":
+                    ok_err = abs(x["rel_err"]) <= W2_TARGET_ERR
+                    ok_geo = x["n"] not in geo or x["wall_s"] <= geo[x["n"]]
+                    if x["n"] >= W2_TARGET_N:
+                        ok_t = x["wall_s"] <= W2_TARGET_S
+                        tgt = ("met" if ok_t and ok_err and ok_geo else
+                               f"gap: {x['wall_s'] / W2_TARGET_S:.1f}× the {W2_TARGET_S:.0f} s")
+                    else:
+                        tgt = "met" if ok_err and ok_geo else "not met"
+                out.append(f"| {who(kind, rec)} | {x['n']:,} | {x['method']} | {_fmt_s(x['wall_s'])} | "
+                           f"{_fmt_s(x['cpu_s'])} | {_fmt_s(x.get('first_wall_s'))} | "
+                           f"{x['rel_err']:+.1e} | {vs} | {tgt} |")
+    causal = [(k, r) for n, k, r in rows if n == "causal"]
+    if causal:
+        out += ["", "### Attention variants at the plain kernel's speed", "",
+                f"Targets: a causal pass at most {CAUSAL_TARGET} of a full one (N = 4096 and "
+                f"16384), and `MultiHeadAttention` with one head and no mask within "
+                f"{MHA_TARGET - 1:.0%} of `SphereAttention`. Medians of interleaved rounds.", "",
+                "| machine (commit) | N | causal / full (wall) | (CPU) | key-block pairs visited | "
+                "MultiHeadAttention / SphereAttention (wall) | (CPU) | targets |",
+                "|---|---|---|---|---|---|---|---|"]
+        for kind, rec in causal:
+            res = rec.get("result") or {}
+            for x in res.get("rows", []) if isinstance(res, dict) else []:
+                c, cc = x["causal_over_full"], x.get("causal_over_full_cpu")
+                m, mc = x.get("full_over_sphere_attention"), x.get("full_over_sphere_attention_cpu")
+                worst_c = max(v for v in (c, cc) if v is not None)
+                notes = [("causal met" if worst_c <= CAUSAL_TARGET
+                          else f"causal: gap {worst_c - CAUSAL_TARGET:+.3f}")]
+                if m is not None:
+                    worst_m = max(v for v in (m, mc) if v is not None)
+                    notes.append("MHA met" if worst_m <= MHA_TARGET else "MHA: not met")
+
+                def f3(v):
+                    return "—" if v is None else f"{v:.3f}"
+
+                out.append(f"| {who(kind, rec)} | {x['n']:,} | {f3(c)} | {f3(cc)} | "
+                           f"{f3(x.get('key_blocks_visited_fraction'))} | {f3(m)} | {f3(mc)} | "
+                           f"{'; '.join(notes)} |")
+    return out
+
+
 def table():
     """The generated Markdown between the page's markers."""
     rows = committed_results()
@@ -696,6 +766,7 @@ def table():
               "draws one: `benchmarks/results/<workload>/<machine>.json` (`.png`).", "",
               "Machines:", ""]
     lines += [f"- `{k}`: {v}" for k, v in sorted(kinds.items())]
+    lines += _target_lines(rows)
     lines += ["", "### Cost model", "",
               "| workload | machine | FLOPs | exps | bytes (least) | floor here (bound) | "
               "floor on an H200 (bound) | measured / floor here | counted |",
