@@ -177,6 +177,7 @@ def test_variant_gradients_blocked_equal_dense():
 
 
 
+@pytest.mark.slow_dtype("f64")  # the loops' bounds are dtype-free; f64 runs with -m slow
 @pytest.mark.parametrize("p", [3, pytest.param(10, marks=pytest.mark.slow)],
                          ids=["fused", "matmul"])  # the CPU tiles' two logits
 def test_causal_key_blocks_visited_equal_dense(dtype, p):
