@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_bounds
+from ._checks import check_bounds as _check_bounds
 from .spectral_host import (  # the host (NumPy) half, re-exported
     DEFAULT_RTOL as DEFAULT_RTOL,
     AssumptionReport as AssumptionReport,
@@ -253,7 +253,7 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
     Returns:
       (...) fractions in [0, 1]; NaN where a traced ``angle`` is NaN or outside [0, π/2].
     """
-    check_bounds("angle", angle, low=0.0, high=math.pi / 2, what=" (radians)")
+    _check_bounds("angle", angle, low=0.0, high=math.pi / 2, what=" (radians)")
     th = angle_to_subspace(x, basis)
     mass = jnp.mean((th <= angle).astype(th.dtype), axis=-1)
     ok = (angle >= 0) & (angle <= math.pi / 2)  # False for NaN
