@@ -2,7 +2,7 @@
 
 Workload: 4096 random parameter sets, d = 3, entries of A, B, V, b, m0 drawn
 0.3·N(0, 1) (numpy default_rng(seed), in that order), S0 = 2 I, t1 = 1. With S0 = 2 I about
-12 % of the sets blow up before t1 (the fraction the issue reports; S0 = I gives ~2 %).
+12 % of the sets blow up before t1 (S0 = I gives ~2 %).
 
 Methods (same process, float64):
   * jaxdyn   ``solve_moments_batch`` (lock-step Dopri8 with compaction + Rodas5 for stiff

@@ -458,7 +458,9 @@ def run(names, tiny=False, rounds=1, gpu=False, max_isa=None, extra=(), timeout=
                                                 if os.environ.get("OUT") else []):
             path = out_dir / name / local.name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
+            tracked = record and out_dir == local.parent.parent
+            path.write_text(json.dumps(undated(rec) if tracked else rec, indent=1,
+                                       default=str) + "\n")
             if ok[pick]["png"]:
                 path.with_suffix(".png").write_bytes(ok[pick]["png"])
             written.append(path)
@@ -525,12 +527,30 @@ def measure_rates():
     return _cost_child(["--rates"], timeout=600)
 
 
+#: wall-clock stamps that a run writes (its file name under runs/ carries one too): the tracked
+#: results identify a run by its commit and machine instead
+_STAMPS = ("date", "time", "date_start", "date_end")
+
+
+def undated(obj):
+    """``obj`` (a result record) without its wall-clock stamps, at every depth.
+
+    Returns:
+        A copy of the JSON-like ``obj`` without the string values of keys in ``_STAMPS``.
+    """
+    if isinstance(obj, dict):
+        return {k: undated(v) for k, v in obj.items()
+                if not (k in _STAMPS and isinstance(v, str))}
+    if isinstance(obj, list):
+        return [undated(v) for v in obj]
+    return obj
+
+
 def record_rates(kind, rates):
     """Write the measured rates of a machine kind to results/machines/<kind>.json."""
     path = MACHINES / f"{kind}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    rec = {"machine_kind": kind, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": machine_facts(), "rates": rates}
+    rec = {"machine_kind": kind, "machine": machine_facts(), "rates": rates}
     path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
     return path
 

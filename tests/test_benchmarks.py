@@ -65,6 +65,18 @@ def test_result_files_are_in_the_layout():
     assert not stray, f"results/ holds only results/<workload>/ and results/machines/: {stray}"
 
 
+def test_tracked_results_carry_no_wall_clock_stamps():
+    """The tracked results name a run by its commit and machine, not by a date and time."""
+    suite = _suite()
+    rec = {"date": "2026-01-01T00:00:00Z", "n": 3, "meta": {"machine_info": {
+        "date": "x", "cpu_count": 2}, "rows": [{"time": "y", "wall_s": 1.0}]}}
+    assert suite.undated(rec) == {"n": 3, "meta": {"machine_info": {"cpu_count": 2},
+                                                   "rows": [{"wall_s": 1.0}]}}
+    dated = [str(p.relative_to(BENCH)) for p in (BENCH / "results").rglob("*.json")
+             if suite.undated(json.loads(p.read_text())) != json.loads(p.read_text())]
+    assert not dated, f"tracked results with wall-clock stamps: {dated}"
+
+
 def test_docs_table_is_generated_from_the_results():
     """The page's table is the generated one, deterministically."""
     suite = _suite()

@@ -25,15 +25,15 @@ def test_dtype_floors():
     assert dtype_threshold(np.float64, 1e6) == 1e6
 
 
-# T* of the issue's example: the float64 driver at rtol 1e-12, atol 1e-14 (at its default
+# T* of the reference example (M0, S0 above): the float64 driver at rtol 1e-12, atol 1e-14 (at its default
 # tolerances it gives 0.76823237493, 6e-10 away; checked by the slow test below)
 T_REF = 0.7682323744706153
 
 
 @pytest.mark.slow
-def test_issue_example_blows_up_in_both_precisions():
+def test_reference_example_blows_up_in_both_precisions():
     """Both drivers in float32, the batch driver in float64, against T_REF (the float64
-    single-member driver: test_issue_example_float64_single_driver, under -m slow; its
+    single-member driver: test_reference_example_float64_single_driver, under -m slow; its
     blow-up times against closed forms and this batch driver: tests/test_gaussian.py)."""
     # float32, default tolerances (rtol = 1e-8 asked; raised to what float32 resolves)
     s32 = jaxdyn.solve_moments(np.asarray(M0, np.float32), np.asarray(S0, np.float32),
@@ -51,8 +51,8 @@ def test_issue_example_blows_up_in_both_precisions():
         assert np.isinf(float(b.blowup_time[1]))
 
 
-@pytest.mark.slow  # default-suite counterpart: test_issue_example_blows_up_in_both_precisions
-def test_issue_example_float64_single_driver():
+@pytest.mark.slow  # default-suite counterpart: test_reference_example_blows_up_in_both_precisions
+def test_reference_example_float64_single_driver():
     ref = jaxdyn.solve_moments(np.asarray(M0), np.asarray(S0), **_cast(np.float64))
     assert str(ref.names) == "blowup"
     assert abs(float(ref.blowup_time) - T_REF) / T_REF < 1e-9

@@ -39,7 +39,7 @@ P = {k: np.asarray(v, np.float64) for k, v in dict(
     A=[[0.4, 1.5], [-1.5, 0.3]], B=[[0.8, 0.4], [-0.2, 0.5]], V=[[-0.9, -0.3], [0.2, -0.7]],
     b=[0.5, -0.3], m0=[1.0, -0.5], S0=[[0.8, 0.3], [0.3, 0.4]]).items()}
 T1, DT = 0.5, 0.25  # two RK4 steps: time-stepping error ~1e-4, far below the MC error
-N_BIG = {np.dtype(np.float64): 20_000, np.dtype(np.float32): 5_000}  # float64: the N
+N_BIG = {np.dtype(np.float64): 20_000, np.dtype(np.float32): 5_000}  # float64: 20 000 draws
 N_SMALL = (125, 250, 500, 1000)
 SEEDS = 32
 
