@@ -212,8 +212,11 @@ def _multihead_systems(nb, n, dtype, seed=0, **kw):
 
 
 @pytest.mark.slow_dtype("f64")  # the model path in f32 by default; f64 under -m slow
-@pytest.mark.parametrize("kw", [dict(), dict(mask="causal", alibi=0.1, rope=True)],
-                         ids=["full", "causal-alibi-rope"])
+@pytest.mark.parametrize("kw", [
+    # 6 s of compiles; the ensemble path of stacked MultiHeadAttention (vmap of simulate per
+    # chunk, whatever the mask) in the default suite: the causal-alibi-rope case
+    pytest.param(dict(), marks=pytest.mark.slow),
+    dict(mask="causal", alibi=0.1, rope=True)], ids=["full", "causal-alibi-rope"])
 def test_multihead_equals_vmapped_simulate(dtype, kw):
     # stacked MultiHeadAttention: each system's own field, chunks of 2 over 5 systems
     models, x0 = _multihead_systems(5, 9, dtype, seed=11, **kw)
