@@ -148,7 +148,9 @@ def test_geodesic_em_step_by_hand():
     model = jaxdyn.SphereAttention(Q, K, V, 2.0)
     x0 = _x0()
     key = jax.random.PRNGKey(3)
-    tr = jaxdyn.simulate_sde(model, x0, key, sigma=0.3, t1=0.1, dt=0.1, save_every=1)
+    # three steps, every one saved: the program of the unbatched run of the vmap test below
+    tr = jaxdyn.simulate_sde(model, x0, key, sigma=0.3, t1=0.3, dt=0.1)
+    np.testing.assert_allclose(np.asarray(tr.ts), [0.0, 0.1, 0.2, 0.3], rtol=0, atol=1e-15)
 
     @jax.jit  # the step by hand, one program
     def by_hand(x0):
