@@ -146,6 +146,9 @@ def test_saveat_and_save_every():
                                    atol=1e-7 if method != "dopri5" else 1e-5, err_msg=method)
 
 
+@pytest.mark.slow  # default-suite counterpart: tests/test_spectral.py's
+# test_projection_matches_long_time_zero_temperature_particle_flow (ZeroTemperature, rk4,
+# float64, B not orthogonal: the flow ends at the projection Π(x0), 1e-6)
 def test_zero_temperature_converges_to_power_iteration():
     """For symmetric M, X_∞ trajectories are time changes of e^{sM}x0/|e^{sM}x0|: the flow
     ends at Π(x0) = P_E x0/|P_E x0|."""
@@ -310,8 +313,13 @@ def test_dopri5_max_steps_reports_max_steps_reached():
     with pytest.raises(Exception, match="maximum number of solver steps"):
         jaxdyn.simulate(_sphere_model(), x0, t1=1.0, dt=0.01, method="dopri5", max_steps=3,
                         throw=True)
-    # a successful run is successful and does not raise with throw=True
-    ok = jaxdyn.simulate(_sphere_model(), x0, t1=0.1, dt=0.01, method="dopri5", throw=True)
+    # a successful run is successful and does not raise with throw=True: the same solve (one
+    # program) from a fixed point of the flow (every particle at e1: the field vanishes, the
+    # error estimate is 0 and the steps grow by diffrax's largest factor, 0.01, 0.1, then to
+    # t1) finishes within the budget
+    fixed = jnp.zeros_like(x0).at[:, 0].set(1.0)
+    ok = jaxdyn.simulate(_sphere_model(), fixed, t1=1.0, dt=0.01, method="dopri5", max_steps=3,
+                         throw=True)
     assert bool(ok.ok) and ok.names == "successful" and ok.messages.startswith("successful")
 
 
@@ -391,8 +399,9 @@ def test_vmf_float32_at_large_kappa():
     from scipy.special import ive
 
     mu = jnp.asarray([0.0, 0.0, 1.0], jnp.float32)
-    # one program for the three κ (a traced float32 κ: the sampler casts κ to its dtype)
-    vmf = jax.jit(lambda kappa: jaxdyn.sample_vmf(jax.random.PRNGKey(3), 20_000, mu, kappa))
+    # one program for the three κ (a traced float32 κ: the sampler casts κ to its dtype); 10⁴
+    # samples: the spread's relative standard error is 1 %, its bound below 5 %
+    vmf = jax.jit(lambda kappa: jaxdyn.sample_vmf(jax.random.PRNGKey(3), 10_000, mu, kappa))
     for kappa in (3e4, 1e6, 1e9):
         x = vmf(jnp.float32(kappa))
         assert x.dtype == jnp.float32
