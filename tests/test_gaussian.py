@@ -66,9 +66,10 @@ def scalar_solutions():
     return get
 
 
-# the scalar closed forms, jitted: one program each (op by op, each small op compiles)
+# the closed forms, jitted: one program each (op by op, each small op compiles)
 _scalar_blowup_time = jax.jit(scalar_blowup_time)
 _scalar_variance = jax.jit(scalar_variance)
+_vi_covariance = jax.jit(vi_covariance)
 
 
 @pytest.mark.parametrize("case", range(3), ids=["0.3-0.5-1.0", "0.0-0.7-0.5", "-0.4-1.0-2.0"])
@@ -133,7 +134,7 @@ def test_vi_blowup_time_matches_closed_form(dtype):
         assert abs(float(sol.blowup_time) - T) / T < tol(dtype, 1e-4, 1e-9)
         ts = np.asarray(sol.ts)
         for k in np.flatnonzero(ts < T):
-            ref = np.asarray(vi_covariance(ts[k], S0.astype(np.float64), B.astype(np.float64), v))
+            ref = np.asarray(_vi_covariance(ts[k], S0.astype(np.float64), B.astype(np.float64), v))
             np.testing.assert_allclose(np.asarray(sol.cov[k]), ref, rtol=tol(dtype, 1e-4, 1e-8),
                                        atol=tol(dtype, 1e-5, 1e-10) * np.abs(ref).max())
 
@@ -191,7 +192,7 @@ def test_rank_preserved_and_symmetric(dtype):
     # V = vI with A = 0: closed form valid for singular S0 (R = S0^{1/2}).
     sol0 = solve_moments(None, S0, A=np.zeros((D, D), dtype), B=B, V=V, t1=0.3, saveat=N_SAVE,
                          **_tols(dtype))
-    ref = np.asarray(vi_covariance(0.3, S0.astype(np.float64), B.astype(np.float64), 0.6))
+    ref = np.asarray(_vi_covariance(0.3, S0.astype(np.float64), B.astype(np.float64), 0.6))
     np.testing.assert_allclose(np.asarray(sol0.cov_final), ref, atol=tol(dtype, 1e-5, 1e-10) * np.abs(ref).max())
 
 
@@ -284,9 +285,11 @@ def test_bernoulli_solver_matches_lyapunov_for_vI_and_is_stable():
     A = X @ X.T / D + 0.6 * np.eye(D) + 0.3 * (X - X.T)
     B = _spd(rng, D, 0.3)
     v = -0.8
-    st = stationary_covariance(A, B, v * np.eye(D))
+    # b = 0 given (the stationary mean solved too, 0 here): the program of the general-V test
+    st = stationary_covariance(A, B, v * np.eye(D), np.zeros(D))
     Sstar, _ = lyapunov_equilibrium(A, B, v)
     assert bool(st.converged) and float(st.residual) < 1e-12
+    np.testing.assert_array_equal(np.asarray(st.mean), 0.0)
     np.testing.assert_allclose(np.asarray(st.cov), np.asarray(Sstar), atol=1e-10)
     assert bool(st.stable) and bool(st.psd)
 
@@ -513,7 +516,8 @@ def test_pole_scale_is_scale_free_and_finite_in_float32():
     rng = np.random.default_rng(3)
     S = _spd(rng, D).astype(np.float32)
     V, B = (rng.standard_normal((D, D)).astype(np.float32) for _ in range(2))
-    ref = float(pole_scale(jnp.asarray(S, jnp.float64), jnp.asarray(V, jnp.float64), jnp.asarray(B, jnp.float64)))
+    scale = jax.jit(pole_scale)  # one program a dtype (op by op, each small op compiles)
+    ref = float(scale(jnp.asarray(S, jnp.float64), jnp.asarray(V, jnp.float64), jnp.asarray(B, jnp.float64)))
     for c in (1.0, 1e10, 1e18):  # (‖Σ‖² itself overflows float32 past 1e19)
-        got = float(pole_scale(jnp.asarray(c * S), jnp.asarray(V), jnp.asarray(B)))
+        got = float(scale(jnp.asarray(c * S), jnp.asarray(V), jnp.asarray(B)))
         assert got == pytest.approx(ref, rel=1e-5), c
