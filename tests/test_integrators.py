@@ -98,7 +98,7 @@ def test_single_cluster_identity_weights(dtype):
 
 @pytest.mark.slow_dtype("f32")
 @pytest.mark.slow  # default-suite counterpart: tests/test_simulation_composable.py's
-# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over β and x0, rk4, f64, 1e-13)
+# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over β and x0, f64, 1e-13)
 def test_vmap_over_beta_equals_separate_runs(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     betas = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -113,7 +113,7 @@ def test_vmap_over_beta_equals_separate_runs(dtype):
 
 
 @pytest.mark.slow  # default-suite counterpart: tests/test_simulation_composable.py's
-# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over x0 and β, rk4, f64, 1e-13)
+# test_simulate_under_jit_and_vmap_with_traced_inputs (vmap over x0 and β, f64, 1e-13)
 def test_vmap_over_initial_conditions(dtype):
     Q, K, V = _qkv(dtype, seed=4)
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)

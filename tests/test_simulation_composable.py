@@ -57,29 +57,32 @@ def test_grad_of_simulate_against_central_differences(method):
     _assert_grad_matches(loss, 2.0)
 
 
+# the fixed-step solve the tests below share (one program: the same N, times and scheme)
+FIXED = dict(t1=1.0, dt=0.1, save_every=5, method="euler")
+
+
 def test_simulate_under_jit_and_vmap_with_traced_inputs():
     Q, K, V = _weights()
-    x0s = jnp.stack([_x0(seed=s) for s in range(3)])
-    betas = jnp.asarray([0.5, 2.0, 4.0])
+    x0s = np.stack([np.asarray(_x0(seed=s)) for s in range(3)])
+    betas = [0.5, 2.0, 4.0]
 
     def run(beta, x0):
-        return jaxdyn.simulate(jaxdyn.SphereAttention(Q, K, V, beta), x0, t1=0.5, dt=0.05,
-                               save_every=5, method="rk4")
+        return jaxdyn.simulate(jaxdyn.SphereAttention(Q, K, V, beta), x0, **FIXED)
 
-    batched = jax.jit(jax.vmap(run))(betas, x0s)
+    batched = jax.jit(jax.vmap(run))(jnp.asarray(betas), jnp.asarray(x0s))
     assert batched.xs.shape == (3, 3, 10, 3) and batched.status.shape == (3,)
     assert batched.num_steps.tolist() == [10, 10, 10]
+    xs, ts = np.asarray(batched.xs), np.asarray(batched.ts)  # the checks in NumPy
     for i in range(3):
-        one = run(float(betas[i]), x0s[i])
-        np.testing.assert_allclose(np.asarray(batched.xs[i]), np.asarray(one.xs), rtol=0,
-                                   atol=1e-13)
-        np.testing.assert_allclose(np.asarray(batched.ts[i]), np.asarray(one.ts), rtol=0, atol=0)
+        one = run(betas[i], x0s[i])
+        np.testing.assert_allclose(xs[i], np.asarray(one.xs), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(ts[i], np.asarray(one.ts), rtol=0, atol=0)
 
 
 def test_step_counts_fixed_and_adaptive():
     Q, K, V = _weights()
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)
-    fixed = jaxdyn.simulate(model, _x0(), t1=1.0, dt=0.1, method="euler")
+    fixed = jaxdyn.simulate(model, _x0(), **FIXED)
     assert int(fixed.num_steps) == int(fixed.num_accepted_steps) == 10
     assert fixed.num_steps is fixed.stats["num_steps"]
     adaptive = jaxdyn.simulate(model, _x0(), t1=1.0, dt=0.5, method="dopri5", rtol=1e-10,
@@ -122,7 +125,7 @@ def test_the_schemes_run_in_diffeqsolve():
     sol = diffrax.diffeqsolve(GridODETerm(model, jnp.asarray(0.1)), ProjectedEuler(Sphere()), 0.0,
                               float(grid[-1]), None, x0, saveat=diffrax.SaveAt(t1=True),
                               stepsize_controller=diffrax.StepTo(grid), max_steps=10)
-    ref = jaxdyn.simulate(model, x0, t1=1.0, dt=0.1, method="euler")
+    ref = jaxdyn.simulate(model, x0, **FIXED)
     np.testing.assert_array_equal(np.asarray(sol.ys[-1]), np.asarray(ref.xs[-1]))
 
 
