@@ -72,6 +72,9 @@ def test_exact_of_translation_is_shift_length():
     assert float(w2_exact(x, x + tau).value) == pytest.approx(np.linalg.norm(tau), rel=1e-12)
 
 
+@pytest.mark.slow  # 2 CPU-s (a coupling program for each random shape); by default: the exact value
+# against brute force (test_exact_matches_brute_force_over_permutations), the coupling above it
+# (test_coupling_bounds_exact_on_sphere_clouds)
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 6),
@@ -179,6 +182,8 @@ def test_sinkhorn_default_epsilon_within_2_percent_of_exact(name, dtype):
         assert exact == pytest.approx(0.07, abs=0.01)  # atoms ±e1 against a 0.05-noisy copy: W2 ≈ 0.07
 
 
+@pytest.mark.slow  # 1.6 CPU-s; the default rule on nearly concentrated clouds by default: the near_limit
+# case of test_sinkhorn_default_epsilon_within_2_percent_of_exact (the same program)
 def test_sinkhorn_near_limit_unnormalised_copy():
     x, y = _case("near_limit_raw", 1000, np.float32, seed=1)
     exact = float(w2_exact(x, y).value)

@@ -61,6 +61,7 @@ def test_growth_rates_with_noise(beta):
     assert np.max(np.abs(got - sym) / scale) < 1e-6
 
 
+@pytest.mark.slow  # 3 CPU-s; by default the rates by the JVP (above), the adaptive solve in the status test
 def test_growth_rate_by_time_integration():
     # the same rate read off a nonlinear solve: log of the mode-3 amplitude over t ∈ [0, 2]
     # from ε = 1e-7 (the nonlinearity touches mode k at O(ε²) relative), Tsit5 at rtol 1e-12
@@ -138,12 +139,16 @@ def test_vmap_over_beta_and_sigma():
 
 
 def test_status_on_the_result_and_throw():
+    # the adaptive path (Tsit5 with its step controller; the constant-step Heun path runs in the
+    # tests above): 11 steps to t = 1 at the default tolerances, a budget of 5 runs out
     model = pde.CircleDensity(I2, I2, I2, 5.0, 32)
-    rho0 = pde.uniform_density(32, jnp.float64)
-    sol = pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5)
+    rho0 = pde.uniform_density(32, jnp.float64) + 0.3 * pde.cos_mode(32, 3, jnp.float64) / (2 * math.pi)
+    kw = dict(t1=1.0, n_save=2, max_steps=5, method="tsit5")
+    sol = pde.solve_density(model, rho0, **kw)
     assert sol.names == "max_steps_reached" and not bool(sol.ok)
+    assert int(sol.num_steps) == 5
     with pytest.raises(Exception, match="max_steps"):
-        jax.block_until_ready(pde.solve_density(model, rho0, t1=1.0, n_save=2, max_steps=5, throw=True).rho)
+        jax.block_until_ready(pde.solve_density(model, rho0, throw=True, **kw).rho)
 
 
 def test_bad_inputs_name_the_problem():
