@@ -35,7 +35,10 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
    linearly in ε. On the intermediate
    level, the ladder below the coarse floor first runs to its end on the
    weighted centroids of runs of ``MID`` = 4 rows (N / 4 points or more, sparse rounds as on the
-   points, no certificate: it only warm-starts; a run whose points lie farther than
+   points, no certificate: it only warm-starts, so its lists drop terms below e^-6 of a
+   row's sum rather than 1.5e-8, and the lists of its first round, selected from the
+   coarse solution carried, are checked after a short first attempt and completed if
+   they lack needed blocks; a run whose points lie farther than
    ``sqrt(MID_SPREAD · ε)`` from their centroid, ε the predicted final one, enters as two
    halves or as its points), and the points start from its last
    solution carried to them, at its ε (block-sparse c-transforms, lists from levels (a)
@@ -78,6 +81,12 @@ from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
 _MARGIN_EXTRA = 18.0
+#: the intermediate level's margin is log(M / MID) + MID_MARGIN_EXTRA: it only warm-starts
+#: the points (no certificate), and the terms its lists drop weigh < e^-6 of a row's sum.
+#: Measured at N = 3·10^4 (gaussian_affine), against the certificate's margin: its kernel
+#: densities 0.178 / 0.091 -> 0.132 / 0.073, the level 18.4 -> 15.7 CPU-s, the points'
+#: round unchanged (65 iterations, same S_ε to 1e-7).
+MID_MARGIN_EXTRA = 6.0
 #: a split moves to the widest gap of the middle half of the sorted coordinate when that
 #: gap is this many times the mean spacing there (clusters get their own leaves).
 _GAP_FACTOR = 8.0
@@ -544,15 +553,25 @@ _MAX_RESELECT = 3
 #: reselection 10 (with attempts of 500: 500 wasted iterations, ~45 CPU-s at N = 10^5).
 ATTEMPT_ITERATIONS = 150
 ATTEMPT_LIMIT = 600
+#: iterations of the first attempt of the intermediate level's first round, whose lists are
+#: selected from the coarse solution carried (the farthest start of the ladder): its lists
+#: are checked that early. Measured at N = 10^5 (gaussian_affine), attempts of 150: the
+#: check then found needed blocks missing in ~10 % of the leaves, and the round went on
+#: for 100 more iterations on the union (~60 CPU-s of 136 for the level spent before the
+#: reselection); at N = 3·10^4 the check at 40 iterations finds a few blocks missing too
+#: (the round had converged on its lists in 75: 40 + 50 iterations, +3 CPU-s).
+FIRST_ATTEMPT = 40
 #: the lists of a round are selected with the margin enlarged by this many ε (the
 #: potentials move during the round; the final check uses the certificate's margin).
 _SELECT_EXTRA = 4.0
 #: the iteration at which the over-relaxation is first measured in the rounds on the points
 #: (they start by extrapolation at their own ε: no annealing to wait for; then it is
-#: re-estimated at every error check). Measured at N = 10^4 (affine case), against waiting
-#: for an annealing over FINE_ROUND_RATIO (30): the first round on the points 70 -> 60
-#: iterations.
-FINE_MOMENTUM_START = 20
+#: re-estimated at every error check, every ``_rounds.XY_INNER`` iterations). Measured at
+#: N = 10^4 (affine case), against waiting for an annealing over FINE_ROUND_RATIO (30): the
+#: first round on the points 70 -> 60 iterations; gaussian_affine at N = 3·10^4, start 20
+#: with checks every 10 iterations -> start 10 with checks every 5: the intermediate rounds
+#: 100 + 70 -> 75 + 55 iterations, the points' round 70 -> 65 (warm call 44.0 -> 39.4 CPU-s).
+FINE_MOMENTUM_START = 10
 
 
 def _same(p, q) -> bool:
@@ -1104,6 +1123,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
                "momentum_start": min(kw["momentum_start"], FINE_MOMENTUM_START)}
     # the intermediate level's rounds run in attempts of at most ATTEMPT_ITERATIONS
     attempt_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS)}
+    first_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), FIRST_ATTEMPT)}
     sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
     eps_prev = eps
     # the first round on the points anneals on from the coarse ladder's last ε (its
@@ -1131,7 +1151,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
         div = float("nan")
         dens = 1.0
         nbrs, prev_eps = None, float("inf")
-        for _ in range(fine_rounds):
+        for r in range(fine_rounds):
             start = eps_prev
             if len(hist) >= 2:
                 # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
@@ -1154,12 +1174,15 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
             nxt = None
             budget = int(kw["max_iterations"])  # per round and per problem, all attempts
             checks = 0
-            round_kw = fine_kw if certify else attempt_kw
+            # the first round of a warm-starting level (its lists selected from potentials
+            # carried from a coarser level) checks its lists after a short first attempt
+            round_kw = fine_kw if certify else first_kw if r == 0 else attempt_kw
             spent = 0  # this round's iterations on its current lists (warm-starting level)
             while True:
                 pots = _centre_components(pots, np.asarray(nbrs[0]), np.asarray(nbrs[1]), wx, wy)
                 div_j, new_pots, conv, iters = _debiased_round(
                     lx.pts, ly.pts, eps, start, pots, wx, wy, nbrs, **round_kw)
+                round_kw = fine_kw if certify else attempt_kw
                 n_it += int(np.asarray(iters)[0])
                 budget -= int(np.max(np.asarray(iters)))
                 div = float(div_j)
@@ -1250,7 +1273,7 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     _log(f"mid points {int(np.asarray(mx.valid).sum())}, {int(np.asarray(my.valid).sum())} "
          f"(groups compact at eps={eps_end:.3e})")
     mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
-    msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + _MARGIN_EXTRA)
+    msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + MID_MARGIN_EXTRA)
     out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
     eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
     n_total += n_mid

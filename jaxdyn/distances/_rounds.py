@@ -114,11 +114,11 @@ def _reestimated_momentum_classes():
     return ReestimatedMomentum, ReestimatingSinkhorn
 
 
-def _reestimating_solver(threshold, max_iterations, start, value):
+def _reestimating_solver(threshold, max_iterations, start, value, inner_iterations=10):
     """A Sinkhorn solver of ott whose over-relaxation is re-estimated at every error check."""
     mom, solver = _reestimated_momentum_classes()
     return solver(threshold=threshold, max_iterations=max_iterations,
-                  momentum=mom(start=start, value=value))
+                  inner_iterations=inner_iterations, momentum=mom(start=start, value=value))
 
 
 #: the largest ε ratio crossed within one Sinkhorn solve (by annealing); larger drops are
@@ -133,6 +133,11 @@ def _anneal_length(decay: float) -> int:
 
 #: iterations between two error checks of the symmetric problems (x, x), (y, y).
 SYM_INNER = 5
+#: iterations between two error checks of the (x, y) problem of the rounds whose
+#: over-relaxation is re-estimated (``reestimate=True``): each check costs one more kernel
+#: pass, and the over-relaxation is measured from the second check on (measured with
+#: the multiscale solver's rounds: see ``_multiscale.FINE_MOMENTUM_START``).
+XY_INNER = 5
 
 
 def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
@@ -192,7 +197,8 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     # (x, y): alternate updates, adaptive over-relaxation (Lehmann et al.) measured once the
     # annealing is over; it cuts the iterations at small ε by 10x on spread clouds.
     if reestimate:
-        solver_xy = _reestimating_solver(threshold, max_iterations, momentum_start, one)
+        solver_xy = _reestimating_solver(threshold, max_iterations, momentum_start, one,
+                                         XY_INNER)
     else:
         solver_xy = sinkhorn.Sinkhorn(
             threshold=threshold,
