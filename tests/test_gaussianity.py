@@ -237,7 +237,7 @@ def test_mask_pools_only_real_tokens():
     rng = np.random.default_rng(9)
     h = rng.normal(size=(4, N // 128 + 1, 128, D)).astype(np.float32)  # (layers, batch, seq, d)
     mask = np.ones((N // 128 + 1, 128), bool)
-    mask[3, 100:] = mask[5, 50:] = mask[0, :22] = False  # 28 + 78 + 22 = 128 pads
+    mask[3, 100:] = mask[1, 50:] = mask[0, :22] = False  # 28 + 78 + 22 = 128 pads
     assert mask.sum() == N
     h_bad = h.copy()
     h_bad[:, ~mask] = 1e6  # garbage in the padding
