@@ -170,7 +170,12 @@ def _case(name, n, dtype, seed=0):
     pytest.param("spread", marks=pytest.mark.slow), "separated", "near_limit"])
 @pytest.mark.slow_dtype("f64")  # f64 (~14 s, spread the most): the ε rule is the same in f32
 def test_sinkhorn_default_epsilon_within_2_percent_of_exact(name, dtype):
-    x, y = _case(name, 1000, dtype)
+    # the instances under -m slow at 1000 points (the size w2_sinkhorn's documentation quotes);
+    # the default suite's (float32, separated and near_limit) at 500: the rule is relative to
+    # W2², so its error does not depend on N (measured 0.05 % and 0.5 % at either size), while
+    # the solve's cost grows as N²
+    n = 500 if dtype == np.float32 and name != "spread" else 1000
+    x, y = _case(name, n, dtype)
     exact = float(w2_exact(x, y).value)
     res = w2_sinkhorn(x, y)  # the DEFAULT ε rule: no ε given
     assert res.converged, res

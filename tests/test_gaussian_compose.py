@@ -164,8 +164,8 @@ def test_closed_forms_compose():
     c = jnp.asarray([0.5, 0.7, 1.0])
     s0 = jnp.asarray([1.0, 0.5, 2.0])
     T = jax.jit(jax.vmap(scalar_blowup_time))(s0, a, c)
-    np.testing.assert_allclose(np.asarray(T), [float(scalar_blowup_time(*x)) for x in zip(s0, a, c)],
-                               rtol=1e-14)
+    one = jax.jit(scalar_blowup_time)  # the unbatched call (one program, not op by op)
+    np.testing.assert_allclose(np.asarray(T), [float(one(*x)) for x in zip(s0, a, c)], rtol=1e-14)
     for f in (lambda x: scalar_blowup_time(x[0], x[1], x[2]),
               lambda x: scalar_variance(0.2, x[0], x[1], x[2])):
         _check_grad(f, np.asarray([1.0, 0.3, 0.5]), h=1e-5, jit=True)

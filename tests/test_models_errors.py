@@ -74,8 +74,10 @@ def test_uniform_and_mixture_moments():
     x = np.asarray(jaxdyn.sample_sphere(jax.random.PRNGKey(2), N_VMF, D_VMF, jnp.float64))
     np.testing.assert_allclose(x.T @ x / x.shape[0], np.eye(4) / 4, atol=6e-3)
     mu = np.array([1.0, 0, 0, 0])
-    xm = np.asarray(jaxdyn.sample_mixture(jax.random.PRNGKey(3), N_VMF, D_VMF, mu=mu, kappa=5.0,
-                                          weight=0.5, dtype=jnp.float64))
+    # jitted (the parameters concrete, checked on the host): one program, not its ops one by one
+    mixture = jax.jit(lambda key: jaxdyn.sample_mixture(key, N_VMF, D_VMF, mu=mu, kappa=5.0,
+                                                        weight=0.5, dtype=jnp.float64))
+    xm = np.asarray(mixture(jax.random.PRNGKey(3)))
     # Mixture mean along μ: 0.5 · A_4(5) with A_4(κ) = I_2(κ)/I_1(κ).
     from scipy.special import iv
     expect = 0.5 * iv(2, 5.0) / iv(1, 5.0)
