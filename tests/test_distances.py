@@ -238,21 +238,22 @@ def test_blocked_lse_equals_dense_logsumexp(dtype, shape):
     from jaxdyn.kernels import blocked_lse
 
     n, m, qb, kb = shape
+    # jitted, ε traced: one program a shape and dtype for both ε and the masked call (op by op,
+    # each ε's scans and small ops compile on their own)
+    lse = jax.jit(lambda p, o, pot, eps: blocked_lse(p, o, pot, eps, q_block=qb, k_block=kb))
     rng = np.random.default_rng(n + m)
     p = rng.standard_normal((n, 3)).astype(dtype)
     o = rng.standard_normal((m, 3)).astype(dtype)
     pot = rng.standard_normal(m).astype(dtype) * 0.3
     pot[rng.random(m) < 0.2] = -np.inf
     for eps in (1.0, 1e-3):
-        got = np.asarray(blocked_lse(jnp.asarray(p), jnp.asarray(o), jnp.asarray(pot), eps,
-                                     q_block=qb, k_block=kb))
+        got = np.asarray(lse(jnp.asarray(p), jnp.asarray(o), jnp.asarray(pot), jnp.asarray(eps, dtype)))
         cost = ((p[:, None, :].astype(np.float64) - o[None, :, :]) ** 2).sum(-1)
         want = eps * scipy.special.logsumexp((pot[None, :].astype(np.float64) - cost) / eps, axis=1)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=tol(dtype, 2e-5, 1e-12), atol=tol(dtype, 1e-5, 1e-12))
     all_masked = np.full(m, -np.inf, dtype)
-    out = np.asarray(blocked_lse(jnp.asarray(p), jnp.asarray(o), jnp.asarray(all_masked), 1.0,
-                                 q_block=qb, k_block=kb))
+    out = np.asarray(lse(jnp.asarray(p), jnp.asarray(o), jnp.asarray(all_masked), jnp.asarray(1.0, dtype)))
     assert np.all(out == -np.inf)
 
 
