@@ -163,6 +163,8 @@ def test_zero_temperature_converges_to_power_iteration():
     np.testing.assert_allclose(np.asarray(tr.xs[-1]), target, atol=1e-9)
 
 
+@pytest.mark.slow  # default-suite counterparts: test_geometry_defaults_to_the_fields_manifold
+# (a scheme on EuclideanAttention takes its geometry: no retraction) and the rk4 order test
 def test_euclidean_model_runs_without_retraction():
     d = 2
     A = -0.5 * jnp.eye(d, dtype=jnp.float64)

@@ -124,6 +124,9 @@ def test_masked_keys_by_minus_infinity_bias(dtype):
     _close(one, dense_one, dtype)
 
 
+@pytest.mark.slow  # default-suite counterpart: tests/test_variants_attention.py's
+# test_identical_heads_equal_single_head[blocked] (the heads kernel, blocked, against the
+# sphere kernel, 1e-12)
 def test_one_head_is_the_sphere_kernel():
     # one head, no bias, no mask: the same online pass as interaction with B = QᵀK
     rng = np.random.default_rng(7)
@@ -188,11 +191,23 @@ def test_causal_key_blocks_visited_equal_dense(dtype, p):
     # blocks wider, narrower and not multiples of the key block, ragged last blocks, a block
     # of rows at an unaligned offset and one running past the last particle (which attends
     # to every particle), ALiBi on the second head: all equal dense
+    _causal_visits(dtype, p, [(dict(k_block=8, q_block=20), None, 37),
+                              (dict(k_block=16, q_block=8), None, 37),
+                              (dict(k_block=8, q_block=16), 13, 20),
+                              (dict(k_block=8, q_block=8), 30, 12)])
+
+
+@pytest.mark.slow  # 1.3 s of compiles a case; the fold's ragged sub-blocks by default: the test above
+@pytest.mark.parametrize("p", [3, 10], ids=["fused", "matmul"])
+def test_causal_one_query_block_of_many_sub_blocks_equals_dense(dtype, p):
+    # one query block over every row, in sub-blocks of a key block (5) that divides neither
+    _causal_visits(dtype, p, [(dict(k_block=5, q_block=37), None, 37)])
+
+
+def _causal_visits(dtype, p, cases):
+    """Each case (blocks, q_offset, rows): the causal blocked pass equals dense."""
     q, k, v = _qkv(dtype, H=2, n=37, p=p, seed=15)
     alibi = jnp.asarray([0.0, 0.3], dtype)
-    cases = [(dict(k_block=8, q_block=20), None, 37), (dict(k_block=16, q_block=8), None, 37),
-             (dict(k_block=5, q_block=37), None, 37), (dict(k_block=8, q_block=16), 13, 20),
-             (dict(k_block=8, q_block=8), 30, 12)]
     for blocks, off, rows in cases:
         qr = q if off is None else jnp.pad(q, ((0, 0), (0, 8), (0, 0)))[:, off:off + rows]
         kw = dict(alibi=alibi, causal=True, q_offset=off)
