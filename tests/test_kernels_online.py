@@ -200,7 +200,7 @@ def test_causal_key_blocks_visited_equal_dense(dtype, p):
 @pytest.mark.slow  # 1.3 s of compiles a case; the fold's ragged sub-blocks by default: the test above
 @pytest.mark.parametrize("p", [3, 10], ids=["fused", "matmul"])
 def test_causal_one_query_block_of_many_sub_blocks_equals_dense(dtype, p):
-    # one query block over every row, in sub-blocks of a key block (5) that divides neither
+    """One query block over every row, in sub-blocks of a key block (5) dividing neither."""
     _causal_visits(dtype, p, [(dict(k_block=5, q_block=37), None, 37)])
 
 
