@@ -131,12 +131,34 @@ def sparse_lse(pts, other, pot, eps, nbr, *, block: int = BLOCK):
         mx, s = jax.lax.fori_loop(0, steps, step, init)
         return eps * (mx + jnp.log(s))
 
-    # several row blocks per step (vmapped: each runs to the longest list of its batch;
-    # neighbouring leaves have lists of similar length). Measured inside jit, N = 10^5,
-    # leaves of 64 with 20-40 kept blocks: one row block per step 0.59 G terms per CPU-s,
-    # 4 per step 0.72, 8 per step 0.76.
-    out = jax.lax.map(rows, (q, nbr), batch_size=max(1, 512 // block))
-    return out.reshape(-1)[:n]
+    # several row blocks per step (vmapped: each runs to the longest list of its batch),
+    # taken in the order of their list lengths, so that a batch holds lists of one length.
+    # Measured inside jit, N = 10^5, leaves of 64 with 20-40 kept blocks: one row block per
+    # step 0.59 G terms per CPU-s, 4 per step 0.72, 8 per step 0.76; the batches of 8 leaves
+    # in leaf order ran 20-28 % more steps than their lists hold (gaussian_affine, N = 3·10^4,
+    # every round's lists), sorted 1-4 %.
+    order = leaf_order(nbr, nk, kc)
+    out = jax.lax.map(rows, (q[order], nbr[order]), batch_size=max(1, 512 // block))
+    return unsort(out, order).reshape(-1)[:n]
+
+
+def leaf_order(nbr, nk, chunk):
+    """The row blocks in the order of their step counts ``ceil(len / chunk)`` (stable).
+
+    ``nbr`` (nq, K) lists key blocks padded with ``nk``. Batched (vmapped) loops with
+    per-row-block trip counts run each batch to its longest list: in this order a batch
+    holds lists of one length.
+
+    Returns:
+        The permutation (nq,).
+    """
+    steps = (jnp.sum(nbr < nk, axis=1) + chunk - 1) // chunk
+    return jnp.argsort(steps, stable=True)
+
+
+def unsort(out, order):
+    """``out`` (rows taken in ``order``) back in the original order."""
+    return jnp.zeros_like(out).at[order].set(out, unique_indices=True)
 
 
 @functools.cache

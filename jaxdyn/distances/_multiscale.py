@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels import blocked_lse
-from ._geometries import BLOCK, sparse_lse
+from ._geometries import BLOCK, leaf_order, sparse_lse, unsort
 from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
@@ -396,7 +396,9 @@ def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand,
         u = jax.lax.fori_loop(0, steps, body, jnp.full((kc,), -jnp.inf, kb.dtype))
         return u, v
 
-    u, v = jax.lax.map(leaf, (centers, radii, cand), batch_size=8)
+    order = leaf_order(cand, nk, step)  # batches of lists of one length
+    u, v = jax.lax.map(leaf, (centers[order], radii[order], cand[order]), batch_size=8)
+    u, v = unsort(u, order), unsort(v, order)
     k_low = min(n_low, kc)
     _, top = jax.lax.top_k(u, k_low)
     low_nbr = jnp.take_along_axis(cand, top, axis=1)
@@ -459,9 +461,11 @@ def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block)
         low_i = jnp.where(ok, jnp.maximum(lo, eps * (mx + jnp.log(s))), jnp.inf)
         return jnp.max(best - low_i[:, None], axis=0)
 
-    m = jax.lax.map(leaf, (rows_pts.reshape(nq, block, d), rows_valid.reshape(nq, block),
-                           low.reshape(nq, block), cand), batch_size=8)
-    return m / eps
+    order = leaf_order(cand, nk, step)  # batches of lists of one length
+    m = jax.lax.map(leaf, (rows_pts.reshape(nq, block, d)[order],
+                           rows_valid.reshape(nq, block)[order], low.reshape(nq, block)[order],
+                           cand[order]), batch_size=8)
+    return unsort(m, order) / eps
 
 
 def _scatter(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
