@@ -123,7 +123,7 @@ def test_span_dimension():
 
 
 def test_permutation_invariance():
-    xs = clouds(3, frames=4)
+    xs = clouds(3, frames=8)  # the shape of the brute-force test's clouds: its programs
     perm = np.random.default_rng(0).permutation(xs.shape[1])
     for f in (lambda x: C.pair_fraction(x, 0.999), lambda x: C.cluster_count(x, 1e-3),
               lambda x: C.gram_rank(x), lambda x: C.cluster_masses(x, 1e-3)):

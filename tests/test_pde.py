@@ -19,8 +19,10 @@ I2 = np.eye(2)
 # the field of a density model, jitted: one program per kernel and grid (op by op, the dense
 # and FFT paths compile each of their many small ops)
 _velocity = eqx.filter_jit(lambda model, rho: model.velocity(rho))
-# a particle model's field at t = 0, jitted (one program per model structure, shared by cases)
-_field = eqx.filter_jit(lambda model, x: model(0.0, x))
+# particle models' fields at t = 0, jitted: one program for a pytree of models (op by op, or
+# one program a model, each compiles on its own)
+_fields = eqx.filter_jit(lambda models, x: jax.tree.map(lambda m: m(0.0, x), models,
+                                                        is_leaf=lambda m: isinstance(m, eqx.Module)))
 
 
 def _cell_averages(f, m, q=64):
@@ -222,9 +224,9 @@ def test_sphere_s2_longitude_fft_matches_dense(normalization):
     fft = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization)
     dense = pde.SphereDensity(R, np.eye(3), V, 4.0, 12, 24, normalization=normalization, kernel="dense")
     assert fft.kernel == "fft"
-    # jitted: op by op, the FFT path compiles each of its many small ops (≈ 4 CPU-s)
-    field = eqx.filter_jit(lambda m, r: m(0.0, r))
-    a, b = np.asarray(field(fft, rho)), np.asarray(field(dense, rho))
+    # jitted, both fields in one program: op by op, the FFT path compiles each of its many
+    # small ops (≈ 4 CPU-s)
+    a, b = (np.asarray(v) for v in eqx.filter_jit(lambda f, d, r: (f(0.0, r), d(0.0, r)))(fft, dense, rho))
     np.testing.assert_allclose(a, b, atol=1e-12 * np.abs(b).max())
     with pytest.raises(ValueError, match="kernel='fft' needs B"):
         pde.SphereDensity(np.diag([1.0, 0.5, 1.0]), np.eye(3), V, 1.0, 8, 16, kernel="fft")
@@ -437,11 +439,13 @@ def test_fourier_particle_field_equals_dense(beta, general):
     th = rng.uniform(0, 2 * np.pi, 400)
     x = jnp.asarray(np.stack([np.cos(th), np.sin(th)], -1))
     Q, K, V = tuple(rng.normal(size=(3, 2, 2))) if general else (I2, I2, I2)
-    for norm in ("softmax", "unnormalized"):
-        f = pde.CircleAttention(Q, K, V, beta, normalization=norm)
-        d = jaxdyn.SphereAttention(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), beta,
-                                   kernel="dense", normalization=norm)
-        a, b = np.asarray(_field(f, x)), np.asarray(_field(d, x))
+    models = {norm: (pde.CircleAttention(Q, K, V, beta, normalization=norm),
+                     jaxdyn.SphereAttention(jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), beta,
+                                            kernel="dense", normalization=norm))
+              for norm in ("softmax", "unnormalized")}
+    fields = _fields(models, x)  # the four fields in one program
+    for norm, (f, _) in models.items():
+        a, b = (np.asarray(v) for v in fields[norm])
         assert np.max(np.abs(a - b)) <= 1e-13 * np.max(np.abs(b)), (norm, f.n_modes)
 
 
