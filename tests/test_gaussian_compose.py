@@ -32,14 +32,17 @@ def _fd(f, x, E, h):
 def _check_grad(f, x, h=1e-4, rtol=1e-6, seed=0, jit=False):
     """``jax.grad(f)(x)`` against central differences along two random directions.
 
-    ``jit=True``: the gradient and the differences through ``jax.jit`` (one program each
-    instead of every small op compiled on its own).
+    ``jit=True``: the gradient and the differences through one ``jax.jit`` program of
+    ``jax.value_and_grad`` (instead of every small op compiled on its own).
     """
-    grad = jax.jit(jax.grad(f)) if jit else jax.grad(f)
+    if jit:
+        vg = jax.jit(jax.value_and_grad(f))
+        grad, f = (lambda x: vg(x)[1]), (lambda x: vg(x)[0])
+    else:
+        grad = jax.grad(f)
     g = np.asarray(grad(jnp.asarray(x)))
     assert np.all(np.isfinite(g))
     rng = np.random.default_rng(seed)
-    f = jax.jit(f) if jit else f
     for _ in range(2):
         E = rng.standard_normal(np.shape(x))
         fd = _fd(f, np.asarray(x), E, h)
