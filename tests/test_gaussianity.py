@@ -251,11 +251,9 @@ def test_mask_pools_only_real_tokens():
 
 def test_effective_rank_of_a_nan_spectrum_is_nan():
     # (the where on p > 0 read NaN as 0: erank 1, a "full collapse")
-    from jaxdyn.encoder._gaussianity import effective_rank
-
-    er, pr = effective_rank(jnp.asarray([jnp.nan, 1.0, 2.0]))
+    er, pr = _effective_rank(jnp.asarray([jnp.nan, 1.0, 2.0]))
     assert np.isnan(float(er)) and np.isnan(float(pr))
-    er, _ = effective_rank(jnp.asarray([1.0, 1.0, 0.0]))
+    er, _ = _effective_rank(jnp.asarray([1.0, 1.0, 0.0]))
     assert float(er) == pytest.approx(2.0)
 
 
