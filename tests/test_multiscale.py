@@ -511,6 +511,46 @@ def test_slow_intermediate_rounds_go_on_with_covering_lists_then_hand_on(monkeyp
     assert abs(float(res.value) / exact - 1) < 0.01, (float(res.value), exact)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("start", [1.0, 4.0])
+def test_symmetric_sparse_solve_equals_ott_parallel_updates(start):
+    # the one-pass symmetric solve of the sparse rounds against ott's Sinkhorn with parallel
+    # updates and momentum 1/2 on the same block-sparse geometry (both potentials start
+    # equal), at the target ε and annealed from 4x it
+    from ott.geometry import epsilon_scheduler
+    from ott.problems.linear import linear_problem
+    from ott.solvers.linear import acceleration, sinkhorn
+
+    from jaxdyn.distances._geometries import sparse_geometry
+    from jaxdyn.distances._rounds import _symmetric_sparse_solve
+
+    dtype, block = np.float64, 32
+    rng = np.random.default_rng(5)
+    bx = M.make_blocks(rng.standard_normal((300, 3)), dtype, block)
+    nq = bx.centers.shape[0]
+    k = -(-nq // 8) * 8
+    nbr = np.full((nq, k), nq, np.int32)
+    nbr[:, :nq] = np.arange(nq)
+    nbr = jnp.asarray(nbr)
+    a = jnp.where(bx.valid, 1.0 / 300, 0.0).astype(dtype)
+    f0 = jnp.where(bx.valid, 0.0, -jnp.inf).astype(dtype)
+    sched = epsilon_scheduler.Epsilon(jnp.asarray(0.05, dtype), init=start, decay=0.9)
+    solver = sinkhorn.Sinkhorn(threshold=1e-6, max_iterations=2000, inner_iterations=5,
+                               parallel_dual_updates=True,
+                               momentum=acceleration.Momentum(start=0, value=0.5))
+    geom = sparse_geometry(bx.pts, bx.pts, sched, nbr, nbr, block)
+    ref = solver(linear_problem.LinearProblem(geom, a=a, b=a), init=(f0, f0))
+    f, cost, conv, its = _symmetric_sparse_solve(bx.pts, a, f0, sched, nbr, block,
+                                                 threshold=1e-6, max_iterations=2000,
+                                                 inner=5, value=0.5)
+    assert bool(ref.converged) and bool(conv)
+    assert int(its) == int(ref.n_iters), (int(its), int(ref.n_iters))
+    ok = np.asarray(bx.valid)
+    np.testing.assert_allclose(np.asarray(f)[ok], np.asarray(ref.f)[ok], rtol=1e-10, atol=1e-12)
+    assert np.all(np.isneginf(np.asarray(f)[~ok]))
+    np.testing.assert_allclose(float(cost), float(ref.reg_ot_cost), rtol=1e-10)
+
+
 def test_gauge_is_fixed_per_connected_component_without_changing_the_plan():
     # two clusters whose lists never meet: each gets its own constant; every listed term
     # f_i + g_j is unchanged (the same plan), and each component's weighted means of f and g

@@ -1127,7 +1127,8 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
                "momentum_start": min(kw["momentum_start"], FINE_MOMENTUM_START)}
     # the intermediate level's rounds run in attempts of at most ATTEMPT_ITERATIONS
     attempt_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS)}
-    first_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), FIRST_ATTEMPT)}
+    first_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS,
+                                                  FIRST_ATTEMPT)}
     sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
     eps_prev = eps
     # the first round on the points anneals on from the coarse ladder's last ε (its

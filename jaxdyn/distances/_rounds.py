@@ -1,8 +1,9 @@
 """The Sinkhorn rounds behind :func:`w2_sinkhorn`.
 
 One debiased round (three entropic problems, annealed in ε and warm-started, on ott's
-Sinkhorn), the over-relaxation re-estimated at every error check (the multiscale solver's
-rounds), S_ε from given potentials (the gradient), and the host-driven ε ladder of the
+Sinkhorn; the block-sparse rounds' symmetric problems by ott's iteration with one kernel
+pass per iteration), the over-relaxation re-estimated at every error check (the multiscale
+solver's rounds), S_ε from given potentials (the gradient), and the host-driven ε ladder of the
 multiscale solver.
 """
 
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._geometries import online_geometry, sparse_geometry
+from ._geometries import online_geometry, sparse_geometry, sparse_lse
 
 
 def sq_dists(u, v):
@@ -216,13 +217,82 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
         momentum=acceleration.Momentum(start=0, value=half),
     )
     out_xy = solver_xy(linear_problem.LinearProblem(geom(x, y, "xy"), a=a, b=b), init=init[0])
-    out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x, "xx"), a=a, b=a), init=init[1])
-    out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y, "yy"), a=b, b=b), init=init[2])
-    div = out_xy.reg_ot_cost - 0.5 * (out_xx.reg_ot_cost + out_yy.reg_ot_cost)
-    pots = ((out_xy.f, out_xy.g), (out_xx.f, out_xx.g), (out_yy.f, out_yy.g))
-    converged = jnp.stack([out_xy.converged, out_xx.converged, out_yy.converged])
-    n_iters = jnp.stack([out_xy.n_iters, out_xx.n_iters, out_yy.n_iters])
+    if sparse is not None:
+        # block-sparse symmetric problems: one kernel pass per iteration (ott's parallel
+        # updates make two identical ones, and two more per error check). Measured,
+        # gaussian_affine N = 3·10^4, warm call: the rounds 27.0 -> 19.2 CPU-s, the same
+        # iterations and S_ε
+        def sym(u, w, nbr, f0):
+            f, cost, conv, its = _symmetric_sparse_solve(
+                u, w, f0, sched, nbr, block, threshold=threshold, max_iterations=max_iterations,
+                inner=SYM_INNER, value=half)
+            return (f, f), cost, conv, its
+
+        pxx, cxx, vxx, ixx = sym(x, a, sparse[2], init[1][0])
+        pyy, cyy, vyy, iyy = sym(y, b, sparse[3], init[2][0])
+    else:
+        out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x, "xx"), a=a, b=a),
+                            init=init[1])
+        out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y, "yy"), a=b, b=b),
+                            init=init[2])
+        pxx, cxx, vxx, ixx = ((out_xx.f, out_xx.g), out_xx.reg_ot_cost, out_xx.converged,
+                              out_xx.n_iters)
+        pyy, cyy, vyy, iyy = ((out_yy.f, out_yy.g), out_yy.reg_ot_cost, out_yy.converged,
+                              out_yy.n_iters)
+    div = out_xy.reg_ot_cost - 0.5 * (cxx + cyy)
+    pots = ((out_xy.f, out_xy.g), pxx, pyy)
+    converged = jnp.stack([out_xy.converged, vxx, vyy])
+    n_iters = jnp.stack([out_xy.n_iters, ixx, iyy]).astype(out_xy.n_iters.dtype)
     return div, pots, converged, n_iters
+
+
+def _symmetric_sparse_solve(x, a, f0, sched, nbr, block, *, threshold, max_iterations, inner,
+                            value):
+    r"""Sinkhorn on the symmetric problem (x, x) with weights a, block-sparse, one kernel pass per iteration.
+
+    The iteration of ott's Sinkhorn with parallel dual updates and momentum ``value`` (1/2)
+    on a symmetric problem whose two potentials start equal: there both updates are one
+    and the same kernel pass (same points, same lists, same potential), so the potential
+    is kept once,
+
+        f ← (1 - w) f + w (ε_t log a - ε_t lse_j((f_j - C_ij) / ε_t)),
+
+    ε_t ott's annealed ε (``sched(t)``). Every ``inner`` iterations the error is ott's for
+    parallel updates, the L1 violations of both marginals, here twice that of the rows,
+    ``2 Σ_i |e^{(f_i + z_i) / ε} - a_i|`` (``z_i`` the pass's log-sum-exp), formed from the
+    pass that the next update uses: no pass of its own. Converged when it is below
+    ``threshold`` at the target ε. The dual cost is ott's
+    :func:`~ott.solvers.linear.sinkhorn.compute_kl_reg_cost`.
+
+    Returns:
+        (f, dual cost, converged, iterations).
+    """
+    from ott.problems.linear import linear_problem
+    from ott.solvers.linear.sinkhorn import compute_kl_reg_cost
+
+    dtype = x.dtype
+    target = sched(None)
+    log_a = jnp.log(a)
+    w = jnp.asarray(value, dtype)
+
+    def body(carry):
+        t, f, _, _ = carry
+        eps_t = sched(t).astype(dtype)
+        z = sparse_lse(x, x, f, eps_t, nbr, block=block)
+        marg = jnp.where(jnp.isfinite(f) & jnp.isfinite(z), jnp.exp((f + z) / eps_t), 0.0)
+        err = 2.0 * jnp.sum(jnp.abs(marg - a))
+        conv = (t > 0) & (t % inner == 0) & (eps_t == target) & (err < threshold)
+        stop = conv | (t >= max_iterations)
+        new = eps_t * log_a - jnp.where(jnp.isfinite(z), z, 0.0)
+        f_next = (1.0 - w) * jnp.where(jnp.isfinite(f), f, 0.0) + w * new
+        return (jnp.where(stop, t, t + 1), jnp.where(stop, f, f_next), conv, stop)
+
+    init = (jnp.zeros((), jnp.int32), f0.astype(dtype), jnp.zeros((), bool),
+            jnp.zeros((), bool))
+    t, f, conv, _ = jax.lax.while_loop(lambda c: ~c[3], body, init)
+    geom = sparse_geometry(x, x, sched, nbr, nbr, block)
+    cost = compute_kl_reg_cost(f, f, linear_problem.LinearProblem(geom, a=a, b=a), True)
+    return f, cost, conv, t
 
 
 def dual_divergence(x, y, eps, pots, batch_size):
