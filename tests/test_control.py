@@ -189,7 +189,7 @@ def _check_reached(res, m0, S0, m1, S1, bound=1e-4):
     return w2_ref
 
 
-@pytest.mark.slow  # 12 s; reach by default: bounded and energy modes (attention-only under -m slow)
+@pytest.mark.slow  # 12 s; reach by default: tests/test_control_compose.py::test_results_are_pytrees_of_arrays
 @pytest.mark.parametrize("d,seed", [(2, 1), (2, 2),
                                     pytest.param(4, 3, marks=pytest.mark.slow)])
 def test_reach_all_free_from_zero(d, seed):
@@ -211,7 +211,7 @@ def test_reach_all_free_from_zero(d, seed):
     assert all(c.values.shape[0] == N_PIECES for c in res.controls.values())
 
 
-@pytest.mark.slow  # ~12 s (two reach solves); reach by default: the bounded and energy modes
+@pytest.mark.slow  # ~12 s (two reach solves); reach by default: tests/test_control_compose.py::test_results_are_pytrees_of_arrays
 def test_attention_only():
     """A = b = 0. From m0 = 0 the mean cannot move (m' = V(I + ΣB) m keeps m = 0): the
     covariance is reached, W2 stays |m1|. From m0 = e1 the target is reached."""

@@ -91,7 +91,7 @@ def test_scalar_blowup_time_matches_closed_form(dtype, case, scalar_solutions):
     assert np.all(np.isnan(np.asarray(sol.cov)[~before]))
 
 
-@pytest.mark.slow  # four solve_moments compilations (12 s); blow-up statuses per member: test_batch_* and test_gaussian_float32 by default
+@pytest.mark.slow  # four solve_moments compilations (12 s); blow-up statuses per member under vmap by default: test_scalar_blowup_time_matches_closed_form
 def test_blowup_status_message_and_throw():
     """A blow-up is a status with a message (``result``), per member under vmap;
     ``throw=True`` raises with that message, also under jit."""

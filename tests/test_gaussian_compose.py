@@ -66,7 +66,7 @@ def test_solve_moments_under_jit_and_grad():
     _check_grad(lambda A: jnp.trace(solve(A).cov_final) + jnp.sum(solve(A).mean[1]), A)
 
 
-@pytest.mark.slow  # vmap of solve_moments by default: test_gaussian.py::test_invalid_S0_rejected_with_numbers
+@pytest.mark.slow  # vmap of solve_moments by default: test_gaussian.py::test_scalar_blowup_time_matches_closed_form
 def test_solve_moments_vmaps_over_initial_covariances():
     A, B, V, b = _params(2)
     rng = np.random.default_rng(3)
