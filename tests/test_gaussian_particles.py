@@ -245,3 +245,19 @@ def test_tilt_index_and_predicted_exponent():
     s = np.array([0.5, 1.0, 2.0, 1.5, np.nan])
     np.testing.assert_allclose(predicted_exponent(s)[:4], [-0.5, -0.5, -0.2, -0.2])
     assert np.isnan(predicted_exponent(s)[4])
+
+
+def test_gaussian_cloud_from_host_moments_inside_jit():
+    """A cloud with exact moments built inside a jitted function from NumPy moments: the
+    same points as outside, and its empirical moments are the given ones."""
+    S = np.array([[1.0, 0.3], [0.3, 0.5]])
+    m = np.array([0.5, -1.0])
+    key = jax.random.PRNGKey(0)
+
+    def cloud(k):
+        return gaussian_cloud(k, 64, m, S, exact_moments=True, dtype=jnp.float64)
+
+    inside, outside = np.asarray(jax.jit(cloud)(key)), np.asarray(cloud(key))
+    np.testing.assert_allclose(inside, outside, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(inside.mean(axis=0), m, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.cov(inside.T, bias=True), S, rtol=0, atol=1e-12)

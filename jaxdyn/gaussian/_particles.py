@@ -26,7 +26,9 @@ __all__ = ["gaussian_cloud", "directions", "cloud_stats", "bures_distance", "par
 
 def _sqrt64(S):
     """``S^{1/2}`` of a PSD matrix as a float64 NumPy array (:func:`sqrtm_psd` in float64)."""
-    with jax.enable_x64(True):
+    # evaluated now, also while a caller's function is traced (S is concrete: the cloud of a
+    # jitted function built from host weights)
+    with jax.enable_x64(True), jax.ensure_compile_time_eval():
         return np.asarray(sqrtm_psd(jnp.asarray(np.asarray(S, np.float64))), np.float64)
 
 
