@@ -260,8 +260,9 @@ def _symmetric_sparse_solve(x, a, f0, sched, nbr, block, *, threshold, max_itera
     ε_t ott's annealed ε (``sched(t)``). Every ``inner`` iterations the error is ott's for
     parallel updates, the L1 violations of both marginals, here twice that of the rows,
     ``2 Σ_i |e^{(f_i + z_i) / ε} - a_i|`` (``z_i`` the pass's log-sum-exp), formed from the
-    pass that the next update uses: no pass of its own. Converged when it is below
-    ``threshold`` at the target ε. The dual cost is ott's
+    pass that the next update uses: no pass of its own (and at the last iteration).
+    Converged when it is below ``threshold`` at the target ε; a non-finite error stops the
+    solve. The dual cost is ott's
     :func:`~ott.solvers.linear.sinkhorn.compute_kl_reg_cost`.
 
     Returns:
@@ -281,8 +282,11 @@ def _symmetric_sparse_solve(x, a, f0, sched, nbr, block, *, threshold, max_itera
         z = sparse_lse(x, x, f, eps_t, nbr, block=block)
         marg = jnp.where(jnp.isfinite(f) & jnp.isfinite(z), jnp.exp((f + z) / eps_t), 0.0)
         err = 2.0 * jnp.sum(jnp.abs(marg - a))
-        conv = (t > 0) & (t % inner == 0) & (eps_t == target) & (err < threshold)
-        stop = conv | (t >= max_iterations)
+        # checked every ``inner`` iterations and at the last (as ott); a non-finite error
+        # ends the solve (ott's divergence), not converged
+        check = (t > 0) & ((t % inner == 0) | (t >= max_iterations))
+        conv = check & (eps_t == target) & (err < threshold)
+        stop = conv | (t >= max_iterations) | (check & ~jnp.isfinite(err))
         new = eps_t * log_a - jnp.where(jnp.isfinite(z), z, 0.0)
         f_next = (1.0 - w) * jnp.where(jnp.isfinite(f), f, 0.0) + w * new
         return (jnp.where(stop, t, t + 1), jnp.where(stop, f, f_next), conv, stop)
