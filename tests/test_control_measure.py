@@ -36,7 +36,10 @@ def _perturbed(model, d, n_layers, rng, scale=0.3):
     return c
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.float64, 1e-12)])
+@pytest.mark.parametrize("dtype,tol", [
+    # float32 under -m slow (1.3 CPU-s); the blocked core's cotangents in float32 by default:
+    # tests/test_blocked_vjp.py::test_sphere_attention_gradient_equals_dense[f32]
+    pytest.param(jnp.float32, 2e-5, marks=pytest.mark.slow), (jnp.float64, 1e-12)])
 def test_kernel_matches_dense_forward_and_reverse(dtype, tol):
     """The blocked kernel equals dense softmax attention, value and all four cotangents."""
     rng = np.random.default_rng(0)

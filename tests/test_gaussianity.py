@@ -29,8 +29,9 @@ from jaxdyn.encoder._gaussianity import (
 # (4 layers of N points in R^D), so the jitted measurement compiles once per dtype. The z-scores
 # are in units of the floor's own sampling spread, so "at the floor" (|z| < 4) and the exact
 # identities (invariances, the mask, closed forms) do not depend on N; the measurement's cost
-# grows with it.
-N, D = 1024, 16
+# grows with it. Measured at N = 512: largest |z| of exact Gaussians 2.5 (float64) and 2.2
+# (float32), smallest Bures z of the layer changes 95, the encoder's input erank 15.8 of 16.
+N, D = 512, 16
 KW = dict(n_dirs=64, n_floor=16, n_pc=3)
 # The non-Gaussian controls: twice as many points, so that the weakest signal flagged under
 # -m slow (the split map's kurt_pc) stays clear of the z > 10 line (measured z = 10.9 at 2048
