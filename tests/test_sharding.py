@@ -163,7 +163,10 @@ def test_query_sharded_interaction_one_device_is_plain(dtype):
 
 @pytest.mark.slow_dtype("f64")  # the model path in f32 by default; f64 under -m slow
 @pytest.mark.parametrize("kw", [
-    dict(mask="causal", alibi=0.15, rope=True, kernel="blocked", k_block=8, q_block=8),
+    # blocked, causal, ALiBi and RoPE by default on 4 devices (the worker's
+    # "mha-causal-alibi-rope" field, f64, a ragged last share): here under -m slow
+    pytest.param(dict(mask="causal", alibi=0.15, rope=True, kernel="blocked", k_block=8,
+                      q_block=8), marks=pytest.mark.slow),
     dict(mask="causal", alibi=0.15, rope=True, kernel="dense"),
     dict(attention="l2", kernel="blocked", k_block=8, q_block=8),
     dict(attention="sinkhorn", sinkhorn_iters=2, alibi=0.1, kernel="blocked", k_block=8,
