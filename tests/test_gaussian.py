@@ -176,6 +176,7 @@ def test_lyapunov_equilibrium_reached():
 
 
 @pytest.mark.slow_dtype("f32")  # f32: a second set of solver compilations (4.6 CPU-s); f64 (tighter) by default
+# (solve_moments in float32 by default: the README tour, tests/test_readme.py, T* to 1e-6)
 def test_rank_preserved_and_symmetric(dtype):
     rng = np.random.default_rng(5)
     u = rng.standard_normal((D, 2)).astype(dtype)

@@ -30,6 +30,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 from jaxdyn import cli
@@ -178,8 +180,11 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
                        "--set", "n=64", "--set", "t1=2.0"])
         assert rc == 0, capsys.readouterr().err
     ns: dict = {}
-    for start, code in python:
-        exec(compile(code, f"README.md:{start}", "exec"), ns)  # noqa: S102 - our own README
+    # as a reader runs them: float64 off (JAX's default; this suite turns it on), so the tour's
+    # simulations and moment solve run in float32
+    with jax.enable_x64(False):
+        for start, code in python:
+            exec(compile(code, f"README.md:{start}", "exec"), ns)  # noqa: S102 - our own README
     # the tour's claims
     if "traj" in ns:
         assert ns["traj"].names == "successful"
@@ -190,5 +195,6 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     if "before" in ns:  # W2 to Π#ρ0 falls as the cloud concentrates
         assert ns["after"] < 0.5 * ns["before"], (ns["before"], ns["after"])
     if "sol" in ns:  # T* = 1/λmax(Σ0^½(B + Bᵀ)Σ0^½) = 1/2
+        assert ns["sol"].cov_final.dtype == np.float32
         assert ns["sol"].names == "blowup"
         assert abs(float(ns["sol"].blowup_time) - 0.5) < 1e-6
