@@ -118,7 +118,8 @@ def test_multihead_gradient_equals_dense(dtype):
     _close_trees(gb, gd, dtype)
 
 
-@pytest.mark.slow  # default-suite counterpart, both dtypes: tests/test_control_measure.py::test_kernel_matches_dense_forward_and_reverse
+@pytest.mark.slow  # default-suite counterparts: tests/test_control_measure.py::test_kernel_matches_dense_forward_and_reverse
+# (float64) and test_sphere_attention_gradient_equals_dense[f32] here (float32)
 def test_attend_gradient_with_bias_equals_dense(dtype):
     """``attend`` (the same core, bound shift on CPU) against dense softmax, all cotangents."""
     rng = np.random.default_rng(8)
