@@ -945,8 +945,12 @@ def _extrapolate(h1, h2, eps):
 #: points per k-d leaf of the rounds on the points (a multiple of SUB). Measured, affine case
 #: N = 3·10^4, one call each (load 1-6): block 256 / 128 / 64 / 32 -> 116 / 99 / 87 / 102
 #: CPU-s, final kernel densities 0.12 / 0.08 / 0.05 / 0.04 (smaller leaves follow the
-#: kernel's support more closely; at 32 the longer lists cost more in the selections).
-FINE_BLOCK = 64
+#: kernel's support more closely; at 32 the longer lists cost more in the selections). Since
+#: the batched loops take the leaves in the order of their list lengths and the exact margins
+#: run a batch as one loop, 32 wins (gaussian_affine, warm call, 64 -> 32): N = 3·10^4 about
+#: 28 -> 20.5 CPU-s (final density 0.073 -> 0.049), N = 10^5 123 -> 105 CPU-s (0.045 ->
+#: 0.032; the points' round 57 -> 40 CPU-s, their selection 18 -> 24).
+FINE_BLOCK = 32
 
 
 #: the largest ε ratio between two rounds on the intermediate level (it only warm-starts:
