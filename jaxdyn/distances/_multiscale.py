@@ -947,9 +947,11 @@ def _extrapolate(h1, h2, eps):
 #: CPU-s, final kernel densities 0.12 / 0.08 / 0.05 / 0.04 (smaller leaves follow the
 #: kernel's support more closely; at 32 the longer lists cost more in the selections). Since
 #: the batched loops take the leaves in the order of their list lengths and the exact margins
-#: run a batch as one loop, 32 wins (gaussian_affine, warm call, 64 -> 32): N = 3·10^4 about
-#: 28 -> 20.5 CPU-s (final density 0.073 -> 0.049), N = 10^5 123 -> 105 CPU-s (0.045 ->
-#: 0.032; the points' round 57 -> 40 CPU-s, their selection 18 -> 24).
+#: run a batch as one loop, 32 (gaussian_affine, warm call, 64 -> 32): N = 3·10^4 about
+#: 28 -> 20.5 CPU-s (final density 0.073 -> 0.049); N = 10^5 (density 0.045 -> 0.032, the
+#: same iterations), separate runs 123 -> 105 CPU-s (the points' round 57 -> 40, their
+#: selection 18 -> 24), interleaved in one process 129 -> 135 CPU-s, 115 -> 89 s wall (load
+#: 3.2 and 2.0: the CPU time of the 2 threads grows as the load falls).
 FINE_BLOCK = 32
 
 
