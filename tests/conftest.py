@@ -117,31 +117,12 @@ _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive
 
 
 def pytest_configure(config):
-    """Choose the run's XLA compile flags (above), and pin each xdist worker to a core of its
-    own (below), before any test initialises a backend."""
+    """Choose the run's XLA compile flags (above), before any test initialises a backend."""
     default_run = (config.option.markexpr or "").strip() == "not slow"
     flags = _FAST_COMPILE if default_run and not os.environ.get("JAXDYN_TEST_XLA_OPT") else ""
     os.environ["JAXDYN_TEST_XLA_FLAGS"] = flags
     if flags and flags not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
-    _pin_worker(config)
-
-
-def _pin_worker(config):
-    """``pytest -n K`` with K ≤ the usable cores: worker i runs on core i alone.
-
-    The workers already keep every core busy; XLA's thread pool in each worker (as many
-    threads as usable cores) would only wait for work by spinning on the other workers'
-    cores. The subprocesses a test starts inherit the core. ``JAXDYN_TEST_NO_PIN=1``: no
-    pinning.
-    """
-    worker = getattr(config, "workerinput", None)
-    if worker is None or os.environ.get("JAXDYN_TEST_NO_PIN") or not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    count = int(worker.get("workercount", 0))
-    if 1 < count <= len(cores):
-        os.sched_setaffinity(0, {cores[int(worker["workerid"].removeprefix("gw")) % len(cores)]})
 
 
 DTYPES = [np.float32, np.float64]
