@@ -134,9 +134,8 @@ def sparse_lse(pts, other, pot, eps, nbr, *, block: int = BLOCK):
     # several row blocks per step (vmapped: each runs to the longest list of its batch),
     # taken in the order of their list lengths, so that a batch holds lists of one length.
     # Measured inside jit, N = 10^5, leaves of 64 with 20-40 kept blocks: one row block per
-    # step 0.59 G terms per CPU-s, 4 per step 0.72, 8 per step 0.76; the batches of 8 leaves
-    # in leaf order ran 20-28 % more steps than their lists hold (gaussian_affine, N = 3·10^4,
-    # every round's lists), sorted 1-4 %.
+    # step 0.59 G terms per CPU-s, 4 per step 0.72, 8 per step 0.76. Batches in leaf order
+    # would run a fifth to a quarter more steps than their lists hold; sorted, a few percent.
     order = leaf_order(nbr, nk, kc)
     out = jax.lax.map(rows, (q[order], nbr[order]), batch_size=max(1, 512 // block))
     return unsort(out, order).reshape(-1)[:n]

@@ -84,9 +84,8 @@ from ._rounds import _debiased_round, _ladder
 _MARGIN_EXTRA = 18.0
 #: the intermediate level's margin is log(M / MID) + MID_MARGIN_EXTRA: it only warm-starts
 #: the points (no certificate), and the terms its lists drop weigh < e^-6 of a row's sum.
-#: Measured at N = 3·10^4 (gaussian_affine), against the certificate's margin: its kernel
-#: densities 0.178 / 0.091 -> 0.132 / 0.073, the level 18.4 -> 15.7 CPU-s, the points'
-#: round unchanged (65 iterations, same S_ε to 1e-7).
+#: Its lists are about a quarter lighter than at the certificate's margin, and the points'
+#: round that follows is the same (iterations and S_ε; docs/math.md §D.4, item 11).
 MID_MARGIN_EXTRA = 6.0
 #: a split moves to the widest gap of the middle half of the sorted coordinate when that
 #: gap is this many times the mean spacing there (clusters get their own leaves).
@@ -462,9 +461,8 @@ def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block)
     def group(args):
         # a batch of leaves, one loop to the batch's longest list (a leaf past its own list
         # visits the empty block: no term). An explicit batch: a vmapped loop with per-leaf
-        # trip counts would copy every leaf's (block, Kc) maxima at every step (measured,
-        # gaussian_affine N = 3·10^4, warm call: 4.7 -> 3.7 CPU-s in this function, the same
-        # margins; the sparse kernel, whose carry is small, gains nothing from this).
+        # trip counts would copy every leaf's (block, Kc) maxima at every step (the sparse
+        # kernel, whose carry is small, gains nothing from an explicit batch).
         xs, ok, lo, idx = args
         init = jax.vmap(lambda a: leaf(a)[0])((xs, ok, lo, idx))
         body = jax.vmap(lambda t, c, a: leaf(a)[1](t, c), in_axes=(None, 0, 0))
@@ -574,24 +572,20 @@ ATTEMPT_ITERATIONS = 150
 ATTEMPT_LIMIT = 600
 #: iterations of the first attempt of the intermediate level's first round, whose lists are
 #: selected from the coarse solution carried (the farthest start of the ladder): its lists
-#: are checked that early. Measured at N = 10^5 (gaussian_affine), attempts of 150: the
-#: check then found needed blocks missing in ~10 % of the leaves, and the round went on
-#: for 100 more iterations on the union (~60 CPU-s of 136 for the level spent before the
-#: reselection); checked at 40 iterations, the same blocks are found missing and the round
-#: ends 80 iterations later (the level 74 CPU-s, with error checks every 5 iterations). At
-#: N = 3·10^4 the check at 40 iterations finds a few blocks missing too (the round had
-#: converged on its lists in 75: now 40 + 50 iterations, +3 CPU-s).
+#: are checked that early. Lists that miss needed blocks are found as well after 40
+#: iterations as after 150, and every iteration spent on them before the reselection is
+#: lost (at N = 10^5 they miss blocks in ~10 % of the leaves); where the lists were enough,
+#: the early check costs one reselection (docs/math.md §D.4, item 11).
 FIRST_ATTEMPT = 40
 #: the lists of a round are selected with the margin enlarged by this many ε (the
 #: potentials move during the round; the final check uses the certificate's margin).
 _SELECT_EXTRA = 4.0
 #: the iteration at which the over-relaxation is first measured in the rounds on the points
 #: (they start by extrapolation at their own ε: no annealing to wait for; then it is
-#: re-estimated at every error check, every ``_rounds.XY_INNER`` iterations). Measured at
-#: N = 10^4 (affine case), against waiting for an annealing over FINE_ROUND_RATIO (30): the
-#: first round on the points 70 -> 60 iterations; gaussian_affine at N = 3·10^4, start 20
-#: with checks every 10 iterations -> start 10 with checks every 5: the intermediate rounds
-#: 100 + 70 -> 75 + 55 iterations, the points' round 70 -> 65 (warm call 44.0 -> 39.4 CPU-s).
+#: re-estimated at every error check, every ``_rounds.XY_INNER`` iterations). Measuring it
+#: early, from the second check on, takes fewer iterations than waiting for an annealing
+#: over FINE_ROUND_RATIO, in the intermediate rounds and in the points' round alike
+#: (docs/math.md §D.4, items 9 and 11).
 FINE_MOMENTUM_START = 10
 
 
@@ -942,16 +936,11 @@ def _extrapolate(h1, h2, eps):
     return _extrapolate_pots(p1, p2, jnp.asarray(t, p2[0][0].dtype))
 
 
-#: points per k-d leaf of the rounds on the points (a multiple of SUB). Measured, affine case
-#: N = 3·10^4, one call each (load 1-6): block 256 / 128 / 64 / 32 -> 116 / 99 / 87 / 102
-#: CPU-s, final kernel densities 0.12 / 0.08 / 0.05 / 0.04 (smaller leaves follow the
-#: kernel's support more closely; at 32 the longer lists cost more in the selections). Since
-#: the batched loops take the leaves in the order of their list lengths and the exact margins
-#: run a batch as one loop, 32 (gaussian_affine, warm call, 64 -> 32): N = 3·10^4 about
-#: 28 -> 20.5 CPU-s (final density 0.073 -> 0.049); N = 10^5 (density 0.045 -> 0.032, the
-#: same iterations), separate runs 123 -> 105 CPU-s (the points' round 57 -> 40, their
-#: selection 18 -> 24), interleaved in one process 129 -> 135 CPU-s, 115 -> 89 s wall (load
-#: 3.2 and 2.0: the CPU time of the 2 threads grows as the load falls).
+#: points per k-d leaf of the rounds on the points (a multiple of SUB). Smaller leaves follow
+#: the kernel's support more closely (a kept block costs all its block × block terms) but
+#: make longer lists (more selection work, shorter kernel tiles); with the batched loops
+#: taking the leaves in the order of their list lengths, 32 keeps the least work at
+#: N = 3·10^4 and 10^5 (docs/math.md §D.4, items 8 and 11).
 FINE_BLOCK = 32
 
 
