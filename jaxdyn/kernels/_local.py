@@ -1,0 +1,702 @@
+r"""The block-sparse core: softmax attention that visits only the key blocks that can matter.
+
+At low temperature a query's softmax mass sits on the keys within an angle of order β^{-1/2}
+of its direction; almost every pair of a dense pass contributes ``e^{-thousands}``. This module
+skips those pairs *with a certificate* (docs/math.md, "Local attention"):
+
+1. **Ordering.** Queries and keys are sorted along a Morton (Z-order) curve of their
+   positions (a grid of 2^10 cells a side in three coordinates, the leading principal axes
+   when there are more) and cut into leaves of ``leaf`` consecutive points; ``group``
+   consecutive leaves form a coarse cluster. The ordering is rebuilt at every call (one
+   sort of the points), so moving particles never need a separate rebuild.
+2. **Caps.** Every leaf and cluster carries bounding balls: of its keys ``k_j`` (centre,
+   radius, largest ``|k_j|²``), and of its queries ``q_i`` and their directions
+   ``q̂_i = q_i / |q_i|`` (with the range of ``|q_i|``).
+3. **A lower bound of each row's largest logit.** A first pass over one key leaf per query
+   leaf (the leaf at the query's place in the key order) gives ``m_i = max_j l_ij`` over
+   that leaf, and ``e_i = max_j (|k_j|² − |q̂_i − k_j|²)``.
+4. **Bounds and lists.** For a row i and a key leaf J, every logit obeys both
+
+       l_ij − m_i ≤ (|q_i| / 2) (max_J |k|² − dist(q̂_i, ball_J)² − e_i)        (quadratic)
+       l_ij − m_i ≤ q_i · (c_J − c_I) + |q_i| r_J − (m_i − q_i · c_I)            (linear)
+
+   (the first from ``q̂·k = (|q̂|² + |k|² − |q̂ − k|²) / 2``: tight for keys on a sphere;
+   the second for keys anywhere), bounded over the rows of a leaf or cluster with their
+   balls, plus a rounding slack of a few ulps of the logits. A key cluster, then a key leaf,
+   is skipped iff its bound ``b`` satisfies ``b ≤ −T``, ``T = log(2 m / tol)``: the skipped
+   mass of a row is at most ``m e^{−T} = tol / 2`` of ``e^{m_i}``, itself at most the row's
+   kept mass. Lists have fixed capacities (``capacity``); an overflow is detected, never
+   truncated: the blocked kernel answers instead (or NaN, ``on_overflow="nan"``).
+5. **Tiles.** The kept (query leaf, key leaf) tiles run the online-softmax recurrence of
+   :func:`._online.running_update` on centred logits ``q_i · (k_j − c_I)`` (the row constant
+   ``q_i · c_I`` cancels in softmax weights, and the centred products keep their precision
+   at β of 10⁷ in float32). Query leaves are taken in chunks ordered by list length; a
+   chunk loops over its longest list. The derivative is a second pass over the same tiles
+   (``jax.custom_vjp``, the flash-attention backward pass): memory O(N), never a tile kept.
+6. **The realised bound.** ``s_i = (skipped bound of row i) / (kept mass of row i)`` is
+   returned with the result (``with_stats``); the average then differs from the dense one
+   by at most ``2 s_i max_j |v_j| ≤ tol max_j |v_j|``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ._online import HIGHEST, all_at_most, finite_or_zero, ratio, running_update
+
+__all__ = ["DEFAULT_TOL", "LEAF", "LocalStats", "Ordering", "default_group", "leaf_balls",
+           "local_attention", "pack_lists", "spatial_order"]
+
+#: the default tolerance: the field's error relative to ``max_j |v_j|``
+DEFAULT_TOL = 1e-6
+#: points per leaf
+LEAF = 64
+#: the coarse level keeps at most this many clusters a side (its bound matrix is square in it)
+COARSE_MAX = 4096
+#: query leaves a chunk of the tile passes
+CHUNK = 128
+#: default list capacities (key clusters a query cluster, key leaves a query leaf); every
+#: cluster where there are at most ``2 ×`` the first
+CAPACITY = (48, 256)
+#: the fixed reference is taken while the largest kept bound stays below half of these
+_SAFE = {"float32": 60.0, "float64": 600.0}
+ON_OVERFLOW = ("blocked", "nan")
+
+
+class LocalStats(NamedTuple):
+    """What the local kernel skipped, and its certificate.
+
+    Attributes:
+      mass: (n,) the certified bound of each row's skipped softmax mass relative to its kept
+        mass (at most ``tol / 2``).
+      bound: (n,) the certified bound of ``|m_i − m_i^dense| / max_j |v_j|``: ``2 · mass``
+        (at most ``tol``).
+      visited: scalar, the fraction of the n · m (query, key) pairs computed (tiles of whole
+        leaves, padding included).
+      overflow: boolean scalar, a list capacity was exceeded (the result then came from the
+        blocked kernel, or is NaN under ``on_overflow="nan"``); ``mass`` and ``bound`` are then
+        0 (the blocked kernel skips nothing) or NaN.
+      kept: (2,) int, the longest coarse and fine list (compare with ``capacity``).
+    """
+
+    mass: jax.Array
+    bound: jax.Array
+    visited: jax.Array
+    overflow: jax.Array
+    kept: jax.Array
+
+
+class Ordering(NamedTuple):
+    """Points sorted along a space-filling curve and cut into leaves.
+
+    Attributes:
+      perm: (nl · leaf,) int32, the point at each sorted place (padding repeats the last).
+      valid: (nl · leaf,) bool, False on the padding.
+      codes: (nl · leaf,) uint32 curve codes at the sorted places (nondecreasing).
+    """
+
+    perm: jax.Array
+    valid: jax.Array
+    codes: jax.Array
+
+
+# ----------------------------------------------------------------------------- ordering
+
+
+def _part1by2(v):
+    """Spread the low 10 bits of ``v`` (uint32) to every third bit."""
+    v = v & jnp.uint32(0x3FF)
+    v = (v | (v << 16)) & jnp.uint32(0xFF0000FF)
+    v = (v | (v << 8)) & jnp.uint32(0x0300F00F)
+    v = (v | (v << 4)) & jnp.uint32(0x030C30C3)
+    return (v | (v << 2)) & jnp.uint32(0x09249249)
+
+
+def _part1by1(v):
+    """Spread the low 16 bits of ``v`` (uint32) to every other bit."""
+    v = v & jnp.uint32(0xFFFF)
+    v = (v | (v << 8)) & jnp.uint32(0x00FF00FF)
+    v = (v | (v << 4)) & jnp.uint32(0x0F0F0F0F)
+    v = (v | (v << 2)) & jnp.uint32(0x33333333)
+    return (v | (v << 1)) & jnp.uint32(0x55555555)
+
+
+def _frame(points):
+    """The coordinates the curve runs in: at most three (the leading principal axes)."""
+    pts = jnp.nan_to_num(jax.lax.stop_gradient(points).astype(jnp.float32))
+    if pts.shape[1] <= 3:
+        return lambda a: jnp.nan_to_num(jax.lax.stop_gradient(a).astype(jnp.float32)), pts
+    mean = jnp.mean(pts, axis=0)
+    cov = jnp.matmul((pts - mean).T, pts - mean, precision=HIGHEST)
+    axes = jnp.linalg.eigh(cov)[1][:, -3:]
+
+    def proj(a):
+        a = jnp.nan_to_num(jax.lax.stop_gradient(a).astype(jnp.float32))
+        return jnp.matmul(a - mean, axes, precision=HIGHEST)
+
+    return proj, proj(points)
+
+
+def _codes(c, lo, span):
+    """Morton codes (uint32) of coordinates ``c`` (n, ≤ 3) in the box ``lo + [0, span]``."""
+    c = jnp.asarray(c)
+    dims = c.shape[1]
+    bits = {1: 31, 2: 16, 3: 10}[dims]
+    top = float(2 ** bits - 1)
+    cell = jnp.clip(jnp.floor((c - lo) / span * top + 0.5), 0.0, top).astype(jnp.uint32)
+    if dims == 1:
+        return cell[:, 0]
+    if dims == 2:
+        return _part1by1(cell[:, 0]) | (_part1by1(cell[:, 1]) << 1)
+    return _part1by2(cell[:, 0]) | (_part1by2(cell[:, 1]) << 1) | (_part1by2(cell[:, 2]) << 2)
+
+
+def _hilbert2(x, y, bits):
+    """Hilbert-curve index of the cells ``(x, y)`` (uint32, ``bits`` bits each)."""
+    top = jnp.uint32(2 ** bits - 1)
+    d = jnp.zeros_like(x)
+    for b in range(bits - 1, -1, -1):
+        s = jnp.uint32(1 << b)
+        rx = (x & s) > 0
+        ry = (y & s) > 0
+        d = d + jnp.uint32(1 << (2 * b)) * ((3 * rx.astype(jnp.uint32)) ^ ry.astype(jnp.uint32))
+        flip = ~ry & rx
+        x, y = jnp.where(flip, top - x, x), jnp.where(flip, top - y, y)
+        x, y = jnp.where(ry, x, y), jnp.where(ry, y, x)
+    return d
+
+
+def _sphere_codes(c):
+    """Codes of points on a sphere centred at 0: the face of the cube they project to, then a
+    Hilbert (two coordinates left) or Morton curve on that face; None where it does not apply."""
+    p = c.shape[1]
+    if p == 2:
+        ang = jnp.arctan2(c[:, 1], c[:, 0])
+        return jnp.clip(jnp.floor((ang + math.pi) / (2 * math.pi) * 2.0 ** 31), 0,
+                        2.0 ** 31 - 1).astype(jnp.uint32)
+    if p > 4:
+        return None
+    a = jnp.abs(c)
+    axis = jnp.argmax(a, axis=1)
+    big = jnp.take_along_axis(c, axis[:, None], axis=1)
+    face = (2 * axis + (big[:, 0] < 0)).astype(jnp.uint32)
+    others = jnp.stack([jnp.where(axis[:, None] <= i, c[:, i + 1:i + 2], c[:, i:i + 1])[:, 0]
+                        for i in range(p - 1)], axis=1)
+    uv = others / jnp.where(big == 0, 1.0, jnp.abs(big))
+    bits = 14 if p == 3 else 9
+    top = float(2 ** bits - 1)
+    cell = jnp.clip(jnp.floor((uv + 1.0) * 0.5 * top + 0.5), 0.0, top).astype(jnp.uint32)
+    if p == 3:
+        return (face << 28) | _hilbert2(cell[:, 0], cell[:, 1], bits)
+    return (face << 28) | (_part1by2(cell[:, 0]) | (_part1by2(cell[:, 1]) << 1)
+                           | (_part1by2(cell[:, 2]) << 2))
+
+
+def _curve(points, lo, span):
+    """Codes along the curve: the cube-map curve where every point lies on the unit sphere
+    (to 1 %), else the Morton curve of the box."""
+    raw = jnp.nan_to_num(jax.lax.stop_gradient(points).astype(jnp.float32))
+    box = _codes(lo[1](raw), lo[0], span)
+    sph = _sphere_codes(raw)
+    if sph is None:
+        return box
+    on_sphere = jnp.all(jnp.abs(jnp.sum(raw * raw, axis=1) - 1.0) < 0.02)
+    return jnp.where(on_sphere, sph, box)
+
+
+#: the curve's top bits that start a segment (a cube face, an octant of the box)
+SEGMENT_SHIFT = 28
+SEGMENTS = 16
+
+
+def _sorted(codes, size, unit):
+    """The ordering of ``codes`` in ``size`` places, each segment of the curve (top code bits)
+    starting a new cluster of ``unit`` places when ``size`` holds the spare places."""
+    n = codes.shape[0]
+    sc, perm = jax.lax.sort((codes, jnp.arange(n, dtype=jnp.int32)), num_keys=1)
+    if size < n + SEGMENTS * unit:
+        perm = jnp.concatenate([perm, jnp.broadcast_to(perm[-1], (size - n,))])
+        return Ordering(perm, jnp.arange(size) < n, codes[perm])
+    seg = (sc >> SEGMENT_SHIFT).astype(jnp.int32)
+    count = jnp.zeros((SEGMENTS,), jnp.int32).at[seg].add(1)
+    room = (count + unit - 1) // unit * unit
+    place = (jnp.cumsum(room) - room)[seg] + jnp.arange(n) - (jnp.cumsum(count) - count)[seg]
+    full = jnp.full((size,), -1, jnp.int32).at[place].set(perm, unique_indices=True)
+    valid = full >= 0
+    last = jax.lax.cummax(jnp.where(valid, jnp.arange(size), 0))
+    full = full[last]
+    return Ordering(full, valid, codes[full])
+
+
+def spatial_order(x, y=None, *, leaf=LEAF, group=None):
+    """Orderings of queries ``x`` and keys ``y`` along one space-filling curve, cut into leaves.
+
+    Points on the unit sphere (every norm within 1 %) follow a cube map (the face a point
+    projects to, then a Hilbert curve on the face in S², a Morton curve in S³, the angle
+    on S¹); other clouds a Morton curve of their bounding box (in their three leading
+    principal coordinates when they have more). Each segment of the curve (a cube face, a
+    box octant) starts a new cluster once the cloud is large enough for the spare places.
+
+    Args:
+      x: (n, p) query positions.
+      y: (m, p) key positions, or None (self-attention: the keys are ``x``).
+      leaf: points per leaf.
+      group: leaves per coarse cluster (None: :func:`default_group` of the keys).
+
+    Returns:
+      ``(order_x, order_y, locate)``: :class:`Ordering` (the same object twice when ``y`` is
+      None), each padded to a whole number of clusters, and ``locate(points)``, the codes of
+      other points on the same curve.
+    """
+    both = x if y is None else jnp.concatenate([x, y])
+    proj, cx = _frame(both)
+    lo = jnp.min(cx, axis=0)
+    span = jnp.maximum(jnp.max(cx, axis=0) - lo, 1e-30)
+
+    def locate(points):
+        return _curve(points, (lo, proj), span)
+
+    codes = locate(both)
+    n = x.shape[0]
+    m = n if y is None else y.shape[0]
+    g = group or default_group(m, leaf)
+    if y is None:
+        ox = _sorted(codes, _padded(n, leaf, g), leaf * g)
+        return ox, ox, locate
+    return (_sorted(codes[:n], _padded(n, leaf, g), leaf * g),
+            _sorted(codes[n:], _padded(m, leaf, g), leaf * g), locate)
+
+
+def default_group(m: int, leaf: int = LEAF) -> int:
+    """Leaves per coarse cluster: a power of two, at least 8, with at most ``COARSE_MAX`` clusters.
+
+    Args:
+      m: number of points.
+      leaf: points per leaf.
+
+    Returns:
+      The group size.
+    """
+    g = 8
+    while math.ceil(m / (leaf * g)) > COARSE_MAX:
+        g *= 2
+    return g
+
+
+def _padded(n, leaf, group):
+    """Places of a cloud of n points: whole clusters of ``group`` leaves, with room for every
+    segment of the curve to start a cluster where that costs at most 1/8 more places."""
+    unit = leaf * group
+    size = max(1, math.ceil(n / unit)) * unit
+    if SEGMENTS * unit * 8 <= n:
+        size += SEGMENTS * unit
+    if size > leaf * CHUNK:  # whole chunks of query leaves for the tile passes
+        whole = leaf * max(group, CHUNK)
+        size = math.ceil(size / whole) * whole
+    return size
+
+
+# ----------------------------------------------------------------------------- caps
+
+
+class Balls(NamedTuple):
+    """Bounding balls of the leaves (or clusters) of a sorted cloud."""
+
+    centre: jax.Array  # (nb, p)
+    radius: jax.Array  # (nb,)
+
+
+def leaf_balls(pts):
+    """Centre (mean) and radius (largest distance to it) of each leaf.
+
+    Args:
+      pts: (nb, leaf, p) sorted points (padding repeats a point of the last leaf).
+
+    Returns:
+      :class:`Balls`.
+    """
+    c = jnp.mean(pts, axis=1)
+    r = jnp.sqrt(jnp.max(jnp.sum((pts - c[:, None, :]) ** 2, axis=-1), axis=1))
+    return Balls(c, r)
+
+
+def _merge(balls: Balls, group):
+    """Balls of clusters of ``group`` consecutive leaves enclosing the leaves' balls."""
+    nb, p = balls.centre.shape
+    c = balls.centre.reshape(nb // group, group, p)
+    cc = jnp.mean(c, axis=1)
+    r = jnp.max(jnp.linalg.norm(c - cc[:, None, :], axis=-1)
+                + balls.radius.reshape(nb // group, group), axis=1)
+    return Balls(cc, r)
+
+
+class _Keys(NamedTuple):
+    ball: Balls          # keys' balls
+    nu: jax.Array        # largest |k|²
+    count: jax.Array     # valid keys
+
+
+class _Queries(NamedTuple):
+    ball: Balls          # the queries' ball (linear bound)
+    dirs: Balls          # their directions' ball (quadratic bound)
+    rho: jax.Array       # (nb, 2): least and largest |q|
+    e: jax.Array         # least e_i
+    w: jax.Array         # largest −m̃_i (a cluster: plus |q_i| |c_cluster − c_I|)
+    centre: jax.Array    # (nb, p): the centring point (key space)
+
+
+def _key_leaves(ks, valid):
+    nu = jnp.max(jnp.sum(ks * ks, axis=-1), axis=1)
+    return _Keys(leaf_balls(ks), nu, jnp.sum(valid, axis=1).astype(ks.dtype))
+
+
+def _key_clusters(keys: _Keys, group):
+    nb = keys.nu.shape[0]
+    return _Keys(_merge(keys.ball, group), jnp.max(keys.nu.reshape(nb // group, group), axis=1),
+                 jnp.sum(keys.count.reshape(nb // group, group), axis=1))
+
+
+def _query_leaves(qs, centre, m_row, e_row, qvalid):
+    # over the valid rows: a leaf of padding alone has e = +inf, w = -inf (nothing to bound)
+    rho = jnp.linalg.norm(qs, axis=-1)
+    dirs = qs / jnp.where(rho > 0, rho, 1.0)[..., None]
+    return _Queries(leaf_balls(qs), leaf_balls(dirs),
+                    jnp.stack([jnp.min(rho, axis=1), jnp.max(rho, axis=1)], axis=-1),
+                    jnp.min(jnp.where(qvalid, e_row, jnp.inf), axis=1),
+                    -jnp.min(jnp.where(qvalid, m_row, jnp.inf), axis=1), centre)
+
+
+def _query_clusters(qv: _Queries, group):
+    nb, p = qv.centre.shape
+    nc = nb // group
+
+    def g(a):
+        return a.reshape((nc, group) + a.shape[1:])
+
+    centre = jnp.mean(g(qv.centre), axis=1)
+    shift = jnp.linalg.norm(g(qv.centre) - centre[:, None, :], axis=-1)
+    rho = g(qv.rho)
+    w = jnp.max(rho[..., 1] * shift + g(qv.w), axis=1)
+    return _Queries(_merge(qv.ball, group), _merge(qv.dirs, group),
+                    jnp.stack([jnp.min(rho[..., 0], axis=1), jnp.max(rho[..., 1], axis=1)], -1),
+                    jnp.min(g(qv.e), axis=1), w, centre)
+
+
+def _bounds(qv: _Queries, kv: _Keys, eps):
+    """Upper bounds of ``l_ij − m_i`` over the rows of each query ball and the keys of each key ball.
+
+    Broadcasts: every field of ``qv`` shaped (..., 1, ·) against ``kv``'s (1, ..., ·) gives
+    (..., ...).
+    """
+    rmin, rmax = qv.rho[..., 0], qv.rho[..., 1]
+    empty = qv.e == jnp.inf  # query balls of padding alone
+    qv = qv._replace(e=jnp.where(empty, 0.0, qv.e), w=jnp.where(empty, 0.0, qv.w))
+    # quadratic: (|q_i| / 2)(ν_J − D² − e_i), D the distance of the directions' ball to J's
+    dist = jnp.linalg.norm(qv.dirs.centre - kv.ball.centre, axis=-1)
+    gap = jnp.maximum(dist - qv.dirs.radius - kv.ball.radius, 0.0)
+    s = kv.nu - gap * gap - qv.e
+    quad = 0.5 * jnp.where(s >= 0, rmax, rmin) * s
+    quad_slack = 2.0 * eps * rmax * (jnp.abs(kv.nu) + jnp.abs(qv.e) + gap * gap + 2.0)
+    # linear: q·(c_J − c_I) + |q| r_J − m̃_i with q in the queries' ball
+    dc = kv.ball.centre - qv.centre
+    ndc = jnp.linalg.norm(dc, axis=-1)
+    qc = jnp.sum(qv.ball.centre * dc, axis=-1)
+    lin = qc + qv.ball.radius * ndc + rmax * kv.ball.radius + qv.w
+    lin_slack = 4.0 * eps * (jnp.abs(qc) + qv.ball.radius * ndc + rmax * kv.ball.radius
+                             + jnp.abs(qv.w) + rmax * jnp.linalg.norm(qv.centre, axis=-1))
+    empty = empty | (kv.count == 0)  # or key balls of padding alone
+    return jnp.where(empty, -jnp.inf, jnp.minimum(quad + quad_slack, lin + lin_slack))
+
+
+# ----------------------------------------------------------------------------- tiles
+
+
+def _tile(qc, kt, centre, valid):
+    """Centred logits of a chunk: (C, leaf, leaf), −∞ on invalid keys."""
+    l = jnp.einsum("cip,cjp->cij", qc, kt - centre[:, None, :], precision=HIGHEST)
+    return jnp.where(valid[:, None, :], l, -jnp.inf)
+
+
+def _chunks(a, chunk):
+    return a.reshape((a.shape[0] // chunk, chunk) + a.shape[1:])
+
+
+class _Plan(NamedTuple):
+    """What the tile passes need besides the operands (no derivative)."""
+
+    kvalid: jax.Array    # (nbk, leaf) keys that are not padding
+    centre: jax.Array    # (nbq, p) the centring point of each query leaf
+    lists: jax.Array     # (nbq, K) key leaves
+    counts: jax.Array    # (nbq,) list lengths
+    shift: jax.Array     # (nbq, leaf) a fixed reference of each row, or +inf: the running max
+
+
+def _forward_pass(qs, ks, vs, plan, chunk):
+    """Per row: the reference ``ref_i`` and ``Σ_j e^{l_ij − ref_i} [v_j, 1]`` over its list."""
+    nbq, leaf, _ = qs.shape
+    e = vs.shape[-1]
+
+    def one(args):
+        qc, cc, lc, nc, sc = args
+        C = qc.shape[0]
+
+        def slot_fixed(k, acc):
+            j = lc[:, k]
+            l = _tile(qc, ks[j], cc, plan.kvalid[j] & (k < nc)[:, None])
+            w = jnp.exp(l - sc[..., None])
+            return acc + jnp.einsum("cij,cje->cie", w, vs[j], precision=HIGHEST)
+
+        def slot_running(k, state):
+            j = lc[:, k]
+            vt = vs[j]
+            l = _tile(qc, ks[j], cc, plan.kvalid[j] & (k < nc)[:, None]).reshape(C * leaf, leaf)
+
+            def weighted(w):
+                return jnp.einsum("cij,cje->cie", w.reshape(C, leaf, leaf), vt,
+                                  precision=HIGHEST).reshape(C * leaf, e)
+
+            return running_update(*state, l, weighted)
+
+        def fixed():
+            acc = jax.lax.fori_loop(0, jnp.max(nc), slot_fixed, jnp.zeros((C, leaf, e), qs.dtype))
+            return sc, acc
+
+        def running():
+            init = (jnp.full((C * leaf,), -jnp.inf, qs.dtype), jnp.zeros((C * leaf, e), qs.dtype))
+            mx, acc = jax.lax.fori_loop(0, jnp.max(nc), slot_running, init)
+            return finite_or_zero(mx).reshape(C, leaf), acc.reshape(C, leaf, e)
+
+        # the fixed reference where every row of the chunk has one (module doc), under vmap
+        # for every member at once (one branch)
+        return jax.lax.cond(all_at_most(sc, jnp.finfo(sc.dtype).max), fixed, running)
+
+    ref, acc = jax.lax.map(one, (_chunks(qs, chunk), _chunks(plan.centre, chunk),
+                                 _chunks(plan.lists, chunk), _chunks(plan.counts, chunk),
+                                 _chunks(plan.shift, chunk)))
+    return ref.reshape(nbq, leaf), acc.reshape(nbq, leaf, e)
+
+
+def _backward_pass(qs, ks, vs, plan, ref, g, chunk):
+    """Cotangents of (qs, ks, vs) given the sums' cotangent ``g``: a second pass over the tiles."""
+
+    def one(carry, args):
+        dk, dv = carry
+        qc, cc, lc, nc, rc, gc = args
+
+        def slot(k, state):
+            dq, dk, dv = state
+            j = lc[:, k]
+            kt = ks[j]
+            l = _tile(qc, kt, cc, plan.kvalid[j] & (k < nc)[:, None])
+            w = jnp.exp(l - rc[..., None])                                # (C, i, j)
+            dl = w * jnp.einsum("cie,cje->cij", gc, vs[j], precision=HIGHEST)
+            dq = dq + jnp.einsum("cij,cjp->cip", dl, kt - cc[:, None, :], precision=HIGHEST)
+            dk = dk.at[j].add(jnp.einsum("cij,cip->cjp", dl, qc, precision=HIGHEST))
+            dv = dv.at[j].add(jnp.einsum("cij,cie->cje", w, gc, precision=HIGHEST))
+            return dq, dk, dv
+
+        dq, dk, dv = jax.lax.fori_loop(0, jnp.max(nc), slot, (jnp.zeros_like(qc), dk, dv))
+        return (dk, dv), dq
+
+    (dk, dv), dq = jax.lax.scan(
+        one, (jnp.zeros_like(ks), jnp.zeros_like(vs)),
+        (_chunks(qs, chunk), _chunks(plan.centre, chunk), _chunks(plan.lists, chunk),
+         _chunks(plan.counts, chunk), _chunks(ref, chunk), _chunks(g, chunk)))
+    return dq.reshape(qs.shape), dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _sums(qs, ks, vs, plan, chunk):
+    return _forward_pass(qs, ks, vs, plan, chunk)
+
+
+def _sums_fwd(qs, ks, vs, plan, chunk):
+    ref, acc = _forward_pass(qs, ks, vs, plan, chunk)
+    return (ref, acc), (qs, ks, vs, plan, ref)
+
+
+def _sums_bwd(chunk, res, cts):
+    qs, ks, vs, plan, ref = res
+    dq, dk, dv = _backward_pass(qs, ks, vs, plan, ref, cts[1], chunk)
+    return dq, dk, dv, jax.tree.map(lambda a: None, plan)
+
+
+_sums.defvjp(_sums_fwd, _sums_bwd)
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+def _seed_pass(qs, ks, kvalid, centre, seed, chunk):
+    """Per row: the largest centred logit ``m̃_i`` over its seed key leaf."""
+    nbq, leaf, p = qs.shape
+
+    def one(args):
+        qc, cc, sc = args
+        return jnp.max(_tile(qc, ks[sc], cc, kvalid[sc]), axis=-1)
+
+    m_row = jax.lax.map(one, (_chunks(qs, chunk), _chunks(centre, chunk), _chunks(seed, chunk)))
+    return m_row.reshape(nbq, leaf)
+
+
+def pack_lists(keep, values, cap):
+    """The ``values`` where ``keep`` (along the last axis), packed in order into ``cap`` slots.
+
+    A fixed-capacity list per row (no sort): the kept entries beyond ``cap`` are dropped, and
+    the caller compares the counts with ``cap`` to detect it.
+
+    Args:
+      keep: (rows, c) booleans.
+      values: (rows, c) the entries.
+      cap: slots a row.
+
+    Returns:
+      ``(lists, counts)``: (rows, cap) packed values (the free slots hold the row's first
+      value) and (rows,) the number of kept entries (may exceed ``cap``).
+    """
+    pos = jnp.cumsum(keep, axis=-1) - 1
+    slot = jnp.where(keep & (pos < cap), pos, cap)
+    rows = jnp.arange(keep.shape[0])[:, None]
+    fill = jnp.broadcast_to(values[..., :1], keep.shape[:-1] + (cap,))
+    packed = fill.at[rows, slot].set(values, mode="drop")
+    return packed, jnp.sum(keep, axis=-1)
+
+
+def _select(qv, kv, qcv, kcv, T, eps, group, capacity, chunk):
+    """Coarse then fine lists, their lengths, the largest kept bound and the skipped bound of
+    every query leaf, whether a capacity was exceeded, and the longest lists."""
+    kc_cap, kf_cap = capacity
+    ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
+    kc_cap = nck if nck <= 2 * kc_cap else kc_cap
+    kf_cap = min(kf_cap, kc_cap * group)
+
+    def bcast(tree, axis):
+        return jax.tree.map(lambda a: jnp.expand_dims(a, axis), tree)
+
+    bc = _bounds(bcast(qcv, 1), bcast(kcv, 0), eps)                    # (ncq, nck)
+    keep_c = bc > -T
+    skipped_c = jnp.sum(jnp.where(keep_c, 0.0, kcv.count * jnp.exp(jnp.minimum(bc, 0.0))),
+                        axis=1)
+    idx_c, count_c = pack_lists(keep_c, jnp.broadcast_to(jnp.arange(nck), bc.shape), kc_cap)
+    kept_c = jnp.arange(kc_cap)[None, :] < count_c[:, None]            # (ncq, Kc)
+
+    def per_cluster(args):
+        q, kc, kk = args                       # q: the cluster's leaves (group, ...)
+        leaves = (kc[:, None] * group + jnp.arange(group)).reshape(-1)   # (Kc·G,)
+        ok = jnp.repeat(kk, group)
+        k = jax.tree.map(lambda a: a[leaves], kv)
+        b = _bounds(bcast(q, 1), bcast(k, 0), eps)                     # (G, Kc·G)
+        keep = (b > -T) & ok[None, :]
+        skipped = jnp.sum(jnp.where(keep | ~ok[None, :], 0.0,
+                                    k.count * jnp.exp(jnp.minimum(b, 0.0))), axis=1)
+        top = jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)
+        lists, counts = pack_lists(keep, jnp.broadcast_to(leaves, b.shape), kf_cap)
+        return lists, counts, skipped, top
+
+    qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
+    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, kept_c),
+                                                 batch_size=max(1, chunk // group))
+    count_f = count_f.reshape(-1)
+    overflow = (jnp.max(count_c) > kc_cap) | (jnp.max(count_f) > kf_cap)
+    return (lists.reshape(ncq * group, kf_cap), jnp.minimum(count_f, kf_cap),
+            top.reshape(-1), skipped_f.reshape(-1) + jnp.repeat(skipped_c, group), overflow,
+            jnp.stack([jnp.max(count_c), jnp.max(count_f)]))
+
+
+def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF, group=None,
+                    capacity=None, self_keys=False, on_overflow="blocked", fallback=None):
+    """``Σ_j w_ij v_j`` with ``w_ij ∝ exp(q_i · k_j)``, skipping key blocks below the tolerance.
+
+    Args:
+      q: (n, p) queries (pre-scaled: the logits are ``q_i · k_j``).
+      k: (m, p) keys.
+      v: (m, e) values.
+      qpos: (n, r) positions that order the queries (None: ``q``); ignored with ``self_keys``.
+      kpos: (m, r) positions that order the keys (None: ``k``).
+      tol: the certified bound of ``|m_i − m_i^dense| / max_j |v_j|`` (module doc).
+      leaf: points per leaf.
+      group: leaves per coarse cluster (None: :func:`default_group`).
+      capacity: (key clusters a query cluster, key leaves a query leaf); None: ``CAPACITY``.
+      self_keys: the queries are the keys' own points (``qpos = kpos``): one ordering.
+      on_overflow: ``"blocked"`` (call ``fallback``) or ``"nan"``.
+      fallback: zero-argument function returning the (n, e) dense answer, for
+        ``on_overflow="blocked"``.
+
+    Returns:
+      ``(out, stats)``: (n, e) averages and :class:`LocalStats`.
+    """
+    n, p = q.shape
+    m, e = v.shape
+    dtype = q.dtype
+    eps = float(jnp.finfo(dtype).eps)
+    capacity = tuple(CAPACITY if capacity is None else capacity)
+    kpos = k if kpos is None else kpos
+    ox, oy, locate = spatial_order(kpos if self_keys else (q if qpos is None else qpos),
+                                   None if self_keys else kpos, leaf=leaf, group=group)
+    g = group or default_group(m, leaf)
+    nbq, nbk = ox.perm.shape[0] // leaf, oy.perm.shape[0] // leaf
+    qs = q[ox.perm].reshape(nbq, leaf, p)
+    ks = k[oy.perm].reshape(nbk, leaf, p)
+    ones = jnp.ones((m, 1), v.dtype)
+    vs = jnp.where(oy.valid[:, None], jnp.concatenate([v, ones], axis=1)[oy.perm], 0)
+    vs = vs.reshape(nbk, leaf, e + 1).astype(dtype)
+    kvalid = oy.valid.reshape(nbk, leaf)
+    qvalid = ox.valid.reshape(nbq, leaf)
+    sq = jax.lax.stop_gradient(qs)
+    sk = jax.lax.stop_gradient(ks)
+    # the seed leaf of a query leaf: the key leaf at the place, in the key order, of the
+    # direction q̂ of its first query (where its logits peak)
+    first = sq[:, 0, :]
+    rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
+    seed = jnp.searchsorted(oy.codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
+    seed = jnp.minimum(seed, nbk * leaf - 1) // leaf
+    kv = _key_leaves(sk, kvalid)
+    centre = kv.ball.centre[seed]
+    chunk = min(CHUNK, nbq)
+    m_row = _seed_pass(sq, sk, kvalid, centre, seed, chunk)
+    # e_i = max_j (|k_j|² − |q̂_i − k_j|²) = 2 max_j q̂_i·k_j − |q̂_i|² over the seed leaf
+    rho = jnp.linalg.norm(sq, axis=-1)
+    safe = jnp.where(rho > 0, rho, 1.0)
+    e_row = jnp.where(rho > 0, 2.0 * (m_row + jnp.sum(sq * centre[:, None, :], -1)) / safe
+                      - jnp.sum((sq / safe[..., None]) ** 2, -1), 0.0)
+    qv = _query_leaves(sq, centre, m_row, e_row, qvalid)
+    T = math.log(2.0 * m / tol)
+    lists, counts, top, skipped, overflow, kept = _select(
+        qv, kv, _query_clusters(qv, g), _key_clusters(kv, g), T, eps, g, capacity, chunk)
+    # a fixed reference m̃_i + (largest kept bound) where that keeps every weight a normal
+    # number: no running maximum, one pass a tile
+    shift = jnp.where(top <= _SAFE.get(jnp.dtype(dtype).name, 60.0) / 2,
+                      jnp.maximum(top, 0.0), jnp.inf)[:, None] + m_row
+    # rows of padding: nothing to visit, a unit normaliser (their results are dropped)
+    shift = jnp.where(qvalid, shift, 0.0)
+    counts = jnp.where(jnp.any(qvalid, axis=1), counts, 0)
+    # query leaves by list length, so that a chunk's loop runs to about its own lists' end
+    by_len = jnp.argsort(counts)
+    back = jnp.argsort(by_len)
+    plan = _Plan(kvalid, centre[by_len], lists[by_len], counts[by_len], shift[by_len])
+    ref, acc = _sums(qs[by_len], ks, vs, plan, chunk)
+    ref, acc = ref[back], jnp.where(qvalid[..., None], acc[back], 1.0)
+    # back to the caller's order (the padding's places dropped)
+    place = jnp.where(ox.valid, ox.perm, n)
+    out = ratio(acc[..., :e], acc[..., e:]).reshape(nbq * leaf, e)
+    out = jnp.zeros((n, e), out.dtype).at[place].set(out, mode="drop", unique_indices=True)
+    # the realised bound: the skipped bound relative to e^{m̃_i}, over the kept mass
+    den = jax.lax.stop_gradient(acc[..., e])
+    mass = skipped[:, None] * jnp.exp(m_row - jax.lax.stop_gradient(ref)) / den
+    mass = jnp.zeros((n,), dtype).at[place].set(mass.reshape(-1), mode="drop",
+                                                 unique_indices=True)
+    visited = (jnp.sum(counts).astype(jnp.float32) * leaf * leaf) / (float(n) * float(m))
+    if on_overflow == "nan":
+        bad = jnp.where(overflow, jnp.nan, 0.0).astype(dtype)
+        out = out + bad
+        mass = mass + bad
+    elif fallback is not None:
+        ok = all_at_most(overflow.astype(jnp.int32), 0)
+        out, mass = jax.lax.cond(ok, lambda: (out, mass),
+                                 lambda: (fallback().astype(out.dtype), jnp.zeros_like(mass)))
+    return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept)
