@@ -81,6 +81,7 @@ if _typing.TYPE_CHECKING:
         compile_stats as compile_stats,
         enable_compilation_cache as enable_compilation_cache,
     )
+    from .kernels import interaction as interaction, local_interaction as local_interaction
 
 _SUBPACKAGES = ("choices", "clusters", "control", "distances", "encoder", "gaussian", "integrators",
                 "kernels", "models", "pde", "simulation", "spectral", "sphere", "weights")
@@ -98,6 +99,7 @@ _NAMES = {
     ".clusters": ("cluster_count", "interaction_energy", "merge_events", "pair_fraction"),
     ".io": ("open_results",),
     "._compile": ("compile_stats", "enable_compilation_cache"),
+    ".kernels": ("interaction", "local_interaction"),
 }
 _WHERE = {name: mod for mod, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE) + ["__version__", "io", *_SUBPACKAGES]

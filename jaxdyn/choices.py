@@ -7,8 +7,9 @@ which ``jaxdyn config`` loads without JAX.
 
 __all__ = ["ATTENTIONS", "KERNELS", "MASKS", "NORMALIZATIONS", "PLACEMENTS", "SDE_METHODS"]
 
-#: attention kernels: dense (N × N logits), blocked (online softmax over key blocks), auto
-KERNELS = ("dense", "blocked", "auto")
+#: attention kernels: dense (N × N logits), blocked (online softmax over key blocks), local
+#: (block-sparse: the key blocks that can matter at a tolerance), auto
+KERNELS = ("dense", "blocked", "local", "auto")
 #: attention weights of SphereAttention: softmax, unnormalised (USA), hardmax (β = ∞)
 NORMALIZATIONS = ("softmax", "unnormalized", "hardmax")
 #: attention masks of the multi-head models (the particle index is the position)

@@ -1,13 +1,16 @@
 """Attention kernels and the online log-sum-exp tiles of the Sinkhorn geometries.
 
 The interaction ``Σ_j w_ij y_j`` with softmax / unnormalised / hardmax weights, dense (N × M
-logits) or blocked (online softmax over key blocks, memory O(q_block · k_block)); the
+logits), blocked (online softmax over key blocks, memory O(q_block · k_block)) or local
+(block-sparse: only the key blocks that can matter at a certified tolerance); the
 variants (heads, causal masks, ALiBi / RoPE positions, L2 and Sinkhorn weights); and the
 online log-sum-exp tiles that the Sinkhorn geometries share. Every blocked kernel runs on one
 online-softmax / log-sum-exp core (``jaxdyn/kernels/_online.py``).
 """
 
 from ._attention import (
+    AUTO_LOCAL_MAX_VISITED as AUTO_LOCAL_MAX_VISITED,
+    AUTO_LOCAL_MIN_KEYS as AUTO_LOCAL_MIN_KEYS,
     DEFAULT_BLOCKS as DEFAULT_BLOCKS,
     HIGHEST as HIGHEST,
     KERNELS as KERNELS,
@@ -15,10 +18,12 @@ from ._attention import (
     SAFE_SHIFT as SAFE_SHIFT,
     blocked as blocked,
     interaction as interaction,
+    local_interaction as local_interaction,
     pad_rows as pad_rows,
     resolve_kernel as resolve_kernel,
 )
 from ._flash import attend as attend
+from ._local import DEFAULT_TOL as DEFAULT_TOL, LocalStats as LocalStats
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
 from ._variants import (
     CAUSAL_LARGE_N as CAUSAL_LARGE_N,
@@ -32,11 +37,15 @@ from ._variants import (
 )
 
 __all__ = [
+    "AUTO_LOCAL_MAX_VISITED",
+    "AUTO_LOCAL_MIN_KEYS",
     "CAUSAL_LARGE_N",
     "CAUSAL_Q_BLOCK",
     "DEFAULT_BLOCKS",
+    "DEFAULT_TOL",
     "HIGHEST",
     "KERNELS",
+    "LocalStats",
     "MASKS",
     "NORMALIZATIONS",
     "SAFE_SHIFT",
@@ -47,6 +56,7 @@ __all__ = [
     "default_rope_freqs",
     "heads_interaction",
     "interaction",
+    "local_interaction",
     "lse_tile",
     "pad_rows",
     "resolve_kernel",

@@ -61,14 +61,16 @@ import jax
 import jax.numpy as jnp
 
 from ..choices import KERNELS, NORMALIZATIONS
+from ._local import DEFAULT_TOL, local_attention
 from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, pad_rows, ratio,
                       safe_shift, sums)
 
 # ``_ratio`` and ``SAFE_SHIFT`` are shared with the ensemble driver's bound shift
 _ratio = ratio
 
-__all__ = ["DEFAULT_BLOCKS", "HIGHEST", "KERNELS", "NORMALIZATIONS", "SAFE_SHIFT", "blocked",
-           "interaction", "pad_rows", "resolve_kernel"]
+__all__ = ["AUTO_LOCAL_MAX_VISITED", "AUTO_LOCAL_MIN_KEYS", "DEFAULT_BLOCKS", "DEFAULT_TOL",
+           "HIGHEST", "KERNELS", "NORMALIZATIONS", "SAFE_SHIFT", "blocked", "check_local",
+           "interaction", "local_interaction", "pad_rows", "resolve_kernel"]
 
 FORMULATIONS = ("dot", "fused")
 
@@ -76,6 +78,10 @@ FORMULATIONS = ("dot", "fused")
 # a 2-core AVX-512 CPU (benchmarks/bench_large_n.py): dense and blocked tie near 512 keys;
 # at 1024 keys and above the blocked kernel wins, and dense memory grows as n·m.
 AUTO_BLOCKED_MIN_KEYS = 1024
+#: ``kernel="auto"`` considers the local kernel from this many keys on (softmax weights)...
+AUTO_LOCAL_MIN_KEYS = 16384
+#: ...and takes it where its lists visit at most this fraction of the pairs (else blocked)
+AUTO_LOCAL_MAX_VISITED = 0.25
 
 # Default block sizes (used when ``k_block``/``q_block`` are None), per platform. CPU: the
 # (q_block, k_block) float32 tile of 4 MiB streams through L2/L3 and each key block is
@@ -113,24 +119,58 @@ def _choice_error(name, value, choices):
 
 
 
-def resolve_kernel(kernel: str, m: int) -> str:
+def resolve_kernel(kernel: str, m: int, normalization: str = "softmax") -> str:
     """The concrete kernel ``"auto"`` stands for at ``m`` keys.
 
     Args:
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+      kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"``.
       m: number of keys.
+      normalization: the weights (the local kernel serves softmax weights only).
 
     Returns:
-      ``"dense"`` or ``"blocked"`` (``"auto"``: blocked from ``AUTO_BLOCKED_MIN_KEYS`` keys).
+      ``"dense"``, ``"blocked"``, ``"local"``, or ``"auto_local"`` (``"auto"`` from
+      ``AUTO_LOCAL_MIN_KEYS`` softmax keys: the local kernel where its lists visit at most
+      ``AUTO_LOCAL_MAX_VISITED`` of the pairs, decided at run time, else the blocked one);
+      ``"auto"`` below that: blocked from ``AUTO_BLOCKED_MIN_KEYS`` keys, else dense.
 
     Raises:
-      ValueError: an unknown kernel.
+      ValueError: an unknown kernel, or ``"local"`` with other than softmax weights.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "local" and normalization != "softmax":
+        raise ValueError(f"kernel='local' serves softmax weights only (its certificate bounds "
+                         f"the skipped share of a row's mass), got normalization="
+                         f"{normalization!r}")
     if kernel == "auto":
+        if m >= AUTO_LOCAL_MIN_KEYS and normalization == "softmax":
+            return "auto_local"
         return "blocked" if m >= AUTO_BLOCKED_MIN_KEYS else "dense"
     return kernel
+
+
+def check_local(tol, capacity):
+    """The local kernel's options, checked: ``tol`` in (0, 1), ``capacity`` None or an int >= 1.
+
+    Args:
+      tol: the tolerance.
+      capacity: None or the key leaves a query leaf's list holds.
+
+    Returns:
+      ``(tol, capacity)`` as a float and None or an int.
+
+    Raises:
+      ValueError: a tolerance outside (0, 1) or a bad capacity.
+    """
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 < float(tol) < 1.0:
+        raise ValueError(f"tol must be a number in (0, 1) (the local kernel's error relative to "
+                         f"the largest value), got {tol!r}")
+    if capacity is not None:
+        if isinstance(capacity, bool) or not hasattr(capacity, "__index__") or int(capacity) < 1:
+            raise ValueError(f"capacity must be None or an integer >= 1 (the key leaves a "
+                             f"query leaf's list holds), got {capacity!r}")
+        capacity = int(capacity)
+    return float(tol), capacity
 
 
 def _check_block(name, value):
@@ -152,6 +192,8 @@ def interaction(
     kernel: str = "auto",
     k_block: int | None = None,
     q_block: int | None = None,
+    tol: float = DEFAULT_TOL,
+    capacity=None,
 ):
     """Attention average ``m_i = Σ_j w_ij y_j`` with logits ``β x_iᵀ B y_j``.
 
@@ -164,18 +206,24 @@ def interaction(
       B: bilinear form, shape (d, d) (``B = Qᵀ K`` for Paper A).
       beta: inverse temperature, scalar (ignored by ``"hardmax"``).
       normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (blocked from
-        ``AUTO_BLOCKED_MIN_KEYS`` keys on).
+      kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"`` (:func:`resolve_kernel`:
+        blocked from ``AUTO_BLOCKED_MIN_KEYS`` keys on, and from ``AUTO_LOCAL_MIN_KEYS`` the
+        local kernel where it pays).
       k_block: key block size of the blocked kernel; None picks the platform's default
         (``DEFAULT_BLOCKS``).
       q_block: query block size of the blocked kernel; None: the platform's default.
+      tol: the local kernel's certified bound of ``|m_i − m_i^dense| / max_j |y_j|``
+        (:func:`local_interaction`).
+      capacity: the local kernel's list capacities (None: its defaults); an overflow is
+        answered by the blocked kernel.
 
     Returns:
       (n, d) array ``m``.
 
     Raises:
       ValueError: shapes that do not match, no keys, a non-scalar ``beta``, an unknown
-        ``normalization`` or ``kernel``, or a block size that is not a positive integer.
+        ``normalization`` or ``kernel``, ``"local"`` with other than softmax weights, a
+        block size that is not a positive integer, or a bad ``tol``/``capacity``.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(_choice_error("normalization", normalization, NORMALIZATIONS))
@@ -194,14 +242,68 @@ def interaction(
                          f"{jnp.shape(beta)}")
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
-    kernel = resolve_kernel(kernel, y.shape[0])
+    kernel = resolve_kernel(kernel, y.shape[0], normalization)
+    tol, capacity = check_local(tol, capacity)
     k_block, q_block = _clip_blocks(k_block, q_block, x.shape[0], y.shape[0])
     # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
     # small programs per shape; under a caller's jit this inlines). The bound shift's guard is
     # read here, at each call, so that it keys the program.
     return _interaction_jit(x, y, B, beta, normalization=normalization, kernel=kernel,
                             k_block=k_block, q_block=q_block, self_keys=y is x,
-                            safe=_guard(x.dtype))
+                            safe=_guard(x.dtype), tol=tol, capacity=capacity)[0]
+
+
+def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
+                      max_visited=None):
+    """:func:`interaction` by the local kernel, with its certificate.
+
+    The block-sparse kernel of :mod:`jaxdyn.kernels._local`: keys and queries ordered along
+    a space-filling curve into leaves with bounding caps; for each query leaf the key leaves
+    whose largest possible weight can matter at ``tol`` (bounded from the caps and a lower
+    bound of the row's largest logit, never estimated), computed exactly by online-softmax
+    tiles; the rest skipped. Softmax weights; jit, vmap, reverse mode (a second pass over the
+    same tiles) and lowering for every platform. The guarantee, at every query:
+    ``|m_i − m_i^dense| ≤ stats.bound_i · max_j |y_j| ≤ tol · max_j |y_j|``.
+
+    Args:
+      x: queries, (n, d).
+      y: keys, also the values averaged, (m, d).
+      B: bilinear form (d, d).
+      beta: inverse temperature, scalar.
+      tol: the bound of the error relative to ``max_j |y_j|``, in (0, 1).
+      capacity: the key leaves (of 64 keys) a query leaf's list holds; None: 256. An
+        overflow is answered by the blocked kernel and reported (``stats.overflow``,
+        ``stats.dense``).
+      max_visited: also answer by the blocked kernel where the lists would visit more than
+        this fraction of the pairs (None: never).
+
+    Returns:
+      ``(m, stats)``: (n, d) averages and :class:`~jaxdyn.kernels.LocalStats` (``bound``
+      the certified error bound of each row, ``mass`` its skipped-mass bound, ``visited`` the
+      fraction of pairs computed, ``overflow``, ``kept`` the longest lists, ``dense``).
+
+    Raises:
+      ValueError: as :func:`interaction`.
+    """
+    if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(
+            "local_interaction expects x (n, d) and y (m, d) with the same d; got "
+            f"{getattr(x, 'shape', x)} and {getattr(y, 'shape', y)}")
+    d = x.shape[1]
+    if getattr(B, "shape", None) != (d, d):
+        raise ValueError(f"B must have shape ({d}, {d}); got {getattr(B, 'shape', B)}")
+    if y.shape[0] < 1:
+        raise ValueError("local_interaction needs at least one key: y has 0 rows")
+    if jnp.ndim(beta) != 0:
+        raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
+                         f"{jnp.shape(beta)}")
+    tol, capacity = check_local(tol, capacity)
+    if max_visited is not None and not 0.0 < float(max_visited) <= 1.0:
+        raise ValueError(f"max_visited must be None or in (0, 1], got {max_visited!r}")
+    return _interaction_jit(x, y, B, beta, normalization="softmax", kernel="local",
+                            k_block=None, q_block=None, self_keys=y is x,
+                            safe=_guard(x.dtype), tol=tol, capacity=capacity,
+                            max_visited=None if max_visited is None else float(max_visited))
 
 
 def _guard(dtype):
@@ -218,10 +320,12 @@ def _clip_blocks(k_block, q_block, n, m):
 
 
 @functools.partial(jax.jit, static_argnames=("normalization", "kernel", "k_block", "q_block",
-                                             "self_keys", "safe"))
+                                             "self_keys", "safe", "tol", "capacity",
+                                             "max_visited"))
 def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys,
-                     safe):
-    """:func:`interaction` after its checks, one program a call shape."""
+                     safe, tol=DEFAULT_TOL, capacity=None, max_visited=None):
+    """:func:`interaction` after its checks, one program a call shape: ``(m, stats)``
+    (stats None but for the local kernels)."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         # integer points (e.g. np.eye rows): computed in the default float dtype; β cast to
         # an integer dtype would be truncated (0.7 -> 0)
@@ -234,10 +338,21 @@ def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, 
     qx = beta * jnp.matmul(x, B, precision=HIGHEST)  # (n, d): β Bᵀ x_i as rows
     y = y.astype(qx.dtype)
     if kernel == "dense":
-        return _dense(qx, y, normalization)
-    return _blocked_platforms(qx, y, normalization=normalization, k_block=k_block,
-                              q_block=q_block, formulation=None, self_keys=self_keys,
-                              logits=default_cpu_logits(qx.shape[1]), safe=safe)
+        return _dense(qx, y, normalization), None
+
+    def blocked_kernel():
+        return _blocked_platforms(qx, y, normalization=normalization, k_block=k_block,
+                                  q_block=q_block, formulation=None, self_keys=self_keys,
+                                  logits=default_cpu_logits(qx.shape[1]), safe=safe)
+
+    if kernel == "blocked":
+        return blocked_kernel(), None
+    if kernel == "auto_local":
+        max_visited = AUTO_LOCAL_MAX_VISITED
+    # the keys are their own positions; the queries are ordered by theirs
+    return local_attention(qx, y, y, qpos=None if self_keys else x, self_keys=self_keys,
+                           tol=tol, capacity=capacity, fallback=blocked_kernel,
+                           max_visited=max_visited)
 
 
 def _dense(qx, y, normalization):

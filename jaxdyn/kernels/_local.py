@@ -60,9 +60,8 @@ LEAF = 64
 COARSE_MAX = 4096
 #: query leaves a chunk of the tile passes
 CHUNK = 128
-#: default list capacities (key clusters a query cluster, key leaves a query leaf); every
-#: cluster where there are at most ``2 ×`` the first
-CAPACITY = (48, 256)
+#: the default list capacity: key leaves a query leaf
+CAPACITY = 256
 #: the fixed reference is taken while the largest kept bound stays below half of these
 _SAFE = {"float32": 60.0, "float64": 600.0}
 ON_OVERFLOW = ("blocked", "nan")
@@ -79,9 +78,11 @@ class LocalStats(NamedTuple):
       visited: scalar, the fraction of the n · m (query, key) pairs computed (tiles of whole
         leaves, padding included).
       overflow: boolean scalar, a list capacity was exceeded (the result then came from the
-        blocked kernel, or is NaN under ``on_overflow="nan"``); ``mass`` and ``bound`` are then
-        0 (the blocked kernel skips nothing) or NaN.
-      kept: (2,) int, the longest coarse and fine list (compare with ``capacity``).
+        blocked kernel, or is NaN under ``on_overflow="nan"``).
+      kept: (2,) int, the longest list of key clusters and of key leaves (the latter against
+        ``capacity``).
+      dense: boolean scalar, the blocked kernel answered (an overflow, or ``"auto"`` found
+        the lists too long to pay).
     """
 
     mass: jax.Array
@@ -89,6 +90,7 @@ class LocalStats(NamedTuple):
     visited: jax.Array
     overflow: jax.Array
     kept: jax.Array
+    dense: jax.Array
 
 
 class Ordering(NamedTuple):
@@ -146,7 +148,7 @@ def _codes(c, lo, span):
     """Morton codes (uint32) of coordinates ``c`` (n, ≤ 3) in the box ``lo + [0, span]``."""
     c = jnp.asarray(c)
     dims = c.shape[1]
-    bits = {1: 31, 2: 16, 3: 10}[dims]
+    bits = {1: 31, 2: 15, 3: 10}[dims]  # codes below 2^31: at most SEGMENTS segments
     top = float(2 ** bits - 1)
     cell = jnp.clip(jnp.floor((c - lo) / span * top + 0.5), 0.0, top).astype(jnp.uint32)
     if dims == 1:
@@ -211,7 +213,7 @@ def _curve(points, lo, span):
 
 #: the curve's top bits that start a segment (a cube face, an octant of the box)
 SEGMENT_SHIFT = 28
-SEGMENTS = 16
+SEGMENTS = 8
 
 
 def _sorted(codes, size, unit):
@@ -290,10 +292,10 @@ def default_group(m: int, leaf: int = LEAF) -> int:
 
 def _padded(n, leaf, group):
     """Places of a cloud of n points: whole clusters of ``group`` leaves, with room for every
-    segment of the curve to start a cluster where that costs at most 1/8 more places."""
+    segment of the curve to start a cluster where that costs at most 1/4 more places."""
     unit = leaf * group
     size = max(1, math.ceil(n / unit)) * unit
-    if SEGMENTS * unit * 8 <= n:
+    if SEGMENTS * unit * 4 <= n:
         size += SEGMENTS * unit
     if size > leaf * CHUNK:  # whole chunks of query leaves for the tile passes
         whole = leaf * max(group, CHUNK)
@@ -534,7 +536,7 @@ _sums.defvjp(_sums_fwd, _sums_bwd)
 
 def _seed_pass(qs, ks, kvalid, centre, seed, chunk):
     """Per row: the largest centred logit ``m̃_i`` over its seed key leaf."""
-    nbq, leaf, p = qs.shape
+    nbq, leaf, _ = qs.shape
 
     def one(args):
         qc, cc, sc = args
@@ -559,57 +561,93 @@ def pack_lists(keep, values, cap):
       ``(lists, counts)``: (rows, cap) packed values (the free slots hold the row's first
       value) and (rows,) the number of kept entries (may exceed ``cap``).
     """
-    pos = jnp.cumsum(keep, axis=-1) - 1
+    pos = jnp.cumsum(keep, axis=-1, dtype=jnp.int32) - 1
     slot = jnp.where(keep & (pos < cap), pos, cap)
     rows = jnp.arange(keep.shape[0])[:, None]
     fill = jnp.broadcast_to(values[..., :1], keep.shape[:-1] + (cap,))
     packed = fill.at[rows, slot].set(values, mode="drop")
-    return packed, jnp.sum(keep, axis=-1)
+    return packed, jnp.sum(keep, axis=-1, dtype=jnp.int32)
 
 
-def _select(qv, kv, qcv, kcv, T, eps, group, capacity, chunk):
-    """Coarse then fine lists, their lengths, the largest kept bound and the skipped bound of
-    every query leaf, whether a capacity was exceeded, and the longest lists."""
-    kc_cap, kf_cap = capacity
+#: the bins (one logit wide) of a leaf's histogram of candidate masses above its crude threshold
+_BINS = 40
+
+
+def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
+    """Every query leaf's list of key leaves, its length, its largest kept bound and its
+    skipped bound; whether a list overflowed; the longest coarse and fine lists.
+
+    ``budget`` bounds every row's skipped mass relative to ``e^{m̃_i}``. The coarse level
+    skips the key clusters whose every key is below ``budget / (2 m)`` (at most half the
+    budget in all). Each leaf then visits the leaves of its kept clusters twice, in loops as
+    long as its cluster's list: once for a histogram of their bounded masses (bins one logit
+    wide), from which it takes the largest threshold whose skipped masses fit what is left
+    of the budget, once to list the leaves above it."""
     ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
-    kc_cap = nck if nck <= 2 * kc_cap else kc_cap
-    kf_cap = min(kf_cap, kc_cap * group)
+    m = jnp.sum(kcv.count)
 
     def bcast(tree, axis):
         return jax.tree.map(lambda a: jnp.expand_dims(a, axis), tree)
 
     bc = _bounds(bcast(qcv, 1), bcast(kcv, 0), eps)                    # (ncq, nck)
-    keep_c = bc > -T
+    keep_c = bc > jnp.log(0.5 * budget / m)
     skipped_c = jnp.sum(jnp.where(keep_c, 0.0, kcv.count * jnp.exp(jnp.minimum(bc, 0.0))),
                         axis=1)
-    idx_c, count_c = pack_lists(keep_c, jnp.broadcast_to(jnp.arange(nck), bc.shape), kc_cap)
-    kept_c = jnp.arange(kc_cap)[None, :] < count_c[:, None]            # (ncq, Kc)
+    idx_c, count_c = pack_lists(keep_c, jnp.broadcast_to(jnp.arange(nck, dtype=jnp.int32),
+                                                         bc.shape), nck)
+    arange = jnp.arange(group, dtype=jnp.int32)
 
     def per_cluster(args):
-        q, kc, kk = args                       # q: the cluster's leaves (group, ...)
-        leaves = (kc[:, None] * group + jnp.arange(group)).reshape(-1)   # (Kc·G,)
-        ok = jnp.repeat(kk, group)
-        k = jax.tree.map(lambda a: a[leaves], kv)
-        b = _bounds(bcast(q, 1), bcast(k, 0), eps)                     # (G, Kc·G)
-        keep = (b > -T) & ok[None, :]
-        skipped = jnp.sum(jnp.where(keep | ~ok[None, :], 0.0,
-                                    k.count * jnp.exp(jnp.minimum(b, 0.0))), axis=1)
-        top = jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)
-        lists, counts = pack_lists(keep, jnp.broadcast_to(leaves, b.shape), kf_cap)
-        return lists, counts, skipped, top
+        q, kc, nc, sc = args                   # q: the cluster's leaves (group, ...)
+        left = budget - sc
+        lo = jnp.log(left / m)                 # every key below it: at most ``left`` in all
+
+        def bounds_of(s):
+            leaves = (kc[s] * group + arange).astype(jnp.int32)
+            k = jax.tree.map(lambda a: a[leaves], kv)
+            b = _bounds(bcast(q, 1), bcast(k, 0), eps)                 # (G, G)
+            return leaves, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
+
+        def histogram(s, hist):
+            _, b, mass = bounds_of(s)
+            bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
+            return hist + jnp.sum(mass[..., None] * jax.nn.one_hot(bins, _BINS + 1,
+                                                                  dtype=mass.dtype), axis=1)
+
+        hist = jax.lax.fori_loop(0, nc, histogram, jnp.zeros((group, _BINS + 1), bc.dtype))
+        # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
+        fits = jnp.cumsum(hist[:, :_BINS], axis=1) <= left
+        tau = lo + jnp.sum(fits, axis=1)
+
+        def listing(s, state):
+            lists, count, skipped, top = state
+            leaves, b, mass = bounds_of(s)
+            keep = b > tau[:, None]
+            pos = count[:, None] + jnp.cumsum(keep, axis=1) - 1
+            pos = jnp.where(keep & (pos < capacity), pos, capacity)
+            lists = lists.at[arange[:, None], pos].set(
+                jnp.broadcast_to(leaves, b.shape), mode="drop")
+            return (lists, count + jnp.sum(keep, axis=1, dtype=jnp.int32),
+                    skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
+                    jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
+
+        init = (jnp.zeros((group, capacity), jnp.int32), jnp.zeros((group,), jnp.int32),
+                jnp.zeros((group,), bc.dtype), jnp.full((group,), -jnp.inf, bc.dtype))
+        return jax.lax.fori_loop(0, nc, listing, init)
 
     qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
-    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, kept_c),
-                                                 batch_size=max(1, chunk // group))
+    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, skipped_c),
+                                                 batch_size=min(ncq, 256))
     count_f = count_f.reshape(-1)
-    overflow = (jnp.max(count_c) > kc_cap) | (jnp.max(count_f) > kf_cap)
-    return (lists.reshape(ncq * group, kf_cap), jnp.minimum(count_f, kf_cap),
+    overflow = jnp.max(count_f) > capacity
+    return (lists.reshape(ncq * group, capacity), jnp.minimum(count_f, capacity),
             top.reshape(-1), skipped_f.reshape(-1) + jnp.repeat(skipped_c, group), overflow,
             jnp.stack([jnp.max(count_c), jnp.max(count_f)]))
 
 
 def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF, group=None,
-                    capacity=None, self_keys=False, on_overflow="blocked", fallback=None):
+                    capacity=None, self_keys=False, on_overflow="blocked", fallback=None,
+                    max_visited=None):
     """``Σ_j w_ij v_j`` with ``w_ij ∝ exp(q_i · k_j)``, skipping key blocks below the tolerance.
 
     Args:
@@ -617,15 +655,20 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
       k: (m, p) keys.
       v: (m, e) values.
       qpos: (n, r) positions that order the queries (None: ``q``); ignored with ``self_keys``.
-      kpos: (m, r) positions that order the keys (None: ``k``).
+      kpos: (m, r) positions that order the keys (None: ``k``; other positions need
+        ``self_keys``).
       tol: the certified bound of ``|m_i − m_i^dense| / max_j |v_j|`` (module doc).
       leaf: points per leaf.
       group: leaves per coarse cluster (None: :func:`default_group`).
-      capacity: (key clusters a query cluster, key leaves a query leaf); None: ``CAPACITY``.
+      capacity: key leaves a query leaf's list holds; None: ``CAPACITY`` (or every leaf when
+        there are fewer).
       self_keys: the queries are the keys' own points (``qpos = kpos``): one ordering.
       on_overflow: ``"blocked"`` (call ``fallback``) or ``"nan"``.
       fallback: zero-argument function returning the (n, e) dense answer, for
-        ``on_overflow="blocked"``.
+        ``on_overflow="blocked"`` (None: the overflow is reported in the stats alone).
+      max_visited: with a ``fallback``, take it also where the lists would visit more than
+        this fraction of the pairs (``kernel="auto"``); ``visited`` then still reports the
+        lists' fraction.
 
     Returns:
       ``(out, stats)``: (n, e) averages and :class:`LocalStats`.
@@ -634,12 +677,14 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     m, e = v.shape
     dtype = q.dtype
     eps = float(jnp.finfo(dtype).eps)
-    capacity = tuple(CAPACITY if capacity is None else capacity)
+    capacity = int(CAPACITY if capacity is None else capacity)
+    keys_are_positions = kpos is None or kpos is k
     kpos = k if kpos is None else kpos
     ox, oy, locate = spatial_order(kpos if self_keys else (q if qpos is None else qpos),
                                    None if self_keys else kpos, leaf=leaf, group=group)
     g = group or default_group(m, leaf)
     nbq, nbk = ox.perm.shape[0] // leaf, oy.perm.shape[0] // leaf
+    capacity = min(capacity, nbk)
     qs = q[ox.perm].reshape(nbq, leaf, p)
     ks = k[oy.perm].reshape(nbk, leaf, p)
     ones = jnp.ones((m, 1), v.dtype)
@@ -649,25 +694,35 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     qvalid = ox.valid.reshape(nbq, leaf)
     sq = jax.lax.stop_gradient(qs)
     sk = jax.lax.stop_gradient(ks)
-    # the seed leaf of a query leaf: the key leaf at the place, in the key order, of the
-    # direction q̂ of its first query (where its logits peak)
-    first = sq[:, 0, :]
-    rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
-    seed = jnp.searchsorted(oy.codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
-    seed = jnp.minimum(seed, nbk * leaf - 1) // leaf
+    # the seed leaves of a query leaf (its rows' largest logits over them bound the rows'
+    # maxima from below): the key leaf at the place, in the key order, of the direction q̂ of
+    # its first query (where its logits peak, when the keys are their own positions), and
+    # under self-attention its own
+    seeds = []
+    if self_keys:
+        seeds.append(jnp.arange(nbq))
+    if keys_are_positions:
+        first = sq[:, 0, :]
+        rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
+        at = jnp.searchsorted(oy.codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
+        seeds.append(jnp.minimum(at, nbk * leaf - 1) // leaf)
+    if not seeds:
+        raise ValueError("local_attention: keys ordered by other positions (kpos) need "
+                         "self_keys=True (each query leaf then seeds from its own keys)")
     kv = _key_leaves(sk, kvalid)
-    centre = kv.ball.centre[seed]
+    centre = kv.ball.centre[seeds[0]]
     chunk = min(CHUNK, nbq)
-    m_row = _seed_pass(sq, sk, kvalid, centre, seed, chunk)
+    m_row = _seed_pass(sq, sk, kvalid, centre, seeds[0], chunk)
+    for seed in seeds[1:]:
+        m_row = jnp.maximum(m_row, _seed_pass(sq, sk, kvalid, centre, seed, chunk))
     # e_i = max_j (|k_j|² − |q̂_i − k_j|²) = 2 max_j q̂_i·k_j − |q̂_i|² over the seed leaf
     rho = jnp.linalg.norm(sq, axis=-1)
     safe = jnp.where(rho > 0, rho, 1.0)
     e_row = jnp.where(rho > 0, 2.0 * (m_row + jnp.sum(sq * centre[:, None, :], -1)) / safe
                       - jnp.sum((sq / safe[..., None]) ** 2, -1), 0.0)
     qv = _query_leaves(sq, centre, m_row, e_row, qvalid)
-    T = math.log(2.0 * m / tol)
     lists, counts, top, skipped, overflow, kept = _select(
-        qv, kv, _query_clusters(qv, g), _key_clusters(kv, g), T, eps, g, capacity, chunk)
+        qv, kv, _query_clusters(qv, g), _key_clusters(kv, g), 0.5 * tol, eps, g, capacity, chunk)
     # a fixed reference m̃_i + (largest kept bound) where that keeps every weight a normal
     # number: no running maximum, one pass a tile
     shift = jnp.where(top <= _SAFE.get(jnp.dtype(dtype).name, 60.0) / 2,
@@ -675,28 +730,38 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     # rows of padding: nothing to visit, a unit normaliser (their results are dropped)
     shift = jnp.where(qvalid, shift, 0.0)
     counts = jnp.where(jnp.any(qvalid, axis=1), counts, 0)
-    # query leaves by list length, so that a chunk's loop runs to about its own lists' end
-    by_len = jnp.argsort(counts)
-    back = jnp.argsort(by_len)
-    plan = _Plan(kvalid, centre[by_len], lists[by_len], counts[by_len], shift[by_len])
-    ref, acc = _sums(qs[by_len], ks, vs, plan, chunk)
-    ref, acc = ref[back], jnp.where(qvalid[..., None], acc[back], 1.0)
-    # back to the caller's order (the padding's places dropped)
-    place = jnp.where(ox.valid, ox.perm, n)
-    out = ratio(acc[..., :e], acc[..., e:]).reshape(nbq * leaf, e)
-    out = jnp.zeros((n, e), out.dtype).at[place].set(out, mode="drop", unique_indices=True)
-    # the realised bound: the skipped bound relative to e^{m̃_i}, over the kept mass
-    den = jax.lax.stop_gradient(acc[..., e])
-    mass = skipped[:, None] * jnp.exp(m_row - jax.lax.stop_gradient(ref)) / den
-    mass = jnp.zeros((n,), dtype).at[place].set(mass.reshape(-1), mode="drop",
-                                                 unique_indices=True)
     visited = (jnp.sum(counts).astype(jnp.float32) * leaf * leaf) / (float(n) * float(m))
+    place = jnp.where(ox.valid, ox.perm, n)
+
+    def run():
+        # query leaves by list length, so that a chunk's loop runs to about its own lists' end
+        by_len = jnp.argsort(counts)
+        back = jnp.argsort(by_len)
+        plan = _Plan(kvalid, centre[by_len], lists[by_len], counts[by_len], shift[by_len])
+        ref, acc = _sums(qs[by_len], ks, vs, plan, chunk)
+        ref, acc = ref[back], jnp.where(qvalid[..., None], acc[back], 1.0)
+        # back to the caller's order (the padding's places dropped)
+        out = ratio(acc[..., :e], acc[..., e:]).reshape(nbq * leaf, e)
+        out = jnp.zeros((n, e), out.dtype).at[place].set(out, mode="drop", unique_indices=True)
+        # the realised bound: the skipped bound relative to e^{m̃_i}, over the kept mass
+        den = jax.lax.stop_gradient(acc[..., e])
+        mass = skipped[:, None] * jnp.exp(m_row - jax.lax.stop_gradient(ref)) / den
+        mass = jnp.zeros((n,), dtype).at[place].set(mass.reshape(-1), mode="drop",
+                                                     unique_indices=True)
+        return out, mass
+
     if on_overflow == "nan":
+        out, mass = run()
         bad = jnp.where(overflow, jnp.nan, 0.0).astype(dtype)
-        out = out + bad
-        mass = mass + bad
-    elif fallback is not None:
-        ok = all_at_most(overflow.astype(jnp.int32), 0)
-        out, mass = jax.lax.cond(ok, lambda: (out, mass),
-                                 lambda: (fallback().astype(out.dtype), jnp.zeros_like(mass)))
-    return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept)
+        out, mass = out + bad, mass + bad
+    elif fallback is None:
+        out, mass = run()
+    else:
+        # the dense answer where a list overflowed or the lists would visit more than
+        # ``max_visited`` of the pairs (one branch under vmap: for every member or none)
+        go = jnp.where(overflow, 2.0, visited / (1.0 if max_visited is None else max_visited))
+        ok = all_at_most(go, 1.0)
+        out, mass = jax.lax.cond(ok, run,
+                                 lambda: (fallback().astype(dtype), jnp.zeros((n,), dtype)))
+        return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept, ~ok)
+    return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept, jnp.zeros((), bool))
