@@ -532,11 +532,34 @@ def control_measure_kernel(rec, kind):
                   f"N = {n0} scaled by N²", unit, 1, 3 * n * 3 * 4)
 
 
+def local(rec, kind):
+    """The local kernel at the headline N, β = N: the pairs it computed (visited x N²)."""
+    n = _headline_n(rec)
+    cases = (rec.get("result") or {}).get("cases") or {}
+    visited = None
+    for r in (cases.get("keops") or {}).get("rows", []):
+        if r.get("n") == n:
+            visited = (r.get("jaxdyn_local") or {}).get("visited")
+    if visited is None:
+        visited = next((r.get("visited") for r in (cases.get("field") or {}).get("rows", [])
+                        if r.get("n") == n), None)
+    if n is None or not visited:
+        return None
+    n0 = 2048
+    per_pair = {k: v / (n0 * n0) for k, v in field_unit(n0).items()}
+    pairs = visited * n * n
+    return _total(f"the local attention kernel, N = {n}, β = N: {visited:.3g} of the N² pairs "
+                  f"(the kernel's stats.visited); XLA's per-pair counts of the dense field at "
+                  f"N = {n0}, scaled", per_pair, pairs, 2 * n * 3 * 4, exps=pairs,
+                  note="the pairs computed only: the ordering the kernel builds in each call "
+                       "(a sort, O(N log N)) is not counted")
+
+
 COSTS = {"phase": phase, "large_n": large_n, "roofline": roofline, "moments": moments,
          "reach": reach, "pde": pde, "w2": w2, "w2_cache": w2_cache, "causal": causal,
          "distributed": distributed, "first_call": first_call, "startup": startup,
          "startup_configs": startup_configs, "control_measure": control_measure,
-         "control_measure_kernel": control_measure_kernel}
+         "control_measure_kernel": control_measure_kernel, "local": local}
 
 
 def cost_of(path):

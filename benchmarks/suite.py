@@ -190,6 +190,31 @@ def _control_kernel(d):
               base.get("run_s"), "the blocked interaction kernel" if base else "")
 
 
+def _local(d):
+    """bench_local: jaxdyn's local kernel against KeOps block-sparse (or the dense blocked
+    kernel) at the keops case's largest N, β = N; else the field case's largest N alone."""
+    c = d["cases"]
+    rows = [r for r in (c.get("keops") or {}).get("rows", [])
+            if "median_s" in (r.get("impl") or {}).get("jaxdyn_local", {})]
+    if rows:
+        r = max(rows, key=lambda r: r["n"])
+        impl, v = r["impl"], (r.get("jaxdyn_local") or {}).get("visited")
+        mine = f"local kernel, attention average, β = N, N = {r['n']}"
+        note = f"visited {v:.2g} of the pairs (cap {r['expected_visited']:.2g})" if v else ""
+        if "median_s" in impl.get("keops", {}):
+            return _h(impl["jaxdyn_local"]["median_s"], mine, impl["keops"]["median_s"],
+                      "KeOps block-sparse (clustering and ranges included)", note=note)
+        b = impl.get("blocked") or {}
+        return _h(impl["jaxdyn_local"]["median_s"], mine, b.get("median_s"),
+                  ("dense blocked kernel" + (" (extrapolated from a query subsample)"
+                                             if b.get("extrapolated") else "")) if b else "",
+                  note=note)
+    rows = [r for r in c["field"]["rows"] if "time" in r]
+    r = max(rows, key=lambda r: r["n"])
+    return _h(r["time"]["median_s"], f"local field evaluation, β = N, N = {r['n']}",
+              note=f"visited {r['visited']:.2g} of the pairs (cap {r['expected_visited']:.2g})")
+
+
 # ---------------------------------------------------------------------------------------------
 # the workloads
 # ---------------------------------------------------------------------------------------------
@@ -265,6 +290,9 @@ WORKLOADS = (
              "one attention gradient at N = 10⁴: the control kernel vs the blocked interaction "
              "kernel (time, peak memory)", "control_measure_kernel", _control_kernel,
              args=("--kernel-memory",)),
+    Workload("local", "bench_local.py",
+             "block-sparse local attention on S², β = N, to N = 10⁷: time, peak RSS, visited "
+             "pairs; vs the blocked kernel, auto and KeOps block-sparse", "local", _local),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -696,10 +724,12 @@ def _fmt_n(x):
 #: the performance targets the detail tables below are read against
 W2_TARGET_S, W2_TARGET_N, W2_TARGET_ERR = 60.0, 100_000, 1e-3
 CAUSAL_TARGET, MHA_TARGET = 0.6, 1.10
+LOCAL_AUTO_TARGET = 1.10  # kernel="auto" / "blocked" at β = 1 (bench_local.AUTO_TARGET)
 
 
 def _target_lines(rows):
-    """Detail tables: W2 at every N of a ``--compare`` run, and the causal / full ratios."""
+    """Detail tables: W2 at every N of a ``--compare`` run, the causal / full ratios, and the
+    local kernel's cases."""
     def who(kind, rec):  # the machine kind and the commit the run measured (where recorded)
         c = (rec.get("machine") or {}).get("commit")
         return f"`{kind}` ({c[:7]})" if c else f"`{kind}` (commit not recorded)"
@@ -760,6 +790,63 @@ def _target_lines(rows):
                 out.append(f"| {who(kind, rec)} | {x['n']:,} | {f3(c)} | {f3(cc)} | "
                            f"{f3(x.get('key_blocks_visited_fraction'))} | {f3(m)} | {f3(mc)} | "
                            f"{'; '.join(notes)} |")
+    local = [(k, r) for n, k, r in rows if n == "local"]
+    if local:
+        out += ["", "### Local attention", "",
+                "Uniform points on S², Q = K = V = I, tol = 1e-6. Visited: the fraction of the N² "
+                "pairs the local kernel computed; cap: the crude bound's fraction of S², "
+                "log(N / tol) / (2β). Target: `kernel=\"auto\"` at most "
+                f"{LOCAL_AUTO_TARGET:.2f}× the blocked kernel at β = 1 (wall and CPU). Medians of "
+                "interleaved rounds; the relative error is the largest over the sampled queries "
+                "against a float64 reference.", "",
+                "| machine (commit) | case | N | β | local | baseline | baseline / local | visited "
+                "| cap | relative error | target |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        def f3(v):
+            return "—" if v is None else f"{v:.3g}"
+
+        for kind, rec in local:
+            c = (rec.get("result") or {}).get("cases") or {}
+            lines = []
+            for x in (c.get("field") or {}).get("rows", []):
+                if "time" in x:
+                    lines.append(("field", x["n"], x["beta"], x["time"]["median_s"], None, "—",
+                                  x.get("visited"), x.get("expected_visited"),
+                                  (x.get("accuracy") or {}).get("local_vs_f64", {}).get("max"), "—"))
+            for case in ("beta100",):
+                x = c.get(case) or {}
+                if "impl" in x:
+                    lines.append((case, x["n"], x["beta"], x["impl"]["local"]["median_s"],
+                                  x["impl"]["blocked"]["median_s"], "blocked", x.get("visited"),
+                                  x.get("expected_visited"),
+                                  (x.get("accuracy") or {}).get("local_vs_f64", {}).get("max"), "—"))
+            for x in (c.get("auto") or {}).get("rows", []):
+                if "impl" in x:
+                    worst = max(v for v in (x["auto_over_blocked"], x.get("auto_over_blocked_cpu"))
+                                if v is not None)
+                    lines.append(("auto (β = 1; local column: auto)", x["n"], x["beta"],
+                                  x["impl"]["auto"]["median_s"],
+                                  x["impl"]["blocked"]["median_s"], "blocked", None, None, None,
+                                  "met" if worst <= LOCAL_AUTO_TARGET else f"gap: {worst:.3f}×"))
+            for x in (c.get("keops") or {}).get("rows", []):
+                impl = x.get("impl") or {}
+                mine = impl.get("jaxdyn_local", {}).get("median_s")
+                for base, label in (("keops", "KeOps block-sparse"), ("blocked", "blocked")):
+                    if "median_s" in impl.get(base, {}):
+                        ext = " (extrapolated)" if impl[base].get("extrapolated") else ""
+                        lines.append(("keops", x["n"], x["beta"], mine, impl[base]["median_s"],
+                                      label + ext, (x.get("jaxdyn_local") or {}).get("visited"),
+                                      x.get("expected_visited"), ((x.get("jaxdyn_local") or {}).get(
+                                          "accuracy") or {}).get("local_vs_f64", {}).get("max"), "—"))
+            for case, n, beta, mine, base, label, vis, cap, err, tgt in lines:
+                ratio = f"{base / mine:.2f}" if mine and base else "—"
+                out.append(f"| {who(kind, rec)} | {case} | {n:,} | {beta:g} | {_fmt_s(mine)} | "
+                           f"{_fmt_s(base) + ': ' + label if base is not None else '—'} | {ratio} | "
+                           f"{f3(vis)} | {f3(cap)} | {'—' if err is None else f'{err:.1e}'} | {tgt} |")
+            for x in ((c.get("scan") or {}).get("crossover") or []):
+                if x.get("beta"):
+                    out.append(f"| {who(kind, rec)} | scan: local = blocked | {x['n']:,} | "
+                               f"{x['beta']:.3g} | — | — | 1 | {f3(x['visited'])} | — | — | — |")
     return out
 
 

@@ -1,4 +1,4 @@
-"""Read the latest phase, large_n and roofline results and print each target: met or the gap.
+"""Read the latest phase, large_n, roofline and local results and print each target: met or the gap.
 
 Writes benchmarks/runs/summary<tag>.json (ignored by git). Usage: python summarize.py [--tag _gpu]
 """
@@ -219,6 +219,23 @@ def summarize(tag=""):
                                     if x.get("fraction_of_floor_cpu_time") else "") + ")"
                                  for x in rows),
                        isa=isa_label({"machine": {"isa": r["isa"]}}))
+    loc = _load(f"local{tag}")
+    cases = (loc or {}).get("cases") or {}
+    if cases:
+        current["isa"] = isa_label(loc)
+        for r in (cases.get("field") or {}).get("rows", []):
+            if "time" in r:
+                print(f"local: field N={r['n']} β=N {r['time']['median_s']:.3g} s, visited "
+                      f"{r['visited']:.3g} (cap {r['expected_visited']:.3g}), peak RSS "
+                      f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
+        goal = loc.get("auto_target", 1.10)
+        for r in (cases.get("auto") or {}).get("rows", []):
+            if "auto_over_blocked" in r:
+                cpu = r.get("auto_over_blocked_cpu")
+                worst = max(v for v in (r["auto_over_blocked"], cpu) if v is not None)
+                target(f"local: auto within {goal - 1:.0%} of blocked at β = 1, N={r['n']}",
+                       worst <= goal, f"auto / blocked {r['auto_over_blocked']:.3f} wall"
+                       + (f", {cpu:.3f} CPU" if cpu is not None else ""))
     p = HERE / "runs" / f"summary{tag}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(out, indent=2))
