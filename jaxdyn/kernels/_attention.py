@@ -324,8 +324,8 @@ def _clip_blocks(k_block, q_block, n, m):
                                              "max_visited"))
 def _interaction_jit(x, y, B, beta, *, normalization, kernel, k_block, q_block, self_keys,
                      safe, tol=DEFAULT_TOL, capacity=None, max_visited=None):
-    """:func:`interaction` after its checks, one program a call shape: ``(m, stats)``
-    (stats None but for the local kernels)."""
+    """:func:`interaction` after its checks, one program a call shape."""
+    # returns (m, stats), stats None but for the local kernels
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         # integer points (e.g. np.eye rows): computed in the default float dtype; β cast to
         # an integer dtype would be truncated (0.7 -> 0)

@@ -75,8 +75,7 @@ class LocalStats(NamedTuple):
         mass (at most ``tol / 2``).
       bound: (n,) the certified bound of ``|m_i − m_i^dense| / max_j |v_j|``: ``2 · mass``
         (at most ``tol``).
-      visited: scalar, the fraction of the n · m (query, key) pairs computed (tiles of whole
-        leaves, padding included).
+      visited: scalar, the fraction of the n · m (query, key) pairs that the lists visit.
       overflow: boolean scalar, a list capacity was exceeded (the result then came from the
         blocked kernel, or is NaN under ``on_overflow="nan"``).
       kept: (2,) int, the longest list of key clusters and of key leaves (the latter against
@@ -174,8 +173,9 @@ def _hilbert2(x, y, bits):
 
 
 def _sphere_codes(c):
-    """Codes of points on a sphere centred at 0: the face of the cube they project to, then a
-    Hilbert (two coordinates left) or Morton curve on that face; None where it does not apply."""
+    """Cube-map codes of points on the unit sphere (None for more than four coordinates)."""
+    # the face of the cube a point projects to, then a Hilbert (S²) or Morton (S³) curve on
+    # that face; the angle on S¹
     p = c.shape[1]
     if p == 2:
         ang = jnp.arctan2(c[:, 1], c[:, 0])
@@ -200,8 +200,7 @@ def _sphere_codes(c):
 
 
 def _curve(points, lo, span):
-    """Codes along the curve: the cube-map curve where every point lies on the unit sphere
-    (to 1 %), else the Morton curve of the box."""
+    """Codes along the curve (the cube map on the unit sphere, to 1 %, else the box's)."""
     raw = jnp.nan_to_num(jax.lax.stop_gradient(points).astype(jnp.float32))
     box = _codes(lo[1](raw), lo[0], span)
     sph = _sphere_codes(raw)
@@ -217,8 +216,9 @@ SEGMENTS = 8
 
 
 def _sorted(codes, size, unit):
-    """The ordering of ``codes`` in ``size`` places, each segment of the curve (top code bits)
-    starting a new cluster of ``unit`` places when ``size`` holds the spare places."""
+    """The :class:`Ordering` of ``codes`` in ``size`` places."""
+    # each segment of the curve (top code bits) starts a new cluster of ``unit`` places when
+    # ``size`` holds the spare places
     n = codes.shape[0]
     sc, perm = jax.lax.sort((codes, jnp.arange(n, dtype=jnp.int32)), num_keys=1)
     if size < n + SEGMENTS * unit:
@@ -291,8 +291,8 @@ def default_group(m: int, leaf: int = LEAF) -> int:
 
 
 def _padded(n, leaf, group):
-    """Places of a cloud of n points: whole clusters of ``group`` leaves, with room for every
-    segment of the curve to start a cluster where that costs at most 1/4 more places."""
+    """Places of a cloud of n points (whole clusters and chunks, room for the segments)."""
+    # every segment of the curve starts a cluster where that costs at most 1/4 more places
     unit = leaf * group
     size = max(1, math.ceil(n / unit)) * unit
     if SEGMENTS * unit * 4 <= n:
@@ -390,10 +390,15 @@ def _query_clusters(qv: _Queries, group):
 
 
 def _bounds(qv: _Queries, kv: _Keys, eps):
-    """Upper bounds of ``l_ij − m_i`` over the rows of each query ball and the keys of each key ball.
+    """Upper bounds of ``l_ij − m_i`` over the rows of query balls and the keys of key balls.
 
-    Broadcasts: every field of ``qv`` shaped (..., 1, ·) against ``kv``'s (1, ..., ·) gives
-    (..., ...).
+    Args:
+      qv: query balls, every field shaped (..., 1, ·).
+      kv: key balls, every field shaped (1, ..., ·).
+      eps: the dtype's machine epsilon (the rounding slack).
+
+    Returns:
+      (..., ...) bounds (−∞ for balls of padding alone).
     """
     rmin, rmax = qv.rho[..., 0], qv.rho[..., 1]
     empty = qv.e == jnp.inf  # query balls of padding alone
@@ -574,15 +579,31 @@ _BINS = 40
 
 
 def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
-    """Every query leaf's list of key leaves, its length, its largest kept bound and its
-    skipped bound; whether a list overflowed; the longest coarse and fine lists.
+    """Every query leaf's list of key leaves, with the bounds of what it skips.
 
     ``budget`` bounds every row's skipped mass relative to ``e^{m̃_i}``. The coarse level
     skips the key clusters whose every key is below ``budget / (2 m)`` (at most half the
     budget in all). Each leaf then visits the leaves of its kept clusters twice, in loops as
     long as its cluster's list: once for a histogram of their bounded masses (bins one logit
     wide), from which it takes the largest threshold whose skipped masses fit what is left
-    of the budget, once to list the leaves above it."""
+    of the budget, once to list the leaves above it.
+
+    Args:
+      qv: query leaves.
+      kv: key leaves.
+      qcv: query clusters.
+      kcv: key clusters.
+      budget: the skipped mass allowed a row, relative to ``e^{m̃_i}``.
+      eps: the dtype's machine epsilon.
+      group: leaves a cluster.
+      capacity: slots of a list.
+      chunk: query leaves a batch.
+
+    Returns:
+      ``(lists, counts, top, skipped, overflow, kept)``: (nbq, capacity) key leaves, their
+      counts, the largest kept bound and the skipped bound of each leaf, whether a list
+      overflowed, and the longest coarse and fine lists.
+    """
     ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
     m = jnp.sum(kcv.count)
 
@@ -672,6 +693,9 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
 
     Returns:
       ``(out, stats)``: (n, e) averages and :class:`LocalStats`.
+
+    Raises:
+      ValueError: keys ordered by other positions without ``self_keys``.
     """
     n, p = q.shape
     m, e = v.shape
@@ -730,7 +754,10 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     # rows of padding: nothing to visit, a unit normaliser (their results are dropped)
     shift = jnp.where(qvalid, shift, 0.0)
     counts = jnp.where(jnp.any(qvalid, axis=1), counts, 0)
-    visited = (jnp.sum(counts).astype(jnp.float32) * leaf * leaf) / (float(n) * float(m))
+    # pairs of the listed tiles, padding excluded
+    listed = jnp.sum(jnp.where(jnp.arange(lists.shape[1]) < counts[:, None], kv.count[lists], 0),
+                     axis=1)
+    visited = jnp.sum(listed * jnp.sum(qvalid, axis=1)) / (float(n) * float(m))
     place = jnp.where(ox.valid, ox.perm, n)
 
     def run():

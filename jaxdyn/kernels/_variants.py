@@ -487,5 +487,11 @@ def _call_blocks(kernel, k_block, q_block, n, m):
     """The concrete kernel at ``m`` keys and the checked block sizes, capped at ``m`` and ``n``."""
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
-    return (resolve_kernel(kernel, m), None if k_block is None else min(k_block, m),
+    if kernel == "local":
+        raise ValueError("heads_interaction has no kernel='local' (key biases, masks and "
+                         "positions are outside its certificate); MultiHeadAttention takes it "
+                         "for softmax heads without mask or positions")
+    kernel = resolve_kernel(kernel, m)
+    return ("blocked" if kernel == "auto_local" else kernel,
+            None if k_block is None else min(k_block, m),
             None if q_block is None else min(q_block, n))

@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels._attention import HIGHEST, KERNELS, NORMALIZATIONS, interaction
+from ..kernels._attention import (HIGHEST, KERNELS, NORMALIZATIONS, check_local, interaction,
+                                  local_interaction)
+from ..kernels._local import DEFAULT_TOL
 from ..sphere import tangent_project
 from ._control import Control, at
 from ._params import Domain, float_dtype, invalid_parameters, is_traced, parameter, to_array
@@ -76,19 +78,23 @@ def _qkv(Q, K, V):
     return weights(Q, K, V)
 
 
-def kernel_options(kernel: str, k_block, q_block) -> tuple:
-    """The kernel choice and block sizes of an attention model, checked.
+def kernel_options(kernel: str, k_block, q_block, tol=DEFAULT_TOL, capacity=None) -> tuple:
+    """The kernel choice and its options of an attention model, checked.
 
     Args:
-      kernel: ``"dense"``, ``"blocked"`` or ``"auto"`` (see :func:`jaxdyn.kernels.interaction`).
+      kernel: ``"dense"``, ``"blocked"``, ``"local"`` or ``"auto"`` (see
+        :func:`jaxdyn.kernels.interaction`).
       k_block: key block size of the blocked kernel (None: the platform's default).
       q_block: query block size of the blocked kernel (None: the platform's default).
+      tol: the local kernel's tolerance, in (0, 1).
+      capacity: the local kernel's list capacity (None: its default).
 
     Returns:
-      ``(kernel, k_block, q_block)`` with the block sizes as Python ints (or None).
+      ``(kernel, k_block, q_block, tol, capacity)`` with the sizes as Python ints (or None).
 
     Raises:
-      ValueError: for an unknown kernel or a block size that is not an integer >= 1.
+      ValueError: for an unknown kernel, a block size that is not an integer >= 1, or a bad
+        ``tol``/``capacity``.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -97,7 +103,7 @@ def kernel_options(kernel: str, k_block, q_block) -> tuple:
         if b is not None and (isinstance(b, bool) or int(b) != b or int(b) < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or None), got {b!r}")
         blocks.append(None if b is None else int(b))
-    return (kernel, *blocks)
+    return (kernel, *blocks, *check_local(tol, capacity))
 
 
 class AbstractParticleModel(eqx.Module):
@@ -217,14 +223,19 @@ class SphereAttention(AbstractQKVModel):
       V: (d, d) value weights.
       beta: inverse temperature β > 0, finite (an array leaf: vmap over a stack of models sweeps
         β; a traced β <= 0 is reported by :meth:`invalid`).
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"`` (see :func:`jaxdyn.interaction`).
+      kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"`` (see
+        :func:`jaxdyn.interaction`; ``"local"``: softmax weights only).
       normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
       k_block: blocked-kernel key block size (None: the platform's tuned default).
       q_block: blocked-kernel query block size (None: the platform's tuned default).
+      tol: the local kernel's certified error bound relative to ``max_j |x_j|``
+        (:func:`jaxdyn.local_interaction`).
+      capacity: the local kernel's list capacity (None: its default).
 
     Raises:
       ValueError: for weights that are not (d, d), a concrete β that is not finite and > 0, an
-        unknown kernel or normalization.
+        unknown kernel or normalization, ``"local"`` with other than softmax weights, or a bad
+        ``tol``/``capacity``.
     """
 
     domains: ClassVar[Mapping[str, Domain]] = {"beta": Domain("positive", 0, "inverse temperature")}
@@ -233,21 +244,41 @@ class SphereAttention(AbstractQKVModel):
     normalization: str = eqx.field(static=True, default="softmax")
     k_block: Optional[int] = eqx.field(static=True, default=None)
     q_block: Optional[int] = eqx.field(static=True, default=None)
+    tol: float = eqx.field(static=True, default=DEFAULT_TOL)
+    capacity: Optional[int] = eqx.field(static=True, default=None)
 
     def __init__(self, Q, K, V, beta, *, kernel="auto", normalization="softmax", k_block=None,
-                 q_block=None):
+                 q_block=None, tol=DEFAULT_TOL, capacity=None):
         self.Q, self.K, self.V = _qkv(Q, K, V)
         self.beta = parameter(SphereAttention, "beta", beta, self.Q.dtype)
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+        if kernel == "local" and normalization != "softmax":
+            raise ValueError(f"kernel='local' serves softmax weights only, got normalization="
+                             f"{normalization!r}")
         self.normalization = normalization
-        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
+        (self.kernel, self.k_block, self.q_block, self.tol,
+         self.capacity) = kernel_options(kernel, k_block, q_block, tol, capacity)
 
     def ambient(self, t, x, args=None):
         """a_i = V Σ_j w_ij x_j for x of shape (N, d): the field before the tangent projection."""
         m = interaction(x, x, self.B, self.beta, normalization=self.normalization,
-                        kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
+                        kernel=self.kernel, k_block=self.k_block, q_block=self.q_block,
+                        tol=self.tol, capacity=self.capacity)
         return jnp.matmul(m, self.V.T, precision=HIGHEST)
+
+    def local_stats(self, x, t=0.0):
+        """The local kernel's certificate at the particles x (:func:`jaxdyn.local_interaction`).
+
+        Args:
+          x: (N, d) particles.
+          t: time (unused: the field is autonomous).
+
+        Returns:
+          :class:`jaxdyn.kernels.LocalStats` of the attention average at x.
+        """
+        return local_interaction(x, x, self.B, self.beta, tol=self.tol,
+                                 capacity=self.capacity)[1]
 
 
 class ZeroTemperature(AbstractQKVModel):
@@ -308,8 +339,11 @@ class EuclideanAttention(AbstractParticleModel):
     b: Union[jax.Array, Control]
     activation: str = eqx.field(static=True, default="identity")
     kernel: str = eqx.field(static=True, default="auto")
+    tol: float = eqx.field(static=True, default=DEFAULT_TOL)
+    capacity: Optional[int] = eqx.field(static=True, default=None)
 
-    def __init__(self, A, B, V, b=None, *, activation="identity", kernel="auto"):
+    def __init__(self, A, B, V, b=None, *, activation="identity", kernel="auto", tol=DEFAULT_TOL,
+                 capacity=None):
         dt = float_dtype(A, B, V)
 
         def conv(p):
@@ -329,22 +363,26 @@ class EuclideanAttention(AbstractParticleModel):
             raise ValueError(f"activation must be 'identity' or 'relu', got {activation!r}")
         self.A, self.B, self.V, self.b = A, B, V, b
         self.activation = activation
-        self.kernel = kernel_options(kernel, None, None)[0]
+        self.kernel, _, _, self.tol, self.capacity = kernel_options(kernel, None, None, tol,
+                                                                   capacity)
 
     @classmethod
-    def from_controls(cls, controls: Mapping, *, activation="identity", kernel: str = "auto"):
+    def from_controls(cls, controls: Mapping, *, activation="identity", kernel: str = "auto",
+                      tol=DEFAULT_TOL, capacity=None):
         """The field of a dict of controls (e.g. ``ReachResult.controls``).
 
         Args:
           controls: ``{"A", "B", "V"}`` and optionally ``"b"``: arrays or Controls.
           activation: ``"identity"`` or ``"relu"``.
-          kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``.
+          kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"``.
+          tol: the local kernel's tolerance.
+          capacity: the local kernel's list capacity (None: its default).
 
         Returns:
           The :class:`EuclideanAttention` with those parameters.
         """
         return cls(controls["A"], controls["B"], controls["V"], controls.get("b"),
-                   activation=activation, kernel=kernel)
+                   activation=activation, kernel=kernel, tol=tol, capacity=capacity)
 
     @property
     def dim(self) -> int:
@@ -372,16 +410,31 @@ class EuclideanAttention(AbstractParticleModel):
           An :class:`EuclideanAttention` with constant arrays.
         """
         A, B, V, b = self.params(t)
-        return EuclideanAttention(A, B, V, b, activation=self.activation, kernel=self.kernel)
+        return EuclideanAttention(A, B, V, b, activation=self.activation, kernel=self.kernel,
+                                  tol=self.tol, capacity=self.capacity)
 
     def __call__(self, t, x, args=None):
         """ẋ_i = A(t) σ(x_i) + b(t) + V(t) Σ_j w_ij x_j for x of shape (N, d) (class docstring)."""
         A, B, V, b = self.params(t)
         # logits_ij = x_jᵀ B x_i = x_iᵀ Bᵀ x_j  →  interaction with bilinear form Bᵀ, β = 1.
-        m = interaction(x, x, B.T, 1.0, kernel=self.kernel)
+        m = interaction(x, x, B.T, 1.0, kernel=self.kernel, tol=self.tol,
+                        capacity=self.capacity)
         h = jax.nn.relu(x) if self.activation == "relu" else x
         return (jnp.matmul(h, A.T, precision=HIGHEST) + b
                 + jnp.matmul(m, V.T, precision=HIGHEST))
+
+    def local_stats(self, x, t=0.0):
+        """The local kernel's certificate at the particles x and time t.
+
+        Args:
+          x: (N, d) particles.
+          t: time (Controls are evaluated at it).
+
+        Returns:
+          :class:`jaxdyn.kernels.LocalStats` of the attention average at x.
+        """
+        B = self.params(t)[1]
+        return local_interaction(x, x, B.T, 1.0, tol=self.tol, capacity=self.capacity)[1]
 
 
 def stack_models(models):

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..choices import ATTENTIONS, MASKS
-from ..kernels._attention import HIGHEST
+from ..kernels._attention import AUTO_LOCAL_MAX_VISITED, HIGHEST, resolve_kernel
+from ..kernels._local import DEFAULT_TOL, local_attention
 from ..kernels._online import query_positions
 from ..kernels._variants import heads_interaction, rope, sinkhorn_key_bias
 from ._fields import AbstractAttentionModel, kernel_options
@@ -78,15 +79,22 @@ class MultiHeadAttention(AbstractAttentionModel):
       rope_base: the base of ``rope=True``'s frequencies (finite, > 0).
       attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
       sinkhorn_iters: Sinkhorn sweeps (an integer ≥ 1) of ``attention="sinkhorn"``.
-      kernel: ``"dense"`` | ``"blocked"`` | ``"auto"``, as :class:`~jaxdyn.SphereAttention`.
+      kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"``, as
+        :class:`~jaxdyn.SphereAttention` (``"local"``: softmax heads without mask or
+        positions; each head's keys ``K_h x_j`` are ordered by the particles x).
       k_block: blocked-kernel key block size (None: the platform's default).
       q_block: blocked-kernel query block size (None: the platform's default).
+      tol: the local kernel's certified error bound of each head's average relative to
+        ``max_j |x_j|``.
+      capacity: the local kernel's list capacity (None: its default).
 
     Raises:
       ValueError: for shapes that do not fit (H, p, d), an empty head, concrete RoPE frequencies
         that are not finite, a concrete β or slope out of its domain, an unknown mask,
         attention or kernel, a causal Sinkhorn, a bad ``sinkhorn_iters``, ``rope`` or
-        ``rope_base`` (non-finite weights make the state non-finite: the drivers report it).
+        ``rope_base``, ``kernel="local"`` with a mask, positions or non-softmax weights, a bad
+        ``tol``/``capacity`` (non-finite weights make the state non-finite: the drivers
+        report it).
     """
 
     domains: ClassVar[Mapping[str, Domain]] = {
@@ -101,10 +109,12 @@ class MultiHeadAttention(AbstractAttentionModel):
     kernel: str = eqx.field(static=True, default="auto")
     k_block: Optional[int] = eqx.field(static=True, default=None)
     q_block: Optional[int] = eqx.field(static=True, default=None)
+    tol: float = eqx.field(static=True, default=DEFAULT_TOL)
+    capacity: Optional[int] = eqx.field(static=True, default=None)
 
     def __init__(self, Q, K, V, beta, *, mask="none", alibi=None, rope=None, rope_base=10000.0,
                  attention="softmax", sinkhorn_iters=5, kernel="auto", k_block=None,
-                 q_block=None):
+                 q_block=None, tol=DEFAULT_TOL, capacity=None):
         dt = float_dtype(Q, K, V)
         Q, K, V = (host_or_traced(a) for a in (Q, K, V))
         Q, K, V = (a[None] if a.ndim == 2 else a for a in (Q, K, V))
@@ -148,7 +158,70 @@ class MultiHeadAttention(AbstractAttentionModel):
             check_domain("rope", rope, Domain("finite", 1, "RoPE frequencies"))
             rope = to_array(rope, dt)
         self.alibi, self.rope = alibi, rope
-        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
+        (self.kernel, self.k_block, self.q_block, self.tol,
+         self.capacity) = kernel_options(kernel, k_block, q_block, tol, capacity)
+        if kernel == "local" and not self._plain:
+            raise ValueError("kernel='local' serves softmax heads without mask, ALiBi or RoPE "
+                             f"(got mask={mask!r}, attention={attention!r}, alibi "
+                             f"{'set' if alibi is not None else 'None'}, rope "
+                             f"{'set' if rope is not None else 'None'})")
+
+    @property
+    def _plain(self) -> bool:
+        """Softmax heads without mask or positions: the local kernel's case."""
+        return (self.mask == "none" and self.attention == "softmax" and self.alibi is None
+                and self.rope is None)
+
+    def _local_heads(self, x, max_visited=None):
+        """Every head's average by the local kernel, and the heads' certificates."""
+        # returns (H, N, d) averages and LocalStats with a heads axis; the particles order
+        # every head's keys
+        q = jnp.einsum("hpd,nd->hnp", self.Q, x, precision=HIGHEST)
+        k = jnp.einsum("hpd,nd->hnp", self.K, x, precision=HIGHEST)
+        beta = jnp.asarray(self.beta, q.dtype)
+
+        def blocked():
+            return heads_interaction(q, k, x, self.beta, kernel="blocked", k_block=self.k_block,
+                                     q_block=self.q_block)
+
+        def one(qh, kh, fallback):
+            return local_attention(beta * qh, kh, x, kpos=x, self_keys=True, tol=self.tol,
+                                   capacity=self.capacity, fallback=fallback,
+                                   max_visited=max_visited)
+
+        if self.heads == 1:
+            out, stats = one(q[0], k[0], lambda: blocked()[0])
+            return out[None], jax.tree.map(lambda a: a[None], stats)
+        # several heads: one overflow (or auto's refusal) answers every head by the blocked kernel
+        out, stats = jax.vmap(lambda qh, kh: one(qh, kh, None))(q, k)
+        go = jnp.where(jnp.any(stats.overflow), 2.0,
+                       jnp.max(stats.visited) / (1.0 if max_visited is None else max_visited))
+        ok = jnp.all(go <= 1.0)
+        out = jax.lax.cond(ok, lambda: out, blocked)
+        return out, stats._replace(dense=jnp.broadcast_to(~ok, stats.dense.shape))
+
+    @property
+    def _rows_kernel(self) -> str:
+        """The kernel of :meth:`ambient_rows` (the blocked one for ``"local"``)."""
+        return "blocked" if self.kernel == "local" else self.kernel
+
+    def local_stats(self, x, t=0.0):
+        """The local kernel's certificate of every head at the particles x.
+
+        Args:
+          x: (N, d) particles.
+          t: time (unused: the field is autonomous).
+
+        Returns:
+          :class:`jaxdyn.kernels.LocalStats` with a leading heads axis.
+
+        Raises:
+          ValueError: heads outside the local kernel's case (a mask, positions, other weights).
+        """
+        if not self._plain:
+            raise ValueError("local_stats: the local kernel serves softmax heads without mask "
+                             "or positions")
+        return self._local_heads(x)[1]
 
     @property
     def heads(self) -> int:
@@ -164,6 +237,10 @@ class MultiHeadAttention(AbstractAttentionModel):
         Returns:
           (H, N, d) array.
         """
+        kernel = resolve_kernel(self.kernel, x.shape[0]) if self._plain else "blocked"
+        if kernel in ("local", "auto_local"):
+            return self._local_heads(
+                x, AUTO_LOCAL_MAX_VISITED if kernel == "auto_local" else None)[0]
         q = jnp.einsum("hpd,nd->hnp", self.Q, x, precision=HIGHEST)
         k = jnp.einsum("hpd,nd->hnp", self.K, x, precision=HIGHEST)
         if self.rope is not None:
@@ -207,12 +284,12 @@ class MultiHeadAttention(AbstractAttentionModel):
             bias = sinkhorn_key_bias(
                 qa, rope(k, self.rope) if self.rope is not None else k, self.beta,
                 alibi=self.alibi, logits=logits, sinkhorn_iters=self.sinkhorn_iters,
-                kernel=self.kernel, k_block=self.k_block, q_block=self.q_block)
+                kernel=self._rows_kernel, k_block=self.k_block, q_block=self.q_block)
         if self.rope is not None:
             q = rope(q, self.rope, query_positions(rows.shape[0], offset))
             k = rope(k, self.rope)
         m = heads_interaction(
             q, k, x, self.beta, key_bias=bias, alibi=self.alibi,
-            causal=self.mask == "causal", logits=logits, kernel=self.kernel,
+            causal=self.mask == "causal", logits=logits, kernel=self._rows_kernel,
             k_block=self.k_block, q_block=self.q_block, q_offset=offset)
         return jnp.einsum("hne,hde->nd", m, self.V, precision=HIGHEST)

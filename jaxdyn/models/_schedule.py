@@ -88,7 +88,10 @@ class DepthAttention(AbstractAttentionModel):
         self.Q, self.K, self.V, self.u, self.c = (to_array(a, dt) for a in (Q, K, V, u, c))
         self.beta = parameter(DepthAttention, "beta", beta, dt)
         self.period = parameter(DepthAttention, "period", period, dt)
-        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)
+        if kernel == "local":
+            raise ValueError("DepthAttention has no kernel='local': its heads carry key-side "
+                             "logit biases u, outside the local kernel's certificate")
+        self.kernel, self.k_block, self.q_block = kernel_options(kernel, k_block, q_block)[:3]
 
     @classmethod
     def from_heads(cls, heads, *, beta=None, period=1.0, biases=True, **kernel):

@@ -343,11 +343,13 @@ def _rows_field(model, t, xq, xk, args, offset):
         return tangent_project(xq, model.ambient_rows(t, xq, xk, offset, args))
     if isinstance(model, SphereAttention):
         m = interaction(xq, xk, model.B, model.beta, normalization=model.normalization,
-                        kernel=model.kernel, k_block=model.k_block, q_block=model.q_block)
+                        kernel=model.kernel, k_block=model.k_block, q_block=model.q_block,
+                        tol=model.tol, capacity=model.capacity)
         return tangent_project(xq, jnp.matmul(m, model.V.T, precision=HIGHEST))
     if isinstance(model, EuclideanAttention):
         A, B, V, b = model.params(t)  # constant arrays or Controls at t
-        m = interaction(xq, xk, B.T, 1.0, kernel=model.kernel)
+        m = interaction(xq, xk, B.T, 1.0, kernel=model.kernel, tol=model.tol,
+                        capacity=model.capacity)
         h = jax.nn.relu(xq) if model.activation == "relu" else xq
         return (jnp.matmul(h, A.T, precision=HIGHEST) + b
                 + jnp.matmul(m, V.T, precision=HIGHEST))

@@ -372,7 +372,8 @@ def solver_of(method, choices=METHODS):
 
 
 def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method="rk4", args=None,
-             rtol=1e-8, atol=1e-10, max_steps=1_000_000, adjoint=None, throw=False):
+             rtol=1e-8, atol=1e-10, max_steps=1_000_000, adjoint=None, throw=False,
+             record_local=False):
     """Integrate a particle model from ``x0`` on [t0, t1]: ``dx/dt = model(t, x, args)``.
 
     Args:
@@ -402,6 +403,14 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
         default's checkpointed loop is refused there by equinox (diffrax's tracker, #765).
       throw: if True, an unsuccessful run raises with its status message (``eqx.error_if``,
         so also under jit/vmap); default False: read ``traj.result`` / ``traj.ok``.
+      record_local: also record, at every saved state, the local kernel's certificate
+        (the model's ``local_stats``: :class:`~jaxdyn.SphereAttention`,
+        :class:`~jaxdyn.MultiHeadAttention`, :class:`~jaxdyn.EuclideanAttention`), in
+        ``stats``: ``"local_bound"`` (S,) the largest certified error bound of the attention
+        average over the particles (and heads), ``"local_visited"`` (S,) the fraction of
+        pairs its lists visit (the largest over heads), ``"local_dense"`` (S,) whether the
+        blocked kernel answered (an overflow, or ``"auto"`` judged the lists too long).
+        One more attention pass a saved state.
 
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``result`` (the status:
@@ -412,7 +421,8 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
     Raises:
       ValueError: bad method/times/shapes, max_steps not an integer >= 1, a concrete x0 that is non-finite or off the
         sphere, or a concrete model parameter outside its domain (under jit/vmap these are
-        flagged as ``RESULTS.invalid_input`` instead).
+        flagged as ``RESULTS.invalid_input`` instead), or ``record_local`` with a model
+        without ``local_stats``.
     """
     if not isinstance(method, diffrax.AbstractSolver) and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or a diffrax solver, got {method!r}")
@@ -434,7 +444,23 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
         else:
             field = model
         traj = _solve_fixed(solver, field, x0, args, t0, dt, idx, _adjoint(adjoint))
+    if record_local:
+        traj = _record_local(model, traj)
     return finish(traj, model, x0, in_dtype, bad_params, throw)
+
+
+def _record_local(model, traj):
+    """``traj`` with the local kernel's certificate at every saved state in its stats."""
+    if not hasattr(model, "local_stats"):
+        raise ValueError(f"record_local needs a model with local_stats (SphereAttention, "
+                         f"MultiHeadAttention, EuclideanAttention), got {type(model).__name__}")
+    st = jax.lax.map(lambda a: model.local_stats(a[1], a[0]), (traj.ts, traj.xs))
+    frames = traj.ts.shape[0]
+    stats = dict(traj.stats,
+                 local_bound=jnp.max(st.bound.reshape(frames, -1), axis=1),
+                 local_visited=jnp.max(st.visited.reshape(frames, -1), axis=1),
+                 local_dense=jnp.any(st.dense.reshape(frames, -1), axis=1))
+    return eqx.tree_at(lambda t: t.stats, traj, stats)
 
 
 def _adjoint(adjoint):
