@@ -60,8 +60,10 @@ LEAF = 64
 COARSE_MAX = 4096
 #: query leaves a chunk of the tile passes
 CHUNK = 128
-#: the default list capacity: key leaves a query leaf
+#: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
+#: ``kernel="auto"`` takes at most), at least 256, while the lists hold at most LIST_ENTRIES
 CAPACITY = 256
+LIST_ENTRIES = 2 ** 24
 #: the fixed reference is taken while the largest kept bound stays below half of these
 _SAFE = {"float32": 60.0, "float64": 600.0}
 ON_OVERFLOW = ("blocked", "nan")
@@ -75,7 +77,9 @@ class LocalStats(NamedTuple):
         mass (at most ``tol / 2``).
       bound: (n,) the certified bound of ``|m_i − m_i^dense| / max_j |v_j|``: ``2 · mass``
         (at most ``tol``).
-      visited: scalar, the fraction of the n · m (query, key) pairs that the lists visit.
+      visited: scalar, the fraction of the n · m (query, key) pairs computed (1 where the
+        blocked kernel answered).
+      listed: scalar, the fraction of the pairs that the lists hold.
       overflow: boolean scalar, a list capacity was exceeded (the result then came from the
         blocked kernel, or is NaN under ``on_overflow="nan"``).
       kept: (2,) int, the longest list of key clusters and of key leaves (the latter against
@@ -87,6 +91,7 @@ class LocalStats(NamedTuple):
     mass: jax.Array
     bound: jax.Array
     visited: jax.Array
+    listed: jax.Array
     overflow: jax.Array
     kept: jax.Array
     dense: jax.Array
@@ -681,8 +686,9 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
       tol: the certified bound of ``|m_i − m_i^dense| / max_j |v_j|`` (module doc).
       leaf: points per leaf.
       group: leaves per coarse cluster (None: :func:`default_group`).
-      capacity: key leaves a query leaf's list holds; None: ``CAPACITY`` (or every leaf when
-        there are fewer).
+      capacity: key leaves a query leaf's list holds; None: a quarter of the key leaves, at
+        least ``CAPACITY``, at most ``LIST_ENTRIES`` entries in all (every leaf when there are
+        fewer).
       self_keys: the queries are the keys' own points (``qpos = kpos``): one ordering.
       on_overflow: ``"blocked"`` (call ``fallback``) or ``"nan"``.
       fallback: zero-argument function returning the (n, e) dense answer, for
@@ -701,14 +707,15 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     m, e = v.shape
     dtype = q.dtype
     eps = float(jnp.finfo(dtype).eps)
-    capacity = int(CAPACITY if capacity is None else capacity)
     keys_are_positions = kpos is None or kpos is k
     kpos = k if kpos is None else kpos
     ox, oy, locate = spatial_order(kpos if self_keys else (q if qpos is None else qpos),
                                    None if self_keys else kpos, leaf=leaf, group=group)
     g = group or default_group(m, leaf)
     nbq, nbk = ox.perm.shape[0] // leaf, oy.perm.shape[0] // leaf
-    capacity = min(capacity, nbk)
+    if capacity is None:
+        capacity = max(CAPACITY, min(-(-nbk // 4), LIST_ENTRIES // nbq))
+    capacity = min(int(capacity), nbk)
     qs = q[ox.perm].reshape(nbq, leaf, p)
     ks = k[oy.perm].reshape(nbk, leaf, p)
     ones = jnp.ones((m, 1), v.dtype)
@@ -790,5 +797,7 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
         ok = all_at_most(go, 1.0)
         out, mass = jax.lax.cond(ok, run,
                                  lambda: (fallback().astype(dtype), jnp.zeros((n,), dtype)))
-        return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept, ~ok)
-    return out, LocalStats(mass, 2.0 * mass, visited, overflow, kept, jnp.zeros((), bool))
+        return out, LocalStats(mass, 2.0 * mass, jnp.where(ok, visited, 1.0), visited,
+                               overflow, kept, ~ok)
+    return out, LocalStats(mass, 2.0 * mass, visited, visited, overflow, kept,
+                           jnp.zeros((), bool))

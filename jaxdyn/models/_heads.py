@@ -195,10 +195,11 @@ class MultiHeadAttention(AbstractAttentionModel):
         # several heads: one overflow (or auto's refusal) answers every head by the blocked kernel
         out, stats = jax.vmap(lambda qh, kh: one(qh, kh, None))(q, k)
         go = jnp.where(jnp.any(stats.overflow), 2.0,
-                       jnp.max(stats.visited) / (1.0 if max_visited is None else max_visited))
+                       jnp.max(stats.listed) / (1.0 if max_visited is None else max_visited))
         ok = jnp.all(go <= 1.0)
         out = jax.lax.cond(ok, lambda: out, blocked)
-        return out, stats._replace(dense=jnp.broadcast_to(~ok, stats.dense.shape))
+        return out, stats._replace(dense=jnp.broadcast_to(~ok, stats.dense.shape),
+                                   visited=jnp.where(ok, stats.visited, 1.0))
 
     @property
     def _rows_kernel(self) -> str:
