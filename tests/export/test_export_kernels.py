@@ -25,6 +25,25 @@ def test_interaction_exports(kernel, normalization):
                  x, B, jnp.float32(2.0))
 
 
+@pytest.mark.parametrize("n", [40, 5000], ids=["one-leaf", "clusters"])
+def test_local_interaction_and_its_gradient_export(n):
+    # the local kernel with its certificate, and reverse mode through it (the second pass)
+    import jax
+
+    x = _cloud(n)
+    B = jnp.eye(3, dtype=jnp.float32)
+
+    def value_and_grad(x, beta):
+        def loss(x, beta):
+            m, stats = K.local_interaction(x, x, B, beta, tol=1e-6)
+            return jnp.sum(m * m), stats
+        (v, stats), g = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, beta)
+        return v, g, stats.bound, stats.visited
+
+    assert export_check(value_and_grad, x, jnp.float32(300.0))
+    assert export_check(lambda x: K.interaction(x, x, B, 50.0, kernel="auto"), _cloud(20000))
+
+
 def test_interaction_with_weights_built_inside_exports():
     # B from NumPy weights inside the exported function
     rng = np.random.default_rng(1)
