@@ -159,6 +159,11 @@ def nonnegative(v):
     return None if v >= 0 else "must be >= 0"
 
 
+def open_unit(v):
+    """A field check: None if ``0 < v < 1``, else the problem."""
+    return None if 0 < v < 1 else "must be in (0, 1)"
+
+
 def at_least(k):
     """A field check: None if ``v >= k``, else the problem."""
     return lambda v: None if v >= k else f"must be >= {k}"

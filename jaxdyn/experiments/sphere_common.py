@@ -60,7 +60,7 @@ def variant_model(pc, Q, K, V):
         mask=pc["mask"], alibi=alibi, rope=True if pc["positions"] == "rope" else None,
         rope_base=pc["rope_base"], attention=pc["attention"],
         sinkhorn_iters=pc["sinkhorn_iters"], kernel=pc["kernel"], k_block=pc["k_block"],
-        q_block=pc["q_block"])
+        q_block=pc["q_block"], tol=pc["tol"])
 
 
 def np_dtype(cfg):
@@ -130,7 +130,7 @@ def models_for(pcs):
     else:
         m = SphereAttention(Q, K, V, jax.device_put(np.asarray(p0["beta"], Q.dtype)), kernel=p0["kernel"],
                             normalization=p0["normalization"], k_block=p0["k_block"],
-                            q_block=p0["q_block"])
+                            q_block=p0["q_block"], tol=p0["tol"])
     P = len(pcs)
     stacked = jax.tree.map(lambda a: segments.host_broadcast(a, P) if eqx.is_array(a) else a, m)
     betas = jax.device_put(np.array([p["beta"] for p in pcs], m.beta.dtype))

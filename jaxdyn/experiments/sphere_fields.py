@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import weights as weight_ensembles
 from ..choices import ATTENTIONS, KERNELS, MASKS, NORMALIZATIONS  # the library's (no JAX)
-from ..config import ConfigError, Field, at_least, nonnegative, positive
+from ..config import ConfigError, Field, at_least, nonnegative, open_unit, positive
 
 
 def x64_enabled() -> bool:
@@ -123,6 +123,9 @@ SPHERE_FIELDS = {
                      check=at_least(1)),
     "q_block": Field("int", None, "query block of the blocked kernel (default: tuned per platform)",
                      check=at_least(1)),
+    "tol": Field("float", 1e-6, "the local kernel's certified error bound, relative to the "
+                 "largest |x_j| (kernel local, or auto where it takes the local kernel)",
+                 check=open_unit),
     "weights": Field("section", {}, "Q, K, V ensemble", schema=WEIGHTS_SCHEMA),
     "init": Field("section", {}, "initial distribution", schema=INIT_SCHEMA),
     "ensemble": Field("bool", True, "integrate chunks of small systems (N <= 48, softmax or "
