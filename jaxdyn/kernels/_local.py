@@ -57,7 +57,7 @@ DEFAULT_TOL = 1e-6
 #: points per leaf
 LEAF = 64
 #: the coarse level keeps at most this many clusters a side (its bound matrix is square in it)
-COARSE_MAX = 4096
+COARSE_MAX = 8192
 #: query leaves a chunk of the tile passes
 CHUNK = 128
 #: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
@@ -637,8 +637,7 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
         def histogram(s, hist):
             _, b, mass = bounds_of(s)
             bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
-            return hist + jnp.sum(mass[..., None] * jax.nn.one_hot(bins, _BINS + 1,
-                                                                  dtype=mass.dtype), axis=1)
+            return hist.at[arange[:, None], bins].add(mass)
 
         hist = jax.lax.fori_loop(0, nc, histogram, jnp.zeros((group, _BINS + 1), bc.dtype))
         # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
