@@ -4,11 +4,12 @@ At low temperature a query's softmax mass sits on the keys within an angle of or
 of its direction; almost every pair of a dense pass contributes ``e^{-thousands}``. This module
 skips those pairs *with a certificate* (docs/math.md, "Local attention"):
 
-1. **Ordering.** Queries and keys are sorted along a Morton (Z-order) curve of their
-   positions (a grid of 2^10 cells a side in three coordinates, the leading principal axes
-   when there are more) and cut into leaves of ``leaf`` consecutive points; ``group``
-   consecutive leaves form a coarse cluster. The ordering is rebuilt at every call (one
-   sort of the points), so moving particles never need a separate rebuild.
+1. **Ordering.** Queries and keys are sorted along a space-filling curve of their positions
+   (on the unit sphere a cube map with a Hilbert curve on each face; other clouds a Morton
+   curve of their bounding box, in their three leading principal coordinates when they have
+   more) and cut into leaves of ``leaf`` consecutive points; ``group`` consecutive leaves
+   form a coarse cluster. The ordering is rebuilt at every call (one sort of the points), so
+   moving particles never need a separate rebuild.
 2. **Caps.** Every leaf and cluster carries bounding balls: of its keys ``k_j`` (centre,
    radius, largest ``|k_j|²``), and of its queries ``q_i`` and their directions
    ``q̂_i = q_i / |q_i|`` (with the range of ``|q_i|``).
