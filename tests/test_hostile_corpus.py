@@ -79,7 +79,7 @@ LIBRARY = [
      lambda: SphereAttention(I3, I3, I3, -1.0)),
     ('SphereAttention Q 2x3', 'shape', ValueError, 'Q must be a square matrix of shape (d, d), got shape (2, 3)',
      lambda: SphereAttention(np.ones((2, 3)), I3, I3, 1.0)),
-    ('SphereAttention kernel bogus', 'type', ValueError, "kernel must be one of ('dense', 'blocked', 'auto'), got 'bogus'",
+    ('SphereAttention kernel bogus', 'type', ValueError, "kernel must be one of ('dense', 'blocked', 'local', 'auto'), got 'bogus'",
      lambda: SphereAttention(I3, I3, I3, 1.0, kernel="bogus")),
     ('SphereAttention normalization bogus', 'type', ValueError, "normalization must be one of ('softmax', 'unnormalized', 'hardmax'), g",
      lambda: SphereAttention(I3, I3, I3, 1.0, normalization="x")),

@@ -253,7 +253,8 @@ def test_sphere_kind_variant_fields():
     with pytest.raises(ConfigError, match="no causal"):
         sc.check_variants(dict(base, attention="sinkhorn", mask="causal"))
     pc = dict(base, heads=3, d=D, beta=2.0, positions="alibi", alibi_slope=0.4, rope_base=1e4,
-              sinkhorn_iters=5, kernel="dense", k_block=None, q_block=None, weights={"seed": 0})
+              sinkhorn_iters=5, kernel="dense", k_block=None, q_block=None, tol=1e-6,
+              weights={"seed": 0})
     Q, K, V = _mats()
     m = sc.variant_model(pc, Q, K, V)
     assert m.heads == 3 and m.alibi.shape == (3,) and float(m.alibi[0]) == 0.4
@@ -489,7 +490,7 @@ def test_sphere_energy_statistic_is_per_head():
     pc = {"heads": 3, "heads_spread": 0.7, "mask": "none", "positions": "none",
           "attention": "softmax", "normalization": "softmax", "sweep": {}, "d": D, "beta": 2.0,
           "rope_base": 1e4, "sinkhorn_iters": 5, "kernel": "dense", "k_block": None,
-          "q_block": None, "dtype": "float64", "pair_threshold": 0.99, "cluster_delta": 0.1,
+          "q_block": None, "tol": 1e-6, "dtype": "float64", "pair_threshold": 0.99, "cluster_delta": 0.1,
           "gram_threshold": 0.9999, "weights": {"ensemble": "gaussian", "scale": 1.0, "seed": 0}}
     xs = np.stack([_cloud(12, seed=s) for s in range(2)])[None]  # (P=1, S=2, N, d)
     en = cluster_stats_of(xs, [pc])[3]
