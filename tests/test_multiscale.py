@@ -49,6 +49,82 @@ def test_kd_leaves_partition_and_keep_clusters_apart():
     assert idx.shape[0] <= math.ceil(3000 / 64) + 4
 
 
+def _recursive_leaves(p, block, units):
+    """The k-d tree of the shared ordering, written as a host recursion (the reference)."""
+    def order(idx, size, gaps):
+        n = idx.shape[0]
+        if n <= size:
+            return [idx]
+        q = p[idx]
+        c = int(np.argmax(q.max(0) - q.min(0)))
+        idx = idx[np.argsort(q[:, c], kind="stable")]
+        v = p[idx, c]
+        cut = (-(-n // size) // 2) * size
+        lo, hi = n // 4, (3 * n) // 4
+        g = v[lo + 1:hi + 1] - v[lo:hi]
+        if gaps and g.size and v[hi] > v[lo]:
+            k = int(np.argmax(g))
+            if g[k] > (8.0 + math.log(g.size)) * (v[hi] - v[lo]) / g.size:
+                cut = lo + 1 + k
+        return order(idx[:cut], size, gaps) + order(idx[cut:], size, gaps)
+
+    out = []
+    for leaf in order(np.arange(p.shape[0]), block, True):
+        prev = block
+        for u in units:  # inside a leaf, runs of each smaller unit by median splits
+            leaf = np.concatenate([np.concatenate(order(run, u, False)) for run in
+                                   np.split(leaf, range(prev, leaf.size, prev))])
+            prev = u
+        out.append(np.pad(leaf, (0, block - leaf.size), constant_values=-1))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("case", ["clusters", "gaussian", "plane"])
+def test_kd_order_equals_the_recursive_tree(case):
+    # the shared, jitted k-d ordering (level by level) gives the leaves of the recursive
+    # tree, every leaf and every place in it, and keeps padding rows (past ``count``) at the end
+    from jaxdyn.kernels._blocks import kd_order
+
+    rng = np.random.default_rng(41)
+    x = {"clusters": _clusters(1500, seed=41)[0], "gaussian": rng.standard_normal((2000, 3)),
+         "plane": rng.standard_normal((777, 2)) * np.array([1.0, 0.1])}[case]
+    for block in (32, 64):
+        units = (M.SUB, M.MID) if block > M.SUB else (M.MID,)
+        ref = _recursive_leaves(x, block, units)
+        got = M.kd_leaves(x, block)
+        assert got.shape == ref.shape and np.array_equal(got, ref), block
+    pad = np.concatenate([x, np.full((100, x.shape[1]), 7.0)])
+    order = kd_order(jnp.asarray(pad), x.shape[0], units=(32, M.MID))
+    perm, leaf = np.asarray(order.perm), np.asarray(order.leaf)
+    assert np.array_equal(perm[x.shape[0]:], np.arange(x.shape[0], pad.shape[0]))
+    assert np.all(leaf[x.shape[0]:] == -1) and int(order.n_leaves) == leaf.max() + 1
+
+
+def test_block_lists_pack_best_first():
+    # the core's fixed-capacity lists: every kept block once, best first (ties in block
+    # order) with a key, in block order without, the free slots the empty block nb; a list
+    # longer than the capacity is cut and its count says so
+    from jaxdyn.kernels._blocks import block_lists
+
+    rng = np.random.default_rng(42)
+    keep = rng.random((6, 30)) < 0.3
+    keep[0] = False
+    key = np.round(rng.standard_normal((6, 30)), 1)  # ties
+    cap = int(keep.sum(1).max())
+    lists, counts = block_lists(jnp.asarray(keep), cap, jnp.asarray(key))
+    plain, _ = block_lists(jnp.asarray(keep), cap)
+    lists, plain = np.asarray(lists), np.asarray(plain)
+    assert np.array_equal(np.asarray(counts), keep.sum(1))
+    for i in range(6):
+        kept = np.flatnonzero(keep[i])
+        want = kept[np.argsort(-key[i, kept], kind="stable")]
+        assert np.array_equal(lists[i, :kept.size], want)
+        assert np.array_equal(plain[i, :kept.size], kept)
+        assert np.all(lists[i, kept.size:] == 30) and np.all(plain[i, kept.size:] == 30)
+    short, counts = block_lists(jnp.asarray(keep), 2, jnp.asarray(key))
+    assert np.all(np.asarray(counts) == keep.sum(1)) and np.asarray(short).shape == (6, 2)
+
+
 def test_blocks_balls_contain_their_points():
     rng = np.random.default_rng(2)
     x = _unit(rng.standard_normal((1000, 3)))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ..kernels import blocked_lse, lse_tile, pad_rows
+from ..kernels._blocks import by_length, unsort
 
 #: points per leaf block: tiles of 256 rows x 8 blocks of 256 keys ran at 4.0 G terms/s on
 #: the 2-core CPU (N = 16384, every block visited; 128-point blocks 3.2, the dense online
@@ -136,28 +137,9 @@ def sparse_lse(pts, other, pot, eps, nbr, *, block: int = BLOCK):
     # Measured inside jit, N = 10^5, leaves of 64 with 20-40 kept blocks: one row block per
     # step 0.59 G terms per CPU-s, 4 per step 0.72, 8 per step 0.76. Batches in leaf order
     # would run a fifth to a quarter more steps than their lists hold; sorted, a few percent.
-    order = leaf_order(nbr, nk, kc)
+    order = by_length(jnp.sum(nbr < nk, axis=1), kc)
     out = jax.lax.map(rows, (q[order], nbr[order]), batch_size=max(1, 512 // block))
     return unsort(out, order).reshape(-1)[:n]
-
-
-def leaf_order(nbr, nk, chunk):
-    """The row blocks in the order of their step counts ``ceil(len / chunk)`` (stable).
-
-    ``nbr`` (nq, K) lists key blocks padded with ``nk``. Batched (vmapped) loops with
-    per-row-block trip counts run each batch to its longest list: in this order a batch
-    holds lists of one length.
-
-    Returns:
-        The permutation (nq,).
-    """
-    steps = (jnp.sum(nbr < nk, axis=1) + chunk - 1) // chunk
-    return jnp.argsort(steps, stable=True)
-
-
-def unsort(out, order):
-    """``out`` (rows taken in ``order``) back in the original order."""
-    return jnp.zeros_like(out).at[order].set(out, unique_indices=True)
 
 
 @functools.cache

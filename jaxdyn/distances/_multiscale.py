@@ -5,8 +5,17 @@ Sinkhorn kernel ``exp((g_j - |x_i - y_j|^2) / ε)`` of a point x_i is negligible
 small neighbourhood of its image: almost every one of the N x M terms of a dense pass
 is ``exp(-thousands)``. This module skips them *with a certificate*:
 
-1. **Blocks.** Each cloud is cut into the leaves of a k-d tree (:func:`kd_leaves`), each
-   padded to ``block`` points: spatially compact blocks with a centre c and a radius r.
+1. **Blocks, from the shared block-sparse core.** Each cloud is cut into the leaves of the
+   k-d tree of :func:`jaxdyn.kernels._blocks.kd_order` (median splits on whole leaves, cut
+   apart at wide gaps; inside a leaf, runs of ``SUB`` and ``MID`` rows compact too), each
+   padded to ``block`` points, with the balls of :func:`jaxdyn.kernels._blocks.balls`
+   (centre c, radius r, grown by the bounds' rounding room). The lists of kept blocks are
+   :func:`jaxdyn.kernels._local.pack_lists`' fixed-capacity lists
+   (:func:`jaxdyn.kernels._blocks.block_lists`: best first where the order matters, padded
+   with an empty block; the capacity is the longest list, bucketed), packed inside the
+   program that takes them; batched loops take the leaves in
+   :func:`jaxdyn.kernels._blocks.by_length` order. What stays here is W2's own: the bounds
+   and the certificate (items 2 and 5), and the kernel of item 3.
 2. **Selection, three levels.** Key block J is kept for leaf I iff its margin, an upper
    bound of ``max_{i in I, j in J} (g_j - C_ij - R_i) / ε`` (R_i the row's log-sum-exp
    ``ε log Σ_j exp((g_j - C_ij)/ε)``), is ``>= -T`` with ``T = log M + 18``: the dropped
@@ -25,7 +34,10 @@ is ``exp(-thousands)``. This module skips them *with a certificate*:
 3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
    each leaf's kept blocks only (lists padded with an empty block to a common length K,
    but a loop with a per-leaf trip count: a leaf pays for its own list; the leaves are
-   batched in the order of their list lengths).
+   batched in the order of their list lengths). Not the local core's tile pass: its terms
+   are ``(g_j - |x_i - y_j|^2) / ε`` formed by differences (a dot-product logit loses
+   ``|x|^2 2^-24 / ε`` to cancellation in float32, more than Sinkhorn's tolerance at
+   ε ~ 1e-5), it returns the log-sum-exp itself, and it gathers 8 key blocks a step.
 4. **Coarse to fine.** The large-ε part of the ε ladder, where the kernel is wide and a
    sparse pass would be dense, is solved on the weighted centroids of the sub-blocks
    (N / 32 points) down to ε = 4 x their median squared radius; the potentials are carried
@@ -77,7 +89,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels import blocked_lse
-from ._geometries import BLOCK, leaf_order, sparse_lse, unsort
+from ..kernels._blocks import balls, block_lists, by_length, kd_order, kd_size, unsort
+from ._geometries import BLOCK, sparse_lse
 from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
@@ -87,56 +100,10 @@ _MARGIN_EXTRA = 18.0
 #: Its lists are about a quarter lighter than at the certificate's margin, and the points'
 #: round that follows is the same (iterations and S_ε; docs/math.md §D.4, item 11).
 MID_MARGIN_EXTRA = 6.0
-#: a split moves to the widest gap of the middle half of the sorted coordinate when that
-#: gap is this many times the mean spacing there (clusters get their own leaves).
-_GAP_FACTOR = 8.0
-
-
-def kd_leaves(pts: np.ndarray, block: int = BLOCK) -> np.ndarray:
-    """Leaves of a k-d tree over ``pts``: an (nb, block) index array, -1 for padding.
-
-    Each node splits its widest coordinate after a whole number of blocks (about the
-    median), or at the widest gap of the middle half of its sorted values when that gap
-    exceeds ``_GAP_FACTOR + log(h)`` times the mean of those h spacings (so that separated
-    clusters never share a leaf: a leaf straddling two clusters would have a radius of the
-    clusters' distance, and its rows would need every block); nodes of at most ``block``
-    points are leaves, padded to ``block``. O(N log(N / block)).
-
-    Returns:
-        The leaves' indices into ``pts``, (nb, block), -1 for padding.
-    """
-    pts = np.asarray(pts, dtype=np.float64)
-    leaves = []
-
-    def rec(idx):
-        n = idx.shape[0]
-        if n <= block:
-            leaves.append(idx)
-            return
-        p = pts[idx]
-        c = int(np.argmax(p.max(0) - p.min(0)))
-        order = idx[np.argsort(p[:, c], kind="stable")]
-        v = pts[order, c]
-        lo, hi = n // 4, (3 * n) // 4
-        gaps = v[lo + 1:hi + 1] - v[lo:hi]
-        cut = (-(-n // block) // 2) * block  # whole blocks on the left: no padding
-        if gaps.size and v[hi] > v[lo]:
-            k = int(np.argmax(gaps))
-            # the largest of h spacings of a smooth density is about log(h) x their mean
-            if gaps[k] > (_GAP_FACTOR + math.log(gaps.size)) * (v[hi] - v[lo]) / gaps.size:
-                cut = lo + 1 + k
-        rec(order[:cut])
-        rec(order[cut:])
-
-    rec(np.arange(pts.shape[0]))
-    out = np.full((len(leaves), block), -1, dtype=np.int64)
-    for i, leaf in enumerate(leaves):
-        out[i, :leaf.shape[0]] = leaf
-    return out
 
 
 # --------------------------------------------------------------------------------------
-# block selection with its certificate
+# leaves: the shared k-d tree and balls
 # --------------------------------------------------------------------------------------
 
 
@@ -159,30 +126,54 @@ class Blocks(NamedTuple):
     counts: np.ndarray  # (nb,) points per leaf (host)
 
 
-def _median_order(p: np.ndarray, size: int) -> np.ndarray:
-    """Order of the rows of ``p`` by recursive median splits down to runs of ``size``."""
-    n = p.shape[0]
-    if n <= size:
-        return np.arange(n)
-    c = int(np.argmax(p.max(0) - p.min(0)))
-    order = np.argsort(p[:, c], kind="stable")
-    cut = (-(-n // size) // 2) * size
-    left, right = order[:cut], order[cut:]
-    return np.concatenate([left[_median_order(p[left], size)],
-                           right[_median_order(p[right], size)]])
+def kd_leaves(pts, block: int = BLOCK, dtype=None) -> np.ndarray:
+    """The leaves of the shared k-d tree (:func:`jaxdyn.kernels._blocks.kd_order`) over ``pts``.
+
+    Leaves of at most ``block`` points, cut apart at wide gaps (separated clusters never share
+    a leaf: a leaf straddling two clusters would have a radius of the clusters' distance, and
+    its rows would need every block); inside a leaf, runs of ``SUB`` rows and inside them runs
+    of ``MID`` rows are compact too (median splits on whole runs).
+
+    Returns:
+        The leaves' indices into ``pts``, (nb, block), -1 for padding.
+    """
+    pts = np.asarray(pts)
+    n, d = pts.shape
+    # padded to a few lengths an octave: clouds of nearby sizes share one program
+    padded = np.zeros((kd_size(n), d), pts.dtype if dtype is None else dtype)
+    padded[:n] = pts
+    order = kd_order(jnp.asarray(padded), n, units=(block, SUB, MID))
+    perm, leaf, rank = (np.asarray(a) for a in order[:3])
+    idx = np.full((int(order.n_leaves), block), -1, dtype=np.int64)
+    ok = leaf >= 0
+    idx[leaf[ok], rank[ok]] = perm[ok]
+    return idx
 
 
-def _ball(p: np.ndarray, valid: np.ndarray, scale: float):
-    """Centres and radii of groups ``p`` (g, k, d) over their valid rows (g, k)."""
-    cnt = np.maximum(valid.sum(1), 1)
-    centers = (p * valid[..., None]).sum(1) / cnt[:, None]
-    dist = np.where(valid, ((p - centers[:, None, :]) ** 2).sum(-1), 0.0)
-    radii = np.sqrt(dist.max(1)) * (1 + 1e-6) + 1e-6 * scale
-    return centers, radii
+@jax.jit
+def _leaf_balls(pts, idx, valid, scale):
+    """The leaves ``pts[idx]`` (nb, block, d) with their balls and those of their runs of SUB rows.
+
+    Each radius grown by a relative 1e-6 and by 1e-6 of the cloud's largest coordinate
+    ``scale``: room for the rounding of the centres and of the costs in the bounds.
+
+    Returns:
+        (the leaves' points, the padding at its leaf's centre; leaf balls; sub-block balls).
+    """
+    p = pts[idx]
+    d = p.shape[-1]
+
+    def grown(b):
+        return b.centre, b.radius * (1 + 1e-6) + 1e-6 * scale
+
+    leaf = grown(balls(p, valid))
+    p = jnp.where(valid[..., None], p, leaf[0][:, None, :])
+    sub = grown(balls(p.reshape(-1, SUB, d), valid.reshape(-1, SUB)))
+    return p, leaf, sub
 
 
 def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
-    """Padded k-d leaves of ``pts`` (:func:`kd_leaves`) with their centres and radii.
+    """Padded k-d leaves of ``pts`` (:func:`kd_leaves`) with their balls (:func:`jaxdyn.kernels._blocks.balls`).
 
     Within a leaf the points are in median-split order, so runs of ``SUB`` rows are compact
     too (and, inside them, runs of ``MID`` rows: the groups of the intermediate level).
@@ -191,28 +182,22 @@ def make_blocks(pts, dtype, block=BLOCK, return_index=False) -> Blocks:
         :class:`Blocks`; with ``return_index``, also the (nb, block) indices into ``pts``
         (-1 for padding).
     """
-    pts = np.asarray(pts, dtype=np.float64)
-    idx = kd_leaves(pts, block)
-    for i in range(idx.shape[0]):
-        k = int((idx[i] >= 0).sum())
-        row = idx[i, :k][_median_order(pts[idx[i, :k]], SUB)]
-        for s0 in range(0, k, SUB):
-            run = row[s0:s0 + SUB]
-            row[s0:s0 + SUB] = run[_median_order(pts[run], MID)]
-        idx[i, :k] = row
+    pts = np.asarray(pts)
+    idx = kd_leaves(pts, block, dtype)
     valid = idx >= 0
-    p = pts[np.where(valid, idx, 0)]  # (nb, block, d)
-    counts = valid.sum(1)
+    nb, d = idx.shape[0], pts.shape[1]
     scale = float(np.abs(pts).max()) if pts.size else 1.0
-    centers, radii = _ball(p, valid, scale)
-    p = np.where(valid[..., None], p, centers[:, None, :])
-    nb, _, d = p.shape
-    ns = block // SUB
-    sc, sr = _ball(p.reshape(nb * ns, SUB, d), valid.reshape(nb * ns, SUB), scale)
-    out = Blocks(jnp.asarray(p.reshape(nb * block, d), dtype), jnp.asarray(valid.reshape(-1)),
-                 jnp.asarray(centers, dtype), jnp.asarray(radii, dtype),
-                 jnp.asarray(sc, dtype), jnp.asarray(sr, dtype), counts)
+    p, (centers, radii), (sc, sr) = _leaf_balls(
+        jnp.asarray(pts, dtype), jnp.asarray(np.where(valid, idx, 0)), jnp.asarray(valid),
+        jnp.asarray(scale, dtype))
+    out = Blocks(p.reshape(nb * block, d), jnp.asarray(valid.reshape(-1)), centers, radii, sc, sr,
+                 valid.sum(1))
     return (out, idx) if return_index else out
+
+
+# --------------------------------------------------------------------------------------
+# block selection with its certificate
+# --------------------------------------------------------------------------------------
 
 
 def _image(w, keys, eps):
@@ -265,29 +250,51 @@ def _pow2(k: int, multiple: int = 8) -> int:
     return b
 
 
+@functools.partial(jax.jit, static_argnames=("fn", "cap", "block", "best"))
+def _on_lists(fn, args, keep, key=None, *, cap, block=None, best=None):
+    """``fn(*args, lists, block=block)`` on the lists of ``keep``, lists and all as one program.
+
+    ``keep`` (nq, nk), or a tuple of such masks (kernels whose lists share the length
+    ``cap``); the lists by :func:`jaxdyn.kernels._blocks.block_lists` (the ``best`` of largest
+    ``key`` first when it is given), padded with the empty block ``nk``.
+
+    Returns:
+        (the lists (a tuple for a tuple of masks), ``fn``'s result, or None without ``fn``).
+    """
+    parts = len(keep) if isinstance(keep, tuple) else 0
+    keep = jnp.concatenate(keep) if parts else keep
+    lists = block_lists(keep, cap, key, best)[0]
+    out = None if fn is None else fn(*args, lists, block=block)
+    return (tuple(jnp.split(lists, parts)) if parts else lists), out
+
+
+def _list_length(keep: np.ndarray, multiple: int = 8, width: int = 0, pow2: bool = False) -> int:
+    """The common length K of the lists of ``keep`` (nq, nk).
+
+    A multiple of ``multiple`` (:func:`sparse_lse` gathers 8 blocks per step): the
+    :func:`_bucket` (``pow2``: the :func:`_pow2`, or ``nk`` rounded up once that is at most
+    twice as long) of the longest list, at least ``width`` (lists that one program takes
+    together share a length: one compilation), at most ``nk`` rounded up.
+
+    Returns:
+        K.
+    """
+    nk = keep.shape[-1]
+    need = max(multiple, -(-int(keep.sum(-1).max(initial=0)) // multiple) * multiple)
+    full = max(multiple, -(-nk // multiple) * multiple)
+    k = max(_pow2(need, multiple) if pow2 else _bucket(need, multiple), width)
+    return full if (pow2 and 2 * k >= full) or k > full else k
+
+
 def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
                 width: int = 0, pow2: bool = False) -> np.ndarray:
-    """The kept block indices per row block, best first, padded to a common length K.
-
-    Padded with ``nk`` (the empty block) to a multiple of ``multiple`` (:func:`sparse_lse`
-    gathers 8 blocks per step): K is the :func:`_bucket` (``pow2``: the :func:`_pow2`) of the
-    longest list, at least ``width`` (lists that one program takes together share a length:
-    one compilation).
+    """The kept block indices per row block, best first, padded with ``nk`` (the empty block) to :func:`_list_length`.
 
     Returns:
         (nq, K) int32 block indices.
     """
-    nq, nk = keep.shape
-    need = max(multiple, -(-int(keep.sum(1).max(initial=0)) // multiple) * multiple)
-    k = max(_pow2(need, multiple) if pow2 else _bucket(need, multiple), width)
-    k = min(k, max(multiple, -(-nk // multiple) * multiple))
-    key = np.where(keep, order_key, -np.inf)
-    idx = np.argsort(-key, axis=1, kind="stable")[:, :k]
-    ok = np.take_along_axis(keep, idx, axis=1)
-    idx = np.where(ok, idx, nk)
-    if idx.shape[1] < k:
-        idx = np.concatenate([idx, np.full((nq, k - idx.shape[1]), nk)], axis=1)
-    return idx.astype(np.int32)
+    k = _list_length(keep, multiple, width, pow2)
+    return np.asarray(_on_lists(None, (), jnp.asarray(keep), jnp.asarray(order_key), cap=k)[0])
 
 
 def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
@@ -322,8 +329,26 @@ def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
     return (hi - lo[:, None] + 1e-12 * (1.0 + np.max(np.abs(c)) ** 2)) / float(eps)
 
 
-def _pad_leaves(b: Blocks, nb: int, block: int) -> Blocks:
-    """``b`` with empty leaves appended up to ``nb`` leaves (no valid point, centre and radius 0).
+@functools.partial(jax.jit, static_argnames=("nb", "block"))
+def _take_leaves(b: Blocks, idx, *, nb, block):
+    """The leaves ``idx`` of ``b`` (device arrays), then empty leaves up to ``nb``, as one program.
+
+    Returns:
+        The device arrays of :class:`Blocks` (``counts`` None).
+    """
+    nb0 = b.centers.shape[0]
+
+    def take(a):
+        per = a.shape[0] // nb0
+        a = a.reshape((nb0, per) + a.shape[1:])[idx]
+        a = jnp.concatenate([a, jnp.zeros((nb - idx.shape[0],) + a.shape[1:], a.dtype)])
+        return a.reshape((nb * per,) + a.shape[2:])
+
+    return Blocks(*(take(a) for a in b[:-1]), None)
+
+
+def _pad_leaves(b: Blocks, nb: int, block: int, idx=None) -> Blocks:
+    """``b`` (or its leaves ``idx``) with empty leaves appended up to ``nb`` leaves (no valid point, centre and radius 0).
 
     Two clouds at one leaf count share the programs of the rounds and of the selection (an
     empty leaf's rows have weight 0, its keys potential -inf, its lists no block).
@@ -331,18 +356,13 @@ def _pad_leaves(b: Blocks, nb: int, block: int) -> Blocks:
     Returns:
         The padded :class:`Blocks`.
     """
-    extra = nb - b.centers.shape[0]
-    if extra <= 0:
-        return b
-    d = b.pts.shape[1]
-    dt = b.pts.dtype
-    z = lambda *shape: jnp.zeros(shape, dt)  # noqa: E731
-    return Blocks(jnp.concatenate([b.pts, z(extra * block, d)]),
-                  jnp.concatenate([b.valid, jnp.zeros((extra * block,), bool)]),
-                  jnp.concatenate([b.centers, z(extra, d)]), jnp.concatenate([b.radii, z(extra)]),
-                  jnp.concatenate([b.sub_centers, z(extra * block // SUB, d)]),
-                  jnp.concatenate([b.sub_radii, z(extra * block // SUB)]),
-                  np.concatenate([b.counts, np.zeros(extra, b.counts.dtype)]))
+    if idx is None:
+        if nb <= b.centers.shape[0]:
+            return b
+        idx = np.arange(b.centers.shape[0])
+    counts = np.concatenate([b.counts[idx], np.zeros(nb - len(idx), b.counts.dtype)])
+    return _take_leaves(b._replace(counts=None), jnp.asarray(idx), nb=nb, block=block)._replace(
+        counts=counts)
 
 
 def _common_leaves(nb1: int, nb2: int) -> int:
@@ -396,7 +416,7 @@ def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand,
         u = jax.lax.fori_loop(0, steps, body, jnp.full((kc,), -jnp.inf, kb.dtype))
         return u, v
 
-    order = leaf_order(cand, nk, step)  # batches of lists of one length
+    order = by_length(jnp.sum(cand < nk, axis=1), step)  # batches of lists of one length
     u, v = jax.lax.map(leaf, (centers[order], radii[order], cand[order]), batch_size=8)
     u, v = unsort(u, order), unsort(v, order)
     k_low = min(n_low, kc)
@@ -472,7 +492,7 @@ def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block)
         low_i = jnp.where(ok, jnp.maximum(lo, eps * (mx + jnp.log(s))), jnp.inf)
         return jnp.max(best - low_i[..., None], axis=1)
 
-    order = leaf_order(cand, nk, step)  # batches of lists of one length
+    order = by_length(jnp.sum(cand < nk, axis=1), step)  # batches of lists of one length
     g = 8 if nq % 8 == 0 else 1
     m = jax.lax.map(group, (rows_pts.reshape(nq, block, d)[order].reshape(nq // g, g, block, d),
                             rows_valid.reshape(nq, block)[order].reshape(nq // g, g, block),
@@ -505,17 +525,19 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
     m = _block_margins(rows, keys, pot, eps)
     nk = m.shape[1]
     pre = m >= -candidate_margin
-    cand = _neighbours(pre, m, pow2=True)
-    m_leaf, low = _leaf_margins_on(rows.pts, rows.valid, rows.centers, rows.radii, keys.pts,
-                                   pot, eps_a, jnp.asarray(cand), block=block)
-    m = np.where(pre, np.minimum(m, _scatter(cand, np.asarray(m_leaf, np.float64), nk)), m)
+    # the 8 best blocks first: the tilt is taken towards the image over them
+    cand, (m_leaf, low) = _on_lists(
+        _leaf_margins_on, (rows.pts, rows.valid, rows.centers, rows.radii, keys.pts, pot, eps_a),
+        jnp.asarray(pre), jnp.asarray(m), cap=_list_length(pre, pow2=True), block=block, best=8)
+    m = np.where(pre, np.minimum(m, _scatter(np.asarray(cand), np.asarray(m_leaf, np.float64), nk)),
+                 m)
     if not exact:
         return m
     keep = m >= -candidate_margin
-    cand = _neighbours(keep, m, pow2=True)
-    m_ex = _exact_margins_on(rows.pts, rows.valid, low, keys.pts, pot, eps_a, jnp.asarray(cand),
-                             block=block)
-    return np.where(keep, np.minimum(m, _scatter(cand, np.asarray(m_ex, np.float64), nk)), m)
+    cand, m_ex = _on_lists(_exact_margins_on, (rows.pts, rows.valid, low, keys.pts, pot, eps_a),
+                           jnp.asarray(keep), cap=_list_length(keep, pow2=True), block=block)
+    return np.where(keep, np.minimum(m, _scatter(np.asarray(cand), np.asarray(m_ex, np.float64), nk)),
+                    m)
 
 
 def select(rows: Blocks, keys: Blocks, pot, eps, margin: float, block: int = BLOCK):
@@ -628,14 +650,7 @@ def _leaf_subset(b: Blocks, leaves: np.ndarray, block: int) -> Blocks:
     Returns:
         The :class:`Blocks` of those leaves.
     """
-    nb, d = b.centers.shape
-    ns = block // SUB
-    idx = jnp.asarray(leaves)
-    sub = Blocks(b.pts.reshape(nb, block, d)[idx].reshape(-1, d),
-                 b.valid.reshape(nb, block)[idx].reshape(-1), b.centers[idx], b.radii[idx],
-                 b.sub_centers.reshape(nb, ns, d)[idx].reshape(-1, d),
-                 b.sub_radii.reshape(nb, ns)[idx].reshape(-1), b.counts[leaves])
-    return _pad_leaves(sub, _pow2(len(leaves)), block)
+    return _pad_leaves(b, _pow2(len(leaves)), block, np.asarray(leaves))
 
 
 def _moved_margins(m, keep, p0, p1, eps):
@@ -705,12 +720,10 @@ def _moved_margins_by_rows(m, keep, rows: Blocks, keys: Blocks, p0, p1, eps, blo
     """
     nq, nk = m.shape
     dtype = rows.pts.dtype
-    nbr = jnp.asarray(_neighbours(keep, m))
     e, zero = jnp.asarray(eps, dtype), jnp.zeros((), dtype)
-    r0 = np.asarray(_sparse_c_transform(rows.pts, rows.valid, keys.pts, p0, e, zero, nbr,
-                                        block=block), np.float64)  # -R^list (ε log w = 0)
-    r1 = np.asarray(_sparse_c_transform(rows.pts, rows.valid, keys.pts, p1, e, zero, nbr,
-                                        block=block), np.float64)
+    r0, r1 = np.asarray(_on_lists(  # -R^list (ε log w = 0) at p0, p1
+        _sparse_c_transform, (rows.pts, rows.valid, keys.pts, (p0, p1), e, zero),
+        jnp.asarray(keep), cap=_list_length(keep, pow2=True), block=block)[1], np.float64)
     ok = np.isfinite(r0) & np.isfinite(r1)
     move = np.where(ok, np.where(ok, r0, 0.0) - np.where(ok, r1, 0.0), np.inf)
     move = np.min(move.reshape(nq, block), axis=1)
@@ -736,6 +749,7 @@ class _Selection:
         self.bx, self.by, self.block, self.margin = bx, by, block, margin
         self.keep = None
         self.order = None
+        self.width = 0  # the longest list length so far: the level's rounds share one program
         self._last = None  # (pots, eps, {kernel: margins}): the check serves the next select
         self._base = None  # (pots, eps, margins) of the last update: the check's first try
 
@@ -785,12 +799,13 @@ class _Selection:
             self.keep = new
         else:
             self.keep = [a | n for a, n in zip(self.keep, new)]
-        self.order = marg  # the margins order each list: largest first
-        # each list nearest (largest bound) first: the online maximum settles early
-        # the four lists at one length: a round's program is compiled per set of lengths
-        width = _pow2(max(int(k.sum(1).max(initial=0)) for k in self.keep))
-        return tuple(jnp.asarray(_neighbours(k, u, width=width))
-                     for k, u in zip(self.keep, self.order))
+        self.order = marg  # the margins of the selection
+        # the four lists at one length, never shorter than the level's lists so far: a
+        # round's program is compiled per length, and a list's padding costs no kernel work
+        # (a list in block order: the online log-sum-exp does not depend on it)
+        self.width = max(self.width, _pow2(max(int(k.sum(1).max(initial=0)) for k in self.keep)))
+        return _on_lists(None, (), tuple(jnp.asarray(k) for k in self.keep),
+                         cap=_list_length(self.keep[0], width=self.width))[0]
 
     def _moved_bounds(self, pots, eps, k):
         """Bounds of kernel ``k``'s margins from the last selection's and the potentials' move.
@@ -1012,19 +1027,23 @@ def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
     return bm, jnp.asarray(wv, dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def _sparse_c_transform(rows_pts, rows_valid, keys_pts, pot, eps, lw, nbr, *, block):
-    """``ε log w - sparse_lse(...)`` on the valid rows, -inf on the padding, as one program.
+def _sparse_c_transform(rows_pts, rows_valid, keys_pts, pots, eps, lw, nbr, *, block):
+    """``ε log w - sparse_lse(...)`` on the valid rows, -inf on the padding, for each potential of ``pots``.
 
-    Jitted: run eagerly, :func:`sparse_lse`'s ``lax.map`` is a fresh closure at every call
-    and was compiled again at every call (measured: four compilations of 4-5 s each per
-    ``w2_sinkhorn`` call at N = 5000, warm calls included).
+    Run inside :func:`_on_lists`' program: run eagerly, :func:`sparse_lse`'s ``lax.map`` is a
+    fresh closure at every call and was compiled again at every call (measured: four
+    compilations of 4-5 s each per ``w2_sinkhorn`` call at N = 5000, warm calls included).
 
     Returns:
-        The potentials on the rows.
+        The potentials on the rows, one (n,) array a potential of ``pots``.
     """
-    return jnp.where(rows_valid, eps * lw - sparse_lse(rows_pts, keys_pts, pot, eps, nbr, block=block),
-                     jnp.asarray(-jnp.inf, rows_pts.dtype))
+
+    def one(pot):
+        return jnp.where(rows_valid,
+                         eps * lw - sparse_lse(rows_pts, keys_pts, pot, eps, nbr, block=block),
+                         jnp.asarray(-jnp.inf, rows_pts.dtype))
+
+    return tuple(jax.lax.map(one, jnp.stack(pots)))
 
 
 def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None):
@@ -1045,16 +1064,24 @@ def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None
     e = jnp.asarray(eps, dtype)
     ninf = jnp.asarray(-jnp.inf, dtype)
 
-    def one(rows, keys, pot, lw):
-        if sparse is None:
+    if sparse is None:
+        def one(rows, keys, pot, lw):
             return jnp.where(rows.valid, c_transform_from_coarse(rows.pts, keys, pot, e, lw), ninf)
-        block, margin = sparse
-        m = leaf_margins(rows, keys, pot, eps, block, margin, exact=False)
-        nbr = jnp.asarray(_neighbours(m >= -margin, m))
-        return _sparse_c_transform(rows.pts, rows.valid, keys.pts, pot, e, lw, nbr, block=block)
 
-    f, g = one(rx, ky, gc, lwx), one(ry, kx, fc, lwy)
-    fx, fy = one(rx, kx, fxc, lwx), one(ry, ky, fyc, lwy)
+        f, g = one(rx, ky, gc, lwx), one(ry, kx, fc, lwy)
+        fx, fy = one(rx, kx, fxc, lwx), one(ry, ky, fyc, lwy)
+        return ((f, g), (fx, fx), (fy, fy))
+    block, margin = sparse
+    args = ((rx, ky, gc, lwx), (ry, kx, fc, lwy), (rx, kx, fxc, lwx), (ry, ky, fyc, lwy))
+    keeps = [leaf_margins(rows, keys, pot, eps, block, margin, exact=False) >= -margin
+             for rows, keys, pot, _ in args]
+    cap = max(_list_length(k) for k in keeps)  # one length: one program for the four
+
+    def one(rows, keys, pot, lw, keep):
+        return _on_lists(_sparse_c_transform, (rows.pts, rows.valid, keys.pts, (pot,), e, lw),
+                         jnp.asarray(keep), cap=cap, block=block)[1][0]
+
+    f, g, fx, fy = (one(*a, k) for a, k in zip(args, keeps))
     return ((f, g), (fx, fx), (fy, fy))
 
 

@@ -12,11 +12,11 @@ multiscale W2 solver, :mod:`jaxdyn.distances._multiscale`):
   mean squared radius 0.047 against 0.146.
 - :func:`balls`: centre (mean of the valid rows) and radius (largest distance to it) of
   each leaf; without a mask, those of every row.
+- :func:`block_lists`: the kept blocks of each row as a fixed-capacity list (by
+  :func:`._local.pack_lists`), optionally best first, padded with an empty block's index.
 - :func:`by_length` and :func:`unsort`: the rows of a batched loop with per-row trip
   counts taken in the order of their list lengths (a batch then runs to about its own
   lists' end), and the results put back.
-
-The fixed-capacity lists themselves are :func:`._local.pack_lists`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GAP_FACTOR", "Balls", "KdOrder", "balls", "by_length", "kd_order", "kd_size",
-           "unsort"]
+from ._local import pack_lists
+
+__all__ = ["GAP_FACTOR", "Balls", "KdOrder", "balls", "block_lists", "by_length", "kd_order",
+           "kd_size", "unsort"]
 
 #: a node above the largest unit is cut at the widest gap of the middle half of its sorted
 #: coordinate when that gap exceeds ``GAP_FACTOR + log h`` times the mean of those h spacings
@@ -125,7 +127,7 @@ def kd_order(points, count=None, *, units, gaps=True) -> KdOrder:
             hf = jnp.maximum(h, 1).astype(pts.dtype)
             wide = ((size > units[0]) & split & (h > 0) & (v_hi > v_lo)
                     & (gmax > (GAP_FACTOR + jnp.log(hf)) * (v_hi - v_lo) / hf))
-            cut = jnp.where(wide, lo + 1 + k, cut)
+            cut = jnp.where(wide, k + 1, cut)  # k: the rank before the gap
         return split, cut
 
     def body(state):
@@ -184,6 +186,46 @@ def balls(pts, valid=None) -> Balls:
          / jnp.maximum(jnp.sum(w, axis=1), 1.0)[:, None])
     d2 = jnp.sum((pts - c[:, None, :]) ** 2, axis=-1)
     return Balls(c, jnp.sqrt(jnp.max(jnp.where(valid, d2, 0.0), axis=1)))
+
+
+def block_lists(keep, cap, key=None, best=None):
+    """The kept blocks of each row (``keep`` (rows, nb)) in ``cap`` slots, padded with ``nb``.
+
+    Packed by :func:`._local.pack_lists` (in block order); with ``key`` (rows, nb), the
+    ``best`` entries of largest key first, in that order (ties in block order), the others
+    after them in block order (``best`` None: the whole list sorted). The free slots hold
+    ``nb``: the index of an empty block that the kernels append. Lists longer than ``cap``
+    are cut (the caller compares the counts with ``cap``).
+
+    Args:
+      keep: (rows, nb) bool.
+      cap: slots a row.
+      key: None, or (rows, nb) the order of each list.
+      best: how many entries of each list ``key`` puts first (None: all of them). A sort of
+        the whole lists costs O(cap log cap) a row; the first few by ``lax.top_k`` and a
+        scatter, O(cap).
+
+    Returns:
+      ``(lists, counts)``: (rows, cap) int32 block indices and (rows,) the kept counts.
+    """
+    rows, nb = keep.shape
+    lists, counts = pack_lists(keep, jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), keep.shape),
+                               cap)
+    used = jnp.arange(cap)[None, :] < counts[:, None]
+    lists = jnp.where(used, lists, nb)
+    if key is None:
+        return lists, counts
+    score = jnp.where(used, jnp.take_along_axis(key, jnp.minimum(lists, nb - 1), axis=1),
+                      -jnp.inf)
+    if best is None or best >= cap:
+        return jnp.take_along_axis(lists, jnp.argsort(-score, axis=1, stable=True), axis=1), counts
+    _, top = jax.lax.top_k(score, best)  # the places of the best entries, best first
+    r = jnp.arange(rows)[:, None]
+    first = jnp.zeros((rows, cap), bool).at[r, top].set(True)
+    # the others keep their order after the first ones
+    place = jnp.where(first, 0, best + jnp.cumsum(~first, axis=1, dtype=jnp.int32) - 1)
+    place = place.at[r, top].set(jnp.arange(best, dtype=jnp.int32)[None, :])
+    return jnp.zeros_like(lists).at[r, place].set(lists, unique_indices=True), counts
 
 
 def by_length(counts, chunk: int = 1):
