@@ -57,14 +57,21 @@ __all__ = ["DEFAULT_TOL", "LEAF", "LocalStats", "Ordering", "default_group", "le
 DEFAULT_TOL = 1e-6
 #: points per leaf
 LEAF = 64
-#: the coarse level keeps at most this many clusters a side (its bound matrix is square in it)
+#: the first crude level has at most this many super-clusters a side (its bound matrix is
+#: square in it)
 COARSE_MAX = 8192
+#: clusters a super-cluster (the first crude level)
+SUPER = 8
+#: query clusters a batch of the selection's loops
+SELECT_BATCH = 4096
 #: query leaves a chunk of the tile passes
 CHUNK = 128
-#: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
-#: ``kernel="auto"`` takes at most), at least 256, while the lists hold at most LIST_ENTRIES
+#: the default list capacity (key leaves a query leaf; every leaf when there are fewer): 16 384
+#: keys a query, 1.6 % of the pairs at 10⁶ points. The selection's loops carry the lists, so
+#: their cost grows with the slots (at 10⁶ points, β = N: 0.57 s at 1 073 slots, 0.38 s at 256,
+#: 0.34 s at 64 on the 2-core CPU); a longer list overflows to the blocked kernel, which is
+#: then about as fast (the tiles cost about twice the blocked kernel's time a pair).
 CAPACITY = 256
-LIST_ENTRIES = 2 ** 24
 #: the fixed reference is taken while the largest kept bound stays below half of these
 _SAFE = {"float32": 60.0, "float64": 600.0}
 ON_OVERFLOW = ("blocked", "nan")
@@ -312,7 +319,7 @@ def spatial_order(x, y=None, *, leaf=LEAF, group=None):
 
 
 def default_group(m: int, leaf: int = LEAF) -> int:
-    """Leaves per coarse cluster: a power of two, at least 8, with at most ``COARSE_MAX`` clusters.
+    """Leaves per cluster: a power of two, at least 8, with at most ``COARSE_MAX`` super-clusters.
 
     Args:
       m: number of points.
@@ -322,7 +329,7 @@ def default_group(m: int, leaf: int = LEAF) -> int:
       The group size.
     """
     g = 8
-    while math.ceil(m / (leaf * g)) > COARSE_MAX:
+    while math.ceil(m / (leaf * g * SUPER)) > COARSE_MAX:
         g *= 2
     return g
 
@@ -628,15 +635,80 @@ def pack_lists(keep, values, cap):
 _BINS = 40
 
 
+def _edge_pad(tree, size, count=None):
+    """``tree``'s entries (leading axis) repeated from the last up to ``size``; ``count`` zeroed there."""
+    n = jax.tree.leaves(tree)[0].shape[0]
+    if size == n:
+        return tree
+    idx = jnp.minimum(jnp.arange(size), n - 1)
+    out = jax.tree.map(lambda a: a[idx], tree)
+    if count is not None:
+        out = out._replace(count=jnp.where(jnp.arange(size) < n, out.count, 0))
+    return out
+
+
+def _cluster_lists(qc, kc, super_lists, super_counts, lo, eps, cap):
+    """Per query cluster, the key clusters of its kept super-clusters with a bound above ``lo``.
+
+    (A histogram of the clusters' bounded masses, as the leaves' lists take, kept 13 clusters
+    a list on average instead of 24 at 10⁶ points, β = N, but its loop cost more than the
+    leaves' loops saved: 0.48 s against 0.36 s for the whole selection.)
+
+    Args:
+      qc: the query clusters (nc, ...).
+      kc: the key clusters, padded to whole super-clusters (count 0 on the padding).
+      super_lists: (nc, K) each query cluster's kept key super-clusters.
+      super_counts: (nc,) their counts.
+      lo: the crude level: a key below it carries at most ``budget / (2 m)``.
+      eps: the dtype's machine epsilon.
+      cap: slots of a list.
+
+    Returns:
+      ``(lists, counts, skipped)``: (nc, cap) key clusters, their counts (may exceed ``cap``)
+      and the bounded mass of the clusters skipped inside the kept super-clusters.
+    """
+    arange = jnp.arange(SUPER, dtype=jnp.int32)
+    dtype = kc.nu.dtype
+
+    def one(args):
+        q, sl, sn, lo = args
+
+        def bounds_of(s):
+            clusters = sl[s] * SUPER + arange
+            k = jax.tree.map(lambda a: a[clusters], kc)
+            b = _bounds(jax.tree.map(lambda a: a[None], q), k, eps)           # (SUPER,)
+            return clusters, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
+
+        tau = lo
+
+        def listing(s, state):
+            lists, count, skipped = state
+            clusters, b, mass = bounds_of(s)
+            keep = b > tau
+            pos = count + jnp.cumsum(keep) - 1
+            pos = jnp.where(keep & (pos < cap), pos, cap)
+            lists = lists.at[pos].set(clusters, mode="drop")
+            return (lists, count + jnp.sum(keep, dtype=jnp.int32),
+                    skipped + jnp.sum(jnp.where(keep, 0.0, mass)))
+
+        init = (jnp.zeros((cap,), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
+        return jax.lax.fori_loop(0, sn, listing, init)
+
+    nc = super_lists.shape[0]
+    return jax.lax.map(one, (qc, super_lists, super_counts, jnp.broadcast_to(lo, (nc,))),
+                       batch_size=min(nc, SELECT_BATCH))
+
+
 def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
     """Every query leaf's list of key leaves, with the bounds of what it skips.
 
-    ``budget`` bounds every row's skipped mass relative to ``e^{m̃_i}``. The coarse level
-    skips the key clusters whose every key is below ``budget / (2 m)`` (at most half the
-    budget in all). Each leaf then visits the leaves of its kept clusters twice, in loops as
-    long as its cluster's list: once for a histogram of their bounded masses (bins one logit
-    wide), from which it takes the largest threshold whose skipped masses fit what is left
-    of the budget, once to list the leaves above it.
+    ``budget`` bounds every row's skipped mass relative to ``e^{m̃_i}``. Two crude levels
+    skip the key super-clusters (``SUPER`` clusters), then the key clusters inside the kept
+    ones, whose every key is below ``budget / (2 m)`` (at most half the budget in all: a key
+    is skipped at one level). Each leaf then visits the leaves of its kept clusters twice, in
+    loops as long as its cluster's list: once for a histogram of their bounded masses (bins
+    one logit wide), from which it takes the largest threshold whose skipped masses fit what
+    is left of the budget, once to list the leaves above it.
 
     Args:
       qv: query leaves.
@@ -652,65 +724,105 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
     Returns:
       ``(lists, counts, top, skipped, overflow, kept)``: (nbq, capacity) key leaves, their
       counts, the largest kept bound and the skipped bound of each leaf, whether a list
-      overflowed, and the longest coarse and fine lists.
+      overflowed, and the longest lists of key clusters and of key leaves.
     """
     ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
     m = jnp.sum(kcv.count)
+    crude = jnp.log(0.5 * budget / m)
 
     def bcast(tree, axis):
         return jax.tree.map(lambda a: jnp.expand_dims(a, axis), tree)
 
-    bc = _bounds(bcast(qcv, 1), bcast(kcv, 0), eps)                    # (ncq, nck)
-    keep_c = bc > jnp.log(0.5 * budget / m)
-    skipped_c = jnp.sum(jnp.where(keep_c, 0.0, kcv.count * jnp.exp(jnp.minimum(bc, 0.0))),
+    # super-clusters of SUPER clusters (the cluster arrays padded by repeating the last one:
+    # balls that still enclose every point; the padded key clusters hold no key)
+    nsq, nsk = -(-ncq // SUPER), -(-nck // SUPER)
+    qsv = _query_clusters(_edge_pad(qcv, nsq * SUPER), SUPER)
+    kcv_pad = _edge_pad(kcv, nsk * SUPER, count=True)
+    ksv = _key_clusters(kcv_pad, SUPER)
+    bs = _bounds(bcast(qsv, 1), bcast(ksv, 0), eps)                      # (nsq, nsk)
+    keep_s = bs > crude
+    skipped_s = jnp.sum(jnp.where(keep_s, 0.0, ksv.count * jnp.exp(jnp.minimum(bs, 0.0))),
                         axis=1)
-    idx_c, count_c = pack_lists(keep_c, jnp.broadcast_to(jnp.arange(nck, dtype=jnp.int32),
-                                                         bc.shape), nck)
+    idx_s, count_s = pack_lists(keep_s, jnp.broadcast_to(jnp.arange(nsk, dtype=jnp.int32),
+                                                         bs.shape), nsk)
+    per = jnp.arange(ncq) // SUPER                     # each query cluster's super-cluster
+    cap_c = min(nck, max(CAPACITY, capacity))
+    idx_c, count_c, skipped_m = _cluster_lists(qcv, kcv_pad, idx_s[per], count_s[per], crude,
+                                               eps, cap_c)
+    overflow_c = jnp.max(count_c) > cap_c
+    count_c = jnp.minimum(count_c, cap_c)
+    skipped_c = skipped_s[per] + skipped_m
     arange = jnp.arange(group, dtype=jnp.int32)
+
+    dtype = kcv.nu.dtype
+
+    def bounds_of(q, kc, s):
+        leaves = (kc[s] * group + arange).astype(jnp.int32)
+        k = jax.tree.map(lambda a: a[leaves], kv)
+        b = _bounds(bcast(q, 1), bcast(k, 0), eps)                     # (G, G)
+        return leaves, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
 
     def per_cluster(args):
         q, kc, nc, sc = args                   # q: the cluster's leaves (group, ...)
         left = budget - sc
         lo = jnp.log(left / m)                 # every key below it: at most ``left`` in all
 
-        def bounds_of(s):
-            leaves = (kc[s] * group + arange).astype(jnp.int32)
-            k = jax.tree.map(lambda a: a[leaves], kv)
-            b = _bounds(bcast(q, 1), bcast(k, 0), eps)                 # (G, G)
-            return leaves, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
-
-        def histogram(s, hist):
-            _, b, mass = bounds_of(s)
+        def histogram(s, state):
+            hist, leaves = state
+            _, b, mass = bounds_of(q, kc, s)
             bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
-            return hist.at[arange[:, None], bins].add(mass)
+            return (hist.at[arange[:, None], bins].add(mass),
+                    leaves.at[arange[:, None], bins].add(1))
 
-        hist = jax.lax.fori_loop(0, nc, histogram, jnp.zeros((group, _BINS + 1), bc.dtype))
+        hist, leaves = jax.lax.fori_loop(
+            0, nc, histogram, (jnp.zeros((group, _BINS + 1), dtype),
+                               jnp.zeros((group, _BINS + 1), jnp.int32)))
         # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
-        fits = jnp.cumsum(hist[:, :_BINS], axis=1) <= left
-        tau = lo + jnp.sum(fits, axis=1)
-
-        def listing(s, state):
-            lists, count, skipped, top = state
-            leaves, b, mass = bounds_of(s)
-            keep = b > tau[:, None]
-            pos = count[:, None] + jnp.cumsum(keep, axis=1) - 1
-            pos = jnp.where(keep & (pos < capacity), pos, capacity)
-            lists = lists.at[arange[:, None], pos].set(
-                jnp.broadcast_to(leaves, b.shape), mode="drop")
-            return (lists, count + jnp.sum(keep, axis=1, dtype=jnp.int32),
-                    skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
-                    jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
-
-        init = (jnp.zeros((group, capacity), jnp.int32), jnp.zeros((group,), jnp.int32),
-                jnp.zeros((group,), bc.dtype), jnp.full((group,), -jnp.inf, bc.dtype))
-        return jax.lax.fori_loop(0, nc, listing, init)
+        k = jnp.sum(jnp.cumsum(hist[:, :_BINS], axis=1) <= left, axis=1)
+        # at least the leaves listed above lo + k (those of bins k and up)
+        above = jnp.sum(jnp.where(jnp.arange(_BINS + 1) >= k[:, None], leaves, 0), axis=1)
+        return lo + k, above
 
     qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
-    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, skipped_c),
-                                                 batch_size=min(ncq, 256))
+    batch = min(ncq, SELECT_BATCH)
+    tau, above = jax.lax.map(per_cluster, (qg, idx_c, count_c, skipped_c), batch_size=batch)
+
+    def listed(cap):
+        def per_cluster(args):
+            q, kc, nc, t = args
+
+            def listing(s, state):
+                lists, count, skipped, top = state
+                leaves, b, mass = bounds_of(q, kc, s)
+                keep = b > t[:, None]
+                pos = count[:, None] + jnp.cumsum(keep, axis=1) - 1
+                pos = jnp.where(keep & (pos < cap), pos, cap)
+                lists = lists.at[arange[:, None], pos].set(
+                    jnp.broadcast_to(leaves, b.shape), mode="drop")
+                return (lists, count + jnp.sum(keep, axis=1, dtype=jnp.int32),
+                        skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
+                        jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
+
+            init = (jnp.zeros((group, cap), jnp.int32), jnp.zeros((group,), jnp.int32),
+                    jnp.zeros((group,), dtype), jnp.full((group,), -jnp.inf, dtype))
+            return jax.lax.fori_loop(0, nc, listing, init)
+
+        lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, tau),
+                                                     batch_size=batch)
+        lists = lists.reshape(ncq * group, cap)
+        return jnp.pad(lists, ((0, 0), (0, capacity - cap))), count_f, skipped_f, top
+
+    # lists of ``CAPACITY`` slots where every list fits (the loops carry the lists: their
+    # cost grows with the slots), else of ``capacity``
+    short = min(capacity, CAPACITY)
+    if short < capacity:
+        lists, count_f, skipped_f, top = jax.lax.cond(
+            all_at_most(above, short), lambda: listed(short), lambda: listed(capacity))
+    else:
+        lists, count_f, skipped_f, top = listed(capacity)
     count_f = count_f.reshape(-1)
-    overflow = jnp.max(count_f) > capacity
-    return (lists.reshape(ncq * group, capacity), jnp.minimum(count_f, capacity),
+    overflow = (jnp.max(count_f) > capacity) | overflow_c
+    return (lists, jnp.minimum(count_f, capacity),
             top.reshape(-1), skipped_f.reshape(-1) + jnp.repeat(skipped_c, group), overflow,
             jnp.stack([jnp.max(count_c), jnp.max(count_f)]))
 
@@ -730,8 +842,7 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
       tol: the certified bound of ``|m_i − m_i^dense| / max_j |v_j|`` (module doc).
       leaf: points per leaf.
       group: leaves per coarse cluster (None: :func:`default_group`).
-      capacity: key leaves a query leaf's list holds; None: a quarter of the key leaves, at
-        least ``CAPACITY``, at most ``LIST_ENTRIES`` entries in all (every leaf when there are
+      capacity: key leaves a query leaf's list holds; None: ``CAPACITY`` (every leaf when there are
         fewer).
       self_keys: the queries are the keys' own points (``qpos = kpos``): one ordering.
       on_overflow: ``"blocked"`` (call ``fallback``) or ``"nan"``.
@@ -758,7 +869,7 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     g = group or default_group(m, leaf)
     nbq, nbk = ox.perm.shape[0] // leaf, oy.perm.shape[0] // leaf
     if capacity is None:
-        capacity = max(CAPACITY, min(-(-nbk // 4), LIST_ENTRIES // nbq))
+        capacity = CAPACITY
     capacity = min(int(capacity), nbk)
     qs = q[ox.perm].reshape(nbq, leaf, p)
     ks = k[oy.perm].reshape(nbk, leaf, p)
