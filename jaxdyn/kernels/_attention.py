@@ -271,8 +271,8 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
       B: bilinear form (d, d).
       beta: inverse temperature, scalar.
       tol: the bound of the error relative to ``max_j |y_j|``, in (0, 1).
-      capacity: the key leaves (of 64 keys) a query leaf's list holds; None: 256, or all of
-        them when there are fewer (:func:`jaxdyn.kernels._local.local_attention`). An overflow is
+      capacity: the key leaves (of 64 keys) a query leaf's list holds; None: a quarter of
+        them, at least 256 (:func:`jaxdyn.kernels._local.local_attention`). An overflow is
         answered by the blocked kernel and reported (``stats.overflow``, ``stats.dense``).
       max_visited: also answer by the blocked kernel where the lists would visit more than
         this fraction of the pairs (None: never).

@@ -66,12 +66,13 @@ SUPER = 8
 SELECT_BATCH = 4096
 #: query leaves a chunk of the tile passes
 CHUNK = 128
-#: the default list capacity (key leaves a query leaf; every leaf when there are fewer): 16 384
-#: keys a query, 1.6 % of the pairs at 10⁶ points. The selection's loops carry the lists, so
-#: their cost grows with the slots (at 10⁶ points, β = N: 0.57 s at 1 073 slots, 0.38 s at 256,
-#: 0.34 s at 64 on the 2-core CPU); a longer list overflows to the blocked kernel, which is
-#: then about as fast (the tiles cost about twice the blocked kernel's time a pair).
+#: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
+#: ``kernel="auto"`` takes at most), at least CAPACITY, while the lists hold at most
+#: LIST_ENTRIES. The selection's loops carry the lists, so their cost grows with the slots (at
+#: 10⁶ points, β = N: 0.57 s at 1 073 slots, 0.38 s at 256, 0.34 s at 64 on the 2-core CPU):
+#: they list into CAPACITY slots wherever every list fits there.
 CAPACITY = 256
+LIST_ENTRIES = 2 ** 24
 #: the fixed reference is taken while the largest kept bound stays below half of these
 _SAFE = {"float32": 60.0, "float64": 600.0}
 ON_OVERFLOW = ("blocked", "nan")
@@ -842,7 +843,8 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
       tol: the certified bound of ``|m_i − m_i^dense| / max_j |v_j|`` (module doc).
       leaf: points per leaf.
       group: leaves per coarse cluster (None: :func:`default_group`).
-      capacity: key leaves a query leaf's list holds; None: ``CAPACITY`` (every leaf when there are
+      capacity: key leaves a query leaf's list holds; None: a quarter of the key leaves, at
+        least ``CAPACITY``, at most ``LIST_ENTRIES`` entries in all (every leaf when there are
         fewer).
       self_keys: the queries are the keys' own points (``qpos = kpos``): one ordering.
       on_overflow: ``"blocked"`` (call ``fallback``) or ``"nan"``.
@@ -869,7 +871,7 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     g = group or default_group(m, leaf)
     nbq, nbk = ox.perm.shape[0] // leaf, oy.perm.shape[0] // leaf
     if capacity is None:
-        capacity = CAPACITY
+        capacity = max(CAPACITY, min(-(-nbk // 4), LIST_ENTRIES // nbq))
     capacity = min(int(capacity), nbk)
     qs = q[ox.perm].reshape(nbq, leaf, p)
     ks = k[oy.perm].reshape(nbk, leaf, p)
