@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._online import HIGHEST, all_at_most, finite_or_zero, ratio, running_update
 
@@ -235,8 +236,6 @@ def _host_sort(codes):
     Returns:
       ``(sorted codes, perm)`` along the last axis: uint32 and int32.
     """
-    import numpy as np
-
     c = np.asarray(codes)
     n = c.shape[-1]
     key = np.sort((c.astype(np.uint64) << np.uint64(32)) | np.arange(n, dtype=np.uint64),
@@ -643,14 +642,29 @@ def pack_lists(keep, values, cap):
 _BINS = 40
 
 
-def _edge_pad(tree, size, count=None):
-    """``tree``'s entries (leading axis) repeated from the last up to ``size``; ``count`` zeroed there."""
+def _append(lists, count, keep, values, cap):
+    """``values`` where ``keep`` (last axis) appended to ``lists`` after ``count`` entries.
+
+    Entries past ``cap`` slots are dropped; the returned count still counts them.
+
+    Returns:
+      ``(lists, count)``.
+    """
+    pos = count[..., None] + jnp.cumsum(keep, axis=-1) - 1
+    pos = jnp.where(keep & (pos < cap), pos, cap)
+    at = (jnp.arange(keep.shape[0])[:, None], pos) if keep.ndim == 2 else pos
+    lists = lists.at[at].set(jnp.broadcast_to(values, keep.shape), mode="drop")
+    return lists, count + jnp.sum(keep, axis=-1, dtype=jnp.int32)
+
+
+def _edge_pad(tree, size, empty=False):
+    """``tree``'s entries (leading axis) repeated from the last up to ``size`` (``empty``: their ``count`` 0)."""
     n = jax.tree.leaves(tree)[0].shape[0]
     if size == n:
         return tree
     idx = jnp.minimum(jnp.arange(size), n - 1)
     out = jax.tree.map(lambda a: a[idx], tree)
-    if count is not None:
+    if empty:
         out = out._replace(count=jnp.where(jnp.arange(size) < n, out.count, 0))
     return out
 
@@ -658,9 +672,9 @@ def _edge_pad(tree, size, count=None):
 def _cluster_lists(qc, kc, super_lists, super_counts, lo, eps, cap):
     """Per query cluster, the key clusters of its kept super-clusters with a bound above ``lo``.
 
-    (A histogram of the clusters' bounded masses, as the leaves' lists take, kept 13 clusters
-    a list on average instead of 24 at 10⁶ points, β = N, but its loop cost more than the
-    leaves' loops saved: 0.48 s against 0.36 s for the whole selection.)
+    (A histogram of the clusters' bounded masses, the leaves' rule, kept 13 clusters a list
+    on average instead of 24 at 10⁶ points, β = N, but its loop cost more than the leaves'
+    loops then saved.)
 
     Args:
       qc: the query clusters (nc, ...).
@@ -679,32 +693,23 @@ def _cluster_lists(qc, kc, super_lists, super_counts, lo, eps, cap):
     dtype = kc.nu.dtype
 
     def one(args):
-        q, sl, sn, lo = args
-
-        def bounds_of(s):
-            clusters = sl[s] * SUPER + arange
-            k = jax.tree.map(lambda a: a[clusters], kc)
-            b = _bounds(jax.tree.map(lambda a: a[None], q), k, eps)           # (SUPER,)
-            return clusters, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
-
-        tau = lo
+        q, sl, sn = args
 
         def listing(s, state):
             lists, count, skipped = state
-            clusters, b, mass = bounds_of(s)
-            keep = b > tau
-            pos = count + jnp.cumsum(keep) - 1
-            pos = jnp.where(keep & (pos < cap), pos, cap)
-            lists = lists.at[pos].set(clusters, mode="drop")
-            return (lists, count + jnp.sum(keep, dtype=jnp.int32),
-                    skipped + jnp.sum(jnp.where(keep, 0.0, mass)))
+            clusters = sl[s] * SUPER + arange
+            k = jax.tree.map(lambda a: a[clusters], kc)
+            b = _bounds(jax.tree.map(lambda a: a[None], q), k, eps)           # (SUPER,)
+            keep = b > lo
+            lists, count = _append(lists, count, keep, clusters, cap)
+            mass = k.count * jnp.exp(jnp.minimum(b, 0.0))
+            return lists, count, skipped + jnp.sum(jnp.where(keep, 0.0, mass))
 
         init = (jnp.zeros((cap,), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), dtype))
         return jax.lax.fori_loop(0, sn, listing, init)
 
     nc = super_lists.shape[0]
-    return jax.lax.map(one, (qc, super_lists, super_counts, jnp.broadcast_to(lo, (nc,))),
-                       batch_size=min(nc, SELECT_BATCH))
+    return jax.lax.map(one, (qc, super_lists, super_counts), batch_size=min(nc, SELECT_BATCH))
 
 
 def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
@@ -745,7 +750,7 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
     # balls that still enclose every point; the padded key clusters hold no key)
     nsq, nsk = -(-ncq // SUPER), -(-nck // SUPER)
     qsv = _query_clusters(_edge_pad(qcv, nsq * SUPER), SUPER)
-    kcv_pad = _edge_pad(kcv, nsk * SUPER, count=True)
+    kcv_pad = _edge_pad(kcv, nsk * SUPER, empty=True)
     ksv = _key_clusters(kcv_pad, SUPER)
     bs = _bounds(bcast(qsv, 1), bcast(ksv, 0), eps)                      # (nsq, nsk)
     keep_s = bs > crude
@@ -776,19 +781,19 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
         lo = jnp.log(left / m)                 # every key below it: at most ``left`` in all
 
         def histogram(s, state):
-            hist, leaves = state
+            hist, number = state
             _, b, mass = bounds_of(q, kc, s)
             bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
             return (hist.at[arange[:, None], bins].add(mass),
-                    leaves.at[arange[:, None], bins].add(1))
+                    number.at[arange[:, None], bins].add(1))
 
-        hist, leaves = jax.lax.fori_loop(
+        hist, number = jax.lax.fori_loop(
             0, nc, histogram, (jnp.zeros((group, _BINS + 1), dtype),
                                jnp.zeros((group, _BINS + 1), jnp.int32)))
         # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
         k = jnp.sum(jnp.cumsum(hist[:, :_BINS], axis=1) <= left, axis=1)
-        # at least the leaves listed above lo + k (those of bins k and up)
-        above = jnp.sum(jnp.where(jnp.arange(_BINS + 1) >= k[:, None], leaves, 0), axis=1)
+        # the leaves of bins k and up: at least as many as the listing keeps
+        above = jnp.sum(jnp.where(jnp.arange(_BINS + 1) >= k[:, None], number, 0), axis=1)
         return lo + k, above
 
     qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
@@ -803,12 +808,8 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
                 lists, count, skipped, top = state
                 leaves, b, mass = bounds_of(q, kc, s)
                 keep = b > t[:, None]
-                pos = count[:, None] + jnp.cumsum(keep, axis=1) - 1
-                pos = jnp.where(keep & (pos < cap), pos, cap)
-                lists = lists.at[arange[:, None], pos].set(
-                    jnp.broadcast_to(leaves, b.shape), mode="drop")
-                return (lists, count + jnp.sum(keep, axis=1, dtype=jnp.int32),
-                        skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
+                lists, count = _append(lists, count, keep, leaves, cap)
+                return (lists, count, skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
                         jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
 
             init = (jnp.zeros((group, cap), jnp.int32), jnp.zeros((group,), jnp.int32),
