@@ -152,18 +152,62 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+_BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--hide-scrollbars", "--no-first-run", "--window-size=1280,1600")
+
+
 def _chromium(browser, profile, *args):
-    # Headless Chromium now and then never exits after a screenshot (seen once in several
-    # runs, on a page it rendered the time before): one more try in a fresh profile before
-    # the test fails, so that a hung browser is not reported as a broken page.
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--hide-scrollbars", "--no-first-run", "--window-size=1280,1600", *args]
+    # Headless Chromium now and then never exits (seen on a fresh profile, on a page it rendered
+    # the time before): one more try in a fresh profile before the test fails, so that a hung
+    # browser is not reported as a broken page.
+    cmd = [browser, *_BROWSER_FLAGS, *args]
     try:
         return subprocess.run([*cmd, f"--user-data-dir={profile}"], capture_output=True,
                               text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return subprocess.run([*cmd, f"--user-data-dir={profile}-retry"], capture_output=True,
                               text=True, timeout=120)
+
+
+def _screenshot(browser, profile, shot, url, tries=3, wait=45.0):
+    """Chromium's ``--screenshot`` of ``url`` into ``shot``; returns the browser's stderr tail.
+
+    Headless Chromium sometimes hangs on a fresh profile before it writes the file, and
+    sometimes never exits after writing it. The browser runs in its own process group, is
+    stopped once the file has been written and its size has held for half a second, and is
+    tried again in a fresh profile (``tries`` times, ``wait`` seconds each) when no file came.
+    """
+    import signal
+    import time
+
+    err = ""
+    for attempt in range(tries):
+        shot.unlink(missing_ok=True)
+        log = profile.parent / f"{profile.name}-{attempt}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(
+                [browser, *_BROWSER_FLAGS, "--timeout=5000", f"--screenshot={shot}", url,
+                 f"--user-data-dir={profile}-{attempt}"],
+                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            start, size, since = time.monotonic(), -1, None
+            while time.monotonic() - start < wait:
+                exited = proc.poll() is not None
+                now = shot.stat().st_size if shot.exists() else -1
+                if now > 0 and now == size:
+                    if exited or time.monotonic() - since >= 0.5:
+                        break
+                elif now != size:
+                    size, since = now, time.monotonic()
+                if exited and now <= 0:
+                    break
+                time.sleep(0.1)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        err = log.read_text()[-2000:]
+        if shot.exists() and shot.stat().st_size > 0:
+            return err
+    return err
 
 
 def test_pages_render_figures_and_equations(site, server, tmp_path):
@@ -186,9 +230,8 @@ def test_pages_render_figures_and_equations(site, server, tmp_path):
         if name != "api":
             assert seen["images"] >= 1, (name, seen)
         shot = shots / f"{name}.png"
-        _chromium(browser, tmp_path / f"profile-{name}-shot", "--timeout=5000",
-                  f"--screenshot={shot}", server + page)
-        assert shot.exists() and shot.stat().st_size > 50_000, (name, shot)
+        err = _screenshot(browser, tmp_path / f"profile-{name}-shot", shot, server + page)
+        assert shot.exists() and shot.stat().st_size > 50_000, (name, shot, err)
 
 
 def _python_blocks(page):
