@@ -173,10 +173,22 @@ def test_vmap_over_beta_and_the_auto_choice():
         assert float(st.visited[i]) == float(alone.visited)
     assert float(st.visited[0]) > float(st.visited[1])
     # max_visited (what kernel="auto" sets): the blocked kernel answers the wide lists
-    o, s = jaxdyn.local_interaction(x, x, jnp.eye(3), 5.0, max_visited=0.25)
-    assert bool(s.dense)
-    np.testing.assert_allclose(o, jaxdyn.interaction(x, x, jnp.eye(3), 5.0, kernel="blocked"),
-                               rtol=1e-12, atol=1e-14)
+    # at β = 5 no row's logits spread over 2β = 10 < log(2 / tol): nothing can be skipped and
+    # the blocked kernel answers before any ordering (visited and listed 1); at β = 80 the
+    # lists are built and found too wide
+    for b, screened in ((5.0, True), (80.0, False)):
+        o, s = jaxdyn.local_interaction(x, x, jnp.eye(3), b, max_visited=0.25)
+        assert bool(s.dense)
+        assert (float(s.listed) == 1.0) == screened
+        np.testing.assert_allclose(o, jaxdyn.interaction(x, x, jnp.eye(3), b, kernel="blocked"),
+                                   rtol=1e-12, atol=1e-14)
+    # under vmap one member that can skip keys makes every member build its lists
+    out, s = jax.vmap(lambda b: jaxdyn.local_interaction(x, x, jnp.eye(3), b,
+                                                         max_visited=0.25))(betas)
+    assert float(s.listed[1]) < float(s.listed[0]) == 1.0
+    for i, b in enumerate([5.0, 3000.0]):
+        ref, _ = _dense64(np.asarray(x), np.asarray(x), np.eye(3), b)
+        assert np.max(np.abs(np.asarray(out[i]) - ref)) <= TOL
 
 
 def test_an_overflow_is_answered_or_reported_never_truncated():

@@ -838,7 +838,7 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
 
 def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF, group=None,
                     capacity=None, self_keys=False, on_overflow="blocked", fallback=None,
-                    max_visited=None):
+                    max_visited=None, screen=True):
     """``Σ_j w_ij v_j`` with ``w_ij ∝ exp(q_i · k_j)``, skipping key blocks below the tolerance.
 
     Args:
@@ -860,7 +860,10 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
         ``on_overflow="blocked"`` (None: the overflow is reported in the stats alone).
       max_visited: with a ``fallback``, take it also where the lists would visit more than
         this fraction of the pairs (``kernel="auto"``); ``visited`` then still reports the
-        lists' fraction.
+        lists' fraction. With ``max_visited``, where ``2 max_i |q_i| max_j |k_j − k̄|`` (a
+        bound of every row's logit spread) is below ``log(2 / tol)``, nothing can be skipped
+        and the fallback answers before the points are ordered (``visited`` 1).
+      screen: take that early answer (False: always order and list).
 
     Returns:
       ``(out, stats)``: (n, e) averages and :class:`LocalStats`.
@@ -868,6 +871,29 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     Raises:
       ValueError: keys ordered by other positions without ``self_keys``.
     """
+    if screen and fallback is not None and max_visited is not None:
+        # ``kernel="auto"``: where no row's logits can spread over log(2/tol), no key can be
+        # skipped (a skipped key weighs at most tol/2 of the row's largest weight): the
+        # blocked kernel answers at the cost of two norms, without ordering the points
+        n, m = q.shape[0], k.shape[0]
+        radius = jnp.max(jnp.linalg.norm(k - jnp.mean(k, axis=0), axis=-1))
+        spread = 2.0 * jnp.max(jnp.linalg.norm(q, axis=-1)) * radius
+        g = group or default_group(m, leaf)
+        full = LocalStats(jnp.zeros((n,), q.dtype), jnp.zeros((n,), q.dtype),
+                          jnp.ones((), q.dtype), jnp.ones((), q.dtype), jnp.zeros((), bool),
+                          jnp.array([_padded(m, leaf, g) // (leaf * g),
+                                     _padded(m, leaf, g) // leaf], jnp.int32),
+                          jnp.ones((), bool))
+
+        def local():
+            return local_attention(q, k, v, qpos=qpos, kpos=kpos, tol=tol, leaf=leaf,
+                                   group=group, capacity=capacity, self_keys=self_keys,
+                                   on_overflow=on_overflow, fallback=fallback,
+                                   max_visited=max_visited, screen=False)
+
+        return jax.lax.cond(
+            all_at_most(jnp.nan_to_num(spread, nan=jnp.inf), math.log(2.0 / tol)),
+            lambda: (fallback().astype(q.dtype), full), local)
     n, p = q.shape
     m, e = v.shape
     dtype = q.dtype
