@@ -509,18 +509,29 @@ class _Plan(NamedTuple):
 
 def _forward_pass(qs, ks, vs, plan, chunk):
     """Per row: the reference ``ref_i`` and ``Σ_j e^{l_ij − ref_i} [v_j, 1]`` over its list."""
-    nbq, leaf, _ = qs.shape
+    nbq, leaf, p = qs.shape
     e = vs.shape[-1]
+    # the fixed-reference tiles are (keys × queries), the queries along the vector lanes, and
+    # their weighted sums a product (e, keys) @ (keys, queries): on the 2-core CPU 8 % (β = N =
+    # 10⁶) to 17 % (β = 100, N = 10⁵) faster than (queries × keys) tiles times (keys, e)
+    kst, vst = jnp.swapaxes(ks, 1, 2), jnp.swapaxes(vs, 1, 2)          # (nbk, p | e, leaf)
 
     def one(args):
         qc, cc, lc, nc, sc = args
         C = qc.shape[0]
+        qt = jnp.swapaxes(qc, 1, 2)                                      # (C, p, leaf)
 
         def slot_fixed(k, acc):
             j = lc[:, k]
-            l = _tile(qc, ks[j], cc, plan.kvalid[j] & (k < nc)[:, None])
-            w = jnp.exp(l - sc[..., None])
-            return acc + jnp.einsum("cij,cje->cie", w, vs[j], precision=HIGHEST)
+            kc = kst[j] - cc[:, :, None]           # centred keys: the logits keep their digits
+            if p <= ELEMENTWISE_MAX:
+                l = kc[:, 0, :, None] * qt[:, 0, None, :] - sc[:, None, :]
+                for a in range(1, p):
+                    l = l + kc[:, a, :, None] * qt[:, a, None, :]
+            else:
+                l = jnp.einsum("cpj,cpi->cji", kc, qt, precision=HIGHEST) - sc[:, None, :]
+            w = jnp.where((plan.kvalid[j] & (k < nc)[:, None])[:, :, None], jnp.exp(l), 0.0)
+            return acc + jnp.einsum("cej,cji->cei", vst[j], w, precision=HIGHEST)
 
         def slot_running(k, state):
             j = lc[:, k]
@@ -534,8 +545,8 @@ def _forward_pass(qs, ks, vs, plan, chunk):
             return running_update(*state, l, weighted)
 
         def fixed():
-            acc = jax.lax.fori_loop(0, jnp.max(nc), slot_fixed, jnp.zeros((C, leaf, e), qs.dtype))
-            return sc, acc
+            acc = jax.lax.fori_loop(0, jnp.max(nc), slot_fixed, jnp.zeros((C, e, leaf), qs.dtype))
+            return sc, jnp.swapaxes(acc, 1, 2)
 
         def running():
             init = (jnp.full((C * leaf,), -jnp.inf, qs.dtype), jnp.zeros((C * leaf, e), qs.dtype))
