@@ -57,6 +57,8 @@ benchmarks/runs/local/<machine>-<stamp>.json).
     python benchmarks/bench_local.py --cases scan --figure-copy docs/figures/local_visited_fraction.png
     python benchmarks/bench_local.py --cases keops --keops-ns 100000,1000000
     python benchmarks/bench_local.py --cases keops --keops-ns 100000 --keops-with keops
+    python benchmarks/bench_local.py --replot benchmarks/results/local/<kind>.json \\
+        --figure-copy docs/figures/local_visited_fraction.png
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ P.add_argument("--budget", type=float, default=120.0,
                help="seconds of timed repetitions per timing (at least one)")
 P.add_argument("--figure-copy", default=None,
                help="also write the visited-fraction figure to this path")
+P.add_argument("--replot", default=None, metavar="JSON",
+               help="draw the figure from a results file (this script's JSON, or a recorded one) "
+                    "and exit")
 P.add_argument("--worker-timeout", type=float, default=None, help="seconds per child process")
 P.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 add_common_args(P)
@@ -777,11 +782,13 @@ def crossovers(rows):
     return out
 
 
-def figure(scan, tol, tag, copy=None):
-    """Visited fraction against β per N, the crude bound dashed, crossovers marked."""
+def figure(cases, tol, tag, copy=None):
+    """Visited fraction against β per N (the crude bound dashed, crossovers marked) and, at
+    β = N, against N (the field and KeOps cases' runs)."""
     pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.4, 4.4))
-    rows = [r for r in scan["rows"] if "visited" in r]
+    fig, (ax, ax2) = pyplot.subplots(1, 2, figsize=(11.0, 4.4))
+    scan = cases.get("scan") or {}
+    rows = [r for r in scan.get("rows", []) if "visited" in r]
     ns = sorted({r["n"] for r in rows})
     for k, n in enumerate(ns):
         rs = sorted((r for r in rows if r["n"] == n), key=lambda r: r["beta"])
@@ -805,9 +812,32 @@ def figure(scan, tol, tag, copy=None):
                     label=f"N = {c['n']:,}: local = blocked ({c['visited']:.2g})")
     ax.set_xlabel("β")
     ax.set_ylabel("visited fraction of the N² pairs (stats.visited)")
-    ax.set_title(f"Local attention on S², uniform points, tol = {tol:g}")
+    ax.set_title(f"β sweep, uniform points on S², tol = {tol:g}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    # β = N: the field case's sizes and the KeOps case's (jaxdyn local's lists)
+    at_n = {r["n"]: r["jaxdyn_local"]["visited"] for r in (cases.get("keops") or {}).get("rows", [])
+            if (r.get("jaxdyn_local") or {}).get("visited") is not None}
+    at_n.update({r["n"]: r["visited"] for r in (cases.get("field") or {}).get("rows", [])
+                 if r.get("visited") is not None})
+    if at_n:
+        big = sorted(at_n)
+        ax2.loglog(big, [at_n[n] for n in big], "o-", color="C3",
+                   label="visited by the lists (leaves of 64)")
+        fine = [big[0] * (big[-1] / big[0]) ** (i / 60) for i in range(61)] if len(big) > 1 \
+            else big
+        ax2.loglog(fine, [expected_visited(n, float(n), tol) for n in fine], "--", color="C3",
+                   lw=1, label="cap log(N/tol)/(2N)")
+        ax2.loglog(fine, [64.0 * 12 / n for n in fine], ":", color="k", lw=1,
+                   label="12 key leaves of 64 a query")
+        ax2.set_xlabel("N (β = N)")
+        ax2.set_ylabel("visited fraction of the N² pairs")
+        ax2.set_title("β = N (the critical scale on S²)")
+        ax2.grid(True, which="both", alpha=0.3)
+        ax2.legend(fontsize=7)
+    else:
+        ax2.set_visible(False)
+    fig.tight_layout()
     save_figure(fig, f"local{tag}")
     if copy:
         Path(copy).parent.mkdir(parents=True, exist_ok=True)
@@ -820,6 +850,11 @@ def main():
     args = setup(P)
     if args.worker:
         return worker(args)
+    if args.replot:
+        rec = json.loads(Path(args.replot).read_text())
+        rec = rec.get("result", rec)
+        figure(rec["cases"], rec["workload"]["tol"], args.tag, args.figure_copy)
+        return 0
     if args.tiny:
         for k, v in TINY.items():
             if getattr(args, k) == P.get_default(k):
@@ -874,8 +909,6 @@ def main():
                 log(f"scan crossover N={c['n']}: " + (
                     f"β ≈ {c['beta']:.3g}, visited ≈ {c['visited']:.3g}" if c.get("beta")
                     else c["note"]))
-            if not args.no_plot and any("visited" in r for r in rows):
-                figure(scan, args.tol, args.tag, args.figure_copy)
             write_json(name, data)
         elif case == "keops":
             data["cases"]["keops"] = {"rows": []}
@@ -888,6 +921,8 @@ def main():
                 write_json(name, data)
         if case in ("steps", "beta100"):
             write_json(name, data)
+    if not args.no_plot and any(k in data["cases"] for k in ("scan", "field", "keops")):
+        figure(data["cases"], args.tol, args.tag, args.figure_copy)
 
 
 if __name__ == "__main__":
