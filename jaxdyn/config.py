@@ -5,13 +5,15 @@ nested sections (``weights``, ``init``, ``figures``, …) and an optional ``swee
 declaring a grid: ``sweep: {beta: [1, 10, 100], seed: [0, 1]}``. Each kind declares its
 fields with :class:`Field`; validation fills defaults and rejects, before any compute, an
 unknown field, a value of the wrong type or out of range, naming the field and the
-expected form (``ConfigError``).
+expected form (``ConfigError``). Every problem of a mapping is found before it is refused: one
+error names them all, an unknown field with the closest known names.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -25,7 +27,70 @@ REQUIRED = object()
 
 
 class ConfigError(ValueError):
-    """A config field is wrong: the message names it and the expected form."""
+    """A config field is wrong: the message names it and the expected form.
+
+    A config check names every problem it finds in one error: its message joins them, numbered,
+    on one line.
+
+    Args:
+      message: what is wrong.
+      problems: each problem found, one message each (default: ``message`` alone).
+
+    Attributes:
+      problems: each problem found, one message each.
+    """
+
+    def __init__(self, message: str = "", problems=None):
+        super().__init__(message)
+        self.problems = tuple(problems) if problems else (message,)
+
+
+def _problems(e: ConfigError) -> tuple:
+    """The problems of an error (an error of a subclass made elsewhere: its message)."""
+    return getattr(e, "problems", None) or (str(e),)
+
+
+def _joined(problems: list, hint: str = "") -> str:
+    """The message of an error naming every problem.
+
+    Args:
+      problems: the problems' messages (at least one).
+      hint: a pointer appended to the message (where the known fields are listed).
+
+    Returns:
+      One problem: its message; several: ``N problems in the config: (1) ...; (2) ...``.
+    """
+    if len(problems) == 1:
+        msg = problems[0]
+    else:
+        msg = f"{len(problems)} problems in the config: " + "; ".join(
+            f"({i}) {p}" for i, p in enumerate(problems, start=1))
+    return msg + (f"; {hint}" if hint else "")
+
+
+#: a section with at most this many fields lists them for an unknown field with no close name
+_LIST_AT_MOST = 15
+
+
+def _unknown_field(path: str, key, known) -> str:
+    """The message for an unknown field: its closest known names, or (few) the known ones.
+
+    Args:
+      path: the field's dotted path.
+      key: the unknown name.
+      known: the names known at that place.
+
+    Returns:
+      ``unknown config field 'PATH'; did you mean 'A' or 'B'?`` (``difflib.get_close_matches``);
+      with no close name, the known names when there are at most 15 of them (a section).
+    """
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=3, cutoff=0.6)
+    msg = f"unknown config field '{path}'"
+    if close:
+        return msg + "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    if len(known) <= _LIST_AT_MOST:
+        return msg + "; known fields here: " + ", ".join(sorted(map(str, known)))
+    return msg
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -223,14 +288,16 @@ def _coerce(path: str, value, f: Field):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config field '{path}': expected a list ({what}), got {value!r}")
         item = Field(f.item, doc=f.doc)
-        value = [_coerce(f"{path}[{i}]", v, item) for i, v in enumerate(value)]
+        value = _coerce_all([(f"{path}[{i}]", v, item) for i, v in enumerate(value)])
     elif k == "matrix":
         if (not isinstance(value, (list, tuple)) or not value
                 or not all(isinstance(r, (list, tuple)) for r in value)):
             raise ConfigError(f"config field '{path}': expected a matrix as a list of rows ({what}), "
                               f"got {value!r}")
-        value = [[_coerce(f"{path}[{i}][{j}]", x, Field("float")) for j, x in enumerate(r)]
-                 for i, r in enumerate(value)]
+        flat = _coerce_all([(f"{path}[{i}][{j}]", x, Field("float"))
+                            for i, r in enumerate(value) for j, x in enumerate(r)])
+        it = iter(flat)
+        value = [[next(it) for _ in r] for r in value]
         if len({len(r) for r in value}) != 1:
             raise ConfigError(f"config field '{path}': rows of different lengths")
     elif k == "section":
@@ -249,6 +316,19 @@ def _coerce(path: str, value, f: Field):
     return value
 
 
+def _coerce_all(items) -> list:
+    """:func:`_coerce` of each ``(path, value, field)``; every failure named in one error."""
+    out, problems = [], []
+    for path, value, f in items:
+        try:
+            out.append(_coerce(path, value, f))
+        except ConfigError as e:
+            problems += _problems(e)
+    if problems:
+        raise ConfigError(_joined(problems), problems)
+    return out
+
+
 def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> dict:
     """Validate a mapping against a schema: unknown fields, types, ranges, defaults.
 
@@ -261,30 +341,43 @@ def validate_section(path: str, raw: Mapping, schema: Mapping[str, Field]) -> di
       The validated mapping, every field of the schema present (defaults filled).
 
     Raises:
-      ConfigError: an unknown, empty, missing or invalid field (named).
+      ConfigError: unknown, empty, missing or invalid fields, every one of them named in one
+        error (an unknown field with the closest known names; at the top level of a config
+        whose ``kind`` is a string, where every field is listed: ``jaxdyn kinds KIND``).
     """
-    out = {}
+    out, problems = {}, []
     prefix = f"{path}." if path else ""
-    for key in raw:
-        if key not in schema:
-            known = ", ".join(sorted(schema))
-            raise ConfigError(f"unknown config field '{prefix}{key}'; known fields here: {known}")
+    problems += [_unknown_field(f"{prefix}{key}", key, schema) for key in raw if key not in schema]
     for key, f in schema.items():
-        if (key in raw and raw[key] is None and f.kind in ("int", "float", "str", "bool")
-                and f.default is not None and f.default is not REQUIRED):
-            # `t1:` with no value read as "the default" silently (a field left empty by mistake)
-            raise ConfigError(f"config field '{prefix}{key}' is empty; give a value ({f.doc or f.kind}) "
-                              f"or remove the line for the default {f.default!r}")
-        if key in raw and raw[key] is not None:
-            out[key] = _coerce(prefix + key, raw[key], f)
-        elif f.default is REQUIRED:
-            raise ConfigError(f"config field '{prefix}{key}' is required ({f.doc or f.kind})")
-        else:
-            d = copy.deepcopy(f.default)
-            if f.kind == "section" and f.schema is not None:
-                d = validate_section(prefix + key, d or {}, f.schema)
-            out[key] = d
+        try:
+            out[key] = _field_value(prefix + key, raw, key, f)
+        except ConfigError as e:
+            problems += _problems(e)
+    kind = raw.get("kind") if not path else None
+    hint = ""
+    if isinstance(kind, str) and any(p.startswith("unknown config field") for p in problems):
+        hint = (f"every field of kind '{kind}': `jaxdyn kinds {kind}` "
+                "(or docs/guides/config-reference.md)")
+    if problems:
+        raise ConfigError(_joined(problems, hint), problems)
     return out
+
+
+def _field_value(name: str, raw: Mapping, key: str, f: Field):
+    """The validated value of field ``key`` of ``raw`` (its default where it is not given)."""
+    if (key in raw and raw[key] is None and f.kind in ("int", "float", "str", "bool")
+            and f.default is not None and f.default is not REQUIRED):
+        # `t1:` with no value read as "the default" silently (a field left empty by mistake)
+        raise ConfigError(f"config field '{name}' is empty; give a value ({f.doc or f.kind}) "
+                          f"or remove the line for the default {f.default!r}")
+    if key in raw and raw[key] is not None:
+        return _coerce(name, raw[key], f)
+    if f.default is REQUIRED:
+        raise ConfigError(f"config field '{name}' is required ({f.doc or f.kind})")
+    d = copy.deepcopy(f.default)
+    if f.kind == "section" and f.schema is not None:
+        d = validate_section(name, d or {}, f.schema)
+    return d
 
 
 def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
@@ -302,26 +395,36 @@ def validate_sweep(raw: Mapping, schema: Mapping[str, Field]) -> dict:
 
     Raises:
       ConfigError: not a mapping, a field that cannot be swept, an empty list, invalid or
-        repeated values (named).
+        repeated values (every one named, in one error).
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config field 'sweep': expected a mapping field -> list of values, got {raw!r}")
-    out = {}
-    sweepable = sorted(k for k, f in schema.items() if f.sweepable)
+    out, problems = {}, []
     for key, values in raw.items():
-        if key not in schema or not schema[key].sweepable:
-            why = f" ({schema[key].doc})" if key in schema and schema[key].doc else ""
-            raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'{why}; "
-                              f"sweepable fields: {', '.join(sweepable)}")
-        if isinstance(values, Mapping):
-            values = _expand_grid(f"sweep.{key}", values)
-        if not isinstance(values, (list, tuple)) or len(values) == 0:
-            raise ConfigError(f"config field 'sweep.{key}': expected a non-empty list of values, got {values!r}")
-        vals = [_coerce(f"sweep.{key}[{i}]", v, schema[key]) for i, v in enumerate(values)]
-        if len(set(map(_freeze, vals))) != len(vals):
-            raise ConfigError(f"config field 'sweep.{key}': values must be distinct, got {values!r}")
-        out[key] = vals
+        try:
+            out[key] = _sweep_values(key, values, schema)
+        except ConfigError as e:
+            problems += _problems(e)
+    if problems:
+        raise ConfigError(_joined(problems), problems)
     return out
+
+
+def _sweep_values(key, values, schema: Mapping[str, Field]) -> list:
+    """The validated values of ``sweep.KEY`` (:func:`validate_sweep`)."""
+    if key not in schema or not schema[key].sweepable:
+        sweepable = sorted(k for k, f in schema.items() if f.sweepable)
+        why = f" ({schema[key].doc})" if key in schema and schema[key].doc else ""
+        raise ConfigError(f"config field 'sweep.{key}': cannot sweep over '{key}'{why}; "
+                          f"sweepable fields: {', '.join(sweepable)}")
+    if isinstance(values, Mapping):
+        values = _expand_grid(f"sweep.{key}", values)
+    if not isinstance(values, (list, tuple)) or len(values) == 0:
+        raise ConfigError(f"config field 'sweep.{key}': expected a non-empty list of values, got {values!r}")
+    vals = _coerce_all([(f"sweep.{key}[{i}]", v, schema[key]) for i, v in enumerate(values)])
+    if len(set(map(_freeze, vals))) != len(vals):
+        raise ConfigError(f"config field 'sweep.{key}': values must be distinct, got {values!r}")
+    return vals
 
 
 GRID_FORMS = ("range", "linspace", "logspace")
