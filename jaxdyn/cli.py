@@ -14,7 +14,9 @@
                                                           --distributed-timeout SECONDS bounds
                                                           the wait for the others)
 
-Exit codes (README, "What `jaxdyn run` writes"): 0 done; 1 the run failed (an OS error such
+Exit codes (README, "What `jaxdyn run` writes"): 0 done (``summary.json`` says ``ok``, or
+``some_unsuccessful`` / ``all_unsuccessful`` where grid points' result codes are not
+``successful``, with one more line naming them); 1 the run failed (an OS error such
 as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
 (the message names it); 3 finished with non-finite states; 4 another run holds the folder;
 128 + the signal number (130 Ctrl-C, 143 SIGTERM) when interrupted.
@@ -157,12 +159,15 @@ def _cmd_run(args):
                          force=args.force)
     if not res.writer:  # another process of a --distributed run: its one line is printed
         return 0
-    if res.status == "ok":
+    if res.status in ("ok", "some_unsuccessful", "all_unsuccessful"):
         sm = res.summary
         timing = (f" ({sm['compile_seconds']:.1f}s compiling, {sm['compute_seconds']:.1f}s "
                   "computing)" if "compile_seconds" in sm else "")
         print(f"jaxdyn: done in {sm['elapsed_seconds']:.1f}s{timing}; results in {out}/ "
               f"({', '.join(['config.yaml', 'summary.json', 'data.nc'] + [Path(f).name for f in res.figures])})")
+        if res.status != "ok":  # finite results, but some points' solves did not succeed
+            print(f"jaxdyn: status '{res.status}': {sm.get('message', '')}; see {out}/summary.json",
+                  file=sys.stderr)
         return 0
     print(f"jaxdyn: run finished with status '{res.status}': {res.summary.get('message', '')}; "
           f"see {out}/summary.json", file=sys.stderr)

@@ -205,3 +205,54 @@ def test_empty_sections_and_sweep_are_empty():
     # `sweep:` (its lines commented out) is an empty sweep, not an empty field
     cfg = resolve_config({**TINY, "sweep": None, "weights": None})
     assert cfg["sweep"] == {}
+
+
+def _status_ds(codes, dims=("n_layers",)):
+    shape = np.shape(codes)
+    coords = {d: np.arange(n) + 1 for d, n in zip(dims, shape)}
+    return xr.Dataset({"status": (dims, np.asarray(codes, np.int64))}, coords=coords)
+
+
+def test_point_results_make_the_status():
+    """``ok`` only when every grid point's result code is ``successful``; counts by name."""
+    from jaxdyn import status_code
+    from jaxdyn.experiments.reporting import point_results
+
+    ok, nc = status_code("successful"), status_code("not_converged")
+    every = point_results(_status_ds([nc, nc]), ["n_layers"])
+    assert every["status"] == "all_unsuccessful" and every["point_results"] == {"not_converged": 2}
+    assert every["message"] == "2 of 2 grid point(s) not successful (not_converged at 2)"
+    some = point_results(_status_ds([[ok, nc], [ok, ok]], ("n_layers", "seed")), ["n_layers", "seed"])
+    assert some["status"] == "some_unsuccessful"
+    assert some["point_results"] == {"successful": 3, "not_converged": 1}
+    assert point_results(_status_ds([ok, ok]), ["n_layers"]) == {
+        "status": "ok", "point_results": {"successful": 2}}
+    assert point_results(_status_ds(nc, ()), [])["status"] == "all_unsuccessful"  # one point
+    # codes of another shape than the grid's (one per member of a point) are not the points'
+    assert point_results(_status_ds([[nc, nc]], ("a", "c")), []) == {}
+    assert point_results(xr.Dataset(), ["beta"]) == {}
+
+
+def test_unsuccessful_points_are_the_run_status(tmp_path, capsys, monkeypatch):
+    """A run whose points end ``not_converged`` finishes (exit 0) with that status and the counts."""
+    from jaxdyn import status_code
+    from jaxdyn.experiments import reporting
+
+    merge = reporting.merge_chunks
+
+    def with_codes(*args, **kwargs):  # the sphere kind stores no result code: give it some
+        ds = merge(*args, **kwargs)
+        return ds.assign(status=("beta", np.full(ds.sizes["beta"], status_code("not_converged"))))
+
+    monkeypatch.setattr(reporting, "merge_chunks", with_codes)
+    cfg = {**TINY, "sweep": {"beta": [1.0, 10.0]}, "chunk_size": 0}
+    out = tmp_path / "run"
+    assert cli.main(["run", _write(tmp_path, cfg), "--out", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "jaxdyn: done in" in captured.out
+    assert captured.err.strip() == (
+        f"jaxdyn: status 'all_unsuccessful': 2 of 2 grid point(s) not successful "
+        f"(not_converged at 2); see {out}/summary.json")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "all_unsuccessful"
+    assert summary["point_results"] == {"not_converged": 2}

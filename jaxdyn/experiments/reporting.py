@@ -3,7 +3,9 @@
 ``jaxdyn report`` redraws the figures of a finished run from its ``data.nc``.
 
 ``summary.json`` says ``running`` from the first chunk on, then ``ok``, ``nonfinite`` (some grid
-points hold non-finite states: named), ``interrupted`` or ``failed`` (with the error).
+points hold non-finite states: named), ``some_unsuccessful`` or ``all_unsuccessful`` (a kind whose
+grid points end with a result code, ``jaxdyn.RESULTS``: some or all of them not ``successful``;
+``point_results`` counts the points by result name), ``interrupted`` or ``failed`` (with the error).
 ``compile_seconds`` is the tracing, lowering and XLA compilation (or loading from JAX's
 persistent cache) of the whole run, ``compute_seconds`` the chunks' time without it.
 """
@@ -106,6 +108,43 @@ def _nonfinite(run: Run, ds) -> dict:
                         f"e.g. {bad_pts[0]}")}
 
 
+def point_results(ds, axes) -> dict:
+    """The run's status from its grid points' result codes, and their count by result name.
+
+    A kind whose points end with a result code (a ``status`` variable over the sweep axes alone,
+    one code a grid point: the index in ``jaxdyn.STATUS_NAMES``) is ``ok`` only when every point
+    is ``successful``. Codes of another shape (one per member of a point) are not the points'.
+
+    Args:
+      ds: the merged Dataset.
+      axes: the sweep's axes.
+
+    Returns:
+      ``{}`` without such codes; else ``point_results`` (result name → number of points) and
+      ``status``: ``ok`` (every point successful), ``some_unsuccessful`` or
+      ``all_unsuccessful``, with a ``message`` naming the counts when not ``ok``.
+    """
+    from .._results import STATUS_NAMES
+
+    if "status" not in ds or not set(ds["status"].dims) <= set(axes):
+        return {}
+    codes = np.asarray(ds["status"].values).reshape(-1)
+    if not np.issubdtype(codes.dtype, np.integer) or codes.size == 0:
+        return {}
+    counts: dict = {}
+    for c in codes.tolist():
+        name = STATUS_NAMES[c] if 0 <= c < len(STATUS_NAMES) else f"code {c}"
+        counts[name] = counts.get(name, 0) + 1
+    counts = dict(sorted(counts.items(), key=lambda kv: (kv[0] != "successful", kv[0])))
+    good = counts.get("successful", 0)
+    out = {"point_results": counts}
+    if good == codes.size:
+        return {**out, "status": "ok"}
+    bad = ", ".join(f"{n} at {k}" for n, k in counts.items() if n != "successful")
+    return {**out, "status": "all_unsuccessful" if good == 0 else "some_unsuccessful",
+            "message": f"{codes.size - good} of {codes.size} grid point(s) not successful ({bad})"}
+
+
 def _tolerant(run: Run, summary: dict, what: str, make, empty):
     """``make()``; in a run with non-finite points an error there is a warning and ``empty``.
 
@@ -153,6 +192,11 @@ def finish(run: Run, tally: Tally, base: dict, clock: tuple[float, dict]) -> tup
                     "chunks_computed": tally.computed, "chunks_resumed": len(tally.done),
                     "measured_peak_rss_bytes": max_rss(), "warnings": run.warnings})
     summary.update(_nonfinite(run, ds))
+    points = point_results(ds, plan.axes)
+    if points:  # non-finite states take precedence over the result codes (exit code 3)
+        summary["point_results"] = points["point_results"]
+        if summary["status"] == "ok":
+            summary.update({k: v for k, v in points.items() if k != "point_results"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         summary["results"] = _tolerant(run, summary, "summary", lambda: run.kind.summarize(run.cfg, ds), {})
