@@ -814,7 +814,10 @@ def figure(cases, tol, tag, copy=None):
     ax.set_ylabel("visited fraction of the N² pairs (stats.visited)")
     ax.set_title(f"β sweep, uniform points on S², tol = {tol:g}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    if rows:
+        ax.legend(fontsize=7)
+    else:
+        ax.set_visible(False)
     # β = N: the field case's sizes and the KeOps case's (jaxdyn local's lists)
     at_n = {r["n"]: r["jaxdyn_local"]["visited"] for r in (cases.get("keops") or {}).get("rows", [])
             if (r.get("jaxdyn_local") or {}).get("visited") is not None}

@@ -292,7 +292,9 @@ WORKLOADS = (
              args=("--kernel-memory",)),
     Workload("local", "bench_local.py",
              "block-sparse local attention on S², β = N, to N = 10⁷: time, peak RSS, visited "
-             "pairs; vs the blocked kernel, auto and KeOps block-sparse", "local", _local),
+             "pairs; vs the blocked kernel, auto and KeOps block-sparse", "local", _local,
+             gpu_args=("--cases", "field", "--field-ns", "10000000,100000000",
+                       "--accuracy-queries", "50")),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
 
