@@ -25,6 +25,7 @@ from ._attention import (
 from ._flash import attend as attend
 from ._local import DEFAULT_TOL as DEFAULT_TOL, LocalStats as LocalStats
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
+from ._observables import WeightStats as WeightStats, weight_statistics as weight_statistics
 from ._variants import (
     CAUSAL_LARGE_N as CAUSAL_LARGE_N,
     CAUSAL_Q_BLOCK as CAUSAL_Q_BLOCK,
@@ -49,6 +50,7 @@ __all__ = [
     "MASKS",
     "NORMALIZATIONS",
     "SAFE_SHIFT",
+    "WeightStats",
     "attend",
     "attention_weights",
     "blocked",
@@ -62,4 +64,5 @@ __all__ = [
     "resolve_kernel",
     "rope",
     "sinkhorn_key_bias",
+    "weight_statistics",
 ]
