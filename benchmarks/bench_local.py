@@ -14,7 +14,8 @@ its peak RSS is its own):
 * ``field``: one field evaluation (``SphereAttention(..., kernel="local")``), β = N, at
   ``--field-ns`` (10⁶, 10⁷): first call (compile) apart, wall and CPU time, peak RSS
   (``resource`` ru_maxrss of the child after the timed calls, and VmHWM reset before them);
-  visited fraction beside ``expected_visited``; ``stats`` (``mass``, ``bound``, ``overflow``).
+  visited fraction beside ``expected_visited``; ``stats`` (``mass``, ``bound``, ``overflow``);
+  ``ordering``: the curve ordering alone (rebuilt inside every call), and its share.
 * ``steps``: ``--steps`` (100) projected-Euler steps (``simulate(method="euler")``) at
   ``--steps-n`` (10⁶), β = N; the kernel rebuilds its ordering inside every evaluation.
   Compilation (``lower().compile()``) apart, then one timed run; visited at the start and end.
@@ -321,6 +322,17 @@ def work_field(spec):
                          "before the first call, minus the RSS then")
     log(f"field N={n}: {fmt_s(stats['median_s'])} (first {fmt_s(stats['compile_s'])}), "
         f"CPU {fmt_s(stats['cpu_median_s'])}, peak RSS {rec['peak_rss_bytes'] / 2**20:.0f} MiB")
+    # the ordering the kernel rebuilds in every call (one sort along the curve), timed alone
+    import jax
+
+    from jaxdyn.kernels._local import spatial_order
+
+    order = jax.jit(lambda p: spatial_order(p)[0].perm)
+    ordering, _ = time_call(order, x, reps=3, warmup=1, max_seconds=spec["budget"])
+    rec["ordering"] = ordering
+    rec["ordering_share"] = ordering["median_s"] / stats["median_s"]
+    log(f"field N={n}: ordering {fmt_s(ordering['median_s'])} "
+        f"({rec['ordering_share']:.1%} of the field)")
     m, st, took = local_stats(x, beta, tol)
     rec.update(visited_record(n, beta, tol, st), stats=st, stats_call_s=took)
     rows = sample_rows(n, spec["accuracy_queries"], spec["seed"])
