@@ -42,6 +42,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
+from .._checks import check_bounds, check_integer, is_traced
 from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
@@ -54,13 +55,16 @@ FAMILIES = {"sphere": ("Q", "K", "V", "beta"), "euclidean": ("Q", "K", "V", "A",
 COSTS = ("none", "jump", "energy")
 
 # Why the optimiser stopped (``stats["stop"]``).
-REACHED, STATIONARY, BUDGET, STALLED, NONFINITE = 0, 1, 2, 3, 4
+REACHED, STATIONARY, BUDGET, STALLED, NONFINITE, INVALID = 0, 1, 2, 3, 4, 5
 STOP_TEXT = {REACHED: "the target W2 was reached", STATIONARY: "the gradient norm met gtol",
              BUDGET: "the iteration budget ran out",
              STALLED: "the loss stopped decreasing (L-BFGS found no decrease 5 times in a row, "
                       "or its line search ended on a non-finite trial)",
              NONFINITE: "the loss or its gradient became non-finite (the last finite iterate "
-                        "is returned)"}
+                        "is returned)",
+             INVALID: "a traced option was out of its domain (epsilon, epsilon_start, t1 or "
+                      "adam_lr not finite and > 0, cost_weight not finite and >= 0, or gtol or "
+                      "w2_tol < 0 or NaN): nothing was optimised, the start is returned"}
 # L-BFGS stalls after this many iterations in a row without a relative decrease of STALL_RTOL
 STALL_COUNT = 5
 STALL_RTOL = 1e-12
@@ -229,21 +233,68 @@ def _flow(controls, x0, t1, *, model, steps_per_layer, checkpoints, method, q_bl
 
 
 def _check_cloud(name, x, model, d=None):
-    """Shape (and, concrete, finiteness and unit rows on the sphere) of a cloud."""
+    """Shape (and, concrete, finiteness and unit rows on the sphere) of a cloud.
+
+    The rows of a concrete sphere cloud must be unit to :func:`jaxdyn.simulate`'s tolerance
+    for the dtype they are given in (1e-8 in float64, 1e-4 in float32): the flow does not
+    project them.
+
+    Raises:
+        ValueError: a wrong shape, a concrete cloud with NaN/inf or off the sphere.
+    """
+    from ..simulation._simulate import unit_tolerance
+
     shape = tuple(np.shape(x))
     if len(shape) != 2 or shape[0] < 1 or (d is not None and shape[1] != d):
         want = "(N, d)" if d is None else f"(N, {d})"
         raise ValueError(f"{name} must have shape {want}, got {shape}")
-    if isinstance(x, jax.core.Tracer):
+    if is_traced(x):
         return
     a = np.asarray(x, np.float64)
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} holds non-finite values")
     if model == "sphere":
         dev = float(np.max(np.abs(np.linalg.norm(a, axis=1) - 1.0)))
-        if dev > 1e-4:
-            raise ValueError(f"{name} must have unit rows for model='sphere' "
-                             f"(max ||x_i| - 1| = {dev:.2e})")
+        tol = unit_tolerance(jnp.asarray(x).dtype)
+        if not dev <= tol:
+            raise ValueError(f"{name} must have unit rows for model='sphere': max ||x_i| - 1| "
+                             f"= {dev:.3g} > {tol:.0e} (normalise them with jaxdyn.normalize)")
+
+
+def _check_flow_options(t1, steps_per_layer, checkpoints, q_block, k_block):
+    """The flow's concrete options checked (t1 > 0 unless traced); the integers returned."""
+    check_bounds("t1", t1, low=0.0, low_open=True, what=" (the horizon T)")
+    steps = check_integer("steps_per_layer", steps_per_layer, minimum=1, integral_floats=True)
+    if checkpoints is not None:
+        checkpoints = check_integer("checkpoints", checkpoints, minimum=1)
+    q_block = check_integer("q_block", q_block, minimum=1)
+    k_block = check_integer("k_block", k_block, minimum=1)
+    return steps, checkpoints, q_block, k_block
+
+
+def _free_names(free, model, default):
+    """The free weights as a tuple: a single name may be given as a string."""
+    if free is None:
+        return tuple(default)
+    allowed = FAMILIES[model]
+    if isinstance(free, str):
+        names = (free,)
+    else:
+        try:
+            names = tuple(free)
+        except TypeError:
+            raise ValueError(f"free must be None, a weight's name or a sequence of names from "
+                             f"{allowed}, got {free!r}") from None
+    bad = [f for f in names if not isinstance(f, str) or f not in allowed]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"free must be distinct weights of model={model!r}, each one of "
+                         f"{allowed}, got {free!r}")
+    return names
+
+
+def _positive_flag(v, strict=True):
+    """Traced: whether v is finite and > 0 (``strict``) or >= 0."""
+    return jnp.isfinite(v) & ((v > 0) if strict else (v >= 0))
 
 
 def _float(x):
@@ -264,41 +315,52 @@ def measure_flow(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclid
 
     ``steps_per_layer`` fixed steps of ``method`` a layer. Runs under ``jax.jit``,
     ``jax.vmap`` and ``jax.grad`` (reverse mode by diffrax's checkpointed adjoint through
-    the blocked kernel: no N × N matrix).
+    the blocked kernel: no N × N matrix). A traced ``t1`` that is not finite and > 0 gives
+    an all-NaN cloud (a concrete one raises).
 
     Args:
         controls: ``{name: (L, ...) array}``; missing weights take :func:`default_controls`.
-        x0: (N, d) the initial cloud (unit rows for ``"sphere"``).
-        t1: the horizon T.
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``, to 1e-8 in float64 and
+            1e-4 in float32, as :func:`jaxdyn.simulate`'s).
+        t1: the horizon T, finite and > 0.
         model: ``"sphere"`` or ``"euclidean"``.
-        steps_per_layer: fixed steps in each layer.
-        checkpoints: the adjoint's checkpoints a layer (None: diffrax's choice for the
-            known step count).
+        steps_per_layer: fixed steps in each layer, an integer >= 1.
+        checkpoints: the adjoint's checkpoints a layer, an integer >= 1 (None: diffrax's
+            choice for the known step count).
         method: a fixed-step scheme of :data:`jaxdyn.integrators.INTEGRATORS`.
-        q_block: attention query rows per tile.
-        k_block: attention keys per tile.
+        q_block: attention query rows per tile, an integer >= 1.
+        k_block: attention keys per tile, an integer >= 1.
 
     Returns:
         (L + 1, N, d): the cloud at ``t = l h``, ``l = 0, …, L``.
 
     Raises:
         ValueError: an unknown model or method, controls or ``x0`` of the wrong shape, a
-            concrete ``x0`` that is non-finite or off the sphere, ``steps_per_layer < 1``.
+            concrete ``x0`` that is non-finite or off the sphere, a concrete ``t1`` that is
+            not finite and > 0, a step count, checkpoint count or tile size that is not an
+            integer >= 1.
     """
-    _check_model(model)
+    if model not in FAMILIES:
+        raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
     _layer_solver(method)
     x0 = _float(x0)
     _check_cloud("x0", x0, model)
-    if int(steps_per_layer) < 1:
-        raise ValueError(f"steps_per_layer must be >= 1, got {steps_per_layer}")
+    steps, checkpoints, q_block, k_block = _check_flow_options(t1, steps_per_layer, checkpoints,
+                                                               q_block, k_block)
     n_layers = _n_layers(controls)
     full = _full_controls(model, controls, x0.shape[1], n_layers, x0.dtype)
-    return _flow_jit(full, x0, t1, model=model, steps_per_layer=int(steps_per_layer),
-                     checkpoints=checkpoints, method=method, q_block=int(q_block),
-                     k_block=int(k_block))
+    return _flow_jit(full, x0, jnp.asarray(t1, x0.dtype), model=model, steps_per_layer=steps,
+                     checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block)
 
 
-_flow_jit = eqx.filter_jit(_flow)
+@eqx.filter_jit
+def _flow_jit(full, x0, t1, **kw):
+    # a negative T would run the grid backwards, which diffrax integrates as the forward
+    # flow over |T| (GridODETerm's step is the grid's own): a horizon out of its domain
+    # gives NaN instead
+    ok = _positive_flag(t1)
+    xs = _flow(full, x0, jnp.where(ok, t1, jnp.ones_like(t1)), **kw)
+    return xs * jnp.where(ok, 1.0, jnp.nan).astype(xs.dtype)
 
 
 def _n_layers(controls):
@@ -314,6 +376,17 @@ def _n_layers(controls):
 # ---------------------------------------------------------------------------------------
 
 
+def _sinkhorn_options(n, m, threshold, max_iterations):
+    """The Sinkhorn settings of concrete, checked options."""
+    if is_traced(threshold):
+        raise ValueError("sinkhorn_threshold must be a concrete number > 0 (it is a static "
+                         "setting of the solver), got a traced value")
+    check_bounds("sinkhorn_threshold", threshold, low=0.0, low_open=True)
+    max_iterations = check_integer("sinkhorn_max_iterations", max_iterations, minimum=1,
+                                   integral_floats=True)
+    return _sinkhorn_settings(n, m, threshold, max_iterations)
+
+
 def _sinkhorn_settings(n, m, threshold, max_iterations):
     decay = SINKHORN_DECAY
     return dict(threshold=float(threshold), max_iterations=int(max_iterations),
@@ -327,7 +400,16 @@ def _zero_potentials(n, m, dtype):
 
 
 def _start_epsilon(x, y):
-    """0.05 · mean(C): the ε a cold Sinkhorn solve is annealed from (as w2_sinkhorn's)."""
+    """0.05 · mean(C) of the clouds solved: the ε a cold solve is annealed from (w2_sinkhorn's).
+
+    It must be that of the clouds the solve compares (the final cloud, not ``x0``): a cold
+    solve annealed from too small an ε measured its over-relaxation on the error of a
+    transient, and the over-relaxed iteration could diverge (potentials of ±150 at ε = 0.02
+    for clouds of spread 3, ``S_ε = −inf`` reported as converged by ott).
+
+    Returns:
+        The ε, a scalar array.
+    """
     mx, my = jnp.mean(x, 0), jnp.mean(y, 0)
     return 0.05 * (jnp.mean(jnp.sum((x - mx) ** 2, 1)) + jnp.mean(jnp.sum((y - my) ** 2, 1))
                    + jnp.sum((mx - my) ** 2))
@@ -344,8 +426,20 @@ def _divergence(x, y, eps, eps_start, pots, sk, q_block, k_block):
     # a non-finite cloud keeps Sinkhorn's marginal error NaN, so its loops would run to their
     # budget: they solve for a zero cloud instead, and S_ε is NaN
     ok = jnp.all(jnp.isfinite(xs))
-    div, pots, conv, iters = _round_body(jnp.where(ok, xs, 0.0), ys, eps,
-                                         jnp.maximum(eps_start, eps), pots, **sk)
+    x_ok = jnp.where(ok, xs, 0.0)
+    start = jnp.maximum(eps_start, eps)
+    out = _round_body(x_ok, ys, eps, start, pots, **sk)
+
+    # a solve whose over-relaxed (x, y) iteration diverged (S_ε not finite for a finite
+    # cloud) is solved again from the same start without over-relaxation (momentum_start=0:
+    # plain Sinkhorn). A while loop rather than a cond: under vmap it runs only when some
+    # member needs it.
+    def again(c):
+        return jnp.int32(1), _round_body(x_ok, ys, eps, start, pots, **dict(sk, momentum_start=0))
+
+    _, out = jax.lax.while_loop(lambda c: (c[0] == 0) & ok & ~jnp.isfinite(c[1][0]), again,
+                                (jnp.int32(0), out))
+    div, pots, conv, iters = out
     div = jnp.where(ok, div, jnp.nan)
     pots = jax.lax.stop_gradient(pots)
     (_, g_xy), (_, g_xx), _ = pots
@@ -416,33 +510,43 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
     with μ_T the cloud of :func:`measure_flow` at T and ν the target cloud (uniform weights),
     C the :func:`control_cost` of the free weights. Differentiable in the controls (and in
     ``x0``) under ``jax.grad``; runs under ``jax.jit`` and ``jax.vmap``. The Sinkhorn solve
-    starts cold (annealed from ``0.05 · mean cost``), so the value is a function of the
-    controls up to ``sinkhorn_threshold``.
+    starts cold (annealed from ``0.05 · mean cost`` of the final cloud and the target), so
+    the value is a function of the controls up to ``sinkhorn_threshold``.
+
+    Concrete options out of their domain raise before anything is computed. Traced ones
+    (under ``jax.jit`` or ``jax.vmap``) cannot be checked on the host: where a traced
+    ``epsilon`` or ``t1`` is not finite and > 0, or a traced ``cost_weight`` is not finite
+    and >= 0, the loss (and its gradient) is NaN.
 
     Args:
         controls: ``{name: (L, ...) array}`` (missing weights: :func:`default_controls`).
-        x0: (N, d) the initial cloud.
-        target: (M, d) the target cloud.
-        t1: the horizon T.
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``, as :func:`measure_flow`).
+        target: (M, d) the target cloud (unit rows for ``"sphere"``).
+        t1: the horizon T, finite and > 0.
         model: ``"sphere"`` or ``"euclidean"``.
-        epsilon: the entropic ε (absolute, in squared distance units).
+        epsilon: the entropic ε (absolute, in squared distance units), finite and > 0.
         cost: ``"none"``, ``"jump"`` or ``"energy"``.
-        cost_weight: λ.
-        free: the weights the cost sums (None: those in ``controls``).
-        steps_per_layer: fixed steps a layer.
-        checkpoints: the adjoint's checkpoints a layer.
+        cost_weight: λ, finite and >= 0.
+        free: the weights the cost sums, names of the model's weights (a single name may
+            be given as a string; None: those in ``controls``).
+        steps_per_layer: fixed steps a layer, an integer >= 1.
+        checkpoints: the adjoint's checkpoints a layer, an integer >= 1 (None: diffrax's
+            choice).
         method: the fixed-step scheme.
-        sinkhorn_threshold: Sinkhorn's marginal tolerance.
-        sinkhorn_max_iterations: Sinkhorn's iteration budget.
-        q_block: attention query rows per tile.
-        k_block: attention keys per tile.
+        sinkhorn_threshold: Sinkhorn's marginal tolerance, a concrete number > 0.
+        sinkhorn_max_iterations: Sinkhorn's iteration budget, an integer >= 1.
+        q_block: attention query rows per tile, an integer >= 1.
+        k_block: attention keys per tile, an integer >= 1.
 
     Returns:
-        J, a scalar array.
+        J, a scalar array (NaN for traced options out of their domain).
 
     Raises:
         ValueError: what :func:`measure_flow` raises, a target of another dimension, an
-            unknown cost.
+            unknown cost, a concrete ``epsilon``, ``cost_weight`` or ``sinkhorn_threshold``
+            out of its domain, a traced ``sinkhorn_threshold``, a ``sinkhorn_max_iterations``
+            that is not an integer >= 1, a ``free`` that is not a weight's name or a sequence
+            of them.
     """
     _check_model(model)
     x0 = _float(x0)
@@ -450,23 +554,35 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
     _check_cloud("target", target, model, x0.shape[1])
     if cost not in COSTS:
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    steps, checkpoints, q_block, k_block = _check_flow_options(t1, steps_per_layer, checkpoints,
+                                                               q_block, k_block)
+    check_bounds("epsilon", epsilon, low=0.0, low_open=True)
+    check_bounds("cost_weight", cost_weight, low=0.0, what=" (λ)")
+    sk = _sinkhorn_options(x0.shape[0], np.shape(target)[0], sinkhorn_threshold,
+                           sinkhorn_max_iterations)
     n_layers = _n_layers(controls)
     full = _full_controls(model, controls, x0.shape[1], n_layers, x0.dtype)
-    free = tuple(controls) if free is None else tuple(free)
+    free = _free_names(free, model, controls)
     y = jnp.asarray(target, x0.dtype)
-    sk = _sinkhorn_settings(x0.shape[0], y.shape[0], sinkhorn_threshold,
-                            sinkhorn_max_iterations)
     return _loss_jit(full, x0, y, jnp.asarray(epsilon, x0.dtype), jnp.asarray(t1, x0.dtype),
                      jnp.asarray(cost_weight, x0.dtype), model=model, free=free, cost=cost,
-                     steps_per_layer=int(steps_per_layer), checkpoints=checkpoints,
-                     method=method, q_block=int(q_block), k_block=int(k_block), sk=sk)
+                     steps_per_layer=steps, checkpoints=checkpoints, method=method,
+                     q_block=q_block, k_block=k_block, sk=sk)
 
 
 def _objective(full, x0, y, eps, eps_start, pots, t1, lam, *, model, free, cost,
                steps_per_layer, checkpoints, method, q_block, k_block, sk):
-    """(J, (S_ε, C, potentials, converged, Sinkhorn iterations))."""
+    """The objective at the controls ``full``.
+
+    ``eps_start`` None: a cold solve, annealed from :func:`_start_epsilon` of the final cloud.
+
+    Returns:
+        (J, (S_ε, C, potentials, converged, Sinkhorn iterations)).
+    """
     xT = _flow(full, x0, t1, model=model, steps_per_layer=steps_per_layer,
                checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block)[-1]
+    if eps_start is None:
+        eps_start = jax.lax.stop_gradient(_start_epsilon(xT, y))
     div, pots, conv, iters = _divergence(xT, y, eps, eps_start, pots, sk, q_block, k_block)
     c = control_cost({k: full[k] for k in free}, t1=t1, kind=cost) if free else 0.0 * div
     return div + lam * c, (div, c, pots, conv, iters)
@@ -475,11 +591,16 @@ def _objective(full, x0, y, eps, eps_start, pots, t1, lam, *, model, free, cost,
 @eqx.filter_jit
 def _loss_jit(full, x0, y, eps, t1, lam, *, model, free, cost, steps_per_layer, checkpoints,
               method, q_block, k_block, sk):
+    # traced options out of their domain: computed at harmless values (ε = T = 1, λ = 0),
+    # answered NaN (value and gradient)
+    ok = _positive_flag(eps) & _positive_flag(t1) & _positive_flag(lam, strict=False)
+    one = jnp.ones((), x0.dtype)
+    eps, t1, lam = jnp.where(ok, eps, one), jnp.where(ok, t1, one), jnp.where(ok, lam, 0 * one)
     pots = _zero_potentials(x0.shape[0], y.shape[0], x0.dtype)
-    eps0 = jax.lax.stop_gradient(_start_epsilon(x0, y))
-    return _objective(full, x0, y, eps, eps0, pots, t1, lam, model=model, free=free, cost=cost,
-                      steps_per_layer=steps_per_layer, checkpoints=checkpoints, method=method,
-                      q_block=q_block, k_block=k_block, sk=sk)[0]
+    j = _objective(full, x0, y, eps, None, pots, t1, lam, model=model, free=free, cost=cost,
+                   steps_per_layer=steps_per_layer, checkpoints=checkpoints, method=method,
+                   q_block=q_block, k_block=k_block, sk=sk)[0]
+    return j * jnp.where(ok, one, jnp.nan)
 
 
 # ---------------------------------------------------------------------------------------
@@ -506,7 +627,8 @@ class MeasureControlResult(Solution):
             W2 met ``w2_tol``, and the final Sinkhorn solve converged), ``not_converged``
             (the budget ran out, L-BFGS stalled, or Sinkhorn did not meet its threshold),
             ``nonfinite`` (the loss or gradient became NaN/inf: the last finite iterate is
-            returned).
+            returned), ``invalid_input`` (a traced option out of its domain: nothing was
+            optimised, the controls are the start, the values NaN).
         stats: ``num_steps`` (iterations taken, the start excluded), ``num_accepted_steps``
             (iterations whose update was applied), ``iterations``, ``grad_norm`` (at the
             returned controls, of the optimised parameters), ``stop`` (why the optimiser
@@ -514,7 +636,7 @@ class MeasureControlResult(Solution):
             the final (x, y) solve).
         model: ``"sphere"`` or ``"euclidean"`` (static).
         free: the optimised weights (static).
-        t1: the horizon T (static).
+        t1: the horizon T (static; NaN where ``t1`` was traced).
     """
 
     controls: dict
@@ -581,34 +703,43 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
     Stops early when the gradient norm ≤ ``gtol · max(1, |J|)`` (stationary) or W2 ≤
     ``w2_tol`` (reached).
 
+    Concrete options out of their domain raise before anything is computed. Under
+    ``jax.jit`` or ``jax.vmap`` a traced ``epsilon``, ``epsilon_start``, ``t1`` or
+    ``adam_lr`` that is not finite and > 0, a traced ``cost_weight`` that is not finite and
+    >= 0, or a traced ``gtol`` or ``w2_tol`` below 0 (or NaN) gives the status
+    ``invalid_input`` (``stats["stop"]`` = ``INVALID``): nothing is optimised.
+
     Args:
-        x0: (N, d) the initial cloud (unit rows for ``"sphere"``).
-        target: (M, d) the target cloud.
-        n_layers: L, the layers (pieces of the controls).
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``, to 1e-8 in float64 and
+            1e-4 in float32, as :func:`jaxdyn.simulate`'s: they are not projected).
+        target: (M, d) the target cloud (unit rows for ``"sphere"``).
+        n_layers: L, the layers (pieces of the controls), an integer >= 1.
         model: ``"sphere"`` (weights Q, K, V, β) or ``"euclidean"`` (Q, K, V, A, b).
-        t1: the horizon T.
-        free: the optimised weights (default: all of the model's).
+        t1: the horizon T, finite and > 0.
+        free: the optimised weights, distinct names of the model's weights (a single name
+            may be given as a string; default: all of the model's).
         init: starting values ``{name: (L, ...) array}`` (default :func:`default_controls`
             plus, for the free weights without a given start, N(0, init_scale²) entries; β
             times exp of such a draw).
-        init_scale: the scale of the random start.
-        seed: the seed of the random start (NumPy, on the host).
-        epsilon: the final entropic ε (absolute, squared distance units).
-        epsilon_start: the ε of the start (default 10 ε).
+        init_scale: the scale of the random start, finite and >= 0 (0: no random start).
+        seed: the seed of the random start (NumPy, on the host), an integer >= 0.
+        epsilon: the final entropic ε (absolute, squared distance units), finite and > 0.
+        epsilon_start: the ε of the start, finite and > 0 (default 10 ε).
         cost: ``"none"``, ``"jump"`` (∫|θ̇|²) or ``"energy"`` (∫|θ|²).
-        cost_weight: λ ≥ 0.
-        adam_steps: Adam iterations.
-        adam_lr: Adam's initial learning rate.
-        lbfgs_steps: L-BFGS iterations at most.
-        gtol: the stationarity tolerance.
-        w2_tol: stop once W2 ≤ w2_tol (0: never).
-        steps_per_layer: fixed steps a layer.
-        checkpoints: the adjoint's checkpoints a layer (None: diffrax's choice).
+        cost_weight: λ, finite and ≥ 0.
+        adam_steps: Adam iterations, an integer >= 0.
+        adam_lr: Adam's initial learning rate, finite and > 0.
+        lbfgs_steps: L-BFGS iterations at most, an integer >= 0.
+        gtol: the stationarity tolerance, >= 0.
+        w2_tol: stop once W2 ≤ w2_tol, >= 0 (0: never).
+        steps_per_layer: fixed steps a layer, an integer >= 1.
+        checkpoints: the adjoint's checkpoints a layer, an integer >= 1 (None: diffrax's
+            choice).
         method: the fixed-step scheme (``"rk4"``, ``"euler"``, ...).
-        sinkhorn_threshold: Sinkhorn's marginal tolerance.
-        sinkhorn_max_iterations: Sinkhorn's iteration budget per solve.
-        q_block: attention query rows per tile.
-        k_block: attention keys per tile.
+        sinkhorn_threshold: Sinkhorn's marginal tolerance, a concrete number > 0.
+        sinkhorn_max_iterations: Sinkhorn's iteration budget per solve, an integer >= 1.
+        q_block: attention query rows per tile, an integer >= 1.
+        k_block: attention keys per tile, an integer >= 1.
         throw: raise when the result is not successful (``RuntimeError`` for concrete
             inputs, ``eqx.error_if`` under a transformation).
 
@@ -618,7 +749,8 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
     Raises:
         ValueError: an unknown model, method or cost, a free weight the model lacks,
             clouds or starting values of the wrong shape, concrete clouds that are
-            non-finite or off the sphere, a non-positive ε, L, step count or budget.
+            non-finite or off the sphere, a concrete option out of its domain (above), a
+            traced ``sinkhorn_threshold`` or integer option.
 
     With ``throw=True`` a concrete unsuccessful result raises ``RuntimeError`` with its
     status message.
@@ -631,24 +763,27 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
     _check_cloud("x0", x0, model)
     _check_cloud("target", target, model, x0.shape[1])
     y = jnp.asarray(target, x0.dtype)
-    for name, v in (("n_layers", n_layers), ("steps_per_layer", steps_per_layer),
-                    ("sinkhorn_max_iterations", sinkhorn_max_iterations)):
-        if isinstance(v, bool) or int(v) != v or int(v) < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    for name, v in (("adam_steps", adam_steps), ("lbfgs_steps", lbfgs_steps)):
-        if isinstance(v, bool) or int(v) != v or int(v) < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-    for name, v in (("epsilon", epsilon), ("adam_lr", adam_lr), ("t1", t1)):
-        if not (isinstance(v, jax.core.Tracer) or (math.isfinite(float(v)) and float(v) > 0)):
-            raise ValueError(f"{name} must be finite and > 0, got {v!r}")
-    if epsilon_start is not None and not (isinstance(epsilon_start, jax.core.Tracer)
-                                          or float(epsilon_start) > 0):
-        raise ValueError(f"epsilon_start must be > 0, got {epsilon_start!r}")
-    free = FAMILIES[model] if free is None else tuple(free)
-    if not free or any(f not in FAMILIES[model] for f in free) or len(set(free)) != len(free):
-        raise ValueError(f"free must be a non-empty subset of {FAMILIES[model]} for "
-                         f"model={model!r}, got {free!r}")
-    n_layers, d, dtype = int(n_layers), x0.shape[1], x0.dtype
+    n_layers = check_integer("n_layers", n_layers, minimum=1, integral_floats=True)
+    steps, checkpoints, q_block, k_block = _check_flow_options(t1, steps_per_layer, checkpoints,
+                                                               q_block, k_block)
+    adam_steps = check_integer("adam_steps", adam_steps, minimum=0, integral_floats=True)
+    lbfgs_steps = check_integer("lbfgs_steps", lbfgs_steps, minimum=0, integral_floats=True)
+    sk = _sinkhorn_options(x0.shape[0], y.shape[0], sinkhorn_threshold,
+                           sinkhorn_max_iterations)
+    check_bounds("epsilon", epsilon, low=0.0, low_open=True)
+    check_bounds("epsilon_start", epsilon_start, low=0.0, low_open=True)
+    check_bounds("adam_lr", adam_lr, low=0.0, low_open=True)
+    check_bounds("cost_weight", cost_weight, low=0.0, what=" (λ)")
+    check_bounds("init_scale", init_scale, low=0.0)
+    for name, v in (("gtol", gtol), ("w2_tol", w2_tol)):  # +inf: stop at once
+        if not is_traced(v) and not float(v) >= 0:
+            raise ValueError(f"{name} must be >= 0, got {v!r}")
+    free = _free_names(free, model, FAMILIES[model])
+    if not free:
+        raise ValueError(f"free must name at least one weight of {FAMILIES[model]}, got "
+                         f"{free!r}")
+    seed = check_integer("seed", seed, minimum=0)
+    d, dtype = x0.shape[1], x0.dtype
     init = dict(init or {})
     full = _full_controls(model, init, d, n_layers, dtype)
     rng = np.random.default_rng(int(seed))
@@ -664,15 +799,12 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         if not isinstance(beta, jax.core.Tracer) and not np.all(np.asarray(beta) > 0):
             raise ValueError("the start's beta must be > 0 in every layer")
     eps_start = 10.0 * epsilon if epsilon_start is None else epsilon_start
-    sk = _sinkhorn_settings(x0.shape[0], y.shape[0], sinkhorn_threshold,
-                            sinkhorn_max_iterations)
     arr = lambda v: jnp.asarray(v, dtype)  # noqa: E731
     res = _optimise(full, x0, y, arr(epsilon), arr(eps_start), arr(t1), arr(cost_weight),
                     arr(adam_lr), arr(gtol), arr(w2_tol), model=model, free=free, cost=cost,
-                    adam_steps=int(adam_steps), lbfgs_steps=int(lbfgs_steps),
-                    steps_per_layer=int(steps_per_layer), checkpoints=checkpoints,
-                    method=method, q_block=int(q_block), k_block=int(k_block), sk=sk,
-                    t1_static=float(t1) if not isinstance(t1, jax.core.Tracer) else 1.0)
+                    adam_steps=adam_steps, lbfgs_steps=lbfgs_steps, steps_per_layer=steps,
+                    checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block,
+                    sk=sk, t1_static=float(t1) if not is_traced(t1) else math.nan)
     if throw:
         if isinstance(res.loss, jax.core.Tracer):
             res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
@@ -686,6 +818,17 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
               cost, adam_steps, lbfgs_steps, steps_per_layer, checkpoints, method, q_block,
               k_block, sk, t1_static):
     dtype = x0.dtype
+    # traced options out of their domain: nothing is optimised (the Adam scan is skipped,
+    # L-BFGS takes no step), the evaluations run at harmless values (ε = T = lr = 1, λ = 0)
+    # and the result is invalid_input with NaN values
+    eps_given = eps_final
+    valid = (_positive_flag(eps_final) & _positive_flag(eps_first) & _positive_flag(t1)
+             & _positive_flag(lr) & _positive_flag(lam, strict=False) & (gtol >= 0)
+             & (w2_tol >= 0))
+    one = jnp.ones((), dtype)
+    eps_final, eps_first, t1, lr = (jnp.where(valid, v, one) for v in (eps_final, eps_first, t1,
+                                                                         lr))
+    lam, gtol, w2_tol = (jnp.where(valid, v, 0 * one) for v in (lam, gtol, w2_tol))
     fixed = {k: v for k, v in full.items() if k not in free}
     z0, unravel = ravel_pytree(_to_raw({k: full[k] for k in free}))
     n, m = x0.shape[0], y.shape[0]
@@ -703,10 +846,9 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
     nan_hist = jnp.full((size,), jnp.nan, dtype)
     w2_of = lambda div: jnp.sqrt(jnp.maximum(div, 0.0))  # noqa: E731
 
-    # the start: a cold solve at the first ε
-    eps0 = jax.lax.stop_gradient(_start_epsilon(x0, y))
+    # the start: a cold solve at the first ε (annealed from the start's final cloud)
     first = eps_final if adam_steps == 0 else eps_first
-    (j0, (div0, _, pots, _, _)) = objective(z0, first, eps0, _zero_potentials(n, m, dtype))
+    (j0, (div0, _, pots, _, _)) = objective(z0, first, None, _zero_potentials(n, m, dtype))
     hist = (nan_hist.at[0].set(j0), nan_hist.at[0].set(w2_of(div0)), nan_hist.at[0].set(first))
 
     # Adam, ε annealed geometrically over the first half of the steps
@@ -732,7 +874,9 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
 
     carry = (z0, adam.init(z0), pots, first, jnp.int32(0), hist, z0)
     if adam_steps:
-        carry, _ = jax.lax.scan(adam_step, carry, jnp.arange(adam_steps))
+        carry = jax.lax.cond(
+            valid, lambda c: jax.lax.scan(adam_step, c, jnp.arange(adam_steps))[0],
+            lambda c: c, carry)
     z, _, pots, _, accepted, hist, good = carry
     # a run of non-finite Adam steps leaves z at the last finite iterate (apply_if_finite)
 
@@ -746,7 +890,7 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
     vg_state = optax.value_and_grad_from_state(value)
 
     def cond(c):
-        return (c[2] < lbfgs_steps) & (c[4] < 0)
+        return (c[2] < lbfgs_steps) & (c[4] < 0) & valid
 
     def body(c):
         z, state, it, stall, stop, accepted, hist, last = c
@@ -808,8 +952,16 @@ def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, m
     status = jnp.where(~finite | (stop == NONFINITE), _code("nonfinite"),
                        jnp.where(good_end, _code("successful"), _code("not_converged")))
     iterations = jnp.int32(adam_steps) + it
+    stop = jnp.where(valid, stop, INVALID).astype(jnp.int32)
+    status = jnp.where(valid, status, _code("invalid_input"))
+    iterations = jnp.where(valid, iterations, 0).astype(jnp.int32)
+    accepted = jnp.where(valid, accepted, 0).astype(jnp.int32)
+    nan = jnp.where(valid, one, jnp.nan)  # the values at harmless options are not answers
+    j, div, w2, cst, gnorm, xs = (v * nan for v in (j, div, w2, cst, gnorm, xs))
+    hist = tuple(h * nan for h in hist)
     return MeasureControlResult(
-        controls=ctrl, xs=xs, loss=j, divergence=div, w2=w2, cost=cst, epsilon=eps_final,
+        controls=ctrl, xs=xs, loss=j, divergence=div, w2=w2, cost=cst,
+        epsilon=eps_given,
         loss_history=hist[0], w2_history=hist[1], epsilon_history=hist[2],
         result=from_codes(status),
         stats={"num_steps": iterations, "num_accepted_steps": accepted,
