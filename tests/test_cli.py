@@ -228,6 +228,11 @@ def test_point_results_make_the_status():
     assert point_results(_status_ds([ok, ok]), ["n_layers"]) == {
         "status": "ok", "point_results": {"successful": 2}}
     assert point_results(_status_ds(nc, ()), [])["status"] == "all_unsuccessful"  # one point
+    # as a results file stores them: float codes (the control kind's), read as whole numbers
+    as_float = _status_ds([nc, ok]).astype(np.float64)
+    assert point_results(as_float, ["n_layers"])["point_results"] == {"successful": 1,
+                                                                       "not_converged": 1}
+    assert point_results(_status_ds([nc, ok]).astype(np.float64) * np.nan, ["n_layers"]) == {}
     # codes of another shape than the grid's (one per member of a point) are not the points'
     assert point_results(_status_ds([[nc, nc]], ("a", "c")), []) == {}
     assert point_results(xr.Dataset(), ["beta"]) == {}

@@ -248,7 +248,10 @@ def test_two_processes_give_the_single_process_dataset(config, tmp_path):
     assert len(chunks) >= 2 or name in ONE_POINT, (
         f"{name}: {chunks}: the reduced config needs at least two chunks")
     status = _summary(one)["status"], _summary(two)["status"]
-    assert status[0] == status[1] == "ok", (name, status)
+    # the control configs' few optimiser steps end not_converged: the run says so, alike in both
+    assert status[0] == status[1], (name, status)
+    assert status[0] in (("ok", "some_unsuccessful", "all_unsuccessful") if "control" in name
+                         else ("ok",)), (name, status)
     config_dtype = yaml.safe_load((one / "config.yaml").read_text()).get("dtype")
     diffs = _compare(name, _load(two), _load(one), config_dtype)
     line = {"config": name, "seconds": round(seconds, 1), "chunks": len(chunks),

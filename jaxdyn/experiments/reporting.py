@@ -129,8 +129,14 @@ def point_results(ds, axes) -> dict:
     if "status" not in ds or not set(ds["status"].dims) <= set(axes):
         return {}
     codes = np.asarray(ds["status"].values).reshape(-1)
-    if not np.issubdtype(codes.dtype, np.integer) or codes.size == 0:
+    if codes.size == 0 or not (np.issubdtype(codes.dtype, np.integer)
+                               or np.issubdtype(codes.dtype, np.floating)):
         return {}
+    if np.issubdtype(codes.dtype, np.floating):
+        # a results file stores the codes as floats (NaN-able): whole numbers only
+        if not np.all(np.isfinite(codes) & (codes == np.round(codes))):
+            return {}
+        codes = codes.astype(np.int64)
     counts: dict = {}
     for c in codes.tolist():
         name = STATUS_NAMES[c] if 0 <= c < len(STATUS_NAMES) else f"code {c}"
