@@ -325,7 +325,7 @@ def work_field(spec):
     # the ordering the kernel rebuilds in every call (one sort along the curve), timed alone
     import jax
 
-    from jaxdyn.kernels._local import spatial_order
+    from jaxdyn.kernels import spatial_order
 
     order = jax.jit(lambda p: spatial_order(p)[0].perm)
     ordering, _ = time_call(order, x, reps=3, warmup=1, max_seconds=spec["budget"])

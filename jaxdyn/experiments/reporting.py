@@ -124,7 +124,7 @@ def point_results(ds, axes) -> dict:
       ``status``: ``ok`` (every point successful), ``some_unsuccessful`` or
       ``all_unsuccessful``, with a ``message`` naming the counts when not ``ok``.
     """
-    from .._results import STATUS_NAMES
+    from .. import STATUS_NAMES
 
     if "status" not in ds or not set(ds["status"].dims) <= set(axes):
         return {}

@@ -23,7 +23,12 @@ from ._attention import (
     resolve_kernel as resolve_kernel,
 )
 from ._flash import attend as attend
-from ._local import DEFAULT_TOL as DEFAULT_TOL, LocalStats as LocalStats
+from ._local import (
+    DEFAULT_TOL as DEFAULT_TOL,
+    LocalStats as LocalStats,
+    Ordering as Ordering,
+    spatial_order as spatial_order,
+)
 from ._lse import blocked_lse as blocked_lse, lse_tile as lse_tile
 from ._observables import WeightStats as WeightStats, weight_statistics as weight_statistics
 from ._variants import (
@@ -49,6 +54,7 @@ __all__ = [
     "LocalStats",
     "MASKS",
     "NORMALIZATIONS",
+    "Ordering",
     "SAFE_SHIFT",
     "WeightStats",
     "attend",
@@ -64,5 +70,6 @@ __all__ = [
     "resolve_kernel",
     "rope",
     "sinkhorn_key_bias",
+    "spatial_order",
     "weight_statistics",
 ]
