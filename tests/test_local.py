@@ -198,7 +198,8 @@ def test_an_overflow_is_answered_or_reported_never_truncated():
     np.testing.assert_allclose(out, jaxdyn.interaction(x, x, jnp.eye(3), 50.0, kernel="blocked"),
                                rtol=1e-12, atol=1e-14)
     q = 50.0 * x
-    out, st = _local.local_attention(q, x, x, self_keys=True, capacity=1, on_overflow="nan")
+    out, st = jax.jit(lambda q, x: _local.local_attention(q, x, x, self_keys=True, capacity=1,
+                                                          on_overflow="nan"))(q, x)
     assert bool(st.overflow) and bool(jnp.all(jnp.isnan(out)))
 
 

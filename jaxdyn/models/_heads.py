@@ -5,6 +5,7 @@ Causal masks, ALiBi / RoPE positions and L2 or Sinkhorn weights.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Mapping, Optional
 
 import equinox as eqx
@@ -174,32 +175,11 @@ class MultiHeadAttention(AbstractAttentionModel):
 
     def _local_heads(self, x, max_visited=None):
         """Every head's average by the local kernel, and the heads' certificates."""
-        # returns (H, N, d) averages and LocalStats with a heads axis; the particles order
-        # every head's keys
-        q = jnp.einsum("hpd,nd->hnp", self.Q, x, precision=HIGHEST)
-        k = jnp.einsum("hpd,nd->hnp", self.K, x, precision=HIGHEST)
-        beta = jnp.asarray(self.beta, q.dtype)
-
-        def blocked():
-            return heads_interaction(q, k, x, self.beta, kernel="blocked", k_block=self.k_block,
-                                     q_block=self.q_block)
-
-        def one(qh, kh, fallback):
-            return local_attention(beta * qh, kh, x, kpos=x, self_keys=True, tol=self.tol,
-                                   capacity=self.capacity, fallback=fallback,
-                                   max_visited=max_visited)
-
-        if self.heads == 1:
-            out, stats = one(q[0], k[0], lambda: blocked()[0])
-            return out[None], jax.tree.map(lambda a: a[None], stats)
-        # several heads: one overflow (or auto's refusal) answers every head by the blocked kernel
-        out, stats = jax.vmap(lambda qh, kh: one(qh, kh, None))(q, k)
-        go = jnp.where(jnp.any(stats.overflow), 2.0,
-                       jnp.max(stats.listed) / (1.0 if max_visited is None else max_visited))
-        ok = jnp.all(go <= 1.0)
-        out = jax.lax.cond(ok, lambda: out, blocked)
-        return out, stats._replace(dense=jnp.broadcast_to(~ok, stats.dense.shape),
-                                   visited=jnp.where(ok, stats.visited, 1.0))
+        # returns (H, N, d) averages and LocalStats with a heads axis; one program a call
+        # shape (an eager call would otherwise dispatch the kernel's loops op by op)
+        return _local_heads_jit(self.Q, self.K, x, jnp.asarray(self.beta), tol=self.tol,
+                                capacity=self.capacity, k_block=self.k_block,
+                                q_block=self.q_block, max_visited=max_visited)
 
     @property
     def _rows_kernel(self) -> str:
@@ -294,3 +274,32 @@ class MultiHeadAttention(AbstractAttentionModel):
             causal=self.mask == "causal", logits=logits, kernel=self._rows_kernel,
             k_block=self.k_block, q_block=self.q_block, q_offset=offset)
         return jnp.einsum("hne,hde->nd", m, self.V, precision=HIGHEST)
+
+
+@functools.partial(jax.jit, static_argnames=("tol", "capacity", "k_block", "q_block",
+                                             "max_visited"))
+def _local_heads_jit(Qs, Ks, x, beta, *, tol, capacity, k_block, q_block, max_visited):
+    """:meth:`MultiHeadAttention._local_heads`: the particles order every head's keys."""
+    q = jnp.einsum("hpd,nd->hnp", Qs, x, precision=HIGHEST)
+    k = jnp.einsum("hpd,nd->hnp", Ks, x, precision=HIGHEST)
+    beta = beta.astype(q.dtype)
+
+    def blocked():
+        return heads_interaction(q, k, x, beta, kernel="blocked", k_block=k_block,
+                                 q_block=q_block)
+
+    def one(qh, kh, fallback):
+        return local_attention(beta * qh, kh, x, kpos=x, self_keys=True, tol=tol,
+                               capacity=capacity, fallback=fallback, max_visited=max_visited)
+
+    if Qs.shape[0] == 1:
+        out, stats = one(q[0], k[0], lambda: blocked()[0])
+        return out[None], jax.tree.map(lambda a: a[None], stats)
+    # several heads: one overflow (or auto's refusal) answers every head by the blocked kernel
+    out, stats = jax.vmap(lambda qh, kh: one(qh, kh, None))(q, k)
+    go = jnp.where(jnp.any(stats.overflow), 2.0,
+                   jnp.max(stats.listed) / (1.0 if max_visited is None else max_visited))
+    ok = jnp.all(go <= 1.0)
+    out = jax.lax.cond(ok, lambda: out, blocked)
+    return out, stats._replace(dense=jnp.broadcast_to(~ok, stats.dense.shape),
+                               visited=jnp.where(ok, stats.visited, 1.0))
