@@ -263,3 +263,9 @@ def test_local_at_1e5_uniform_beta_n_in_float32():
     assert not bool(st.dense)
     assert float(st.visited) < 0.02
     assert np.max(err) <= TOL + 1e-4  # float32 logits of size 1e5 round at about 1e5 · 6e-8
+
+
+def test_keys_ordered_by_other_positions_need_self_keys():
+    x = jnp.asarray(_cloud("uniform", n=64))
+    with pytest.raises(ValueError, match="need self_keys=True"):
+        _local.local_attention(x, x, x, kpos=-x)

@@ -849,7 +849,7 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
 
 def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF, group=None,
                     capacity=None, self_keys=False, on_overflow="blocked", fallback=None,
-                    max_visited=None, screen=True):
+                    max_visited=None):
     """``Σ_j w_ij v_j`` with ``w_ij ∝ exp(q_i · k_j)``, skipping key blocks below the tolerance.
 
     Args:
@@ -874,7 +874,6 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
         lists' fraction. With ``max_visited``, where ``2 max_i |q_i| max_j |k_j − k̄|`` (a
         bound of every row's logit spread) is below ``log(2 / tol)``, nothing can be skipped
         and the fallback answers before the points are ordered (``visited`` 1).
-      screen: take that early answer (False: always order and list).
 
     Returns:
       ``(out, stats)``: (n, e) averages and :class:`LocalStats`.
@@ -882,29 +881,35 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
     Raises:
       ValueError: keys ordered by other positions without ``self_keys``.
     """
-    if screen and fallback is not None and max_visited is not None:
-        # ``kernel="auto"``: where no row's logits can spread over log(2/tol), no key can be
-        # skipped (a skipped key weighs at most tol/2 of the row's largest weight): the
-        # blocked kernel answers at the cost of two norms, without ordering the points
-        n, m = q.shape[0], k.shape[0]
-        radius = jnp.max(jnp.linalg.norm(k - jnp.mean(k, axis=0), axis=-1))
-        spread = 2.0 * jnp.max(jnp.linalg.norm(q, axis=-1)) * radius
-        g = group or default_group(m, leaf)
-        full = LocalStats(jnp.zeros((n,), q.dtype), jnp.zeros((n,), q.dtype),
-                          jnp.ones((), q.dtype), jnp.ones((), q.dtype), jnp.zeros((), bool),
-                          jnp.array([_padded(m, leaf, g) // (leaf * g),
-                                     _padded(m, leaf, g) // leaf], jnp.int32),
-                          jnp.ones((), bool))
+    if not self_keys and not (kpos is None or kpos is k):
+        # a query leaf seeds its row maxima from the key leaf at its place on the keys' curve
+        raise ValueError("local_attention: keys ordered by other positions (kpos) need "
+                         "self_keys=True (each query leaf then seeds from its own keys)")
+    kw = dict(qpos=qpos, kpos=kpos, tol=tol, leaf=leaf, group=group, capacity=capacity,
+              self_keys=self_keys, on_overflow=on_overflow, fallback=fallback,
+              max_visited=max_visited)
+    if fallback is None or max_visited is None:
+        return _listed_attention(q, k, v, **kw)
+    # ``kernel="auto"``: where no row's logits can spread over log(2/tol), no key can be
+    # skipped (a skipped key weighs at most tol/2 of the row's largest weight): the blocked
+    # kernel answers at the cost of two norms, without ordering the points
+    n, m = q.shape[0], k.shape[0]
+    radius = jnp.max(jnp.linalg.norm(k - jnp.mean(k, axis=0), axis=-1))
+    spread = 2.0 * jnp.max(jnp.linalg.norm(q, axis=-1)) * radius
+    g = group or default_group(m, leaf)
+    leaves = _padded(m, leaf, g) // leaf       # every cluster and leaf would be kept
+    every = LocalStats(jnp.zeros((n,), q.dtype), jnp.zeros((n,), q.dtype), jnp.ones((), q.dtype),
+                       jnp.ones((), q.dtype), jnp.zeros((), bool),
+                       jnp.array([leaves // g, leaves], jnp.int32), jnp.ones((), bool))
+    return jax.lax.cond(
+        all_at_most(jnp.nan_to_num(spread, nan=jnp.inf), math.log(2.0 / tol)),
+        lambda: (fallback().astype(q.dtype), every),
+        lambda: _listed_attention(q, k, v, **kw))
 
-        def local():
-            return local_attention(q, k, v, qpos=qpos, kpos=kpos, tol=tol, leaf=leaf,
-                                   group=group, capacity=capacity, self_keys=self_keys,
-                                   on_overflow=on_overflow, fallback=fallback,
-                                   max_visited=max_visited, screen=False)
 
-        return jax.lax.cond(
-            all_at_most(jnp.nan_to_num(spread, nan=jnp.inf), math.log(2.0 / tol)),
-            lambda: (fallback().astype(q.dtype), full), local)
+def _listed_attention(q, k, v, *, qpos, kpos, tol, leaf, group, capacity, self_keys,
+                      on_overflow, fallback, max_visited):
+    """:func:`local_attention` after ``kernel="auto"``'s early answer: order, list, tiles."""
     n, p = q.shape
     m, e = v.shape
     dtype = q.dtype
@@ -939,9 +944,6 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
         rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
         at = jnp.searchsorted(oy.codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
         seeds.append(jnp.minimum(at, nbk * leaf - 1) // leaf)
-    if not seeds:
-        raise ValueError("local_attention: keys ordered by other positions (kpos) need "
-                         "self_keys=True (each query leaf then seeds from its own keys)")
     kv = _key_leaves(sk, kvalid)
     centre = kv.ball.centre[seeds[0]]
     chunk = min(CHUNK, nbq)
