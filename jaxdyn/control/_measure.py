@@ -31,7 +31,7 @@ O(N · block) memory).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import diffrax
 import equinox as eqx
@@ -65,6 +65,9 @@ STOP_TEXT = {REACHED: "the target W2 was reached", STATIONARY: "the gradient nor
              INVALID: "a traced option was out of its domain (epsilon, epsilon_start, t1 or "
                       "adam_lr not finite and > 0, cost_weight not finite and >= 0, or gtol or "
                       "w2_tol < 0 or NaN): nothing was optimised, the start is returned"}
+#: Adam steps of each jitted segment of :func:`measure_control`'s optimiser (concrete inputs;
+#: L-BFGS runs one iteration a segment): the host looks (a signal, the progress) in between
+SEGMENT_STEPS = 5
 # L-BFGS stalls after this many iterations in a row without a relative decrease of STALL_RTOL
 STALL_COUNT = 5
 STALL_RTOL = 1e-12
@@ -685,16 +688,20 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
                     steps_per_layer: int = 4, checkpoints: Optional[int] = None,
                     method: str = "rk4", sinkhorn_threshold: float = 1e-6,
                     sinkhorn_max_iterations: int = 20000, q_block: int = Q_BLOCK,
-                    k_block: int = K_BLOCK, throw: bool = False) -> MeasureControlResult:
+                    k_block: int = K_BLOCK, throw: bool = False,
+                    segment_steps: int = SEGMENT_STEPS,
+                    callback: Optional[Callable] = None) -> MeasureControlResult:
     r"""Optimise layer-wise constant attention weights that push the cloud ``x0`` onto ``target``.
 
     .. math::
 
         \min_θ\ S_ε(μ_T^θ, ν) + λ\, C(θ)
 
-    (module doc; :func:`measure_loss`). One jitted program: a cold Sinkhorn solve at the
-    start, ``adam_steps`` of Adam (``optax.adam`` with a cosine-decayed learning rate, guarded
-    by ``optax.apply_if_finite``) while ε is annealed geometrically from ``epsilon_start`` to
+    (module doc; :func:`measure_loss`). Jitted segments of at most ``segment_steps``
+    iterations, the optimiser's state carried by the host from one to the next (a signal
+    stops it between two segments; ``callback`` reports the progress there): a cold Sinkhorn
+    solve at the start, ``adam_steps`` of Adam (``optax.adam`` with a cosine-decayed
+    learning rate, guarded by ``optax.apply_if_finite``) while ε is annealed geometrically from ``epsilon_start`` to
     ``epsilon`` over the first half of them (each Sinkhorn solve warm-started from the last
     potentials), then up to ``lbfgs_steps`` of ``optax.lbfgs`` with its zoom line search at
     the final ε (every evaluation warm-started from the potentials the Adam phase ended
@@ -742,6 +749,13 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         k_block: attention keys per tile, an integer >= 1.
         throw: raise when the result is not successful (``RuntimeError`` for concrete
             inputs, ``eqx.error_if`` under a transformation).
+        segment_steps: Adam steps of each jitted segment, an integer >= 1 (L-BFGS runs one
+            iteration a segment; concrete inputs: under ``jax.jit`` or ``jax.vmap`` each
+            phase is one segment). The boundaries depend only on it and the budgets, never
+            on the clock: the values are the same whoever watches.
+        callback: called on the host after the start and each segment with
+            ``(iterations done, iteration budget, loss at the last iteration)`` (concrete
+            inputs only).
 
     Returns:
         :class:`MeasureControlResult`.
@@ -768,6 +782,8 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
                                                                q_block, k_block)
     adam_steps = check_integer("adam_steps", adam_steps, minimum=0, integral_floats=True)
     lbfgs_steps = check_integer("lbfgs_steps", lbfgs_steps, minimum=0, integral_floats=True)
+    segment_steps = check_integer("segment_steps", segment_steps, minimum=1,
+                                  integral_floats=True)
     sk = _sinkhorn_options(x0.shape[0], y.shape[0], sinkhorn_threshold,
                            sinkhorn_max_iterations)
     check_bounds("epsilon", epsilon, low=0.0, low_open=True)
@@ -800,11 +816,16 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
             raise ValueError("the start's beta must be > 0 in every layer")
     eps_start = 10.0 * epsilon if epsilon_start is None else epsilon_start
     arr = lambda v: jnp.asarray(v, dtype)  # noqa: E731
-    res = _optimise(full, x0, y, arr(epsilon), arr(eps_start), arr(t1), arr(cost_weight),
-                    arr(adam_lr), arr(gtol), arr(w2_tol), model=model, free=free, cost=cost,
-                    adam_steps=adam_steps, lbfgs_steps=lbfgs_steps, steps_per_layer=steps,
-                    checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block,
-                    sk=sk, t1_static=float(t1) if not is_traced(t1) else math.nan)
+    args = (full, x0, y, arr(epsilon), arr(eps_start), arr(t1), arr(cost_weight),
+            arr(adam_lr), arr(gtol), arr(w2_tol))
+    static = dict(model=model, free=free, cost=cost, adam_steps=adam_steps,
+                  lbfgs_steps=lbfgs_steps, steps_per_layer=steps, checkpoints=checkpoints,
+                  method=method, q_block=q_block, k_block=k_block, sk=sk)
+    # under a transformation the loop cannot be watched: one segment each phase
+    traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
+    res = _optimise(args, static, float(t1) if not is_traced(t1) else math.nan,
+                    max(adam_steps, 1) if traced else segment_steps,
+                    None if traced else callback, traced)
     if throw:
         if isinstance(res.loss, jax.core.Tracer):
             res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
@@ -813,161 +834,258 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
     return res
 
 
-@eqx.filter_jit
-def _optimise(full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, model, free,
-              cost, adam_steps, lbfgs_steps, steps_per_layer, checkpoints, method, q_block,
-              k_block, sk, t1_static):
-    dtype = x0.dtype
-    # traced options out of their domain: nothing is optimised (the Adam scan is skipped,
-    # L-BFGS takes no step), the evaluations run at harmless values (ε = T = lr = 1, λ = 0)
-    # and the result is invalid_input with NaN values
-    eps_given = eps_final
-    valid = (_positive_flag(eps_final) & _positive_flag(eps_first) & _positive_flag(t1)
-             & _positive_flag(lr) & _positive_flag(lam, strict=False) & (gtol >= 0)
-             & (w2_tol >= 0))
-    one = jnp.ones((), dtype)
-    eps_final, eps_first, t1, lr = (jnp.where(valid, v, one) for v in (eps_final, eps_first, t1,
-                                                                         lr))
-    lam, gtol, w2_tol = (jnp.where(valid, v, 0 * one) for v in (lam, gtol, w2_tol))
-    fixed = {k: v for k, v in full.items() if k not in free}
-    z0, unravel = ravel_pytree(_to_raw({k: full[k] for k in free}))
-    n, m = x0.shape[0], y.shape[0]
-    kw = dict(model=model, free=free, cost=cost, steps_per_layer=steps_per_layer,
-              checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block, sk=sk)
+class _Setup:
+    """The optimiser's pieces for one problem (built inside each of its jitted segments).
 
-    def controls_of(z):  # (the line search's trials may come in another float type)
-        return {**fixed, **_from_raw(unravel(jnp.asarray(z, dtype)))}
+    Traced options out of their domain: nothing is optimised (the Adam steps are skipped,
+    L-BFGS takes no step), the evaluations run at harmless values (ε = T = lr = 1, λ = 0) and
+    the result is invalid_input with NaN values.
+    """
 
-    def objective(z, eps, eps_start, pots):
-        return _objective(controls_of(z), x0, y, eps, eps_start, pots, t1, lam, **kw)
+    def __init__(self, full, x0, y, eps_final, eps_first, t1, lam, lr, gtol, w2_tol, *, model,
+                 free, cost, adam_steps, lbfgs_steps, steps_per_layer, checkpoints, method,
+                 q_block, k_block, sk):
+        dtype = self.dtype = x0.dtype
+        self.eps_given = eps_final
+        self.valid = (_positive_flag(eps_final) & _positive_flag(eps_first) & _positive_flag(t1)
+                      & _positive_flag(lr) & _positive_flag(lam, strict=False) & (gtol >= 0)
+                      & (w2_tol >= 0))
+        one = self.one = jnp.ones((), dtype)
+        eps_final, eps_first, t1, lr = (jnp.where(self.valid, v, one)
+                                        for v in (eps_final, eps_first, t1, lr))
+        lam, gtol, w2_tol = (jnp.where(self.valid, v, 0 * one) for v in (lam, gtol, w2_tol))
+        self.eps_final, self.eps_first, self.t1, self.lam = eps_final, eps_first, t1, lam
+        self.gtol, self.w2_tol = gtol, w2_tol
+        self.full, self.x0, self.y, self.free, self.cost = full, x0, y, free, cost
+        self.adam_steps, self.lbfgs_steps = adam_steps, lbfgs_steps
+        self.fixed = {k: v for k, v in full.items() if k not in free}
+        self.z0, self.unravel = ravel_pytree(_to_raw({k: full[k] for k in free}))
+        self.kw = dict(model=model, free=free, cost=cost, steps_per_layer=steps_per_layer,
+                       checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block,
+                       sk=sk)
+        self.vg = jax.value_and_grad(self.objective, has_aux=True)
+        # Adam, ε annealed geometrically over the first half of the steps
+        self.anneal = max(1, adam_steps // 2)
+        sched = optax.cosine_decay_schedule(1.0, max(1, adam_steps), alpha=0.05)
+        self.adam = optax.apply_if_finite(
+            optax.chain(optax.scale_by_adam(), optax.scale_by_schedule(lambda k: -lr * sched(k))),
+            max_consecutive_errors=2**30)
+        self.lbfgs = optax.lbfgs()
 
-    vg = jax.value_and_grad(objective, has_aux=True)
-    size = 1 + adam_steps + lbfgs_steps
-    nan_hist = jnp.full((size,), jnp.nan, dtype)
-    w2_of = lambda div: jnp.sqrt(jnp.maximum(div, 0.0))  # noqa: E731
+    def controls_of(self, z):  # (the line search's trials may come in another float type)
+        return {**self.fixed, **_from_raw(self.unravel(jnp.asarray(z, self.dtype)))}
 
-    # the start: a cold solve at the first ε (annealed from the start's final cloud)
-    first = eps_final if adam_steps == 0 else eps_first
-    (j0, (div0, _, pots, _, _)) = objective(z0, first, None, _zero_potentials(n, m, dtype))
-    hist = (nan_hist.at[0].set(j0), nan_hist.at[0].set(w2_of(div0)), nan_hist.at[0].set(first))
+    def objective(self, z, eps, eps_start, pots):
+        return _objective(self.controls_of(z), self.x0, self.y, eps, eps_start, pots, self.t1,
+                          self.lam, **self.kw)
 
-    # Adam, ε annealed geometrically over the first half of the steps
-    anneal = max(1, adam_steps // 2)
-    sched = optax.cosine_decay_schedule(1.0, max(1, adam_steps), alpha=0.05)
-    adam = optax.apply_if_finite(
-        optax.chain(optax.scale_by_adam(), optax.scale_by_schedule(lambda k: -lr * sched(k))),
-        max_consecutive_errors=2**30)
+    def cost_of(self, zz):
+        if not self.free:
+            return jnp.zeros((), self.dtype)
+        return control_cost({k: self.controls_of(zz)[k] for k in self.free}, t1=self.t1,
+                            kind=self.cost)
 
-    def adam_step(carry, k):
-        z, state, pots, eps_prev, accepted, hist, good = carry
-        frac = jnp.minimum(k.astype(dtype) / anneal, 1.0)
-        eps = eps_first * (eps_final / eps_first) ** frac
-        (j, (div, _, new_pots, _, _)), g = vg(z, eps, eps_prev, pots)
-        finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
-        upd, state = adam.update(g, state, z)
-        z_new = optax.apply_updates(z, upd)
-        pots = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_pots, pots)
-        hist = (hist[0].at[k + 1].set(j), hist[1].at[k + 1].set(w2_of(div)),
-                hist[2].at[k + 1].set(eps))
-        return (jnp.where(finite, z_new, z), state, pots, eps, accepted + finite, hist,
-                jnp.where(finite, z, good)), None
+    def start(self):
+        """The start: a cold solve at the first ε (annealed from the start's final cloud)."""
+        n, m, dtype = self.x0.shape[0], self.y.shape[0], self.dtype
+        nan_hist = jnp.full((1 + self.adam_steps + self.lbfgs_steps,), jnp.nan, dtype)
+        first = self.eps_final if self.adam_steps == 0 else self.eps_first
+        z0 = self.z0
+        j0, (div0, _, pots, _, _) = self.objective(z0, first, None, _zero_potentials(n, m, dtype))
+        hist = (nan_hist.at[0].set(j0), nan_hist.at[0].set(_w2_of(div0)),
+                nan_hist.at[0].set(first))
+        return (z0, self.adam.init(z0), pots, first, jnp.int32(0), hist, z0)
 
-    carry = (z0, adam.init(z0), pots, first, jnp.int32(0), hist, z0)
-    if adam_steps:
-        carry = jax.lax.cond(
-            valid, lambda c: jax.lax.scan(adam_step, c, jnp.arange(adam_steps))[0],
-            lambda c: c, carry)
-    z, _, pots, _, accepted, hist, good = carry
-    # a run of non-finite Adam steps leaves z at the last finite iterate (apply_if_finite)
+    def adam_steps_between(self, carry, k0, k1):
+        """Adam steps ``k0 … k1 − 1`` (none for invalid options)."""
+        dtype, eps_first, eps_final = self.dtype, self.eps_first, self.eps_final
 
-    # L-BFGS at the final ε from fixed warm potentials (one deterministic function)
-    pots_fixed = pots
+        def adam_step(k, carry):
+            z, state, pots, eps_prev, accepted, hist, good = carry
+            frac = jnp.minimum(k.astype(dtype) / self.anneal, 1.0)
+            eps = eps_first * (eps_final / eps_first) ** frac
+            (j, (div, _, new_pots, _, _)), g = self.vg(z, eps, eps_prev, pots)
+            finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
+            upd, state = self.adam.update(g, state, z)
+            z_new = optax.apply_updates(z, upd)
+            pots = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_pots, pots)
+            hist = (hist[0].at[k + 1].set(j), hist[1].at[k + 1].set(_w2_of(div)),
+                    hist[2].at[k + 1].set(eps))
+            # a run of non-finite steps leaves z at the last finite iterate (apply_if_finite)
+            return (jnp.where(finite, z_new, z), state, pots, eps, accepted + finite, hist,
+                    jnp.where(finite, z, good))
 
-    def value(zz):  # annealed from the first ε: the cloud has moved since the potentials
-        return objective(zz, eps_final, eps_first, pots_fixed)[0]
+        return jax.lax.cond(self.valid, lambda c: jax.lax.fori_loop(k0, k1, adam_step, c),
+                            lambda c: c, carry)
 
-    lbfgs = optax.lbfgs()
-    vg_state = optax.value_and_grad_from_state(value)
+    def lbfgs_start(self, carry):
+        """L-BFGS's carry after the Adam phase, and the fixed warm potentials of its function."""
+        z, _, pots, _, accepted, hist, good = carry
+        return (z, self.lbfgs.init(z), jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist,
+                good), pots
 
-    def cond(c):
-        return (c[2] < lbfgs_steps) & (c[4] < 0) & valid
+    def lbfgs_until(self, c, pots_fixed, it_end):
+        """L-BFGS iterations at the final ε until ``it_end`` of them (or a stop)."""
+        lam, eps_final, adam_steps = self.lam, self.eps_final, self.adam_steps
+        lbfgs, cost_of = self.lbfgs, self.cost_of
 
-    def body(c):
-        z, state, it, stall, stop, accepted, hist, last = c
-        j, g = vg_state(z, state=state)
+        def value(zz):  # annealed from the first ε: the cloud has moved since the potentials
+            return self.objective(zz, eps_final, self.eps_first, pots_fixed)[0]
+
+        vg_state = optax.value_and_grad_from_state(value)
+
+        def cond(c):
+            return (c[2] < jnp.minimum(self.lbfgs_steps, it_end)) & (c[4] < 0) & self.valid
+
+        def body(c):
+            z, state, it, stall, stop, accepted, hist, last = c
+            j, g = vg_state(z, state=state)
+            gnorm = jnp.linalg.norm(g)
+            finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
+            div = j - lam * cost_of(z)
+            w2 = _w2_of(div)
+            stationary = gnorm <= self.gtol * jnp.maximum(1.0, jnp.abs(j))
+            reached = w2 <= self.w2_tol
+            upd, new_state = lbfgs.update(g, state, z, value=j, grad=g, value_fn=value)
+            z_new = optax.apply_updates(z, upd)
+            j_new = optax.tree_utils.tree_get(new_state, "value")
+            g_new = optax.tree_utils.tree_get(new_state, "grad")
+            # a line search that ended on a non-finite trial found no usable step: stalled
+            trial_ok = jnp.isfinite(j_new) & jnp.all(jnp.isfinite(g_new))
+            decreased = trial_ok & (j_new < j - STALL_RTOL * jnp.abs(j))
+            stall = jnp.where(decreased, 0, stall + 1).astype(jnp.int32)
+            stall = jnp.where(trial_ok, stall, STALL_COUNT).astype(jnp.int32)
+            stop = jnp.where(~finite, NONFINITE, jnp.where(
+                reached, REACHED, jnp.where(stationary, STATIONARY,
+                                            jnp.where(stall >= STALL_COUNT, STALLED, -1))))
+            stop = stop.astype(jnp.int32)
+            go = finite & ~reached & ~stationary & trial_ok
+            k = 1 + adam_steps + it
+            hist = (hist[0].at[k].set(jnp.where(go, j_new, j)),
+                    hist[1].at[k].set(jnp.where(go, _w2_of(j_new - lam * cost_of(z_new)), w2)),
+                    hist[2].at[k].set(eps_final))
+            z_next = jnp.where(go, z_new, z)
+            state = jax.tree.map(lambda a, b: jnp.where(go, a, b), new_state, state)
+            return (z_next, state, it + go.astype(jnp.int32), stall, stop,
+                    accepted + (go & decreased), hist, jnp.where(finite, z, last))
+
+        return jax.lax.while_loop(cond, body, c)
+
+    def finish(self, c, pots_fixed, t1_static):
+        """The result: the returned controls evaluated once more at the final ε."""
+        z, _, it, _, stop, accepted, hist, last = c
+        stop = jnp.where(stop < 0, BUDGET, stop).astype(jnp.int32)
+        if self.lbfgs_steps == 0:
+            stop = jnp.int32(BUDGET)
+        z = jnp.where(stop == NONFINITE, last, z)
+        ctrl = self.controls_of(z)
+        (j, (div, cst, _, conv, sk_it)), g = self.vg(z, self.eps_final, self.eps_first,
+                                                     pots_fixed)
         gnorm = jnp.linalg.norm(g)
-        finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(g))
-        div = j - lam * _cost_of(z)
-        w2 = w2_of(div)
-        stationary = gnorm <= gtol * jnp.maximum(1.0, jnp.abs(j))
-        reached = w2 <= w2_tol
-        upd, new_state = lbfgs.update(g, state, z, value=j, grad=g, value_fn=value)
-        z_new = optax.apply_updates(z, upd)
-        j_new = optax.tree_utils.tree_get(new_state, "value")
-        g_new = optax.tree_utils.tree_get(new_state, "grad")
-        # a line search that ended on a non-finite trial found no usable step: stalled
-        trial_ok = jnp.isfinite(j_new) & jnp.all(jnp.isfinite(g_new))
-        decreased = trial_ok & (j_new < j - STALL_RTOL * jnp.abs(j))
-        stall = jnp.where(decreased, 0, stall + 1).astype(jnp.int32)
-        stall = jnp.where(trial_ok, stall, STALL_COUNT).astype(jnp.int32)
-        stop = jnp.where(~finite, NONFINITE, jnp.where(
-            reached, REACHED, jnp.where(stationary, STATIONARY,
-                                        jnp.where(stall >= STALL_COUNT, STALLED, -1))))
-        stop = stop.astype(jnp.int32)
-        go = finite & ~reached & ~stationary & trial_ok
-        k = 1 + adam_steps + it
-        hist = (hist[0].at[k].set(jnp.where(go, j_new, j)),
-                hist[1].at[k].set(jnp.where(go, w2_of(j_new - lam * _cost_of(z_new)), w2)),
-                hist[2].at[k].set(eps_final))
-        z_next = jnp.where(go, z_new, z)
-        state = jax.tree.map(lambda a, b: jnp.where(go, a, b), new_state, state)
-        return (z_next, state, it + go.astype(jnp.int32), stall, stop,
-                accepted + (go & decreased), hist, jnp.where(finite, z, last))
+        kw = self.kw
+        xs = _flow(ctrl, self.x0, self.t1, model=kw["model"],
+                   steps_per_layer=kw["steps_per_layer"], checkpoints=kw["checkpoints"],
+                   method=kw["method"], q_block=kw["q_block"], k_block=kw["k_block"])
+        w2 = _w2_of(div)
+        stationary = gnorm <= self.gtol * jnp.maximum(1.0, jnp.abs(j))
+        good_end = (stationary | (w2 <= self.w2_tol)) & conv
+        finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(xs))
+        stop = jnp.where(finite, stop, NONFINITE).astype(jnp.int32)
+        status = jnp.where(~finite | (stop == NONFINITE), _code("nonfinite"),
+                           jnp.where(good_end, _code("successful"), _code("not_converged")))
+        valid = self.valid
+        iterations = jnp.int32(self.adam_steps) + it
+        stop = jnp.where(valid, stop, INVALID).astype(jnp.int32)
+        status = jnp.where(valid, status, _code("invalid_input"))
+        iterations = jnp.where(valid, iterations, 0).astype(jnp.int32)
+        accepted = jnp.where(valid, accepted, 0).astype(jnp.int32)
+        nan = jnp.where(valid, self.one, jnp.nan)  # the values at harmless options are not answers
+        j, div, w2, cst, gnorm, xs = (v * nan for v in (j, div, w2, cst, gnorm, xs))
+        hist = tuple(h * nan for h in hist)
+        return MeasureControlResult(
+            controls=ctrl, xs=xs, loss=j, divergence=div, w2=w2, cost=cst,
+            epsilon=self.eps_given,
+            loss_history=hist[0], w2_history=hist[1], epsilon_history=hist[2],
+            result=from_codes(status),
+            stats={"num_steps": iterations, "num_accepted_steps": accepted,
+                   "iterations": iterations, "grad_norm": gnorm, "stop": stop,
+                   "sinkhorn_converged": conv, "sinkhorn_iterations": sk_it},
+            model=kw["model"], free=tuple(self.free), t1=t1_static)
 
-    def _cost_of(zz):
-        if not free:
-            return jnp.zeros((), dtype)
-        return control_cost({k: controls_of(zz)[k] for k in free}, t1=t1, kind=cost)
 
-    c = (z, lbfgs.init(z), jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist, good)
-    if lbfgs_steps:
-        c = jax.lax.while_loop(cond, body, c)
-    z, _, it, _, stop, accepted, hist, last = c
-    stop = jnp.where(stop < 0, BUDGET, stop).astype(jnp.int32)
-    if lbfgs_steps == 0:
-        stop = jnp.int32(BUDGET)
-    z = jnp.where(stop == NONFINITE, last, z)
+def _w2_of(div):
+    return jnp.sqrt(jnp.maximum(div, 0.0))
 
-    # the returned controls, evaluated once more at the final ε (warm potentials)
-    ctrl = controls_of(z)
-    (j, (div, cst, _, conv, sk_it)), g = vg(z, eps_final, eps_first, pots_fixed)
-    gnorm = jnp.linalg.norm(g)
-    xs = _flow(ctrl, x0, t1, model=model, steps_per_layer=steps_per_layer,
-               checkpoints=checkpoints, method=method, q_block=q_block, k_block=k_block)
-    w2 = w2_of(div)
-    stationary = gnorm <= gtol * jnp.maximum(1.0, jnp.abs(j))
-    good_end = (stationary | (w2 <= w2_tol)) & conv
-    finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(xs))
-    stop = jnp.where(finite, stop, NONFINITE).astype(jnp.int32)
-    status = jnp.where(~finite | (stop == NONFINITE), _code("nonfinite"),
-                       jnp.where(good_end, _code("successful"), _code("not_converged")))
-    iterations = jnp.int32(adam_steps) + it
-    stop = jnp.where(valid, stop, INVALID).astype(jnp.int32)
-    status = jnp.where(valid, status, _code("invalid_input"))
-    iterations = jnp.where(valid, iterations, 0).astype(jnp.int32)
-    accepted = jnp.where(valid, accepted, 0).astype(jnp.int32)
-    nan = jnp.where(valid, one, jnp.nan)  # the values at harmless options are not answers
-    j, div, w2, cst, gnorm, xs = (v * nan for v in (j, div, w2, cst, gnorm, xs))
-    hist = tuple(h * nan for h in hist)
-    return MeasureControlResult(
-        controls=ctrl, xs=xs, loss=j, divergence=div, w2=w2, cost=cst,
-        epsilon=eps_given,
-        loss_history=hist[0], w2_history=hist[1], epsilon_history=hist[2],
-        result=from_codes(status),
-        stats={"num_steps": iterations, "num_accepted_steps": accepted,
-               "iterations": iterations, "grad_norm": gnorm, "stop": stop,
-               "sinkhorn_converged": conv, "sinkhorn_iterations": sk_it},
-        model=model, free=tuple(free), t1=t1_static)
+
+# The optimiser's jitted parts: each builds its :class:`_Setup` from the same arguments
+# (``args``: the controls, clouds and traced options; ``static``: the static options).
+
+
+@eqx.filter_jit
+def _opt_start(args, static):
+    return _Setup(*args, **static).start()
+
+
+@eqx.filter_jit
+def _opt_adam(carry, k0, k1, args, static):
+    return _Setup(*args, **static).adam_steps_between(carry, k0, k1)
+
+
+@eqx.filter_jit
+def _opt_lbfgs_start(carry, args, static):
+    return _Setup(*args, **static).lbfgs_start(carry)
+
+
+@eqx.filter_jit
+def _opt_lbfgs(c, pots, it_end, args, static):
+    return _Setup(*args, **static).lbfgs_until(c, pots, it_end)
+
+
+@eqx.filter_jit
+def _opt_finish(c, pots, args, static, t1_static):
+    return _Setup(*args, **static).finish(c, pots, t1_static)
+
+
+def _optimise(args, static, t1_static, segment, callback, traced):
+    """Start, Adam, L-BFGS and the result, as jitted segments.
+
+    ``segment`` Adam steps or one L-BFGS iteration a segment; ``traced``: each phase one
+    segment, no callback.
+
+    The host runs the segments in order and carries their state (a pytree of arrays) from one
+    to the next: between two segments Python sees a signal (``KeyboardInterrupt``) and
+    ``callback(done, total, loss)`` reports the iterations done. The boundaries depend only on
+    ``segment`` and the budgets, so a run gives the same values however often it is watched.
+
+    Returns:
+        The :class:`MeasureControlResult`.
+    """
+    adam_steps, lbfgs_steps = static["adam_steps"], static["lbfgs_steps"]
+    total = adam_steps + lbfgs_steps
+    i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731 - traced bounds: one program
+
+    def report(done, hist):
+        if callback is not None:
+            callback(int(done), total, float(hist[0][done]))
+
+    carry = _opt_start(args, static)
+    report(0, carry[5])
+    for k0 in range(0, adam_steps, segment):
+        k1 = min(k0 + segment, adam_steps)
+        carry = _opt_adam(carry, i32(k0), i32(k1), args, static)
+        report(k1, carry[5])
+    c, pots = _opt_lbfgs_start(carry, args, static)
+    # one L-BFGS iteration a segment (its line search may evaluate the loss up to 16 times)
+    lbfgs_segment = max(lbfgs_steps, 1) if traced else 1
+    for end in range(lbfgs_segment, lbfgs_steps + lbfgs_segment, lbfgs_segment):
+        c = _opt_lbfgs(c, pots, i32(min(end, lbfgs_steps)), args, static)
+        if traced:
+            break
+        done = adam_steps + int(c[2])
+        report(done, c[6])
+        if int(c[4]) >= 0:  # stopped (reached, stationary, stalled, non-finite)
+            break
+    return _opt_finish(c, pots, args, static, t1_static)
 
 
 def _code(name):

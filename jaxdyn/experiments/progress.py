@@ -5,20 +5,25 @@ loops report how far they are with :func:`advance` — the segment loop of
 :func:`segments.integrate_segments` after every segment, a per-frame measurement after every
 frame. A kind whose chunk has several long parts declares them with :func:`plan` (their
 shares of the chunk's time, e.g. the integration and the W2 assignments) and enters each with
-:func:`stage`; without a sink every call is a no-op.
+:func:`stage`; without a sink every call is a no-op. A kind may also say what it is doing
+(:func:`note`: an optimiser's iteration and loss); the engine shows that text after the bar
+with the time the chunk in flight has left, extrapolated from its fraction done.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 _local = threading.local()
 
 
 class _Chunk:
-    def __init__(self, sink):
+    def __init__(self, sink, note=None):
         self.sink = sink
+        self.note = note
+        self.t0 = time.monotonic()
         self.stages = {}
         self.offset = 0.0  # fraction of the chunk before the current stage
         self.weight = 1.0  # fraction of the chunk the current stage covers
@@ -37,19 +42,27 @@ class _Chunk:
             self.done = f
             self.sink(f)
 
+    def left(self):
+        """The chunk's seconds left, from its fraction done and its time so far (None early)."""
+        if self.done <= 0.0:
+            return None
+        return (time.monotonic() - self.t0) * (1.0 - self.done) / self.done
+
 
 @contextlib.contextmanager
-def within_chunk(sink):
+def within_chunk(sink, note=None):
     """While the block runs, :func:`advance` calls ``sink(fraction_of_chunk_done)``.
 
     Args:
       sink: called with the fraction of the chunk done (0…1, never decreasing).
+      note: called by :func:`note` with a line of text (what the chunk is doing, and the
+        chunk's time left when known), or None.
 
     Yields:
       The chunk's progress record.
     """
     prev = getattr(_local, "chunk", None)
-    _local.chunk = _Chunk(sink)
+    _local.chunk = _Chunk(sink, note)
     try:
         yield _local.chunk
     finally:
@@ -75,3 +88,16 @@ def advance(done, total):
     ch = getattr(_local, "chunk", None)
     if ch is not None and total > 0:
         ch.report(done / total)
+
+
+def _duration(seconds):
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def note(text):
+    """Say what the chunk in flight is doing (shown after the bar with the chunk's time left)."""
+    ch = getattr(_local, "chunk", None)
+    if ch is not None and ch.note is not None:
+        left = ch.left()
+        ch.note(text if left is None else f"{text}; chunk ~{_duration(left)} left")

@@ -212,6 +212,21 @@ def _bar_sink(bar, base):
     return sink
 
 
+def _bar_note(bar):
+    """Shows a kind's note (:func:`.progress.note`) after ``bar`` (at most every 0.2 s)."""
+    if bar is None:
+        return None
+    last = [0.0]
+
+    def note(text):
+        now = time.time()
+        if now - last[0] >= 0.2:
+            last[0] = now
+            bar.set_postfix_str(text)
+
+    return note
+
+
 def _compile_seconds() -> float:
     from .. import compile_stats
 
@@ -234,7 +249,7 @@ def compute_chunk(run: Run, ci: int, bar=None, position: int = 0) -> float:
     pcs = [point_config(run.cfg, run.plan.points[i]) for i in idxs]
     t0 = time.time()
     c0 = _compile_seconds()
-    with jprogress.within_chunk(_bar_sink(bar, position)):
+    with jprogress.within_chunk(_bar_sink(bar, position), _bar_note(bar)):
         outputs = run.kind.run_points(pcs)
     arrays, dims = folder.chunk_record(run.cfg["kind"], len(idxs), outputs)
     if run.processes.writer:
@@ -334,7 +349,8 @@ def run_chunks_by_points(run: Run, tally: Tally, bar=None, compute_hook: Optiona
             idxs = [run.plan.chunks[ci][p] for p in pos]
             pcs = [point_config(run.cfg, run.plan.points[i]) for i in idxs]
             t0, c0 = time.time(), _compile_seconds()
-            with jprogress.within_chunk(_bar_sink(bar, len(tally.done) + tally.computed)):
+            with jprogress.within_chunk(_bar_sink(bar, len(tally.done) + tally.computed),
+                                        _bar_note(bar)):
                 outputs = run.kind.run_points(pcs)
             data = pack_record(*folder.chunk_record(run.cfg["kind"], len(idxs), outputs))
             tally.compute_seconds += (time.time() - t0) - (_compile_seconds() - c0)

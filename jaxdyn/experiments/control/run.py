@@ -120,19 +120,66 @@ def _padded(a, size):
     return out
 
 
+#: an L-BFGS iteration counts as this many Adam steps in the progress shown (its line search
+#: evaluates the loss a few times)
+LBFGS_WEIGHT = 3
+
+
+def _budgets(pc, first):
+    """A depth's (Adam steps, L-BFGS iterations): the first depth's, or a continuation's."""
+    return (pc["adam_steps"] if first else pc["continuation_adam_steps"]), pc["lbfgs_steps"]
+
+
+def _work(pc, first):
+    """A depth's iterations, an L-BFGS iteration counted as ``LBFGS_WEIGHT`` Adam steps."""
+    adam, lbfgs = _budgets(pc, first)
+    return adam + LBFGS_WEIGHT * lbfgs
+
+
+def _watcher(L, i, n, adam, lbfgs):
+    """The optimiser's callback at depth ``L`` (the ``i``-th of ``n``): the progress shown.
+
+    Moves the engine's bar within the chunk (:mod:`..progress`; the depths are its stages) and
+    says the depth, the iteration and the loss; the engine adds the chunk's time left.
+
+    Returns:
+      ``watch(done, total, loss)``, the callback of :func:`jaxdyn.control.measure_control`.
+    """
+    from .. import progress
+
+    progress.stage(f"depth{i}")
+    scale = adam + LBFGS_WEIGHT * lbfgs
+
+    def watch(done, total, loss):
+        work = min(done, adam) + LBFGS_WEIGHT * max(done - adam, 0)
+        progress.advance(work, max(scale, 1))
+        progress.note(f"depth {L} ({i + 1}/{n}): iteration {done}/{total}, loss {loss:.4g}")
+
+    return watch
+
+
 def _optimise(pc, x0, y):
     """The point's optimisation: one depth, or the climb of :func:`depth_ladder`.
+
+    The optimiser runs in jitted segments (:func:`jaxdyn.control.measure_control`): a signal
+    stops the chunk between two of them, and each reports the progress.
 
     Returns:
       The :class:`~jaxdyn.control.MeasureControlResult` at the point's depth.
     """
+    from .. import progress
     from ...control import measure_control, repeat_layers
 
+    ladder = depth_ladder(pc["n_layers"], pc["continuation"])
+    # a depth's share of the chunk: its layers times its iterations (the cost of a step grows
+    # with the layers)
+    progress.plan(**{f"depth{i}": L * _work(pc, i == 0) for i, L in enumerate(ladder)})
     prev, prev_L = None, None
-    for L in depth_ladder(pc["n_layers"], pc["continuation"]):
+    for i, L in enumerate(ladder):
         opts = _options(dict(pc, n_layers=L))
         kw = dict(n_layers=L, free=free_of(pc), seed=pc["seed"], lbfgs_steps=pc["lbfgs_steps"],
-                  gtol=pc["gtol"], **opts)
+                  gtol=pc["gtol"], callback=_watcher(L, i, len(ladder), *_budgets(pc, i == 0)),
+                  **opts)
         if prev is None:
             res = measure_control(x0, y, init_scale=pc["init_scale"],
                                   epsilon_start=pc["epsilon_start"], adam_steps=pc["adam_steps"],
