@@ -46,6 +46,7 @@ from .._checks import check_bounds, check_integer, is_traced
 from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
+from ..distances._scale import cloud_frame, times_pow2, widen_half
 from ..integrators import INTEGRATORS, GridODETerm
 from ..kernels._flash import K_BLOCK, Q_BLOCK, attend
 
@@ -408,18 +409,28 @@ def _start_epsilon(x, y):
     It must be that of the clouds the solve compares (the final cloud, not ``x0``): a cold
     solve annealed from too small an ε measured its over-relaxation on the error of a
     transient, and the over-relaxed iteration could diverge (potentials of ±150 at ε = 0.02
-    for clouds of spread 3, ``S_ε = −inf`` reported as converged by ott).
+    for clouds of spread 3, ``S_ε = −inf`` reported as converged by ott). Formed on the clouds
+    brought to unit size (:func:`jaxdyn.distances._scale.cloud_frame`) and scaled back, so it
+    does not overflow before the cost itself does.
 
     Returns:
         The ε, a scalar array.
     """
-    mx, my = jnp.mean(x, 0), jnp.mean(y, 0)
-    return 0.05 * (jnp.mean(jnp.sum((x - mx) ** 2, 1)) + jnp.mean(jnp.sum((y - my) ** 2, 1))
-                   + jnp.sum((mx - my) ** 2))
+    xt, yt, e, _, _ = cloud_frame(x, y)
+    mx, my = jnp.mean(xt, 0), jnp.mean(yt, 0)
+    mean_cost = (jnp.mean(jnp.sum((xt - mx) ** 2, 1)) + jnp.mean(jnp.sum((yt - my) ** 2, 1))
+                 + jnp.sum((mx - my) ** 2))
+    return 0.05 * times_pow2(times_pow2(mean_cost, e), e)
 
 
 def _divergence(x, y, eps, eps_start, pots, sk, q_block, k_block):
     """S_ε with the blocked Danskin gradient in x (``(2/N)(T_xx − T_xy)``, module doc).
+
+    Solved on the clouds brought to unit size (centred, divided by a power of two 2^e:
+    :func:`jaxdyn.distances._scale.cloud_frame`), with ε, the start ε and the potentials
+    divided by 4^e; S_ε and the potentials are returned in the clouds' units (times 4^e), the
+    gradient times 2^e. S_ε is translation-invariant and ``S_{s²ε}(s x, s y) = s² S_ε(x, y)``,
+    so this is the same S_ε at any scale the squared cost can be represented at.
 
     Returns:
         (S_ε, potentials, converged, iterations): the value is the Sinkhorn round's (three
@@ -430,29 +441,37 @@ def _divergence(x, y, eps, eps_start, pots, sk, q_block, k_block):
     # budget: they solve for a zero cloud instead, and S_ε is NaN
     ok = jnp.all(jnp.isfinite(xs))
     x_ok = jnp.where(ok, xs, 0.0)
-    start = jnp.maximum(eps_start, eps)
-    out = _round_body(x_ok, ys, eps, start, pots, **sk)
+    xt, yt, e, _, _ = cloud_frame(x_ok, ys)
+    to_unit = lambda v: times_pow2(v, -2 * e)  # noqa: E731
+    from_unit = lambda v: times_pow2(times_pow2(v, e), e)  # noqa: E731
+    eps_t = to_unit(eps)
+    start = to_unit(jnp.maximum(eps_start, eps))
+    pots_t = jax.tree.map(to_unit, pots)
+    out = _round_body(xt, yt, eps_t, start, pots_t, **sk)
 
     # a solve whose over-relaxed (x, y) iteration diverged (S_ε not finite for a finite
     # cloud) is solved again from the same start without over-relaxation (momentum_start=0:
     # plain Sinkhorn). A while loop rather than a cond: under vmap it runs only when some
     # member needs it.
     def again(c):
-        return jnp.int32(1), _round_body(x_ok, ys, eps, start, pots, **dict(sk, momentum_start=0))
+        return jnp.int32(1), _round_body(xt, yt, eps_t, start, pots_t,
+                                         **dict(sk, momentum_start=0))
 
     _, out = jax.lax.while_loop(lambda c: (c[0] == 0) & ok & ~jnp.isfinite(c[1][0]), again,
                                 (jnp.int32(0), out))
-    div, pots, conv, iters = out
-    div = jnp.where(ok, div, jnp.nan)
-    pots = jax.lax.stop_gradient(pots)
-    (_, g_xy), (_, g_xx), _ = pots
+    div_t, pots_t, conv, iters = out
+    div = jnp.where(ok, from_unit(div_t), jnp.nan)
+    pots_t = jax.lax.stop_gradient(pots_t)
+    pots = jax.tree.map(from_unit, pots_t)
+    (_, g_xy), (_, g_xx), _ = pots_t
     zero = jnp.zeros((), x.dtype)
 
-    def bary(keys, g):  # T(x_i) = Σ_j softmax_j((g_j − |x_i − k_j|²)/ε) k_j
-        return attend(2 * xs / eps, keys, keys, (g - jnp.sum(keys * keys, 1)) / eps,
+    def bary(keys, g):  # T(x_i) = Σ_j softmax_j((g_j − |x_i − k_j|²)/ε) k_j, at unit size
+        return attend(2 * xt / eps_t, keys, keys, (g - jnp.sum(keys * keys, 1)) / eps_t,
                       q_block, k_block)
 
-    grad = jax.lax.stop_gradient(2.0 / x.shape[0] * (bary(xs, g_xx) - bary(ys, g_xy)))
+    grad_t = 2.0 / x.shape[0] * (bary(xt, g_xx) - bary(yt, g_xy))
+    grad = jax.lax.stop_gradient(times_pow2(grad_t, e))
     grad = jnp.where(jnp.isfinite(grad), grad, zero)
     return div + jnp.sum(grad * (x - xs)), pots, jnp.all(conv), iters[0]
 
@@ -561,6 +580,7 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
                                                                q_block, k_block)
     check_bounds("epsilon", epsilon, low=0.0, low_open=True)
     check_bounds("cost_weight", cost_weight, low=0.0, what=" (λ)")
+    (x0,) = widen_half([x0], "measure_loss")
     sk = _sinkhorn_options(x0.shape[0], np.shape(target)[0], sinkhorn_threshold,
                            sinkhorn_max_iterations)
     n_layers = _n_layers(controls)

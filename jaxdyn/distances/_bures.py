@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._solution import W2Solution, closed_solution
+from ._checks import _as_float_array
+from ._scale import _exponent, times_pow2, widen_half
+from ._solution import W2Solution, scaled_closed_solution
 
 
 def _sym(a):
@@ -137,7 +139,11 @@ def _gaussians_problem(m0, S0, m1, S1):
         h = np.asarray(c, np.float64)
         if not np.all(np.isfinite(h)):
             continue  # NaN or inf: the result says ``nonfinite``
-        scale = np.maximum(np.abs(h).max(axis=(-2, -1)), 1.0)
+        # relative to each matrix's largest entry (brought to 1 by a power of two, so that
+        # the check means the same at any scale and its eigenvalues cannot overflow)
+        big = np.abs(h).max(axis=(-2, -1), keepdims=True)
+        h = np.ldexp(h, -np.where(big > 0, np.frexp(big)[1], 0))
+        scale = np.abs(h).max(axis=(-2, -1))
         eps = float(jnp.finfo(c.dtype).eps) if jnp.issubdtype(c.dtype, jnp.floating) else 2.2e-16
         tol = 100.0 * h.shape[-1] * eps * scale
         asym = np.abs(h - np.swapaxes(h, -1, -2)).max(axis=(-2, -1))
@@ -176,11 +182,56 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
         ValueError: if the shapes are not (..., d) and (..., d, d) with one d, or a concrete
             covariance is not symmetric PSD.
     """
-    m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
+    m0, S0, m1, S1 = _gaussians(m0, S0, m1, S1, "bures_w2_squared")
     problem = _gaussians_problem(m0, S0, m1, S1)
     if problem:
         raise ValueError(problem)
-    return _bures_w2_squared(m0, S0, m1, S1)
+    sq, e = _bures_unit(m0, S0, m1, S1)
+    return _squared_back(sq, e)
+
+
+def _gaussians(m0, S0, m1, S1, fn):
+    """The four inputs as JAX arrays of a float dtype (half precision widened, with a warning)."""
+    arrays = [_as_float_array(a) for a in (m0, S0, m1, S1)]
+    return widen_half(arrays, fn)
+
+
+@jax.jit
+def _squared_back(sq, e):
+    """W2² of the unit-size Gaussians in the user's units, ``4^e sq`` (one program)."""
+    return times_pow2(times_pow2(sq, e), e)
+
+
+@jax.jit
+def _bures_unit(m0, S0, m1, S1):
+    """W2² of the Gaussians brought to unit size, and the exponent e of their scale 2^e.
+
+    The means' difference is formed after dividing both by the power of two at their largest
+    |entry| (exact; it cannot overflow); the scale 2^e is the power of two at the larger of
+    that difference's largest |entry| and the square root of the covariances' largest
+    |entry|; the means' difference is divided by 2^e and the covariances by 4^e (exact up to
+    underflow), so the closed form never squares a number beyond 4. The exponents carry no
+    gradient (W2² = 4^e W2²(unit) for any fixed e).
+
+    Returns:
+        (W2² at unit size, e), of the broadcast batch shape.
+    """
+    stop = jax.lax.stop_gradient
+    big_m = jnp.maximum(jnp.max(jnp.abs(stop(m0)), -1), jnp.max(jnp.abs(stop(m1)), -1))
+    a = _exponent(big_m)
+    dm = times_pow2(m0, -a[..., None]) - times_pow2(m1, -a[..., None])
+    big_d = jnp.max(jnp.abs(stop(dm)), -1)
+    e_d = jnp.where(big_d > 0, _exponent(big_d) + a, jnp.iinfo(jnp.int32).min // 4)
+    big_s = jnp.maximum(jnp.max(jnp.abs(stop(S0)), (-2, -1)), jnp.max(jnp.abs(stop(S1)), (-2, -1)))
+    # the power of two at sqrt(big_s): half its exponent, rounded up
+    e_s = jnp.where(big_s > 0, (_exponent(big_s) + 1) // 2, jnp.iinfo(jnp.int32).min // 4)
+    e = jnp.maximum(e_d, e_s)
+    finite = jnp.isfinite(big_m) & jnp.isfinite(big_s)
+    e = jnp.where(finite & (e > jnp.iinfo(jnp.int32).min // 4), e, 0).astype(jnp.int32)
+    dm = times_pow2(dm, (a - e)[..., None])
+    S0 = times_pow2(S0, -2 * e[..., None, None])
+    S1 = times_pow2(S1, -2 * e[..., None, None])
+    return _bures_w2_squared(dm, S0, jnp.zeros_like(dm), S1), e
 
 
 @jax.jit
@@ -237,14 +288,14 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
     Raises:
         ValueError: the shape and covariance errors of :func:`bures_w2_squared`.
     """
-    m0, S0, m1, S1 = (jnp.asarray(a) for a in (m0, S0, m1, S1))
+    m0, S0, m1, S1 = _gaussians(m0, S0, m1, S1, "bures_w2")
     problem = _gaussians_problem(m0, S0, m1, S1)
     if problem:
         raise ValueError(problem)
-    return _bures_solution(_bures_w2_squared(m0, S0, m1, S1))
+    return _bures_solution(*_bures_unit(m0, S0, m1, S1))
 
 
 @jax.jit
-def _bures_solution(sq):
-    """The result of :func:`bures_w2` from W2^2 (one program a shape)."""
-    return closed_solution(sq, 0.0, "bures")
+def _bures_solution(sq, e):
+    """The result of :func:`bures_w2` from W2^2 at unit size and its scale 2^e (one program)."""
+    return scaled_closed_solution(sq, e, "zero", "bures")

@@ -11,7 +11,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._checks import _as_float_array, pair_problem
-from ._solution import W2Solution, closed_solution, is_traced
+from ._scale import _exponent, times_pow2, unit_frame_host, widen_half
+from ._solution import W2Solution, closed_solution, is_traced, scaled_closed_solution
 
 
 def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
@@ -64,12 +65,18 @@ def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
     xn = np.asarray(x, dtype=np.float64)
     yn = np.asarray(y, dtype=np.float64)
     if not (np.all(np.isfinite(xn)) and np.all(np.isfinite(yn))):
-        sq = np.nan
+        return _exact_solution(np.asarray(np.nan), np.asarray(np.nan))
+    xt, yt, e, x_point, y_point = unit_frame_host(xn, yn)
+    if y_point:  # every coupling is the independent one: W2² = mean_i |x_i − q|²
+        sq = float(np.mean(np.sum((xt - yt[0]) ** 2, axis=1)))
+    elif x_point:
+        sq = float(np.mean(np.sum((yt - xt[0]) ** 2, axis=1)))
     else:
-        cost = cdist(xn, yn, metric="sqeuclidean")
+        cost = cdist(xt, yt, metric="sqeuclidean")
         rows, cols = linear_sum_assignment(cost)
-        sq = cost[rows, cols].mean()
-    return _exact_solution(np.asarray(sq, np.float64))
+        sq = float(cost[rows, cols].mean())
+    # back in the user's units in float64 (W2² may overflow where W2 does not)
+    return _exact_solution(np.ldexp(np.sqrt(sq), e), np.ldexp(sq, 2 * e))
 
 
 def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Solution:
@@ -99,8 +106,7 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Sol
     Raises:
         ValueError: if x or y is not (..., N, d) or their (N, d) differ.
     """
-    x = _as_float_array(x)
-    y = _as_float_array(y)
+    x, y = widen_half([_as_float_array(x), _as_float_array(y)], "w2_coupling")
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError(
             f"x and y must be point clouds of shape (..., N, d), got shapes {x.shape} and {y.shape}"
@@ -113,13 +119,27 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Sol
 
 
 @jax.jit
-def _exact_solution(sq):
-    """The result of :func:`w2_exact` from its squared cost (one program, not ten eager ops)."""
-    return closed_solution(sq, 0.0, "exact")
+def _exact_solution(value, sq):
+    """The result of :func:`w2_exact` from W2 and W2² (one program, not ten eager ops)."""
+    return closed_solution(sq, 0.0, "exact", value=value)
 
 
 @jax.jit
 def _coupling(x, y):
-    """:func:`w2_coupling` after its checks: one program a shape, inlined under a caller's jit."""
-    sq = jnp.mean(jnp.sum((x - y) ** 2, axis=-1), axis=-1)
-    return closed_solution(sq, sq, "coupling")
+    """:func:`w2_coupling` after its checks: one program a shape, inlined under a caller's jit.
+
+    Per member, the differences are brought to unit size by powers of two (exact): first by
+    the largest |entry| of the pair (so that ``x − y`` cannot overflow), then by the largest
+    |difference|; the squared cost is formed at unit size and reported in the user's units.
+
+    Returns:
+        The :class:`W2Solution` of :func:`w2_coupling`.
+    """
+    xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
+    big = jnp.maximum(jnp.max(jnp.abs(xs), axis=(-2, -1)), jnp.max(jnp.abs(ys), axis=(-2, -1)))
+    a = _exponent(big)[..., None, None]
+    diff = times_pow2(x, -a) - times_pow2(y, -a)
+    spread = jnp.max(jnp.abs(jax.lax.stop_gradient(diff)), axis=(-2, -1))
+    b = _exponent(spread)[..., None, None]
+    sq = jnp.mean(jnp.sum(times_pow2(diff, -b) ** 2, axis=-1), axis=-1)
+    return scaled_closed_solution(sq, (a + b)[..., 0, 0], "divergence", "coupling")

@@ -14,10 +14,21 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import check_integer
-from .._results import RESULTS, code, error_if_failed, from_codes, raise_if_failed
+from .._results import (
+    RESULTS,
+    code,
+    error_if_failed,
+    from_codes,
+    raise_if_failed,
+    status_codes,
+)
 from ._checks import _as_float_array, pair_problem
 from ._rounds import _MAX_ROUND_RATIO, _anneal_length, _round_body, dual_divergence
-from ._solution import W2Solution, is_traced, safe_sqrt, status_of
+from ._scale import cloud_frame, point_mass_sq, times_pow2, widen_half
+from ._solution import W2Solution, is_traced, safe_sqrt, status_of, unscale_solution
+
+#: :func:`~jaxdyn.distances._solution.unscale_solution` as one program
+_unscaled = jax.jit(unscale_solution)
 
 #: row block of the online geometry by platform: cache-sized tiles on CPU (measured: 1024
 #: rows x 512 keys within noise of the best of 256-4096 x 256-1024 at N = 8192), large tiles
@@ -86,26 +97,88 @@ def _check_positive(name, v, allow_none=True):
         raise ValueError(f"{name} must be a positive number (finite), got {v!r}")
 
 
-def _warn_vacuous_epsilon(x, y, epsilon: float) -> None:
+def _warn_vacuous_epsilon(x, y, epsilon: float, e: int = 0) -> None:
     """Warn when a fixed ε's bias bound ε·log max(N, M) reaches mean(C) (>= W2^2).
 
     mean(C) = var x + var y + |x̄ − ȳ|^2, computed on the host in float64, is the cost of the
     independent coupling, an upper bound of W2^2: a bias bound at least as large says nothing
-    about W2 (S_ε then tends to |x̄ − ȳ|^2, the means' distance, as ε grows).
+    about W2 (S_ε then tends to |x̄ − ȳ|^2, the means' distance, as ε grows). The clouds and
+    ε are those of the rescaled problem (scale 2^e); the message states them in the user's
+    units.
     """
     xn, yn = np.asarray(x, np.float64), np.asarray(y, np.float64)
     mx, my = xn.mean(0), yn.mean(0)
     mean_cost = float(((xn - mx) ** 2).sum(1).mean() + ((yn - my) ** 2).sum(1).mean()
                       + ((mx - my) ** 2).sum())
-    bound = epsilon * math.log(max(xn.shape[0], yn.shape[0]))
+    log_size = math.log(max(xn.shape[0], yn.shape[0]))
+    bound = epsilon * log_size
     if math.isfinite(mean_cost) and mean_cost > 0 and bound >= mean_cost:
+        user = lambda v: float(np.ldexp(v, 2 * e))  # noqa: E731
         warnings.warn(
-            f"w2_sinkhorn: epsilon = {epsilon:.4g} is too large for these clouds: its bias bound "
-            f"epsilon·log max(N, M) = {bound:.4g} exceeds mean(C) = {mean_cost:.4g}, the "
-            "independent coupling's cost (an upper bound of W2²), so the value is the entropic "
-            "S_ε at this ε and says nothing about W2 (it tends to the distance of the means); "
-            "leave epsilon=None (ε follows W2²) or pass an epsilon below "
-            f"{mean_cost / math.log(max(xn.shape[0], yn.shape[0])):.3g}", stacklevel=3)
+            f"w2_sinkhorn: epsilon = {user(epsilon):.4g} is too large for these clouds: its bias "
+            f"bound epsilon·log max(N, M) = {user(bound):.4g} exceeds mean(C) = "
+            f"{user(mean_cost):.4g}, the independent coupling's cost (an upper bound of W2²), so "
+            "the value is the entropic S_ε at this ε and says nothing about W2 (it tends to the "
+            "distance of the means); leave epsilon=None (ε follows W2²) or pass an epsilon below "
+            f"{user(mean_cost / log_size):.3g}", stacklevel=3)
+
+
+def _unit_option(v, e, dtype):
+    """An absolute option in squared units (ε, the ε floor) at the rescaled clouds' size, v / 4^e.
+
+    Concrete values are rescaled on the host in float64 (a Python float), traced ones in JAX.
+
+    Returns:
+        None for None, else the rescaled value.
+    """
+    if v is None:
+        return None
+    if is_traced(v, e):
+        return times_pow2(jnp.asarray(v, dtype), -2 * jnp.asarray(e, jnp.int32))
+    return float(np.ldexp(float(np.asarray(v)), -2 * int(e)))
+
+
+@functools.partial(jax.jit, static_argnames=("length", "geometry"))
+def _point_mass_solution(xt, yt, x_point, y_point, *, length, geometry):
+    """The :class:`W2Solution` of rescaled clouds one of which is a point mass (no solve).
+
+    W2² in closed form (:func:`~jaxdyn.distances._scale.point_mass_sq`), no bias, ε 0, the
+    stats of a ladder that ran no round (history NaN, of the path's ``length``).
+
+    Returns:
+        The :class:`W2Solution` at unit size (method ``"sinkhorn"``).
+    """
+    dtype = xt.dtype
+    sq = point_mass_sq(xt, yt, x_point, y_point)
+    zero = jnp.zeros((), dtype)
+    hist = jnp.full((length,), jnp.nan, dtype)
+    return W2Solution(
+        value=safe_sqrt(sq), divergence=sq, epsilon=zero, bias_bound=zero,
+        result=from_codes(status_of(sq)),
+        stats={"num_steps": jnp.int32(0), "num_rounds": jnp.int32(0), "epsilons": hist,
+               "divergences": hist, "epsilon_floored": jnp.zeros((), bool),
+               "kernel_density": zero},
+        method="sinkhorn", geometry=geometry)
+
+
+def _merge_point_mass(sol, xt, yt, x_point, y_point):
+    """``sol`` with the closed form where a traced cloud is a point mass (its solve was skipped).
+
+    The solver ran on zero clouds there (no round: ε and the bias bound are 0); the value and
+    the divergence are the closed form's, whose gradient is NaN-free on both sides of the
+    ``where`` (the double-where: neither branch is evaluated at a singular point).
+
+    Returns:
+        The merged :class:`W2Solution` at unit size.
+    """
+    deg = x_point | y_point
+    sq = point_mass_sq(xt, yt, x_point, y_point)
+    div = jnp.where(deg, sq, sol.divergence)
+    value = jnp.where(deg, safe_sqrt(sq), sol.value)
+    codes = status_codes(sol.result)
+    codes = jnp.where(deg & (codes != code(RESULTS.invalid_input)), status_of(sq), codes)
+    return eqx.tree_at(lambda s: (s.value, s.divergence, s.result), sol,
+                       (value, div, from_codes(codes)))
 
 
 def w2_sinkhorn(
@@ -234,7 +307,7 @@ def w2_sinkhorn(
     if problem:
         raise ValueError(problem)
     x = _as_float_array(x)
-    y = jnp.asarray(y, dtype=x.dtype)
+    x, y = widen_half([x, jnp.asarray(y, dtype=x.dtype)], "w2_sinkhorn")
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     if multiscale not in ("auto", True, False):
         raise ValueError(f"multiscale must be 'auto', True or False, got {multiscale!r}")
@@ -256,24 +329,48 @@ def w2_sinkhorn(
     _check_positive("epsilon_floor", epsilon_floor)
 
     traced = is_traced(x, y)
-    if epsilon is not None and not traced and not is_traced(epsilon):
-        _warn_vacuous_epsilon(x, y, float(epsilon))
     if multiscale is True and traced:
         raise ValueError("multiscale=True needs concrete clouds (its block selection runs on the "
                          "host); under jit/vmap/grad use multiscale=False or 'auto'")
     use_multiscale = (not traced) and (default_multiscale(n, m, d) if multiscale == "auto"
                                        else bool(multiscale))
+    # the clouds at unit size (centred, rescaled by 2^-e), ε and its floor likewise (÷ 4^e)
+    if traced:
+        xt, yt, e, x_point, y_point = cloud_frame(x, y)
+    else:  # concrete values also inside a caller's jit (clouds closed over): read on the host
+        with jax.ensure_compile_time_eval():
+            xt, yt, e, x_point, y_point = cloud_frame(x, y)
+    eps_t = _unit_option(epsilon, e, x.dtype)
+    floor_t = _unit_option(epsilon_floor, e, x.dtype)
+    if epsilon is not None and not traced and not is_traced(epsilon):
+        _warn_vacuous_epsilon(xt, yt, eps_t, int(e))
 
     anneal = _anneal_length(decay)
     kw = dict(threshold=float(threshold), max_iterations=int(max_iterations),
               decay=float(decay), momentum_start=10 * (anneal // 10 + 3))  # after the annealing
-    if use_multiscale:
-        sol = _w2_multiscale(x, y, epsilon, rel_epsilon, epsilon_floor, int(max_rounds), kw)
+    if not traced and (bool(x_point) or bool(y_point)):  # closed form, no solve
+        if use_multiscale:
+            from ._multiscale import fine_round_limit
+
+            length, geometry = int(max_rounds) + fine_round_limit(int(max_rounds)), "multiscale"
+        else:
+            length, geometry = int(max_rounds), "dense" if batch_size is None else "online"
+        sol = _point_mass_solution(xt, yt, x_point, y_point, length=length, geometry=geometry)
+    elif use_multiscale:
+        sol = _w2_multiscale(xt, yt, eps_t, rel_epsilon, floor_t, int(max_rounds), kw)
     else:
         opt = lambda v: jnp.asarray(0.0 if v is None else v, x.dtype)  # noqa: E731
-        sol = _ladder_program(x, y, opt(epsilon), opt(rel_epsilon), opt(epsilon_floor),
+        deg = x_point | y_point
+        # a traced point mass: the solver runs on zero clouds (no round), the closed form
+        # answers (concrete clouds never get here with a point mass)
+        x_run = jnp.where(deg, jnp.zeros((), x.dtype), xt) if traced else xt
+        y_run = jnp.where(deg, jnp.zeros((), x.dtype), yt) if traced else yt
+        sol = _ladder_program(x_run, y_run, opt(eps_t), opt(rel_epsilon), opt(floor_t),
                               fixed=epsilon is not None, floor_given=epsilon_floor is not None,
                               max_rounds=int(max_rounds), batch_size=batch_size, **kw)
+        if traced:
+            sol = _merge_point_mass(sol, xt, yt, x_point, y_point)
+    sol = _unscaled(sol, e)
     if throw:
         if is_traced(*jax.tree.leaves(sol)):
             sol = eqx.tree_at(lambda s: s.value, sol, error_if_failed(sol.value, sol.result))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._results import RESULTS, Solution, code, from_codes, stat
+from .._results import RESULTS, Solution, code, from_codes, stat, status_codes
 
 
 class W2Solution(Solution):
@@ -101,16 +101,74 @@ def safe_sqrt(sq):
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), jnp.where(jnp.isnan(sq), sq, 0.0))
 
 
-def closed_solution(divergence, bias_bound, method: str, codes=None) -> W2Solution:
-    """A :class:`W2Solution` of an unregularised method from its (batched) W2^2 estimate."""
+def closed_solution(divergence, bias_bound, method: str, codes=None, value=None) -> W2Solution:
+    """A :class:`W2Solution` of an unregularised method from its (batched) W2^2 estimate.
+
+    ``value`` (default ``sqrt(max(divergence, 0))``) may be given where W2 is representable
+    but W2^2 is not; the status follows the value.
+
+    Returns:
+        The :class:`W2Solution` (ε 0, ``num_steps`` 0).
+    """
     divergence = jnp.asarray(divergence)
     shape, dtype = divergence.shape, divergence.dtype
-    codes = status_of(divergence) if codes is None else codes
+    value = safe_sqrt(divergence) if value is None else jnp.asarray(value, dtype)
+    codes = status_of(value) if codes is None else codes
     return W2Solution(
-        value=safe_sqrt(divergence), divergence=divergence, epsilon=jnp.zeros(shape, dtype),
+        value=value, divergence=divergence, epsilon=jnp.zeros(shape, dtype),
         bias_bound=jnp.broadcast_to(jnp.asarray(bias_bound, dtype), shape),
         result=from_codes(codes), stats={"num_steps": jnp.zeros(shape, jnp.int32)},
         method=method)
+
+
+def scaled_closed_solution(sq, e, bias_bound, method: str) -> W2Solution:
+    """:func:`closed_solution` of clouds rescaled by ``2^-e``, reported in the user's units.
+
+    Args:
+        sq: W2^2 of the rescaled clouds (any batch shape).
+        e: the int32 exponent of the scale (broadcasting against ``sq``).
+        bias_bound: ``"zero"`` (0) or ``"divergence"`` (the bound is W2^2 itself).
+        method: the method's name.
+
+    Returns:
+        The :class:`W2Solution`: value ``2^e sqrt(sq)``, divergence ``4^e sq`` (inf where it
+        overflows while the value does not: the status follows the value).
+    """
+    from ._scale import times_pow2
+
+    sq = jnp.asarray(sq)
+    value = times_pow2(safe_sqrt(sq), e)
+    div = times_pow2(times_pow2(sq, e), e)
+    bound = div if bias_bound == "divergence" else 0.0
+    return closed_solution(div, bound, method, value=value)
+
+
+def unscale_solution(sol: W2Solution, e) -> W2Solution:
+    """A :class:`W2Solution` of clouds rescaled by ``2^-e`` in the user's units.
+
+    The distance is multiplied by ``2^e``; the squared quantities (``divergence``,
+    ``epsilon``, ``bias_bound``, the per-round ``epsilons`` and ``divergences``) by ``4^e``.
+    A value that is not representable in the user's units (it overflows) is ``nonfinite``;
+    a squared quantity may overflow to inf while the value is finite.
+
+    Returns:
+        The rescaled :class:`W2Solution` (same method, geometry and stats keys).
+    """
+    from ._scale import times_pow2
+
+    sq = lambda v: times_pow2(times_pow2(v, e), e)  # noqa: E731
+    value = times_pow2(sol.value, e)
+    codes = status_codes(sol.result)
+    bad = ~jnp.isfinite(value) & jnp.isfinite(sol.value)
+    codes = jnp.where(bad & (codes != code(RESULTS.invalid_input)), code(RESULTS.nonfinite),
+                      codes)
+    stats = dict(sol.stats)
+    for key in ("epsilons", "divergences"):
+        if key in stats:
+            stats[key] = sq(stats[key])
+    return W2Solution(value=value, divergence=sq(sol.divergence), epsilon=sq(sol.epsilon),
+                      bias_bound=sq(sol.bias_bound), result=from_codes(codes), stats=stats,
+                      method=sol.method, geometry=sol.geometry)
 
 
 def is_traced(*values) -> bool:
