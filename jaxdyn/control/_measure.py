@@ -540,6 +540,14 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
     ``epsilon`` or ``t1`` is not finite and > 0, or a traced ``cost_weight`` is not finite
     and >= 0, the loss (and its gradient) is NaN.
 
+    Scale: S_ε is solved on the final cloud and the target centred and divided by a power of
+    two 2^e that brings them to unit size, ε by 4^e, and reported times 4^e: S_ε is right at
+    any scale the dtype holds ε and S_ε at (``S_{s²ε}(s x, s y) = s² S_ε(x, y)``; a shift of
+    1e6 keeps the digits); where they are not representable the loss is inf or NaN.
+
+    Dtypes: float32 and float64 ``x0`` are computed in their dtype; float16 and bfloat16 in
+    float32 with a ``UserWarning`` (the loss is float32).
+
     Args:
         controls: ``{name: (L, ...) array}`` (missing weights: :func:`default_controls`).
         x0: (N, d) the initial cloud (unit rows for ``"sphere"``, as :func:`measure_flow`).
@@ -569,6 +577,9 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
             out of its domain, a traced ``sinkhorn_threshold``, a ``sinkhorn_max_iterations``
             that is not an integer >= 1, a ``free`` that is not a weight's name or a sequence
             of them.
+
+    Warns:
+        UserWarning: a float16 or bfloat16 ``x0`` (computed in float32).
     """
     _check_model(model)
     x0 = _float(x0)

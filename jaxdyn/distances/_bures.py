@@ -169,6 +169,14 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     ``100 d eps max(1, max|S|)``) is refused; a traced one is symmetrised and a negative
     eigenvalue clipped to 0.
 
+    Scale: the means' difference and the covariances are divided by a power of two 2^e (and
+    4^e) that brings them to unit size (exact), and W2^2 is reported times 4^e: right at any
+    scale whose W2^2 the dtype holds, translation-invariant in the means (a shift of 1e6
+    keeps the digits); beyond, inf. The rescaling carries no gradient.
+
+    Dtypes: float32 and float64 are computed in their dtype; float16 and bfloat16 are
+    computed in float32 with a ``UserWarning`` (the result is float32).
+
     Args:
         m0: means (..., d) of the first Gaussians.
         S0: covariances (..., d, d) of the first Gaussians.
@@ -181,6 +189,9 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     Raises:
         ValueError: if the shapes are not (..., d) and (..., d, d) with one d, or a concrete
             covariance is not symmetric PSD.
+
+    Warns:
+        UserWarning: float16 or bfloat16 input (computed in float32).
     """
     m0, S0, m1, S1 = _gaussians(m0, S0, m1, S1, "bures_w2_squared")
     problem = _gaussians_problem(m0, S0, m1, S1)
@@ -275,6 +286,13 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
     NaN). Near coincidence W2 is not smooth; use the squared form
     (:func:`bures_w2_squared`, or ``divergence``) in losses.
 
+    Scale: as :func:`bures_w2_squared`, on unit-size inputs; ``value`` is reported times 2^e,
+    so it is right wherever W2 is representable (``divergence`` may overflow to inf where W2
+    does not); a W2 that overflows is ``nonfinite``.
+
+    Dtypes: float32 and float64 are computed in their dtype; float16 and bfloat16 are
+    computed in float32 with a ``UserWarning`` (the result is float32).
+
     Args:
         m0: means (..., d) of the first Gaussians.
         S0: covariances (..., d, d) of the first Gaussians (symmetric PSD).
@@ -287,6 +305,9 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
 
     Raises:
         ValueError: the shape and covariance errors of :func:`bures_w2_squared`.
+
+    Warns:
+        UserWarning: float16 or bfloat16 input (computed in float32).
     """
     m0, S0, m1, S1 = _gaussians(m0, S0, m1, S1, "bures_w2")
     problem = _gaussians_problem(m0, S0, m1, S1)

@@ -30,7 +30,19 @@ def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
     ``jax_enable_x64``, else float32).
 
     Bias: none (``bias_bound`` 0). Cost: O(N^3) time and an N x N float64 matrix (N = 5000:
-    200 MB, seconds to tens of seconds).
+    200 MB, seconds to tens of seconds). A cloud that is a single point mass (all its points
+    equal) is answered in closed form, O(N): every coupling is then the independent one,
+    ``W2^2 = mean_i |x_i − q|^2``.
+
+    Scale: the clouds are centred and brought to unit size by powers of two before the
+    solve (:mod:`jaxdyn.distances._scale`), and the result is reported in their units, so
+    it is right at any scale whose W2 the result's dtype holds (W2(s x + c, s y + c) =
+    s W2(x, y) to rounding, e.g. at s = 1e-20 or 1e20, or a shift of 1e6); a W2 that
+    overflows is ``nonfinite``. ``divergence`` (W2^2) may overflow to inf, or underflow
+    to 0, where W2 does not.
+
+    Dtypes: any real input (float16 and bfloat16 included, with no warning): the solve is in
+    float64 on the host.
 
     Host only: the assignment is a SciPy (C++) solver on NumPy arrays, with no JAX
     primitive, so ``w2_exact`` does not compose with ``jax.jit``, ``jax.vmap`` or
@@ -95,6 +107,14 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Sol
     Bias: upward (equality iff the given pairing is optimal): ``bias_bound`` is
     ``divergence`` itself (``0 <= W2^2 <= C^2``). Cost: O(N d).
 
+    Scale: per batch member, the differences are formed and squared after division by
+    powers of two (exact), and the result is reported in the clouds' units: right at any
+    scale whose C the dtype holds; a C that overflows is ``nonfinite`` (``divergence`` may
+    overflow to inf, or underflow to 0, where C does not).
+
+    Dtypes: float32 and float64 are computed in their dtype; float16 and bfloat16 are computed
+    in float32 with a ``UserWarning`` (the result is float32).
+
     Args:
         x: clouds (..., N, d).
         y: clouds (..., N, d), broadcasting against x.
@@ -105,6 +125,9 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Sol
 
     Raises:
         ValueError: if x or y is not (..., N, d) or their (N, d) differ.
+
+    Warns:
+        UserWarning: float16 or bfloat16 input (computed in float32).
     """
     x, y = widen_half([_as_float_array(x), _as_float_array(y)], "w2_coupling")
     if x.ndim < 2 or y.ndim < 2:

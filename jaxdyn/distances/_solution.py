@@ -22,6 +22,11 @@ class W2Solution(Solution):
     The distance is ``sol.value``; ``float(sol)`` (and ``np.asarray(sol)``) read it too for a
     concrete result.
 
+    Every field is in the units of the inputs (the functions solve at unit size and scale
+    back): ``value`` in distance units, ``divergence``, ``epsilon`` and ``bias_bound`` in
+    squared units; a squared field may overflow to inf (or underflow to 0) where ``value``
+    is representable, and the status follows ``value`` (``nonfinite`` where it overflows).
+
     The true W2 lies in ``[sqrt(max(divergence - bias_bound, 0)), sqrt(divergence +
     bias_bound)]`` (exactly at convergence; for Sinkhorn the potentials' residual at
     ``threshold`` adds to it), i.e. ``|divergence - W2^2| <= bias_bound``.

@@ -29,6 +29,12 @@ def w2(x: Float[Array, "n d"], y: Float[Array, "m d"], method: str = "exact", **
     - ``"coupling"``: the cost of the pairing i -> i, an upper bound; jittable
       (:func:`w2_coupling`).
 
+    Every method centres and rescales the clouds before it solves and reports in their units
+    (right at any scale whose W2 the dtype holds; an overflowing W2 is ``nonfinite``), and
+    answers a cloud that is a single point mass in closed form (``"exact"``,
+    ``"sinkhorn"``). Dtypes: float16 and bfloat16 are computed in float32 with a
+    ``UserWarning`` (``"exact"``: in float64 on the host, as every input).
+
     Args:
         x: the first cloud (N, d).
         y: the second cloud (M, d) (M = N for ``"exact"`` and ``"coupling"``).
