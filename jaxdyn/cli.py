@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import signal
 import sys
@@ -336,6 +337,95 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+#: seconds a signal may wait for the computation in flight before ``jaxdyn run`` stops without
+#: it (an XLA compilation or one long jitted call holds Python's handler until it returns);
+#: the environment variable ``JAXDYN_HARD_STOP_SECONDS`` sets another
+HARD_STOP_SECONDS = 20.0
+
+
+def _hard_stop_seconds() -> float:
+    try:
+        return float(os.environ.get("JAXDYN_HARD_STOP_SECONDS", HARD_STOP_SECONDS))
+    except ValueError:
+        return HARD_STOP_SECONDS
+
+
+def _stop_hard(signum, out):
+    """Stop the process now: ``summary.json`` says interrupted, finished chunks stay on disk.
+
+    The chunk files are written atomically and the folder's lock is an ``flock`` the system
+    releases at exit, so ``--resume`` continues from the chunks on disk.
+    """
+    from . import io as jio
+
+    hint = ""
+    if out is not None:
+        hint = f"; resume with: jaxdyn run --resume {out}"
+        try:
+            path = Path(out) / jio.SUMMARY_FILE
+            summary = json.loads(path.read_text())
+            if summary.get("status") == "running":
+                done = len(list((Path(out) / "chunks").glob("chunk_*.npz")))
+                jio.write_json(path, {**summary, "status": "interrupted", "chunks_done": done,
+                                      "error": f"KeyboardInterrupt: signal {signum} (stopped "
+                                               f"after {_hard_stop_seconds():g} s without the "
+                                               "computation in flight)"})
+        except (OSError, ValueError):  # no summary yet, or a full disk: it stays as it is
+            pass
+    sys.stderr.write(f"\njaxdyn: interrupted; the computation in flight (an XLA compilation or "
+                     f"a long call) held the signal over {_hard_stop_seconds():g} s, so the run "
+                     f"stopped without it; finished chunks are kept{hint}\n")
+    sys.stderr.flush()
+    os._exit(128 + int(signum))
+
+
+class _Watchdog:
+    """Stops ``jaxdyn run`` hard when a signal's ``KeyboardInterrupt`` is held too long.
+
+    Python runs a signal handler only between bytecodes of the main thread; while XLA compiles
+    or runs one call (Python's lock released) the handler waits. The signal also wakes this
+    thread (:func:`signal.set_wakeup_fd`); if the main thread has not finished stopping
+    ``HARD_STOP_SECONDS`` later (or ``$JAXDYN_HARD_STOP_SECONDS``), :func:`_stop_hard` ends
+    the process.
+    """
+
+    def __init__(self, args):
+        import socket
+        import threading
+
+        self.args = args
+        self.done = threading.Event()
+        self.rsock, self.wsock = socket.socketpair()
+        self.wsock.setblocking(False)
+        self.old_fd = signal.set_wakeup_fd(self.wsock.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="jaxdyn-stop-watchdog", daemon=True).start()
+
+    def _watch(self):
+        try:
+            data = self.rsock.recv(1)
+        except OSError:
+            data = b""
+        finally:
+            self.rsock.close()
+        if not data or self.done.is_set():
+            return
+        signum = data[0]
+        if self.done.wait(_hard_stop_seconds()):
+            return
+        if signal.getsignal(signum) is _raise_interrupt:  # not a cluster's deferred signals
+            _stop_hard(signum, getattr(self.args, "out_dir", None))
+
+    def close(self):
+        """Disarm (the command has ended): restore the previous wakeup fd, end the thread."""
+        self.done.set()
+        signal.set_wakeup_fd(self.old_fd)
+        try:
+            self.wsock.send(b"\0")  # wakes the thread, which sees ``done`` and ends
+        except OSError:  # the buffer holds a signal's byte already: it wakes on that
+            pass
+        self.wsock.close()
+
+
 def _raise_pending():
     """Raise the ``KeyboardInterrupt`` of a signal the handler recorded but Python swallowed."""
     from .io import PENDING_SIGNALS
@@ -441,6 +531,7 @@ def main(argv=None):
             pass
     from .config import ConfigError
 
+    watchdog = _Watchdog(args) if args.command == "run" and old_handlers else None
     try:
         rc = args.func(args)
         _raise_pending()  # a signal whose exception Python swallowed (a GC callback)
@@ -455,6 +546,13 @@ def main(argv=None):
         hint = f"; resume with: jaxdyn run --resume {where}" if where else ""
         print(f"jaxdyn: interrupted; finished chunks are kept{hint}", file=sys.stderr)
         signum = PENDING_SIGNALS[-1] if PENDING_SIGNALS else signal.SIGINT
+        if argv is None and args.command == "run":
+            # the process's own command: end now, without the interpreter's teardown (JAX's
+            # objects of an interrupted trace or compilation can crash it, or hold it seconds);
+            # the chunks and summary.json are on disk, the folder's lock goes with the process
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + int(signum))
         return 128 + int(signum)
     except OSError as e:  # a full disk, a permission lost mid-run: one line, status failed
         where = getattr(args, "out_dir", None)
@@ -472,6 +570,8 @@ def main(argv=None):
               f"smaller chunk_size / memory_budget_gb{hint}", file=sys.stderr)
         return EXIT_FAILED
     finally:
+        if watchdog is not None:
+            watchdog.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         PENDING_SIGNALS.clear()

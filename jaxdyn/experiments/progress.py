@@ -7,7 +7,9 @@ frame. A kind whose chunk has several long parts declares them with :func:`plan`
 shares of the chunk's time, e.g. the integration and the W2 assignments) and enters each with
 :func:`stage`; without a sink every call is a no-op. A kind may also say what it is doing
 (:func:`note`: an optimiser's iteration and loss); the engine shows that text after the bar
-with the time the chunk in flight has left, extrapolated from its fraction done.
+with the time the chunk in flight has left, extrapolated from its fraction done. Both calls
+also stop the chunk when a signal is pending: they are where a kind hands control back to
+the host between its jitted parts.
 """
 
 from __future__ import annotations
@@ -83,9 +85,30 @@ def stage(name):
         ch.set_stage(name)
 
 
+def _stop_if_signalled():
+    """Raise the ``KeyboardInterrupt`` of a signal the CLI's handler recorded.
+
+    The handler's own exception can be lost (raised where a caller swallows it, or in a
+    callback from XLA); a kind's loops report progress between their jitted parts, so the
+    check here stops the chunk there.
+
+    Raises:
+      KeyboardInterrupt: a SIGINT/SIGTERM is pending.
+    """
+    from .. import io as jio
+
+    if jio.PENDING_SIGNALS:
+        raise KeyboardInterrupt(f"signal {jio.PENDING_SIGNALS[-1]}")
+
+
 def advance(done, total):
-    """``done`` of ``total`` units of the current stage are finished."""
+    """``done`` of ``total`` units of the current stage are finished.
+
+    In a chunk in flight a pending SIGINT/SIGTERM stops it here (``KeyboardInterrupt``).
+    """
     ch = getattr(_local, "chunk", None)
+    if ch is not None:
+        _stop_if_signalled()
     if ch is not None and total > 0:
         ch.report(done / total)
 
@@ -96,8 +119,13 @@ def _duration(seconds):
 
 
 def note(text):
-    """Say what the chunk in flight is doing (shown after the bar with the chunk's time left)."""
+    """Say what the chunk in flight is doing (shown after the bar with the chunk's time left).
+
+    A pending SIGINT/SIGTERM stops the chunk here (``KeyboardInterrupt``).
+    """
     ch = getattr(_local, "chunk", None)
+    if ch is not None:
+        _stop_if_signalled()
     if ch is not None and ch.note is not None:
         left = ch.left()
         ch.note(text if left is None else f"{text}; chunk ~{_duration(left)} left")
