@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxdyn
-from jaxdyn.kernels import _local
+from jaxdyn.kernels import _blocks, _local
 
 N = 2048  # one shape for every cloud of the float64 checks: one compiled program
 TOL = 1e-6
@@ -245,7 +245,7 @@ def test_the_curve_orders_points_into_compact_leaves():
     x = jnp.asarray(_cloud("uniform", n=2 ** 15), jnp.float32)
     order = _local.spatial_order(x)[0]
     pts = x[order.perm].reshape(-1, 64, 3)
-    r = np.asarray(_local.leaf_balls(pts).radius)
+    r = np.asarray(_blocks.balls(pts).radius)
     assert np.median(r) < 0.15 and np.quantile(r, 0.99) < 0.3
     assert sorted(np.asarray(order.perm)[np.asarray(order.valid)].tolist()) == list(range(2 ** 15))
 

@@ -16,6 +16,8 @@ from jaxdyn.distances import w2_exact, w2_sinkhorn
 from jaxdyn._compile import compile_stats
 from jaxdyn.distances._rounds import _debiased_round
 from jaxdyn.kernels import blocked_lse
+from jaxdyn.kernels._blocks import neighbours, scatter_lists
+from jaxdyn.kernels._sparse import listed_lse
 
 
 def _unit(a):
@@ -166,7 +168,7 @@ def test_sparse_lse_full_lists_equal_blocked_lse(dtype, block):
     nbr = np.full((nq, k), nk, np.int32)
     nbr[:, :nk] = np.arange(nk)
     eps = jnp.asarray(0.3, dtype)
-    got = M.sparse_lse(x.pts, y.pts, pot, eps, jnp.asarray(nbr), block=block)
+    got = listed_lse(x.pts, y.pts, pot, eps, jnp.asarray(nbr), block=block)
     ref = blocked_lse(x.pts, y.pts, pot, eps)
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=tol(dtype, 1e-5, 1e-12),
                                atol=tol(dtype, 1e-5, 1e-12))
@@ -181,12 +183,12 @@ def test_sparse_lse_visits_exactly_the_listed_blocks():
     nq, nk = x.centers.shape[0], y.centers.shape[0]
     keep = rng.random((nq, nk)) < 0.4
     keep[np.arange(nq), rng.integers(0, nk, nq)] = True
-    nbr = M._neighbours(keep, rng.random((nq, nk)))
+    nbr = neighbours(keep, rng.random((nq, nk)))
     assert nbr.shape[1] % 8 == 0
     pot = np.where(np.asarray(y.valid), rng.standard_normal(y.pts.shape[0]), -np.inf)
     eps = 0.5
-    got = np.asarray(M.sparse_lse(x.pts, y.pts, jnp.asarray(pot), eps, jnp.asarray(nbr),
-                                  block=block))
+    got = np.asarray(listed_lse(x.pts, y.pts, jnp.asarray(pot), eps, jnp.asarray(nbr),
+                                block=block))
     mask = np.repeat(keep, block, axis=0)  # rows by leaf
     mask = np.repeat(mask, block, axis=1)  # keys by leaf
     ref = _dense_lse(np.asarray(x.pts), np.asarray(y.pts), pot, eps, mask)
@@ -218,11 +220,11 @@ def test_block_and_leaf_bounds_bound_every_term(dtype):
     slack = 1e-3 if dtype == np.float32 else 1e-9  # float32 costs: ~1e-7, 1e-4 of eps
     m0 = M._block_margins(x, y, jnp.asarray(pot, dtype), eps)
     assert np.all(m0 >= true - slack)
-    cand = M._neighbours(np.ones((nq, nk), bool), m0)
+    cand = neighbours(np.ones((nq, nk), bool), m0)
     m1, low = M._leaf_margins_on(x.pts, x.valid, x.centers, x.radii, y.pts,
                                  jnp.asarray(pot, dtype), jnp.asarray(eps, dtype),
                                  jnp.asarray(cand), block=block)
-    m1 = M._scatter(cand, np.asarray(m1, np.float64), nk)
+    m1 = scatter_lists(cand, np.asarray(m1, np.float64), nk)
     low = np.asarray(low, np.float64)
     assert np.all(low[xv] <= r[xv] + slack * eps)
     assert np.all(m1 >= true - slack)
@@ -355,11 +357,11 @@ def test_exact_margins_equal_brute_force(dtype, given_low):
     low = (np.full(xp.shape[0], 0.05) if given_low == "high" else np.full(xp.shape[0], -np.inf))
     nq, nk = bx.centers.shape[0], by.centers.shape[0]
     keep = rng.random((nq, nk)) < 0.4
-    cand = M._neighbours(keep, rng.random((nq, nk)))
+    cand = neighbours(keep, rng.random((nq, nk)))
     eps = 1e-3
-    got = np.asarray(M._exact_margins_on(bx.pts, bx.valid, jnp.asarray(low, dtype), by.pts,
-                                         jnp.asarray(pot, dtype), jnp.asarray(eps, dtype),
-                                         jnp.asarray(cand), block=block), np.float64)
+    got = np.asarray(M._exact_margins(bx.pts, bx.valid, jnp.asarray(low, dtype), by.pts,
+                                      jnp.asarray(pot, dtype), jnp.asarray(eps, dtype),
+                                      jnp.asarray(cand), block=block), np.float64)
     terms = pot[None, :] - ((xp[:, None, :] - yp[None, :, :]) ** 2).sum(-1)  # (n, m)
     listed = np.zeros((nq, nk + 1), bool)
     np.put_along_axis(listed, cand, True, axis=1)
@@ -461,7 +463,7 @@ def test_multiscale_option_is_checked():
 def test_list_lengths_are_bucketed_and_padding_is_empty():
     """The neighbour lists of successive rounds share a few lengths (one compilation each);
     the padding entries are the empty block ``nk`` and every kept block is listed."""
-    from jaxdyn.distances._multiscale import _bucket, _neighbours
+    from jaxdyn.kernels._blocks import bucket as _bucket, neighbours as _neighbours
 
     sizes = [_bucket(k, 8) for k in range(1, 400)]
     assert all(s >= k and s % 8 == 0 for k, s in zip(range(1, 400), sizes))
@@ -553,7 +555,7 @@ def test_round_whose_lists_carry_no_plan_selects_again_and_converges(monkeypatch
                 for k, u in zip(self.keep, self.order)]
         self.keep = [k & (u >= b) for k, u, b in zip(self.keep, self.order, best)]
         assert all(int(k.sum(1).max()) == 1 for k in self.keep)
-        return tuple(jnp.asarray(M._neighbours(k, u)) for k, u in zip(self.keep, self.order))
+        return tuple(jnp.asarray(neighbours(k, u)) for k, u in zip(self.keep, self.order))
 
     logs = []
     monkeypatch.setattr(M._Selection, "update", starved)

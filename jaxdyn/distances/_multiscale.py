@@ -5,39 +5,48 @@ Sinkhorn kernel ``exp((g_j - |x_i - y_j|^2) / ε)`` of a point x_i is negligible
 small neighbourhood of its image: almost every one of the N x M terms of a dense pass
 is ``exp(-thousands)``. This module skips them *with a certificate*:
 
-1. **Blocks, from the shared block-sparse core.** Each cloud is cut into the leaves of the
-   k-d tree of :func:`jaxdyn.kernels._blocks.kd_order` (median splits on whole leaves, cut
-   apart at wide gaps; inside a leaf, runs of ``SUB`` and ``MID`` rows compact too), each
-   padded to ``block`` points, with the balls of :func:`jaxdyn.kernels._blocks.balls`
-   (centre c, radius r, grown by the bounds' rounding room). The lists of kept blocks are
-   :func:`jaxdyn.kernels._local.pack_lists`' fixed-capacity lists
-   (:func:`jaxdyn.kernels._blocks.block_lists`: best first where the order matters, padded
-   with an empty block; the capacity is the longest list, bucketed), packed inside the
-   program that takes them; batched loops take the leaves in
-   :func:`jaxdyn.kernels._blocks.by_length` order. What stays here is W2's own: the bounds
-   and the certificate (items 2 and 5), and the kernel of item 3.
+1. **Blocks, lists and kernel from the shared block-sparse core** (:mod:`jaxdyn.kernels`).
+   Each cloud is cut into the leaves of the k-d tree of
+   :func:`jaxdyn.kernels._blocks.kd_order` (median splits on whole leaves, cut apart at
+   wide gaps; inside a leaf, runs of ``SUB`` and ``MID`` rows compact too), each padded to
+   ``block`` points, with the balls of :func:`jaxdyn.kernels._blocks.balls` (centre c,
+   radius r, grown by the bounds' rounding room). The lists of kept blocks are the core's
+   fixed-capacity lists (:func:`jaxdyn.kernels._blocks.pack_lists`, the local attention
+   kernel's too; :func:`jaxdyn.kernels._blocks.block_lists`: best first where the order
+   matters, padded with an empty block; the capacity the longest list, bucketed by
+   :func:`jaxdyn.kernels._blocks.list_length`), packed inside the program that takes them
+   (:func:`jaxdyn.kernels._blocks.on_lists`). The bounds of a block start from the core's
+   :func:`jaxdyn.kernels._sparse.ball_distances` (the attention kernel's quadratic bound
+   too), and every pass over the lists is the core's
+   :func:`jaxdyn.kernels._sparse.listed_lse`: the rounds' kernel, the c-transforms, and the
+   exact margins (level (c) below, the same pass with each listed block's largest term).
+   What stays here is W2's own: the potentials' margins (item 2), the ε ladder (items 3-4)
+   and the certificate (item 5).
 2. **Selection, three levels.** Key block J is kept for leaf I iff its margin, an upper
    bound of ``max_{i in I, j in J} (g_j - C_ij - R_i) / ε`` (R_i the row's log-sum-exp
    ``ε log Σ_j exp((g_j - C_ij)/ε)``), is ``>= -T`` with ``T = log M + 18``: the dropped
    terms then weigh less than ``1.5e-8`` of every row's sum. Each level works on the
    blocks that the one before cannot drop: (a) balls against balls
-   (:func:`_block_margins`, O(nq · nk) on the host); (b) the leaf's ball against each key,
+   (:func:`_block_margins`, O(nq · nk) on the device); (b) the leaf's ball against each key,
    tilted by the displacement v of its centre (to the centre's image, a Gibbs mean):
    every row x = c + δ obeys ``g_j - |x - y_j|^2 - h(x) <= u_IJ = max_{j in J} (g_j -
    |y_j - c|^2 + 2 r |y_j - c - v|)``, ``h(x) = 2 <δ, v> - |δ|^2``, against the exact
    log-sum-exp over the 16 best blocks, a lower bound of R_i
    (:func:`_leaf_margins_on`); (c) the exact margin, ``max (g_j - C_ij - low_i)``, low_i
    the row's log-sum-exp over its whole list, formed in the same pass
-   (:func:`_exact_margins_on`). The bounds are loose in the sparse tails of a cloud, whose
+   (:func:`_exact_margins`). The bounds are loose in the sparse tails of a cloud, whose
    leaves are wide, and jump with the tilt: only the exact level makes a selection from
-   a round's starting potentials hold for its final ones.
-3. **Sparse kernel.** :func:`sparse_lse` is the online log-sum-exp of ``blocked_lse`` over
-   each leaf's kept blocks only (lists padded with an empty block to a common length K,
-   but a loop with a per-leaf trip count: a leaf pays for its own list; the leaves are
-   batched in the order of their list lengths). Not the local core's tile pass: its terms
-   are ``(g_j - |x_i - y_j|^2) / ε`` formed by differences (a dot-product logit loses
-   ``|x|^2 2^-24 / ε`` to cancellation in float32, more than Sinkhorn's tolerance at
-   ε ~ 1e-5), it returns the log-sum-exp itself, and it gathers 8 key blocks a step.
+   a round's starting potentials hold for its final ones. Not the attention kernel's
+   selection: its bounds are linear in the augmented keys ``(y_j, g_j - |y_j|^2)`` (the
+   logit ``q_i · k_j`` with ``q_i = (2 x_i, 1) / ε``) and pay ``|q_i| r_J``, ~ 2 |x| r / ε,
+   where the tilted bound pays 2 r |y_j - c - v| / ε, small near the image.
+3. **Sparse kernel.** The core's :func:`jaxdyn.kernels._sparse.listed_lse`, the online
+   log-sum-exp of ``blocked_lse`` over each leaf's kept blocks only (lists padded with an
+   empty block to a common length K, a leaf batch looping to its own longest list; the
+   leaves batched in the order of their list lengths). Not the attention kernel's tile
+   pass: its terms are formed by differences (a dot-product logit loses ``|x|^2 2^-24 / ε``
+   to cancellation in float32, more than Sinkhorn's tolerance at ε ~ 1e-5), it returns the
+   log-sum-exp itself, and it gathers 8 key blocks a step.
 4. **Coarse to fine.** The large-ε part of the ε ladder, where the kernel is wide and a
    sparse pass would be dense, is solved on the weighted centroids of the sub-blocks
    (N / 32 points) down to ε = 4 x their median squared radius; the potentials are carried
@@ -89,8 +98,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels import blocked_lse
-from ..kernels._blocks import balls, block_lists, by_length, kd_order, kd_size, unsort
-from ._geometries import BLOCK, sparse_lse
+from ..kernels._blocks import (balls, by_length, kd_order, kd_size, list_density, list_length,
+                               neighbours, on_lists, pow2_bucket, scatter_lists, unsort)
+from ..kernels._sparse import ball_distances, listed_lse
+from ._geometries import BLOCK
 from ._rounds import _debiased_round, _ladder
 
 #: the truncation margin is T = log(M) + _MARGIN_EXTRA: dropped terms weigh < M e^{-T} = 1.5e-8.
@@ -224,109 +235,44 @@ def _row_tilt(rows_pts, sc, v):
     return (2.0 * jnp.sum(delta * v[:, None, :], -1) - jnp.sum(delta ** 2, -1)).reshape(-1)
 
 
-def _bucket(k: int, multiple: int) -> int:
-    """The least of ``multiple · 2^j`` and ``multiple · 1.5 · 2^j`` that is at least ``k``.
-
-    (Multiples of ``multiple``.) The lists of successive rounds share a few lengths, so a
-    round is compiled a few times only (a row block's loop stops at its own list: the
-    padding costs no kernel work).
-
-    Returns:
-        The bucket length.
-    """
-    b = multiple
-    while True:
-        for c in (b, b * 3 // 2):
-            if c >= k and c % multiple == 0:
-                return c
-        b *= 2
-
-
-def _pow2(k: int, multiple: int = 8) -> int:
-    """The least ``multiple · 2^j`` that is at least ``k``."""
-    b = multiple
-    while b < k:
-        b *= 2
-    return b
-
-
-@functools.partial(jax.jit, static_argnames=("fn", "cap", "block", "best"))
-def _on_lists(fn, args, keep, key=None, *, cap, block=None, best=None):
-    """``fn(*args, lists, block=block)`` on the lists of ``keep``, lists and all as one program.
-
-    ``keep`` (nq, nk), or a tuple of such masks (kernels whose lists share the length
-    ``cap``); the lists by :func:`jaxdyn.kernels._blocks.block_lists` (the ``best`` of largest
-    ``key`` first when it is given), padded with the empty block ``nk``.
-
-    Returns:
-        (the lists (a tuple for a tuple of masks), ``fn``'s result, or None without ``fn``).
-    """
-    parts = len(keep) if isinstance(keep, tuple) else 0
-    keep = jnp.concatenate(keep) if parts else keep
-    lists = block_lists(keep, cap, key, best)[0]
-    out = None if fn is None else fn(*args, lists, block=block)
-    return (tuple(jnp.split(lists, parts)) if parts else lists), out
-
-
-def _list_length(keep: np.ndarray, multiple: int = 8, width: int = 0, pow2: bool = False) -> int:
-    """The common length K of the lists of ``keep`` (nq, nk).
-
-    A multiple of ``multiple`` (:func:`sparse_lse` gathers 8 blocks per step): the
-    :func:`_bucket` (``pow2``: the :func:`_pow2`, or ``nk`` rounded up once that is at most
-    twice as long) of the longest list, at least ``width`` (lists that one program takes
-    together share a length: one compilation), at most ``nk`` rounded up.
-
-    Returns:
-        K.
-    """
-    nk = keep.shape[-1]
-    need = max(multiple, -(-int(keep.sum(-1).max(initial=0)) // multiple) * multiple)
-    full = max(multiple, -(-nk // multiple) * multiple)
-    k = max(_pow2(need, multiple) if pow2 else _bucket(need, multiple), width)
-    return full if (pow2 and 2 * k >= full) or k > full else k
-
-
-def _neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
-                width: int = 0, pow2: bool = False) -> np.ndarray:
-    """The kept block indices per row block, best first, padded with ``nk`` (the empty block) to :func:`_list_length`.
-
-    Returns:
-        (nq, K) int32 block indices.
-    """
-    k = _list_length(keep, multiple, width, pow2)
-    return np.asarray(_on_lists(None, (), jnp.asarray(keep), jnp.asarray(order_key), cap=k)[0])
+@jax.jit
+def _ball_margins(centers, radii, key_centers, key_radii, pot, eps):
+    """:func:`_block_margins` on the device, in the points' dtype."""
+    nk = key_centers.shape[0]
+    p = pot.astype(centers.dtype).reshape(nk, -1)
+    fin = jnp.isfinite(p)
+    p_hi = jnp.max(jnp.where(fin, p, -jnp.inf), axis=1)
+    p_lo = jnp.min(jnp.where(fin, p, jnp.inf), axis=1)
+    p_lo = jnp.where(jnp.isfinite(p_lo), p_lo, -jnp.inf)
+    near, far = ball_distances(centers[:, None, :], radii[:, None], key_centers[None, :, :],
+                               key_radii[None, :])
+    hi = p_hi[None, :] - near * near
+    lo = jnp.max(p_lo[None, :] - far * far, axis=1)
+    # rounding: a few ulps of the potentials, the squared distances and the row's bound
+    # (its own squared distance is at most max |p| - lo)
+    big = jnp.max(jnp.where(fin, jnp.abs(p), 0.0))
+    slack = 16.0 * jnp.finfo(centers.dtype).eps * (big + near * near + jnp.abs(lo)[:, None])
+    return (hi - lo[:, None] + slack) / eps
 
 
 def _block_margins(rows: Blocks, keys: Blocks, pot, eps) -> np.ndarray:
-    """Block-level upper bounds of ``(term_ij - R_i) / eps``, on the host in float64.
+    """Block-level upper bounds of ``(term_ij - R_i) / eps`` (level (a) of the selection).
 
     For leaf I (centre c_I, radius r_I) against key block J (centre y_J, radius ρ_J,
-    potentials in [P⁻_J, P⁺_J]): every term obeys ``pot_j - |x_i - y_j|^2 <= P⁺_J -
-    (|c_I - y_J| - r_I - ρ_J)_+^2``, and every row's log-sum-exp is at least its largest
-    term, ``R_i >= max_J (P⁻_J - (|c_I - y_J| + r_I + ρ_J)^2)``. Loose (by the variation of
-    the potential and of the distance across two blocks), O(nq · nk): it only spares the
-    tilted bounds of :func:`_leaf_margins_on` the blocks that are far from a leaf's image.
+    potentials in [P⁻_J, P⁺_J]), with the core's ball distances
+    (:func:`jaxdyn.kernels._sparse.ball_distances`): every term obeys ``pot_j - |x_i - y_j|^2
+    <= P⁺_J - (|c_I - y_J| - r_I - ρ_J)_+^2``, and every row's log-sum-exp is at least its
+    largest term, ``R_i >= max_J (P⁻_J - (|c_I - y_J| + r_I + ρ_J)^2)``. Loose (by the
+    variation of the potential and of the distance across two blocks), O(nq · nk) on the
+    device: it only spares the tilted bounds of :func:`_leaf_margins_on` the blocks that are
+    far from a leaf's image.
 
     Returns:
-        The bounds (nq, nk).
+        The bounds (nq, nk), float64 on the host.
     """
-    c = np.asarray(rows.centers, np.float64)
-    r = np.asarray(rows.radii, np.float64)
-    yc = np.asarray(keys.centers, np.float64)
-    rho = np.asarray(keys.radii, np.float64)
-    nk = yc.shape[0]
-    p = np.asarray(pot, np.float64).reshape(nk, -1)
-    fin = np.isfinite(p)
-    p_hi = np.max(np.where(fin, p, -np.inf), axis=1)
-    p_lo = np.min(np.where(fin, p, np.inf), axis=1)
-    p_lo = np.where(np.isfinite(p_lo), p_lo, -np.inf)
-    dist = np.sqrt(np.maximum(np.sum(c * c, 1)[:, None] + np.sum(yc * yc, 1)[None, :]
-                              - 2.0 * c @ yc.T, 0.0))
-    reach = r[:, None] + rho[None, :]
-    hi = p_hi[None, :] - np.maximum(dist - reach, 0.0) ** 2
-    lo = np.max(p_lo[None, :] - (dist + reach) ** 2, axis=1)
-    # the distances by the expanded form carry rounding of ~1e-16 |c|^2: a hair of slack
-    return (hi - lo[:, None] + 1e-12 * (1.0 + np.max(np.abs(c)) ** 2)) / float(eps)
+    dtype = rows.centers.dtype
+    return np.asarray(_ball_margins(rows.centers, rows.radii, keys.centers, keys.radii,
+                                    jnp.asarray(pot, dtype), jnp.asarray(eps, dtype)), np.float64)
 
 
 @functools.partial(jax.jit, static_argnames=("nb", "block"))
@@ -425,87 +371,28 @@ def _leaf_margins_on(rows_pts, rows_valid, centers, radii, keys, pot, eps, cand,
     low_nbr = jnp.where(jnp.take_along_axis(u, top, axis=1) > -jnp.inf, low_nbr, nk)
     if k_low % 8:
         low_nbr = jnp.concatenate([low_nbr, jnp.full((nq, 8 - k_low % 8), nk, low_nbr.dtype)], 1)
-    low = jnp.where(rows_valid, sparse_lse(rows_pts, keys, pot, eps, low_nbr, block=block),
+    low = jnp.where(rows_valid, listed_lse(rows_pts, keys, pot, eps, low_nbr, block=block),
                     jnp.inf)
     low_leaf = jnp.min((low - _row_tilt(rows_pts, centers, v)).reshape(nq, block), axis=1)
     return (u - low_leaf[:, None]) / eps, low
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def _exact_margins_on(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block):
-    """The exact margin ``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` of each listed block.
+def _exact_margins(rows_pts, rows_valid, low, keys, pot, eps, cand, *, block):
+    """The exact margins of the listed blocks in units of ε (the core's :func:`jaxdyn.kernels._sparse.listed_lse`).
 
-    For each leaf I and each key block J of its list ``cand`` (nq, Kc) (padded with the
-    empty block nk; -inf there); ``low_i`` is a lower bound of the row's log-sum-exp R_i:
-    the larger of the given ``low`` and the exact log-sum-exp over the whole list, formed
-    in the same pass (a list that holds every block the bounds could not drop holds the
-    row's mass: ``low_i`` is then R_i to the dropped terms' 1e-8). Tight where the ball
-    bounds are loose (the sparse tails of a cloud, whose leaves are wide), and continuous in
-    the potentials. About one Sinkhorn half-iteration over the same lists.
+    ``max_{i in I, j in J} (pot_j - |x_i - y_j|^2 - low_i) / eps`` for each leaf I and each
+    key block J of its list ``cand``, ``low_i`` the larger of ``low`` and the row's
+    log-sum-exp over its whole list (formed in the same pass: a list that holds every block
+    that the bounds could not drop holds the row's mass, so ``low_i`` is then R_i to the
+    dropped terms' 1e-8). Tight where the ball bounds are loose (the sparse tails of a
+    cloud, whose leaves are wide), and continuous in the potentials. About one Sinkhorn
+    half-iteration over the same lists.
 
     Returns:
-        The margins (nq, Kc).
+        The margins (nq, Kc), -inf on the padding of the lists.
     """
-    n, d = rows_pts.shape
-    nq, kc = cand.shape
-    dtype = rows_pts.dtype
-    kb = jnp.concatenate([keys.reshape(-1, block, d), jnp.zeros((1, block, d), keys.dtype)])
-    pb = jnp.concatenate([pot.reshape(-1, block), jnp.full((1, block), -jnp.inf, pot.dtype)])
-    nk = kb.shape[0] - 1
-    step = 8  # candidate blocks per step (kc is a multiple of 8)
-    inv = 1.0 / eps
-
-    def leaf(args):
-        xs, ok, lo, idx = args  # (block, d), (block,), (block,), (kc,)
-
-        def body(t, carry):
-            mx, s, best = carry
-            js = jax.lax.dynamic_slice(idx, (t * step,), (step,))
-            ks = kb[js].reshape(step * block, d)
-            cost = (xs[:, None, 0] - ks[None, :, 0]) ** 2  # by coordinates, as lse_tile
-            for k in range(1, d):
-                cost = cost + (xs[:, None, k] - ks[None, :, k]) ** 2
-            sc = pb[js].reshape(step * block)[None, :] - cost  # (block, step * block)
-            best = jax.lax.dynamic_update_slice(
-                best, jnp.max(sc.reshape(block, step, block), axis=2), (0, t * step))
-            logits = sc * inv
-            new = jnp.maximum(mx, jnp.max(logits, axis=1))
-            ref = jnp.where(jnp.isfinite(new), new, jnp.zeros((), dtype))
-            s = s * jnp.exp(mx - ref) + jnp.sum(jnp.exp(logits - ref[:, None]), axis=1)
-            return new, s, best
-
-        init = (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype),
-                jnp.full((block, kc), -jnp.inf, dtype))
-        return init, body
-
-    def group(args):
-        # a batch of leaves, one loop to the batch's longest list (a leaf past its own list
-        # visits the empty block: no term). An explicit batch: a vmapped loop with per-leaf
-        # trip counts would copy every leaf's (block, Kc) maxima at every step (the sparse
-        # kernel, whose carry is small, gains nothing from an explicit batch).
-        xs, ok, lo, idx = args
-        init = jax.vmap(lambda a: leaf(a)[0])((xs, ok, lo, idx))
-        body = jax.vmap(lambda t, c, a: leaf(a)[1](t, c), in_axes=(None, 0, 0))
-        steps = jnp.max((jnp.sum(idx < nk, axis=1) + step - 1) // step)
-        mx, s, best = jax.lax.fori_loop(0, steps, lambda t, c: body(t, c, (xs, ok, lo, idx)),
-                                        init)
-        low_i = jnp.where(ok, jnp.maximum(lo, eps * (mx + jnp.log(s))), jnp.inf)
-        return jnp.max(best - low_i[..., None], axis=1)
-
-    order = by_length(jnp.sum(cand < nk, axis=1), step)  # batches of lists of one length
-    g = 8 if nq % 8 == 0 else 1
-    m = jax.lax.map(group, (rows_pts.reshape(nq, block, d)[order].reshape(nq // g, g, block, d),
-                            rows_valid.reshape(nq, block)[order].reshape(nq // g, g, block),
-                            low.reshape(nq, block)[order].reshape(nq // g, g, block),
-                            cand[order].reshape(nq // g, g, kc)))
-    return unsort(m.reshape(nq, kc), order) / eps
-
-
-def _scatter(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
-    """(nq, nk) array holding ``vals`` (nq, K) at the blocks ``cand`` lists, -inf elsewhere."""
-    full = np.full((cand.shape[0], nk + 1), -np.inf, vals.dtype)
-    np.put_along_axis(full, cand, vals, axis=1)
-    return full[:, :nk]
+    low = jnp.where(rows_valid, low, jnp.inf)
+    return listed_lse(rows_pts, keys, pot, eps, cand, low, block=block)[1] / eps
 
 
 def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
@@ -515,7 +402,7 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
     On the host, (nq, nk) (they also order the lists: largest first). Three levels, each on
     the blocks that the one before cannot drop at ``candidate_margin``: block-level balls
     (:func:`_block_margins`, O(nq · nk)), the tilted bound of the leaf against each key
-    (:func:`_leaf_margins_on`), then the exact margin (:func:`_exact_margins_on`;
+    (:func:`_leaf_margins_on`), then the exact margin (:func:`_exact_margins`;
     ``exact=False``: without it); a block keeps the smallest of its valid bounds.
 
     Returns:
@@ -526,17 +413,17 @@ def leaf_margins(rows: Blocks, keys: Blocks, pot, eps, block: int = BLOCK,
     nk = m.shape[1]
     pre = m >= -candidate_margin
     # the 8 best blocks first: the tilt is taken towards the image over them
-    cand, (m_leaf, low) = _on_lists(
+    cand, (m_leaf, low) = on_lists(
         _leaf_margins_on, (rows.pts, rows.valid, rows.centers, rows.radii, keys.pts, pot, eps_a),
-        jnp.asarray(pre), jnp.asarray(m), cap=_list_length(pre, pow2=True), block=block, best=8)
-    m = np.where(pre, np.minimum(m, _scatter(np.asarray(cand), np.asarray(m_leaf, np.float64), nk)),
+        jnp.asarray(pre), jnp.asarray(m), cap=list_length(pre, pow2=True), block=block, best=8)
+    m = np.where(pre, np.minimum(m, scatter_lists(np.asarray(cand), np.asarray(m_leaf, np.float64), nk)),
                  m)
     if not exact:
         return m
     keep = m >= -candidate_margin
-    cand, m_ex = _on_lists(_exact_margins_on, (rows.pts, rows.valid, low, keys.pts, pot, eps_a),
-                           jnp.asarray(keep), cap=_list_length(keep, pow2=True), block=block)
-    return np.where(keep, np.minimum(m, _scatter(np.asarray(cand), np.asarray(m_ex, np.float64), nk)),
+    cand, m_ex = on_lists(_exact_margins, (rows.pts, rows.valid, low, keys.pts, pot, eps_a),
+                           jnp.asarray(keep), cap=list_length(keep, pow2=True), block=block)
+    return np.where(keep, np.minimum(m, scatter_lists(np.asarray(cand), np.asarray(m_ex, np.float64), nk)),
                     m)
 
 
@@ -563,11 +450,6 @@ def c_transform_from_coarse(pts, centers, coarse_pot, eps, log_w):
         The potentials on ``pts``.
     """
     return eps * log_w - blocked_lse(pts, centers, coarse_pot, eps)
-
-
-def density(nbr: np.ndarray, nk: int) -> float:
-    """Fraction of the key blocks visited (1 = a dense pass)."""
-    return float(np.mean(np.sum(nbr < nk, axis=1)) / nk)
 
 
 # --------------------------------------------------------------------------------------
@@ -643,14 +525,14 @@ def _sym_margins(rows: Blocks, p1, p2, eps, block, t, keys: Blocks | None = None
 
 
 def _leaf_subset(b: Blocks, leaves: np.ndarray, block: int) -> Blocks:
-    """The leaves ``leaves`` of ``b``, with empty leaves appended up to a :func:`_pow2` count.
+    """The leaves ``leaves`` of ``b``, with empty leaves appended up to a :func:`pow2_bucket` count.
 
     (A few counts: the selection's programs are compiled a few times only.)
 
     Returns:
         The :class:`Blocks` of those leaves.
     """
-    return _pad_leaves(b, _pow2(len(leaves)), block, np.asarray(leaves))
+    return _pad_leaves(b, pow2_bucket(len(leaves)), block, np.asarray(leaves))
 
 
 def _moved_margins(m, keep, p0, p1, eps):
@@ -721,9 +603,9 @@ def _moved_margins_by_rows(m, keep, rows: Blocks, keys: Blocks, p0, p1, eps, blo
     nq, nk = m.shape
     dtype = rows.pts.dtype
     e, zero = jnp.asarray(eps, dtype), jnp.zeros((), dtype)
-    r0, r1 = np.asarray(_on_lists(  # -R^list (ε log w = 0) at p0, p1
+    r0, r1 = np.asarray(on_lists(  # -R^list (ε log w = 0) at p0, p1
         _sparse_c_transform, (rows.pts, rows.valid, keys.pts, (p0, p1), e, zero),
-        jnp.asarray(keep), cap=_list_length(keep, pow2=True), block=block)[1], np.float64)
+        jnp.asarray(keep), cap=list_length(keep, pow2=True), block=block)[1], np.float64)
     ok = np.isfinite(r0) & np.isfinite(r1)
     move = np.where(ok, np.where(ok, r0, 0.0) - np.where(ok, r1, 0.0), np.inf)
     move = np.min(move.reshape(nq, block), axis=1)
@@ -803,9 +685,9 @@ class _Selection:
         # the four lists at one length, never shorter than the level's lists so far: a
         # round's program is compiled per length, and a list's padding costs no kernel work
         # (a list in block order: the online log-sum-exp does not depend on it)
-        self.width = max(self.width, _pow2(max(int(k.sum(1).max(initial=0)) for k in self.keep)))
-        return _on_lists(None, (), tuple(jnp.asarray(k) for k in self.keep),
-                         cap=_list_length(self.keep[0], width=self.width))[0]
+        self.width = max(self.width, pow2_bucket(max(int(k.sum(1).max(initial=0)) for k in self.keep)))
+        return on_lists(None, (), tuple(jnp.asarray(k) for k in self.keep),
+                         cap=list_length(self.keep[0], width=self.width))[0]
 
     def _moved_bounds(self, pots, eps, k):
         """Bounds of kernel ``k``'s margins from the last selection's and the potentials' move.
@@ -1028,9 +910,9 @@ def _mid_cloud(b: Blocks, dtype, block, r2_max=float("inf")):
 
 
 def _sparse_c_transform(rows_pts, rows_valid, keys_pts, pots, eps, lw, nbr, *, block):
-    """``ε log w - sparse_lse(...)`` on the valid rows, -inf on the padding, for each potential of ``pots``.
+    """``ε log w - listed_lse(...)`` on the valid rows, -inf on the padding, for each potential of ``pots``.
 
-    Run inside :func:`_on_lists`' program: run eagerly, :func:`sparse_lse`'s ``lax.map`` is a
+    Run inside :func:`jaxdyn.kernels._blocks.on_lists`' program: run eagerly, a ``lax.map`` is a
     fresh closure at every call and was compiled again at every call (measured: four
     compilations of 4-5 s each per ``w2_sinkhorn`` call at N = 5000, warm calls included).
 
@@ -1040,7 +922,7 @@ def _sparse_c_transform(rows_pts, rows_valid, keys_pts, pots, eps, lw, nbr, *, b
 
     def one(pot):
         return jnp.where(rows_valid,
-                         eps * lw - sparse_lse(rows_pts, keys_pts, pot, eps, nbr, block=block),
+                         eps * lw - listed_lse(rows_pts, keys_pts, pot, eps, nbr, block=block),
                          jnp.asarray(-jnp.inf, rows_pts.dtype))
 
     return tuple(jax.lax.map(one, jnp.stack(pots)))
@@ -1075,10 +957,10 @@ def _carry_pots(rx: Blocks, ry: Blocks, lwx, lwy, kx, ky, eps, pots, sparse=None
     args = ((rx, ky, gc, lwx), (ry, kx, fc, lwy), (rx, kx, fxc, lwx), (ry, ky, fyc, lwy))
     keeps = [leaf_margins(rows, keys, pot, eps, block, margin, exact=False) >= -margin
              for rows, keys, pot, _ in args]
-    cap = max(_list_length(k) for k in keeps)  # one length: one program for the four
+    cap = max(list_length(k) for k in keeps)  # one length: one program for the four
 
     def one(rows, keys, pot, lw, keep):
-        return _on_lists(_sparse_c_transform, (rows.pts, rows.valid, keys.pts, (pot,), e, lw),
+        return on_lists(_sparse_c_transform, (rows.pts, rows.valid, keys.pts, (pot,), e, lw),
                          jnp.asarray(keep), cap=cap, block=block)[1][0]
 
     f, g, fx, fy = (one(*a, k) for a, k in zip(args, keeps))
@@ -1096,43 +978,67 @@ def fine_round_limit(max_rounds: int) -> int:
     return int(math.ceil(max_rounds * math.log(100.0) / math.log(FINE_ROUND_RATIO)))
 
 
-def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **kw):
-    """The multiscale ε ladder behind ``w2_sinkhorn(..., multiscale=True)``.
+class _Opts(NamedTuple):
+    """What every level's ladder takes: the ε rule and the rounds' options."""
 
-    ``rule(eps, div)`` is w2_sinkhorn's ε rule (next ε or None); ``kw`` the round options.
+    rule: object  # w2_sinkhorn's ε rule: (eps, div) -> next ε or None
+    kw: dict  # the options of w2_sinkhorn's rounds
+    fine_kw: dict  # the sparse rounds' options
+    attempt_kw: dict  # an attempt of a round of the intermediate level
+    first_kw: dict  # the first attempt of its first round
+    rounds: int  # the most rounds of a level
+
+
+def _options(rule, kw, block, max_rounds) -> _Opts:
+    """The sparse rounds' options from ``w2_sinkhorn``'s.
+
+    The (x, y) over-relaxation re-estimated at every error check, from
+    ``FINE_MOMENTUM_START`` on; the intermediate level's rounds in attempts of at most
+    ``ATTEMPT_ITERATIONS``, its first ``FIRST_ATTEMPT``.
 
     Returns:
-        What :func:`jaxdyn.distances._rounds._ladder` returns (eps, div, converged and
-        certified, iterations, ε list, divergence list, info).
+        :class:`_Opts`.
     """
-    dtype = x.dtype
-    n, m = x.shape[0], y.shape[0]
-    bx = make_blocks(np.asarray(x), dtype, block)
-    by = make_blocks(np.asarray(y), dtype, block)
+    fine_kw = {**kw, "batch_size": None, "block": block, "reestimate": True,
+               "momentum_start": min(kw["momentum_start"], FINE_MOMENTUM_START)}
+    most = int(kw["max_iterations"])
+    return _Opts(rule, kw, fine_kw, {**fine_kw, "max_iterations": min(most, ATTEMPT_ITERATIONS)},
+                 {**fine_kw, "max_iterations": min(most, ATTEMPT_ITERATIONS, FIRST_ATTEMPT)},
+                 fine_round_limit(max_rounds))
 
-    # 1. coarse: the weighted centroids of the sub-blocks (SUB points each), down to where
-    #    they stop resolving the kernel
+
+def _coarse_level(bx: Blocks, by: Blocks, eps0, epsilon, max_rounds, opts: _Opts):
+    """The large-ε part of the ladder on the weighted sub-block centroids (SUB points each).
+
+    Down to ``COARSE_FLOOR`` × their median squared radius, where they stop resolving the
+    kernel.
+
+    Returns:
+        ``(eps, n_iterations, ε list, divergence list, info, history)``: the last ε, the
+        ladder's lists, its final potentials (``info["pots"]``) and the (ε, potentials) of
+        every round.
+    """
+    dtype = bx.pts.dtype
     cnt_x = np.asarray(bx.valid).reshape(-1, SUB).sum(1)
     cnt_y = np.asarray(by.valid).reshape(-1, SUB).sum(1)
-    wa = jnp.asarray(cnt_x / n, dtype)
-    wb = jnp.asarray(cnt_y / m, dtype)
-    radii = np.concatenate([np.asarray(bx.sub_radii)[cnt_x > 0], np.asarray(by.sub_radii)[cnt_y > 0]])
+    wa, wb = jnp.asarray(cnt_x / cnt_x.sum(), dtype), jnp.asarray(cnt_y / cnt_y.sum(), dtype)
+    radii = np.concatenate([np.asarray(bx.sub_radii)[cnt_x > 0],
+                            np.asarray(by.sub_radii)[cnt_y > 0]])
     eps_c = COARSE_FLOOR * float(np.median(radii ** 2))
     cx, cy = bx.sub_centers, by.sub_centers
     nbx, nby = cx.shape[0], cy.shape[0]
-    coarse_kw = {**kw, "batch_size": None if nbx * nby <= 2**24 else 1024}
+    coarse_kw = {**opts.kw, "batch_size": None if nbx * nby <= 2**24 else 1024}
+    hist = []  # (ε, centroid potentials) of every coarse round
 
-    coarse_hist = []  # (ε, centroid potentials) of every coarse round
-
-    def coarse_solve(eps, eps_prev, init):
+    def solve(eps, eps_prev, init):
         out = _debiased_round(cx, cy, eps, eps_prev, init, wa, wb, **coarse_kw)
-        coarse_hist.append((float(eps), out[1]))
+        hist.append((float(eps), out[1]))
         _log(f"coarse n={nbx} eps={float(eps):.3e} start={float(eps_prev):.3e} "
              f"it={np.asarray(out[3]).tolist()} div={float(out[0]):.8e}")
         return out
 
-    def coarse_rule(eps, div):
-        nxt = rule(eps, div)
+    def rule(eps, div):
+        nxt = opts.rule(eps, div)
         if nxt is None or eps <= eps_c:
             return None
         return max(nxt, eps_c)
@@ -1141,173 +1047,171 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     init = ((z(nbx), z(nby)), (z(nbx), z(nbx)), (z(nby), z(nby)))
     # a fixed ε above ε0 is solved at that ε (as the dense path does), not at ε0
     start = eps0 if epsilon is None else max(eps0, float(epsilon))
-    eps, _, _, n_coarse, c_eps, c_div, info = _ladder(coarse_solve, start, eps0, init,
-                                                      coarse_rule, max_rounds)
+    eps, _, _, n_it, c_eps, c_div, info = _ladder(solve, start, eps0, init, rule, max_rounds)
+    return eps, n_it, c_eps, c_div, info, hist
 
-    # x and y at one leaf count (empty leaves appended): the rounds' and the selection's
-    # programs then take both clouds' lists at one shape
-    nb = _common_leaves(bx.centers.shape[0], by.centers.shape[0])
-    bx, by = _pad_leaves(bx, nb, block), _pad_leaves(by, nb, block)
 
-    # 2. carry the centroid potentials to the points (one c-transform each); the padding
-    #    of the leaves has weight 0, so potential -inf
-    la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
+def _start_pots(hist, eps, pots):
+    """A round's starting potentials and the ε it anneals from.
 
-    def carry(e, cpots):
-        return _carry_pots(bx, by, la, lb, cx, cy, e, cpots)
+    ``pots`` annealed from the last round's ε, or (two rounds known) their linear
+    extrapolation in ε to ``eps``, at ``eps``. Potentials are smooth in ε (f_ε = f_0 + ε h + ...): from their extrapolation, the slow,
+    smooth part of the correction is mostly done.
 
-    a = jnp.where(bx.valid, jnp.asarray(1.0 / n, dtype), jnp.zeros((), dtype))
-    b = jnp.where(by.valid, jnp.asarray(1.0 / m, dtype), jnp.zeros((), dtype))
+    Returns:
+        ``(pots, start)``, or ``(pots, None)`` to keep the annealing start.
+    """
+    if len(hist) < 2:
+        return pots, None
+    if hist[-2][0] == hist[-1][0]:  # a coarser level's solution at the same ε
+        return hist[-1][1], eps
+    return _extrapolate(hist[-2], hist[-1], eps), eps
 
-    # 3. rounds on the points with certified sparse kernels
-    # (the rounds start at their own ε, by extrapolation: no annealing to wait for; the
-    # (x, y) over-relaxation is re-estimated at every error check)
-    fine_kw = {**kw, "batch_size": None, "block": block, "reestimate": True,
-               "momentum_start": min(kw["momentum_start"], FINE_MOMENTUM_START)}
-    # the intermediate level's rounds run in attempts of at most ATTEMPT_ITERATIONS
-    attempt_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS)}
-    first_kw = {**fine_kw, "max_iterations": min(int(kw["max_iterations"]), ATTEMPT_ITERATIONS,
-                                                  FIRST_ATTEMPT)}
-    sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
-    eps_prev = eps
-    # the first round on the points anneals on from the coarse ladder's last ε (its
-    # selection is made there) instead of solving again at that ε
-    nxt = rule(eps, c_div[-1]) if (c_div and np.isfinite(c_div[-1])) else None
-    if nxt is not None:
-        eps = max(nxt, eps / MID_ROUND_RATIO)
-    n_total = n_coarse
-    fine_rounds = fine_round_limit(max_rounds)
-    hist = []  # (ε, potentials) of the finished rounds on the points
 
-    def ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label):
-        """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``, ``wy``) from ``eps``.
+def _log_round(label, lx, ly, eps, start, iters, div, nbrs):
+    """The ``JAXDYN_W2_LOG`` line of an attempt of a round."""
+    if not os.environ.get("JAXDYN_W2_LOG"):
+        return
+    dens = ",".join(f"{list_density(np.asarray(q), k.centers.shape[0]):.3f}"
+                    for q, k in zip(nbrs, (ly, lx, lx, ly)))
+    _log(f"{label} n={int(np.asarray(lx.valid).sum())} eps={eps:.3e} start={float(start):.3e} "
+         f"it={np.asarray(iters).tolist()} div={div:.8e} dens={dens} "
+         f"K={[int(q.shape[1]) for q in nbrs]}")
 
-        ``certify``: check the last round's lists (else the ladder only warm-starts a finer
-        level).
 
-        Returns:
-            (eps, div, converged, certified, iterations, ε list, divergence list,
-            potentials, density).
-        """
-        eps_list, div_list = [], []
-        n_it = 0
-        converged, certified = False, False
-        div = float("nan")
-        dens = 1.0
-        nbrs, prev_eps = None, float("inf")
-        for r in range(fine_rounds):
-            start = eps_prev
-            if len(hist) >= 2:
-                # potentials are smooth in ε (f_ε = f_0 + ε h + ...): start from their linear
-                # extrapolation to the new ε, at that ε (the slow, smooth part of the
-                # correction is then mostly done)
-                if hist[-2][0] == hist[-1][0]:  # a coarser level's solution at the same ε
-                    pots = hist[-1][1]
-                else:
-                    pots = _extrapolate(hist[-2], hist[-1], eps)
-                start = eps
-            if nbrs is not None and eps >= REUSE_LISTS_ABOVE * prev_eps:
-                # ε barely moved: the last lists (margin T + 4 at the previous ε) serve; the
-                # final check certifies them as any others
-                _log(f"reuse {label} lists eps={eps:.3e}")
-            else:
-                # selected at the round's target ε (tight lists; checked again at the end)
-                nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
-                _log(f"select {label} eps={eps:.3e}")
-            prev_eps = eps
-            nxt = None
-            budget = int(kw["max_iterations"])  # per round and per problem, all attempts
-            checks = 0
-            # the first round of a warm-starting level (its lists selected from potentials
-            # carried from a coarser level) checks its lists after a short first attempt
-            round_kw = fine_kw if certify else first_kw if r == 0 else attempt_kw
-            spent = 0  # this round's iterations on its current lists (warm-starting level)
-            while True:
-                pots = _centre_components(pots, np.asarray(nbrs[0]), np.asarray(nbrs[1]), wx, wy)
-                div_j, new_pots, conv, iters = _debiased_round(
-                    lx.pts, ly.pts, eps, start, pots, wx, wy, nbrs, **round_kw)
-                round_kw = fine_kw if certify else attempt_kw
-                n_it += int(np.asarray(iters)[0])
-                budget -= int(np.max(np.asarray(iters)))
-                div = float(div_j)
-                converged = bool(np.all(np.asarray(conv)))
-                _log(f"{label} n={int(np.asarray(lx.valid).sum())} eps={eps:.3e} "
-                     f"start={float(start):.3e} it={np.asarray(iters).tolist()} div={div:.8e} "
-                     "dens=" + ",".join(f"{density(np.asarray(q), k.centers.shape[0]):.3f}"
-                                        for q, k in zip(nbrs, (ly, lx, lx, ly)))
-                     + f" K={[int(q.shape[1]) for q in nbrs]}")
-                if not np.isfinite(div):
-                    break
-                pots = new_pots
-                if not converged and not certify:
-                    # a warm-starting level's round out of its attempt's iterations: its
-                    # lists, selected from the round's starting potentials, may carry no
-                    # plan with these marginals (then Sinkhorn never converges: measured
-                    # once, 20 000 iterations on the intermediate level). If the potentials
-                    # reached need blocks that the lists lack, add them and go on;
-                    # otherwise the round is merely slow, and its potentials serve as a
-                    # warm start as they are
-                    n_last = int(np.max(np.asarray(iters)))
-                    spent += n_last
-                    if budget > 0 and n_last > 0 and not sel.covers(pots, eps):
-                        nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)
-                        start = eps
-                        spent = 0
-                        _log(f"{label}: not converged in {n_last} iterations, blocks "
-                             "missing; reselect and go on")
-                        continue
-                    if budget > 0 and n_last > 0 and spent < ATTEMPT_LIMIT:
-                        # the lists carry the plan: merely slow; one more attempt on them
-                        start = eps
-                        _log(f"{label}: not converged in {spent} iterations, lists cover; "
-                             "go on")
-                        continue
-                    _log(f"{label}: not converged in {spent} iterations; its potentials "
-                         "warm-start the next round")
-                nxt = rule(eps, div)
-                if nxt is not None or not certify:
-                    # not the last round: its potentials only start the next one, which
-                    # selects its own lists; only the last round's selection must pass the
-                    # check
-                    certified = False
-                    break
-                certified = sel.covers(pots, eps)
-                _log(f"check covers={certified}")
-                checks += 1
-                if certified or checks > _MAX_RESELECT:
-                    break
-                # a block was missing: rerun with the union of both selections
+def _round(lx, ly, wx, wy, sel, eps, start, pots, nbrs, certify, first, label, opts):
+    """One round of a level's ladder at ``eps`` on the lists ``nbrs``: its attempts and check.
+
+    ``certify`` (the points): the last round's lists are checked at its final potentials
+    and the round rerun with the union of both selections while a needed block is missing.
+    Otherwise (the intermediate level, which only warm-starts the points) the round runs in
+    attempts; after one that did not converge, lists that lack blocks the potentials reached
+    need are completed, and lists that cover them go on up to ``ATTEMPT_LIMIT`` iterations
+    (lists selected from a round's starting potentials may carry no plan with the marginals:
+    Sinkhorn then never converges; measured once, 20 000 iterations).
+
+    Returns:
+        ``(div, pots, converged, certified, iterations, nbrs, next ε)``.
+    """
+    budget = int(opts.kw["max_iterations"])  # per round and per problem, all attempts
+    round_kw = opts.fine_kw if certify else opts.first_kw if first else opts.attempt_kw
+    n_it, spent, checks, certified = 0, 0, 0, False
+    while True:
+        pots = _centre_components(pots, np.asarray(nbrs[0]), np.asarray(nbrs[1]), wx, wy)
+        div_j, new_pots, conv, iters = _debiased_round(lx.pts, ly.pts, eps, start, pots, wx, wy,
+                                                       nbrs, **round_kw)
+        round_kw = opts.fine_kw if certify else opts.attempt_kw
+        n_it += int(np.asarray(iters)[0])
+        n_last = int(np.max(np.asarray(iters)))
+        budget -= n_last
+        div, converged = float(div_j), bool(np.all(np.asarray(conv)))
+        _log_round(label, lx, ly, eps, start, iters, div, nbrs)
+        if not np.isfinite(div):
+            return div, pots, converged, False, n_it, nbrs, None
+        pots, start = new_pots, eps
+        if not converged and not certify:
+            spent += n_last
+            if budget > 0 and n_last > 0 and not sel.covers(pots, eps):
                 nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)
-                start = eps
-            eps_list.append(float(eps))
-            div_list.append(div)
-            hist.append((float(eps), pots))
-            dens = density(np.asarray(nbrs[0]), ly.centers.shape[0])
-            if not np.isfinite(div):
-                converged = False
-                break
-            if nxt is None:
-                break
-            eps_prev, eps = eps, max(nxt, eps / (FINE_ROUND_RATIO if certify else MID_ROUND_RATIO))
-        else:
-            converged = False
-        return eps, div, converged, certified, n_it, eps_list, div_list, pots, dens
+                spent = 0
+                _log(f"{label}: not converged in {n_last} iterations, blocks missing; "
+                     "reselect and go on")
+                continue
+            if budget > 0 and n_last > 0 and spent < ATTEMPT_LIMIT:
+                _log(f"{label}: not converged in {spent} iterations, lists cover; go on")
+                continue
+            _log(f"{label}: not converged in {spent} iterations; its potentials warm-start "
+                 "the next round")
+        nxt = opts.rule(eps, div)
+        if nxt is not None or not certify:
+            # not the last round: its potentials only start the next one, which selects
+            # its own lists; only the last round's selection must pass the check
+            return div, pots, converged, False, n_it, nbrs, nxt
+        certified = sel.covers(pots, eps)
+        _log(f"check covers={certified}")
+        checks += 1
+        if certified or checks > _MAX_RESELECT:
+            return div, pots, converged, certified, n_it, nbrs, nxt
+        # a block was missing: rerun with the union of both selections
+        nbrs = sel.update(pots, eps, fresh=False, extra=_SELECT_EXTRA)
 
-    # the ladder below the coarse floor runs on the intermediate level first (the
-    # coarse-to-fine error is corrected on N / MID points), and the points start from
-    # its last solution, at its ε (the coarse ladder always ran a round: max_rounds >= 1)
-    cpots = (_extrapolate(coarse_hist[-2], coarse_hist[-1], eps)
-             if len(coarse_hist) >= 2 and coarse_hist[-2][0] != coarse_hist[-1][0]
-             else coarse_hist[-1][1])
-    # the ladder's final ε as predicted from the coarse divergence (the rule asks for ε
-    # in proportion to it; S_ε barely moves below the coarse floor): the groups of the
-    # intermediate level must be compact at that ε
-    eps_end = eps
-    for _ in range(max_rounds):
-        e_next = rule(eps_end, c_div[-1]) if np.isfinite(c_div[-1]) else None
-        if e_next is None or e_next >= eps_end:
+
+def _ladder_on(lx, ly, wx, wy, sel, eps, eps_prev, pots, hist, certify, label, opts: _Opts):
+    """The ε ladder of sparse rounds on the leaves ``lx``, ``ly`` (weights ``wx``, ``wy``) from ``eps``.
+
+    ``certify``: check the last round's lists (else the ladder only warm-starts a finer
+    level). ``hist`` holds the (ε, potentials) of the rounds so far (appended to).
+
+    Returns:
+        (eps, div, converged, certified, iterations, ε list, divergence list,
+        potentials, density).
+    """
+    eps_list, div_list = [], []
+    n_it, converged, certified, div, dens = 0, False, False, float("nan"), 1.0
+    nbrs, prev_eps = None, float("inf")
+    for r in range(opts.rounds):
+        pots, start = _start_pots(hist, eps, pots)
+        start = eps_prev if start is None else start
+        if nbrs is not None and eps >= REUSE_LISTS_ABOVE * prev_eps:
+            # ε barely moved: the last lists (margin T + 4 at the previous ε) serve; the
+            # final check certifies them as any others
+            _log(f"reuse {label} lists eps={eps:.3e}")
+        else:
+            # selected at the round's target ε (tight lists; checked again at the end)
+            nbrs = sel.update(pots, eps, extra=_SELECT_EXTRA)
+            _log(f"select {label} eps={eps:.3e}")
+        prev_eps = eps
+        div, pots, converged, certified, k, nbrs, nxt = _round(
+            lx, ly, wx, wy, sel, eps, start, pots, nbrs, certify, r == 0, label, opts)
+        n_it += k
+        eps_list.append(float(eps))
+        div_list.append(div)
+        hist.append((float(eps), pots))
+        dens = list_density(np.asarray(nbrs[0]), ly.centers.shape[0])
+        if not np.isfinite(div):
+            converged = False
             break
-        eps_end = e_next
+        if nxt is None:
+            break
+        eps_prev, eps = eps, max(nxt, eps / (FINE_ROUND_RATIO if certify else MID_ROUND_RATIO))
+    else:
+        converged = False
+    return eps, div, converged, certified, n_it, eps_list, div_list, pots, dens
+
+
+def _predicted_end(eps, div, rule, max_rounds):
+    """The ladder's final ε as predicted from the coarse divergence ``div``.
+
+    The rule asks for ε in proportion to the divergence, and S_ε barely moves below the
+    coarse floor.
+
+    Returns:
+        The predicted final ε.
+    """
+    for _ in range(max_rounds):
+        nxt = rule(eps, div) if np.isfinite(div) else None
+        if nxt is None or nxt >= eps:
+            break
+        eps = nxt
+    return eps
+
+
+def _mid_level(bx, by, n, m, eps, coarse, max_rounds, opts: _Opts):
+    """The ladder below the coarse floor on the intermediate level, to its end.
+
+    The weighted centroids of runs of ``MID`` rows (:func:`_mid_cloud`, compact at the
+    predicted final ε), from the coarse solution ``coarse = (c_div, history, cx, cy)``
+    carried to them; sparse rounds at margin ``log(M / MID) + MID_MARGIN_EXTRA``, no
+    certificate (it only warm-starts the points).
+
+    Returns:
+        ``(eps, div, iterations, ε list, potentials, leaves x, leaves y)``.
+    """
+    c_div, chist, cx, cy = coarse
+    dtype, block = bx.pts.dtype, opts.fine_kw["block"]
+    cpots = (_extrapolate(chist[-2], chist[-1], eps)
+             if len(chist) >= 2 and chist[-2][0] != chist[-1][0] else chist[-1][1])
+    eps_end = _predicted_end(eps, c_div[-1], opts.rule, max_rounds)
     mx, wmx = _mid_cloud(bx, dtype, block, MID_SPREAD * eps_end)
     my, wmy = _mid_cloud(by, dtype, block, MID_SPREAD * eps_end)
     nbm = _common_leaves(mx.centers.shape[0], my.centers.shape[0])
@@ -1318,30 +1222,62 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
          f"(groups compact at eps={eps_end:.3e})")
     mpots = _carry_pots(mx, my, jnp.log(wmx), jnp.log(wmy), cx, cy, eps, cpots)
     msel = _Selection(mx, my, block, math.log(max(n, m) / MID) + MID_MARGIN_EXTRA)
-    out = ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid")
-    eps_m, div_m, n_mid, mid_eps, mpots = out[0], out[1], out[4], out[5], out[7]
+    out = _ladder_on(mx, my, wmx, wmy, msel, eps, eps, mpots, [(eps, mpots)], False, "mid",
+                     opts)
+    return out[0], out[1], out[4], out[5], out[7], mx, my
+
+
+def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **kw):
+    """The multiscale ε ladder behind ``w2_sinkhorn(..., multiscale=True)``.
+
+    ``rule(eps, div)`` is w2_sinkhorn's ε rule (next ε or None); ``kw`` the round options.
+    Three levels: the sub-block centroids (:func:`_coarse_level`), the intermediate level
+    (:func:`_mid_level`), then the points, whose last round is certified.
+
+    Returns:
+        What :func:`jaxdyn.distances._rounds._ladder` returns (eps, div, converged and
+        certified, iterations, ε list, divergence list, info).
+    """
+    dtype = x.dtype
+    n, m = x.shape[0], y.shape[0]
+    bx, by = make_blocks(np.asarray(x), dtype, block), make_blocks(np.asarray(y), dtype, block)
+    opts = _options(rule, kw, block, max_rounds)
+    eps, n_total, c_eps, c_div, info, chist = _coarse_level(bx, by, eps0, epsilon, max_rounds,
+                                                            opts)
+    cx, cy = bx.sub_centers, by.sub_centers
+    # x and y at one leaf count (empty leaves appended): the rounds' and the selection's
+    # programs then take both clouds' lists at one shape
+    nb = _common_leaves(bx.centers.shape[0], by.centers.shape[0])
+    bx, by = _pad_leaves(bx, nb, block), _pad_leaves(by, nb, block)
+    la, lb = jnp.asarray(-math.log(n), dtype), jnp.asarray(-math.log(m), dtype)
+    a = jnp.where(bx.valid, jnp.asarray(1.0 / n, dtype), jnp.zeros((), dtype))
+    b = jnp.where(by.valid, jnp.asarray(1.0 / m, dtype), jnp.zeros((), dtype))
+    sel = _Selection(bx, by, block, math.log(max(n, m)) + _MARGIN_EXTRA)
+    eps_prev = eps
+    # the first round below the coarse floor anneals on from the coarse ladder's last ε
+    nxt = rule(eps, c_div[-1]) if (c_div and np.isfinite(c_div[-1])) else None
+    if nxt is not None:
+        eps = max(nxt, eps / MID_ROUND_RATIO)
+    eps_m, div_m, n_mid, mid_eps, mpots, mx, my = _mid_level(
+        bx, by, n, m, eps, (c_div, chist, cx, cy), max_rounds, opts)
     n_total += n_mid
+    hist = []  # (ε, potentials) of the finished rounds on the points
     if np.isfinite(div_m):
-        # (below) a fixed ε is never undercut
-        eps_fine = eps_m * (1.0 - MID_EPS_BELOW)
-        if epsilon is not None:
-            eps_fine = max(eps_fine, float(epsilon))
-        pots = _carry_pots(bx, by, la, lb, mx, my, eps_fine, mpots,
-                           sparse=(block, sel.margin))
-        _log("carried mid")
-        # the points start a little below the intermediate level's final ε: its
-        # divergence exceeds the points' by 0.1-0.5 % (measured), so at eps_m the
-        # rule (stop once ε <= rel_epsilon · S_ε) would ask for one more round on the
-        # points, and that round's S_ε differs from the last by Sinkhorn's tolerance
-        # only, which can ask for yet another (measured at 10^5)
-        eps = eps_prev = eps_fine
+        # the points start a little below the intermediate level's final ε: its divergence
+        # exceeds the points' by 0.1-0.5 % (measured), so at eps_m the rule (stop once
+        # ε <= rel_epsilon · S_ε) would ask for one more round on the points, and that
+        # round's S_ε differs from the last by Sinkhorn's tolerance only, which can ask
+        # for yet another (measured at 10^5); a fixed ε is never undercut
+        eps = eps_prev = max(eps_m * (1.0 - MID_EPS_BELOW),
+                             -np.inf if epsilon is None else float(epsilon))
+        pots = _carry_pots(bx, by, la, lb, mx, my, eps, mpots, sparse=(block, sel.margin))
         hist = [(eps, pots)]
+        _log("carried mid")
     else:  # the intermediate level failed: start from the coarse solution
-        pots = carry(eps_prev, info["pots"])
+        pots = _carry_pots(bx, by, la, lb, cx, cy, eps_prev, info["pots"])
     (eps, div, converged, certified, n_fine, eps_list, div_list, pots,
-     dens) = ladder_on(bx, by, a, b, sel, eps, eps_prev, pots, hist, True, "fine")
-    n_total += n_fine
+     dens) = _ladder_on(bx, by, a, b, sel, eps, eps_prev, pots, hist, True, "fine", opts)
     info = {"geometry": "multiscale", "kernel_density": dens, "coarse_epsilons": c_eps,
             "coarse_divergences": c_div, "mid_epsilons": mid_eps, "pots": pots}
-    return (eps, div, converged and certified, n_total, c_eps + eps_list, c_div + div_list,
-            info)
+    return (eps, div, converged and certified, n_total + n_fine, c_eps + eps_list,
+            c_div + div_list, info)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._geometries import online_geometry, sparse_geometry, sparse_lse
+from ..kernels._sparse import listed_lse
+from ._geometries import online_geometry, sparse_geometry
 
 
 def sq_dists(u, v):
@@ -279,7 +280,7 @@ def _symmetric_sparse_solve(x, a, f0, sched, nbr, block, *, threshold, max_itera
     def body(carry):
         t, f, _, _ = carry
         eps_t = sched(t).astype(dtype)
-        z = sparse_lse(x, x, f, eps_t, nbr, block=block)
+        z = listed_lse(x, x, f, eps_t, nbr, block=block)
         marg = jnp.where(jnp.isfinite(f) & jnp.isfinite(z), jnp.exp((f + z) / eps_t), 0.0)
         err = 2.0 * jnp.sum(jnp.abs(marg - a))
         # checked every ``inner`` iterations and at the last (as ott); a non-finite error

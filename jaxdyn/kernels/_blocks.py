@@ -1,4 +1,4 @@
-r"""Leaves of a point cloud for the block-sparse kernels: k-d ordering, bounding balls, list order.
+r"""Leaves of a point cloud for the block-sparse kernels: k-d ordering, bounding balls, lists.
 
 Shared by the block-sparse kernels (the local attention core, :mod:`._local`, and the
 multiscale W2 solver, :mod:`jaxdyn.distances._multiscale`):
@@ -12,8 +12,14 @@ multiscale W2 solver, :mod:`jaxdyn.distances._multiscale`):
   mean squared radius 0.047 against 0.146.
 - :func:`balls`: centre (mean of the valid rows) and radius (largest distance to it) of
   each leaf; without a mask, those of every row.
-- :func:`block_lists`: the kept blocks of each row as a fixed-capacity list (by
-  :func:`._local.pack_lists`), optionally best first, padded with an empty block's index.
+- :func:`pack_lists`: the fixed-capacity list builder of both kernels (kept entries packed
+  in order; the counts report an overflow, never a silent truncation);
+  :func:`block_lists`: the kept blocks of each row so packed, optionally best first,
+  padded with an empty block's index.
+- :func:`list_length` (with :func:`bucket`, :func:`pow2_bucket`), :func:`on_lists`,
+  :func:`neighbours`, :func:`scatter_lists`, :func:`list_density`: the host side of lists
+  chosen from a keep mask (a common length from a few buckets, so that successive calls
+  share one program; the lists packed inside the program that takes them).
 - :func:`by_length` and :func:`unsort`: the rows of a batched loop with per-row trip
   counts taken in the order of their list lengths (a batch then runs to about its own
   lists' end), and the results put back.
@@ -27,11 +33,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._local import pack_lists
-
-__all__ = ["GAP_FACTOR", "Balls", "KdOrder", "balls", "block_lists", "by_length", "kd_order",
-           "kd_size", "unsort"]
+__all__ = ["GAP_FACTOR", "Balls", "KdOrder", "balls", "block_lists", "bucket", "by_length",
+           "kd_order", "kd_size", "list_density", "list_length", "neighbours", "on_lists",
+           "pack_lists", "pow2_bucket", "scatter_lists", "unsort"]
 
 #: a node above the largest unit is cut at the widest gap of the middle half of its sorted
 #: coordinate when that gap exceeds ``GAP_FACTOR + log h`` times the mean of those h spacings
@@ -188,10 +194,34 @@ def balls(pts, valid=None) -> Balls:
     return Balls(c, jnp.sqrt(jnp.max(jnp.where(valid, d2, 0.0), axis=1)))
 
 
+def pack_lists(keep, values, cap):
+    """The ``values`` where ``keep`` (along the last axis), packed in order into ``cap`` slots.
+
+    A fixed-capacity list per row (no sort): the kept entries beyond ``cap`` are dropped, and
+    the caller compares the counts with ``cap`` to detect it.
+
+    Args:
+      keep: (rows, c) booleans.
+      values: (rows, c) the entries.
+      cap: slots a row.
+
+    Returns:
+      ``(lists, counts)``: (rows, cap) packed values (the free slots hold the row's first
+      value) and (rows,) the number of kept entries (may exceed ``cap``).
+    """
+    pos = jnp.cumsum(keep, axis=-1, dtype=jnp.int32) - 1
+    slot = jnp.where(keep & (pos < cap), pos, cap)
+    rows = jnp.arange(keep.shape[0])[:, None]
+    fill = jnp.broadcast_to(values[..., :1], keep.shape[:-1] + (cap,))
+    packed = fill.at[rows, slot].set(values, mode="drop")
+    return packed, jnp.sum(keep, axis=-1, dtype=jnp.int32)
+
+
+
 def block_lists(keep, cap, key=None, best=None):
     """The kept blocks of each row (``keep`` (rows, nb)) in ``cap`` slots, padded with ``nb``.
 
-    Packed by :func:`._local.pack_lists` (in block order); with ``key`` (rows, nb), the
+    Packed by :func:`pack_lists` (in block order); with ``key`` (rows, nb), the
     ``best`` entries of largest key first, in that order (ties in block order), the others
     after them in block order (``best`` None: the whole list sorted). The free slots hold
     ``nb``: the index of an empty block that the kernels append. Lists longer than ``cap``
@@ -255,3 +285,91 @@ def unsort(out, order):
       The rows in the original order.
     """
     return jnp.zeros_like(out).at[order].set(out, unique_indices=True)
+
+
+# --------------------------------------------------------------- host-side list lengths
+
+
+def bucket(k: int, multiple: int) -> int:
+    """The least of ``multiple · 2^j`` and ``multiple · 1.5 · 2^j`` that is at least ``k``.
+
+    (Multiples of ``multiple``.) The lists of successive rounds share a few lengths, so a
+    round is compiled a few times only (a row block's loop stops at its own list: the
+    padding costs no kernel work).
+
+    Returns:
+        The bucket length.
+    """
+    b = multiple
+    while True:
+        for c in (b, b * 3 // 2):
+            if c >= k and c % multiple == 0:
+                return c
+        b *= 2
+
+
+def pow2_bucket(k: int, multiple: int = 8) -> int:
+    """The least ``multiple · 2^j`` that is at least ``k``."""
+    b = multiple
+    while b < k:
+        b *= 2
+    return b
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "cap", "block", "best"))
+def on_lists(fn, args, keep, key=None, *, cap, block=None, best=None):
+    """``fn(*args, lists, block=block)`` on the lists of ``keep``, lists and all as one program.
+
+    ``keep`` (nq, nk), or a tuple of such masks (kernels whose lists share the length
+    ``cap``); the lists by :func:`block_lists` (the ``best`` of largest
+    ``key`` first when it is given), padded with the empty block ``nk``.
+
+    Returns:
+        (the lists (a tuple for a tuple of masks), ``fn``'s result, or None without ``fn``).
+    """
+    parts = len(keep) if isinstance(keep, tuple) else 0
+    keep = jnp.concatenate(keep) if parts else keep
+    lists = block_lists(keep, cap, key, best)[0]
+    out = None if fn is None else fn(*args, lists, block=block)
+    return (tuple(jnp.split(lists, parts)) if parts else lists), out
+
+
+def list_length(keep: np.ndarray, multiple: int = 8, width: int = 0, pow2: bool = False) -> int:
+    """The common length K of the lists of ``keep`` (nq, nk).
+
+    A multiple of ``multiple`` (:func:`._sparse.listed_lse` gathers 8 blocks a step): the
+    :func:`bucket` (``pow2``: the :func:`pow2_bucket`, or ``nk`` rounded up once that is at most
+    twice as long) of the longest list, at least ``width`` (lists that one program takes
+    together share a length: one compilation), at most ``nk`` rounded up.
+
+    Returns:
+        K.
+    """
+    nk = keep.shape[-1]
+    need = max(multiple, -(-int(keep.sum(-1).max(initial=0)) // multiple) * multiple)
+    full = max(multiple, -(-nk // multiple) * multiple)
+    k = max(pow2_bucket(need, multiple) if pow2 else bucket(need, multiple), width)
+    return full if (pow2 and 2 * k >= full) or k > full else k
+
+
+def neighbours(keep: np.ndarray, order_key: np.ndarray, multiple: int = 8,
+                width: int = 0, pow2: bool = False) -> np.ndarray:
+    """The kept block indices per row block, best first, padded with ``nk`` (the empty block) to :func:`list_length`.
+
+    Returns:
+        (nq, K) int32 block indices.
+    """
+    k = list_length(keep, multiple, width, pow2)
+    return np.asarray(on_lists(None, (), jnp.asarray(keep), jnp.asarray(order_key), cap=k)[0])
+
+
+def scatter_lists(cand: np.ndarray, vals: np.ndarray, nk: int) -> np.ndarray:
+    """(nq, nk) array holding ``vals`` (nq, K) at the blocks ``cand`` lists, -inf elsewhere."""
+    full = np.full((cand.shape[0], nk + 1), -np.inf, vals.dtype)
+    np.put_along_axis(full, cand, vals, axis=1)
+    return full[:, :nk]
+
+
+def list_density(nbr: np.ndarray, nk: int) -> float:
+    """Fraction of the key blocks visited (1 = a dense pass)."""
+    return float(np.mean(np.sum(nbr < nk, axis=1)) / nk)

@@ -27,7 +27,11 @@ skips those pairs *with a certificate* (docs/math.md, "Local attention"):
    is skipped iff its bound ``b`` satisfies ``b ≤ −T``, ``T = log(2 m / tol)``: the skipped
    mass of a row is at most ``m e^{−T} = tol / 2`` of ``e^{m_i}``, itself at most the row's
    kept mass. Lists have fixed capacities (``capacity``); an overflow is detected, never
-   truncated: the blocked kernel answers instead (or NaN, ``on_overflow="nan"``).
+   truncated: the blocked kernel answers instead (or NaN, ``on_overflow="nan"``). The
+   balls, the quadratic bound's ball distances and the list builder are the block-sparse
+   core's (:func:`._blocks.balls`, :func:`._sparse.ball_distances`,
+   :func:`._blocks.pack_lists`), shared with the multiscale W2 solver, whose logits
+   ``(g_j − |x_i − y_j|²) / ε`` are the same kind of score (:mod:`._sparse`).
 5. **Tiles.** The kept (query leaf, key leaf) tiles run the online-softmax recurrence of
    :func:`._online.running_update` on centred logits ``q_i · (k_j − c_I)`` (the row constant
    ``q_i · c_I`` cancels in softmax weights, and the centred products keep their precision
@@ -49,10 +53,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._blocks import Balls, balls, pack_lists
 from ._online import HIGHEST, all_at_most, finite_or_zero, ratio, running_update
+from ._sparse import ball_distances
 
-__all__ = ["DEFAULT_TOL", "LEAF", "LocalStats", "Ordering", "default_group", "leaf_balls",
-           "local_attention", "pack_lists", "spatial_order"]
+__all__ = ["DEFAULT_TOL", "LEAF", "LocalStats", "Ordering", "default_group", "local_attention",
+           "spatial_order"]
 
 #: the default tolerance: the field's error relative to ``max_j |v_j|``
 DEFAULT_TOL = 1e-6
@@ -357,34 +363,13 @@ def _padded(n, leaf, group):
 # ----------------------------------------------------------------------------- caps
 
 
-class Balls(NamedTuple):
-    """Bounding balls of the leaves (or clusters) of a sorted cloud."""
-
-    centre: jax.Array  # (nb, p)
-    radius: jax.Array  # (nb,)
-
-
-def leaf_balls(pts):
-    """Centre (mean) and radius (largest distance to it) of each leaf.
-
-    Args:
-      pts: (nb, leaf, p) sorted points (padding repeats a point of the last leaf).
-
-    Returns:
-      :class:`Balls`.
-    """
-    c = jnp.mean(pts, axis=1)
-    r = jnp.sqrt(jnp.max(jnp.sum((pts - c[:, None, :]) ** 2, axis=-1), axis=1))
-    return Balls(c, r)
-
-
-def _merge(balls: Balls, group):
+def _merge(b: Balls, group):
     """Balls of clusters of ``group`` consecutive leaves enclosing the leaves' balls."""
-    nb, p = balls.centre.shape
-    c = balls.centre.reshape(nb // group, group, p)
+    nb, p = b.centre.shape
+    c = b.centre.reshape(nb // group, group, p)
     cc = jnp.mean(c, axis=1)
     r = jnp.max(jnp.linalg.norm(c - cc[:, None, :], axis=-1)
-                + balls.radius.reshape(nb // group, group), axis=1)
+                + b.radius.reshape(nb // group, group), axis=1)
     return Balls(cc, r)
 
 
@@ -405,7 +390,7 @@ class _Queries(NamedTuple):
 
 def _key_leaves(ks, valid):
     nu = jnp.max(jnp.sum(ks * ks, axis=-1), axis=1)
-    return _Keys(leaf_balls(ks), nu, jnp.sum(valid, axis=1).astype(ks.dtype))
+    return _Keys(balls(ks), nu, jnp.sum(valid, axis=1).astype(ks.dtype))
 
 
 def _key_clusters(keys: _Keys, group):
@@ -418,7 +403,7 @@ def _query_leaves(qs, centre, m_row, e_row, qvalid):
     # over the valid rows: a leaf of padding alone has e = +inf, w = -inf (nothing to bound)
     rho = jnp.linalg.norm(qs, axis=-1)
     dirs = qs / jnp.where(rho > 0, rho, 1.0)[..., None]
-    return _Queries(leaf_balls(qs), leaf_balls(dirs),
+    return _Queries(balls(qs), balls(dirs),
                     jnp.stack([jnp.min(rho, axis=1), jnp.max(rho, axis=1)], axis=-1),
                     jnp.min(jnp.where(qvalid, e_row, jnp.inf), axis=1),
                     -jnp.min(jnp.where(qvalid, m_row, jnp.inf), axis=1), centre)
@@ -455,8 +440,7 @@ def _bounds(qv: _Queries, kv: _Keys, eps):
     empty = qv.e == jnp.inf  # query balls of padding alone
     qv = qv._replace(e=jnp.where(empty, 0.0, qv.e), w=jnp.where(empty, 0.0, qv.w))
     # quadratic: (|q_i| / 2)(ν_J − D² − e_i), D the distance of the directions' ball to J's
-    dist = jnp.linalg.norm(qv.dirs.centre - kv.ball.centre, axis=-1)
-    gap = jnp.maximum(dist - qv.dirs.radius - kv.ball.radius, 0.0)
+    gap, _ = ball_distances(qv.dirs.centre, qv.dirs.radius, kv.ball.centre, kv.ball.radius)
     s = kv.nu - gap * gap - qv.e
     quad = 0.5 * jnp.where(s >= 0, rmax, rmin) * s
     quad_slack = 2.0 * eps * rmax * (jnp.abs(kv.nu) + jnp.abs(qv.e) + gap * gap + 2.0)
@@ -624,29 +608,6 @@ def _seed_pass(qs, ks, kvalid, centre, seed, chunk):
 
     m_row = jax.lax.map(one, (_chunks(qs, chunk), _chunks(centre, chunk), _chunks(seed, chunk)))
     return m_row.reshape(nbq, leaf)
-
-
-def pack_lists(keep, values, cap):
-    """The ``values`` where ``keep`` (along the last axis), packed in order into ``cap`` slots.
-
-    A fixed-capacity list per row (no sort): the kept entries beyond ``cap`` are dropped, and
-    the caller compares the counts with ``cap`` to detect it.
-
-    Args:
-      keep: (rows, c) booleans.
-      values: (rows, c) the entries.
-      cap: slots a row.
-
-    Returns:
-      ``(lists, counts)``: (rows, cap) packed values (the free slots hold the row's first
-      value) and (rows,) the number of kept entries (may exceed ``cap``).
-    """
-    pos = jnp.cumsum(keep, axis=-1, dtype=jnp.int32) - 1
-    slot = jnp.where(keep & (pos < cap), pos, cap)
-    rows = jnp.arange(keep.shape[0])[:, None]
-    fill = jnp.broadcast_to(values[..., :1], keep.shape[:-1] + (cap,))
-    packed = fill.at[rows, slot].set(values, mode="drop")
-    return packed, jnp.sum(keep, axis=-1, dtype=jnp.int32)
 
 
 #: the bins (one logit wide) of a leaf's histogram of candidate masses above its crude threshold
