@@ -555,10 +555,22 @@ def local(rec, kind):
                        "(a sort, O(N log N)) is not counted")
 
 
+def interrupt(rec, kind):
+    """The least work a stop waits for: one Adam step of the control kind at L = 16, N = 128."""
+    n, layers, steps, n0 = 128, 16, 2, 128
+    unit = rk4_grad_unit(n0)
+    return _total(f"one optimiser step of control_gaussian_to_mixture at L = {layers}: the "
+                  f"gradient of one projected RK4 step (dense), N = {n}, x {layers} layers x "
+                  f"{steps} steps", unit, layers * steps, 2 * n * 3 * 4 + layers * 3 * 9 * 4,
+                  note="a stop's floor: the segment in flight must end; start-up, compilation "
+                       "and the process's exit not counted")
+
+
 COSTS = {"phase": phase, "large_n": large_n, "roofline": roofline, "moments": moments,
          "reach": reach, "pde": pde, "w2": w2, "w2_cache": w2_cache, "causal": causal,
          "distributed": distributed, "first_call": first_call, "startup": startup,
-         "startup_configs": startup_configs, "control_measure": control_measure,
+         "startup_configs": startup_configs, "interrupt": interrupt,
+         "control_measure": control_measure,
          "control_measure_kernel": control_measure_kernel, "local": local}
 
 

@@ -172,6 +172,13 @@ def _startup_configs(d):
     return _h(sum(r["first"]["wall_s"] for r in rows), f"{len(rows)} shipped configs, first runs")
 
 
+def _interrupt(d):
+    rows = [r for r in d["rows"] if r.get("stop_s") is not None]
+    r = max(rows, key=lambda r: r["stop_s"])
+    return _h(r["stop_s"], f"the slowest stop after SIGINT of {len(d['rows'])} shipped configs "
+              f"at full size ({r['config']})")
+
+
 def _control_measure(d):
     rows = d["rows"]
     mine = [r for r in rows if not str(r.get("impl", "")).startswith("torch") and r.get("run_s")]
@@ -283,6 +290,9 @@ WORKLOADS = (
     Workload("startup_configs", "bench_startup.py",
              "every shipped config: first and second run, compile seconds", "startup_configs",
              _startup_configs, args=("--configs",), tiny_args=("--configs", "--tiny")),
+    Workload("interrupt", "interrupt_table.py",
+             "every shipped config at full size: seconds from SIGINT to the exit, exit code, "
+             "resume", "interrupt", _interrupt, timeout_s=None),
     Workload("control_measure", "bench_control_measure.py",
              "one gradient of measure-to-measure control vs PyTorch autograd",
              "control_measure", _control_measure),
@@ -876,6 +886,45 @@ def _target_lines(rows):
     return out
 
 
+def _interrupt_lines(rows):
+    """Detail table: every shipped config's time to stop after SIGINT (``interrupt``)."""
+    out = []
+    for name, kind, rec in rows:
+        if name != "interrupt":
+            continue
+        res = rec.get("result") or {}
+        c = (rec.get("machine") or {}).get("commit") or (res.get("machine") or {}).get("commit")
+        load = (res.get("machine") or {}).get("loadavg_start")
+        out += ["", f"### Time to stop after SIGINT (`{kind}`"
+                f"{', ' + c[:7] if c else ''})", "",
+                f"Every shipped config at full size, a first run (an empty compilation cache): "
+                f"SIGINT {res.get('delay_s', 0):g} s after the plan line, then the seconds to the "
+                f"process's exit (target: at most {res.get('target_s', 30):g} s), the exit code "
+                f"(130: interrupted), where the bar stood, whether the watchdog ended a held "
+                f"signal (hard stop), the chunks kept, and whether `--resume` took the folder "
+                f"(its own stop, {res.get('resume_delay_s', 0):g} s after its plan line, timed "
+                f"too). Load average at the start: "
+                f"{', '.join(f'{x:.1f}' for x in load) if load else 'not recorded'}.", "",
+                "| config | stop | exit | at the signal | hard stop | chunks kept | resumes "
+                "(its stop) |", "|---|---|---|---|---|---|---|"]
+        for r in res.get("rows") or []:
+            if r.get("finished_before_signal"):
+                stop, where = "— (finished first)", "—"
+            else:
+                stop = f"{r['stop_s']:.1f} s" if r.get("stop_s") is not None else \
+                    r.get("error", "—")
+                where = re.sub(r"^jaxdyn:\s*", "", r.get("bar_at_signal") or "—")
+                where = re.sub(r"\s*\d+%\|[^|]*\|\s*", " ", where).replace("|", "/").strip()
+            summ = r.get("summary") or {}
+            kept = f"{r.get('chunk_files', 0)} of {summ.get('chunks_total', '?')}"
+            rs = r.get("resume") or {}
+            again = (f"yes ({rs['stop_s']:.1f} s)" if r.get("resumes") and rs.get("stop_s")
+                     else "yes" if r.get("resumes") else "no" if "resumes" in r else "—")
+            out.append(f"| `{r['config']}` | {stop} | {r.get('rc', '—')} | {where or '—'} | "
+                       f"{'yes' if r.get('hard_stop') else 'no'} | {kept} | {again} |")
+    return out
+
+
 def table():
     """The generated Markdown between the page's markers."""
     rows = committed_results()
@@ -900,6 +949,7 @@ def table():
               "Machines:", ""]
     lines += [f"- `{k}`: {v}" for k, v in sorted(kinds.items())]
     lines += _target_lines(rows)
+    lines += _interrupt_lines(rows)
     lines += ["", "### Cost model", "",
               "| workload | machine | FLOPs | exps | bytes (least) | floor here (bound) | "
               "floor on an H200 (bound) | measured / floor here | counted |",

@@ -49,7 +49,7 @@ class _Stderr:
     def __init__(self, proc):
         self.text = ""
         self._lock = threading.Lock()
-        self._t = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._t = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
         self._t.start()
 
     def _read(self, f):
@@ -60,11 +60,15 @@ class _Stderr:
             with self._lock:
                 self.text += b.decode(errors="replace")
 
-    def wait_for(self, pattern, proc, timeout):
+    def wait_for(self, pattern, proc, timeout, after=None):
+        """Wait until ``pattern`` shows (in the text written once the file ``after`` exists)."""
         deadline = time.time() + timeout
+        start = None
         while time.time() < deadline and proc.poll() is None:
             with self._lock:
-                if re.search(pattern, self.text):
+                if start is None and (after is None or after.exists()):
+                    start = len(self.text)
+                if start is not None and re.search(pattern, self.text[start:]):
                     return True
             time.sleep(0.02)
         return False
@@ -74,17 +78,17 @@ class _Stderr:
         return self.text
 
 
-def _stop(cmd, pattern, sig, env, timeout=600):
-    """Start ``cmd``, send ``sig`` once its stderr matches ``pattern``.
+def _stop(cmd, pattern, sig, env, timeout=600, after=None):
+    """Start ``cmd``, send ``sig`` once its stderr matches ``pattern`` (after ``after``).
 
     Returns:
       ``(exit code, seconds from the signal to the exit, stderr)``.
     """
-    proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     err = _Stderr(proc)
     try:
-        seen = err.wait_for(pattern, proc, timeout)
+        seen = err.wait_for(pattern, proc, timeout, after)
         assert seen, err.text[-3000:]
         t0 = time.time()
         proc.send_signal(sig)
@@ -110,16 +114,16 @@ def _identical(a, b):
 def test_sigint_mid_optimisation_stops_at_once_and_resumes_to_identical_values(tmp_path):
     """SIGINT while the second chunk's optimiser runs: exit 130 within the deadline.
 
-    The bar is past one chunk with an iteration shown; ``interrupted``, the first chunk kept
+    The first chunk written, an iteration of the second shown; ``interrupted``, the first chunk kept
     and the second not written; ``--resume`` computes the second only, and the Dataset equals
     an uninterrupted run's bit for bit.
     """
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
     out, ref = tmp_path / "run", tmp_path / "ref"
-    # mid-optimisation of chunk 2: the bar between 1 and 2 chunks, an iteration > 0 shown
-    rc, took, err = _stop(_cli(cfg, "--out", out), r"1\.\d\d/2 chunks[^\r\n]*iteration [1-9]",
-                          signal.SIGINT, _env())
+    # mid-optimisation of chunk 2: its first file written, then an iteration > 0 shown
+    rc, took, err = _stop(_cli(cfg, "--out", out), r"iteration [1-9]\d*/", signal.SIGINT,
+                          _env(), after=out / "chunks" / "chunk_00000.npz")
     assert rc == 128 + signal.SIGINT, err[-3000:]
     assert took < DEADLINE, (took, err[-2000:])
     assert "Traceback" not in err and f"resume with: jaxdyn run --resume {out}" in err, err[-3000:]
