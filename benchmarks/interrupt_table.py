@@ -3,8 +3,9 @@
 For each config of ``configs/*.yaml``: start ``jaxdyn run CONFIG --out DIR`` (an empty
 compilation cache shared by this invocation's runs, so each config starts as a user's first
 run does), wait for the plan line (``... grid point(s) in K chunk(s) ...``: the folder is set
-up and the first chunk starts, its compilation first) and ``--delay`` seconds more, send
-SIGINT, and record the seconds from the signal to the process's exit, the exit code (130
+up and the first chunk starts, its compilation first), then for the bar to move (compute under
+way; at most ``--compute-wait`` seconds: a chunk that reports no progress within itself, or a
+long compilation, is signalled then) and ``--delay`` seconds more, send SIGINT, and record the seconds from the signal to the process's exit, the exit code (130
 expected), where the bar stood when the signal came (chunks done, the kind's note), whether
 the watchdog stopped it (a compilation or one long call held the signal over
 ``JAXDYN_HARD_STOP_SECONDS``), and ``summary.json``'s status and chunks. Then the resume
@@ -16,7 +17,7 @@ not mix in. Writes benchmarks/runs/interrupt.json (``python -m benchmarks run in
 --record`` files it as benchmarks/results/interrupt/<machine kind>.json, from which the docs
 table is generated).
 
-    python benchmarks/interrupt_table.py [--only NAME ...] [--delay 15] [--tiny]
+    python benchmarks/interrupt_table.py [--only NAME ...] [--compute-wait 60] [--delay 5] [--tiny]
 """
 
 from __future__ import annotations
@@ -75,8 +76,20 @@ class _Stderr:
         return parts[-1] if parts else ""
 
 
-def _stopped(cmd, env, delay, timeout):
-    """Run ``cmd``; SIGINT ``delay`` s after its plan line. Returns a record of the stop."""
+#: the bar past its start: a fraction of a chunk (or a chunk) done
+MOVED = r"(?:[1-9]\d*\.\d\d|0\.(?:0[1-9]|[1-9]\d))/\d+ chunks"
+
+
+def _stopped(cmd, env, delay, timeout, compute_wait=0.0):
+    """Run ``cmd`` and stop it with SIGINT: the record of the stop.
+
+    The signal comes ``delay`` s after the bar first moved, or after ``compute_wait`` s past
+    the plan line if it had not.
+
+    Returns:
+      The times (plan line, signal, stop), the exit code, the bar at the signal, and whether
+      the watchdog stopped it.
+    """
     t_start = time.time()
     proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -87,6 +100,8 @@ def _stopped(cmd, env, delay, timeout):
             rec["error"] = "no plan line" if proc.poll() is not None else "no plan line in time"
         else:
             rec["plan_after_s"] = round(time.time() - t_start, 2)
+            if compute_wait > 0:  # into compute: the bar moved within the first chunk
+                rec["bar_moved"] = err.wait_for(MOVED, proc, compute_wait)
             end = time.time() + delay
             while time.time() < end and proc.poll() is None:
                 time.sleep(0.05)
@@ -134,8 +149,11 @@ def main():
     """Stop every config's run once, check that it resumes, write the JSON (module doc)."""
     p = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--only", nargs="*", default=None, help="config names (default: all)")
-    p.add_argument("--delay", type=float, default=15.0,
-                   help="seconds after the plan line before the signal (default 15)")
+    p.add_argument("--compute-wait", type=float, default=60.0,
+                   help="after the plan line, wait for the bar to move (compute under way), "
+                        "at most this many seconds (default 60; 0: do not wait)")
+    p.add_argument("--delay", type=float, default=5.0,
+                   help="seconds after that before the signal (default 5)")
     p.add_argument("--resume-delay", type=float, default=5.0,
                    help="seconds after the resumed run's plan line before its signal")
     p.add_argument("--timeout", type=float, default=900.0,
@@ -163,7 +181,7 @@ def main():
                "--out", str(out), *sets]
         print(f"{name}: ", end="", flush=True)
         row = {"config": name, "overrides": TINY.get(name, []) if args.tiny else [],
-               **_stopped(cmd, env, args.delay, args.timeout)}
+               **_stopped(cmd, env, args.delay, args.timeout, args.compute_wait)}
         row["summary"] = _summary(out)
         chunks = sorted(p.name for p in (out / "chunks").glob("chunk_*.npz"))
         row["chunk_files"] = len(chunks)
@@ -184,7 +202,7 @@ def main():
               flush=True)
         rows.append(row)
     stops = [r["stop_s"] for r in rows if r.get("stop_s") is not None]
-    result = {"target_s": TARGET_S, "delay_s": args.delay, "resume_delay_s": args.resume_delay,
+    result = {"target_s": TARGET_S, "delay_s": args.delay, "compute_wait_s": args.compute_wait, "resume_delay_s": args.resume_delay,
               "tiny": bool(args.tiny), "machine": info, "rows": rows,
               "max_stop_s": max(stops) if stops else None,
               "over_target": [r["config"] for r in rows if (r.get("stop_s") or 0) > TARGET_S]}

@@ -898,7 +898,9 @@ def _interrupt_lines(rows):
         out += ["", f"### Time to stop after SIGINT (`{kind}`"
                 f"{', ' + c[:7] if c else ''})", "",
                 f"Every shipped config at full size, a first run (an empty compilation cache): "
-                f"SIGINT {res.get('delay_s', 0):g} s after the plan line, then the seconds to the "
+                f"SIGINT {res.get('delay_s', 0):g} s after the bar first moved within a chunk "
+                f"(or {res.get('compute_wait_s', 0):g} s after the plan line if it had not: a "
+                f"compilation, or a chunk without progress inside it), then the seconds to the "
                 f"process's exit (target: at most {res.get('target_s', 30):g} s), the exit code "
                 f"(130: interrupted), where the bar stood, whether the watchdog ended a held "
                 f"signal (hard stop), the chunks kept, and whether `--resume` took the folder "
