@@ -917,6 +917,9 @@ def _interrupt_lines(rows):
                     r.get("error", "—")
                 where = re.sub(r"^jaxdyn:\s*", "", r.get("bar_at_signal") or "—")
                 where = re.sub(r"\s*\d+%\|[^|]*\|\s*", " ", where).replace("|", "/").strip()
+            if r.get("finished_first"):  # run again, signalled soon after its plan line
+                where = (f"{where or '—'} (run again, signalled {r.get('retry_delay_s', 1):g} s "
+                         "after the plan line: the first run finished before its signal)")
             summ = r.get("summary") or {}
             kept = f"{r.get('chunk_files', 0)} of {summ.get('chunks_total', '?')}"
             rs = r.get("resume") or {}

@@ -19,7 +19,9 @@ Exit codes (README, "What `jaxdyn run` writes"): 0 done (``summary.json`` says `
 ``successful``, with one more line naming them); 1 the run failed (an OS error such
 as a full disk; ``summary.json`` says ``failed``); 2 a bad input, refused before any compute
 (the message names it); 3 finished with non-finite states; 4 another run holds the folder;
-128 + the signal number (130 Ctrl-C, 143 SIGTERM) when interrupted.
+128 + the signal number (130 Ctrl-C, 143 SIGTERM) when interrupted: the run stops at the
+kind's next progress report (between two jitted segments), or, when a compilation or one long
+call holds the signal, ``HARD_STOP_SECONDS`` after it (a watchdog thread).
 
 On CPU the host cores are exposed as JAX devices (``--xla_force_host_platform_device_count``)
 before JAX starts, so sweeps shard over them; ``--no-host-devices`` or the environment
