@@ -25,7 +25,6 @@ a leaf centre for the same reason).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +89,7 @@ def listed_lse(rows, keys, pot, eps, lists, low=None, *, block: int, batch: int 
       lists: (nq, K) int32 key blocks per row leaf, padded with ``nk``.
       low: None, or (n,) lower bounds of the rows' log-sum-exps (the margins asked for).
       block: points per leaf.
-      batch: row leaves a loop (at most; a divisor of nq is taken). None: ``512 // block``
+      batch: row leaves a loop (the last batch completed with empty lists). None: ``512 // block``
         without ``low`` (measured inside jit, N = 10⁵, leaves of 64 with 20–40 kept blocks:
         one row leaf a loop 0.59 G terms per CPU-s, 4 0.72, 8 0.76), 8 with it (the loop then
         carries each leaf's (block, K) maxima).
@@ -145,13 +144,17 @@ def listed_lse(rows, keys, pot, eps, lists, low=None, *, block: int, batch: int 
         return lse, jnp.max(out[2] - low_i[..., None], axis=1)
 
     order = by_length(jnp.sum(lists < nk, axis=1), step)  # batches of lists of one length
-    g = math.gcd(nq, batch or (8 if track else max(1, 512 // block)))
-    parts = [q[order], lists[order]]
+    g = min(nq, batch or (8 if track else max(1, 512 // block)))
+    parts = [(q[order], 0.0), (lists[order], nk)]
     if track:
-        parts.append(pad_rows(low.astype(dtype), block, value=jnp.inf)[0].reshape(nq, block)[order])
-    out = jax.lax.map(leaves, tuple(a.reshape((nq // g, g) + a.shape[1:]) for a in parts))
+        low = pad_rows(low.astype(dtype), block, value=jnp.inf)[0].reshape(nq, block)
+        parts.append((low[order], jnp.inf))
+    # whole batches: leaves with empty lists appended (no step of their own)
+    nb = -(-nq // g) * g
+    parts = [pad_rows(a, g, value=v)[0].reshape((nb // g, g) + a.shape[1:]) for a, v in parts]
+    out = jax.lax.map(leaves, tuple(parts))
     if not track:
-        return unsort(out.reshape(nq, block), order).reshape(-1)[:n]
+        return unsort(out.reshape(nb, block)[:nq], order).reshape(-1)[:n]
     lse, marg = out
-    return (unsort(lse.reshape(nq, block), order).reshape(-1)[:n],
-            unsort(marg.reshape(nq, kc), order))
+    return (unsort(lse.reshape(nb, block)[:nq], order).reshape(-1)[:n],
+            unsort(marg.reshape(nb, kc)[:nq], order))
