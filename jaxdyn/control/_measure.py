@@ -952,7 +952,11 @@ class _Setup:
     def lbfgs_start(self, carry):
         """L-BFGS's carry after the Adam phase, and the fixed warm potentials of its function."""
         z, _, pots, _, accepted, hist, good = carry
-        return (z, self.lbfgs.init(z), jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist,
+        # strong types (optax's initial state holds weak-typed scalars, the loop's output
+        # none): every segment then has one signature, one program
+        state = jax.tree.map(lambda a: jax.lax.convert_element_type(a, a.dtype),
+                             self.lbfgs.init(z))
+        return (z, state, jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist,
                 good), pots
 
     def lbfgs_until(self, c, pots_fixed, it_end):
