@@ -11,8 +11,8 @@ the watchdog stopped it (a compilation or one long call held the signal over
 ``JAXDYN_HARD_STOP_SECONDS``), and ``summary.json``'s status and chunks. Then the resume
 check: ``jaxdyn run --resume DIR`` must take the folder (its plan line, its finished chunks
 adopted), and is stopped the same way after ``--resume-delay`` seconds (its stop timed too).
-A run that finishes before its signal runs again, signalled ``RETRY_DELAY_S`` after its plan
-line (in its first compilation or chunk).
+A run that finishes before its signal (or as it comes: exit 0) runs again, signalled
+``RETRY_DELAY_S`` after its plan line (in its first compilation or chunk).
 
 The code run is a ``git archive`` of HEAD, so that edits made meanwhile in the working tree do
 not mix in. Writes benchmarks/runs/interrupt.json (``python -m benchmarks run interrupt
@@ -187,7 +187,8 @@ def main():
         print(f"{name}: ", end="", flush=True)
         row = {"config": name, "overrides": TINY.get(name, []) if args.tiny else [],
                **_stopped(cmd, env, args.delay, args.timeout, args.compute_wait)}
-        if row.get("finished_before_signal"):  # a short run: again, signalled sooner
+        if row.get("finished_before_signal") or row.get("rc") in (0, 3):
+            # a short run (done before the signal, or as it came): again, signalled sooner
             shutil.rmtree(out, ignore_errors=True)
             first = {k: row.get(k) for k in ("rc", "plan_after_s")}
             row = {"config": name, "overrides": row["overrides"],
