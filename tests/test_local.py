@@ -103,8 +103,10 @@ def test_the_true_skipped_mass_never_exceeds_the_certified_mass():
     assert np.all(visited.sum(axis=1) < N)
 
 
-@pytest.mark.parametrize("d, kind", [(2, "uniform"), (4, "uniform"), (3, "gaussian")],
-                         ids=["S1", "S3", "R3"])
+# S¹ and S³ under -m slow (one compiled program each); R³ cross attention is the default case
+@pytest.mark.parametrize("d, kind", [pytest.param(2, "uniform", marks=pytest.mark.slow),
+                                     pytest.param(4, "uniform", marks=pytest.mark.slow),
+                                     (3, "gaussian")], ids=["S1", "S3", "R3"])
 def test_other_spaces_and_cross_attention(d, kind):
     # S¹ and S³ take their own curves, Gaussian points in R³ the box's; queries apart from keys
     rng = np.random.default_rng(d)
@@ -169,9 +171,13 @@ def test_vmap_over_beta_and_the_auto_choice():
         assert np.max(np.abs(np.asarray(out[i]) - ref)) <= TOL
     # each member's lists are its own (those of β = 3000 shorter)
     for i, b in enumerate([5.0, 3000.0]):
-        alone = jaxdyn.local_interaction(x, x, jnp.eye(3), b, tol=TOL)[1]
+        alone = _local64(x, jnp.eye(3), b)[1]  # the certificate tests' program
         assert float(st.visited[i]) == float(alone.visited)
     assert float(st.visited[0]) > float(st.visited[1])
+
+
+def test_the_auto_choice_answers_wide_lists_with_the_blocked_kernel():
+    x = jnp.asarray(_cloud("uniform"))
     # max_visited (what kernel="auto" sets): the blocked kernel answers the wide lists
     # at β = 5 no row's logits spread over 2β = 10 < log(2 / tol): nothing can be skipped and
     # the blocked kernel answers before any ordering (visited and listed 1); at β = 80 the
@@ -182,6 +188,12 @@ def test_vmap_over_beta_and_the_auto_choice():
         assert (float(s.listed) == 1.0) == screened
         np.testing.assert_allclose(o, jaxdyn.interaction(x, x, jnp.eye(3), b, kernel="blocked"),
                                    rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.slow  # default counterparts: the two tests above (vmap over β; the auto choice)
+def test_under_vmap_the_auto_choice_is_one_branch_for_every_member():
+    x = jnp.asarray(_cloud("uniform"))
+    betas = jnp.asarray([5.0, 3000.0])
     # under vmap one member that can skip keys makes every member build its lists
     out, s = jax.vmap(lambda b: jaxdyn.local_interaction(x, x, jnp.eye(3), b,
                                                          max_visited=0.25))(betas)
@@ -197,6 +209,11 @@ def test_an_overflow_is_answered_or_reported_never_truncated():
     assert bool(st.overflow) and bool(st.dense)
     np.testing.assert_allclose(out, jaxdyn.interaction(x, x, jnp.eye(3), 50.0, kernel="blocked"),
                                rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.slow  # default counterpart: the overflow answered by the blocked kernel above
+def test_an_overflow_can_be_reported_as_nan():
+    x = jnp.asarray(_cloud("uniform", n=1024))
     q = 50.0 * x
     out, st = jax.jit(lambda q, x: _local.local_attention(q, x, x, self_keys=True, capacity=1,
                                                           on_overflow="nan"))(q, x)
@@ -213,6 +230,13 @@ def test_models_take_the_local_kernel_and_simulate_records_its_certificate():
     assert tr.stats["local_bound"].shape == tr.ts.shape
     assert float(jnp.max(tr.stats["local_bound"])) <= TOL
     assert not bool(jnp.any(tr.stats["local_dense"]))
+
+
+@pytest.mark.slow  # one compiled program each; default counterparts: the sphere model above and
+# the R³ cross-attention case of test_other_spaces_and_cross_attention
+def test_multihead_and_euclidean_models_take_the_local_kernel():
+    x = jnp.asarray(_cloud("uniform", n=1024))
+    eye = jnp.eye(3)
     Q = jnp.asarray(np.random.default_rng(4).normal(size=(2, 3, 3)))
     heads = [jaxdyn.MultiHeadAttention(Q, Q, jnp.stack([eye, eye]), 40.0, kernel=k)
              for k in ("local", "dense")]
