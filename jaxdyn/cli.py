@@ -428,6 +428,17 @@ class _Watchdog:
         self.wsock.close()
 
 
+def _unraisable(previous, unraisable):
+    """Python's hook for an exception it cannot raise, silent for a signal's interrupt.
+
+    The handler's ``KeyboardInterrupt`` raised inside a callback (XLA's garbage-collection
+    callback) is lost, and Python would print its traceback; the signal is recorded all the
+    same (``PENDING_SIGNALS``) and stops the run at its next check.
+    """
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        previous(unraisable)
+
+
 def _raise_pending():
     """Raise the ``KeyboardInterrupt`` of a signal the handler recorded but Python swallowed."""
     from .io import PENDING_SIGNALS
@@ -534,6 +545,8 @@ def main(argv=None):
     from .config import ConfigError
 
     watchdog = _Watchdog(args) if args.command == "run" and old_handlers else None
+    old_unraisable = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, old_unraisable)
     try:
         rc = args.func(args)
         _raise_pending()  # a signal whose exception Python swallowed (a GC callback)
@@ -572,6 +585,7 @@ def main(argv=None):
               f"smaller chunk_size / memory_budget_gb{hint}", file=sys.stderr)
         return EXIT_FAILED
     finally:
+        sys.unraisablehook = old_unraisable
         if watchdog is not None:
             watchdog.close()
         for sig, h in old_handlers.items():

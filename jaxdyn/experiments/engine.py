@@ -201,13 +201,12 @@ def _run_locked(run: runner.Run, progress: bool, compute_hook, clock) -> RunResu
     clock = (time.time(), clock[1])
     base = reporting.base_summary(run)
     writer = run.processes.writer
-    if writer:
-        jio.write_json(run.out / jio.SUMMARY_FILE, base)
-    if writer:
-        _preload_figures(run.cfg["kind"])
     tally = runner.Tally()
     bar = None
-    try:
+    try:  # from the first summary on: a signal anywhere leaves summary.json interrupted
+        if writer:
+            jio.write_json(run.out / jio.SUMMARY_FILE, base)
+            _preload_figures(run.cfg["kind"])
         tally.done = runner.finished_chunks(run)
         bar = runner.progress_bar(len(run.plan.chunks), len(tally.done), progress)
         runner.run_chunks(run, tally, bar, compute_hook)
