@@ -113,6 +113,8 @@ def _identical(a, b):
     xr.testing.assert_identical(a.drop_vars(wall).drop_attrs(), b.drop_vars(wall).drop_attrs())
 
 
+@pytest.mark.slow  # three CLI processes, the control programs compiled (about a CPU-minute);
+# default counterpart: the SIGTERM-mid-run test of tests/test_hostile.py (interrupted, resume)
 def test_sigint_mid_optimisation_stops_at_once_and_resumes_to_identical_values(tmp_path):
     """SIGINT while the second chunk's optimiser runs: exit 130 within the deadline.
 
