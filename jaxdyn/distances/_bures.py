@@ -142,7 +142,9 @@ def _gaussians_problem(m0, S0, m1, S1):
         # relative to each matrix's largest entry (brought to 1 by a power of two, so that
         # the check means the same at any scale and its eigenvalues cannot overflow)
         big = np.abs(h).max(axis=(-2, -1), keepdims=True)
-        h = np.ldexp(h, -np.where(big > 0, np.frexp(big)[1], 0))
+        e = np.where(big > 0, np.frexp(big)[1], 0)
+        h = np.ldexp(h, -e)
+        e = e[..., 0, 0]  # the messages state the user's units
         scale = np.abs(h).max(axis=(-2, -1))
         eps = float(jnp.finfo(c.dtype).eps) if jnp.issubdtype(c.dtype, jnp.floating) else 2.2e-16
         tol = 100.0 * h.shape[-1] * eps * scale
@@ -150,10 +152,10 @@ def _gaussians_problem(m0, S0, m1, S1):
         lmin = np.linalg.eigvalsh(0.5 * (h + np.swapaxes(h, -1, -2)))[..., 0]
         if np.any(asym > tol):
             return (f"{name} must be symmetric (a covariance): max |{name} - {name}ᵀ| = "
-                    f"{float(np.max(asym)):.3e}")
+                    f"{float(np.max(np.ldexp(asym, e))):.3e}")
         if np.any(lmin < -tol):
             return (f"{name} must be positive semi-definite (a covariance): min eigenvalue = "
-                    f"{float(np.min(lmin)):.3e}")
+                    f"{float(np.min(np.ldexp(lmin, e))):.3e}")
     return None
 
 
