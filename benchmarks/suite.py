@@ -894,7 +894,6 @@ def _interrupt_lines(rows):
             continue
         res = rec.get("result") or {}
         c = (rec.get("machine") or {}).get("commit") or (res.get("machine") or {}).get("commit")
-        load = (res.get("machine") or {}).get("loadavg_start")
         out += ["", f"### Time to stop after SIGINT (`{kind}`"
                 f"{', ' + c[:7] if c else ''})", "",
                 f"Every shipped config at full size, a first run (an empty compilation cache): "
@@ -905,8 +904,7 @@ def _interrupt_lines(rows):
                 f"(130: interrupted), where the bar stood, whether the watchdog ended a held "
                 f"signal (hard stop), the chunks kept, and whether `--resume` took the folder "
                 f"(its own stop, {res.get('resume_delay_s', 0):g} s after its plan line, timed "
-                f"too). Load average at the start: "
-                f"{', '.join(f'{x:.1f}' for x in load) if load else 'not recorded'}.", "",
+                f"too). The machine's state at the run is in its result file.", "",
                 "| config | stop | exit | at the signal | hard stop | chunks kept | resumes "
                 "(its stop) |", "|---|---|---|---|---|---|---|"]
         for r in res.get("rows") or []:
