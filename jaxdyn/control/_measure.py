@@ -31,7 +31,7 @@ O(N · block) memory).
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import diffrax
 import equinox as eqx
@@ -925,7 +925,7 @@ class _Setup:
         j0, (div0, _, pots, _, _) = self.objective(z0, first, None, _zero_potentials(n, m, dtype))
         hist = (nan_hist.at[0].set(j0), nan_hist.at[0].set(_w2_of(div0)),
                 nan_hist.at[0].set(first))
-        return (z0, self.adam.init(z0), pots, first, jnp.int32(0), hist, z0)
+        return _AdamCarry(z0, self.adam.init(z0), pots, first, jnp.int32(0), hist, z0)
 
     def adam_steps_between(self, carry, k0, k1):
         """Adam steps ``k0 … k1 − 1`` (none for invalid options)."""
@@ -943,8 +943,8 @@ class _Setup:
             hist = (hist[0].at[k + 1].set(j), hist[1].at[k + 1].set(_w2_of(div)),
                     hist[2].at[k + 1].set(eps))
             # a run of non-finite steps leaves z at the last finite iterate (apply_if_finite)
-            return (jnp.where(finite, z_new, z), state, pots, eps, accepted + finite, hist,
-                    jnp.where(finite, z, good))
+            return _AdamCarry(jnp.where(finite, z_new, z), state, pots, eps, accepted + finite,
+                              hist, jnp.where(finite, z, good))
 
         return jax.lax.cond(self.valid, lambda c: jax.lax.fori_loop(k0, k1, adam_step, c),
                             lambda c: c, carry)
@@ -956,8 +956,8 @@ class _Setup:
         # none): every segment then has one signature, one program
         state = jax.tree.map(lambda a: jax.lax.convert_element_type(a, a.dtype),
                              self.lbfgs.init(z))
-        return (z, state, jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist,
-                good), pots
+        return _LbfgsCarry(z, state, jnp.int32(0), jnp.int32(0), jnp.int32(-1), accepted, hist,
+                           good), pots
 
     def lbfgs_until(self, c, pots_fixed, it_end):
         """L-BFGS iterations at the final ε until ``it_end`` of them (or a stop)."""
@@ -970,7 +970,7 @@ class _Setup:
         vg_state = optax.value_and_grad_from_state(value)
 
         def cond(c):
-            return (c[2] < jnp.minimum(self.lbfgs_steps, it_end)) & (c[4] < 0) & self.valid
+            return (c.it < jnp.minimum(self.lbfgs_steps, it_end)) & (c.stop < 0) & self.valid
 
         def body(c):
             z, state, it, stall, stop, accepted, hist, last = c
@@ -1001,8 +1001,8 @@ class _Setup:
                     hist[2].at[k].set(eps_final))
             z_next = jnp.where(go, z_new, z)
             state = jax.tree.map(lambda a, b: jnp.where(go, a, b), new_state, state)
-            return (z_next, state, it + go.astype(jnp.int32), stall, stop,
-                    accepted + (go & decreased), hist, jnp.where(finite, z, last))
+            return _LbfgsCarry(z_next, state, it + go.astype(jnp.int32), stall, stop,
+                               accepted + (go & decreased), hist, jnp.where(finite, z, last))
 
         return jax.lax.while_loop(cond, body, c)
 
@@ -1046,6 +1046,31 @@ class _Setup:
                    "iterations": iterations, "grad_norm": gnorm, "stop": stop,
                    "sinkhorn_converged": conv, "sinkhorn_iterations": sk_it},
             model=kw["model"], free=tuple(self.free), t1=t1_static)
+
+
+class _AdamCarry(NamedTuple):
+    """The Adam phase's state between segments."""
+
+    z: Any  # the free controls, raveled
+    state: Any  # optax's Adam state
+    pots: Any  # the warm Sinkhorn potentials
+    eps: Any  # the ε of the last step
+    accepted: Any  # finite steps taken
+    hist: Any  # (loss, W2, ε) histories
+    good: Any  # the last finite iterate
+
+
+class _LbfgsCarry(NamedTuple):
+    """The L-BFGS phase's state between segments."""
+
+    z: Any
+    state: Any  # optax's L-BFGS state
+    it: Any  # iterations taken
+    stall: Any  # iterations in a row without a decrease
+    stop: Any  # the stop code, -1 while running
+    accepted: Any
+    hist: Any
+    last: Any  # the last finite iterate
 
 
 def _w2_of(div):
@@ -1104,11 +1129,11 @@ def _optimise(args, static, t1_static, segment, callback, traced):
             callback(int(done), total, float(hist[0][done]))
 
     carry = _opt_start(args, static)
-    report(0, carry[5])
+    report(0, carry.hist)
     for k0 in range(0, adam_steps, segment):
         k1 = min(k0 + segment, adam_steps)
         carry = _opt_adam(carry, i32(k0), i32(k1), args, static)
-        report(k1, carry[5])
+        report(k1, carry.hist)
     c, pots = _opt_lbfgs_start(carry, args, static)
     # one L-BFGS iteration a segment (its line search may evaluate the loss up to 16 times)
     lbfgs_segment = max(lbfgs_steps, 1) if traced else 1
@@ -1116,9 +1141,9 @@ def _optimise(args, static, t1_static, segment, callback, traced):
         c = _opt_lbfgs(c, pots, i32(min(end, lbfgs_steps)), args, static)
         if traced:
             break
-        done = adam_steps + int(c[2])
-        report(done, c[6])
-        if int(c[4]) >= 0:  # stopped (reached, stationary, stalled, non-finite)
+        done = adam_steps + int(c.it)
+        report(done, c.hist)
+        if int(c.stop) >= 0:  # stopped (reached, stationary, stalled, non-finite)
             break
     return _opt_finish(c, pots, args, static, t1_static)
 
