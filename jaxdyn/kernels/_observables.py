@@ -49,7 +49,8 @@ class WeightStats(NamedTuple):
     top_rank: jax.Array
 
 
-def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_block: int = 2048):
+def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_block: int = 2048,
+                      logits: str = "inner"):
     """Largest weight, entropy, effective number of keys and the top key's rank, per query.
 
     Args:
@@ -59,12 +60,17 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
       beta: inverse temperature (a scalar; traced values allowed).
       q_block: queries per block.
       k_block: keys per block.
+      logits: ``"inner"`` (``β x_iᵀ B y_j``) or ``"distance"`` (``−β |x_i − y_j|²/2``, B = I
+        only): on the unit sphere the two differ by the row constant β and give the same
+        weights, but the distance form keeps its precision for keys very near the query
+        (``1 − x·y`` rounds to a multiple of the dtype's ε, ``|x − y|²`` does not).
 
     Returns:
       :class:`WeightStats`.
 
     Raises:
-      ValueError: shapes that disagree, or blocks below 1.
+      ValueError: shapes that disagree, blocks below 1, an unknown ``logits``, or ``B`` with
+        ``logits="distance"``.
     """
     y = x if y is None else y
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
@@ -77,15 +83,19 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
     if int(q_block) < 1 or int(k_block) < 1:
         raise ValueError(f"weight_statistics: q_block and k_block must be at least 1, got "
                          f"{q_block} and {k_block}")
+    if logits not in ("inner", "distance"):
+        raise ValueError(f"weight_statistics: logits must be 'inner' or 'distance', got {logits!r}")
+    if logits == "distance" and B is not None:
+        raise ValueError("weight_statistics: logits='distance' is −β|x − y|²/2 (B = I); pass B=None")
     dtype = jnp.result_type(x.dtype, y.dtype, float)
     x, y = x.astype(dtype), y.astype(dtype)
     B = jnp.eye(d, dtype=dtype) if B is None else jnp.asarray(B, dtype)
     return _stats(x, y, B, jnp.asarray(beta, dtype), q_block=int(q_block),
-                  k_block=max(1, min(int(k_block), y.shape[0])))
+                  k_block=max(1, min(int(k_block), y.shape[0])), distance=logits == "distance")
 
 
-@functools.partial(jax.jit, static_argnames=("q_block", "k_block"))
-def _stats(x, y, B, beta, *, q_block, k_block):
+@functools.partial(jax.jit, static_argnames=("q_block", "k_block", "distance"))
+def _stats(x, y, B, beta, *, q_block, k_block, distance=False):
     m = y.shape[0]
     yp, nk = pad_rows(y, k_block, fill=0)
     blocks = (yp.reshape(nk, k_block, -1),
@@ -98,7 +108,10 @@ def _stats(x, y, B, beta, *, q_block, k_block):
         def first(carry, blk):
             mx, s0, s1, s2, top = carry
             keys, idx = blk
-            l = jnp.matmul(q, keys.T, precision=HIGHEST)
+            if distance:  # −β|x − y|²/2 from the differences themselves
+                l = -0.5 * beta * jnp.sum((xq[:, None, :] - keys[None, :, :]) ** 2, axis=-1)
+            else:
+                l = jnp.matmul(q, keys.T, precision=HIGHEST)
             l = jnp.where(idx[None, :] < m, l, -jnp.inf)
             bmx = jnp.max(l, axis=1)
             new = jnp.maximum(mx, bmx)
