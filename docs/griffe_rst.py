@@ -8,7 +8,10 @@ renders Markdown, so this extension rewrites, on every docstring as griffe loads
   (a leading ``~`` or ``!`` dropped);
 * double backquotes -> single backquotes (code);
 * a ``.. math::`` block -> a ``$$ ... $$`` display (typeset by MathJax on the site);
-* ``docs/math.md §B.4.2`` -> a link to that section of the maths page.
+* ``docs/math.md §B.4.2`` -> a link to that section of the maths page;
+* a module constant without a docstring takes the ``#:`` comment lines right above its
+  assignment as its docstring (the Sphinx convention the package uses; griffe reads only
+  string literals after the assignment).
 """
 
 from __future__ import annotations
@@ -70,10 +73,32 @@ def markdown_of(text: str) -> str:
     return _LITERAL.sub(lambda m: f"`{m.group(1)}`", text)
 
 
+def comment_doc(lines: list[str], lineno: int) -> str | None:
+    """The ``#:`` comment lines right above line ``lineno`` (1-based) of ``lines``, joined."""
+    doc, i = [], lineno - 2
+    while i >= 0 and lines[i].lstrip().startswith("#:"):
+        doc.append(lines[i].lstrip()[2:].strip())
+        i -= 1
+    return "\n".join(reversed(doc)) or None
+
+
 class RestToMarkdown(griffe.Extension):
     """Rewrite every docstring of the loaded package (see the module docstring)."""
 
+    def __init__(self):
+        super().__init__()
+        self._sources: dict[Path, list[str]] = {}
+
     def on_instance(self, *, node, obj, agent, **kwargs):  # noqa: ARG002 (griffe's signature)
-        """Rewrite ``obj``'s docstring in place."""
+        """Rewrite ``obj``'s docstring in place; give a commented constant its comment."""
+        if obj.docstring is None and obj.kind is griffe.Kind.ATTRIBUTE and obj.lineno:
+            path = Path(obj.filepath)
+            if path not in self._sources:
+                self._sources[path] = path.read_text().splitlines()
+            text = comment_doc(self._sources[path], obj.lineno)
+            if text:
+                obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj,
+                                                 parser=agent.docstring_parser,
+                                                 parser_options=agent.docstring_options)
         if obj.docstring is not None:
             obj.docstring.value = markdown_of(obj.docstring.value)

@@ -1,8 +1,9 @@
 """MkDocs hooks of the jaxdyn site: the API pages list every public name.
 
 A line ``::: jaxdyn.<subpackage>`` alone (no options) becomes the mkdocstrings block of that
-subpackage with ``members`` set to its runtime ``__all__``, so that a page documents exactly
-the public names and cannot drift from the code. The line ``::: jaxdyn`` becomes a table of the
+subpackage with ``members`` set to its public names (its runtime ``__all__`` less
+:data:`NOT_API`), so that a page documents exactly the public names and cannot drift from the
+code. The line ``::: jaxdyn`` becomes a table of the
 top-level names, each linked to its entry in its subpackage's page, followed by the full entries
 of the names that no subpackage page documents.
 """
@@ -15,13 +16,18 @@ import re
 SUBPACKAGES = ("sphere", "kernels", "models", "integrators", "simulation", "spectral",
                "clusters", "gaussian", "distances", "control", "pde", "encoder", "weights",
                "choices")
+#: names that a subpackage's ``__all__`` exports for the CLI's process machinery
+#: (``jaxdyn.experiments``) and that are not part of the library's API: the pages leave them out
+NOT_API = {"simulation": ("abandon_cluster", "all_gather_rows", "backends_initialized",
+                          "is_lost_process_error")}
 _DIRECTIVE = re.compile(r"^::: (jaxdyn(?:\.(\w+))?)[ \t]*$", re.M)
 
 
 def public_names(module: str) -> list[str]:
-    """The public names of a jaxdyn module: its ``__all__`` (modules and metadata excluded)."""
+    """The public names of a jaxdyn module: its ``__all__`` (modules, metadata, NOT_API excluded)."""
     mod = importlib.import_module(module)
-    names = list(getattr(mod, "__all__", []))
+    hidden = NOT_API.get(module.partition(".")[2], ())
+    names = [n for n in getattr(mod, "__all__", []) if n not in hidden]
     if module == "jaxdyn":
         names = [n for n in names if n not in SUBPACKAGES and n not in ("io", "__version__")]
     return sorted(names, key=str.lower)

@@ -33,6 +33,8 @@ __all__ = [
     "spectral_weights_host",
 ]
 
+#: the default relative tolerance of the assumption checks and of eigenvalue clustering
+#: (eigenvalues within ``rtol · max|μ|`` of each other count as equal)
 DEFAULT_RTOL = 1e-6
 
 

@@ -61,6 +61,8 @@ from ..gaussian._solve import Control, check_covariance, solve_moments
 
 
 
+#: the controls of Paper B's system ``ẋ = A x + b + V Σ_j w_ij x_j`` (kernel ``exp(x_jᵀB x_i)``), in
+#: the order of the loss masks
 CONTROL_NAMES = ("A", "B", "V", "b")
 _ALL_FREE = ("A", "b", "V", "B")
 

@@ -68,8 +68,10 @@ __all__ = [
     "pole_refine",
 ]
 
-# Pole signature required before a large ‖Σ‖ is called a blow-up (see module doc).
+#: a large ‖Σ‖ is called a blow-up only where the quadratic part of ``s' = ℓ s + q s²``
+#: dominates: ``q s ≥ DOMINANCE · |ℓ|`` (docs/math.md §B.7)
 DOMINANCE = 100.0
+#: ...and where q has a pole's size: ``q ≥ POLE_FRACTION · ‖VΣ̂‖_F ‖BΣ̂‖_F``
 POLE_FRACTION = 1e-3
 
 

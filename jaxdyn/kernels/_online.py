@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+#: the matmul precision of every kernel (full float32 on GPUs, whose default is TF32)
 HIGHEST = jax.lax.Precision.HIGHEST
 
 MODES = ("bound", "zero", "running", "hardmax")

@@ -91,6 +91,7 @@ FASTER_MAX_PARTICLES = 48
 TILE_ELEMENTS = 128 * 32 * 32
 #: on accelerators, the largest logits tile of one chunk (elements; 256 MiB in float32)
 ACCEL_TILE_ELEMENTS = 2**26
+#: the fixed-step schemes ``simulate_ensemble`` takes, by name
 METHODS = ("euler", "rk4", "exp_euler", "euler_renormalise")
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
