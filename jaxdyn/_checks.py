@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 __all__ = ["check_bounds", "check_cloud", "check_density", "check_finite", "check_integer",
-           "check_same_length", "check_square", "check_times", "is_traced"]
+           "check_same_length", "check_square", "check_times", "is_traced", "nan_where",
+           "scalar_domain"]
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
@@ -259,3 +260,80 @@ def check_square(name: str, a, d: int | None = None, *, batch: bool = False) -> 
         n = "d" if d is None else str(d)
         want = f"({'..., ' if batch else ''}{n}, {n})"
         raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {shape}")
+
+
+def scalar_domain(name: str, v, *, low=None, high=None, low_open: bool = False,
+                  high_open: bool = False, what: str = ""):
+    """One rule for a value-constrained parameter: concrete values refused, traced ones flagged.
+
+    A concrete value outside the range (or not finite) gives the message of the ValueError the
+    caller raises before compute (:func:`check_bounds`); a traced one gives the program's flag,
+    which the caller turns into NaN (:func:`nan_where`) since a bare array has no status.
+
+    Args:
+        name: the parameter's name, used in the message.
+        v: a number, an array-like of numbers or a tracer (None: nothing to check).
+        low: the least value allowed (None: no lower bound).
+        high: the largest value allowed (None: no upper bound).
+        low_open: exclude ``low`` itself.
+        high_open: exclude ``high`` itself.
+        what: what the parameter is, appended to the name in the message.
+
+    Returns:
+        ``(message, bad)``: the ValueError's message for a concrete value out of its domain
+        (else None), and for a traced value a boolean array of its shape, True where it is not
+        finite or out of range (None for a concrete value).
+    """
+    if v is None:
+        return None, None
+    if not is_traced(v):
+        try:
+            check_bounds(name, v, low=low, high=high, low_open=low_open, high_open=high_open,
+                         what=what)
+        except ValueError as e:
+            return str(e), None
+        return None, None
+    import jax.numpy as jnp  # (this module stays importable without tracing anything)
+
+    bad = ~jnp.isfinite(v)
+    if low is not None:
+        bad = bad | ((v <= low) if low_open else (v < low))
+    if high is not None:
+        bad = bad | ((v >= high) if high_open else (v > high))
+    return None, bad
+
+
+def nan_where(bad, out):
+    """``out`` with NaN where ``bad`` (−1 in integer leaves, False in boolean ones).
+
+    Args:
+        bad: None (``out`` unchanged) or flags that broadcast against each leaf's leading axes
+            (a scalar flag poisons the whole leaf); several flags may be given as a tuple or
+            list (None entries skipped), combined by "or".
+        out: an array or a pytree of arrays.
+
+    Returns:
+        ``out`` with the flagged entries replaced.
+    """
+    import jax.numpy as jnp
+
+    if isinstance(bad, (tuple, list)):
+        flags = [b for b in bad if b is not None]
+        bad = None
+        for b in flags:
+            bad = b if bad is None else jnp.logical_or(bad, b)
+    if bad is None:
+        return out
+
+    def one(a):
+        a = jnp.asarray(a)
+        b = jnp.reshape(bad, jnp.shape(bad) + (1,) * max(a.ndim - jnp.ndim(bad), 0))
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            fill = jnp.nan
+        elif a.dtype == jnp.bool_:
+            fill = False
+        else:
+            fill = -1
+        return jnp.where(b, jnp.asarray(fill, a.dtype), a)
+
+    return jax.tree.map(one, out)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._checks import check_finite
+from .._checks import check_finite, nan_where, scalar_domain
 from .._results import RESULTS, Solution, from_codes, status_code
 from ..distances import bures_w2_squared, w2_exact
 from ..gaussian._particles import gaussian_cloud
@@ -106,7 +106,7 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
         model: a :class:`ControlledEuclideanAttention`, or a mapping of controls
             ``{"A", "B", "V", "b"}``.
         x0: (N, d) the initial cloud.
-        t1: the horizon.
+        t1: the horizon, finite and > 0. A traced value outside the domain gives NaN.
         steps_per_piece: fixed steps in each piece.
         method: ``"rk4"`` or ``"euler"``.
 
@@ -114,7 +114,8 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
         (n_pieces + 1, N, d): the cloud at ``t = k t1 / n_pieces``.
 
     Raises:
-        ValueError: an unknown method, ``x0`` not (N, d), ``steps_per_piece < 1``.
+        ValueError: an unknown method, ``x0`` not (N, d), ``steps_per_piece < 1``, or a
+            concrete ``t1`` that is not finite and > 0.
     """
     if isinstance(model, Mapping):
         model = ControlledEuclideanAttention.from_controls(model)
@@ -125,8 +126,12 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
         raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
     if int(steps_per_piece) < 1:
         raise ValueError(f"steps_per_piece must be >= 1, got {steps_per_piece}")
+    err, bad, t1 = _time(t1)
+    if err:
+        raise ValueError(err)
     piecewise, n, _ = _piece_info(model)
-    return _flow(model, x0, _time(t1), int(n), int(steps_per_piece), bool(piecewise), method)
+    return nan_where(bad, _flow(model, x0, t1, int(n), int(steps_per_piece), bool(piecewise),
+                                method))
 
 
 @eqx.filter_jit
@@ -150,14 +155,15 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
     Args:
         model: a :class:`ControlledEuclideanAttention`, or a mapping of controls.
         x0: (N, d) the initial cloud.
-        t1: the horizon.
+        t1: the horizon, finite and > 0. A traced value outside the domain gives NaN.
         n_layers: L.
 
     Returns:
         (N, d) the cloud after the last layer.
 
     Raises:
-        ValueError: ``n_layers < 1`` or ``x0`` not (N, d).
+        ValueError: ``n_layers < 1``, ``x0`` not (N, d), or a concrete ``t1`` that is not
+            finite and > 0.
     """
     if isinstance(model, Mapping):
         model = ControlledEuclideanAttention.from_controls(model)
@@ -166,12 +172,24 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
     x0 = jnp.asarray(x0)
     if x0.ndim != 2 or x0.shape[1] != model.dim:
         raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
-    return _layers(model, x0, _time(t1), int(n_layers))
+    err, bad, t1 = _time(t1)
+    if err:
+        raise ValueError(err)
+    return nan_where(bad, _layers(model, x0, t1, int(n_layers)))
 
 
 def _time(t1):
-    """``t1`` as a Python float (static) when concrete and scalar, else as given (traced)."""
-    return t1 if isinstance(t1, jax.Array) else float(t1)
+    """``t1`` checked (finite, > 0) and as the flows take it.
+
+    Returns:
+        ``(message, bad, t1)``: the ValueError's message for a concrete ``t1`` out of its
+        domain (else None), the flag of a traced one out of it (None for a concrete one), and
+        ``t1`` as a Python float when concrete and scalar, else as given (1 where flagged).
+    """
+    err, bad = scalar_domain("t1", t1, low=0, low_open=True, what=" (the horizon)")
+    if err or bad is not None:
+        return err, bad, (t1 if bad is None else jnp.where(bad, 1, t1))
+    return None, None, (t1 if isinstance(t1, jax.Array) else float(t1))
 
 
 class CloudW2(Solution):

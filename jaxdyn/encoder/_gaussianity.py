@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_bounds, check_integer
+from .._checks import check_bounds, check_integer, nan_where, scalar_domain
 from ..distances import bures_w2, sqrtm_psd
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -485,7 +485,7 @@ def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype
       batch: sequences.
       seq: tokens a sequence.
       d: the width.
-      scale: s.
+      scale: s, finite and > 0. A traced value outside the domain gives NaN.
       dtype: the floating dtype.
 
     Returns:
@@ -497,7 +497,8 @@ def gaussian_tokens(key, batch: int, seq: int, d: int, scale: float = 1.0, dtype
     shape = tuple(check_integer(n, v, minimum=1) for n, v in
                   (("batch", batch), ("seq", seq), ("d (the width)", d)))
     check_bounds("scale", scale, low=0, low_open=True)
-    return scale * jax.random.normal(key, shape, dtype)
+    bad = scalar_domain("scale", scale, low=0, low_open=True)[1]
+    return nan_where(bad, scale * jax.random.normal(key, shape, dtype))
 
 
 _CONTROL_KINDS = ("cube", "relu", "split")

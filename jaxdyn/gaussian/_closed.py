@@ -76,14 +76,20 @@ def _check_scalar_law(sigma0, a, c, t=None):
     """The host checks of the scalar law's concrete inputs (σ0 ≥ 0; t, a, c finite).
 
     Returns:
-        σ0, NaN where a traced σ0 is negative (the results are then NaN).
+        σ0, NaN where a traced σ0 is negative or not finite, or a traced t, a or c is not
+        finite (the results are then NaN).
     """
     check_bounds("sigma0", sigma0, low=0, what=" (the initial variance)")
     for name, v in (("t", t), ("a", a), ("c", c)):
         check_finite(name, v)
-    if isinstance(sigma0, jax.core.Tracer):
-        return jnp.where(sigma0 >= 0, sigma0, jnp.nan)
-    return sigma0
+    traced = [v for v in (sigma0, t, a, c) if isinstance(v, jax.core.Tracer)]
+    if not traced:
+        return sigma0
+    ok = jnp.asarray(sigma0) >= 0
+    for v in (sigma0, t, a, c):
+        if isinstance(v, jax.core.Tracer):
+            ok = ok & jnp.isfinite(v)
+    return jnp.where(ok, sigma0, jnp.nan)
 
 
 def scalar_variance(t, sigma0, a, c):
@@ -101,7 +107,8 @@ def scalar_variance(t, sigma0, a, c):
         σ(t), broadcast over the inputs; inf at and after the blow-up time.
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete t, a or c that
-    are not finite, or a σ0 that is not a finite number >= 0 (a variance).
+    are not finite, or a σ0 that is not a finite number >= 0 (a variance). A traced value
+    outside the domain gives NaN.
     """
     sigma0 = _check_scalar_law(sigma0, a, c, t=t)
     t, sigma0, a, c = (jnp.asarray(x) for x in (t, sigma0, a, c))
@@ -126,7 +133,8 @@ def scalar_blowup_time(sigma0, a, c):
         T*, broadcast over the inputs.
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses concrete a or c that are
-    not finite, or a σ0 that is not a finite number >= 0 (a variance).
+    not finite, or a σ0 that is not a finite number >= 0 (a variance). A traced value outside
+    the domain gives NaN.
     """
     sigma0 = _check_scalar_law(sigma0, a, c)
     sigma0, a, c = (jnp.asarray(x) for x in (sigma0, a, c))
@@ -138,7 +146,7 @@ def scalar_blowup_time(sigma0, a, c):
     x_safe = jnp.where(small, 1.0, x)
     # log1p(x)/(2a) = log1p(x)/x / (2 cσ0)
     ratio = jnp.where(small, 1.0 - x / 2.0, jnp.log1p(x_safe) / x_safe)
-    return jnp.where(blows, ratio / (2.0 * cs_safe), jnp.inf)
+    return jnp.where(jnp.isnan(sigma0), jnp.nan, jnp.where(blows, ratio / (2.0 * cs_safe), jnp.inf))
 
 
 def vi_blowup_time(S0, B, v):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .._checks import nan_where, scalar_domain
 from ..kernels._attention import HIGHEST
 
 COVARIANCE_ATTENTIONS = ("softmax", "l2", "sinkhorn")
@@ -53,6 +54,17 @@ def _heads(Q, K, V):
     return Q, K, V
 
 
+def _beta_checked(beta):
+    """β checked (finite, >= 0): a concrete β outside refused, a traced one made NaN.
+
+    Returns:
+        ``(message, beta)``: the ValueError's message for a concrete β out of its domain
+        (else None) and β, NaN where a traced β is out of its domain (the results follow).
+    """
+    err, bad = scalar_domain("beta", beta, low=0, what=" (inverse temperature)")
+    return err, nan_where(bad, beta)
+
+
 def conditional_mean_map(S, Q, K, beta=1.0, *, attention="softmax"):
     """``T`` (d, d) with ``E_w[y | x] = T x`` for one head on N(0, S) (module doc).
 
@@ -60,17 +72,21 @@ def conditional_mean_map(S, Q, K, beta=1.0, *, attention="softmax"):
         S: (d, d) covariance.
         Q: (p, d) query weights.
         K: (p, d) key weights.
-        beta: inverse temperature.
+        beta: inverse temperature, finite and >= 0. A traced value outside the domain gives
+            NaN.
         attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
 
     Returns:
         (d, d) T.
 
     Raises:
-        ValueError: an unknown attention.
+        ValueError: an unknown attention, or a concrete β that is negative or not finite.
     """
     if attention not in COVARIANCE_ATTENTIONS:
         raise ValueError(f"attention must be one of {COVARIANCE_ATTENTIONS}, got {attention!r}")
+    err, beta = _beta_checked(beta)
+    if err:
+        raise ValueError(err)
     d = S.shape[0]
     A = beta * _mm(K.T, Q)
     if attention == "softmax":
@@ -96,7 +112,9 @@ def covariance_rhs(S, Q, K, V, beta=1.0, *, attention="softmax"):
         Q: (H, p, d) per-head query weights (or (p, d)).
         K: (H, p, d) per-head key weights (or (p, d)).
         V: (H, d, d) per-head value weights (or (d, d)).
-        beta: inverse temperature (logits β⟨Q_h x, K_h y⟩, or −β|Q_h x − K_h y|²).
+        beta: inverse temperature (logits β⟨Q_h x, K_h y⟩, or −β|Q_h x − K_h y|²), finite and
+            >= 0 (a ValueError from :func:`conditional_mean_map` otherwise). A traced value
+            outside the domain gives NaN.
         attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"`` (entropic ε = 1/β).
 
     Returns:
@@ -118,13 +136,14 @@ def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
         S: (d, d) covariance.
         Q: the head's query weights, as for :func:`conditional_mean_map`.
         K: its key weights, as there.
-        beta: the inverse temperature, as there.
+        beta: the inverse temperature, as there (a traced value outside the domain gives NaN).
         attention: the attention, as there (a ValueError from there for an unknown one).
 
     Returns:
         ``(c (d,), T (d, d))``.
     """
     T = conditional_mean_map(S, Q, K, beta, attention=attention)
+    bad = scalar_domain("beta", beta, low=0)[1]  # (c = m for softmax: NaN with T)
     if attention == "softmax":
         c = m
     elif attention == "l2":
@@ -132,7 +151,7 @@ def conditional_mean_affine(m, S, Q, K, beta=1.0, *, attention="softmax"):
         c = jnp.linalg.solve(eye + 2.0 * beta * _mm(S, _mm(K.T, K)), m)
     else:
         c = m - _mm(T, m)
-    return c, T
+    return nan_where(bad, c), T
 
 
 def variant_moment_rhs(m, S, A, b, Q, K, V, beta=1.0, *, attention="softmax"):
@@ -151,7 +170,9 @@ def variant_moment_rhs(m, S, A, b, Q, K, V, beta=1.0, *, attention="softmax"):
         Q: (H, p, d) (or (p, d)).
         K: (H, p, d) (or (p, d)).
         V: (H, d, d) (or (d, d)).
-        beta: inverse temperature.
+        beta: inverse temperature, finite and >= 0 (a ValueError from
+            :func:`conditional_mean_map` otherwise). A traced value outside the domain gives
+            NaN.
         attention: ``"softmax"`` | ``"l2"`` | ``"sinkhorn"``.
 
     Returns:

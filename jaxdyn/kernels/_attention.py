@@ -60,6 +60,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._checks import nan_where, scalar_domain
 from ..choices import KERNELS, NORMALIZATIONS
 from ._local import DEFAULT_TOL, local_attention
 from ._online import (FUSED_MAX_D, HIGHEST, LOGITS, SAFE_SHIFT, bound, pad_rows, ratio,
@@ -204,7 +205,8 @@ def interaction(
       x: queries, shape (n, d).
       y: keys (also the values averaged), shape (m, d).
       B: bilinear form, shape (d, d) (``B = Qᵀ K`` for Paper A).
-      beta: inverse temperature, scalar (ignored by ``"hardmax"``).
+      beta: inverse temperature, a finite scalar >= 0 (ignored by ``"hardmax"``). A traced
+        value outside the domain gives NaN.
       normalization: ``"softmax"`` | ``"unnormalized"`` | ``"hardmax"``.
       kernel: ``"dense"`` | ``"blocked"`` | ``"local"`` | ``"auto"`` (:func:`resolve_kernel`:
         blocked from ``AUTO_BLOCKED_MIN_KEYS`` keys on, and from ``AUTO_LOCAL_MIN_KEYS`` the
@@ -221,9 +223,10 @@ def interaction(
       (n, d) array ``m``.
 
     Raises:
-      ValueError: shapes that do not match, no keys, a non-scalar ``beta``, an unknown
-        ``normalization`` or ``kernel``, ``"local"`` with other than softmax weights, a
-        block size that is not a positive integer, or a bad ``tol``/``capacity``.
+      ValueError: shapes that do not match, no keys, a non-scalar ``beta`` or a concrete one
+        that is negative or not finite, an unknown ``normalization`` or ``kernel``,
+        ``"local"`` with other than softmax weights, a block size that is not a positive
+        integer, or a bad ``tol``/``capacity``.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(_choice_error("normalization", normalization, NORMALIZATIONS))
@@ -240,6 +243,10 @@ def interaction(
     if jnp.ndim(beta) != 0:
         raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
                          f"{jnp.shape(beta)}")
+    err, bad = (None, None) if normalization == "hardmax" else scalar_domain(
+        "beta", beta, low=0, what=" (inverse temperature)")
+    if err:
+        raise ValueError(err)
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
     kernel = resolve_kernel(kernel, y.shape[0], normalization)
@@ -248,9 +255,11 @@ def interaction(
     # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
     # small programs per shape; under a caller's jit this inlines). The bound shift's guard is
     # read here, at each call, so that it keys the program.
-    return _interaction_jit(x, y, B, beta, normalization=normalization, kernel=kernel,
-                            k_block=k_block, q_block=q_block, self_keys=y is x,
-                            safe=_guard(x.dtype), tol=tol, capacity=capacity)[0]
+    m = _interaction_jit(x, y, B, beta if bad is None else jnp.where(bad, 1, beta),
+                         normalization=normalization, kernel=kernel, k_block=k_block,
+                         q_block=q_block, self_keys=y is x, safe=_guard(x.dtype), tol=tol,
+                         capacity=capacity)[0]
+    return nan_where(bad, m)
 
 
 def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
@@ -269,7 +278,8 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
       x: queries, (n, d).
       y: keys, also the values averaged, (m, d).
       B: bilinear form (d, d).
-      beta: inverse temperature, scalar.
+      beta: inverse temperature, a finite scalar >= 0. A traced value outside the domain
+        gives NaN (the averages and the bounds).
       tol: the bound of the error relative to ``max_j |y_j|``, in (0, 1).
       capacity: the key leaves (of 64 keys) a query leaf's list holds; None: a quarter of
         them, at least 256 (:func:`jaxdyn.kernels._local.local_attention`). An overflow is
@@ -298,13 +308,19 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
     if jnp.ndim(beta) != 0:
         raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
                          f"{jnp.shape(beta)}")
+    err, bad = scalar_domain("beta", beta, low=0, what=" (inverse temperature)")
+    if err:
+        raise ValueError(err)
     tol, capacity = check_local(tol, capacity)
     if max_visited is not None and not 0.0 < float(max_visited) <= 1.0:
         raise ValueError(f"max_visited must be None or in (0, 1], got {max_visited!r}")
-    return _interaction_jit(x, y, B, beta, normalization="softmax", kernel="local",
-                            k_block=None, q_block=None, self_keys=y is x,
-                            safe=_guard(x.dtype), tol=tol, capacity=capacity,
-                            max_visited=None if max_visited is None else float(max_visited))
+    m, stats = _interaction_jit(
+        x, y, B, beta if bad is None else jnp.where(bad, 1, beta), normalization="softmax",
+        kernel="local", k_block=None, q_block=None, self_keys=y is x, safe=_guard(x.dtype),
+        tol=tol, capacity=capacity,
+        max_visited=None if max_visited is None else float(max_visited))
+    return nan_where(bad, m), (stats if bad is None else stats._replace(
+        bound=nan_where(bad, stats.bound), mass=nan_where(bad, stats.mass)))
 
 
 def _guard(dtype):

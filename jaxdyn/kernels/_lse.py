@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from .._checks import nan_where, scalar_domain
 from ._online import finite_or_zero, map_query_blocks, pad_rows, running_update
 
 __all__ = ["LSE_K_BLOCK", "blocked_lse", "lse_key_block", "lse_tile"]
@@ -109,13 +110,28 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE
       pts: (n, d) points.
       other: (m, d) points of the other cloud.
       pot: (m,) potentials.
-      eps: the entropic regularisation ε > 0.
+      eps: the entropic regularisation ε > 0, finite. A traced value outside the domain
+        gives NaN.
       q_block: rows per block.
       k_block: points of the other cloud per block.
 
     Returns:
       (n,) log-sum-exps times ε.
+
+    Raises:
+      ValueError: a concrete ``eps`` that is not finite and > 0.
     """
+    err, bad = scalar_domain("eps", eps, low=0, low_open=True, what=" (entropic regularisation)")
+    if err:
+        raise ValueError(err)
+    if bad is not None:  # a traced ε: its invalid lanes compute with ε = 1, NaN after
+        return nan_where(jnp.any(bad), _lse(pts, other, pot, jnp.where(bad, 1, eps), q_block,
+                                            k_block))
+    return _lse(pts, other, pot, eps, q_block, k_block)
+
+
+def _lse(pts, other, pot, eps, q_block, k_block):
+    """:func:`blocked_lse` after its check of ε."""
     n, d = pts.shape
     m = other.shape[0]
     dtype = pts.dtype

@@ -54,6 +54,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._checks import nan_where, scalar_domain
 from ..choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
 from ._online import FUSED_MAX_D, bound, query_positions, ratio, sums
@@ -115,7 +116,7 @@ def default_rope_freqs(p, base=10000.0, dtype=jnp.float32):
 
     Args:
       p: head dimension.
-      base: the frequency base.
+      base: the frequency base, finite and > 0. A traced value outside the domain gives NaN.
       dtype: floating dtype of the result.
 
     Returns:
@@ -129,7 +130,8 @@ def default_rope_freqs(p, base=10000.0, dtype=jnp.float32):
     if isinstance(p, bool) or not hasattr(p, "__index__") or int(p) < 1:
         raise ValueError(f"p (the head dimension) must be an integer >= 1, got {p!r}")
     check_domain("base", base, Domain("positive", 0, "RoPE base"))
-    return jnp.asarray(base, dtype) ** (-2.0 * jnp.arange(p // 2, dtype=dtype) / p)
+    _, bad = scalar_domain("base", base, low=0, low_open=True)
+    return nan_where(bad, jnp.asarray(base, dtype) ** (-2.0 * jnp.arange(p // 2, dtype=dtype) / p))
 
 
 def _dense_logits(q, k, beta, key_bias, alibi, causal, logits, q_offset=None):
@@ -186,7 +188,8 @@ def attention_weights(q, k, beta, *, key_bias=None, alibi=None, causal=False, lo
     Args:
       q: (H, n, p) queries.
       k: (H, m, p) keys.
-      beta: inverse temperature, scalar.
+      beta: inverse temperature, a finite scalar >= 0. A traced value outside the domain
+        gives NaN.
       key_bias: (H, m) per-key bias, or None.
       alibi: (H,) ALiBi slopes, or None.
       causal: mask ``j > i``.
@@ -198,20 +201,36 @@ def attention_weights(q, k, beta, *, key_bias=None, alibi=None, causal=False, lo
 
     Raises:
       ValueError: shapes that do not match, an unknown ``logits``, a causal mask with
-        n ≠ m or with Sinkhorn sweeps, or a negative ``sinkhorn_iters``.
+        n ≠ m or with Sinkhorn sweeps, a negative ``sinkhorn_iters``, or a ``beta`` that is
+        not a scalar (or, concrete, negative or not finite).
     """
     err = _variant_error(q, k, None, key_bias, alibi, causal, logits, sinkhorn_iters)
-    if err:
-        raise ValueError(err)
+    beta_err, bad, beta = _beta_domain(beta)
+    if err or beta_err:
+        raise ValueError(err or beta_err)
     beta = jnp.asarray(beta, q.dtype)
-    return jax.vmap(_dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None,
-                                                   None, None))(
-        q, k, beta, key_bias, alibi, causal, logits, int(sinkhorn_iters))
+    return nan_where(bad, jax.vmap(
+        _dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None, None, None))(
+        q, k, beta, key_bias, alibi, causal, logits, int(sinkhorn_iters)))
 
 
 def _ax(a):
     """``vmap``'s axis of an optional per-head argument."""
     return None if a is None else 0
+
+
+def _beta_domain(beta):
+    """β's domain (a finite scalar >= 0) checked; a traced invalid β replaced by 1.
+
+    Returns:
+      ``(message, bad, beta)``: a concrete β's ValueError message (None if fine), the flag
+      of a traced β out of the domain (None for a concrete one) and β to compute with.
+    """
+    if jnp.ndim(beta) != 0:
+        return (f"beta must be a scalar (vmap over a stack for several), got shape "
+                f"{jnp.shape(beta)}"), None, beta
+    err, bad = scalar_domain("beta", beta, low=0, what=" (inverse temperature)")
+    return err, bad, (beta if bad is None else jnp.where(bad, 1, beta))
 
 
 def _variant_error(q, k, v, key_bias, alibi, causal, logits, sinkhorn_iters):
@@ -256,7 +275,8 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
       q: queries (H, n, p) (RoPE already applied).
       k: keys (H, m, p).
       v: values (m, e), shared by the heads.
-      beta: inverse temperature, scalar.
+      beta: inverse temperature, a finite scalar >= 0. A traced value outside the domain
+        gives NaN.
       key_bias: (H, m) per-key bias, or None.
       alibi: ALiBi slopes (H,), or None.
       causal: keys j ≤ i only.
@@ -278,8 +298,9 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
     Raises:
       ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a causal
         mask with n ≠ m (without ``q_offset``) or with Sinkhorn sweeps, Sinkhorn sweeps with
-        a ``q_offset``, a negative ``sinkhorn_iters``, or a block size that is not a
-        positive integer.
+        a ``q_offset``, a negative ``sinkhorn_iters``, a block size that is not a
+        positive integer, or a ``beta`` that is not a scalar (or, concrete, negative or not
+        finite).
     """
     err = _variant_error(q, k, v, key_bias, alibi, causal and q_offset is None, logits,
                          sinkhorn_iters)
@@ -289,13 +310,15 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
     if not err and q_offset is not None and sinkhorn_iters:
         err = ("Sinkhorn sweeps need every query row: compute their key bias on the whole "
                "cloud and pass it as key_bias with sinkhorn_iters=0")
-    if err:
-        raise ValueError(err)
+    beta_err, bad, beta = _beta_domain(beta)
+    if err or beta_err:
+        raise ValueError(err or beta_err)
     kernel, k_block, q_block = _call_blocks(kernel, k_block, q_block, q.shape[1], k.shape[1])
     # one program a call shape when called eagerly (inlined under a caller's jit)
-    return _heads_jit(q, k, v, beta, key_bias, alibi, q_offset, causal=bool(causal),
-                      logits=logits, iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
-                      q_block=q_block, safe=_guard(q.dtype))
+    return nan_where(bad, _heads_jit(q, k, v, beta, key_bias, alibi, q_offset,
+                                     causal=bool(causal), logits=logits,
+                                     iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
+                                     q_block=q_block, safe=_guard(q.dtype)))
 
 
 def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", sinkhorn_iters=1,
@@ -309,7 +332,8 @@ def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", si
     Args:
       q: queries (H, n, p), every row.
       k: keys (H, m, p).
-      beta: inverse temperature, scalar.
+      beta: inverse temperature, a finite scalar >= 0. A traced value outside the domain
+        gives NaN.
       key_bias: (H, m) per-key bias, or None.
       alibi: ALiBi slopes (H,), or None.
       logits: ``"dot"`` | ``"l2"``.
@@ -323,19 +347,21 @@ def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", si
 
     Raises:
       ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a
-        ``sinkhorn_iters`` that is not an integer >= 1, or a bad block size.
+        ``sinkhorn_iters`` that is not an integer >= 1, a bad block size, or a ``beta`` that
+        is not a scalar (or, concrete, negative or not finite).
     """
     err = _variant_error(q, k, None, key_bias, alibi, False, logits, sinkhorn_iters)
     if not err and int(sinkhorn_iters) < 1:
         err = f"sinkhorn_iters must be an integer >= 1, got {sinkhorn_iters!r}"
-    if err:
-        raise ValueError(err)
+    beta_err, bad, beta = _beta_domain(beta)
+    if err or beta_err:
+        raise ValueError(err or beta_err)
     kernel, k_block, q_block = _call_blocks(kernel, k_block, q_block, q.shape[1], k.shape[1])
     v = jnp.zeros((k.shape[1], 0), q.dtype)
     g = _heads_jit(q, k, v, beta, key_bias, alibi, None, causal=False, logits=logits,
                    iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block, q_block=q_block,
                    safe=_guard(q.dtype), potential=True)
-    return g if key_bias is None else key_bias.astype(g.dtype) + g
+    return nan_where(bad, g if key_bias is None else key_bias.astype(g.dtype) + g)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "logits", "iters", "kernel", "k_block",

@@ -380,7 +380,14 @@ class EuclideanAttention(AbstractParticleModel):
 
         Returns:
           The :class:`EuclideanAttention` with those parameters.
+
+        Raises:
+          ValueError: ``controls`` lacks one of ``"A"``, ``"B"``, ``"V"``.
         """
+        missing = [k for k in ("A", "B", "V") if k not in controls]
+        if missing:
+            raise ValueError(f"controls must hold 'A', 'B' and 'V' (and optionally 'b'); "
+                             f"missing {missing}, got keys {sorted(controls)}")
         return cls(controls["A"], controls["B"], controls["V"], controls.get("b"),
                    activation=activation, kernel=kernel, tol=tol, capacity=capacity)
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_integer
+from .._checks import check_bounds, check_integer, nan_where, scalar_domain
 from ..models import AbstractQKVModel, Domain
 from ..models._params import check_domain
 from ._circle import check_weights, host_value, to_leaf
@@ -106,12 +106,14 @@ def bessel_ive(r, K: int, extra: int | None = None):
       r.shape + (K + 1,) array.
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses K or extra not an integer
-    >= 0, or a concrete r that is not finite and >= 0.
+    >= 0, or a concrete r that is not finite and >= 0. A traced value outside the domain gives
+    NaN (in its entry's row).
     """
     K = check_integer("K (the largest order)", K, minimum=0)
     extra = None if extra is None else check_integer("extra", extra, minimum=0)
     check_bounds("r", r, low=0)
-    r = jnp.asarray(r)
+    bad = scalar_domain("r", r, low=0)[1]
+    r = jnp.asarray(r) if bad is None else jnp.where(bad, 0, r)
     L = 2 * K + 30 if extra is None else K + int(extra)
 
     def step(rho_next, k):
@@ -123,7 +125,7 @@ def bessel_ive(r, K: int, extra: int | None = None):
     ratios = jnp.flip(ratios, 0)[:K]                         # ρ_1 .. ρ_K
     ratios = jnp.moveaxis(ratios, 0, -1)
     i0 = jax.scipy.special.i0e(r)[..., None]
-    return jnp.concatenate([i0, i0 * jnp.cumprod(ratios, axis=-1)], -1)
+    return nan_where(bad, jnp.concatenate([i0, i0 * jnp.cumprod(ratios, axis=-1)], -1))
 
 
 class CircleAttention(AbstractQKVModel):
