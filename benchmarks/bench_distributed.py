@@ -7,7 +7,7 @@ run by the CLI in two layouts of the same two devices:
   cores exposed as devices, the default on this machine);
 - ``2x1``: two processes with one device each, one JAX cluster on localhost
   (``jaxdyn run CONFIG --out DIR --distributed`` twice, ``JAX_COORDINATOR_ADDRESS`` /
-  ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, one host device each, gloo collectives).
+  ``JAXDYN_NUM_PROCESSES`` / ``JAXDYN_PROCESS_ID``, one host device each, gloo collectives).
 
 For each: the wall time of the whole command (start-up, compilation and figures included;
 for ``2x1`` until both processes have ended), the engine's ``elapsed_seconds`` (from
@@ -84,7 +84,7 @@ def run_layout(layout, out, extra, timeout):
         procs = [subprocess.Popen(cmd + ["--distributed"], cwd=str(ROOT), stdout=subprocess.DEVNULL,
                                   env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=1",
                                            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                           JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
+                                           JAXDYN_NUM_PROCESSES="2", JAXDYN_PROCESS_ID=str(i)))
                  for i in range(2)]
     rcs, cpu = _wait_all(procs, timeout)
     wall = time.perf_counter() - t0

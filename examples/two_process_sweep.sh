@@ -6,8 +6,8 @@
 #     bash examples/two_process_sweep.sh [--out OUT]   # OUT: default a new temporary folder
 #
 # (`bash examples/two_process_sweep.sh OUT` works too.) On several machines, run the same
-# command on each with JAX_PROCESS_ID = 0, 1, ... and JAX_COORDINATOR_ADDRESS = process 0's
-# host:port (or under SLURM, none of the three variables).
+# command on each with JAXDYN_PROCESS_ID = 0, 1, ... and JAX_COORDINATOR_ADDRESS = process 0's
+# host:port (under SLURM, none of them: JAX reads the job's layout).
 set -euo pipefail
 OUT=
 while (($#)); do
@@ -21,15 +21,15 @@ while (($#)); do
 done
 OUT=${OUT:-$(mktemp -d)/two_process_sweep}
 PORT=${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
-export JAX_COORDINATOR_ADDRESS=127.0.0.1:$PORT JAX_NUM_PROCESSES=2
+export JAX_COORDINATOR_ADDRESS=127.0.0.1:$PORT JAXDYN_NUM_PROCESSES=2
 export JAXDYN_NO_HOST_DEVICES=1                 # one CPU device per process
 # configs/sweep_large.yaml, made small: 4 β × 2 seeds × 1 N = 8 systems in 2 chunks, to t = 10
 # (time enough for the mean inner product to grow: clustering, fastest at small β)
 SMALL=(--set "sweep.beta=[0.5, 1.0, 2.0, 4.0]" --set "sweep.seed=[0, 1]" --set "sweep.n=[64]"
        --set t1=10.0 --set "snapshots=[0.0, 10.0]" --set chunk_size=4 --quiet)
 # process 1 prints one line naming itself; process 0 prints the plan and where it writes
-JAX_PROCESS_ID=1 jaxdyn run configs/sweep_large.yaml --out "$OUT" --distributed "${SMALL[@]}" &
-JAX_PROCESS_ID=0 jaxdyn run configs/sweep_large.yaml --out "$OUT" --distributed "${SMALL[@]}"
+JAXDYN_PROCESS_ID=1 jaxdyn run configs/sweep_large.yaml --out "$OUT" --distributed "${SMALL[@]}" &
+JAXDYN_PROCESS_ID=0 jaxdyn run configs/sweep_large.yaml --out "$OUT" --distributed "${SMALL[@]}"
 wait
 python3 - "$OUT" <<'EOF'
 import json, sys

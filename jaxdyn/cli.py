@@ -103,33 +103,42 @@ def _prepare_precision(raw):
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 
-def _join_cluster(timeout_option):
+def _join_cluster(timeout_option, refusal=None):
     """Join the cluster of a ``--distributed`` run (:func:`.experiments.processes.join_cluster`).
 
     Args:
       timeout_option: the ``--distributed-timeout`` option (None: the environment or 120 s).
+      refusal: this process's refusal of its config, told to the other processes and raised.
 
     Raises:
-      ConfigError: the cluster cannot form, or a bad timeout (the message names the cause).
+      ConfigError: ``refusal`` as it is; the cluster cannot form, or a bad timeout (the message
+        names the cause).
     """
     from .config import ConfigError
     from .experiments.processes import join_cluster
 
     try:
-        join_cluster(timeout_option)
+        join_cluster(timeout_option, refusal=refusal)
     except ConfigError as e:
+        if e is refusal:
+            raise
         raise ConfigError(f"--distributed: {e}") from None
 
 
-def _cmd_run(args):
-    from .config import ConfigError, load_yaml
-    from .io import CONFIG_FILE
+def _run_config(args):
+    """The raw and resolved config of ``jaxdyn run`` (files read, ``--set`` applied, checked).
 
-    if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
-        if not (args.out or args.resume):
-            raise ConfigError("--distributed needs --out DIR (or --resume DIR): the same folder "
-                              "for every process")
-        _join_cluster(args.distributed_timeout)
+    Loads no JAX: with ``--distributed`` it runs before the processes connect.
+
+    Returns:
+      (raw config, resolved config).
+
+    Raises:
+      ConfigError: a bad config or bad arguments (the message names it).
+    """
+    from .config import ConfigError, load_yaml
+    from .experiments import resolve_config
+    from .io import CONFIG_FILE
 
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise ConfigError("give either --out DIR or --resume DIR, not both")
@@ -147,15 +156,31 @@ def _cmd_run(args):
     else:
         raw = _load_raw(args.config, args.set)
     _prepare_precision(raw)
-    _compilation_cache(args.no_cache)
-    from .experiments import resolve_config, run_experiment
-
     try:
-        cfg = resolve_config(raw)  # errors before any compute
+        return raw, resolve_config(raw)  # errors before any compute
     except ConfigError as e:
         if args.resume and args.config is None:
             raise ConfigError(f"--resume {args.resume}: its {CONFIG_FILE}: {e}") from None
         raise
+
+
+def _cmd_run(args):
+    from .config import ConfigError
+
+    if args.distributed and not (args.out or args.resume):
+        raise ConfigError("--distributed needs --out DIR (or --resume DIR): the same folder "
+                          "for every process")
+    try:
+        raw, cfg = _run_config(args)
+    except ConfigError as e:
+        if args.distributed:  # the others are told at the check-in; nothing connects
+            _join_cluster(args.distributed_timeout, refusal=e)
+        raise
+    if args.distributed:  # before JAX starts: join the cluster (README, "Several processes")
+        _join_cluster(args.distributed_timeout)
+    _compilation_cache(args.no_cache)
+    from .experiments import run_experiment
+
     out = Path(args.resume or args.out or Path("runs") / f"{cfg['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir = out
     res = run_experiment(raw, out, resume=bool(args.resume), progress=not args.quiet,
@@ -482,8 +507,9 @@ def build_parser():
                         "also JAXDYN_NO_CACHE=1)")
     r.add_argument("--distributed", action="store_true",
                    help="one of several processes (jax.distributed) running this config into the "
-                        "same --out: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, "
-                        "or a cluster JAX detects (SLURM); process 0 writes")
+                        "same --out, described as jax.distributed.initialize takes it: "
+                        "JAX_COORDINATOR_ADDRESS with JAXDYN_NUM_PROCESSES and JAXDYN_PROCESS_ID, "
+                        "or what JAX detects (SLURM, Open MPI) for any of them; process 0 writes")
     r.add_argument("--distributed-timeout", metavar="SECONDS",
                    help="with --distributed: how long every process waits for the others to start "
                         "and join (default 120; also JAXDYN_DISTRIBUTED_TIMEOUT); past it, one "

@@ -57,22 +57,31 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _env(port, pid, nproc=2):
+def _env(port, pid, nproc=2, slurm=False):
+    """One process's environment: the coordinator's address, and the process count and id
+    as jaxdyn's variables or (``slurm``) as a SLURM job step's, for JAX's SLURM detection."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
+           if k not in ("XLA_FLAGS", "JAXDYN_NUM_PROCESSES", "JAXDYN_PROCESS_ID")
+           and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
            or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE",  # conftest's cache
                             "JAX_DISABLE_MOST_OPTIMIZATIONS"))}  # and its compile options
     env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
                XLA_FLAGS=("--xla_cpu_multi_thread_eigen=false "
                           + os.environ.get("JAXDYN_TEST_XLA_FLAGS", "")).strip(),
-               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
-               JAX_PROCESS_ID=str(pid), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if slurm:  # what srun sets for task `pid` of a one-node step (JAX's SlurmCluster reads it)
+        env.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS=str(nproc),
+                   SLURM_STEP_NUM_NODES="1", SLURM_PROCID=str(pid), SLURM_LOCALID=str(pid))
+    else:
+        env.update(JAXDYN_NUM_PROCESSES=str(nproc), JAXDYN_PROCESS_ID=str(pid))
     return env
 
 
-def _launch(cmds, port):
-    return [subprocess.Popen(cmd, env=_env(port, i), cwd=str(ROOT), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for i, cmd in enumerate(cmds)]
+def _launch(cmds, port, slurm=False):
+    return [subprocess.Popen(cmd, env=_env(port, i, slurm=slurm), cwd=str(ROOT),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i, cmd in enumerate(cmds)]
 
 
 def _finish(procs, timeout=TIMEOUT):
@@ -147,7 +156,7 @@ import json, os, signal, sys
 import numpy as np
 from jaxdyn.cli import main
 good, bad, out_bad, out, out_killed = sys.argv[1:6]
-pid = int(os.environ["JAX_PROCESS_ID"])
+pid = int(os.environ["SLURM_PROCID"])  # launched as a SLURM job step
 res = {}
 print("--- mismatch", flush=True)
 res["rc_mismatch"] = main(["run", bad if pid == 1 else good, "--out", out_bad, "--distributed", "--quiet"])
@@ -183,7 +192,8 @@ def two_processes(tmp_path_factory):
     cmd = [sys.executable, "-c", textwrap.dedent(WORKER), str(good), str(bad),
            str(tmp / "refused"), str(tmp / "run"), str(killed)]
     t0 = time.time()
-    res = _finish(_launch([cmd, cmd], _free_port()), timeout=2 * TIMEOUT)  # two launches' work
+    # JAX_COORDINATOR_ADDRESS alone: JAX's SLURM detection gives the count and ids
+    res = _finish(_launch([cmd, cmd], _free_port(), slurm=True), timeout=2 * TIMEOUT)
     for rc, out, err in res:
         assert "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
     results = [json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0]) for _, out, _ in res]
@@ -215,7 +225,7 @@ def cluster_fields(request):
     if any("two_processes" in getattr(it, "fixturenames", ()) for it in selected_items(request.config)):
         return request.getfixturevalue("two_processes")["results"]
     cmd = [sys.executable, "-c", textwrap.dedent(FIELD_WORKER)]
-    res = _finish(_launch([cmd, cmd], _free_port()))
+    res = _finish(_launch([cmd, cmd], _free_port(), slurm=True))
     for rc, out, err in res:
         assert rc == 0 and "RESULT " in out, f"worker failed (rc {rc}):\n{out}\n{err[-4000:]}"
     return [json.loads(out.split("RESULT ", 1)[1].split("\n", 1)[0]) for _, out, _ in res]
@@ -387,7 +397,7 @@ from jaxdyn.experiments import engine
 from jaxdyn.cli import main
 
 def hook(ci):  # a preemption notice to process 1 only, once it has computed its second chunk
-    if ci == 1 and os.environ["JAX_PROCESS_ID"] == "1":
+    if ci == 1 and os.environ["JAXDYN_PROCESS_ID"] == "1":
         os.kill(os.getpid(), signal.SIGTERM)
 
 run = engine.run_experiment
@@ -416,20 +426,28 @@ def test_sigterm_to_one_process_stops_all_at_one_chunk(tmp_path):
 
 
 def test_cluster_from_env_names_what_is_wrong():
+    """What the environment and the arguments say of the cluster, checked; the rest is left to
+    JAX's detection (nothing, or the address alone, is a valid description)."""
     assert cluster_from_env({}) == {}
-    assert cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1234", "JAX_NUM_PROCESSES": "4",
-                             "JAX_PROCESS_ID": "3"}) == {
+    assert cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1"}) == {"coordinator_address": "h:1"}
+    assert cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1234", "JAXDYN_NUM_PROCESSES": "4",
+                             "JAXDYN_PROCESS_ID": "3"}) == {
         "coordinator_address": "h:1234", "num_processes": 4, "process_id": 3}
-    cases = [({"JAX_COORDINATOR_ADDRESS": "h:1"}, "JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"),
-             ({"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
-              "must be HOST:PORT"),
-             ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
-              "JAX_NUM_PROCESSES='two' is not an integer"),
-             ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
-              "JAX_PROCESS_ID=2 must be below JAX_NUM_PROCESSES=2")]
-    for env, msg in cases:
+    # arguments win over the environment; names JAX does not read are not read either
+    assert cluster_from_env({"JAXDYN_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "1"},
+                            num_processes=2, process_id=None) == {"num_processes": 2}
+    cases = [({"JAX_COORDINATOR_ADDRESS": "h"}, {}, "JAX_COORDINATOR_ADDRESS='h' must be HOST:PORT"),
+             ({"JAXDYN_NUM_PROCESSES": "two"}, {}, "JAXDYN_NUM_PROCESSES='two' is not an integer"),
+             ({"JAXDYN_NUM_PROCESSES": "0"}, {}, "JAXDYN_NUM_PROCESSES='0' must be >= 1"),
+             ({"JAXDYN_NUM_PROCESSES": "2", "JAXDYN_PROCESS_ID": "2"}, {},
+              "JAXDYN_PROCESS_ID=2 must be below JAXDYN_NUM_PROCESSES=2"),
+             ({"JAXDYN_NUM_PROCESSES": "4"}, {"process_id": 4},
+              "process_id=4 must be below JAXDYN_NUM_PROCESSES=4"),
+             ({}, {"num_processes": 2.5}, "num_processes=2.5 is not an integer"),
+             ({}, {"rank": 1}, "unknown cluster argument")]
+    for env, given, msg in cases:
         with pytest.raises(DistributedSetupError, match=msg):
-            cluster_from_env(env)
+            cluster_from_env(env, **given)
     assert is_lost_process_error(ValueError("UNKNOWN: Gloo all-to-all failed: Read error: "
                                             "Connection reset by peer"))
     assert not is_lost_process_error(ValueError("shapes do not match"))
@@ -440,20 +458,82 @@ def test_cli_distributed_refusals_name_the_problem(tmp_path, monkeypatch, capsys
 
     cfg = tmp_path / "sweep.yaml"
     cfg.write_text(yaml.safe_dump(SWEEP))
-    for k in [k for k in os.environ if k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))]:
+    for k in [k for k in os.environ if k.startswith(("JAX_COORDINATOR", "JAXDYN_NUM_PROC",
+                                                     "JAXDYN_PROCESS_ID", "SLURM_", "OMPI_"))]:
         monkeypatch.delenv(k)
     assert main(["run", str(cfg), "--distributed", "--quiet"]) == 2
     assert "--distributed needs --out DIR" in capsys.readouterr().err
-    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("JAXDYN_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAXDYN_PROCESS_ID", "2")
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
-    assert "--distributed: JAX_NUM_PROCESSES, JAX_PROCESS_ID not set" in capsys.readouterr().err
-    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    assert ("--distributed: JAXDYN_PROCESS_ID=2 must be below JAXDYN_NUM_PROCESSES=2"
+            in capsys.readouterr().err)
+    monkeypatch.delenv("JAXDYN_NUM_PROCESSES")
+    monkeypatch.delenv("JAXDYN_PROCESS_ID")
     import jax
 
     jax.devices()  # JAX runs in this process: too late to join a cluster
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed"]) == 2
     assert "--distributed: JAX has already started in this process" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# Both processes of one launch run three starts: process 1 given a field its kind lacks, then
+# process 0 given one, each on its own port; then process 0 alone with the address only and no
+# cluster manager to detect (JAX's refusal, named).
+REFUSAL_WORKER = """
+import os, sys
+from jaxdyn.cli import main
+cfg, out, port_a, port_b = sys.argv[1:5]
+pid = os.environ["JAXDYN_PROCESS_ID"]
+rcs = []
+for port, bad in ((port_a, "1"), (port_b, "0")):
+    os.environ["JAX_COORDINATOR_ADDRESS"] = "127.0.0.1:" + port
+    extra = ["--set", "no_such_field=3"] if pid == bad else []
+    print("--- start", flush=True)
+    print("--- start", file=sys.stderr, flush=True)
+    rcs.append(main(["run", cfg, "--out", out, "--distributed", "--quiet", *extra]))
+if pid == "0":
+    for k in ("JAXDYN_NUM_PROCESSES", "JAXDYN_PROCESS_ID"):
+        del os.environ[k]
+    print("--- start", file=sys.stderr, flush=True)
+    rcs.append(main(["run", cfg, "--out", out, "--distributed", "--quiet"]))
+print("RCS", *rcs, "JAX", "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized())
+sys.exit(max(rcs))
+"""
+
+
+def test_config_refused_before_the_processes_connect(tmp_path):
+    """A process given a --set field its kind lacks prints its own named error and exits 2
+    before any process connects; the other stops at the check-in with exit 2, naming the
+    refusing process and its reason, whichever process refused. The coordinator's address
+    alone, with no cluster manager to detect, is JAX's refusal, named. No folder is made and
+    no JAX cluster forms; each process exits by itself (no native abort, no time-out)."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP))
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-c", textwrap.dedent(REFUSAL_WORKER), str(cfg), str(out),
+           str(_free_port()), str(_free_port())]
+    t0 = time.time()
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(_launch([cmd, cmd], 1), timeout=120)
+    assert time.time() - t0 < 60  # the check-in answers at once, not at a time-out
+    assert (rc0, rc1) == (2, 2), (err0[-2000:], err1[-2000:])
+    assert "RCS 2 2 2 JAX False" in out0 and "RCS 2 2 JAX False" in out1
+    own = "unknown config field 'no_such_field'"
+    starts0, starts1 = err0.split("--- start\n")[1:], err1.split("--- start\n")[1:]
+    # process 1 refused: its own message; process 0 names process 1 and the reason
+    assert starts1[0].startswith("jaxdyn: error: ") and own in starts1[0]
+    assert "--distributed" not in starts1[0] and len(starts1[0].strip().splitlines()) == 1
+    assert "process 1 refused the run: " in starts0[0] and own in starts0[0]
+    # process 0 refused: the same the other way round
+    assert starts0[1].startswith("jaxdyn: error: ") and own in starts0[1]
+    assert "process 0 stopped the start: process 0 refused the run: " in starts1[1]
+    assert own in starts1[1]
+    # the address alone and nothing to detect the rest from: JAX's reason, and what to set
+    assert "Number of processes must be defined" in starts0[2]
+    assert "JAXDYN_NUM_PROCESSES and JAXDYN_PROCESS_ID" in starts0[2] and "SLURM" in starts0[2]
+    assert "Check failure" not in err0 + err1
+    assert not out.exists()
 
 
 def test_coordinator_port_in_use_is_refused_before_joining(tmp_path, monkeypatch, capsys):
@@ -472,8 +552,8 @@ def test_coordinator_port_in_use_is_refused_before_joining(tmp_path, monkeypatch
         busy.listen()
         port = busy.getsockname()[1]
         monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
-        monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
-        monkeypatch.setenv("JAX_PROCESS_ID", "0")
+        monkeypatch.setenv("JAXDYN_NUM_PROCESSES", "2")
+        monkeypatch.setenv("JAXDYN_PROCESS_ID", "0")
         assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--distributed", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"port {port} is in use on this host" in err and len(err.strip().splitlines()) == 1
@@ -528,7 +608,7 @@ import yaml
 from jaxdyn.cli import main
 from jaxdyn.experiments import engine
 import jaxdyn.experiments
-kill = sys.argv[3] == "kill" and os.environ["JAX_PROCESS_ID"] == "1"
+kill = sys.argv[3] == "kill" and os.environ["JAXDYN_PROCESS_ID"] == "1"
 
 def hook(ci):  # process 1 SIGKILLs itself once its first item has been gathered
     if kill:
@@ -627,11 +707,11 @@ def test_check_in_names_every_start_up_fault():
 
     errors, _ = _check_in([(0, 2), (1, 3)])
     assert all(isinstance(e, ClusterStartError) for e in errors)
-    assert all("process 1 was started with JAX_NUM_PROCESSES=3 and process 0 with 2" in str(e)
+    assert all("process 1 was started with a process count of 3 and process 0 with 2" in str(e)
                for e in errors)
 
     errors, _ = _check_in([(0, 3), (1, 3), (1, 3)])
-    assert all("two processes were started with JAX_PROCESS_ID=1" in str(e) for e in errors)
+    assert all("two processes were started with process id 1" in str(e) for e in errors)
 
     errors, _ = _check_in([(0, 3), (1, 3)], timeout=1.0)
     assert all("process(es) 2 of 3 did not check in" in str(e) for e in errors), errors
@@ -644,7 +724,7 @@ def test_check_in_names_every_start_up_fault():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         (e,), _ = _check_in([(0, 2)], port=busy.getsockname()[1])
-        assert "is in use on this host" in str(e) and "JAX_PROCESS_ID=0" in str(e)
+        assert "is in use on this host" in str(e) and "process id 0" in str(e)
         (e,), _ = _check_in([(1, 2)], port=busy.getsockname()[1], timeout=1.0)
         assert "is not a waiting process 0 of this run" in str(e)  # another program's port
 
@@ -696,7 +776,8 @@ def test_readme_two_process_example(tmp_path):
     and gives the Dataset of one process with two devices."""
     out = tmp_path / "two"
     env = {k: v for k, v in _env(0, 0).items()
-           if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS_ID", "JAXDYN_NO_HOST"))}
+           if not k.startswith(("JAX_COORDINATOR", "JAXDYN_NUM_PROC", "JAXDYN_PROCESS_ID",
+                                "JAXDYN_NO_HOST", "SLURM_"))}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     p = subprocess.run(["bash", str(ROOT / "examples" / "two_process_sweep.sh"), str(out)], env=env,
                        cwd=str(ROOT), capture_output=True, text=True, timeout=2 * TIMEOUT)

@@ -178,7 +178,7 @@ def test_figure_text_has_no_literal_underscore(module):
 @pytest.mark.slow
 def test_two_process_sweep(tmp_path):
     env = {k: v for k, v in os.environ.items()
-           if k != "XLA_FLAGS" and not k.startswith(("JAX_PROCESS", "JAX_NUM_PROCESSES",
+           if k != "XLA_FLAGS" and not k.startswith(("JAXDYN_PROCESS_ID", "JAXDYN_NUM_PROCESSES",
                                                        "JAX_COORDINATOR", "SLURM_", "OMPI_"))}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     out = tmp_path / "sweep"

@@ -149,14 +149,15 @@ def _free_port():
 def _env(port=None, pid=None):
     """One process's environment (one CPU device, single-threaded XLA), in the cluster if ``port``."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_FLAGS",) and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
+           if k not in ("XLA_FLAGS", "JAXDYN_NUM_PROCESSES", "JAXDYN_PROCESS_ID")
+           and not k.startswith(("JAX_", "SLURM_", "OMPI_"))
            or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}  # conftest's cache
     env.update(JAX_PLATFORMS="cpu", JAXDYN_NO_HOST_DEVICES="1", OPENBLAS_NUM_THREADS="1",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if port is not None:
-        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                   JAX_PROCESS_ID=str(pid))
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAXDYN_NUM_PROCESSES="2",
+                   JAXDYN_PROCESS_ID=str(pid))
     return env
 
 

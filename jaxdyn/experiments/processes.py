@@ -111,25 +111,28 @@ def _listen(port: int):
     raise OSError(errno.EADDRNOTAVAIL, "cannot listen on any interface")
 
 
-def rendezvous(address: str, count: int, pid: int, timeout: float):
+def rendezvous(address: str, count: int, pid: int, timeout: float, refusal: str | None = None):
     """Every process of a ``--distributed`` run checks in with process 0 before JAX joins them.
 
     JAX's own start-up waits for the missing, the duplicated or the miscounted process until
     its time-out and then aborts every process natively, naming nothing. Here process 0 listens
-    on the coordinator's port, every other process sends it its ``JAX_PROCESS_ID`` and
-    ``JAX_NUM_PROCESSES``, and process 0 answers all once every id has checked in: all go on to
+    on the coordinator's port, every other process sends it its id and count
+    (``JAXDYN_PROCESS_ID``, ``JAXDYN_NUM_PROCESSES``) and its refusal if it has one (a config
+    it cannot run), and process 0 answers all once every id has checked in: all go on to
     ``jax.distributed.initialize`` (on the same port, freed), or all stop with one line saying
-    why: a port in use, two processes with one id, counts that disagree, or the processes that
-    did not check in within ``timeout`` seconds.
+    why: a port in use, two processes with one id, counts that disagree, a process's refusal,
+    or the processes that did not check in within ``timeout`` seconds.
 
     Args:
       address: ``HOST:PORT`` of process 0.
-      count: ``JAX_NUM_PROCESSES``.
-      pid: ``JAX_PROCESS_ID``.
+      count: the process count.
+      pid: this process's id.
       timeout: seconds to wait for the others.
+      refusal: this process's reason not to run (told to every process), or None.
 
     Raises:
-      ClusterStartError: the cluster cannot form (the message names the cause).
+      ClusterStartError: the cluster cannot form (the message names the cause; a process that
+        gave a refusal gets the cause found before its own, if any).
     """
     if count <= 1:
         return
@@ -141,20 +144,24 @@ def rendezvous(address: str, count: int, pid: int, timeout: float):
         if srv is None:
             raise ClusterStartError(
                 f"JAX_COORDINATOR_ADDRESS={address}: port {port} is in use on this host (another "
-                "run's coordinator, a second process started with JAX_PROCESS_ID=0, or another "
+                "run's coordinator, a second process started with process id 0, or another "
                 "program); choose a free port")
-        _serve(srv, address, count, deadline, timeout, hint)
+        _serve(srv, address, count, deadline, timeout, hint, refusal)
     else:
-        _join(host.strip("[]"), int(port), address, count, pid, deadline, timeout, hint)
+        _join(host.strip("[]"), int(port), address, (count, pid, refusal), deadline, timeout, hint)
 
 
-def _init_stalled(seconds: float):
+def _init_stalled(seconds: float, checked_in: bool):
     """The watchdog's end of a cluster that did not form: one line, exit 2, no native abort."""
     import sys
 
-    print(f"jaxdyn: error: --distributed: the cluster did not form within {seconds:g} s after "
-          "every process checked in (a process that stopped, or a network that blocks the "
-          "processes' ports); wait longer with --distributed-timeout", file=sys.stderr, flush=True)
+    when = ("after every process checked in (a process that stopped, or a network that blocks "
+            "the processes' ports)" if checked_in else
+            "(a process that did not start or stopped, one that refused its config, or a "
+            "network that blocks the processes' ports; with JAXDYN_NUM_PROCESSES and "
+            "JAXDYN_PROCESS_ID set the processes check in first and name the cause)")
+    print(f"jaxdyn: error: --distributed: the cluster did not form within {seconds:g} s {when}; "
+          "wait longer with --distributed-timeout", file=sys.stderr, flush=True)
     os._exit(2)
 
 
@@ -182,62 +189,92 @@ def defer_signals():
         signal.signal(sig, _record_signal)
 
 
-def join_cluster(timeout=None):
+def join_cluster(timeout=None, *, refusal: ConfigError | None = None, **cluster):
     """Check in with the other processes, then join the JAX cluster within a bounded wait.
 
     What ``jaxdyn run --distributed`` does before JAX starts, for a script that runs the engine
-    itself in every process. The check-in (:func:`rendezvous`, when the environment describes
-    the cluster) names a port in use, a duplicated id, counts that disagree and the processes
-    that never start; JAX's start-up itself, which ends in a native abort after its own
+    itself in every process. The cluster is described as ``jax.distributed.initialize`` takes
+    it (:func:`jaxdyn.simulation.initialize_distributed`): ``cluster``, the environment, and
+    JAX's cluster detection for the rest. Where the address, count and id are known before JAX
+    starts (given, or ``JAX_COORDINATOR_ADDRESS``, ``JAXDYN_NUM_PROCESSES``,
+    ``JAXDYN_PROCESS_ID``), the processes check in first (:func:`rendezvous`), which names a
+    port in use, a duplicated id, counts that disagree, a process's refusal and the processes
+    that never start. JAX's start-up itself, which ends in a native abort after its own
     time-out, runs under a watchdog that ends the process first, with one line and exit 2.
 
     Args:
       timeout: seconds to wait for the others (None: :func:`start_timeout`'s environment or
         default).
+      refusal: this process's refusal found before joining (its config): told to the other
+        processes at the check-in, then raised; JAX is not started.
+      **cluster: arguments of ``jax.distributed.initialize`` (``coordinator_address``,
+        ``num_processes``, ``process_id``, ``local_device_ids``, ...).
 
     Raises:
-      ConfigError: the cluster cannot form, or a bad timeout (the message names the cause).
+      ConfigError: ``refusal``; the cluster cannot form, or a bad timeout (the message names
+        the cause).
     """
     import sys
-    import threading
 
     from ..simulation import DistributedSetupError, cluster_from_env, initialize_distributed
 
     timeout = start_timeout(timeout)
-    if "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
+    if refusal is None and "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
         return
+    known = {k: cluster.pop(k) for k in ("coordinator_address", "num_processes", "process_id")
+             if k in cluster}
     try:
-        env = cluster_from_env()
-        from ..simulation import backends_initialized
-
-        if backends_initialized():
-            initialize_distributed()  # raises: JAX has already started in this process
-        if env:
-            rendezvous(env["coordinator_address"], env["num_processes"], env["process_id"], timeout)
-        watchdog = threading.Timer(timeout, _init_stalled, (timeout,))
-        watchdog.daemon = True
-        watchdog.start()
-        try:  # JAX's own time-out later than the watchdog's
-            initialize_distributed(initialization_timeout=int(timeout) + 30)
-        finally:
-            watchdog.cancel()
-        if sys.modules["jax"].process_count() > 1:
-            defer_signals()
+        spec = cluster_from_env(**known)
+        checked_in = len(spec) == 3 and spec["num_processes"] > 1
+        if checked_in:
+            rendezvous(spec["coordinator_address"], spec["num_processes"], spec["process_id"],
+                       timeout, None if refusal is None else str(refusal))
+    except (DistributedSetupError, ClusterStartError) as e:
+        if refusal is not None:
+            raise refusal from None
+        raise ConfigError(str(e)) from None
+    if refusal is not None:
+        raise refusal
+    try:
+        _start_jax(spec, cluster, timeout, checked_in)
     except DistributedSetupError as e:
         raise ConfigError(str(e)) from None
 
 
-def _serve(srv, address, count, deadline, timeout, hint):
-    peers, problem = {}, None
+def _start_jax(spec, options, timeout, checked_in):
+    """``initialize_distributed`` under the start-up watchdog; deferred signals in a cluster."""
+    import sys
+    import threading
+
+    from ..simulation import backends_initialized, initialize_distributed
+
+    if backends_initialized():
+        initialize_distributed()  # raises: JAX has already started in this process
+    watchdog = threading.Timer(timeout, _init_stalled, (timeout, checked_in))
+    watchdog.daemon = True
+    watchdog.start()
+    try:  # JAX's own time-out later than the watchdog's
+        initialize_distributed(**spec, **options, initialization_timeout=int(timeout) + 30)
+    finally:
+        watchdog.cancel()
+    if sys.modules["jax"].process_count() > 1:
+        defer_signals()
+
+
+def _serve(srv, address, count, deadline, timeout, hint, refusal):
+    """Process 0's side of :func:`rendezvous`: collect every check-in, answer all, raise the cause."""
+    peers, problem = {}, None  # problem: a fault that ends the wait at once
+    refused = None if refusal is None else f"process 0 refused the run: {refusal}"
     with srv:
         srv.settimeout(0.5)
         while len(peers) < count - 1 and problem is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = [i for i in range(1, count) if i not in peers]
-                problem = (f"process(es) {', '.join(map(str, missing))} of {count} did not check in "
-                           f"with process 0 at {address} within {timeout:g} s: not started, "
-                           f"stopped, or given another JAX_COORDINATOR_ADDRESS {hint}")
+                problem = refused or (
+                    f"process(es) {', '.join(map(str, missing))} of {count} did not check in "
+                    f"with process 0 at {address} within {timeout:g} s: not started, stopped, or "
+                    f"given another JAX_COORDINATOR_ADDRESS {hint}")
                 break
             try:
                 conn, _ = srv.accept()
@@ -249,12 +286,15 @@ def _serve(srv, address, count, deadline, timeout, hint):
                 continue
             i, n = msg.get("id"), msg.get("count")
             if n != count:
-                problem = (f"process {i} was started with JAX_NUM_PROCESSES={n} and process 0 with "
-                           f"{count}: every process needs the same JAX_NUM_PROCESSES")
+                problem = (f"process {i} was started with a process count of {n} and process 0 "
+                           f"with {count}: every process needs the same JAXDYN_NUM_PROCESSES")
             elif i in peers or i == 0:
-                problem = (f"two processes were started with JAX_PROCESS_ID={i}: every process "
-                           f"needs its own id, 0 to {count - 1}")
+                problem = (f"two processes were started with process id {i}: every process "
+                           f"needs its own JAXDYN_PROCESS_ID, 0 to {count - 1}")
+            elif msg.get("refusal") and refused is None:  # told to all once all checked in
+                refused = f"process {i} refused the run: {msg['refusal']}"
             peers.setdefault(i, []).append(conn)
+        problem = problem or refused
         for conns in peers.values():
             for conn in conns:
                 try:
@@ -264,10 +304,12 @@ def _serve(srv, address, count, deadline, timeout, hint):
                     pass
                 conn.close()
     if problem is not None:
-        raise ClusterStartError(problem)
+        raise ClusterStartError(f"{problem}; every process stops")
 
 
-def _join(host, port, address, count, pid, deadline, timeout, hint):
+def _join(host, port, address, me, deadline, timeout, hint):
+    """A process other than 0 in :func:`rendezvous`: check in, wait for process 0's answer."""
+    count, pid, refusal = me
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -280,7 +322,7 @@ def _join(host, port, address, count, pid, deadline, timeout, hint):
             continue
         with conn:
             try:
-                _send(conn, {"id": pid, "count": count})
+                _send(conn, {"id": pid, "count": count, "refusal": refusal})
             except OSError:
                 continue
             # process 0 started before this connection, so it answers within `timeout` of it
@@ -288,7 +330,7 @@ def _join(host, port, address, count, pid, deadline, timeout, hint):
         if msg is None:
             raise ClusterStartError(
                 f"the process at {address} is not a waiting process 0 of this run: its cluster "
-                f"may have formed without this one (JAX_PROCESS_ID={pid} given to two "
+                f"may have formed without this one (process id {pid} given to two "
                 "processes?), or the address is another program's")
         if not msg.get("ok"):
             raise ClusterStartError(f"process 0 stopped the start: {msg.get('error')}")

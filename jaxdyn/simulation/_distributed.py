@@ -6,9 +6,12 @@ process and the sharding of :mod:`._sharding` (``sharded_vmap``, ``query_sharded
 spans them all. Inputs built identically on every process (same config, same seeds) are
 passed as they are: ``jit`` treats them as replicated, and each device computes its share.
 
-The cluster is described by ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0),
-``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, or, when none of the three is set, detected
-by JAX (SLURM, Open MPI, ...). On CPU the processes talk over the gloo collectives.
+The cluster is described as ``jax.distributed.initialize`` takes it: arguments, the variables
+JAX reads itself (``JAX_COORDINATOR_ADDRESS``, ``JAX_COORDINATOR_PORT``, ...), and JAX's
+cluster detection (SLURM, Open MPI, Kubernetes, Cloud TPU) for whatever is left unset.
+JAX reads no variable for the process count and id; jaxdyn's own are ``JAXDYN_NUM_PROCESSES``
+and ``JAXDYN_PROCESS_ID`` (passed on to JAX). On CPU the processes talk over the gloo
+collectives.
 
 :func:`all_gather_rows` is the one collective the engine uses to agree before computing
 (same config, same plan, what is already on disk); a killed process is detected by the
@@ -25,9 +28,14 @@ import sys
 import jax
 import numpy as np
 
+#: the coordinator's HOST:PORT (read by JAX itself)
 ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
-ENV_COUNT = "JAX_NUM_PROCESSES"
-ENV_ID = "JAX_PROCESS_ID"
+#: the process count (jaxdyn's name; JAX reads none)
+ENV_COUNT = "JAXDYN_NUM_PROCESSES"
+#: this process's id, 0 to count - 1 (jaxdyn's name; JAX reads none)
+ENV_ID = "JAXDYN_PROCESS_ID"
+#: names sometimes set for the count and id that neither JAX nor jaxdyn reads
+UNREAD_NAMES = {"JAX_NUM_PROCESSES": ENV_COUNT, "JAX_PROCESS_ID": ENV_ID}
 #: seconds without a heartbeat after which a process counts as dead (JAX's default: 100)
 HEARTBEAT_SECONDS = 30
 #: seconds every process waits for the others to join at start-up (JAX's default: 300)
@@ -41,7 +49,9 @@ class DistributedSetupError(ValueError):
     """The cluster cannot be formed from the environment (the message names what is wrong)."""
 
 
-def _env_int(name, value, low):
+def _as_int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, str)):
+        raise DistributedSetupError(f"{name}={value!r} is not an integer")
     try:
         v = int(value)
     except ValueError:
@@ -51,65 +61,107 @@ def _env_int(name, value, low):
     return v
 
 
-def cluster_from_env(environ=None) -> dict:
-    """The arguments of ``jax.distributed.initialize`` given by the environment.
+def cluster_from_env(environ=None, **given) -> dict:
+    """What the environment and ``given`` say of the cluster, checked, before JAX fills the rest.
+
+    ``given`` (the arguments of :func:`initialize_distributed`, None meaning unset) wins over
+    the environment: ``JAX_COORDINATOR_ADDRESS``, ``JAXDYN_NUM_PROCESSES``,
+    ``JAXDYN_PROCESS_ID``. What is left out is left to ``jax.distributed.initialize`` (its
+    cluster detection).
 
     Args:
       environ: the environment (default ``os.environ``).
+      **given: ``coordinator_address``, ``num_processes``, ``process_id``.
 
     Returns:
-      ``{"coordinator_address", "num_processes", "process_id"}`` when all three variables are
-      set, ``{}`` when none is (JAX then detects the cluster).
+      The known ones of ``{"coordinator_address", "num_processes", "process_id"}`` (``{}``
+      when nothing is set: JAX then detects the cluster).
 
     Raises:
-      DistributedSetupError: half a description (naming the missing variables), a malformed
-        address, count or id, or an id not below the count.
+      DistributedSetupError: an address that is not HOST:PORT, a count or id that is not an
+        integer in range, or an id not below the count (naming the variable or argument).
     """
     env = os.environ if environ is None else environ
-    names = (ENV_ADDRESS, ENV_COUNT, ENV_ID)
-    given = {n: env.get(n, "") for n in names}
-    missing = [n for n in names if not given[n]]
-    if len(missing) == 3:
-        return {}
-    if missing:
-        raise DistributedSetupError(
-            f"{', '.join(missing)} not set: set all of {', '.join(names)} (or none, to let JAX "
-            "detect a cluster such as SLURM)")
-    addr = given[ENV_ADDRESS]
-    host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit():
-        raise DistributedSetupError(f"{ENV_ADDRESS}={addr!r} must be HOST:PORT (process 0's host)")
-    count = _env_int(ENV_COUNT, given[ENV_COUNT], 1)
-    pid = _env_int(ENV_ID, given[ENV_ID], 0)
-    if pid >= count:
-        raise DistributedSetupError(f"{ENV_ID}={pid} must be below {ENV_COUNT}={count}")
-    return {"coordinator_address": addr, "num_processes": count, "process_id": pid}
+    sources = {"coordinator_address": ENV_ADDRESS, "num_processes": ENV_COUNT,
+               "process_id": ENV_ID}
+    unknown = sorted(set(given) - set(sources))
+    if unknown:
+        raise DistributedSetupError(f"unknown cluster argument(s) {', '.join(unknown)}")
+    out, names = {}, {}
+    for key, var in sources.items():
+        if given.get(key) is not None:
+            out[key], names[key] = given[key], key
+        elif str(env.get(var, "")).strip():
+            out[key], names[key] = str(env[var]).strip(), var
+    if "coordinator_address" in out:
+        addr = str(out["coordinator_address"])
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise DistributedSetupError(f"{names['coordinator_address']}={addr!r} must be "
+                                        "HOST:PORT (process 0's host)")
+        out["coordinator_address"] = addr
+    if "num_processes" in out:
+        out["num_processes"] = _as_int(names["num_processes"], out["num_processes"], 1)
+    if "process_id" in out:
+        out["process_id"] = _as_int(names["process_id"], out["process_id"], 0)
+        if out.get("num_processes", out["process_id"] + 1) <= out["process_id"]:
+            raise DistributedSetupError(f"{names['process_id']}={out['process_id']} must be "
+                                        f"below {names['num_processes']}={out['num_processes']}")
+    return out
 
 
-def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS,
-                           initialization_timeout: int = INIT_TIMEOUT_SECONDS) -> tuple[int, int]:
-    """Join the JAX cluster described by the environment (:func:`cluster_from_env`) or detected by JAX.
+def _setup_message(error, known, environ=None) -> str:
+    """The message for a cluster JAX refused to form: its reason, what was given, what to set."""
+    env = os.environ if environ is None else environ
+    have = ", ".join(f"{k}={v}" for k, v in known.items()) or "nothing"
+    text = f"jax.distributed.initialize: {error} (given: {have})"
+    if "defined" in str(error):  # something JAX could neither read nor detect
+        text += (f"; JAX detected no cluster manager to complete it: set {ENV_ADDRESS} (process "
+                 f"0's HOST:PORT), {ENV_COUNT} and {ENV_ID}, or run under one JAX detects "
+                 "(SLURM, Open MPI, Kubernetes, Cloud TPU)")
+    unread = [f"{old} (use {new})" for old, new in UNREAD_NAMES.items() if env.get(old)]
+    if unread:
+        text += f"; set but read by neither JAX nor jaxdyn: {', '.join(unread)}"
+    return text
 
-    Must run before any JAX computation (``jax.devices()`` included). On CPU the collectives are
-    gloo's. Calling it again in a process that has joined returns the same pair. Process 0 checks
-    first that the coordinator's port is free on its host (a port in use makes JAX's coordinator
-    crash, and the other processes wait for it until their time-out).
+
+def initialize_distributed(*, coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None,
+                           heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS,
+                           initialization_timeout: int = INIT_TIMEOUT_SECONDS,
+                           **jax_options) -> tuple[int, int]:
+    """Join the JAX cluster: ``jax.distributed.initialize`` with the gloo collectives on CPU.
+
+    Takes what ``jax.distributed.initialize`` takes: the arguments here, else the environment
+    (:func:`cluster_from_env`), and whatever both leave unset JAX detects (SLURM, Open MPI, ...;
+    ``JAX_COORDINATOR_ADDRESS`` alone under SLURM, say). Must run before any JAX computation
+    (``jax.devices()`` included). Calling it again in a process that has joined returns the
+    same pair. A process known to be process 0 checks first that the coordinator's port is
+    free on its host (a port in use makes JAX's coordinator crash, and the other processes
+    wait for it until their time-out).
 
     Args:
+      coordinator_address: process 0's ``HOST:PORT`` (default ``$JAX_COORDINATOR_ADDRESS``,
+        else detected).
+      num_processes: the process count (default ``$JAXDYN_NUM_PROCESSES``, else detected).
+      process_id: this process's id (default ``$JAXDYN_PROCESS_ID``, else detected).
       heartbeat_timeout_seconds: seconds without a heartbeat after which a process counts as dead.
       initialization_timeout: seconds every process waits for the others to join.
+      **jax_options: further arguments of ``jax.distributed.initialize``
+        (``local_device_ids``, ``cluster_detection_method``, ``coordinator_bind_address``, ...).
 
     Returns:
       (this process's index, process count).
 
     Raises:
-      DistributedSetupError: an incomplete or malformed environment, a coordinator port in use,
-        no cluster detected, or JAX already started (the message names it).
+      DistributedSetupError: a malformed description, a coordinator port in use, a cluster
+        JAX cannot complete or form, or JAX already started (the message names it).
     """
     if jax.distributed.is_initialized():
         return jax.process_index(), jax.process_count()
-    kwargs = cluster_from_env()
-    if kwargs.get("process_id") == 0:
+    kwargs = cluster_from_env(coordinator_address=coordinator_address,
+                              num_processes=num_processes, process_id=process_id)
+    if kwargs.get("process_id") == 0 and "coordinator_address" in kwargs:
         check_coordinator_port(kwargs["coordinator_address"])
     from ._sharding import backends_initialized
 
@@ -119,14 +171,11 @@ def initialize_distributed(*, heartbeat_timeout_seconds: int = HEARTBEAT_SECONDS
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     atexit.register(_exit_if_abandoned)  # runs before JAX's own exit handler (registered earlier)
     try:
-        jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        jax.distributed.initialize(**kwargs, **jax_options,
+                                   heartbeat_timeout_seconds=heartbeat_timeout_seconds,
                                    initialization_timeout=initialization_timeout)
-    except ValueError as e:
-        if kwargs:
-            raise DistributedSetupError(f"jax.distributed.initialize: {e}") from None
-        raise DistributedSetupError(
-            f"no cluster detected ({e}); set {ENV_ADDRESS}, {ENV_COUNT} and {ENV_ID}, or run "
-            "under a cluster manager JAX detects (SLURM, Open MPI)") from None
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise DistributedSetupError(_setup_message(e, kwargs)) from None
     return jax.process_index(), jax.process_count()
 
 
@@ -160,7 +209,7 @@ def check_coordinator_port(address: str):
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
                     raise DistributedSetupError(
-                        f"{ENV_ADDRESS}={address}: port {port} is in use on this host (another "
+                        f"coordinator {address}: port {port} is in use on this host (another "
                         "run's coordinator, or another program); choose a free port") from None
 
 
