@@ -4,7 +4,11 @@
   docstring section) into a temporary build folder, once for this file; skipped when the
   ``docs`` extra is not installed. ``JAXDYN_DOCS_SITE=DIR`` uses a site already built there
   (``.ci/run`` builds it once and runs this file on it).
-* Every name of ``__all__`` of ``jaxdyn`` and of each subpackage has its entry in the API pages.
+* Every public name (``__all__`` of ``jaxdyn`` and of each subpackage, less the CLI helpers of
+  ``hooks.NOT_API``) has its entry in the API pages, no other name has one, and every constant
+  has a description.
+* The maths page has no code block, typeset maths in every section and every heading in its
+  contents.
 * Headless Chromium (Debian's ``chromium``) opens the home page, one guide and one API page
   from a local HTTP server and checks that their figures load and their equations are typeset
   by MathJax (no TeX source left, no MathJax error); a screenshot of each is saved in the build
@@ -74,8 +78,8 @@ def test_every_public_name_has_an_api_entry(site):
     missing = []
     for sub in hooks.SUBPACKAGES:
         ids = _ids((site / "api" / sub / "index.html").read_text())
-        module = importlib.import_module(f"jaxdyn.{sub}")
-        missing += [f"jaxdyn.{sub}.{n}" for n in module.__all__ if f"jaxdyn.{sub}.{n}" not in ids]
+        public = hooks.public_names(f"jaxdyn.{sub}")
+        missing += [f"jaxdyn.{sub}.{n}" for n in public if f"jaxdyn.{sub}.{n}" not in ids]
     top = (site / "api" / "jaxdyn" / "index.html").read_text()
     all_ids = set().union(*(_ids((site / "api" / s / "index.html").read_text())
                             for s in hooks.SUBPACKAGES), _ids(top))
@@ -84,6 +88,68 @@ def test_every_public_name_has_an_api_entry(site):
         if where not in all_ids or f"<code>{name}</code>" not in top:
             missing.append(f"jaxdyn.{name}")
     assert not missing, missing
+
+
+def test_api_pages_list_exactly_the_public_names(site):
+    """Each subpackage page has one entry per public name and no other module-level entry."""
+    wrong = {}
+    for sub in hooks.SUBPACKAGES:
+        ids = _ids((site / "api" / sub / "index.html").read_text())
+        entries = {i.split(".")[2] for i in ids if i.count(".") == 2}
+        if entries != set(hooks.public_names(f"jaxdyn.{sub}")):
+            wrong[sub] = sorted(entries ^ set(hooks.public_names(f"jaxdyn.{sub}")))
+    assert not wrong, wrong
+
+
+def test_every_public_constant_is_described(site):
+    """Every module attribute on the API pages has a description (its #: comment or docstring)."""
+    bare = []
+    for sub in hooks.SUBPACKAGES:
+        html = (site / "api" / sub / "index.html").read_text()
+        for m in re.finditer(r'<div class="doc doc-object doc-attribute">(.*?)'
+                             r'(?=<div class="doc doc-object |\Z)', html, flags=re.S):
+            name = re.search(r'id="(jaxdyn\.[\w.]+)"', m.group(1))
+            contents = re.search(r'class="doc doc-contents[^"]*">(.*)', m.group(1), flags=re.S)
+            text = re.sub(r"<[^>]+>", " ", contents.group(1) if contents else "").strip()
+            if name and name.group(1).count(".") == 2 and not text:
+                bare.append(name.group(1))
+    assert not bare, bare
+
+
+def test_not_api_names_are_exported_and_unused_by_the_docs():
+    """The names left off the pages are in their __all__ (the list cannot go stale) and no page
+    or README tells a user to call them."""
+    pages = "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
+    pages += (ROOT / "README.md").read_text()
+    for sub, names in hooks.NOT_API.items():
+        module = importlib.import_module(f"jaxdyn.{sub}")
+        for name in names:
+            assert name in module.__all__, (sub, name)
+            assert not re.search(rf"\b{name}\b", pages), (sub, name)
+
+
+def test_math_page_is_typeset_in_every_section(site):
+    """docs/math.md: no code block (the formulas are LaTeX, typeset by arithmatex and MathJax),
+    inline math in every section A–H, and every heading in the page's contents and sidebar."""
+    html = (site / "math" / "index.html").read_text()
+    article = html.split('<article class="md-content__inner', 1)[1]
+    assert "<pre" not in article
+    sections = re.split(r'<h2 id="', article)[1:]
+    assert [s[0] for s in sections[:8]] == list("abcdefgh"), [s[:12] for s in sections]
+    for s in sections[:8]:
+        assert s.count('class="arithmatex"') >= 3, s[:60]
+    heads = re.findall(r'<h[2-4] id="([^"]+)"', article)
+    toc = re.search(r'<div class="toc">(.*?)</div>', article, flags=re.S).group(1)
+    side = html[html.index("md-sidebar--secondary"):html.index("md-content")]
+    for where in (toc, side):
+        listed = set(re.findall(r'href="#([^"]+)"', where))
+        assert set(heads) <= listed, sorted(set(heads) - listed)
+    # no formula left in Unicode inside backticks: a code span with maths symbols must name
+    # code (a call, a keyword argument or an identifier with an underscore)
+    source = (ROOT / "docs" / "math.md").read_text()
+    for span in re.findall(r"`([^`\n]+)`", source):
+        if re.search(r"[⟨⟩‖∫Σᵀ√≤≥∝→↦]", span):
+            assert re.search(r"\w\(|=\w|_[a-z]{2}", span), span
 
 
 def test_dir_matches_all():

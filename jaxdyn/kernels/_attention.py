@@ -84,13 +84,11 @@ AUTO_LOCAL_MIN_KEYS = 16384
 #: ...and takes it where its lists visit at most this fraction of the pairs (else blocked)
 AUTO_LOCAL_MAX_VISITED = 0.25
 
-# Default block sizes (used when ``k_block``/``q_block`` are None), per platform. CPU: the
-# (q_block, k_block) float32 tile of 4 MiB streams through L2/L3 and each key block is
-# reused by all queries of the block; measured on a 2-core AVX-512 machine over grids at
-# N = 4096 (k_block 32-4096 × q_block 32-4096) and N = 16384: k_block 256-1024 with
-# q_block 1024-4096 all within noise of each other, smaller key blocks clearly slower.
-# Accelerators: large tiles so that each scan step is one big fused kernel (a step costs a
-# kernel launch); not yet measured on a GPU: benchmarks/gpu.sh probes alternatives first.
+#: the default ``(k_block, q_block)`` of each platform (used when ``k_block``/``q_block`` are
+#: None): on CPU a 4 MiB float32 tile that streams through L2/L3, each key block reused by all
+#: queries of the block (key blocks of 256-1024 with query blocks of 1024-4096 tie on 2 cores;
+#: smaller key blocks are slower); on accelerators large tiles, so that each scan step is one
+#: fused kernel (not measured on a GPU: ``benchmarks/gpu.sh`` probes alternatives)
 DEFAULT_BLOCKS = {
     "cpu": (256, 4096),  # (k_block, q_block)
     "gpu": (8192, 32768),
