@@ -216,7 +216,8 @@ def join_cluster(timeout=None, *, refusal: ConfigError | None = None, **cluster)
     """
     import sys
 
-    from ..simulation import DistributedSetupError, cluster_from_env, initialize_distributed
+    from ..simulation import (DistributedSetupError, backends_initialized, cluster_from_env,
+                              initialize_distributed)
 
     timeout = start_timeout(timeout)
     if refusal is None and "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
@@ -225,6 +226,8 @@ def join_cluster(timeout=None, *, refusal: ConfigError | None = None, **cluster)
              if k in cluster}
     try:
         spec = cluster_from_env(**known)
+        if refusal is None and backends_initialized():
+            initialize_distributed()  # raises: JAX has already started in this process
         checked_in = len(spec) == 3 and spec["num_processes"] > 1
         if checked_in:
             rendezvous(spec["coordinator_address"], spec["num_processes"], spec["process_id"],
@@ -246,10 +249,8 @@ def _start_jax(spec, options, timeout, checked_in):
     import sys
     import threading
 
-    from ..simulation import backends_initialized, initialize_distributed
+    from ..simulation import initialize_distributed
 
-    if backends_initialized():
-        initialize_distributed()  # raises: JAX has already started in this process
     watchdog = threading.Timer(timeout, _init_stalled, (timeout, checked_in))
     watchdog.daemon = True
     watchdog.start()
