@@ -26,6 +26,7 @@ KINDS = {
     "pde": "jaxdyn.experiments.pde",
     "variants": "jaxdyn.experiments.variants",
     "control": "jaxdyn.experiments.control",
+    "long_context": "jaxdyn.experiments.long_context",
 }
 
 #: Members every kind defines in its ``schema`` module (loaded with the kind: no JAX).

@@ -1,0 +1,99 @@
+"""Kind ``long_context``: the summary (per study, the measurement beside the prediction)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...long_context_host import critical_gamma, poisson_limit_weights
+
+
+def _axis(ds, name, cfg):
+    return ds[name].values if name in ds.dims else np.array([cfg[name]])
+
+
+def _sel(da, **idx):
+    return da.isel({k: v for k, v in idx.items() if k in da.dims})
+
+
+def _factor(cfg, ds, key):
+    """The swept factor (c or γ) values, or the single one of beta."""
+    if key in ds.dims:
+        return ds[key].values
+    v = cfg[key] if cfg[key] > 0 else cfg["beta"][key]
+    return np.array([v])
+
+
+def collapse_table(cfg, ds):
+    """Per (d, n, c): the largest weight's and entropy's median over queries and seeds, beside the limit's."""
+    out = {}
+    for di, d in enumerate(_axis(ds, "d", cfg)):
+        for ci, c in enumerate(_factor(cfg, ds, "c")):
+            lw, lh = poisson_limit_weights(float(c), int(d), samples=cfg["limit_samples"], k=1)
+            for ni, n in enumerate(_axis(ds, "n", cfg)):
+                mw = _sel(ds["max_weight"], d=di, c=ci, n=ni).values.ravel()
+                h = _sel(ds["entropy"], d=di, c=ci, n=ni).values.ravel()
+                rank = _sel(ds["top_rank"], d=di, c=ci, n=ni).values.ravel()
+                out[f"d={d},n={n},c={c:g}"] = {
+                    "max_weight_median": float(np.median(mw)),
+                    "max_weight_quartiles": [float(np.quantile(mw, q)) for q in (0.25, 0.75)],
+                    "entropy_median": float(np.median(h)),
+                    "limit_max_weight_median": float(np.median(lw[:, 0])),
+                    "limit_entropy_median": float(np.median(lh)),
+                    "top_key_is_nearest": float(np.mean(rank == 0)),
+                }
+    return out
+
+
+def phase_table(cfg, ds):
+    """Per (n, ρ): the γ where λ (mean over seeds) crosses 1/2 and the width of 0.1 < λ < 0.9."""
+    out = {}
+    gam = _factor(cfg, ds, "gamma")
+    for ni, n in enumerate(_axis(ds, "n", cfg)):
+        for ri, rho in enumerate(_axis(ds, "rho", cfg)):
+            lam = _sel(ds["angle_ratio"], n=ni, rho=ri)
+            lam = lam.mean("seed").values if "seed" in lam.dims else lam.values
+            out[f"n={n},rho={rho:g}"] = {"gamma_c": float(critical_gamma(rho)),
+                                         "gamma_half": _crossing(gam, lam, 0.5),
+                                         "width_10_90": _width(gam, lam)}
+    return out
+
+
+def _crossing(x, y, level):
+    """The first x where y crosses ``level`` upwards (linear interpolation), None if never."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    for i in range(len(x) - 1):
+        if y[i] < level <= y[i + 1]:
+            return float(x[i] + (level - y[i]) * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))
+    return None
+
+
+def _width(x, y):
+    lo, hi = _crossing(x, y, 0.1), _crossing(x, y, 0.9)
+    return None if lo is None or hi is None else hi - lo
+
+
+def dynamics_table(cfg, ds):
+    """Per (d, n, c): the first clusters (count, time) over seeds beside k* (or l*) and 1/λ*."""
+    out = {}
+    for di, d in enumerate(_axis(ds, "d", cfg)):
+        for ni, n in enumerate(_axis(ds, "n", cfg)):
+            for ci, c in enumerate(_factor(cfg, ds, "c")):
+                idx = {"d": di, "n": ni, "c": ci}
+                cnt = _sel(ds["first_count"], **idx).values.ravel()
+                tt = _sel(ds["first_time"], **idx).values.ravel()
+                k = int(_sel(ds["mode_star"], **idx).values.ravel()[0])
+                rate = float(_sel(ds["rate_star"], **idx).values.ravel()[0])
+                out[f"d={d},n={n},c={c:g}"] = {
+                    "beta": float(_sel(ds["beta_resolved"], **idx).values.ravel()[0]),
+                    "first_count_mean": float(np.mean(cnt)), "first_count_std": float(np.std(cnt)),
+                    "first_time_mean": float(np.nanmean(tt)) if np.isfinite(tt).any() else None,
+                    "mode_star": k, "growth_rate_star": rate, "time_scale": 1.0 / rate,
+                }
+    return out
+
+
+def summarize(cfg, ds):
+    """The ``long_context`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
+    study = cfg["study"]
+    table = {"collapse": collapse_table, "phase": phase_table, "dynamics": dynamics_table}[study]
+    return {"study": study, "table": table(cfg, ds)}
