@@ -98,6 +98,9 @@ def _points(cfg):
 
 def _check_scale(cfg):
     beta = cfg["beta"]
+    problem = _beta_form(beta)
+    if problem:  # an "any" field is not checked by the config loader: here, before compute
+        raise ConfigError(f"config field 'beta': {problem}")
     scale = beta.get("scale") if isinstance(beta, dict) else None
     for key, want in (("c", "power"), ("gamma", "log")):
         if (key in cfg["sweep"] or cfg[key] > 0) and scale != want:
