@@ -97,3 +97,63 @@ def summarize(cfg, ds):
     study = cfg["study"]
     table = {"collapse": collapse_table, "phase": phase_table, "dynamics": dynamics_table}[study]
     return {"study": study, "table": table(cfg, ds)}
+
+
+def _fmt(v):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def markdown_table(summary: dict) -> str:
+    """A run's ``summary.json`` results as a Markdown table (one row per key of its table).
+
+    Args:
+      summary: the parsed ``summary.json`` of a ``long_context`` run.
+
+    Returns:
+      The table, with the run's name, points and compute seconds in a caption line.
+    """
+    table = summary["results"]["table"]
+    cols = list(next(iter(table.values())))
+    lines = [f"Run `{summary['name']}`: {summary['n_points']} points, "
+             f"{summary['compute_seconds']:.1f} s of compute (`summary.json`).", "",
+             "| point | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for key, row in table.items():
+        lines.append(f"| {key} | " + " | ".join(_fmt(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def fill_guide(guide, run_dirs) -> None:
+    """Fill a guide's generated blocks with the tables of runs.
+
+    Each ``<!-- BEGIN GENERATED NAME -->`` … ``<!-- END GENERATED NAME -->`` block of ``guide``
+    gets the table of the run named NAME among ``run_dirs``.
+
+    Args:
+      guide: the Markdown file.
+      run_dirs: run folders (each with its ``summary.json``).
+    """
+    import json
+    import re
+    from pathlib import Path
+
+    text = Path(guide).read_text()
+    for d in run_dirs:
+        s = json.loads((Path(d) / "summary.json").read_text())
+        name = s["name"]
+        text = re.sub(rf"(<!-- BEGIN GENERATED {name} -->\n).*?(<!-- END GENERATED {name} -->)",
+                      lambda m: m.group(1) + markdown_table(s) + "\n" + m.group(2), text,
+                      flags=re.S)
+    Path(guide).write_text(text)
+
+
+if __name__ == "__main__":  # python -m jaxdyn.experiments.long_context.summary GUIDE RUN_DIR...
+    import sys
+
+    fill_guide(sys.argv[1], sys.argv[2:])
