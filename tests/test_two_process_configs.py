@@ -96,6 +96,17 @@ REDUCED = {
     "variants_heads_causal": ["n=32", "t1=1.0", "snapshots=[0.0, 1.0]", "sweep.beta=[1.0, 9.0]",
                               "sweep.heads=[1, 4]", "chunk_size=4"],
     "variants_layernorm": ["n=16", "t1=2.0", "sweep.beta=[1.0]", "chunk_size=2"],
+    "long_context_collapse": ["sweep.n=[1000]", "sweep.d=[3]", "sweep.c=[0.1, 10.0]",
+                              "sweep.seed=[0]", "queries=16", "limit_samples=20", "chunk_size=1"],
+    "long_context_collapse_large": ["sweep.n=[1000]", "sweep.d=[3]", "sweep.c=[0.1, 10.0]",
+                                    "sweep.seed=[0]", "queries=16", "limit_samples=20",
+                                    "chunk_size=1"],
+    "long_context_phase": ["sweep.n=[64]", "sweep.rho=[0.5]", "sweep.gamma=[1.0, 3.0]",
+                           "sweep.seed=[0]", "d=16", "chunk_size=1"],
+    "long_context_dynamics": ["sweep.n=[128]", "sweep.c=[0.01]", "sweep.seed=[0, 1]",
+                              "t1=4.0", "chunk_size=1"],
+    "long_context_dynamics_s2": ["sweep.n=[128]", "sweep.c=[0.2]", "sweep.seed=[0, 1]",
+                                 "t1=4.0", "subsample=64", "chunk_size=1"],
 }
 
 # Configs whose run is one grid point by design (so one chunk: process 1 computes nothing), and why.
