@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import plots
 from ...long_context_host import critical_gamma, poisson_limit_weights
-from .summary import _axis, _factor, _sel, phase_table
+from .summary import axis_values, factor_values, select, phase_table
 
 
 def _limit_band(cs, d, samples):
@@ -28,7 +28,7 @@ def _limit_band(cs, d, samples):
 def collapse_figure(cfg, ds, path):
     """Largest weight and entropy against c per d, the limit law's band beside."""
     plt = plots.pyplot()
-    dims, cs, ns = _axis(ds, "d", cfg), _factor(cfg, ds, "c"), _axis(ds, "n", cfg)
+    dims, cs, ns = axis_values(ds, "d", cfg), factor_values(cfg, ds, "c"), axis_values(ds, "n", cfg)
     fig, axes = plt.subplots(2, len(dims), figsize=(4.2 * len(dims), 7), squeeze=False)
     for di, d in enumerate(dims):
         lw, lh = _limit_band(cs, d, cfg["limit_samples"])
@@ -37,7 +37,7 @@ def collapse_figure(cfg, ds, path):
             ax.fill_between(cs, lim[:, 0], lim[:, 2], color="0.8", label="Poisson limit (quartiles)")
             ax.plot(cs, lim[:, 1], "k--", label="Poisson limit (median)")
             for ni, n in enumerate(ns):
-                q = np.array([np.quantile(_sel(ds[var], d=di, n=ni, c=ci).values.ravel(),
+                q = np.array([np.quantile(select(ds[var], d=di, n=ni, c=ci).values.ravel(),
                                           [0.25, 0.5, 0.75]) for ci in range(len(cs))])
                 ax.errorbar(cs, q[:, 1], yerr=[q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], marker="o",
                             ms=3, capsize=2, label=f"n = {n:.0e}")
@@ -60,13 +60,13 @@ def collapse_figure(cfg, ds, path):
 def phase_figure(cfg, ds, path):
     """λ against γ/γ_c per ρ, the closed form beside; the transition width against n."""
     plt = plots.pyplot()
-    rhos, ns, gam = _axis(ds, "rho", cfg), _axis(ds, "n", cfg), _factor(cfg, ds, "gamma")
+    rhos, ns, gam = axis_values(ds, "rho", cfg), axis_values(ds, "n", cfg), factor_values(cfg, ds, "gamma")
     fig, axes = plt.subplots(1, len(rhos) + 1, figsize=(3.8 * (len(rhos) + 1), 3.6), squeeze=False)
     for ri, rho in enumerate(rhos):
         ax, gc = axes[0, ri], float(critical_gamma(rho))
         for ni, n in enumerate(ns):
-            lam = _sel(ds["angle_ratio"], n=ni, rho=ri)
-            ex = _sel(ds["angle_ratio_equiangular"], n=ni, rho=ri)
+            lam = select(ds["angle_ratio"], n=ni, rho=ri)
+            ex = select(ds["angle_ratio_equiangular"], n=ni, rho=ri)
             lo, mid, hi = ((lam.min("seed"), lam.mean("seed"), lam.max("seed"))
                            if "seed" in lam.dims else (lam, lam, lam))
             line = ax.plot(gam / gc, mid.values, marker="o", ms=3, label=f"n = {n}")[0]
@@ -96,12 +96,12 @@ def dynamics_figure(cfg, ds, path):
     """First cluster count against k* (l*) and first time against 1/λ*, per seed."""
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for di, d in enumerate(_axis(ds, "d", cfg)):
+    for di, d in enumerate(axis_values(ds, "d", cfg)):
         sel = {"d": di}
-        k = _sel(ds["mode_star"], **sel).values
-        cnt = _sel(ds["first_count"], **sel).values
-        tt = _sel(ds["first_time"], **sel).values
-        rate = _sel(ds["rate_star"], **sel).values
+        k = select(ds["mode_star"], **sel).values
+        cnt = select(ds["first_count"], **sel).values
+        tt = select(ds["first_time"], **sel).values
+        rate = select(ds["rate_star"], **sel).values
         axes[0].scatter(k.ravel(), cnt.ravel(), s=12, label=f"S^{d - 1} (each seed)")
         axes[1].scatter(1 / rate.ravel(), tt.ravel(), s=12, label=f"S^{d - 1}")
     lim = max(1.0, float(np.nanmax(ds["mode_star"].values)))

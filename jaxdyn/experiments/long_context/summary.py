@@ -7,15 +7,17 @@ import numpy as np
 from ...long_context_host import critical_gamma, poisson_limit_weights
 
 
-def _axis(ds, name, cfg):
+def axis_values(ds, name, cfg):
+    """The values of a swept field, or its one configured value."""
     return ds[name].values if name in ds.dims else np.array([cfg[name]])
 
 
-def _sel(da, **idx):
+def select(da, **idx):
+    """``da.isel`` on the dims it has (a field not swept has no dim)."""
     return da.isel({k: v for k, v in idx.items() if k in da.dims})
 
 
-def _factor(cfg, ds, key):
+def factor_values(cfg, ds, key):
     """The swept factor (c or γ) values, or the single one of beta."""
     if key in ds.dims:
         return ds[key].values
@@ -26,13 +28,13 @@ def _factor(cfg, ds, key):
 def collapse_table(cfg, ds):
     """Per (d, n, c): the largest weight's and entropy's median over queries and seeds, beside the limit's."""
     out = {}
-    for di, d in enumerate(_axis(ds, "d", cfg)):
-        for ci, c in enumerate(_factor(cfg, ds, "c")):
+    for di, d in enumerate(axis_values(ds, "d", cfg)):
+        for ci, c in enumerate(factor_values(cfg, ds, "c")):
             lw, lh = poisson_limit_weights(float(c), int(d), samples=cfg["limit_samples"], k=1)
-            for ni, n in enumerate(_axis(ds, "n", cfg)):
-                mw = _sel(ds["max_weight"], d=di, c=ci, n=ni).values.ravel()
-                h = _sel(ds["entropy"], d=di, c=ci, n=ni).values.ravel()
-                rank = _sel(ds["top_rank"], d=di, c=ci, n=ni).values.ravel()
+            for ni, n in enumerate(axis_values(ds, "n", cfg)):
+                mw = select(ds["max_weight"], d=di, c=ci, n=ni).values.ravel()
+                h = select(ds["entropy"], d=di, c=ci, n=ni).values.ravel()
+                rank = select(ds["top_rank"], d=di, c=ci, n=ni).values.ravel()
                 out[f"d={d},n={n},c={c:g}"] = {
                     "max_weight_median": float(np.median(mw)),
                     "max_weight_quartiles": [float(np.quantile(mw, q)) for q in (0.25, 0.75)],
@@ -47,10 +49,10 @@ def collapse_table(cfg, ds):
 def phase_table(cfg, ds):
     """Per (n, ρ): the γ where λ (mean over seeds) crosses 1/2 and the width of 0.1 < λ < 0.9."""
     out = {}
-    gam = _factor(cfg, ds, "gamma")
-    for ni, n in enumerate(_axis(ds, "n", cfg)):
-        for ri, rho in enumerate(_axis(ds, "rho", cfg)):
-            lam = _sel(ds["angle_ratio"], n=ni, rho=ri)
+    gam = factor_values(cfg, ds, "gamma")
+    for ni, n in enumerate(axis_values(ds, "n", cfg)):
+        for ri, rho in enumerate(axis_values(ds, "rho", cfg)):
+            lam = select(ds["angle_ratio"], n=ni, rho=ri)
             lam = lam.mean("seed").values if "seed" in lam.dims else lam.values
             out[f"n={n},rho={rho:g}"] = {"gamma_c": float(critical_gamma(rho)),
                                          "gamma_half": _crossing(gam, lam, 0.5),
@@ -75,16 +77,16 @@ def _width(x, y):
 def dynamics_table(cfg, ds):
     """Per (d, n, c): the first clusters (count, time) over seeds beside k* (or l*) and 1/λ*."""
     out = {}
-    for di, d in enumerate(_axis(ds, "d", cfg)):
-        for ni, n in enumerate(_axis(ds, "n", cfg)):
-            for ci, c in enumerate(_factor(cfg, ds, "c")):
+    for di, d in enumerate(axis_values(ds, "d", cfg)):
+        for ni, n in enumerate(axis_values(ds, "n", cfg)):
+            for ci, c in enumerate(factor_values(cfg, ds, "c")):
                 idx = {"d": di, "n": ni, "c": ci}
-                cnt = _sel(ds["first_count"], **idx).values.ravel()
-                tt = _sel(ds["first_time"], **idx).values.ravel()
-                k = int(_sel(ds["mode_star"], **idx).values.ravel()[0])
-                rate = float(_sel(ds["rate_star"], **idx).values.ravel()[0])
+                cnt = select(ds["first_count"], **idx).values.ravel()
+                tt = select(ds["first_time"], **idx).values.ravel()
+                k = int(select(ds["mode_star"], **idx).values.ravel()[0])
+                rate = float(select(ds["rate_star"], **idx).values.ravel()[0])
                 out[f"d={d},n={n},c={c:g}"] = {
-                    "beta": float(_sel(ds["beta_resolved"], **idx).values.ravel()[0]),
+                    "beta": float(select(ds["beta_resolved"], **idx).values.ravel()[0]),
                     "first_count_mean": float(np.mean(cnt)), "first_count_std": float(np.std(cnt)),
                     "first_time_mean": float(np.nanmean(tt)) if np.isfinite(tt).any() else None,
                     "mode_star": k, "growth_rate_star": rate, "time_scale": 1.0 / rate,
