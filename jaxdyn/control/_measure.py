@@ -30,8 +30,9 @@ O(N · block) memory).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import diffrax
 import equinox as eqx
@@ -49,6 +50,7 @@ from ..distances._rounds import _anneal_length, _round_body
 from ..distances._scale import cloud_frame, times_pow2, widen_half
 from ..integrators import INTEGRATORS, GridODETerm
 from ..kernels._flash import K_BLOCK, Q_BLOCK, attend
+from . import _optimise as driver
 
 #: the weights of each model, in the order of the controls' dict
 FAMILIES = {"sphere": ("Q", "K", "V", "beta"), "euclidean": ("Q", "K", "V", "A", "b")}
@@ -268,6 +270,11 @@ def _check_cloud(name, x, model, d=None):
 def _check_flow_options(t1, steps_per_layer, checkpoints, q_block, k_block):
     """The flow's concrete options checked (t1 > 0 unless traced); the integers returned."""
     check_bounds("t1", t1, low=0.0, low_open=True, what=" (the horizon T)")
+    return _check_flow_integers(steps_per_layer, checkpoints, q_block, k_block)
+
+
+def _check_flow_integers(steps_per_layer, checkpoints, q_block, k_block):
+    """The flow's integer options checked and returned as Python ints (checkpoints may be None)."""
     steps = check_integer("steps_per_layer", steps_per_layer, minimum=1, integral_floats=True)
     if checkpoints is not None:
         checkpoints = check_integer("checkpoints", checkpoints, minimum=1)
@@ -382,13 +389,17 @@ def _n_layers(controls):
 
 def _sinkhorn_options(n, m, threshold, max_iterations):
     """The Sinkhorn settings of concrete, checked options."""
+    return _sinkhorn_settings(n, m, threshold, _check_sinkhorn(threshold, max_iterations))
+
+
+def _check_sinkhorn(threshold, max_iterations):
+    """Sinkhorn's threshold checked (concrete, > 0); its iteration budget as a Python int."""
     if is_traced(threshold):
         raise ValueError("sinkhorn_threshold must be a concrete number > 0 (it is a static "
                          "setting of the solver), got a traced value")
     check_bounds("sinkhorn_threshold", threshold, low=0.0, low_open=True)
-    max_iterations = check_integer("sinkhorn_max_iterations", max_iterations, minimum=1,
-                                   integral_floats=True)
-    return _sinkhorn_settings(n, m, threshold, max_iterations)
+    return check_integer("sinkhorn_max_iterations", max_iterations, minimum=1,
+                         integral_floats=True)
 
 
 def _sinkhorn_settings(n, m, threshold, max_iterations):
@@ -710,50 +721,15 @@ def _from_raw(raw):
     return {k: (jnp.exp(v) if k == "beta" else v) for k, v in raw.items()}
 
 
-def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: float = 1.0,
-                    free: Optional[Sequence[str]] = None, init: Optional[Mapping] = None,
-                    init_scale: float = 0.1, seed: int = 0, epsilon: float = 1e-2,
-                    epsilon_start: Optional[float] = None, cost: str = "none",
-                    cost_weight: float = 0.0, adam_steps: int = 200, adam_lr: float = 0.05,
-                    lbfgs_steps: int = 100, gtol: float = 1e-6, w2_tol: float = 0.0,
-                    steps_per_layer: int = 4, checkpoints: Optional[int] = None,
-                    method: str = "rk4", sinkhorn_threshold: float = 1e-6,
-                    sinkhorn_max_iterations: int = 20000, q_block: int = Q_BLOCK,
-                    k_block: int = K_BLOCK, throw: bool = False,
-                    segment_steps: int = SEGMENT_STEPS,
-                    callback: Optional[Callable] = None) -> MeasureControlResult:
-    r"""Optimise layer-wise constant attention weights that push the cloud ``x0`` onto ``target``.
+@dataclasses.dataclass(frozen=True)
+class MeasureControlOptions:
+    """Settings of :func:`measure_control` (each can also be passed to it as a keyword).
 
-    .. math::
+    Concrete values are checked when the options are made (``ValueError`` naming the field);
+    the numbers may be traced (under ``jax.jit`` or ``jax.vmap``: see :func:`measure_control`),
+    the integers, strings and ``sinkhorn_threshold`` must be concrete.
 
-        \min_θ\ S_ε(μ_T^θ, ν) + λ\, C(θ)
-
-    (module doc; :func:`measure_loss`). Jitted segments of at most ``segment_steps``
-    iterations, the optimiser's state carried by the host from one to the next (a signal
-    stops it between two segments; ``callback`` reports the progress there): a cold Sinkhorn
-    solve at the start, ``adam_steps`` of Adam (``optax.adam`` with a cosine-decayed
-    learning rate, guarded by ``optax.apply_if_finite``) while ε is annealed geometrically from ``epsilon_start`` to
-    ``epsilon`` over the first half of them (each Sinkhorn solve warm-started from the last
-    potentials), then up to ``lbfgs_steps`` of ``optax.lbfgs`` with its zoom line search at
-    the final ε (every evaluation warm-started from the potentials the Adam phase ended
-    with and annealed from ``epsilon_start``, so that the line search sees one
-    deterministic function). β is optimised as log β.
-    Stops early when the gradient norm ≤ ``gtol · max(1, |J|)`` (stationary) or W2 ≤
-    ``w2_tol`` (reached).
-
-    Concrete options out of their domain raise before anything is computed. Under
-    ``jax.jit`` or ``jax.vmap`` a traced ``epsilon``, ``epsilon_start``, ``t1`` or
-    ``adam_lr`` that is not finite and > 0, a traced ``cost_weight`` that is not finite and
-    >= 0, or a traced ``gtol`` or ``w2_tol`` below 0 (or NaN) gives the status
-    ``invalid_input`` (``stats["stop"]`` = ``INVALID``): nothing is optimised.
-
-    Args:
-        x0: (N, d) the initial cloud (unit rows for ``"sphere"``, to 1e-8 in float64 and
-            1e-4 in float32, as :func:`jaxdyn.simulate`'s: they are not projected).
-        target: (M, d) the target cloud (unit rows for ``"sphere"``).
-        n_layers: L, the layers (pieces of the controls), an integer >= 1.
-        model: ``"sphere"`` (weights Q, K, V, β) or ``"euclidean"`` (Q, K, V, A, b).
-        t1: the horizon T, finite and > 0.
+    Attributes:
         free: the optimised weights, distinct names of the model's weights (a single name
             may be given as a string; default: all of the model's).
         init: starting values ``{name: (L, ...) array}`` (default :func:`default_controls`
@@ -764,9 +740,9 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         epsilon: the final entropic ε (absolute, squared distance units), finite and > 0.
         epsilon_start: the ε of the start, finite and > 0 (default 10 ε).
         cost: ``"none"``, ``"jump"`` (∫|θ̇|²) or ``"energy"`` (∫|θ|²).
-        cost_weight: λ, finite and ≥ 0.
+        cost_weight: λ, finite and >= 0.
         adam_steps: Adam iterations, an integer >= 0.
-        adam_lr: Adam's initial learning rate, finite and > 0.
+        adam_lr: Adam's initial learning rate, finite and > 0 (cosine-decayed to 5 % of it).
         lbfgs_steps: L-BFGS iterations at most, an integer >= 0.
         gtol: the stationarity tolerance, >= 0.
         w2_tol: stop once W2 ≤ w2_tol, >= 0 (0: never).
@@ -781,83 +757,190 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         throw: raise when the result is not successful (``RuntimeError`` for concrete
             inputs, ``eqx.error_if`` under a transformation).
         segment_steps: Adam steps of each jitted segment, an integer >= 1 (L-BFGS runs one
-            iteration a segment; concrete inputs: under ``jax.jit`` or ``jax.vmap`` each
-            phase is one segment). The boundaries depend only on it and the budgets, never
-            on the clock: the values are the same whoever watches.
+            iteration a segment; under ``jax.jit`` or ``jax.vmap`` each phase is one
+            segment). The boundaries depend only on it and the budgets, never on the clock:
+            the values are the same whoever watches.
         callback: called on the host after the start and each segment with
             ``(iterations done, iteration budget, loss at the last iteration)`` (concrete
             inputs only).
+    """
+
+    free: Optional[Union[str, Sequence[str]]] = None
+    init: Optional[Mapping] = None
+    init_scale: float = 0.1
+    seed: int = 0
+    epsilon: float = 1e-2
+    epsilon_start: Optional[float] = None
+    cost: str = "none"
+    cost_weight: float = 0.0
+    adam_steps: int = 200
+    adam_lr: float = 0.05
+    lbfgs_steps: int = 100
+    gtol: float = 1e-6
+    w2_tol: float = 0.0
+    steps_per_layer: int = 4
+    checkpoints: Optional[int] = None
+    method: str = "rk4"
+    sinkhorn_threshold: float = 1e-6
+    sinkhorn_max_iterations: int = 20000
+    q_block: int = Q_BLOCK
+    k_block: int = K_BLOCK
+    throw: bool = False
+    segment_steps: int = SEGMENT_STEPS
+    callback: Optional[Callable] = None
+
+    def __post_init__(self):
+        _checked_options(self)
+
+
+def _checked_options(o: MeasureControlOptions) -> dict:
+    """The model-independent options checked; their integers as Python ints.
 
     Returns:
-        :class:`MeasureControlResult`.
+        ``{"steps_per_layer", "checkpoints", "q_block", "k_block", "adam_steps", "lbfgs_steps",
+        "segment_steps", "sinkhorn_max_iterations", "seed"}``.
 
     Raises:
-        ValueError: an unknown model, method or cost, a free weight the model lacks,
-            clouds or starting values of the wrong shape, concrete clouds that are
-            non-finite or off the sphere, a concrete option out of its domain (above), a
-            traced ``sinkhorn_threshold`` or integer option.
-
-    With ``throw=True`` a concrete unsuccessful result raises ``RuntimeError`` with its
-    status message.
+        ValueError: an unknown method or cost, a concrete number out of its domain (the
+            field named), an integer option that is not an integer in its range, a traced
+            ``sinkhorn_threshold``.
     """
-    _check_model(model)
-    _layer_solver(method)
-    if cost not in COSTS:
-        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
-    x0 = _float(x0)
-    _check_cloud("x0", x0, model)
-    _check_cloud("target", target, model, x0.shape[1])
-    y = jnp.asarray(target, x0.dtype)
-    n_layers = check_integer("n_layers", n_layers, minimum=1, integral_floats=True)
-    steps, checkpoints, q_block, k_block = _check_flow_options(t1, steps_per_layer, checkpoints,
-                                                               q_block, k_block)
-    adam_steps = check_integer("adam_steps", adam_steps, minimum=0, integral_floats=True)
-    lbfgs_steps = check_integer("lbfgs_steps", lbfgs_steps, minimum=0, integral_floats=True)
-    segment_steps = check_integer("segment_steps", segment_steps, minimum=1,
-                                  integral_floats=True)
-    sk = _sinkhorn_options(x0.shape[0], y.shape[0], sinkhorn_threshold,
-                           sinkhorn_max_iterations)
-    check_bounds("epsilon", epsilon, low=0.0, low_open=True)
-    check_bounds("epsilon_start", epsilon_start, low=0.0, low_open=True)
-    check_bounds("adam_lr", adam_lr, low=0.0, low_open=True)
-    check_bounds("cost_weight", cost_weight, low=0.0, what=" (λ)")
-    check_bounds("init_scale", init_scale, low=0.0)
-    for name, v in (("gtol", gtol), ("w2_tol", w2_tol)):  # +inf: stop at once
+    _layer_solver(o.method)
+    if o.cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {o.cost!r}")
+    ints = dict(zip(("steps_per_layer", "checkpoints", "q_block", "k_block"),
+                    _check_flow_integers(o.steps_per_layer, o.checkpoints, o.q_block,
+                                         o.k_block)))
+    for name, low in (("adam_steps", 0), ("lbfgs_steps", 0), ("segment_steps", 1)):
+        ints[name] = check_integer(name, getattr(o, name), minimum=low, integral_floats=True)
+    ints["sinkhorn_max_iterations"] = _check_sinkhorn(o.sinkhorn_threshold,
+                                                      o.sinkhorn_max_iterations)
+    for name in ("epsilon", "epsilon_start", "adam_lr"):
+        check_bounds(name, getattr(o, name), low=0.0, low_open=True)
+    check_bounds("cost_weight", o.cost_weight, low=0.0, what=" (λ)")
+    check_bounds("init_scale", o.init_scale, low=0.0)
+    for name in ("gtol", "w2_tol"):  # +inf: stop at once
+        v = getattr(o, name)
         if not is_traced(v) and not float(v) >= 0:
             raise ValueError(f"{name} must be >= 0, got {v!r}")
-    free = _free_names(free, model, FAMILIES[model])
-    if not free:
-        raise ValueError(f"free must name at least one weight of {FAMILIES[model]}, got "
-                         f"{free!r}")
-    seed = check_integer("seed", seed, minimum=0)
-    d, dtype = x0.shape[1], x0.dtype
-    init = dict(init or {})
+    ints["seed"] = check_integer("seed", o.seed, minimum=0)
+    return ints
+
+
+def _start_controls(o: MeasureControlOptions, model, free, seed, d, n_layers, dtype):
+    """Every weight at the start: ``init``, else the defaults plus a random draw for the free ones.
+
+    Returns:
+        ``{name: (L, ...) array}`` for every weight of the model.
+
+    Raises:
+        ValueError: starting values of the wrong shape or name, a concrete β start <= 0.
+    """
+    init = dict(o.init or {})
     full = _full_controls(model, init, d, n_layers, dtype)
     rng = np.random.default_rng(int(seed))
     shapes = _shapes(model, d, n_layers)
     for name in free:  # a random start for the free weights not given
         if name in init:
             continue
-        draw = init_scale * rng.standard_normal(shapes[name])
+        draw = o.init_scale * rng.standard_normal(shapes[name])
         full[name] = (full[name] * jnp.asarray(np.exp(draw), dtype) if name == "beta"
                       else full[name] + jnp.asarray(draw, dtype))
     if model == "sphere":
         beta = full["beta"]
         if not isinstance(beta, jax.core.Tracer) and not np.all(np.asarray(beta) > 0):
             raise ValueError("the start's beta must be > 0 in every layer")
-    eps_start = 10.0 * epsilon if epsilon_start is None else epsilon_start
+    return full
+
+
+def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: float = 1.0,
+                    options: Optional[MeasureControlOptions] = None,
+                    **settings) -> MeasureControlResult:
+    r"""Optimise layer-wise constant attention weights that push the cloud ``x0`` onto ``target``.
+
+    .. math::
+
+        \min_θ\ S_ε(μ_T^θ, ν) + λ\, C(θ)
+
+    (module doc; :func:`measure_loss`). The Adam → L-BFGS driver shared with
+    :func:`reach` (:mod:`jaxdyn.control._optimise`) runs jitted segments of at most
+    ``segment_steps`` iterations, the optimiser's state carried by the host from one to the
+    next (a signal stops it between two segments; ``callback`` reports the progress there): a
+    cold Sinkhorn solve at the start, ``adam_steps`` of Adam (a cosine-decayed learning rate,
+    non-finite gradients skipped) while ε is annealed geometrically from ``epsilon_start`` to
+    ``epsilon`` over the first half of them (each Sinkhorn solve warm-started from the last
+    potentials), then up to ``lbfgs_steps`` of ``optax.lbfgs`` with its zoom line search at
+    the final ε (every evaluation warm-started from the potentials the Adam phase ended
+    with and annealed from ``epsilon_start``, so that the line search sees one
+    deterministic function). β is optimised as log β. Stops early when the gradient norm ≤
+    ``gtol · max(1, |J|)`` (stationary) or W2 ≤ ``w2_tol`` (reached).
+
+    Concrete options out of their domain raise before anything is computed. Under
+    ``jax.jit`` or ``jax.vmap`` a traced ``epsilon``, ``epsilon_start``, ``t1`` or
+    ``adam_lr`` that is not finite and > 0, a traced ``cost_weight`` that is not finite and
+    >= 0, or a traced ``gtol`` or ``w2_tol`` below 0 (or NaN) gives the status
+    ``invalid_input`` (``stats["stop"]`` = ``INVALID``): nothing is optimised.
+
+    Args:
+        x0: (N, d) the initial cloud (unit rows for ``"sphere"``, to 1e-8 in float64 and
+            1e-4 in float32, as :func:`jaxdyn.simulate`'s: they are not projected).
+        target: (M, d) the target cloud (unit rows for ``"sphere"``).
+        n_layers: L, the layers (pieces of the controls), an integer >= 1.
+        model: ``"sphere"`` (weights Q, K, V, β) or ``"euclidean"`` (Q, K, V, A, b).
+        t1: the horizon T, finite and > 0.
+        options: a :class:`MeasureControlOptions` (default: its defaults).
+        **settings: any field of :class:`MeasureControlOptions` by name (``free``,
+            ``epsilon``, ``adam_steps``, ``callback``, ...), overriding ``options``.
+
+    Returns:
+        :class:`MeasureControlResult`.
+
+    Raises:
+        ValueError: an unknown model, a free weight the model lacks, clouds or starting
+            values of the wrong shape, concrete clouds that are non-finite or off the
+            sphere, a concrete ``t1`` or ``n_layers`` out of its domain, what
+            :class:`MeasureControlOptions` raises.
+        TypeError: ``options`` that are not :class:`MeasureControlOptions`, a keyword
+            that is not one of its fields.
+
+    With ``throw=True`` a concrete unsuccessful result raises ``RuntimeError`` with its
+    status message.
+    """
+    unknown = set(settings) - {f.name for f in dataclasses.fields(MeasureControlOptions)}
+    if unknown or not isinstance(options, (MeasureControlOptions, type(None))):
+        raise TypeError(f"measure_control() takes options=MeasureControlOptions(...) and its "
+                        f"fields as keywords; got options of type {type(options).__name__} "
+                        f"and unknown keyword(s) {sorted(unknown)}")
+    o = dataclasses.replace(options or MeasureControlOptions(), **settings)
+    _check_model(model)
+    ints = _checked_options(o)
+    x0 = _float(x0)
+    _check_cloud("x0", x0, model)
+    _check_cloud("target", target, model, x0.shape[1])
+    y = jnp.asarray(target, x0.dtype)
+    n_layers = check_integer("n_layers", n_layers, minimum=1, integral_floats=True)
+    check_bounds("t1", t1, low=0.0, low_open=True, what=" (the horizon T)")
+    free = _free_names(o.free, model, FAMILIES[model])
+    if not free:
+        raise ValueError(f"free must name at least one weight of {FAMILIES[model]}, got "
+                         f"{free!r}")
+    dtype = x0.dtype
+    full = _start_controls(o, model, free, ints["seed"], x0.shape[1], n_layers, dtype)
+    eps_start = 10.0 * o.epsilon if o.epsilon_start is None else o.epsilon_start
     arr = lambda v: jnp.asarray(v, dtype)  # noqa: E731
-    args = (full, x0, y, arr(epsilon), arr(eps_start), arr(t1), arr(cost_weight),
-            arr(adam_lr), arr(gtol), arr(w2_tol))
-    static = dict(model=model, free=free, cost=cost, adam_steps=adam_steps,
-                  lbfgs_steps=lbfgs_steps, steps_per_layer=steps, checkpoints=checkpoints,
-                  method=method, q_block=q_block, k_block=k_block, sk=sk)
+    args = (full, x0, y, arr(o.epsilon), arr(eps_start), arr(t1), arr(o.cost_weight),
+            arr(o.adam_lr), arr(o.gtol), arr(o.w2_tol))
+    static = dict(model=model, free=free, cost=o.cost, adam_steps=ints["adam_steps"],
+                  lbfgs_steps=ints["lbfgs_steps"], steps_per_layer=ints["steps_per_layer"],
+                  checkpoints=ints["checkpoints"], method=o.method, q_block=ints["q_block"],
+                  k_block=ints["k_block"],
+                  sk=_sinkhorn_settings(x0.shape[0], y.shape[0], o.sinkhorn_threshold,
+                                        ints["sinkhorn_max_iterations"]))
     # under a transformation the loop cannot be watched: one segment each phase
     traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
     res = _optimise(args, static, float(t1) if not is_traced(t1) else math.nan,
-                    max(adam_steps, 1) if traced else segment_steps,
-                    None if traced else callback, traced)
-    if throw:
+                    ints["segment_steps"], None if traced else o.callback, traced)
+    if o.throw:
         if isinstance(res.loss, jax.core.Tracer):
             res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
         else:
@@ -898,10 +981,8 @@ class _Setup:
         # Adam, ε annealed geometrically over the first half of the steps
         self.anneal = max(1, adam_steps // 2)
         sched = optax.cosine_decay_schedule(1.0, max(1, adam_steps), alpha=0.05)
-        self.adam = optax.apply_if_finite(
-            optax.chain(optax.scale_by_adam(), optax.scale_by_schedule(lambda k: -lr * sched(k))),
-            max_consecutive_errors=2**30)
-        self.lbfgs = optax.lbfgs()
+        self.adam = driver.adam(lambda k: lr * sched(k))
+        self.lbfgs = driver.lbfgs()
 
     def controls_of(self, z):  # (the line search's trials may come in another float type)
         return {**self.fixed, **_from_raw(self.unravel(jnp.asarray(z, self.dtype)))}
@@ -969,9 +1050,6 @@ class _Setup:
 
         vg_state = optax.value_and_grad_from_state(value)
 
-        def cond(c):
-            return (c.it < jnp.minimum(self.lbfgs_steps, it_end)) & (c.stop < 0) & self.valid
-
         def body(c):
             z, state, it, stall, stop, accepted, hist, last = c
             j, g = vg_state(z, state=state)
@@ -981,12 +1059,9 @@ class _Setup:
             w2 = _w2_of(div)
             stationary = gnorm <= self.gtol * jnp.maximum(1.0, jnp.abs(j))
             reached = w2 <= self.w2_tol
-            upd, new_state = lbfgs.update(g, state, z, value=j, grad=g, value_fn=value)
-            z_new = optax.apply_updates(z, upd)
-            j_new = optax.tree_utils.tree_get(new_state, "value")
-            g_new = optax.tree_utils.tree_get(new_state, "grad")
+            z_new, new_state, j_new, g_new, trial_ok = driver.lbfgs_iteration(lbfgs, z, state, j,
+                                                                              g, value)
             # a line search that ended on a non-finite trial found no usable step: stalled
-            trial_ok = jnp.isfinite(j_new) & jnp.all(jnp.isfinite(g_new))
             decreased = trial_ok & (j_new < j - STALL_RTOL * jnp.abs(j))
             stall = jnp.where(decreased, 0, stall + 1).astype(jnp.int32)
             stall = jnp.where(trial_ok, stall, STALL_COUNT).astype(jnp.int32)
@@ -1004,7 +1079,8 @@ class _Setup:
             return _LbfgsCarry(z_next, state, it + go.astype(jnp.int32), stall, stop,
                                accepted + (go & decreased), hist, jnp.where(finite, z, last))
 
-        return jax.lax.while_loop(cond, body, c)
+        return driver.segment_loop(body, c, jnp.minimum(self.lbfgs_steps, it_end),
+                                   lambda c: (c.stop < 0) & self.valid)
 
     def finish(self, c, pots_fixed, t1_static):
         """The result: the returned controls evaluated once more at the final ε."""
@@ -1107,15 +1183,12 @@ def _opt_finish(c, pots, args, static, t1_static):
 
 
 def _optimise(args, static, t1_static, segment, callback, traced):
-    """Start, Adam, L-BFGS and the result, as jitted segments.
+    """Start, Adam, L-BFGS and the result, as jitted segments run by the shared driver.
 
     ``segment`` Adam steps or one L-BFGS iteration a segment; ``traced``: each phase one
-    segment, no callback.
-
-    The host runs the segments in order and carries their state (a pytree of arrays) from one
-    to the next: between two segments Python sees a signal (``KeyboardInterrupt``) and
-    ``callback(done, total, loss)`` reports the iterations done. The boundaries depend only on
-    ``segment`` and the budgets, so a run gives the same values however often it is watched.
+    segment, no callback. Between two segments :func:`jaxdyn.control._optimise.drive` hands
+    the host a signal (``KeyboardInterrupt``) and ``callback(done, total, loss)`` the
+    iterations done.
 
     Returns:
         The :class:`MeasureControlResult`.
@@ -1124,27 +1197,24 @@ def _optimise(args, static, t1_static, segment, callback, traced):
     total = adam_steps + lbfgs_steps
     i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731 - traced bounds: one program
 
-    def report(done, hist):
+    def report(carry, done):
         if callback is not None:
-            callback(int(done), total, float(hist[0][done]))
+            callback(int(done), total, float(carry.hist[0][done]))
+
+    def adam(carry, done, end):
+        return _opt_adam(carry, i32(done), i32(end), args, static), end, traced
+
+    def lbfgs(c, done, end):  # one iteration a segment (its line search: up to 16 solves)
+        c = _opt_lbfgs(c, pots, i32(end - adam_steps), args, static)
+        return (c, end, True) if traced else (c, adam_steps + int(c.it), int(c.stop) >= 0)
 
     carry = _opt_start(args, static)
-    report(0, carry.hist)
-    for k0 in range(0, adam_steps, segment):
-        k1 = min(k0 + segment, adam_steps)
-        carry = _opt_adam(carry, i32(k0), i32(k1), args, static)
-        report(k1, carry.hist)
+    report(carry, 0)
+    carry = driver.drive(adam, carry, done=0, budget=adam_steps,
+                         segment=max(adam_steps, 1) if traced else segment, report=report)
     c, pots = _opt_lbfgs_start(carry, args, static)
-    # one L-BFGS iteration a segment (its line search may evaluate the loss up to 16 times)
-    lbfgs_segment = max(lbfgs_steps, 1) if traced else 1
-    for end in range(lbfgs_segment, lbfgs_steps + lbfgs_segment, lbfgs_segment):
-        c = _opt_lbfgs(c, pots, i32(min(end, lbfgs_steps)), args, static)
-        if traced:
-            break
-        done = adam_steps + int(c.it)
-        report(done, c.hist)
-        if int(c.stop) >= 0:  # stopped (reached, stationary, stalled, non-finite)
-            break
+    c = driver.drive(lbfgs, c, done=adam_steps, budget=total,
+                     segment=max(lbfgs_steps, 1) if traced else 1, report=report)
     return _opt_finish(c, pots, args, static, t1_static)
 
 

@@ -12,14 +12,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jaxtyping import Array
 
 from .._results import (RESULTS, Solution, error_if_failed, from_codes, raise_if_failed,
                         stat, status_code, status_names)
 from ..distances import bures_w2_squared
 from ..gaussian._solve import Control
-from . import _optimise as opt
+from . import _optimise as driver
+from . import _reach_loop as opt
 from ._certificate import Certificate, certificate
 from ._loss import Problem, SolveOptions, default_tolerances, unsquash
 from ._problem import _ALL_FREE, CONTROL_NAMES, _check_problem, _ranks, controlled_moments
@@ -70,8 +70,12 @@ class ReachOptions:
         rank_rtol: the numerical-rank cut (default sqrt(eps)).
         with_certificate: compute the :class:`Certificate` and return it.
         verify: check the result by an independent adaptive Dopri8 solve (rtol 1e-11).
-        callback: ``callback(iteration, loss, w2)``, called on the host for each iteration
-            once the optimisation has run (the loop is one compiled program).
+        segment_steps: iterations of each jitted segment of the optimiser (concrete inputs;
+            under ``jax.jit`` or ``jax.vmap`` it is one segment): between two segments the
+            host sees a signal (``KeyboardInterrupt``) and calls ``callback``. The boundaries
+            never change the values.
+        callback: ``callback(iteration, loss, w2)``, called on the host for each iteration,
+            after the segment that took it (concrete inputs only).
         throw: raise ``RuntimeError`` when the result is not ``successful``.
     """
 
@@ -99,6 +103,7 @@ class ReachOptions:
     rank_rtol: Optional[float] = None
     with_certificate: bool = True
     verify: bool = True
+    segment_steps: int = 25
     callback: Optional[Callable] = None
     throw: bool = False
 
@@ -255,9 +260,9 @@ def _checked(o: ReachOptions, t1, n_pieces) -> dict:
     if unknown:
         raise ValueError(f"fixed keys must be among {CONTROL_NAMES}, got {sorted(unknown)}")
     for name in ("steps_per_piece", "adam_steps", "lbfgs_steps", "max_energy_stages",
-                 "energy_stage_steps"):
+                 "energy_stage_steps", "segment_steps"):
         v = getattr(o, name)
-        low = 1 if name == "steps_per_piece" else 0
+        low = 1 if name in ("steps_per_piece", "segment_steps") else 0
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
     return {"bounds": bounds, "fixed": fixed, "free": free}
@@ -308,14 +313,61 @@ def _loop_settings(o: ReachOptions, dtype, refine: bool) -> opt.LoopSettings:
         continuation=jnp.asarray(bool(o.energy_continuation)), refine=refine)
 
 
+def _reporter(callback, traced):
+    """``report(state, final)`` calling ``callback(i, loss, w2)`` once for each new iteration.
+
+    The start's entry is reported once the start is accepted (a retried start rewrites it),
+    every entry at the end (``final``).
+
+    Returns:
+        The function, or None (no callback, or traced inputs).
+    """
+    if callback is None or traced:
+        return None
+    told = [0]
+
+    def report(s, final=False):
+        if int(s.phase) == opt.START and not final:
+            return
+        loss, w2 = np.asarray(s.loss_history), np.asarray(s.w2_history)
+        for i in range(told[0], int(s.it) + 1):
+            callback(i, float(loss[i]), float(w2[i]))
+        told[0] = int(s.it) + 1
+
+    return report
+
+
+def _refined(s, raw, prob, opts):
+    """The state resumed at twice the steps when the loop asks for it, else None.
+
+    The loop asks at a solve whose steps were too long (``TOO_LONG``), or when the L-BFGS line
+    search found no decrease at an iterate whose step-error ratio is above ``REFINE_ABOVE``
+    (then with an empty L-BFGS memory: losses are compared at one step count only).
+
+    Returns:
+        The state to resume, or None.
+    """
+    stop, phase = int(s.stop), int(s.phase)
+    if stop == opt.TOO_LONG:
+        return eqx.tree_at(lambda t: (t.stop, t.tries, t.best_stale), s,
+                           (jnp.asarray(opt.RUNNING, jnp.int32), jnp.zeros_like(s.tries),
+                            jnp.asarray(phase == opt.ADAM)))
+    if stop == opt.NO_DECREASE and phase == opt.DONE and \
+            float(opt.error_ratio(s.raw, raw, prob, opts)) > REFINE_ABOVE:
+        return eqx.tree_at(lambda t: (t.stop, t.phase, t.lbfgs, t.stall), s,
+                           (jnp.asarray(opt.RUNNING, jnp.int32), jnp.asarray(opt.LBFGS, jnp.int32),
+                            driver.lbfgs().init(s.raw), jnp.zeros_like(s.stall)))
+    return None
+
+
 def _run_optimiser(raw, prob: Problem, o: ReachOptions, traced: bool):
-    """The jitted loop, and on the host the refinements of the steps it asks for.
+    """The loop in jitted segments, and on the host the refinements of the steps it asks for.
 
     Args:
         raw: the start (the controls' raw parameters).
         prob: the problem.
         o: the options.
-        traced: whether the inputs are traced (no refinement then).
+        traced: whether the inputs are traced (one segment, no refinement then).
 
     Returns:
         ``(state, control values, energy, steps_per_piece, refinements, iterations at which
@@ -327,29 +379,29 @@ def _run_optimiser(raw, prob: Problem, o: ReachOptions, traced: bool):
                         max_steps=int(o.max_steps))
     refinable = o.solver is None and not traced
     loop = _loop_settings(o, prob.S0.dtype, refinable and steps < MAX_STEPS_PER_PIECE)
-    s, vals, energy = opt.optimise(raw, prob, loop, opts)
+    budget = max(loop.size - 1, 1)  # every iteration the loop can take
+    report = _reporter(o.callback, traced)
+
+    def advance(s, done, end):  # reads the current step count's ``loop`` and ``opts``
+        s = opt.advance(s, raw, prob, loop, opts, jnp.asarray(end, jnp.int32))
+        return (s, end, True) if traced else (s, int(s.it), not bool(opt.running(s)))
+
+    s = opt.start(raw, prob, loop)
     refinements, changes = 0, []
-    while refinable and steps < MAX_STEPS_PER_PIECE:
-        stop, phase = int(s.stop), int(s.phase)
-        if stop == opt.TOO_LONG:
-            s = eqx.tree_at(lambda t: (t.stop, t.tries, t.best_stale), s,
-                            (jnp.asarray(opt.RUNNING, jnp.int32), jnp.zeros_like(s.tries),
-                             jnp.asarray(phase == opt.ADAM)))
-        elif stop == opt.NO_DECREASE and phase == opt.DONE and \
-                float(opt.error_ratio(s.raw, raw, prob, opts)) > REFINE_ABOVE:
-            # the line search failed near the step-error limit: resume at finer steps, with
-            # an empty L-BFGS memory (losses are compared at one step count only)
-            s = eqx.tree_at(lambda t: (t.stop, t.phase, t.lbfgs, t.stall), s,
-                            (jnp.asarray(opt.RUNNING, jnp.int32), jnp.asarray(opt.LBFGS, jnp.int32),
-                             optax.lbfgs().init(s.raw), jnp.zeros_like(s.stall)))
-        else:
+    while True:
+        s = driver.drive(advance, s, done=0 if traced else int(s.it), budget=budget,
+                         segment=budget if traced else int(o.segment_steps), report=report)
+        resumed = (_refined(s, raw, prob, opts)
+                   if refinable and steps < MAX_STEPS_PER_PIECE else None)
+        if resumed is None:
             break
-        steps *= 2
-        refinements += 1
-        changes.append(0 if phase == opt.START else int(s.it) + 1)  # the first iteration at it
+        changes.append(0 if int(s.phase) == opt.START else int(s.it) + 1)  # its first iteration
+        s, steps, refinements = resumed, 2 * steps, refinements + 1
         opts = dataclasses.replace(opts, steps_per_piece=steps)
         loop = dataclasses.replace(loop, refine=steps < MAX_STEPS_PER_PIECE)
-        s, vals, energy = opt.resume(s, raw, prob, loop, opts)
+    if report is not None:
+        report(s, final=True)
+    vals, energy = opt.outcome(s, raw, prob)
     return s, vals, energy, steps, refinements, changes
 
 
@@ -390,8 +442,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachO
             + λ \int_0^{t_1} \sum_{u \in \text{free}} \|u(t)\|_F^2\, dt
 
     with gradients through constant diffrax Dopri8 steps on the control grid
-    (:func:`reach_loss`), by ``optax.lbfgs`` with its zoom line search in one compiled loop
-    (optionally after Adam steps; module :mod:`jaxdyn.control._optimise`). A trial whose
+    (:func:`reach_loss`), by ``optax.lbfgs`` with its zoom line search (optionally after Adam
+    steps), in jitted segments of ``segment_steps`` iterations between which the host sees a
+    signal and calls ``callback`` (the driver shared with :func:`measure_control`,
+    :mod:`jaxdyn.control._optimise`; the phases in :mod:`jaxdyn.control._reach_loop`). A trial whose
     solve fails (blow-up, non-finite state, or a step error above ``rtol, atol``) is
     rejected. When a solve's steps were too long for its controls and that blocks the
     optimiser (the start, 3 halvings of an Adam trial, or a line search without decrease at
@@ -487,9 +541,6 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachO
         bounds=None if o.bound is None else tuple((k, c) for k, c in chk["bounds"].items()
                                                    if k in chk["free"]),
         tol=float(o.tol), notes=notes)
-    if o.callback is not None and not traced:
-        for i in range(int(s.it) + 1):
-            o.callback(i, float(out.loss_history[i]), float(out.w2_history[i]))
     if o.throw:
         if traced:
             out = eqx.tree_at(lambda r: r.w2, out, error_if_failed(out.w2, out.result))

@@ -1,25 +1,19 @@
-r"""The optimiser of :func:`jaxdyn.control.reach` as one jitted loop.
+r"""The optimiser of :func:`jaxdyn.control.reach`: its phases as one jitted state machine.
 
-One ``lax.while_loop`` runs every phase: the start (a start whose solve fails is halved
-towards zero controls, up to 8 times), an optional Adam phase (``optax.adam`` wrapped in
-``optax.apply_if_finite``: the gradients of rejected trials never enter its moments; a
+One ``lax.while_loop`` (:func:`jaxdyn.control._optimise.segment_loop`, run from the host by
+:func:`jaxdyn.control._optimise.drive` in segments) runs every phase: the start (a start
+whose solve fails is halved towards zero controls, up to 8 times), an optional Adam phase (a
 rejected trial is halved towards the last accepted iterate, once after a blow-up or
-non-finite solve, up to 3 times when only the step-error check failed), and the L-BFGS phase
-(``optax.lbfgs``: its two-loop recursion and its zoom line search, which treats a trial of
+non-finite solve, up to 3 times when only the step-error check failed; its gradient never
+enters Adam's moments), and the L-BFGS phase (its zoom line search treats a trial of
 non-finite loss as a rejected step). With an energy weight λ > 0 the L-BFGS phase runs in
 stages, λ divided by 10 after each stage that ends above the target, then λ = 0 (a penalty
 continuation towards minimum-energy reaching controls); each stage starts with an empty
 L-BFGS memory.
 
 Every loss evaluation outside the line search goes through one
-``optax.value_and_grad_from_state`` call (the value and gradient the line search left in
-the L-BFGS state are reused; a state whose value is not finite is evaluated), so the
-program holds three copies of the solve's value-and-gradient: that one and the line search's
-two (its interval search and its zoom). Its first call compiles accordingly longer than one
-value-and-gradient: measured at d = 8 (float64, 8 pieces, CPU seconds of XLA's compilation on a
-loaded 2-core EPYC) 6.7 s for the loop (787 fused kernels) against 2.4 s for the
-value-and-gradient alone (196); a warm call is faster than a host loop around that one program
-(no transfer, no dispatch per trial: ``benchmarks/bench_reach.py``).
+``optax.value_and_grad_from_state`` call, which reuses the value and gradient the line search
+left in the L-BFGS state.
 
 A solve whose steps were too long for its controls has loss ``+inf`` (see
 :func:`~jaxdyn.control._loss.loss_value`); with ``refine`` the loop stops there (the start,
@@ -37,6 +31,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
+from . import _optimise as driver
 from ._loss import Problem, SolveOptions, free_energy, optimiser_value_fn, physical
 
 START, ADAM, LBFGS, DONE = 0, 1, 2, 3
@@ -143,17 +138,12 @@ class State(eqx.Module):
 
 
 def _transforms(loop: LoopSettings):
-    """Adam (guarded by ``apply_if_finite``) and L-BFGS (zoom line search)."""
-    adam = optax.apply_if_finite(optax.adam(loop.adam_lr), max_consecutive_errors=2**30)
-    return adam, optax.lbfgs()
+    """The shared driver's Adam and L-BFGS."""
+    return driver.adam(loop.adam_lr), driver.lbfgs()
 
 
 def _where(c, a, b):
     return jax.tree.map(lambda x, y: jnp.where(c, x, y), a, b)
-
-
-def _finite(tree) -> Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _w2(value, x, prob: Problem, lam, unravel):
@@ -196,7 +186,7 @@ def _enter_lbfgs(s: State, raw, value, grad, lbfgs_tx) -> State:
 def _start_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
     """The start: accept a finite solve, else halve the controls (or stop)."""
     adam_tx, lbfgs_tx = txs
-    ok = jnp.isfinite(v) & _finite(g)
+    ok = jnp.isfinite(v) & driver.finite(g)
     too_long = v == jnp.inf
     w2 = _w2(v, s.raw, prob, s.lam, unravel)
     reached = ok & (s.lam == 0) & (w2 <= loop.stop_w2)
@@ -229,7 +219,7 @@ def _start_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
 def _adam_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
     """One Adam trial: accept it and propose the next, or halve it towards the accepted iterate."""
     adam_tx, lbfgs_tx = txs
-    ok = jnp.isfinite(v) & _finite(g)
+    ok = jnp.isfinite(v) & driver.finite(g)
     too_long = v == jnp.inf
     # A rejected trial's gradient is passed on as NaN: apply_if_finite then gives a zero
     # update and leaves Adam's moments as they were (a too-long trial's gradient is finite:
@@ -283,15 +273,13 @@ def _adam_branch(s: State, v, g, prob, loop, txs, unravel) -> State:
 def _lbfgs_branch(s: State, v, g, prob, loop, txs, fn, unravel) -> State:
     """One L-BFGS iteration (direction and zoom line search), and the end of a stage."""
     _, lbfgs_tx = txs
-    ok = jnp.isfinite(v) & _finite(g)
+    ok = jnp.isfinite(v) & driver.finite(g)
     st = optax.tree.set(s.lbfgs, value=v, grad=g)
     prob_l = eqx.tree_at(lambda p: p.weight, prob, s.lam)
-    upd, st2 = lbfgs_tx.update(g, st, s.raw, value=v, grad=g, value_fn=fn, prob=prob_l)
-    raw2 = optax.apply_updates(s.raw, upd)
-    v2, g2 = optax.tree.get(st2, "value"), optax.tree.get(st2, "grad")
+    raw2, st2, v2, g2, trial_ok = driver.lbfgs_iteration(lbfgs_tx, s.raw, st, v, g, fn, prob=prob_l)
     lr = optax.tree.get(st2, "learning_rate")
     n_ls = optax.tree.get(st2, "num_linesearch_steps")
-    accepted = ok & jnp.isfinite(v2) & _finite(g2) & (lr > 0) & (v2 <= v + 1e-6 * jnp.abs(v))
+    accepted = ok & trial_ok & (lr > 0) & (v2 <= v + 1e-6 * jnp.abs(v))
     raw_n = _where(accepted, raw2, s.raw)
     v_n = jnp.where(accepted, v2, v)
     w2 = _w2(v_n, raw_n, prob, s.lam, unravel)
@@ -319,8 +307,8 @@ def _lbfgs_branch(s: State, v, g, prob, loop, txs, fn, unravel) -> State:
     return _where(finished, done, _where(next_stage, nxt, out))
 
 
-def run(s: State, prob: Problem, loop: LoopSettings, opts: SolveOptions, unravel) -> State:
-    """Run the loop from ``s`` until it is done (or stops for a refinement of the steps).
+def run(s: State, prob: Problem, loop: LoopSettings, opts: SolveOptions, unravel, it_end) -> State:
+    """Run the loop from ``s`` until it is done, stops for a refinement, or ``it_end`` iterations are done.
 
     The iterates are flat vectors (``jax.flatten_util.ravel_pytree`` of the controls'
     parameters; ``unravel`` maps one back): one array per field of the loop's state and of
@@ -332,9 +320,10 @@ def run(s: State, prob: Problem, loop: LoopSettings, opts: SolveOptions, unravel
         loop: the loop's settings.
         opts: the solve's settings.
         unravel: maps a flat vector to the controls' parameters.
+        it_end: the segment's end, an int32 array (iterations counted from the start).
 
     Returns:
-        The final state.
+        The state at the end of the segment.
     """
     txs = _transforms(loop)
     fn = optimiser_value_fn(opts, unravel)
@@ -360,23 +349,31 @@ def run(s: State, prob: Problem, loop: LoopSettings, opts: SolveOptions, unravel
         s = eqx.tree_at(lambda t: t.evaluations, s, s.evaluations + ~known)
         return jax.lax.switch(jnp.minimum(s.phase, LBFGS), branches, s, v, g)
 
-    return jax.lax.while_loop(lambda s: (s.phase != DONE) & (s.stop == RUNNING), body, s)
+    return driver.segment_loop(body, s, it_end, running)
+
+
+def running(s: State):
+    """Whether the loop goes on (a boolean array): not done and not stopped."""
+    return (s.phase != DONE) & (s.stop == RUNNING)
 
 
 @eqx.filter_jit
-def optimise(raw, prob: Problem, loop: LoopSettings, opts: SolveOptions):
-    """Initial state and loop in one program: ``(state, control values, energy)``."""
-    x, unravel = ravel_pytree(raw)
-    s = run(initial_state(x, prob, loop), prob, loop, opts, unravel)
-    return s, physical(unravel(s.raw), prob), free_energy(unravel(s.raw), prob)
+def start(raw, prob: Problem, loop: LoopSettings):
+    """The state before the first evaluation of the controls' parameters ``raw``."""
+    return initial_state(ravel_pytree(raw)[0], prob, loop)
 
 
 @eqx.filter_jit
-def resume(s: State, like, prob: Problem, loop: LoopSettings, opts: SolveOptions):
-    """:func:`optimise` resumed from a state (``like``: parameters giving the structure)."""
+def advance(s: State, like, prob: Problem, loop: LoopSettings, opts: SolveOptions, it_end):
+    """One segment of :func:`run` (``like``: parameters giving the structure)."""
+    return run(s, prob, loop, opts, ravel_pytree(like)[1], it_end)
+
+
+@eqx.filter_jit
+def outcome(s: State, like, prob: Problem):
+    """The controls' values and their energy at the state's iterate."""
     unravel = ravel_pytree(like)[1]
-    s = run(s, prob, loop, opts, unravel)
-    return s, physical(unravel(s.raw), prob), free_energy(unravel(s.raw), prob)
+    return physical(unravel(s.raw), prob), free_energy(unravel(s.raw), prob)
 
 
 @eqx.filter_jit
