@@ -18,6 +18,7 @@ from ._problem import (
     random_target as random_target,
 )
 from ._measure import (
+    MeasureControlOptions as MeasureControlOptions,
     MeasureControlResult as MeasureControlResult,
     control_cost as control_cost,
     default_controls as default_controls,
@@ -45,6 +46,7 @@ __all__ = [
     "Certificate",
     "CloudW2",
     "ControlledEuclideanAttention",
+    "MeasureControlOptions",
     "MeasureControlResult",
     "ReachLoss",
     "ReachOptions",
