@@ -56,7 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_finite, check_integer, check_square
+from .._checks import (check_bounds, check_finite, check_integer, check_square, nan_where,
+                       scalar_domain)
 from ..gaussian._solve import Control, check_covariance, solve_moments
 
 
@@ -282,14 +283,19 @@ def control_energy(controls: Mapping, names: Sequence[str] = CONTROL_NAMES, t1=N
     Args:
         controls: a mapping of names to :class:`Control` s or constant arrays.
         names: the controls to sum.
-        t1: the horizon for constant arrays.
+        t1: the horizon for constant arrays, finite and > 0. A traced value outside the
+            domain gives NaN.
 
     Returns:
         The energy, a scalar array.
 
     Raises:
-        ValueError: a constant array without ``t1``.
+        ValueError: a constant array without ``t1``, or a concrete ``t1`` that is not finite
+            and > 0.
     """
+    err, bad = scalar_domain("t1", t1, low=0, low_open=True, what=" (the horizon)")
+    if err:
+        raise ValueError(err)
     tot = jnp.zeros(())
     for k in names:
         u = controls[k]
@@ -299,4 +305,4 @@ def control_energy(controls: Mapping, names: Sequence[str] = CONTROL_NAMES, t1=N
             if t1 is None:
                 raise ValueError(f"control {k!r} is a constant array: pass t1 to integrate it")
             tot = tot + t1 * jnp.sum(jnp.asarray(u) ** 2)
-    return tot
+    return nan_where(bad, tot)

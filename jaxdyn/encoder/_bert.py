@@ -51,6 +51,7 @@ from jaxtyping import Array, Float, Int
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
+from .._checks import nan_where, scalar_domain
 from ..encoder_host import MINILM_INSTALL, MINILM_PACKAGE, find_minilm  # noqa: F401 (JAX-free)
 
 # hidden_act names of the reference implementation -> JAX functions.
@@ -405,11 +406,18 @@ def random_like(params: BertParams, key: jax.Array, *, std: float = 0.02) -> Ber
     Args:
       params: the parameters whose shapes and dtypes to follow.
       key: a JAX PRNG key.
-      std: the standard deviation of the weights.
+      std: the standard deviation of the weights, finite and >= 0. A traced value outside
+        the domain gives NaN parameters.
 
     Returns:
       New :class:`BertParams`.
+
+    Raises:
+      ValueError: a concrete ``std`` that is not finite and >= 0.
     """
+    err, bad = scalar_domain("std", std, low=0, what=" (the weights' standard deviation)")
+    if err:
+        raise ValueError(err)
     ones = ("ln1_g", "ln2_g", "ln_g")
     zeros = ("bq", "bk", "bv", "bo", "bi", "bf", "ln1_b", "ln2_b", "ln_b")
     modules = [params.layers] + ([] if params.embeddings is None else [params.embeddings])
@@ -442,7 +450,7 @@ def random_like(params: BertParams, key: jax.Array, *, std: float = 0.02) -> Ber
 
     layers = init(params.layers)
     emb = None if params.embeddings is None else init(params.embeddings)
-    return BertParams(layers=layers, embeddings=emb)
+    return nan_where(bad, BertParams(layers=layers, embeddings=emb))
 
 
 def init_bert(

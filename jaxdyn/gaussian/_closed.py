@@ -115,7 +115,7 @@ def scalar_variance(t, sigma0, a, c):
     den = 1.0 - c * sigma0 * _expm1_over(a, t)
     val = sigma0 * jnp.exp(2.0 * a * t) / den
     tstar = scalar_blowup_time(sigma0, a, c)
-    return jnp.where(t < tstar, val, jnp.inf)
+    return jnp.where(jnp.isnan(sigma0), jnp.nan, jnp.where(t < tstar, val, jnp.inf))
 
 
 def scalar_blowup_time(sigma0, a, c):
@@ -157,13 +157,16 @@ def vi_blowup_time(S0, B, v):
     Args:
         S0: (d, d) initial covariance.
         B: (d, d).
-        v: the scalar of V = v I.
+        v: the scalar of V = v I, finite (a concrete one that is not is a ValueError). A
+            traced value outside the domain gives NaN.
 
     Returns:
-        T*.
+        T* (NaN where an input holds NaN or inf).
     """
+    check_finite("v", v)
     lam = jnp.linalg.eigvalsh(_whitened(S0, B, v)[1])[-1]
-    return jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf)
+    return jnp.where(jnp.isnan(lam), jnp.nan,
+                     jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf))
 
 
 def vi_covariance(t, S0, B, v):
@@ -173,11 +176,13 @@ def vi_covariance(t, S0, B, v):
         t: time.
         S0: (d, d) initial covariance (``R = S0^{1/2}``).
         B: (d, d) (``S = B + Bᵀ``).
-        v: the scalar of V = v I.
+        v: the scalar of V = v I, finite (a concrete one that is not is a ValueError). A
+            traced value outside the domain gives NaN.
 
     Returns:
         (d, d) Σ(t), symmetric.
     """
+    check_finite("v", v)
     R, W = _whitened(S0, B, v)
     M = jnp.eye(R.shape[0], dtype=R.dtype) - t * W
     return _sym(_mm(R, jnp.linalg.solve(M, R)))
@@ -196,11 +201,13 @@ def vi_precision(t, P0, A, B, v):
         P0: (d, d) initial precision ``Σ0⁻¹``.
         A: (d, d).
         B: (d, d) (``S = B + Bᵀ``).
-        v: the scalar of V = v I.
+        v: the scalar of V = v I, finite (a concrete one that is not is a ValueError). A
+            traced value outside the domain gives NaN.
 
     Returns:
         (d, d) P(t), symmetric.
     """
+    check_finite("v", v)
     A = jnp.asarray(A)
     d = A.shape[0]
     S = B + B.T
@@ -210,7 +217,8 @@ def vi_precision(t, P0, A, B, v):
     F11, F12 = E[:d, :d], E[:d, d:]
     Em = jax.scipy.linalg.expm(-A * t)
     G = _mm(F12, Em)
-    return _sym(_mm(_mm(F11, P0), Em) - v * G)
+    out = _sym(_mm(_mm(F11, P0), Em) - v * G)
+    return out if not isinstance(v, jax.core.Tracer) else jnp.where(jnp.isfinite(v), out, jnp.nan)
 
 
 def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_finite, check_integer
+from .._checks import check_bounds, check_finite, check_integer, nan_where, scalar_domain
 from ..models import Domain
 from ..models._params import check_domain
 
@@ -122,14 +122,17 @@ def cos_mode(m: int, k: int, dtype=None, phase=0.0):
       m: the number of cells M (an integer ≥ 1; a ValueError otherwise).
       k: the mode (an integer; a ValueError otherwise).
       dtype: the floating dtype (default: JAX's default float).
-      phase: the phase (radians).
+      phase: the phase (radians), finite (a concrete one that is not is a ValueError). A
+        traced value outside the domain gives NaN.
 
     Returns:
       (M,) cell averages (the cell average of e^{ikθ} is sinc(k/M) e^{ikθ_j}).
     """
     k = check_integer("k (the mode)", k, integral_floats=True)
+    check_finite("phase", phase)
+    bad = scalar_domain("phase", phase)[1]
     c, _ = circle_grid(m, dtype)
-    return float(np.sinc(k / m)) * jnp.cos(k * c + phase)  # (a NumPy float64 scalar promoted float32)
+    return nan_where(bad, float(np.sinc(k / m)) * jnp.cos(k * c + phase))  # (a NumPy float64 scalar promoted float32)
 
 
 def mode_amplitude(rho, k: int):

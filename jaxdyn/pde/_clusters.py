@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_density, check_finite, check_integer, check_same_length
+from .._checks import (check_density, check_finite, check_integer, check_same_length, nan_where,
+                       scalar_domain)
 
 __all__ = ["perturbed_uniform", "clusters", "cluster_counts", "first_clusters", "merge_times"]
 
@@ -65,7 +66,7 @@ def perturbed_uniform(m: int, eps, key, k_max=None):
     c = np.arange(m) * 2 * math.pi / m
     ks = np.arange(1, k_max + 1)
     pert = (np.sinc(ks / m)[:, None] * xp.cos(np.outer(ks, c) + ph[:, None])).sum(0) / math.sqrt(k_max)
-    return (1 + eps * pert) / (2 * math.pi)
+    return nan_where(scalar_domain("eps", eps)[1], (1 + eps * pert) / (2 * math.pi))
 
 
 def clusters(rho, level=0.5, min_mass=0.01):

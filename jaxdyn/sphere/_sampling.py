@@ -242,6 +242,9 @@ def sample_mixture(key, n: int, d: int, *, mu=None, kappa: float = 4.0, weight: 
     xv = sample_vmf(kv, n, mu, kappa, dtype)
     pick = jax.random.uniform(kc, (n, 1)) < weight
     x = jnp.where(pick, xv, xu)
+    if _is_traced(kappa):  # a traced κ out of its domain: every row NaN, not only vMF's
+        kappa_bad = ~(jnp.isfinite(kappa) & (kappa > 0))
+        bad = kappa_bad if bad is None else bad | kappa_bad
     return x if bad is None else jnp.where(bad, jnp.nan, x)
 
 
