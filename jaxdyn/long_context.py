@@ -7,7 +7,7 @@ each computed by jaxdyn's kernels in O(n) memory (no n × n matrix):
 - :func:`angle_ratio` / :func:`layer_angle_ratio`: λ = the mean over the pairs (i, i + 1 mod n)
   of ∠(T_i, T_{i+1}) / ∠(x_i, x_{i+1}), T_i = Σ_j w_ij x_j one attention layer (V = I,
   softmax weights β⟨x_i, x_j⟩) on unit tokens: λ → 0 when the layer collapses the tokens, λ →
-  1 when it acts as the identity (docs/_drafts/long_context_math.md states it and its closed
+  1 when it acts as the identity (docs/math.md, section I states it and its closed
   form for exactly equiangular tokens);
 - :func:`mean_inner_product`: (n|x̄|² − 1)/(n − 1), the mean of ⟨x_i, x_j⟩ over i ≠ j, in O(n);
 - :func:`circle_cluster_counts`: the cluster count of clouds on S¹ from their histogram, by

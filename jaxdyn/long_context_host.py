@@ -2,7 +2,7 @@ r"""Long-context scalings of the inverse temperature and their closed forms, imp
 
 The host half of :mod:`jaxdyn.long_context` (which re-exports every name here): the resolver
 of β as a function of the number of tokens n, and the predictions the long-context study
-checks (docs/_drafts/long_context_math.md):
+checks (docs/math.md, section I):
 
 - ``{"scale": "log", "gamma": γ}`` gives β = γ log n (the critical attention scaling of
   nearly equiangular tokens: collapse for γ < γ_c = 1/(1 − ρ), identity above);
