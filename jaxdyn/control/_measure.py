@@ -43,7 +43,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
-from .._checks import check_bounds, check_integer, is_traced
+from .._checks import check_bounds, check_integer, is_traced, nan_where, scalar_domain
 from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
@@ -501,7 +501,7 @@ def control_cost(controls: Mapping, *, t1: float = 1.0, kind: str = "jump",
 
     Args:
         controls: ``{name: (L, ...) array}``.
-        t1: the horizon T.
+        t1: the horizon T, finite and > 0 (a traced value outside that domain gives NaN).
         kind: ``"jump"``, ``"energy"`` or ``"none"`` (0).
         free: the weights summed (None: all of ``controls``).
 
@@ -509,10 +509,15 @@ def control_cost(controls: Mapping, *, t1: float = 1.0, kind: str = "jump",
         The cost, a scalar array.
 
     Raises:
-        ValueError: an unknown kind.
+        ValueError: an unknown kind, or a concrete ``t1`` that is not finite and > 0.
     """
     if kind not in COSTS:
         raise ValueError(f"kind must be one of {COSTS}, got {kind!r}")
+    err, bad = scalar_domain("t1", t1, low=0, low_open=True, what=" (the horizon T)")
+    if err:
+        raise ValueError(err)
+    if bad is not None:
+        t1 = jnp.where(bad, 1.0, t1)
     names = tuple(controls) if free is None else tuple(free)
     total = jnp.zeros((), jnp.result_type(*[controls[n] for n in names]) if names else float)
     if kind == "none":
@@ -525,7 +530,7 @@ def control_cost(controls: Mapping, *, t1: float = 1.0, kind: str = "jump",
             total = total + jnp.sum((u[1:] - u[:-1]) ** 2) / h
         else:
             total = total + h * jnp.sum(u ** 2)
-    return total
+    return nan_where(bad, total)
 
 
 def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str = "euclidean",
@@ -1287,9 +1292,18 @@ def replay(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclidean",
         (L + 1, N, d): the cloud at the layers' ends.
 
     Raises:
-        ValueError: what :func:`layer_models` and :func:`jaxdyn.simulate` raise.
+        TypeError: a traced ``t1`` (the replay runs one ``simulate`` a layer on the host).
+        ValueError: a ``t1`` that is not finite and > 0, and what :func:`layer_models` and
+            :func:`jaxdyn.simulate` raise.
     """
     from ..simulation import simulate
+
+    if is_traced(t1):
+        raise TypeError("replay: t1 must be a concrete number (the replay runs one simulate a "
+                        "layer on the host); got a traced value")
+    err, _ = scalar_domain("t1", t1, low=0, low_open=True, what=" (the horizon T)")
+    if err:
+        raise ValueError(f"replay: {err}")
 
     if isinstance(steps_per_layer, bool) or int(steps_per_layer) < 1:
         raise ValueError(f"steps_per_layer must be an integer >= 1, got {steps_per_layer!r}")

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .._checks import nan_where, scalar_domain
 from ._online import HIGHEST, map_query_blocks, pad_rows
 
 __all__ = ["WeightStats", "weight_statistics"]
@@ -57,7 +58,8 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
       x: (n, d) queries (and positions for the rank).
       y: (m, d) keys (None: ``x``, self-attention).
       B: (d, d) the bilinear form ``QᵀK`` of the logits ``β x_iᵀ B y_j`` (None: identity).
-      beta: inverse temperature (a scalar; traced values allowed).
+      beta: inverse temperature, finite and ≥ 0 (a scalar; a traced value outside that domain
+        gives NaN statistics and −1 keys and ranks).
       q_block: queries per block.
       k_block: keys per block.
       logits: ``"inner"`` (``β x_iᵀ B y_j``) or ``"distance"`` (``−β |x_i − y_j|²/2``, B = I
@@ -69,8 +71,8 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
       :class:`WeightStats`.
 
     Raises:
-      ValueError: shapes that disagree, blocks below 1, an unknown ``logits``, or ``B`` with
-        ``logits="distance"``.
+      ValueError: shapes that disagree, blocks below 1, an unknown ``logits``, ``B`` with
+        ``logits="distance"``, or a concrete ``beta`` that is negative or not finite.
     """
     y = x if y is None else y
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
@@ -90,8 +92,13 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
     dtype = jnp.result_type(x.dtype, y.dtype, float)
     x, y = x.astype(dtype), y.astype(dtype)
     B = jnp.eye(d, dtype=dtype) if B is None else jnp.asarray(B, dtype)
-    return _stats(x, y, B, jnp.asarray(beta, dtype), q_block=int(q_block),
-                  k_block=max(1, min(int(k_block), y.shape[0])), distance=logits == "distance")
+    err, bad = scalar_domain("beta", beta, low=0, what=" (inverse temperature)")
+    if err:
+        raise ValueError(f"weight_statistics: {err}")
+    beta = jnp.asarray(beta, dtype)
+    out = _stats(x, y, B, beta if bad is None else jnp.where(bad, 1, beta), q_block=int(q_block),
+                 k_block=max(1, min(int(k_block), y.shape[0])), distance=logits == "distance")
+    return WeightStats(*nan_where(bad, tuple(out)))
 
 
 @functools.partial(jax.jit, static_argnames=("q_block", "k_block", "distance"))
