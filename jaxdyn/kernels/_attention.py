@@ -27,8 +27,8 @@ The blocked kernel has two formulations of a block step, picked per platform at 
 time (:func:`jax.lax.platform_dependent`):
 
 * ``"dot"`` (CPU): logits and the weighted sums as matrix products, the exponential as one
-  elementwise loop between them (XLA:CPU vectorises these well; fused broadcast
-  formulations of the logits were measured 10× slower there).
+  elementwise loop between them (XLA:CPU vectorises these well, and fused broadcast
+  formulations of the logits poorly).
 * ``"fused"`` (GPU and other accelerators, d ≤ ``FUSED_MAX_D``, softmax and
   unnormalised): logits as broadcast multiply-adds and the weighted sums as sibling
   reductions, which XLA:GPU can fuse into two kernels a block that never write the
@@ -39,13 +39,13 @@ Softmax weights are computed shifted, so β xᵀBy of order 10⁴ does not overf
 CPU the shift is the Cauchy–Schwarz bound of the row's logits, ``|β Bᵀx_i| · max_j |y_j|``,
 whenever that keeps the row's largest weight in range (checked per query block against a
 known logit of the row; ``SAFE_SHIFT``): one pass over each tile instead of a maximum, an
-exponential and a rescaling (measured 1.25–1.5× faster at N = 4096–16384 on 2 cores).
+exponential and a rescaling.
 Otherwise, and always on accelerators, the running maximum. With a fixed shift (the bound,
 or none for unnormalised weights) and d ≤ ``FUSED_MAX_D``, the CPU step forms the logits
 inside the exponential's loop on a (keys × queries) tile (``logits="fused"``): the tile is
 written once and read once, instead of written by a logits product, read and written by the
-exponential and read by the values product (0.87–0.91× the CPU time at N = 4096–8192 with
-AVX-512, 0.96–0.99× with XLA capped at AVX2: ``benchmarks/bench_roofline.py --logits-ab``).
+exponential and read by the values product (``benchmarks/bench_roofline.py --logits-ab``
+compares the two).
 The derivative of the blocked kernel (softmax and unnormalised weights) is the core's
 second blocked pass (:func:`._online.sums`): reverse mode stores no N × M array either.
 Matmuls run at ``Precision.HIGHEST`` (on GPUs float32 matmuls otherwise default to TF32,
@@ -75,9 +75,9 @@ __all__ = ["AUTO_LOCAL_MAX_VISITED", "AUTO_LOCAL_MIN_KEYS", "DEFAULT_BLOCKS", "D
 
 FORMULATIONS = ("dot", "fused")
 
-# ``kernel="auto"`` switches to the blocked kernel at this many keys and above. Measured on
-# a 2-core AVX-512 CPU (benchmarks/bench_large_n.py): dense and blocked tie near 512 keys;
-# at 1024 keys and above the blocked kernel wins, and dense memory grows as n·m.
+# ``kernel="auto"`` switches to the blocked kernel at this many keys and above: below, the
+# dense kernel is as fast; above, the blocked one wins and dense memory grows as n·m
+# (``benchmarks/bench_large_n.py``).
 AUTO_BLOCKED_MIN_KEYS = 1024
 #: ``kernel="auto"`` considers the local kernel from this many keys on (softmax weights)...
 AUTO_LOCAL_MIN_KEYS = 16384
@@ -86,9 +86,8 @@ AUTO_LOCAL_MAX_VISITED = 0.25
 
 #: the default ``(k_block, q_block)`` of each platform (used when ``k_block``/``q_block`` are
 #: None): on CPU a 4 MiB float32 tile that streams through L2/L3, each key block reused by all
-#: queries of the block (key blocks of 256-1024 with query blocks of 1024-4096 tie on 2 cores;
-#: smaller key blocks are slower); on accelerators large tiles, so that each scan step is one
-#: fused kernel (not measured on a GPU: ``benchmarks/gpu.sh`` probes alternatives)
+#: queries of the block; on accelerators large tiles, so that each scan step is one fused
+#: kernel (``benchmarks/gpu.sh`` probes alternatives)
 DEFAULT_BLOCKS = {
     "cpu": (256, 4096),  # (k_block, q_block)
     "gpu": (8192, 32768),
@@ -99,9 +98,8 @@ def default_cpu_logits(d: int) -> str:
     """The CPU step's logits with a fixed shift (see :func:`blocked`).
 
     ``"fused"`` (inside the exponential's loop) where d <= ``FUSED_MAX_D``, else
-    ``"matmul"`` (d multiply-adds a pair). Measured on 2 cores of an AVX-512 EPYC, one
-    device, interleaved rounds: fused 0.87-0.91x the CPU time of the product logits at
-    N = 4096-8192 with AVX-512, 0.96-0.99x under ``--xla_cpu_max_isa=AVX2``.
+    ``"matmul"`` (d multiply-adds a pair): the fused tile is written and read once
+    (``benchmarks/bench_roofline.py --logits-ab`` compares the two).
 
     Args:
       d: the number of coordinates of the logits' dot product.

@@ -75,8 +75,7 @@ SELECT_BATCH = 4096
 CHUNK = 128
 #: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
 #: ``kernel="auto"`` takes at most), at least CAPACITY, while the lists hold at most
-#: LIST_ENTRIES. The selection's loops carry the lists, so their cost grows with the slots (at
-#: 10⁶ points, β = N: 0.57 s at 1 073 slots, 0.38 s at 256, 0.34 s at 64 on the 2-core CPU):
+#: LIST_ENTRIES. The selection's loops carry the lists, so their cost grows with the slots:
 #: they list into CAPACITY slots wherever every list fits there.
 CAPACITY = 256
 LIST_ENTRIES = 2 ** 24
@@ -253,9 +252,9 @@ def _host_sort(codes):
 def _sort_codes(codes):
     """``(sorted codes, perm)``: the stable order of the curve codes (uint32).
 
-    On the CPU by NumPy's vectorised sort (a host callback: ``lax.sort`` with two operands
-    took 0.28 s at 10⁶ points and 3.1 s at 10⁷ on the 2-core CPU, NumPy's sort of the
-    packed 64-bit keys 0.01 s and 0.10 s); on accelerators by ``lax.sort``.
+    On the CPU by NumPy's vectorised sort of packed 64-bit keys (a host callback: XLA's CPU
+    ``lax.sort`` with two operands is far slower at millions of points); on accelerators by
+    ``lax.sort``.
 
     Returns:
       ``(sorted codes, perm)``: (n,) uint32 and (n,) int32.
@@ -460,8 +459,6 @@ def _bounds(qv: _Queries, kv: _Keys, eps):
 
 #: up to this many coordinates a tile's logits are formed as a sum of broadcast products
 #: (one elementwise fusion with the exponential that follows); above it, a batched product.
-#: Measured on the 2-core CPU, 15 616 query leaves x 12 key leaves of 64 in S², the weighted
-#: sums included: 0.51 s against 0.89 s for the batched product (chunks of 128 leaves).
 ELEMENTWISE_MAX = 8
 
 
@@ -496,8 +493,8 @@ def _forward_pass(qs, ks, vs, plan, chunk):
     nbq, leaf, p = qs.shape
     e = vs.shape[-1]
     # the fixed-reference tiles are (keys × queries), the queries along the vector lanes, and
-    # their weighted sums a product (e, keys) @ (keys, queries): on the 2-core CPU 8 % (β = N =
-    # 10⁶) to 17 % (β = 100, N = 10⁵) faster than (queries × keys) tiles times (keys, e)
+    # their weighted sums a product (e, keys) @ (keys, queries), which runs faster on CPU than
+    # (queries × keys) tiles times (keys, e) (``benchmarks/bench_local.py``)
     kst, vst = jnp.swapaxes(ks, 1, 2), jnp.swapaxes(vs, 1, 2)          # (nbk, p | e, leaf)
 
     def one(args):

@@ -316,10 +316,9 @@ def _scan_keys(body, init, blocks, qpos, causal, start=None):
     # Under a causal mask, key blocks wholly after the query block are skipped (the choice
     # depends on positions only: under vmap it stays a branch) and the others masked: a
     # scan, which reverse mode transposes (the derivative's pass) and accelerators run
-    # without reading a trip count back (the running-maximum pass). Masking
-    # only the blocks across the diagonal (a three-way switch) saved no measurable forward
-    # time and doubled the reverse pass's stored tiles (every branch's residuals are kept):
-    # 1.9x the CPU time of the gradient at N = 4096 (2 cores, d = 3, float32).
+    # without reading a trip count back (the running-maximum pass). Every visited block is
+    # masked: a three-way switch masking only those across the diagonal would make reverse
+    # mode keep every branch's residuals.
     if not causal:
         def step(carry, blk):
             return body(carry, blk, False), None
@@ -349,10 +348,7 @@ def _fold_causal(body, init, blocks, qpos, *, row_axis):
     # the block's rows, ``carry`` those rows'), the key blocks wholly before the sub-block,
     # unmasked, and those across its diagonal, masked. Key blocks wholly after a row are
     # never visited: the masked work is a key block's triangle per sub-block, whatever the
-    # query block. Against the key scan that skips by ``lax.cond`` and masks every visited
-    # block (CPU time of the causal / full MultiHeadAttention field, one head, d = 3,
-    # float32, CPU default blocks, 2 shared cores, medians of 21 interleaved rounds):
-    # N = 4096 0.50-0.53 against 0.58-0.60, N = 16384 0.48 against 0.53.
+    # query block, less than :func:`_scan_keys` masks (``benchmarks/bench_causal.py``).
     nb, kb = blocks.keys.shape[:2]
     rows = qpos.shape[0]
 

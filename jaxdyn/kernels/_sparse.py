@@ -72,9 +72,8 @@ def listed_lse(rows, keys, pot, eps, lists, low=None, *, block: int, batch: int 
     of a list, after its entries). An online log-sum-exp over a leaf's own entries only: the
     leaves are taken in the order of their list lengths (:func:`._blocks.by_length`) in
     batches of ``batch`` leaves, each batch one loop to its longest list, 8 (or 4) key blocks
-    gathered a step (tiles of ``block`` × 8 ``block``; measured on CPU, N = 16384, every block
-    visited: one block a step 0.73 G terms/s, 4 a step 3.7, 8 a step 4.1; in leaf order
-    instead of by length a batch ran a fifth to a quarter more steps than its lists hold).
+    gathered a step (tiles of ``block`` × 8 ``block``: wider tiles keep the vector units busy;
+    by length, so that a batch's lists are alike and its loop runs few padding steps).
 
     With ``low`` (n,) (a lower bound of each row's log-sum-exp; +inf on rows to leave out),
     also each listed block's exact margin ``max_{i in I, j in J} (pot_j − |x_i − y_j|² −
@@ -90,8 +89,7 @@ def listed_lse(rows, keys, pot, eps, lists, low=None, *, block: int, batch: int 
       low: None, or (n,) lower bounds of the rows' log-sum-exps (the margins asked for).
       block: points per leaf.
       batch: row leaves a loop (the last batch completed with empty lists). None: ``512 // block``
-        without ``low`` (measured inside jit, N = 10⁵, leaves of 64 with 20–40 kept blocks:
-        one row leaf a loop 0.59 G terms per CPU-s, 4 0.72, 8 0.76), 8 with it (the loop then
+        without ``low`` (more leaves a loop amortise its overhead), 8 with it (the loop then
         carries each leaf's (block, K) maxima).
 
     Returns:

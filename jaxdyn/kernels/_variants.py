@@ -66,16 +66,9 @@ __all__ = ["CAUSAL_LARGE_N", "CAUSAL_Q_BLOCK", "MASKS", "attention_weights", "de
 LOGITS = ("dot", "l2")
 #: CPU query block under a causal mask: small enough that most query blocks skip key blocks
 CAUSAL_Q_BLOCK = 1024
-#: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK. Measured (wall
-#: time of the causal / full field, medians of 11-21 interleaved rounds on 2 idle cores
-#: (Intel Xeon, AVX-512), one head, d = 3, float32, key blocks of 256; the full pass at its
-#: own defaults): N = 4096: query blocks of 256 0.64, 512 0.73-0.79, 1024 0.61-0.62, 2048
-#: 0.60; N = 8192: 256 0.64, 1024 0.59, 2048 0.58; N = 16384: 256 0.57, 1024 0.55, 2048
-#: 0.52. On 2 loaded cores (CPU time) 512-2048 tie at N = 4096 (0.44-0.57): the wider
-#: tiles win where both cores are free to split them. The query block sets the width of the
-#: unmasked tiles only (the diagonal goes by sub-blocks of a key block's rows, ``._online``);
-#: the derivative's pass, a key scan that masks every key block it visits, costs
-#: (1 + q/N)/2 of a full one at query blocks of q.
+#: from this many queries on, the CPU causal query block is 2 · CAUSAL_Q_BLOCK: wider unmasked
+#: tiles pay off at large N (``benchmarks/bench_causal.py --q-block``; the diagonal goes by
+#: sub-blocks of a key block's rows whatever the query block, ``._online``)
 CAUSAL_LARGE_N = 8192
 
 
@@ -411,9 +404,8 @@ def _variant_blocks(platform, k_block, q_block, causal, n):
 def _heads_blocked(q, k, v, beta, key_bias, alibi, q_offset, *, causal, logits, iters, mode,
                    step, k_block, q_block, safe, over_heads, potential=False):
     """The blocked kernel of every head, one after the other (``"map"``) or vmapped."""
-    # CPU: one head at a time. Vmapped, the heads' (keys × queries) tiles ran 2.7x slower
-    # than H passes of one head (2 AVX-512 cores, N = 4096, H = 4, d = 3, float32, CPU
-    # time: 352 ms against 4 x 11 ms; the running-maximum kernel vmapped: 131 ms).
+    # CPU: one head at a time, since vmapped heads make (heads, keys, queries) tiles that run
+    # slower than H passes over one head's cache-sized tiles.
     if logits == "l2":  # −β|q − k|² = row constant + 2β⟨q, k⟩ − β|k|²
         qs = 2 * beta * q
         l2_bias = -beta * jnp.sum(k * k, axis=-1)
