@@ -259,12 +259,11 @@ def _bures_w2_squared(m0, S0, m1, S1):
     r0, r1 = sqrtm_psd(S0), sqrtm_psd(S1)
     # The covariance part tr S0 + tr S1 − 2 tr (S1^½ S0 S1^½)^½ equals min over orthogonal U of
     # ‖S0^½ − S1^½ U‖_F², attained at the polar factor U = P Qᵀ of S1^½ S0^½ = P Σ Qᵀ. Its value
-    # is taken in that form, a sum of squares: no cancellation between the traces (W2 of a
-    # Gaussian and itself is 0 to rounding of the roots), and no square roots of the small
-    # eigenvalues of S1^½ S0^½ S1^½, which lose their digits to rounding (the ill-conditioned
-    # pair of tests/test_distances.py: 3.4e-12 → 2e-14 against a 50-digit reference). Its
-    # derivative is that of the trace form through trace_sqrtm_psd's JVP, defined also at zero
-    # and repeated eigenvalues (a singular value decomposition's is not).
+    # is taken in that form, a sum of squares: no cancellation between the traces, and no
+    # square roots of the small eigenvalues of S1^½ S0^½ S1^½, which lose their digits to
+    # rounding (the ill-conditioned pair of tests/test_distances.py). Its derivative is that of
+    # the trace form through trace_sqrtm_psd's JVP, defined also at zero and repeated
+    # eigenvalues (a singular value decomposition's is not).
     mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
     smooth = (jnp.trace(S0, axis1=-2, axis2=-1) + jnp.trace(S1, axis1=-2, axis2=-1)
               - 2.0 * trace_sqrtm_psd(mm(mm(r1, S0), r1)))

@@ -19,9 +19,8 @@ import jax.tree_util as jtu
 from ..kernels import blocked_lse
 from ..kernels._sparse import listed_lse
 
-#: points per leaf block: tiles of 256 rows x 8 blocks of 256 keys ran at 4.0 G terms/s on
-#: the 2-core CPU (N = 16384, every block visited; 128-point blocks 3.2, the dense online
-#: kernel's 1024 x 512 tiles 2.0); smaller blocks prune more, larger tiles run faster.
+#: points per leaf block (tiles of a block's rows x 8 blocks of keys): smaller blocks prune
+#: more, larger tiles run faster.
 BLOCK = 256
 
 #: key block of the online geometry by platform: cache-sized on CPU, 8x larger on
@@ -41,7 +40,7 @@ def _online_point_cloud_class():
     Why a subclass: ott-jax 0.6 (the newest release) cannot run its own online path under
     jax 0.10: ``PointCloud(x, y, batch_size=32)`` in a Sinkhorn solve raises
     ``AttributeError: module 'jax.interpreters.batching' has no attribute 'is_vmappable'``
-    (measured), and a dense ``PointCloud`` forms the N x M cost. This subclass keeps ott's
+    and a dense ``PointCloud`` forms the N x M cost. This subclass keeps ott's
     solver and overrides only the public ``apply_lse_kernel`` with :func:`blocked_lse`:
     ``batch_size`` rows at a time against blocks of :func:`online_key_block` points of the
     other cloud, memory O(batch_size · block). The signed, weighted form (``vec``, used by

@@ -216,10 +216,9 @@ def _image(w, keys, eps):
 
     The image of a point whose scores against the keys are ``w``. The hard ``argmax`` would
     do for a valid bound, but it jumps between nearly tied keys when the potentials move by
-    a fraction of ε, and a tilt towards the wrong one loosens the bound by hundreds of ε
-    (measured: the end-of-round check then asked for blocks that the selection from the
-    round's starting potentials had ruled out by as much, at N = 3·10^4); the Gibbs mean
-    moves continuously with the potentials.
+    a fraction of ε, and a tilt towards the wrong one loosens the bound by hundreds of ε (the
+    end-of-round check then asks for blocks that the selection had ruled out); the Gibbs
+    mean moves continuously with the potentials.
 
     Returns:
         The mean key (d,).
@@ -468,18 +467,15 @@ _MAX_RESELECT = 3
 #: then selects again from the potentials it reached and goes on if they need blocks its
 #: lists lack (within max_iterations in all); if its lists cover them, it goes on with the
 #: same lists up to ATTEMPT_LIMIT iterations in all, then hands its potentials on as they
-#: are. Rounds that converge take 10-200 iterations on the affine and concentration cases
-#: (spread clouds 2000-3000); measured at N = 10^5 (concentration), the first intermediate
-#: round whose lists carried no plan: 20 000 iterations without converging, then after one
-#: reselection 10 (with attempts of 500: 500 wasted iterations, ~45 CPU-s at N = 10^5).
+#: are: lists that carry no plan never converge, and short attempts find them early
+#: (docs/math.md §D.4, item 10).
 ATTEMPT_ITERATIONS = 150
 ATTEMPT_LIMIT = 600
 #: iterations of the first attempt of the intermediate level's first round, whose lists are
 #: selected from the coarse solution carried (the farthest start of the ladder): its lists
-#: are checked that early. Lists that miss needed blocks are found as well after 40
-#: iterations as after 150, and every iteration spent on them before the reselection is
-#: lost (at N = 10^5 they miss blocks in ~10 % of the leaves); where the lists were enough,
-#: the early check costs one reselection (docs/math.md §D.4, item 11).
+#: are checked that early: every iteration spent on lists that miss needed blocks is lost,
+#: and where the lists were enough the early check costs one reselection (docs/math.md
+#: §D.4, item 11).
 FIRST_ATTEMPT = 40
 #: the lists of a round are selected with the margin enlarged by this many ε (the
 #: potentials move during the round; the final check uses the certificate's margin).
@@ -785,9 +781,9 @@ def _centre_components(pots, nbr_x, nbr_y, wx, wy):
     x leaf I -- y leaf J when J is in I's list or I in J's. Within a component ``f + c,
     g - c`` is the same plan, and no listed term joins two components, so each has its own
     constant: the round centres only the total (``_round_body``), and a component whose
-    constant drifted (measured: two separated clusters at -1.24 and +1.26 after a round on
-    lists that carried no plan) costs float32 ``|f| 2^-24 / ε`` of accuracy in every
-    log-sum-exp -- at ε = 6e-6 more than Sinkhorn's tolerance: the round never converged.
+    constant drifted (two separated clusters after a round on lists that carried no plan)
+    costs float32 ``|f| 2^-24 / ε`` of accuracy in every log-sum-exp, at small ε more than
+    Sinkhorn's tolerance (docs/math.md §D.4, item 10).
     Each component gets ``c = (<a, f>_C / a(C) - <b, g>_C / b(C)) / 2``.
 
     Returns:
@@ -835,20 +831,14 @@ def _extrapolate(h1, h2, eps):
 
 #: points per k-d leaf of the rounds on the points (a multiple of SUB). Smaller leaves follow
 #: the kernel's support more closely (a kept block costs all its block × block terms) but
-#: make longer lists (more selection work, shorter kernel tiles); with the batched loops
-#: taking the leaves in the order of their list lengths, 32 keeps the least work at
-#: N = 3·10^4 and 10^5 (docs/math.md §D.4, items 8 and 11).
+#: make longer lists (more selection work, shorter kernel tiles); docs/math.md §D.4, items 8
+#: and 11.
 FINE_BLOCK = 32
 
 
 #: the largest ε ratio between two rounds on the intermediate level (it only warm-starts:
-#: no selection needs to stay tight). Measured, gaussian_affine N = 3·10^4, warm call:
-#: ratio 4 -> 3 rounds (40 + 60 + 70 iterations), 54.7 CPU-s in all; 16 -> 2 rounds
-#: (100 + 70), 42.2 CPU-s (with the symmetric kernels' check from the potentials' move);
-#: 100 -> 1 round, not converged in its attempt, and the points' round then took 190
-#: iterations instead of 70: 57.6 CPU-s; 8 -> 2 rounds (80 + 110), 45.5 CPU-s. At N = 10^5
-#: (ratio 4 -> 16): rounds at ε 1.3e-2, 3.3e-3, 2.1e-3 of 70 + 80 + 20 iterations, 144 CPU-s
-#: for the level -> at 3.3e-3, 2.1e-3 of 250 (one reselection) + 60, 101 CPU-s.
+#: no selection needs to stay tight): fewer, longer rounds, short of one round too far apart
+#: to converge in its attempt (``benchmarks/bench_w2.py``, ``JAXDYN_W2_LOG=1``).
 MID_ROUND_RATIO = 16.0
 #: the rounds on the points start this fraction below the intermediate level's last ε.
 MID_EPS_BELOW = 0.02
@@ -858,11 +848,10 @@ REUSE_LISTS_ABOVE = 0.9
 
 #: a group of MID rows becomes one point of the intermediate level only if its points lie
 #: within sqrt(MID_SPREAD · ε) of their centroid, ε the ladder's predicted final ε; wider
-#: groups (the clouds' sparse tails) enter as two halves, or as their points. Measured at
-#: N = 3·10^4 (affine case): the c-transform carrying the intermediate solution to the
-#: points is off by up to r^2 / ε at a point whose group has radius r (r^2 / ε up to 750
-#: in the tails, 1 % of the groups above 30): the first selection on the points, made
-#: from those potentials, then missed blocks that the check found needed.
+#: groups (the clouds' sparse tails) enter as two halves, or as their points: the c-transform
+#: carrying the intermediate solution is off by up to r^2 / ε at a point whose group has
+#: radius r, and the points' first selection would miss needed blocks (docs/math.md §D.4,
+#: item 10).
 MID_SPREAD = 2.0
 
 
@@ -913,8 +902,7 @@ def _sparse_c_transform(rows_pts, rows_valid, keys_pts, pots, eps, lw, nbr, *, b
     """``ε log w - listed_lse(...)`` on the valid rows, -inf on the padding, for each potential of ``pots``.
 
     Run inside :func:`jaxdyn.kernels._blocks.on_lists`' program: run eagerly, a ``lax.map`` is a
-    fresh closure at every call and was compiled again at every call (measured: four
-    compilations of 4-5 s each per ``w2_sinkhorn`` call at N = 5000, warm calls included).
+    fresh closure at every call and would be compiled again at every call.
 
     Returns:
         The potentials on the rows, one (n,) array a potential of ``pots``.
@@ -1088,7 +1076,7 @@ def _round(lx, ly, wx, wy, sel, eps, start, pots, nbrs, certify, first, label, o
     attempts; after one that did not converge, lists that lack blocks the potentials reached
     need are completed, and lists that cover them go on up to ``ATTEMPT_LIMIT`` iterations
     (lists selected from a round's starting potentials may carry no plan with the marginals:
-    Sinkhorn then never converges; measured once, 20 000 iterations).
+    Sinkhorn then never converges).
 
     Returns:
         ``(div, pots, converged, certified, iterations, nbrs, next ε)``.
@@ -1264,10 +1252,9 @@ def w2_multiscale(x, y, *, eps0, rule, epsilon, max_rounds, block=FINE_BLOCK, **
     hist = []  # (ε, potentials) of the finished rounds on the points
     if np.isfinite(div_m):
         # the points start a little below the intermediate level's final ε: its divergence
-        # exceeds the points' by 0.1-0.5 % (measured), so at eps_m the rule (stop once
-        # ε <= rel_epsilon · S_ε) would ask for one more round on the points, and that
-        # round's S_ε differs from the last by Sinkhorn's tolerance only, which can ask
-        # for yet another (measured at 10^5); a fixed ε is never undercut
+        # slightly exceeds the points', so at eps_m the rule (stop once ε <= rel_epsilon ·
+        # S_ε) would ask for one or two more rounds on the points (docs/math.md §D.4,
+        # item 9); a fixed ε is never undercut
         eps = eps_prev = max(eps_m * (1.0 - MID_EPS_BELOW),
                              -np.inf if epsilon is None else float(epsilon))
         pots = _carry_pots(bx, by, la, lb, mx, my, eps, mpots, sparse=(block, sel.margin))

@@ -52,8 +52,8 @@ def _reestimated_momentum_classes():
 
     ott's adaptive momentum measures ω once (at ``start``, from the error ratio of the
     ten iterations before) and keeps it. After a warm start the early error is dominated by
-    fast modes: ω comes out small (1.6 measured), and the slow modes that remain then
-    contract at 0.988 per iteration where the optimal ω would give 0.90. This momentum
+    fast modes: ω comes out small, and the slow modes that remain then contract far more
+    slowly than under the optimal ω (docs/math.md §D.4, item 9). This momentum
     re-estimates ω at every error check (every ``inner_iterations``) from the ratio λ
     observed under the current ω, by inverting the over-relaxation relation of a
     symmetric linear iteration, ``(λ + ω - 1)^2 = λ ω^2 μ``, for the unaccelerated
@@ -137,8 +137,8 @@ def _anneal_length(decay: float) -> int:
 SYM_INNER = 5
 #: iterations between two error checks of the (x, y) problem of the rounds whose
 #: over-relaxation is re-estimated (``reestimate=True``): each check costs one more kernel
-#: pass, and the over-relaxation is measured from the second check on (measured with
-#: the multiscale solver's rounds: see ``_multiscale.FINE_MOMENTUM_START``).
+#: pass, and the over-relaxation is measured from the second check on
+#: (``_multiscale.FINE_MOMENTUM_START``).
 XY_INNER = 5
 
 
@@ -197,7 +197,7 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     one = np.asarray(1.0, dtype)  # dtype-true constants: x64 mode must not promote f32 runs
     half = np.asarray(0.5, dtype)
     # (x, y): alternate updates, adaptive over-relaxation (Lehmann et al.) measured once the
-    # annealing is over; it cuts the iterations at small ε by 10x on spread clouds.
+    # annealing is over; it cuts the iterations at small ε on spread clouds.
     if reestimate:
         solver_xy = _reestimating_solver(threshold, max_iterations, momentum_start, one,
                                          XY_INNER)
@@ -221,8 +221,7 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     if sparse is not None:
         # block-sparse symmetric problems: one kernel pass per iteration (ott's parallel
         # updates make two identical ones, and two more per error check), the same iterates;
-        # a hand-written loop because ott's solver has no such mode (the symmetric rounds take
-        # 0.7 of the CPU time of ott's solver on the same lists, affine case, N = 3·10^4)
+        # a hand-written loop because ott's solver has no such mode (docs/math.md §D.4, item 11)
         def sym(u, w, nbr, f0):
             f, cost, conv, its = _symmetric_sparse_solve(
                 u, w, f0, sched, nbr, block, threshold=threshold, max_iterations=max_iterations,

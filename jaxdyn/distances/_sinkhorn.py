@@ -30,9 +30,8 @@ from ._solution import W2Solution, is_traced, safe_sqrt, status_of, unscale_solu
 #: :func:`~jaxdyn.distances._solution.unscale_solution` as one program
 _unscaled = jax.jit(unscale_solution)
 
-#: row block of the online geometry by platform: cache-sized tiles on CPU (measured: 1024
-#: rows x 512 keys within noise of the best of 256-4096 x 256-1024 at N = 8192), large tiles
-#: on accelerators, where every block step is a kernel launch.
+#: row block of the online geometry by platform: cache-sized tiles on CPU, large tiles on
+#: accelerators, where every block step is a kernel launch.
 ONLINE_ROW_BLOCK = {"cpu": 1024, "gpu": 16384}
 
 
@@ -68,7 +67,7 @@ def default_batch_size(n: int, m: int) -> Optional[int]:
     """The online row block that ``w2_sinkhorn(batch_size="auto")`` uses.
 
     Dense cost matrices up to 2^24 entries (64 MB in float32; on CPU dense is faster up to
-    there, measured at N = 1000-4000); beyond, the online geometry with
+    there, ``benchmarks/bench_w2.py``); beyond, the online geometry with
     ``ONLINE_ROW_BLOCK`` rows.
 
     Args:
@@ -436,7 +435,7 @@ def _ladder_program(x, y, epsilon, rel_epsilon, epsilon_floor, *, fixed, floor_g
         ok_opts &= jnp.isfinite(epsilon) & (epsilon > 0)
     eps0 = 0.05 * mean_cost
     # identical single-point clouds: W2 = 0 without a solve (their cost is the rounding of
-    # the means, ~1e-33 measured for ones((5, 2)) in float64: below (8 u)^2 of the scale)
+    # the means, far below (8 u)^2 of the scale)
     scale = jnp.mean(jnp.sum(xs ** 2, 1)) + jnp.mean(jnp.sum(ys ** 2, 1))
     zero_cost = mean_cost <= (8 * jnp.finfo(dtype).eps) ** 2 * scale
     run = jnp.isfinite(mean_cost) & ~zero_cost & ok_opts
