@@ -544,16 +544,15 @@ def main(argv=None):
       The exit status (module doc).
     """
     args = build_parser().parse_args(argv)
-    # SciPy's OpenBLAS threads fight XLA's on small machines (one 384×384 eigh: 2.3 s of CPU
-    # with default threads, 0.19 s with one); must be set before SciPy loads LAPACK.
+    # SciPy's OpenBLAS threads fight XLA's on small machines (``encoder.limit_blas_threads``);
+    # must be set before SciPy loads LAPACK.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # Programs without host callbacks: equinox's runtime checks (diffrax's own, on the step and
     # save times, which jaxdyn also checks on the host before tracing) return NaN instead of
     # raising through a callback (equinox's documented EQX_ON_ERROR, read when it loads; a NaN
     # ends as a non-finite grid point). JAX's persistent cache stores no program holding a
-    # callback: with the default "raise" the default run's segment program compiled again in
-    # every process (measured at load ~15 on the 2 cores: second run 8.4 s compiling, 8 of 9
-    # programs from the cache; with "nan" 2.9 s, 9 of 9, first run 16.5 s -> 10.5 s).
+    # callback: with the default "raise" the default run's segment program would compile again
+    # in every process.
     os.environ.setdefault("EQX_ON_ERROR", "nan")
     # host devices only where JAX runs (a run, a report); `jaxdyn config` and `jaxdyn kinds`
     # load no JAX

@@ -198,8 +198,8 @@ def _bures_pairs(m0, s0, m1, s1):
     jaxlib 0.10's CPU LAPACK kernels run a *batched* eigh through ``ParallelBatchMap`` on
     XLA's intra-op thread pool and block that pool thread until the batch is done; two
     batched eighs in flight at once (independent ops of one jitted function) then wait on
-    each other when the pool has two threads (a 2-core machine): a deadlock, seen here
-    with gdb. Unbatched eighs inside a sequential loop avoid it.
+    each other when the pool has two threads (a 2-core machine): a deadlock. Unbatched
+    eighs inside a sequential loop avoid it.
 
     Returns:
       The batch of distances.
@@ -357,9 +357,8 @@ def limit_blas_threads(n: int = 1):
     """Temporarily cap the threads of every OpenBLAS loaded in this process (best effort).
 
     JAX's CPU ``eigh`` calls LAPACK from SciPy's OpenBLAS, whose own thread pool competes
-    with XLA's: on a 2-core machine under load, one 384×384 ``eigh`` took 0.16–2 s of CPU
-    with the default threads and 0.007 s with one thread (and a whole cloud's metrics
-    2.3 s against 0.19 s). Linux only (reads /proc/self/maps); elsewhere it does nothing.
+    with XLA's and slows a small ``eigh`` many times over on a machine with few cores. Linux
+    only (reads /proc/self/maps); elsewhere it does nothing.
     Setting ``OPENBLAS_NUM_THREADS=1`` before Python starts has the same effect.
     """
     try:  # JAX loads SciPy's LAPACK (and its OpenBLAS) lazily, at the first eigh

@@ -29,8 +29,8 @@ ENGINE_FIELDS = {
 
 # Memory the process needs beyond its arrays: XLA compilation, the CPU runtime's buffers
 # (which grow with loop iterations when the host cores are several devices), SciPy and
-# matplotlib. Calibrated on the 2-core development machine with jax 0.10.2 (concentration_s2:
-# 476 MiB peak on 1 device, 646 MiB on 2, for 18.7 MiB of chunk data).
+# matplotlib. Calibrated from the peak resident memory that runs record
+# (``measured_peak_rss_bytes`` in their summary.json) against their chunk data.
 RUNTIME_ALLOWANCE = 320 * 2**20
 RUNTIME_ALLOWANCE_PER_DEVICE = 160 * 2**20
 

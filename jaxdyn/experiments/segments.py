@@ -23,9 +23,8 @@ from ..simulation import (plan_steps, save_indices, sharded_vmap, simulate, simu
                           sweep_mesh)
 
 # XLA's CPU runtime with several host devices keeps memory that grows with the number of
-# loop iterations of one call (measured with jax 0.10.2: +225 MiB for a 4000-step scan on 2
-# host devices, +11 MiB on one). Chunks therefore integrate in segments of at most this
-# many steps per call; the state is carried between calls.
+# loop iterations of one call. Chunks therefore integrate in segments of at most this many
+# steps per call; the state is carried between calls.
 MAX_STEPS_PER_CALL = 250
 
 # Compiled segment functions, reused by every chunk with the same static signature (frame

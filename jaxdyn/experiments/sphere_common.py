@@ -180,8 +180,8 @@ def initial_clouds(pcs):
 def uses_ensemble(pc) -> bool:
     """Whether a chunk integrates with :func:`jaxdyn.simulate_ensemble` (systems on the vector lanes).
 
-    Softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48, where it was measured
-    faster than vmap(simulate)), a fixed-step method, and not switched off with ``ensemble: false``.
+    Softmax or unnormalised weights, N <= ``FASTER_MAX_PARTICLES`` (48; beyond it vmap(simulate)
+    is faster), a fixed-step method, and not switched off with ``ensemble: false``.
 
     Args:
       pc: a point config.

@@ -492,7 +492,7 @@ def _stack_leaves(leaves):
     """One stacked leaf.
 
     Concrete arrays are stacked on the host and moved to the device in one transfer
-    (``jnp.stack`` over thousands of separate device arrays costs ~10 ms each); traced leaves
+    (``jnp.stack`` over thousands of separate device arrays is slow); traced leaves
     (under ``jit``/``vmap``), weakly typed ones and arrays of several processes use
     ``jnp.stack``, which keeps their weak type (a weak β must not promote a float32 cloud) and
     their sharding.

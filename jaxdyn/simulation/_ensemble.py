@@ -29,9 +29,9 @@ cost of a dozen small kernels per step rather than in arithmetic:
   runs). With B positive definite and x on the sphere the bound is nearly tight
   (``l_ii ≈ r_i``): the phase-diagram workload (Q = K = V = I) always takes it.
 * On CPU the program is jitted with XLA's library ("ynn") fusions off (``jax.jit``'s
-  ``compiler_options``): for this layout XLA's own loop fusions are 1.5–2.8× faster
-  (measured on a 2-core AVX-512 EPYC). The option applies to this one program when it is
-  called at the top level; inside a caller's ``jit`` the caller's options apply.
+  ``compiler_options``): for this layout XLA's own loop fusions are faster. The option
+  applies to this one program when it is called at the top level; inside a caller's ``jit``
+  the caller's options apply.
 * Each chunk is one ``diffrax.diffeqsolve`` with the scheme of :mod:`jaxdyn.integrators`
   on ``Sphere(axis=1)`` (vectors along axis 1): the schemes and the step grid of
   ``simulate``, another memory layout.
@@ -82,10 +82,8 @@ __all__ = ["simulate_ensemble", "MAX_PARTICLES", "SAFE_SHIFT"]
 
 #: largest N the ensemble path takes (the (N, N, chunk) tile must stay cache-sized).
 MAX_PARTICLES = 256
-#: up to this N the ensemble path beats vmap(simulate) on CPU. Measured on 2 AVX-512 cores
-#: (d = 3, RK4, 160 steps, the same total pairs): N = 8: 5.6x, 16: 6.4x, 32: 3.2-3.7x,
-#: 48: 1.2x, then 64: 0.7x, 128: 0.3x, 256: 0.25x (XLA's library matmuls win from N ~ 64).
-#: The experiments engine uses the ensemble path up to here.
+#: up to this N the ensemble path beats vmap(simulate) on CPU (beyond, XLA's library matmuls
+#: win; ``benchmarks/bench_phase.py``). The experiments engine uses the ensemble path up to here.
 FASTER_MAX_PARTICLES = 48
 #: target logits-tile size (elements) of one chunk: 128 systems of 32 particles.
 TILE_ELEMENTS = 128 * 32 * 32
@@ -167,11 +165,8 @@ def _chunk_run(x, B, V, beta, *, method, dt, idx, normalization, safe):
     inside ``shard_map`` over the devices. Its adjoint is ``diffrax.DirectAdjoint``: the
     default ``RecursiveCheckpointAdjoint`` cannot be reverse-differentiated inside
     ``shard_map`` (equinox's closure conversion compares the avals with shard_map's
-    varying-axes types and refuses them; diffrax's tracker, #765), and its forward pass costs the
-    same here. Measured against a ``lax.fori_loop`` over the same step (phase workload: 8192
-    systems of 32 particles on S¹, 300 steps, 2 host devices, process CPU time, median of
-    interleaved runs): euler_renormalise 1.99 s vs 1.90 s, rk4 7.09 s vs 6.80 s (+4 %; the
-    DirectAdjoint 1.82 s vs RecursiveCheckpointAdjoint 1.88 s), the same states bitwise.
+    varying-axes types and refuses them; diffrax's tracker, #765), and its forward pass gives
+    the same states bitwise at about the same cost as the default adjoint's.
 
     Returns:
       The saved frames (S, N, d, c).

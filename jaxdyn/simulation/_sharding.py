@@ -111,8 +111,8 @@ def configure_host_devices(n: int | None = None, *, vector_width: int | str | No
       n: the number of host devices (default: the cores this process may run on).
       vector_width: also ask XLA:CPU for vectors of this many bits
         (``--xla_cpu_prefer_vector_width``). ``"auto"`` (default) picks 512 on CPUs with
-        AVX-512, where it makes the exponential loops of the attention kernels about 1.4×
-        faster (XLA's default is 256); None leaves XLA's default. A vector width already in
+        AVX-512, where it makes the exponential loops of the attention kernels faster (XLA's
+        default is 256); None leaves XLA's default. A vector width already in
         ``XLA_FLAGS`` is kept.
 
     Returns:

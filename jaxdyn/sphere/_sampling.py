@@ -54,8 +54,8 @@ def normal_rows(key, n: int, d: int, dtype=jnp.float32):
     """``jax.random.normal(key, (n, d), dtype)``, the same numbers bit for bit, compiled per bucket.
 
     The program is compiled once per power-of-two row count rather than once per n: a sweep over
-    particle counts compiles a few generators, not one per count (each ~0.3 s of compilation
-    for ~1 ms of work). Under a transformation (a traced key), or with a random stream whose
+    particle counts compiles a few generators, not one per count (each compilation takes far
+    longer than its work). Under a transformation (a traced key), or with a random stream whose
     prefixes differ (:func:`_prefix_stable`), it is the direct call.
 
     Args:

@@ -53,7 +53,7 @@ _cluster_stats = jax.jit(_cluster_stats_fn)
 #: systems per call of ``_cluster_stats`` (a fixed shape: one compiled program)
 STATS_BLOCK = 128
 #: at most this many Gram entries (systems × frames × N²) per call: at N = 512 a block of
-#: 128 systems of 41 frames would hold 1.4·10⁹ (measured: 17 GB resident before it was cut)
+#: 128 systems of 41 frames would hold 1.4·10⁹
 STATS_ENTRIES = 2 ** 25
 
 
