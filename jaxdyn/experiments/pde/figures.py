@@ -112,17 +112,8 @@ def _plot_k_star_particles(cfg, ds, pts, out_dir, plt):
     return plots.save(fig, out_dir / "k_star_particles.png")
 
 
-def plot(cfg, ds, out_dir):
-    """Draw the ``pde`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
-    plt = plots.pyplot()
-    if cfg["mode"] == "s2":
-        return _plot_s2(cfg, ds, Path(out_dir), plt)
-    from matplotlib.colors import LogNorm
-
-    out_dir = Path(out_dir)
-    figs = []
-    pts = grid_points(ds)
-    # one point per β (the first seed / σ) for the space–time images
+def _shown(cfg, pts):
+    """One point per β (the first seed / σ), among ``figure_betas`` if set: the space–time images'."""
     seen, show = set(), []
     for lab, d in pts:
         b = lab.get("beta", cfg["beta"])
@@ -130,6 +121,13 @@ def plot(cfg, ds, out_dir):
             continue
         seen.add(b)
         show.append((lab, d))
+    return show
+
+
+def _plot_spacetime(cfg, ds, show, out_dir, plt):
+    """ρ(θ, t) of each shown point, one panel each."""
+    from matplotlib.colors import LogNorm
+
     theta = np.asarray(ds["theta"].values)
     t = np.asarray(ds["t"].values)
     rows, cols = plots.grid_shape(len(show), max_cols=4)
@@ -151,9 +149,11 @@ def plot(cfg, ds, out_dir):
     fig.get_layout_engine().set(wspace=0.06)  # θ's "2π" and the next panel's "0" apart
     fig.colorbar(im, ax=used, label="2π ρ(θ, t)", shrink=0.8)
     fig.suptitle(f"{cfg['name']}: the density ρ(θ, t) on S¹ ({cfg['mode']})", fontsize=10)
-    figs.append(plots.save(fig, out_dir / "spacetime.png"))
+    return plots.save(fig, out_dir / "spacetime.png")
 
-    # growth rates against the formula
+
+def _plot_growth(cfg, ds, show, out_dir, plt):
+    """The solver's growth rates (circles) against the formula (lines)."""
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     ks = np.asarray(ds["k"].values)
     for i, (lab, d) in enumerate(show):
@@ -162,58 +162,78 @@ def plot(cfg, ds, out_dir):
         ax.plot(ks, g, "o", color=f"C{i}", ms=4, mfc="none")
     _style(ax, "mode k", r"growth rate $\lambda_k$",
            r"solver (circles) against $(k^2/\beta)\, I_k(\beta)/I_0(\beta) - \sigma^2 k^2/2$ (lines)")
-    figs.append(plots.save(fig, out_dir / "growth_rates.png"))
+    return plots.save(fig, out_dir / "growth_rates.png")
 
+
+def _plot_cluster_counts(cfg, ds, pts, show, out_dir, plt):
+    """First cluster count against k* and √(2β), and the count against t of each shown point."""
+    t = np.asarray(ds["t"].values)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    bs = np.array([lab.get("beta", cfg["beta"]) for lab, _ in pts])
+    counts = np.array([int(d["first_cluster_count"]) for _, d in pts])
+    kst = np.array([int(d["k_star"]) for _, d in pts])
+    jitter = np.linspace(-0.04, 0.04, max(1, len(pts)))[np.arange(len(pts)) % max(1, len(pts))]
+    a1.plot(bs * (1 + 0 * jitter), counts, "o", mfc="none", label="first clusters (solver, each seed)")
+    order = np.argsort(bs)
+    a1.plot(bs[order], kst[order], "k-", lw=1, label=r"$k^* = \arg\max_k\, k^2 I_k/I_0$")
+    bb = np.geomspace(bs.min(), bs.max(), 100)
+    a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
+    plots.log_value_ticks(a1, bs)
+    _style(a1, "β", "clusters")
+    for i, (lab, d) in enumerate(show):
+        a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
+                label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
+    _style(a2, "t", "cluster count (0: not yet broken up)", "clusters appear, then merge")
+    plots.legend_outside(a2)  # the counts' steps fill the panel
+    return plots.save(fig, out_dir / "cluster_counts.png")
+
+
+def _plot_particles_vs_density(ds, pts, out_dir, plt):
+    """W1(particles, ρ(t)) against N, and the density against the particles' kernel density."""
+    theta = np.asarray(ds["theta"].values)
+    lab, d = pts[0]
+    ns = np.asarray(ds["n"].values, float)
+    tc = np.asarray(ds["t_compare"].values)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.5, 3.9))
+    for j, tt in enumerate(tc):
+        w = np.asarray(d["w1"].values)[:, j]
+        e = np.asarray(d["w1_sem"].values)[:, j]
+        slope = np.polyfit(np.log(ns), np.log(w), 1)[0]
+        a1.errorbar(ns, w, yerr=e, fmt="o-", ms=4, capsize=2, label=f"t = {tt:g} (slope {slope:.2f})")
+    a1.plot(ns, np.asarray(d["w1"].values)[0, 0] * np.sqrt(ns[0] / ns), "k:", label="N^{-1/2}")
+    a1.set_xscale("log")
+    a1.set_yscale("log")
+    a1.set_xlabel("particles N")
+    a1.set_ylabel("W1(particles, ρ(t)) on S¹")
+    a1.legend(fontsize=7)
+    a1.grid(alpha=0.3, which="both")
+    for j, tt in enumerate(tc):
+        a2.plot(theta, np.asarray(d["rho_compare"].values)[j] * 2 * np.pi, "-", color=f"C{j}", lw=1.2,
+                label=f"density, t = {tt:g}")
+        a2.plot(theta, np.asarray(d["kde_compare"].values)[j] * 2 * np.pi, "--", color=f"C{j}", lw=0.9)
+    a2.set_yscale("log")
+    a2.set_ylim(1e-2, None)
+    a2.set_xlabel("θ")
+    a2.set_ylabel("2π ρ")
+    a2.set_title(f"density (solid) vs kernel density of N = {int(ns.max())} particles (dashed)",
+                 fontsize=9)
+    a2.legend(fontsize=7)
+    return plots.save(fig, out_dir / "particles_vs_density.png")
+
+
+def plot(cfg, ds, out_dir):
+    """Draw the ``pde`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
+    plt = plots.pyplot()
+    if cfg["mode"] == "s2":
+        return _plot_s2(cfg, ds, Path(out_dir), plt)
+    out_dir = Path(out_dir)
+    pts = grid_points(ds)
+    show = _shown(cfg, pts)
+    figs = [_plot_spacetime(cfg, ds, show, out_dir, plt), _plot_growth(cfg, ds, show, out_dir, plt)]
     if cfg["mode"] == "clusters":
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
-        bs = np.array([lab.get("beta", cfg["beta"]) for lab, _ in pts])
-        counts = np.array([int(d["first_cluster_count"]) for _, d in pts])
-        kst = np.array([int(d["k_star"]) for _, d in pts])
-        jitter = np.linspace(-0.04, 0.04, max(1, len(pts)))[np.arange(len(pts)) % max(1, len(pts))]
-        a1.plot(bs * (1 + 0 * jitter), counts, "o", mfc="none", label="first clusters (solver, each seed)")
-        order = np.argsort(bs)
-        a1.plot(bs[order], kst[order], "k-", lw=1, label=r"$k^* = \arg\max_k\, k^2 I_k/I_0$")
-        bb = np.geomspace(bs.min(), bs.max(), 100)
-        a1.plot(bb, np.sqrt(2 * bb), ":", color="0.4", label="√(2β)")
-        plots.log_value_ticks(a1, bs)
-        _style(a1, "β", "clusters")
-        for i, (lab, d) in enumerate(show):
-            a2.step(t, np.asarray(d["cluster_count"].values), where="post", color=f"C{i}",
-                    label=_label({k: v for k, v in lab.items() if k != "seed"}, cfg))
-        _style(a2, "t", "cluster count (0: not yet broken up)", "clusters appear, then merge")
-        plots.legend_outside(a2)  # the counts' steps fill the panel
-        figs.append(plots.save(fig, out_dir / "cluster_counts.png"))
-
+        figs.append(_plot_cluster_counts(cfg, ds, pts, show, out_dir, plt))
     if cfg["mode"] == "clusters" and "start" in ds.dims:
         figs.append(_plot_k_star_particles(cfg, ds, pts, out_dir, plt))
-
     if "w1" in ds:
-        lab, d = pts[0]
-        ns = np.asarray(ds["n"].values, float)
-        tc = np.asarray(ds["t_compare"].values)
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.5, 3.9))
-        for j, tt in enumerate(tc):
-            w = np.asarray(d["w1"].values)[:, j]
-            e = np.asarray(d["w1_sem"].values)[:, j]
-            slope = np.polyfit(np.log(ns), np.log(w), 1)[0]
-            a1.errorbar(ns, w, yerr=e, fmt="o-", ms=4, capsize=2, label=f"t = {tt:g} (slope {slope:.2f})")
-        a1.plot(ns, np.asarray(d["w1"].values)[0, 0] * np.sqrt(ns[0] / ns), "k:", label="N^{-1/2}")
-        a1.set_xscale("log")
-        a1.set_yscale("log")
-        a1.set_xlabel("particles N")
-        a1.set_ylabel("W1(particles, ρ(t)) on S¹")
-        a1.legend(fontsize=7)
-        a1.grid(alpha=0.3, which="both")
-        for j, tt in enumerate(tc):
-            a2.plot(theta, np.asarray(d["rho_compare"].values)[j] * 2 * np.pi, "-", color=f"C{j}", lw=1.2,
-                    label=f"density, t = {tt:g}")
-            a2.plot(theta, np.asarray(d["kde_compare"].values)[j] * 2 * np.pi, "--", color=f"C{j}", lw=0.9)
-        a2.set_yscale("log")
-        a2.set_ylim(1e-2, None)
-        a2.set_xlabel("θ")
-        a2.set_ylabel("2π ρ")
-        a2.set_title(f"density (solid) vs kernel density of N = {int(ns.max())} particles (dashed)",
-                     fontsize=9)
-        a2.legend(fontsize=7)
-        figs.append(plots.save(fig, out_dir / "particles_vs_density.png"))
+        figs.append(_plot_particles_vs_density(ds, pts, out_dir, plt))
     return figs
