@@ -4,6 +4,8 @@ by both drivers in float32 as in float64 — not ``max_steps_reached`` or ``nonf
 
 import numpy as np
 import pytest
+import scipy.linalg
+import scipy.optimize
 
 import jaxdyn
 from jaxdyn.gaussian._solve import dtype_threshold, dtype_tolerances
@@ -25,16 +27,36 @@ def test_dtype_floors():
     assert dtype_threshold(np.float64, 1e6) == 1e6
 
 
-# T* of the reference example (M0, S0 above): the float64 driver at rtol 1e-12, atol 1e-14 (at its default
-# tolerances it gives 0.76823237493, 6e-10 away; checked by the slow test below)
-T_REF = 0.7682323744706153
+def _riccati_blowup_time():
+    """T* of the reference example, independently of the drivers: with V = I the covariance
+    solves a Riccati equation whose inverse P = Σ⁻¹ is linear,
+    P' = −PA − AᵀP − (B + Bᵀ), solved exactly by a matrix exponential (SciPy); Σ blows up
+    where P first loses definiteness (its least eigenvalue crosses 0, found by Brent's method)."""
+    A, B, s0 = (np.asarray(KW["A"], float), np.asarray(KW["B"], float), np.asarray(S0, float))
+    eye = np.eye(2)
+    gen = np.zeros((5, 5))  # vec(P) (column-major) augmented by the constant 1
+    gen[:4, :4] = -(np.kron(A.T, eye) + np.kron(eye, A.T))
+    gen[:4, 4] = -(B + B.T).flatten(order="F")
+    p0 = np.r_[np.linalg.inv(s0).flatten(order="F"), 1.0]
+
+    def least_eig(t):
+        p = (scipy.linalg.expm(gen * t) @ p0)[:4].reshape(2, 2, order="F")
+        return np.linalg.eigvalsh((p + p.T) / 2)[0]
+
+    ts = np.linspace(0.0, KW["t1"], 101)
+    k = next(i for i, t in enumerate(ts) if least_eig(t) < 0)
+    return scipy.optimize.brentq(least_eig, ts[k - 1], ts[k], xtol=1e-15, rtol=1e-15)
+
+
+#: T* of the reference example (M0, S0 above), from the linear ODE of Σ⁻¹
+T_REF = _riccati_blowup_time()
 
 
 @pytest.mark.slow
 def test_reference_example_blows_up_in_both_precisions():
-    """Both drivers in float32, the batch driver in float64, against T_REF (the float64
-    single-member driver: test_reference_example_float64_single_driver, under -m slow; its
-    blow-up times against closed forms and this batch driver: tests/test_gaussian.py)."""
+    """Both drivers in float32, the batch driver in float64, against T_REF (the exact
+    Riccati solution; the float64 single-member driver against it:
+    test_reference_example_float64_single_driver, under -m slow)."""
     # float32, default tolerances (rtol = 1e-8 asked; raised to what float32 resolves)
     s32 = jaxdyn.solve_moments(np.asarray(M0, np.float32), np.asarray(S0, np.float32),
                                **_cast(np.float32))
