@@ -232,6 +232,64 @@ def analyse(cfg, ds, angle_rad=None):
     return res
 
 
+def spread(values):
+    """Mean, smallest, largest and count of the finite ``values`` (all None when none is finite)."""
+    v = np.asarray([np.nan if x is None else x for x in values], float)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()), "n": int(v.size)}
+
+
+def per_seed(cfg, ds, angle_rad=None):
+    """Each seed's readings and fits, and their spread over the seeds, for a run with a seed axis.
+
+    :func:`analyse` averages the curves over the seeds before it reads their minimum; a minimum
+    of W2, its time, a peak mass or an overtake time moves with the seed, so this reads each
+    seed's own curves (``analyse`` on each seed) and gives the distribution of every reading.
+
+    Args:
+      cfg: the resolved config.
+      ds: the merged Dataset.
+      angle_rad: as in :func:`analyse`.
+
+    Returns:
+      ``{"seed", "beta", "<reading>": [seed][β], "fits": {name: {"slope", "r2"}: [seed]},
+      "spread": {"<reading>": [β] of {"mean", "min", "max", "n"}, "fits": ...}, "warnings":
+      [seed][...]}``; None when the run has fewer than 2 seeds.
+    """
+    if "seed" not in ds.dims or ds.sizes["seed"] < 2:
+        return None
+    runs = [analyse(cfg, ds.isel(seed=i), angle_rad) for i in range(ds.sizes["seed"])]
+    out = {"seed": [int(s) for s in ds["seed"].values], "beta": runs[0]["beta"],
+           "min_w2": [r["min_w2"] for r in runs], "argmin_t": [r["argmin_t"] for r in runs],
+           "argmin_at_boundary": [r["argmin_at_boundary"] for r in runs]}
+    tps = [list(r["terminal_phase"].values()) for r in runs]
+    out["max_mass_E"] = [[v["max_mass_E"] for v in tp] for tp in tps]
+    # the overtake times the fit uses (a metastable phase ended); None where there is none
+    out["overtake_time"] = [[v["overtake_time"] if v["in_fit"] else None for v in tp] for tp in tps]
+    out["final_mass_V"] = [[v["final_mass_V"] for v in tp] for tp in tps]
+    if "conjecture_1_readings" in runs[0]:
+        rd = [list(r["conjecture_1_readings"].values()) for r in runs]
+        out["max_mass_V_magnitude"] = [[v["max_mass_V_magnitude"] for v in x] for x in rd]
+        out["chosen"] = [[v["chosen"] for v in x] for x in rd]
+    if "sinkhorn_vs_exact_max_rel_error" in runs[0]:
+        out["sinkhorn_vs_exact_max_rel_error"] = [r["sinkhorn_vs_exact_max_rel_error"] for r in runs]
+    fits = {}
+    for name, slope in (("fit_min_w2_vs_beta", "loglog_slope"), ("fit_argmin_t_vs_log_beta", "slope"),
+                        ("fit_overtake_t_vs_log_beta", "slope")):
+        if name in runs[0]:
+            fits[name] = {"slope": [r[name][slope] for r in runs], "r2": [r[name]["r2"] for r in runs],
+                          "n_points": [r[name]["n_points"] for r in runs]}
+    out["fits"] = fits
+    out["spread"] = {k: [spread(col) for col in zip(*out[k])]
+                     for k in ("min_w2", "argmin_t", "max_mass_E", "overtake_time", "final_mass_V")}
+    out["spread"]["fits"] = {name: {"slope": spread(f["slope"]), "r2": spread(f["r2"])}
+                             for name, f in fits.items()}
+    out["warnings"] = [r["warnings"] for r in runs]
+    return out
+
+
 def summarize(cfg, ds):
     """The ``concentration`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     pi, bV = spectral_info(cfg)
@@ -248,4 +306,8 @@ def summarize(cfg, ds):
     res = analyse(cfg, ds, ang)
     res["warnings"] = regime_warnings(res["beta"], cfg["d"], ang, cfg["near_angle_deg"]) + res["warnings"]
     out.update(res)
+    seeds = per_seed(cfg, ds, ang)
+    if seeds is not None:
+        # the readings above are of the curves averaged over the seeds
+        out["per_seed"] = seeds
     return out

@@ -67,6 +67,12 @@ def summarize(cfg, ds):
             "certificate_w2_max": finite_or_none(np.nanmax(cw2)),
             "iterations_median": finite_or_none(np.median(it)),
             "seconds_median": finite_or_none(np.median(sec)),
+            # per target (the seeds of the group, in grid order): the spread behind the medians
+            "per_target": {"seed": [int(label_of(cfg, lab, "seed")) for lab, _ in pts],
+                           "reached": [bool(r) for r in reached],
+                           "w2": [finite_or_none(x) for x in w2],
+                           "energy_ratio_to_certificate": [finite_or_none(x) for x in en / cen],
+                           "certificate_w2": [finite_or_none(x) for x in cw2]},
         }
         if mode == "bounded":
             row["bound"] = cfg["bound"]

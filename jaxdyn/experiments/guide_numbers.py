@@ -1,0 +1,516 @@
+"""The measured numbers of the guides, generated from committed result files.
+
+A number a guide states from a measurement sits in a generated span,
+
+    <!-- BEGIN GENERATED stem.what -->…<!-- END GENERATED stem.what -->
+
+(a table on lines of its own, or a phrase inside a sentence), whose text is rendered from the
+result file ``docs/results/<folder>/<stem>.json``: ``what`` names one of the renderers of that
+file's ``kind`` (:data:`RENDERERS`). A result file holds the measurement's results and its
+provenance (``meta``: the command, the commit, which files under ``jaxdyn/`` and ``configs/``
+differed from it, the machine, wall and CPU seconds, the config). Numbers that move with the
+seed are rendered as distributions: the mean and the range over the seeds, or a mean with its
+standard error and a 5–95 % range over many draws.
+
+    python -m jaxdyn.experiments.guide_numbers                      # rewrite the guides' spans
+    python -m jaxdyn.experiments.guide_numbers --check              # exit 1 where a guide differs
+    python -m jaxdyn.experiments.guide_numbers record RUN_DIR OUT.json [--command "jaxdyn run …"]
+
+``record`` turns a finished ``jaxdyn run`` folder into a result file: its summary recomputed
+from ``data.nc`` by the kind's ``summarize``, its timings from ``summary.json``. The default
+test suite (``tests/test_guide_numbers.py``) regenerates every guide from the committed result
+files and fails where the text differs, so a hand edit inside a span does not survive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDES = ("docs/guides", "docs")
+RESULTS = "docs/results"
+SPAN = re.compile(r"(<!-- BEGIN GENERATED ([\w.-]+) -->)(.*?)(<!-- END GENERATED \2 -->)", re.S)
+
+
+# ---------------------------------------------------------------- provenance and result files
+
+
+def _git(*args, root=ROOT):
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def machine() -> dict:
+    """The machine a measurement ran on: CPU model, cores, platform."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def provenance(command: str, *, wall_seconds=None, cpu_seconds=None, config=None, **extra) -> dict:
+    """The ``meta`` of a result file: command, commit, files that differed from it, machine, times.
+
+    Args:
+      command: the command that produced the result.
+      wall_seconds: its wall time.
+      cpu_seconds: its CPU time (None where not measured).
+      config: the resolved config, or its YAML text.
+      **extra: further fields (timings of a run's parts).
+
+    Returns:
+      The dict.
+    """
+    import jax
+
+    changed = _git("status", "--porcelain", "--", "jaxdyn", "configs")
+    commit = _git("rev-parse", "HEAD")
+    meta = {"command": command, "commit": commit.strip() if commit else None,
+            "changed_files": sorted(line[3:] for line in changed.splitlines() if line.strip())
+                             if changed else [],
+            "machine": machine(), "jax": jax.__version__, "backend": jax.default_backend(),
+            "wall_seconds": wall_seconds, "cpu_seconds": cpu_seconds}
+    if config is not None:
+        meta["config"] = config
+    meta.update(extra)
+    return meta
+
+
+def _clean(x):
+    """JSON-safe: NumPy scalars and arrays to Python, non-finite floats to None."""
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_result(path, result: dict) -> Path:
+    """Write a result file (``{"kind", "meta", "results"}``; JSON, sorted keys, non-finite → null)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_clean(result), indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    return path
+
+
+def record(run_dir, out, command=None) -> Path:
+    """A finished run folder as a result file (the summary recomputed from its ``data.nc``).
+
+    Args:
+      run_dir: the folder of ``jaxdyn run``.
+      out: the result file to write.
+      command: the command that made the run (recorded; default: ``jaxdyn run`` of its config).
+
+    Returns:
+      The path written.
+    """
+    from .. import io as jio
+    from ..config import parse_yaml
+    from .kinds import get_kind
+    from .planning import resolve_config
+
+    run_dir = Path(run_dir)
+    text = (run_dir / jio.CONFIG_FILE).read_text()
+    cfg = resolve_config(parse_yaml(text, str(run_dir / jio.CONFIG_FILE)))
+    run = json.loads((run_dir / jio.SUMMARY_FILE).read_text())
+    ds = jio.open_results(run_dir)
+    results = get_kind(cfg["kind"]).summarize(cfg, ds)
+    meta = provenance(command or f"jaxdyn run CONFIG --out {run_dir.name}",
+                      wall_seconds=run.get("elapsed_seconds"), config=text,
+                      compile_seconds=run.get("compile_seconds"),
+                      compute_seconds=run.get("compute_seconds"),
+                      run_status=run.get("status"), started=run.get("started"),
+                      run_versions=run.get("versions"))
+    return write_result(out, {"kind": cfg["kind"], "name": cfg["name"], "meta": meta,
+                              "results": results})
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def num(x, digits=3) -> str:
+    """``x`` to ``digits`` significant digits ("—" for None; a true minus sign)."""
+    if x is None:
+        return "—"
+    x = float(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        m, e = f"{x:.{max(digits - 1, 0)}e}".split("e")
+        s = f"{m}e{int(e)}"
+    else:
+        s = f"{x:#.{digits}g}"  # trailing zeros kept: 0.220, 6.00
+        if "e" in s:
+            s = f"{x:.0f}"
+        s = s.rstrip(".")
+    return s.replace("-", "−")
+
+
+def stats(values) -> dict:
+    """Mean, smallest, largest and count of the values that are not None."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def spread(values, digits=3, of=None) -> str:
+    """The values as "mean (min–max)", with "[k of n]" when some are None.
+
+    Args:
+      values: the values (None where a seed has none).
+      digits: significant digits.
+      of: the count they are out of (default ``len(values)``).
+
+    Returns:
+      The text ("—" when every value is None).
+    """
+    s = stats(values)
+    of = len(values) if of is None else of
+    if s["n"] == 0:
+        return "—"
+    if s["n"] == 1:
+        text = num(s["mean"], digits)
+    else:
+        text = f"{num(s['mean'], digits)} ({num(s['min'], digits)}–{num(s['max'], digits)})"
+        if s["min"] < 0 or s["max"] < 0:
+            text = f"{num(s['mean'], digits)} ({num(s['min'], digits)} to {num(s['max'], digits)})"
+    if s["n"] < of:
+        text += f" [{s['n']} of {of}]"
+    return text
+
+
+def _decimals(err) -> int:
+    """Decimals that end at the first significant digit of ``err``."""
+    return max(0, -int(math.floor(math.log10(abs(err))))) if err else 3
+
+
+def _fixed(x, err) -> str:
+    return f"{x:.{_decimals(err)}f}".replace("-", "−")
+
+
+def _pm(x, err) -> str:
+    """``x ± err``, both to the first significant digit of ``err``."""
+    return f"{_fixed(x, err)} ± {_fixed(err, err)}"
+
+
+def _seconds(x) -> str:
+    return "—" if x is None else f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
+
+
+def _machine_words(meta) -> str:
+    m = meta["machine"]
+    return f"{m['cores']} CPU cores ({m['cpu']})"
+
+
+# ---------------------------------------------------------------- concentration
+
+
+def _seed_words(res) -> str:
+    seeds = res["results"]["per_seed"]["seed"]
+    return f"{len(seeds)} seeds ({', '.join(str(s) for s in seeds)})"
+
+
+def _conc_table(res) -> str:
+    """The per-β readings as mean (smallest–largest) over the seeds."""
+    ps = res["results"]["per_seed"]
+    betas = ps["beta"]
+    near = _near_angle(res)
+    rows = [("min_t W2", "min_w2"), ("argmin_t W2", "argmin_t"),
+            (f"max mass within {near}° of E", "max_mass_E"),
+            ("t at which mass near E(V) overtakes mass near E (a metastable phase ended)", "overtake_time"),
+            (f"final mass within {near}° of E(V)", "final_mass_V")]
+    if "max_mass_V_magnitude" in ps:
+        rows.append((f"max mass within {near}° of V's magnitude-dominant eigenvector",
+                     "max_mass_V_magnitude"))
+    lines = ["| β | " + " | ".join(f"{b:g}" for b in betas) + " |",
+             "|---" * (len(betas) + 1) + "|"]
+    for label, key in rows:
+        cols = list(zip(*ps[key]))
+        lines.append(f"| {label} | " + " | ".join(spread(c) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _near_angle(res):
+    m = re.search(r"^near_angle_deg:\s*([\d.]+)", res["meta"]["config"], re.M)
+    return num(float(m.group(1))) if m else "?"
+
+
+def _conc_fit(name, what="slope"):
+    def render(res):
+        ps = res["results"]["per_seed"]
+        f = ps["fits"][name]
+        n = len(ps["seed"])
+        pts = stats(f["n_points"])
+        pts_words = (f"{pts['min']:.0f}" if pts["min"] == pts["max"]
+                     else f"{pts['min']:.0f} to {pts['max']:.0f}")
+        text = f"{what} **{spread(f['slope'], of=n)}**"
+        if stats(f["r2"])["n"]:
+            text += f", R² {spread(f['r2'], of=n)}"
+        return text + f" (mean (range) over {n} seeds, {pts_words} β a fit)"
+    return render
+
+
+def _conc_theory_slope(res):
+    return num(res["results"]["fit_min_w2_vs_beta"]["theory_slope_sqrt_logb_over_b"])
+
+
+def _conc_run(res):
+    meta = res["meta"]
+    return (f"{_seed_words(res)} in one run: {_seconds(meta['wall_seconds'])} of wall time on "
+            f"{_machine_words(meta)} ({_seconds(meta.get('compile_seconds'))} compiling, "
+            f"{_seconds(meta.get('compute_seconds'))} computing; `{Path(_result_path(res)).as_posix()}`)")
+
+
+def _conc_wall(res):
+    return f"{_seconds(res['meta']['wall_seconds'])} wall, {len(res['results']['per_seed']['seed'])} seeds"
+
+
+def _conc_assumption(res):
+    a = res["results"]["assumption_1"]
+    return (f"cond B = {num(a['cond_B'])}, asymmetry {num(a['asymmetry'], 1)}, "
+            f"gap {num(a['gap'])}, dim E = {a['dim_E']}")
+
+
+def _conc_sinkhorn(res):
+    v = res["results"]["per_seed"]["sinkhorn_vs_exact_max_rel_error"]
+    return (f"{spread([x * 100 if x is not None else None for x in v], 2)} %")
+
+
+def _conc_readings(res):
+    r = res["results"]["per_seed"]
+    chosen = {c for seed in r["chosen"] for c in seed}
+    return ", ".join(sorted(chosen))
+
+
+def _result_path(res):
+    return res.get("_path", "docs/results")
+
+
+# ---------------------------------------------------------------- sampling floor, reach, gaussian
+
+
+def _floor(problem):
+    def render(res):
+        r = res["results"][problem]
+        return (f"W2 = {_pm(r['mean'], r['standard_error'])} (mean ± standard error over "
+                f"{r['pairs']} pairs of draws; 5–95 %: {_fixed(r['p05'], r['standard_error'])}–"
+                f"{_fixed(r['p95'], r['standard_error'])})")
+    return render
+
+
+def _floor_seed0(problem):
+    def render(res):
+        return num(res["results"][problem]["seed_0"])
+    return render
+
+
+def _reach_rows(res):
+    return {m["mode"]: m for m in res["results"]["modes"]}
+
+
+def _reach_cell(mode):
+    def render(res):
+        m = _reach_rows(res)[mode]
+        pt = m["per_target"]
+        reached = sum(pt["reached"])
+        cell = f"{reached}/{len(pt['reached'])}, W2 {spread(pt['w2'], 2)}"
+        if mode in ("all", "energy"):
+            cell += f", energy {spread(pt['energy_ratio_to_certificate'], 2)} × certificate"
+        return cell
+    return render
+
+
+def _reach_certificate(res):
+    vals = [x for m in res["results"]["modes"] for x in m["per_target"]["certificate_w2"]]
+    return f"{num(stats(vals)['max'], 2)} (largest over {len(vals)} solves)"
+
+
+def _reach_transfer(res):
+    tr = [t for t in res["results"]["transfer"] if t["mode"] == "attention"][0]
+    return ", ".join(num(x, 2) for x in tr["particle_w2_bures_moments_exact_start"]) + \
+        " for N = " + ", ".join(str(n) for n in tr["n_particles"])
+
+
+def _reach_layers(res):
+    tr = [t for t in res["results"]["transfer"] if t["mode"] == "attention"][0]
+    g = tr["layer_rms_gap_to_continuous"]
+    return (f"RMS gap {num(g[0], 2)} → {num(g[-1], 2)} for L = {tr['layers'][0]} → "
+            f"{tr['layers'][-1]}")
+
+
+def _reach_wall(res):
+    return f"{_seconds(res['meta']['wall_seconds'])} wall on {_machine_words(res['meta'])}"
+
+
+def _gaussian_phase_blowup(res):
+    r = res["results"]
+    return (f"T* to a relative {num(r['blowup_time_max_relative_error'], 2)} at most (median "
+            f"{num(r['blowup_time_median_relative_error'], 2)})")
+
+
+def _gaussian_blowup(res):
+    r = res["results"]
+    return num(r["closure"]["blowup_time_relative_error"], 1) if "closure" in r else "—"
+
+
+#: result kind → renderer name → function(result) -> text
+RENDERERS = {
+    "concentration": {
+        "table": _conc_table, "run": _conc_run, "wall": _conc_wall, "assumption_1": _conc_assumption,
+        "fit_min_w2": _conc_fit("fit_min_w2_vs_beta", "log–log slope"),
+        "fit_argmin": _conc_fit("fit_argmin_t_vs_log_beta"),
+        "fit_overtake": _conc_fit("fit_overtake_t_vs_log_beta"),
+        "theory_slope": _conc_theory_slope, "sinkhorn": _conc_sinkhorn,
+        "readings": _conc_readings,
+    },
+    "sampling_floor": {
+        "sphere_clusters": _floor("sphere_clusters"),
+        "gaussian_to_mixture": _floor("gaussian_to_mixture"),
+        "sphere_clusters_seed0": _floor_seed0("sphere_clusters"),
+        "gaussian_to_mixture_seed0": _floor_seed0("gaussian_to_mixture"),
+    },
+    "reachability": {
+        **{f"mode_{m}": _reach_cell(m) for m in ("all", "attention", "bounded", "energy")},
+        "certificate": _reach_certificate, "transfer": _reach_transfer, "layers": _reach_layers,
+        "wall": _reach_wall,
+    },
+    "gaussian": {"phase_blowup": _gaussian_phase_blowup, "blowup": _gaussian_blowup},
+}
+
+
+# ---------------------------------------------------------------- the guides
+
+
+def render(key: str, root=ROOT, cache=None) -> str:
+    """The text of the span ``key`` (``stem.what``).
+
+    Args:
+      key: the span's name.
+      root: the repository.
+      cache: result files already read, by stem.
+
+    Returns:
+      The rendered text.
+
+    Raises:
+      KeyError: no such result file, or no renderer ``what`` for its kind (named).
+    """
+    stem, _, what = key.partition(".")
+    cache = {} if cache is None else cache
+    if stem not in cache:
+        hits = sorted((Path(root) / RESULTS).rglob(f"{stem}.json"))
+        if len(hits) != 1:
+            raise KeyError(f"span {key!r}: {len(hits)} result files {stem}.json under {RESULTS}/")
+        res = json.loads(hits[0].read_text())
+        res["_path"] = hits[0].relative_to(root).as_posix()
+        cache[stem] = res
+    res = cache[stem]
+    kind = res.get("kind")
+    fn = RENDERERS.get(kind, {}).get(what)
+    if fn is None:
+        raise KeyError(f"span {key!r}: no renderer {what!r} for result kind {kind!r} "
+                       f"(have: {sorted(RENDERERS.get(kind, {}))})")
+    return fn(res)
+
+
+def guides(root=ROOT) -> list[Path]:
+    """The Markdown pages that hold generated spans of this module (result-file spans)."""
+    out = []
+    for folder in GUIDES:
+        for p in sorted((Path(root) / folder).glob("*.md")):
+            if any(_ours(m.group(2), root) for m in SPAN.finditer(p.read_text())):
+                out.append(p)
+    return out
+
+
+def _ours(key, root=ROOT) -> bool:
+    # a span of this module: its stem names a result file (other spans: the benchmarks
+    # page's, the long-context guide's, are filled by their own tools)
+    stem = key.partition(".")[0]
+    return "." in key and any((Path(root) / RESULTS).rglob(f"{stem}.json"))
+
+
+def generate(text: str, root=ROOT) -> str:
+    """``text`` with every result-file span re-rendered (other spans untouched)."""
+    cache = {}
+
+    def fill(m):
+        key = m.group(2)
+        if not _ours(key, root):
+            return m.group(0)
+        body = render(key, root, cache)
+        if m.group(3).startswith("\n"):  # a block span: its text on lines of its own
+            body = f"\n{body}\n"
+        return m.group(1) + body + m.group(4)
+
+    return SPAN.sub(fill, text)
+
+
+def stale(root=ROOT) -> list[str]:
+    """The guides whose spans differ from what the result files render."""
+    return [p.relative_to(root).as_posix() for p in guides(root)
+            if generate(p.read_text(), root) != p.read_text()]
+
+
+def write(root=ROOT) -> list[str]:
+    """Rewrite the spans of every guide; returns the pages that changed."""
+    changed = []
+    for p in guides(root):
+        old = p.read_text()
+        new = generate(old, root)
+        if new != old:
+            p.write_text(new)
+            changed.append(p.relative_to(root).as_posix())
+    return changed
+
+
+def main(argv=None) -> int:
+    """The command line (module doc); returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m jaxdyn.experiments.guide_numbers",
+                                description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    p.add_argument("--check", action="store_true", help="exit 1 where a guide differs")
+    r = sub.add_parser("record", help="a run folder as a result file")
+    r.add_argument("run_dir")
+    r.add_argument("out")
+    r.add_argument("--command", default=None, help="the command that made the run")
+    a = p.parse_args(argv)
+    if a.cmd == "record":
+        print(record(a.run_dir, a.out, a.command))
+        return 0
+    if a.check:
+        bad = stale()
+        for g in bad:
+            print(f"{g}: differs from its result files (python -m jaxdyn.experiments.guide_numbers)")
+        return 1 if bad else 0
+    for g in write():
+        print(f"rewrote {g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

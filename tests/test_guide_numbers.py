@@ -1,0 +1,127 @@
+"""The guides' measured numbers are generated from the committed result files (docs/results/).
+
+``python -m jaxdyn.experiments.guide_numbers`` renders every ``<!-- BEGIN GENERATED stem.what -->``
+span of a guide from ``docs/results/**/stem.json``; these tests regenerate the guides and fail
+where the text differs (a number typed by hand inside a span, or a result file changed without
+regenerating), check that every result file records where it came from, and check the
+per-seed readings of a concentration run on a small synthetic run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from jaxdyn.experiments import guide_numbers as gn
+
+ROOT = Path(__file__).resolve().parents[1]
+OWNED = ("docs/guides/concentration.md", "docs/guides/reachability.md")
+
+
+def test_guides_are_what_their_result_files_render():
+    """Every guide with result-file spans equals its regeneration."""
+    assert gn.stale(ROOT) == [], ("regenerate with `python -m jaxdyn.experiments.guide_numbers` "
+                                  "(and never edit inside a GENERATED span by hand)")
+
+
+@pytest.mark.parametrize("guide", OWNED)
+def test_guide_numbers_come_from_spans(guide):
+    """The guide has generated spans, and each renders from an existing result file."""
+    text = (ROOT / guide).read_text()
+    keys = [m.group(2) for m in gn.SPAN.finditer(text)]
+    assert keys, f"{guide} has no generated span"
+    for k in keys:
+        assert gn.render(k, ROOT)  # raises KeyError for a missing file or renderer
+    assert (ROOT / guide) in gn.guides(ROOT)
+
+
+def test_a_hand_edit_inside_a_span_does_not_survive():
+    """Changing a number inside a span is undone by the generator (so the check fails on it)."""
+    text = (ROOT / OWNED[0]).read_text()
+    m = next(m for m in gn.SPAN.finditer(text) if m.group(2).endswith(".table"))
+    body = m.group(3)
+    assert "|" in body
+    edited = text[:m.start(3)] + body.replace("|", "| 9.99", 1) + text[m.end(3):]
+    assert edited != text
+    assert gn.generate(edited, ROOT) == text
+
+
+def test_an_unknown_renderer_or_result_is_named():
+    with pytest.raises(KeyError, match="no renderer 'nonsense'"):
+        gn.render("concentration_s2.nonsense", ROOT)
+    with pytest.raises(KeyError, match="no_such_result"):
+        gn.render("no_such_result.table", ROOT)
+
+
+def test_result_files_record_where_they_come_from():
+    files = sorted((ROOT / gn.RESULTS).rglob("*.json"))
+    assert files
+    for f in files:
+        r = json.loads(f.read_text())
+        meta = r["meta"]
+        assert r["kind"] in gn.RENDERERS, f
+        assert meta["command"] and meta["commit"], f
+        assert meta["machine"]["cores"] >= 1 and meta["machine"]["cpu"], f
+        assert meta["wall_seconds"] is not None and meta["wall_seconds"] > 0, f
+
+
+def test_sampling_floor_statistics_are_those_of_its_distances():
+    """The floor's mean, standard error and 5–95 % range are recomputed from its stored pairs."""
+    r = json.loads((ROOT / gn.RESULTS / "reachability" / "sampling_floor.json").read_text())
+    for problem, v in r["results"].items():
+        w = np.asarray(v["distances"])
+        assert v["pairs"] == w.size >= 100, problem
+        assert v["mean"] == pytest.approx(w.mean(), rel=1e-5)
+        assert v["standard_error"] == pytest.approx(w.std(ddof=1) / np.sqrt(w.size), rel=1e-4)
+        assert v["p05"] == pytest.approx(np.quantile(w, 0.05), rel=1e-4)
+        assert v["p95"] == pytest.approx(np.quantile(w, 0.95), rel=1e-4)
+
+
+def test_spread_and_num_formats():
+    assert gn.num(0.22046) == "0.220"
+    assert gn.num(-0.152) == "−0.152"
+    assert gn.num(3.4e-15, 2) == "3.4e−15"
+    assert gn.num(None) == "—"
+    assert gn.spread([1.0, 2.0, None]) == "1.50 (1.00–2.00) [2 of 3]"
+    assert gn.spread([None, None]) == "—"
+    assert gn.spread([-1.0, 0.5]) == "−0.250 (−1.00 to 0.500)"
+
+
+def _two_seed_run():
+    """Two β, two seeds whose W2 minima lie at different times (the mean curve's minimum is
+    neither seed's)."""
+    t = np.linspace(0.0, 10.0, 11)
+    a = 0.5 + (t - 3.0) ** 2 / 50          # minimum 0.5 at t = 3
+    b = 0.2 + (t - 7.0) ** 2 / 50          # minimum 0.2 at t = 7
+    w2 = np.stack([np.stack([a, b]), np.stack([a + 0.1, b + 0.1])])  # (beta, seed, t)
+    mE = np.zeros((2, 2, t.size))
+    mV = np.zeros((2, 2, t.size))
+    mE[..., 1:5] = 0.5                     # a metastable phase …
+    mV[..., 6:] = 0.9                      # … ended at t = 6
+    ds = xr.Dataset({"w2_exact": (("beta", "seed", "t_w2"), w2),
+                     "mass_E": (("beta", "seed", "t"), mE), "mass_V": (("beta", "seed", "t"), mV)},
+                    coords={"beta": [10.0, 100.0], "seed": [0, 1], "t": t, "t_w2": t})
+    return {"metastable_mass": 0.1, "beta": None}, ds
+
+
+def test_concentration_per_seed_reads_each_seeds_curves():
+    from jaxdyn.experiments.concentration.summary import analyse, per_seed
+
+    cfg, ds = _two_seed_run()
+    ps = per_seed(cfg, ds)
+    assert ps["seed"] == [0, 1]
+    assert np.allclose(ps["min_w2"], [[0.5, 0.6], [0.2, 0.3]])
+    assert np.allclose(ps["argmin_t"], [[3.0, 3.0], [7.0, 7.0]])
+    assert np.allclose(ps["overtake_time"], 6.0)
+    sp = ps["spread"]["min_w2"][0]
+    assert (sp["mean"], sp["min"], sp["max"], sp["n"]) == pytest.approx((0.35, 0.2, 0.5, 2))
+    # the seed-averaged curve has its minimum elsewhere (t = 5), above the seeds' mean minimum
+    top = analyse(cfg, ds)
+    assert top["argmin_t"][0] == pytest.approx(5.0)
+    assert top["min_w2"][0] == pytest.approx(0.43)
+    assert top["min_w2"][0] > sp["mean"]
+    assert per_seed(cfg, ds.isel(seed=[0])) is None
