@@ -158,7 +158,7 @@ def num(x, digits=3) -> str:
     if x is None:
         return "—"
     x = float(x)
-    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+    if x != 0 and (abs(x) < 1e-4 or abs(x) >= 1e5):
         m, e = f"{x:.{max(digits - 1, 0)}e}".split("e")
         s = f"{m}e{int(e)}"
     else:
@@ -188,6 +188,10 @@ def spread(values, digits=3, of=None) -> str:
     Returns:
       The text ("—" when every value is None).
     """
+    vals = [x for x in values if x is not None]
+    big = max((abs(x) for x in vals), default=0.0)
+    # a value at rounding level next to the others' scale (a fit's slope through equal points)
+    values = [None if x is None else 0.0 if abs(x) < 1e-12 * big else x for x in values]
     s = stats(values)
     of = len(values) if of is None else of
     if s["n"] == 0:
@@ -243,6 +247,9 @@ def _conc_table(res) -> str:
             (f"max mass within {near}° of E", "max_mass_E"),
             ("t at which mass near E(V) overtakes mass near E (a metastable phase ended)", "overtake_time"),
             (f"final mass within {near}° of E(V)", "final_mass_V")]
+    if any(x is not None for seed in ps.get("overtake_time_flagged", []) for x in seed):
+        rows.insert(4, ("t at which mass near E(V) overtakes mass near E, flagged (no metastable "
+                        "phase before it)", "overtake_time_flagged"))
     if "max_mass_V_magnitude" in ps:
         rows.append((f"max mass within {near}° of V's magnitude-dominant eigenvector",
                      "max_mass_V_magnitude"))
@@ -256,7 +263,7 @@ def _conc_table(res) -> str:
 
 def _near_angle(res):
     m = re.search(r"^near_angle_deg:\s*([\d.]+)", res["meta"]["config"], re.M)
-    return num(float(m.group(1))) if m else "?"
+    return f"{float(m.group(1)):g}" if m else "?"
 
 
 def _conc_fit(name, what="slope"):

@@ -268,6 +268,9 @@ def per_seed(cfg, ds, angle_rad=None):
     out["max_mass_E"] = [[v["max_mass_E"] for v in tp] for tp in tps]
     # the overtake times the fit uses (a metastable phase ended); None where there is none
     out["overtake_time"] = [[v["overtake_time"] if v["in_fit"] else None for v in tp] for tp in tps]
+    # those reported but flagged (no metastable phase before them), left out of the fit
+    out["overtake_time_flagged"] = [[v["overtake_time"] if not v["in_fit"] else None for v in tp]
+                                    for tp in tps]
     out["final_mass_V"] = [[v["final_mass_V"] for v in tp] for tp in tps]
     if "conjecture_1_readings" in runs[0]:
         rd = [list(r["conjecture_1_readings"].values()) for r in runs]
