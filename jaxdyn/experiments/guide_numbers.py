@@ -6,7 +6,8 @@ A number a guide states from a measurement sits in a generated span,
 
 (a table on lines of its own, or a phrase inside a sentence), whose text is rendered from the
 result file ``docs/results/<folder>/<stem>.json``: ``what`` names one of the renderers of that
-file's ``kind`` (:data:`RENDERERS`). A result file holds the measurement's results and its
+file's ``kind`` (:data:`RENDERERS`); a stem ``bench-WORKLOAD`` names the benchmark suite's recorded
+result ``benchmarks/results/WORKLOAD/*.json`` (one machine kind). A result file holds the measurement's results and its
 provenance (``meta``: the command, the commit, which files under ``jaxdyn/`` and ``configs/``
 differed from it, the machine, wall and CPU seconds, the config). Numbers that move with the
 seed are rendered as distributions: the mean and the range over the seeds, or a mean with its
@@ -37,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 GUIDES = ("docs/guides", "docs")
 RESULTS = "docs/results"
+BENCH = "bench-"  # a span stem naming a benchmark workload (benchmarks/results/WORKLOAD/)
 SPAN = re.compile(r"(<!-- BEGIN GENERATED ([\w.-]+) -->)(.*?)(<!-- END GENERATED \2 -->)", re.S)
 
 
@@ -384,6 +386,22 @@ def _gaussian_blowup(res):
     return num(r["closure"]["blowup_time_relative_error"], 1) if "closure" in r else "—"
 
 
+def _bench_control_measure(res):
+    rows = {(r["impl"], r["n"]): r for r in res["result"]["rows"]}
+    n = max(r["n"] for r in res["result"]["rows"])
+    j, t = rows[("jaxdyn-flow", n)], rows[("torch-flow-ckpt", n)]
+    plain = rows.get(("torch-flow", n), {}).get("note", "")
+    m = res["machine"]
+    text = (f"N = {n}: {j['run_s']:.1f} s ({j['first_s']:.1f} s for the first call, compilation "
+            f"included) and {j['peak_rss_mb']:.0f} MB peak resident memory for jaxdyn's flow, "
+            f"against {t['run_s']:.1f} s and {t['peak_rss_mb']:.0f} MB for PyTorch autograd "
+            f"with a checkpoint per RK4 step")
+    if plain.startswith("skipped: "):
+        text += f" (plain autograd was {plain})"
+    return (text + f"; one run of each on {m['cpu_count']} CPU cores ({m['cpu_model']}), load "
+            f"{m['loadavg_start'][0]:.1f} at its start")
+
+
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
     "concentration": {
@@ -406,6 +424,7 @@ RENDERERS = {
         "wall": _reach_wall,
     },
     "gaussian": {"phase_blowup": _gaussian_phase_blowup, "blowup": _gaussian_blowup},
+    "benchmark": {"control_measure_gradient": _bench_control_measure},
 }
 
 
@@ -429,11 +448,15 @@ def render(key: str, root=ROOT, cache=None) -> str:
     stem, _, what = key.partition(".")
     cache = {} if cache is None else cache
     if stem not in cache:
-        hits = sorted((Path(root) / RESULTS).rglob(f"{stem}.json"))
+        hits = _result_files(stem, root)
         if len(hits) != 1:
-            raise KeyError(f"span {key!r}: {len(hits)} result files {stem}.json under {RESULTS}/")
+            raise KeyError(f"span {key!r}: {len(hits)} result files for {stem!r} (need one: "
+                           f"{RESULTS}/**/{stem}.json, or benchmarks/results/WORKLOAD/*.json "
+                           f"for bench-WORKLOAD)")
         res = json.loads(hits[0].read_text())
         res["_path"] = hits[0].relative_to(root).as_posix()
+        if stem.startswith(BENCH):
+            res["kind"] = "benchmark"
         cache[stem] = res
     res = cache[stem]
     kind = res.get("kind")
@@ -457,8 +480,14 @@ def guides(root=ROOT) -> list[Path]:
 def _ours(key, root=ROOT) -> bool:
     # a span of this module: its stem names a result file (other spans: the benchmarks
     # page's, the long-context guide's, are filled by their own tools)
-    stem = key.partition(".")[0]
-    return "." in key and any((Path(root) / RESULTS).rglob(f"{stem}.json"))
+    return "." in key and bool(_result_files(key.partition(".")[0], root))
+
+
+def _result_files(stem, root=ROOT) -> list[Path]:
+    # docs/results/**/<stem>.json; a benchmark's recorded result for bench-<workload>
+    if stem.startswith(BENCH):
+        return sorted((Path(root) / "benchmarks" / "results" / stem[len(BENCH):]).glob("*.json"))
+    return sorted((Path(root) / RESULTS).rglob(f"{stem}.json"))
 
 
 def generate(text: str, root=ROOT) -> str:
