@@ -681,6 +681,111 @@ def _cluster_lists(qc, kc, super_lists, super_counts, lo, eps, cap):
     return jax.lax.map(one, (qc, super_lists, super_counts), batch_size=min(nc, SELECT_BATCH))
 
 
+def _bcast(tree, axis):
+    return jax.tree.map(lambda a: jnp.expand_dims(a, axis), tree)
+
+
+def _crude_lists(qcv, kcv, crude, eps, capacity):
+    """The two crude levels of :func:`_select`: each query cluster's key clusters above ``crude``.
+
+    Returns:
+      ``(lists, counts, overflow, skipped)``: (ncq, cap) key clusters, their counts (at most
+      the slots), whether a list overflowed, and each query cluster's skipped bound.
+    """
+    ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
+    # super-clusters of SUPER clusters (the cluster arrays padded by repeating the last one:
+    # balls that still enclose every point; the padded key clusters hold no key)
+    nsq, nsk = -(-ncq // SUPER), -(-nck // SUPER)
+    qsv = _query_clusters(_edge_pad(qcv, nsq * SUPER), SUPER)
+    kcv_pad = _edge_pad(kcv, nsk * SUPER, empty=True)
+    ksv = _key_clusters(kcv_pad, SUPER)
+    bs = _bounds(_bcast(qsv, 1), _bcast(ksv, 0), eps)                    # (nsq, nsk)
+    keep_s = bs > crude
+    skipped_s = jnp.sum(jnp.where(keep_s, 0.0, ksv.count * jnp.exp(jnp.minimum(bs, 0.0))),
+                        axis=1)
+    idx_s, count_s = pack_lists(keep_s, jnp.broadcast_to(jnp.arange(nsk, dtype=jnp.int32),
+                                                         bs.shape), nsk)
+    per = jnp.arange(ncq) // SUPER                     # each query cluster's super-cluster
+    cap_c = min(nck, max(CAPACITY, capacity))
+    idx_c, count_c, skipped_m = _cluster_lists(qcv, kcv_pad, idx_s[per], count_s[per], crude,
+                                               eps, cap_c)
+    overflow_c = jnp.max(count_c) > cap_c
+    count_c = jnp.minimum(count_c, cap_c)
+    return idx_c, count_c, overflow_c, skipped_s[per] + skipped_m
+
+
+def _leaf_bounds(q, kc, s, *, kv, eps, group, arange):
+    """The key leaves of entry ``s`` of the cluster list ``kc`` against the query leaves ``q``.
+
+    Returns:
+      ``(leaves, bounds, masses)``: the key leaves (group,), their bounds (group, group) and
+      bounded masses.
+    """
+    leaves = (kc[s] * group + arange).astype(jnp.int32)
+    k = jax.tree.map(lambda a: a[leaves], kv)
+    b = _bounds(_bcast(q, 1), _bcast(k, 0), eps)                       # (G, G)
+    return leaves, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
+
+
+def _leaf_threshold(args, *, bounds_of, budget, m, arange, dtype):
+    """A query cluster's leaves' listing thresholds, from a histogram of their bounded masses.
+
+    Returns:
+      ``(threshold, above)``: per leaf, the bound above which it lists, and how many key
+      leaves lie in the bins from there up (at least as many as it lists).
+    """
+    q, kc, nc, sc = args                   # q: the cluster's leaves (group, ...)
+    group = arange.shape[0]
+    left = budget - sc
+    lo = jnp.log(left / m)                 # every key below it: at most ``left`` in all
+
+    def histogram(s, state):
+        hist, number = state
+        _, b, mass = bounds_of(q, kc, s)
+        bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
+        return (hist.at[arange[:, None], bins].add(mass),
+                number.at[arange[:, None], bins].add(1))
+
+    hist, number = jax.lax.fori_loop(
+        0, nc, histogram, (jnp.zeros((group, _BINS + 1), dtype),
+                           jnp.zeros((group, _BINS + 1), jnp.int32)))
+    # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
+    k = jnp.sum(jnp.cumsum(hist[:, :_BINS], axis=1) <= left, axis=1)
+    # the leaves of bins k and up: at least as many as the listing keeps
+    above = jnp.sum(jnp.where(jnp.arange(_BINS + 1) >= k[:, None], number, 0), axis=1)
+    return lo + k, above
+
+
+def _leaf_lists(cap, *, qg, idx_c, count_c, tau, bounds_of, capacity, dtype, batch):
+    """Every query leaf's key leaves above its threshold ``tau``, in ``cap`` slots padded to ``capacity``.
+
+    Returns:
+      ``(lists, counts, skipped, top)``: (nbq, capacity) key leaves; per query cluster and
+      leaf, the counts (may exceed ``cap``), the skipped bounds and the largest kept bounds.
+    """
+    ncq, group = tau.shape
+
+    def per_cluster(args):
+        q, kc, nc, t = args
+
+        def listing(s, state):
+            lists, count, skipped, top = state
+            leaves, b, mass = bounds_of(q, kc, s)
+            keep = b > t[:, None]
+            lists, count = _append(lists, count, keep, leaves, cap)
+            return (lists, count, skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
+                    jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
+
+        init = (jnp.zeros((group, cap), jnp.int32), jnp.zeros((group,), jnp.int32),
+                jnp.zeros((group,), dtype), jnp.full((group,), -jnp.inf, dtype))
+        return jax.lax.fori_loop(0, nc, listing, init)
+
+    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, tau),
+                                                 batch_size=batch)
+    lists = lists.reshape(ncq * group, cap)
+    return jnp.pad(lists, ((0, 0), (0, capacity - cap))), count_f, skipped_f, top
+
+
 def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
     """Every query leaf's list of key leaves, with the bounds of what it skips.
 
@@ -708,88 +813,21 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
       counts, the largest kept bound and the skipped bound of each leaf, whether a list
       overflowed, and the longest lists of key clusters and of key leaves.
     """
-    ncq, nck = qcv.centre.shape[0], kcv.nu.shape[0]
+    ncq = qcv.centre.shape[0]
     m = jnp.sum(kcv.count)
     crude = jnp.log(0.5 * budget / m)
-
-    def bcast(tree, axis):
-        return jax.tree.map(lambda a: jnp.expand_dims(a, axis), tree)
-
-    # super-clusters of SUPER clusters (the cluster arrays padded by repeating the last one:
-    # balls that still enclose every point; the padded key clusters hold no key)
-    nsq, nsk = -(-ncq // SUPER), -(-nck // SUPER)
-    qsv = _query_clusters(_edge_pad(qcv, nsq * SUPER), SUPER)
-    kcv_pad = _edge_pad(kcv, nsk * SUPER, empty=True)
-    ksv = _key_clusters(kcv_pad, SUPER)
-    bs = _bounds(bcast(qsv, 1), bcast(ksv, 0), eps)                      # (nsq, nsk)
-    keep_s = bs > crude
-    skipped_s = jnp.sum(jnp.where(keep_s, 0.0, ksv.count * jnp.exp(jnp.minimum(bs, 0.0))),
-                        axis=1)
-    idx_s, count_s = pack_lists(keep_s, jnp.broadcast_to(jnp.arange(nsk, dtype=jnp.int32),
-                                                         bs.shape), nsk)
-    per = jnp.arange(ncq) // SUPER                     # each query cluster's super-cluster
-    cap_c = min(nck, max(CAPACITY, capacity))
-    idx_c, count_c, skipped_m = _cluster_lists(qcv, kcv_pad, idx_s[per], count_s[per], crude,
-                                               eps, cap_c)
-    overflow_c = jnp.max(count_c) > cap_c
-    count_c = jnp.minimum(count_c, cap_c)
-    skipped_c = skipped_s[per] + skipped_m
+    idx_c, count_c, overflow_c, skipped_c = _crude_lists(qcv, kcv, crude, eps, capacity)
     arange = jnp.arange(group, dtype=jnp.int32)
-
+    bounds_of = functools.partial(_leaf_bounds, kv=kv, eps=eps, group=group, arange=arange)
     dtype = kcv.nu.dtype
-
-    def bounds_of(q, kc, s):
-        leaves = (kc[s] * group + arange).astype(jnp.int32)
-        k = jax.tree.map(lambda a: a[leaves], kv)
-        b = _bounds(bcast(q, 1), bcast(k, 0), eps)                     # (G, G)
-        return leaves, b, k.count * jnp.exp(jnp.minimum(b, 0.0))
-
-    def per_cluster(args):
-        q, kc, nc, sc = args                   # q: the cluster's leaves (group, ...)
-        left = budget - sc
-        lo = jnp.log(left / m)                 # every key below it: at most ``left`` in all
-
-        def histogram(s, state):
-            hist, number = state
-            _, b, mass = bounds_of(q, kc, s)
-            bins = jnp.clip(jnp.floor(b - lo), 0, _BINS).astype(jnp.int32)
-            return (hist.at[arange[:, None], bins].add(mass),
-                    number.at[arange[:, None], bins].add(1))
-
-        hist, number = jax.lax.fori_loop(
-            0, nc, histogram, (jnp.zeros((group, _BINS + 1), dtype),
-                               jnp.zeros((group, _BINS + 1), jnp.int32)))
-        # skip the bins 0 … k−1 (bounds below lo + k) for the largest k that fits
-        k = jnp.sum(jnp.cumsum(hist[:, :_BINS], axis=1) <= left, axis=1)
-        # the leaves of bins k and up: at least as many as the listing keeps
-        above = jnp.sum(jnp.where(jnp.arange(_BINS + 1) >= k[:, None], number, 0), axis=1)
-        return lo + k, above
-
     qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
     batch = min(ncq, SELECT_BATCH)
-    tau, above = jax.lax.map(per_cluster, (qg, idx_c, count_c, skipped_c), batch_size=batch)
-
-    def listed(cap):
-        def per_cluster(args):
-            q, kc, nc, t = args
-
-            def listing(s, state):
-                lists, count, skipped, top = state
-                leaves, b, mass = bounds_of(q, kc, s)
-                keep = b > t[:, None]
-                lists, count = _append(lists, count, keep, leaves, cap)
-                return (lists, count, skipped + jnp.sum(jnp.where(keep, 0.0, mass), axis=1),
-                        jnp.maximum(top, jnp.max(jnp.where(keep, b, -jnp.inf), axis=1)))
-
-            init = (jnp.zeros((group, cap), jnp.int32), jnp.zeros((group,), jnp.int32),
-                    jnp.zeros((group,), dtype), jnp.full((group,), -jnp.inf, dtype))
-            return jax.lax.fori_loop(0, nc, listing, init)
-
-        lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, tau),
-                                                     batch_size=batch)
-        lists = lists.reshape(ncq * group, cap)
-        return jnp.pad(lists, ((0, 0), (0, capacity - cap))), count_f, skipped_f, top
-
+    tau, above = jax.lax.map(
+        functools.partial(_leaf_threshold, bounds_of=bounds_of, budget=budget, m=m,
+                          arange=arange, dtype=dtype),
+        (qg, idx_c, count_c, skipped_c), batch_size=batch)
+    listed = functools.partial(_leaf_lists, qg=qg, idx_c=idx_c, count_c=count_c, tau=tau,
+                               bounds_of=bounds_of, capacity=capacity, dtype=dtype, batch=batch)
     # lists of ``CAPACITY`` slots where every list fits (the loops carry the lists: their
     # cost grows with the slots), else of ``capacity``
     short = min(capacity, CAPACITY)
@@ -865,6 +903,42 @@ def local_attention(q, k, v, *, qpos=None, kpos=None, tol=DEFAULT_TOL, leaf=LEAF
         lambda: _listed_attention(q, k, v, **kw))
 
 
+def _seeded_leaves(sq, sk, kvalid, qvalid, codes, locate, chunk, *, self_keys,
+                   keys_are_positions):
+    """The key and query leaves, with each query leaf's centre and row maxima from its seeds.
+
+    The seed leaves of a query leaf (its rows' largest logits over them bound the rows'
+    maxima from below): the key leaf at the place, in the key order (curve ``codes``), of
+    the direction q̂ of its first query (where its logits peak, when the keys are their own
+    positions), and under self-attention its own.
+
+    Returns:
+      ``(kv, qv, centre, m_row)``: the key leaves, the query leaves, (nbq, p) centres (the
+      first seed's ball centre) and (nbq, leaf) lower bounds of the row maxima.
+    """
+    nbq, leaf, _ = sq.shape
+    nbk = sk.shape[0]
+    seeds = []
+    if self_keys:
+        seeds.append(jnp.arange(nbq))
+    if keys_are_positions:
+        first = sq[:, 0, :]
+        rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
+        at = jnp.searchsorted(codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
+        seeds.append(jnp.minimum(at, nbk * leaf - 1) // leaf)
+    kv = _key_leaves(sk, kvalid)
+    centre = kv.ball.centre[seeds[0]]
+    m_row = _seed_pass(sq, sk, kvalid, centre, seeds[0], chunk)
+    for seed in seeds[1:]:
+        m_row = jnp.maximum(m_row, _seed_pass(sq, sk, kvalid, centre, seed, chunk))
+    # e_i = max_j (|k_j|² − |q̂_i − k_j|²) = 2 max_j q̂_i·k_j − |q̂_i|² over the seed leaf
+    rho = jnp.linalg.norm(sq, axis=-1)
+    safe = jnp.where(rho > 0, rho, 1.0)
+    e_row = jnp.where(rho > 0, 2.0 * (m_row + jnp.sum(sq * centre[:, None, :], -1)) / safe
+                      - jnp.sum((sq / safe[..., None]) ** 2, -1), 0.0)
+    return kv, _query_leaves(sq, centre, m_row, e_row, qvalid), centre, m_row
+
+
 def _listed_attention(q, k, v, *, qpos, kpos, tol, leaf, group, capacity, self_keys,
                       on_overflow, fallback, max_visited):
     """:func:`local_attention` after ``kernel="auto"``'s early answer: order, list, tiles."""
@@ -890,30 +964,10 @@ def _listed_attention(q, k, v, *, qpos, kpos, tol, leaf, group, capacity, self_k
     qvalid = ox.valid.reshape(nbq, leaf)
     sq = jax.lax.stop_gradient(qs)
     sk = jax.lax.stop_gradient(ks)
-    # the seed leaves of a query leaf (its rows' largest logits over them bound the rows'
-    # maxima from below): the key leaf at the place, in the key order, of the direction q̂ of
-    # its first query (where its logits peak, when the keys are their own positions), and
-    # under self-attention its own
-    seeds = []
-    if self_keys:
-        seeds.append(jnp.arange(nbq))
-    if keys_are_positions:
-        first = sq[:, 0, :]
-        rho1 = jnp.linalg.norm(first, axis=-1, keepdims=True)
-        at = jnp.searchsorted(oy.codes, locate(first / jnp.where(rho1 > 0, rho1, 1.0)))
-        seeds.append(jnp.minimum(at, nbk * leaf - 1) // leaf)
-    kv = _key_leaves(sk, kvalid)
-    centre = kv.ball.centre[seeds[0]]
     chunk = min(CHUNK, nbq)
-    m_row = _seed_pass(sq, sk, kvalid, centre, seeds[0], chunk)
-    for seed in seeds[1:]:
-        m_row = jnp.maximum(m_row, _seed_pass(sq, sk, kvalid, centre, seed, chunk))
-    # e_i = max_j (|k_j|² − |q̂_i − k_j|²) = 2 max_j q̂_i·k_j − |q̂_i|² over the seed leaf
-    rho = jnp.linalg.norm(sq, axis=-1)
-    safe = jnp.where(rho > 0, rho, 1.0)
-    e_row = jnp.where(rho > 0, 2.0 * (m_row + jnp.sum(sq * centre[:, None, :], -1)) / safe
-                      - jnp.sum((sq / safe[..., None]) ** 2, -1), 0.0)
-    qv = _query_leaves(sq, centre, m_row, e_row, qvalid)
+    kv, qv, centre, m_row = _seeded_leaves(sq, sk, kvalid, qvalid, oy.codes, locate, chunk,
+                                           self_keys=self_keys,
+                                           keys_are_positions=keys_are_positions)
     lists, counts, top, skipped, overflow, kept = _select(
         qv, kv, _query_clusters(qv, g), _key_clusters(kv, g), 0.5 * tol, eps, g, capacity, chunk)
     # a fixed reference m̃_i + (largest kept bound) where that keeps every weight a normal
