@@ -4,6 +4,8 @@ The slow cases: the Gaussian consistency with ``reach``, W2 against depth, and t
 optimised controls at a finer step.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 import jaxdyn
 from jaxdyn.control import (
+    MeasureControlOptions,
     default_controls,
     measure_control,
     measure_flow,
@@ -144,9 +147,9 @@ def test_measure_control_decreases_the_loss_and_reports_its_status():
     n = 24
     x0 = rng.standard_normal((n, 2))
     y = rng.standard_normal((n, 2)) * 0.5 + np.array([1.0, 0.0])
-    res = measure_control(x0, y, n_layers=2, model="euclidean", free=("A", "b", "V"),
-                          epsilon=0.05, adam_steps=10, lbfgs_steps=5, steps_per_layer=1,
-                          sinkhorn_threshold=1e-8)
+    opts = MeasureControlOptions(free=("A", "b", "V"), epsilon=0.05, adam_steps=10,
+                                 lbfgs_steps=5, steps_per_layer=1, sinkhorn_threshold=1e-8)
+    res = measure_control(x0, y, n_layers=2, model="euclidean", options=opts)
     hist = np.asarray(res.loss_history)
     assert np.isfinite(hist[0]) and res.loss < hist[0] / 3
     assert res.controls["A"].shape == (2, 2, 2) and res.xs.shape == (3, n, 2)
@@ -156,9 +159,8 @@ def test_measure_control_decreases_the_loss_and_reports_its_status():
     w2 = w2_exact(np.asarray(res.xs[-1]), y).value
     assert w2 < w2_exact(x0, y).value
     # the same problem with a non-finite start: reported, not raised
-    bad = measure_control(x0, y, n_layers=2, model="euclidean", free=("A", "b", "V"),
-                          init={"A": np.full((2, 2, 2), 1e200)}, epsilon=0.05, adam_steps=10,
-                          lbfgs_steps=5, steps_per_layer=1, sinkhorn_threshold=1e-8)
+    bad = measure_control(x0, y, n_layers=2, model="euclidean",
+                          options=dataclasses.replace(opts, init={"A": np.full((2, 2, 2), 1e200)}))
     assert bad.names == "nonfinite" and bad.status == jaxdyn.status_code("nonfinite")
 
 
@@ -169,7 +171,8 @@ def test_host_checks_name_the_argument():
         measure_control(x, x, n_layers=2, model="torus")
     u = _sphere(np.random.default_rng(0), 5)
     with pytest.raises(ValueError, match="free"):
-        measure_control(u, u, n_layers=2, model="sphere", free=("A",))
+        measure_control(u, u, n_layers=2, model="sphere",
+                        options=MeasureControlOptions(free=("A",)))
     with pytest.raises(ValueError, match="unit rows"):
         measure_control(x + 2.0, x + 2.0, n_layers=2, model="sphere")
     with pytest.raises(ValueError, match="target"):
@@ -211,9 +214,9 @@ def test_gaussian_particle_optimum_beats_transferred_reach_and_replays_on_the_mo
     init = {"Q": np.asarray(c["B"].values), "K": np.broadcast_to(np.eye(2), (pieces, 2, 2)),
             "V": np.asarray(c["V"].values), "A": np.asarray(c["A"].values),
             "b": np.asarray(c["b"].values)}
-    res = measure_control(x0, y, n_layers=pieces, model="euclidean", init=init, epsilon=0.005,
-                          adam_steps=0, lbfgs_steps=100, steps_per_layer=4,
-                          sinkhorn_threshold=1e-7)
+    opts = MeasureControlOptions(init=init, epsilon=0.005, adam_steps=0, lbfgs_steps=100,
+                                 steps_per_layer=4, sinkhorn_threshold=1e-7)
+    res = measure_control(x0, y, n_layers=pieces, model="euclidean", options=opts)
     w_opt = w2_exact(np.asarray(res.xs[-1]), y).value
     assert w_opt <= w_reach
     ms = solve_moments(np.zeros(2), np.eye(2), t1=1.0, **moment_controls(res.controls, t1=1.0))
@@ -241,13 +244,13 @@ def _depth_sweep(problem, layers, n=96):
     out, prev = {}, None
     for L in layers:
         s = max(2, 16 // L)  # 16 RK4 steps over [0, T] at least, 2 a layer at least
-        kw = dict(n_layers=L, model=model, epsilon=0.01, steps_per_layer=s, seed=0,
-                  lbfgs_steps=40, **cost)
+        kw = dict(epsilon=0.01, steps_per_layer=s, seed=0, lbfgs_steps=40, **cost)
         if prev is None:
-            r = measure_control(x0, y, epsilon_start=0.1, adam_steps=80, **kw)
+            opts = MeasureControlOptions(epsilon_start=0.1, adam_steps=80, **kw)
         else:
-            r = measure_control(x0, y, init=repeat_layers(prev, L // prev_L), epsilon_start=0.01,
-                                adam_steps=30, adam_lr=0.01, **kw)
+            opts = MeasureControlOptions(init=repeat_layers(prev, L // prev_L),
+                                         epsilon_start=0.01, adam_steps=30, adam_lr=0.01, **kw)
+        r = measure_control(x0, y, n_layers=L, model=model, options=opts)
         assert r.names in ("successful", "not_converged"), r.message
         prev, prev_L = r.controls, L
         same = measure_loss(r.controls, x0, y, model=model, epsilon=0.01, steps_per_layer=s,

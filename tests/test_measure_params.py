@@ -12,7 +12,8 @@ import pytest
 from scipy.special import logsumexp
 
 import jaxdyn
-from jaxdyn.control import default_controls, measure_control, measure_flow, measure_loss
+from jaxdyn.control import (MeasureControlOptions, default_controls, measure_control, measure_flow,
+                            measure_loss)
 from jaxdyn.control._measure import (
     INVALID,
     _divergence,
@@ -94,7 +95,9 @@ def test_diverged_over_relaxation_is_solved_again_without_it():
 _X = np.random.default_rng(1).standard_normal((6, 2))
 _U = np.c_[_X / np.linalg.norm(_X, axis=1, keepdims=True), np.zeros(6)]
 _C = default_controls("euclidean", 2, 1, jnp.float32)
-_FAST = dict(n_layers=1, adam_steps=1, lbfgs_steps=1)
+def _fast(**fields):
+    """Options of a one-step run (Adam, then L-BFGS), with ``fields`` set."""
+    return MeasureControlOptions(**dict(dict(adam_steps=1, lbfgs_steps=1), **fields))
 
 
 @pytest.mark.parametrize("name,call", [
@@ -110,13 +113,17 @@ _FAST = dict(n_layers=1, adam_steps=1, lbfgs_steps=1)
     ("steps_per_layer", lambda: measure_flow(_C, _X, steps_per_layer=2.5)),
     ("t1", lambda: measure_flow(_C, _X, t1=0.0)),
     ("q_block", lambda: measure_flow(_C, _X, q_block=0)),
-    ("cost_weight", lambda: measure_control(_X, _X, cost_weight=-5, **_FAST)),
-    ("gtol", lambda: measure_control(_X, _X, gtol=-1, **_FAST)),
-    ("init_scale", lambda: measure_control(_X, _X, init_scale=-1, **_FAST)),
-    ("k_block", lambda: measure_control(_X, _X, k_block=-4, **_FAST)),
-    ("t1", lambda: measure_control(_X, _X, t1=-1.0, **_FAST)),
-    ("free", lambda: measure_control(_U, _U, model="sphere", free="Z", **_FAST)),
-    ("x0", lambda: measure_control(_U * (1 + 1e-3), _U, model="sphere", **_FAST)),
+    ("cost_weight", lambda: measure_control(_X, _X, n_layers=1, options=_fast(cost_weight=-5))),
+    ("gtol", lambda: measure_control(_X, _X, n_layers=1, options=_fast(gtol=-1))),
+    ("init_scale", lambda: measure_control(_X, _X, n_layers=1, options=_fast(init_scale=-1))),
+    ("k_block", lambda: measure_control(_X, _X, n_layers=1, options=_fast(k_block=-4))),
+    ("t1", lambda: measure_control(_X, _X, n_layers=1, t1=-1.0, options=_fast())),
+    ("free", lambda: measure_control(_U, _U, n_layers=1, model="sphere",
+                                     options=_fast(free="Z"))),
+    ("x0", lambda: measure_control(_U * (1 + 1e-3), _U, n_layers=1, model="sphere",
+                                   options=_fast())),
+    # a keyword override is checked as the field it replaces
+    ("gtol", lambda: measure_control(_X, _X, n_layers=1, options=_fast(), gtol=-1)),
 ])
 def test_concrete_option_out_of_domain_is_named(name, call):
     """A concrete option out of its domain raises a ValueError naming it, before compute."""
@@ -124,6 +131,30 @@ def test_concrete_option_out_of_domain_is_named(name, call):
         call()
     if name == "x0":  # the largest deviation from the unit norm is given
         assert "1e-03" in str(err.value) or "0.001" in str(err.value)
+
+
+def test_keywords_override_the_options_fields():
+    """``options=`` is the settings; a keyword replaces that one field (the same run, bit for bit).
+
+    Keywords alone start from the defaults of :class:`MeasureControlOptions`; an unknown
+    keyword or options of another type are a TypeError.
+    """
+    x, y = _clouds(np.float64, n=6)
+    base = dict(adam_steps=2, lbfgs_steps=1, sinkhorn_max_iterations=500)
+    ref = measure_control(x, y, n_layers=1, options=MeasureControlOptions(seed=3, **base))
+    over = measure_control(x, y, n_layers=1, options=MeasureControlOptions(seed=0, **base),
+                           seed=3)
+    kw = measure_control(x, y, n_layers=1, seed=3, **base)
+    other = measure_control(x, y, n_layers=1, options=MeasureControlOptions(seed=0, **base))
+    for r in (over, kw):
+        np.testing.assert_array_equal(np.asarray(r.loss_history), np.asarray(ref.loss_history))
+        for k in ref.controls:
+            np.testing.assert_array_equal(np.asarray(r.controls[k]), np.asarray(ref.controls[k]))
+    assert not np.array_equal(np.asarray(other.controls["V"]), np.asarray(ref.controls["V"]))
+    with pytest.raises(TypeError, match="stepz"):
+        measure_control(x, y, n_layers=1, stepz=3)
+    with pytest.raises(TypeError, match="MeasureControlOptions"):
+        measure_control(x, y, n_layers=1, options=dict(seed=3))
 
 
 def test_single_free_name_is_one_weight():
@@ -156,8 +187,10 @@ def test_traced_option_out_of_domain_gives_nan():
 def test_traced_option_out_of_domain_gives_invalid_input():
     """measure_control under jit: a traced ε or T out of its domain is invalid_input, unrun."""
     x, y = _clouds(np.float32, n=6)
-    run = jax.jit(lambda e, t: measure_control(x, y, epsilon=e, t1=t, n_layers=1, adam_steps=0,
-                                               lbfgs_steps=0, sinkhorn_max_iterations=200))
+    run = jax.jit(lambda e, t: measure_control(
+        x, y, t1=t, n_layers=1,
+        options=MeasureControlOptions(epsilon=e, adam_steps=0, lbfgs_steps=0,
+                                      sinkhorn_max_iterations=200)))
     invalid = jaxdyn.status_code("invalid_input")
     for e, t in ((-1.0, 1.0), (0.05, -1.0)):
         res = run(e, t)
@@ -171,7 +204,8 @@ def test_traced_option_out_of_domain_gives_invalid_input():
 def test_traced_invalid_member_of_a_vmapped_measure_control():
     """Under vmap only the member with ε < 0 is invalid_input; its Adam steps are not taken."""
     x, y = _clouds(np.float32, n=6)
-    res = jax.vmap(lambda e: measure_control(x, y, epsilon=e, **_FAST))(jnp.array([0.05, -1.0]))
+    res = jax.vmap(lambda e: measure_control(x, y, n_layers=1, options=_fast(epsilon=e)))(
+        jnp.array([0.05, -1.0]))
     invalid = jaxdyn.status_code("invalid_input")
     assert int(res.status[0]) != invalid and int(res.status[1]) == invalid
     assert int(res.num_steps[1]) == 0 and np.isfinite(res.loss[0]) and np.isnan(res.loss[1])

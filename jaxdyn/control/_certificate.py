@@ -126,6 +126,76 @@ def _rotation_log(R):
     return 0.5 * (K - K.T)
 
 
+def _monge_phases(S0h, S1h, u0, w0):
+    """Full rank: ``[log T]``, T the Monge map of N(·, S0) to N(·, S1) (float64, host).
+
+    Returns:
+        The one phase's ``log T``, (d, d).
+
+    Raises:
+        ValueError: a Monge map that is not positive definite (internal).
+    """
+    # Σ0^{1/2} by sqrtm_psd; its inverse from Σ0's eigenpairs (all kept: full rank).
+    R0 = np.asarray(sqrtm_psd(jnp.asarray(S0h)), np.float64)
+    R0i = (u0 / np.sqrt(w0)) @ u0.T
+    C = np.asarray(sqrtm_psd(jnp.asarray(R0 @ S1h @ R0)), np.float64)
+    T = R0i @ C @ R0i
+    T = 0.5 * (T + T.T)
+    mu, v = np.linalg.eigh(T)
+    if mu[0] <= 0:  # pragma: no cover - T is SPD for full-rank Σ0, Σ1
+        raise ValueError(f"internal: Monge map not positive definite (min eigenvalue {mu[0]:.3e})")
+    return [(v * np.log(mu)) @ v.T]
+
+
+def _polar_phases(u0, w0, u1, w1, r):
+    """Rank r < d: ``[log P, log R]`` of the polar factors of ``G = R P`` (module doc).
+
+    Returns:
+        The two phases' logarithms, each (d, d).
+    """
+    L1 = u1[:, :r] * np.sqrt(w1[:r])
+    L0p = (u0[:, :r] / np.sqrt(w0[:r])).T
+    W0, W1 = u0[:, r:], u1[:, r:].copy()
+    G = L1 @ L0p + W1 @ W0.T
+    if np.linalg.det(G) < 0:
+        W1[:, 0] *= -1.0
+        G = L1 @ L0p + W1 @ W0.T
+    us, s, vt = np.linalg.svd(G)
+    logP = (vt.T * np.log(s)) @ vt
+    return [0.5 * (logP + logP.T), _rotation_log(us @ vt)]
+
+
+def _offset(phases, h, n, m0h, m1h):
+    """The flow map Φ(t1) of the phases and the constant offset b with ``m(t1) = m1``.
+
+    ``Φ(t1) = exp(X_last) … exp(X_first)`` (``X_k`` the log factor of phase k, each of
+    length h), ``J = ∫ Φ(t1) Φ(s)^{-1} ds``, ``b = J^{-1}(m1 − Φ m0)``.
+
+    Returns:
+        ``(Φ(t1), b on the n pieces (n, d), the mean's residual)``.
+    """
+    d = m0h.shape[0]
+    J = np.zeros((d, d))
+    Phi = np.eye(d)
+    for X in phases:
+        E, P1 = _phi1(X)
+        J = E @ J + h * P1
+        Phi = E @ Phi
+    rhs = m1h - Phi @ m0h
+    per = n // len(phases)
+    if np.linalg.cond(J) < 1e10:
+        bvec = np.linalg.solve(J, rhs)
+        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
+        bvals = np.repeat(bvec[None], n, axis=0)
+    else:  # pragma: no cover - b in the last phase only: J = h φ1(X_last), invertible
+        J = h * _phi1(phases[-1])[1]
+        bvec = np.linalg.solve(J, rhs)
+        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
+        bvals = np.zeros((n, d))
+        bvals[n - per:] = bvec
+    return Phi, bvals, mean_res
+
+
 def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
                 rank_rtol: Optional[float] = None, verify: bool = True,
                 rtol: Optional[float] = None, atol: Optional[float] = None) -> Certificate:
@@ -178,56 +248,17 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
     if r == d:
         construction = "monge"
         n = 1 if n_pieces is None else int(n_pieces)
-        # Σ0^{1/2} by sqrtm_psd; its inverse from Σ0's eigenpairs (all kept: full rank).
-        R0 = np.asarray(sqrtm_psd(jnp.asarray(S0h)), np.float64)
-        R0i = (u0 / np.sqrt(w0)) @ u0.T
-        C = np.asarray(sqrtm_psd(jnp.asarray(R0 @ S1h @ R0)), np.float64)
-        T = R0i @ C @ R0i
-        T = 0.5 * (T + T.T)
-        mu, v = np.linalg.eigh(T)
-        if mu[0] <= 0:  # pragma: no cover - T is SPD for full-rank Σ0, Σ1
-            raise ValueError(f"internal: Monge map not positive definite (min eigenvalue {mu[0]:.3e})")
-        logT = (v * np.log(mu)) @ v.T
-        G = (v * mu) @ v.T
-        phases = [logT]
+        phases = _monge_phases(S0h, S1h, u0, w0)
     else:
         construction = "polar"
         n = 2 if n_pieces is None else int(n_pieces)
         if n % 2:
             raise ValueError(f"n_pieces must be even for a rank-deficient certificate (two phases: "
                              f"log P then log R), got {n_pieces}")
-        L1 = u1[:, :r] * np.sqrt(w1[:r])
-        L0p = (u0[:, :r] / np.sqrt(w0[:r])).T
-        W0, W1 = u0[:, r:], u1[:, r:].copy()
-        G = L1 @ L0p + W1 @ W0.T
-        if np.linalg.det(G) < 0:
-            W1[:, 0] *= -1.0
-            G = L1 @ L0p + W1 @ W0.T
-        us, s, vt = np.linalg.svd(G)
-        Rot = us @ vt
-        logP = (vt.T * np.log(s)) @ vt
-        K = _rotation_log(Rot)
-        phases = [0.5 * (logP + logP.T), K]
-    # Φ(t1) = exp(X_last) … exp(X_first) with X_k = (log factor of phase k); J = Σ_k h …
+        phases = _polar_phases(u0, w0, u1, w1, r)
     h = t1 / len(phases)
-    J = np.zeros((d, d))
-    Phi = np.eye(d)
-    for X in phases:
-        E, P1 = _phi1(X)
-        J = E @ J + h * P1
-        Phi = E @ Phi
-    rhs = m1h - Phi @ m0h
     per = n // len(phases)
-    if np.linalg.cond(J) < 1e10:
-        bvec = np.linalg.solve(J, rhs)
-        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
-        bvals = np.repeat(bvec[None], n, axis=0)
-    else:  # pragma: no cover - b in the last phase only: J = h φ1(X_last), invertible
-        J = h * _phi1(phases[-1])[1]
-        bvec = np.linalg.solve(J, rhs)
-        mean_res = float(np.linalg.norm(Phi @ m0h + J @ bvec - m1h))
-        bvals = np.zeros((n, d))
-        bvals[n - per:] = bvec
+    Phi, bvals, mean_res = _offset(phases, h, n, m0h, m1h)
     cov_res = float(np.linalg.norm(Phi @ S0h @ Phi.T - S1h) / max(np.linalg.norm(S1h), 1e-300))
     Avals = np.concatenate([np.repeat((X / h)[None], per, axis=0) for X in phases], axis=0)
     energy = float(sum(h * np.sum((X / h) ** 2) for X in phases)

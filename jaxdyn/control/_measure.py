@@ -893,9 +893,13 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         n_layers: L, the layers (pieces of the controls), an integer >= 1.
         model: ``"sphere"`` (weights Q, K, V, β) or ``"euclidean"`` (Q, K, V, A, b).
         t1: the horizon T, finite and > 0.
-        options: a :class:`MeasureControlOptions` (default: its defaults).
+        options: a :class:`MeasureControlOptions`, the settings of the run (default: its
+            defaults): ``options=MeasureControlOptions(free=("V", "b"), epsilon=0.05)``.
         **settings: any field of :class:`MeasureControlOptions` by name (``free``,
-            ``epsilon``, ``adam_steps``, ``callback``, ...), overriding ``options``.
+            ``epsilon``, ``adam_steps``, ``callback``, ...), kept for scripts that pass
+            keywords. Precedence: a keyword replaces that field of ``options``
+            (``dataclasses.replace(options, **settings)``); the fields given neither way
+            take the defaults of :class:`MeasureControlOptions`.
 
     Returns:
         :class:`MeasureControlResult`.
@@ -916,19 +920,44 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
         raise TypeError(f"measure_control() takes options=MeasureControlOptions(...) and its "
                         f"fields as keywords; got options of type {type(options).__name__} "
                         f"and unknown keyword(s) {sorted(unknown)}")
-    o = dataclasses.replace(options or MeasureControlOptions(), **settings)
+    o = dataclasses.replace(options or MeasureControlOptions(), **settings)  # keywords win
     _check_model(model)
     ints = _checked_options(o)
+    x0, y, n_layers = _checked_problem(x0, target, n_layers, t1, model)
+    free = _free_names(o.free, model, FAMILIES[model])
+    if not free:
+        raise ValueError(f"free must name at least one weight of {FAMILIES[model]}, got "
+                         f"{free!r}")
+    args, static = _problem(o, ints, model, free, x0, y, n_layers, t1)
+    # under a transformation the loop cannot be watched: one segment each phase
+    traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
+    res = _optimise(args, static, float(t1) if not is_traced(t1) else math.nan,
+                    ints["segment_steps"], None if traced else o.callback, traced)
+    if o.throw:
+        if isinstance(res.loss, jax.core.Tracer):
+            res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
+        else:
+            raise_if_failed(res, "measure_control")
+    return res
+
+
+def _checked_problem(x0, target, n_layers, t1, model):
+    """The clouds (in one float dtype) and L, checked (a ValueError naming what is wrong).
+
+    Returns:
+        ``(x0, target, n_layers)``.
+    """
     x0 = _float(x0)
     _check_cloud("x0", x0, model)
     _check_cloud("target", target, model, x0.shape[1])
     y = jnp.asarray(target, x0.dtype)
     n_layers = check_integer("n_layers", n_layers, minimum=1, integral_floats=True)
     check_bounds("t1", t1, low=0.0, low_open=True, what=" (the horizon T)")
-    free = _free_names(o.free, model, FAMILIES[model])
-    if not free:
-        raise ValueError(f"free must name at least one weight of {FAMILIES[model]}, got "
-                         f"{free!r}")
+    return x0, y, n_layers
+
+
+def _problem(o, ints, model, free, x0, y, n_layers, t1):
+    """The optimiser's ``(args, static)``: the start and traced options, the static options."""
     dtype = x0.dtype
     full = _start_controls(o, model, free, ints["seed"], x0.shape[1], n_layers, dtype)
     eps_start = 10.0 * o.epsilon if o.epsilon_start is None else o.epsilon_start
@@ -941,16 +970,7 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
                   k_block=ints["k_block"],
                   sk=_sinkhorn_settings(x0.shape[0], y.shape[0], o.sinkhorn_threshold,
                                         ints["sinkhorn_max_iterations"]))
-    # under a transformation the loop cannot be watched: one segment each phase
-    traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
-    res = _optimise(args, static, float(t1) if not is_traced(t1) else math.nan,
-                    ints["segment_steps"], None if traced else o.callback, traced)
-    if o.throw:
-        if isinstance(res.loss, jax.core.Tracer):
-            res = eqx.tree_at(lambda r: r.loss, res, error_if_failed(res.loss, res.result))
-        else:
-            raise_if_failed(res, "measure_control")
-    return res
+    return args, static
 
 
 class _Setup:

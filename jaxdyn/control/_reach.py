@@ -430,6 +430,54 @@ def _summary(s: opt.State, verified, m1, S1, tol):
     return w2, w2_opt, w2_mean, w2_cov, from_codes(status)
 
 
+def _result(s, o, chk, traced, controls, energy, summary, run) -> ReachResult:
+    """The :class:`ReachResult` of the final state ``s``.
+
+    Args:
+        s: the optimiser's final state.
+        o: the :class:`ReachOptions`.
+        chk: the checked options (``free``, ``bounds``).
+        traced: whether the inputs were traced (the histories are then padded).
+        controls: the controls as :class:`~jaxdyn.models.Control`.
+        energy: their energy.
+        summary: ``(w2, w2_optimizer, w2_mean, w2_cov, result)`` (:func:`_summary`).
+        run: ``cert, rank, note, init_used, steps, refinements, changes, t_start, dtype``.
+
+    Returns:
+        The result (histories cut at the last iteration for concrete inputs).
+    """
+    w2, w2_opt, w2_mean, w2_cov, result = summary
+    dtype = run["dtype"]
+    steps, refinements, changes = run["steps"], run["refinements"], run["changes"]
+    cert, rank, note, init_used = run["cert"], run["rank"], run["note"], run["init_used"]
+    t_start = run["t_start"]
+    loss_h, w2_h = s.loss_history, s.w2_history
+    steps_h = np.full(loss_h.shape, int(o.steps_per_piece), np.int32)
+    if not traced:  # concrete: the histories end at the last iteration
+        n = int(s.it) + 1
+        loss_h, w2_h = (jnp.asarray(np.asarray(a)[:n]) for a in (loss_h, w2_h))
+        steps_h = steps_h[:n]
+        for c in changes:
+            steps_h[c:] *= 2
+    notes = f"init={init_used}" + (f"; {note}" if note else "")
+    return ReachResult(
+        controls=controls, w2=w2, w2_optimizer=w2_opt, w2_mean=w2_mean, w2_cov=w2_cov,
+        energy=energy, loss_history=loss_h, w2_history=w2_h,
+        energy_weight=jnp.asarray(o.energy_weight, dtype), energy_weight_final=s.lam,
+        result=result, certificate=cert,
+        stats={"iterations": s.it, "evaluations": s.evaluations, "rejected": s.rejected,
+               "seconds": jnp.asarray(np.nan if traced else time.perf_counter() - t_start),
+               "steps_per_piece": jnp.asarray(steps if o.solver is None else 0, jnp.int32),
+               "step_refinements": jnp.asarray(refinements, jnp.int32),
+               "step_backtracks": s.backtracks,
+               "step_coarsenings": jnp.zeros((), jnp.int32),
+               "steps_history": jnp.asarray(steps_h), "stop": s.stop},
+        rank=rank, free=chk["free"],
+        bounds=None if o.bound is None else tuple((k, c) for k, c in chk["bounds"].items()
+                                                   if k in chk["free"]),
+        tol=float(o.tol), notes=notes)
+
+
 def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachOptions] = None,
           **settings) -> ReachResult:
     r"""Optimise time-varying controls that steer ``N(m0, S0)`` to ``N(m1, S1)`` at ``t1``.
@@ -516,31 +564,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachO
     verified = _verify(controls, m0, S0, m1, S1, t1h) if o.verify else None
     w2, w2_opt, w2_mean, w2_cov, result = _summary(s, verified, m1, S1,
                                                    jnp.asarray(o.tol, dtype))
-    loss_h, w2_h = s.loss_history, s.w2_history
-    steps_h = np.full(loss_h.shape, int(o.steps_per_piece), np.int32)
-    if not traced:  # concrete: the histories end at the last iteration
-        n = int(s.it) + 1
-        loss_h, w2_h = (jnp.asarray(np.asarray(a)[:n]) for a in (loss_h, w2_h))
-        steps_h = steps_h[:n]
-        for c in changes:
-            steps_h[c:] *= 2
-    notes = f"init={init_used}" + (f"; {note}" if note else "")
-    out = ReachResult(
-        controls=controls, w2=w2, w2_optimizer=w2_opt, w2_mean=w2_mean, w2_cov=w2_cov,
-        energy=energy, loss_history=loss_h, w2_history=w2_h,
-        energy_weight=jnp.asarray(o.energy_weight, dtype), energy_weight_final=s.lam,
-        result=result, certificate=cert,
-        stats={"iterations": s.it, "evaluations": s.evaluations, "rejected": s.rejected,
-               "seconds": jnp.asarray(np.nan if traced else time.perf_counter() - t_start),
-               "steps_per_piece": jnp.asarray(steps if o.solver is None else 0, jnp.int32),
-               "step_refinements": jnp.asarray(refinements, jnp.int32),
-               "step_backtracks": s.backtracks,
-               "step_coarsenings": jnp.zeros((), jnp.int32),
-               "steps_history": jnp.asarray(steps_h), "stop": s.stop},
-        rank=rank, free=chk["free"],
-        bounds=None if o.bound is None else tuple((k, c) for k, c in chk["bounds"].items()
-                                                   if k in chk["free"]),
-        tol=float(o.tol), notes=notes)
+    out = _result(s, o, chk, traced, controls, energy, (w2, w2_opt, w2_mean, w2_cov, result),
+                  dict(cert=cert, rank=rank, note=note, init_used=init_used, steps=steps,
+                       refinements=refinements, changes=changes, t_start=t_start,
+                       dtype=dtype))
     if o.throw:
         if traced:
             out = eqx.tree_at(lambda r: r.w2, out, error_if_failed(out.w2, out.result))

@@ -168,7 +168,7 @@ def _optimise(pc, x0, y):
       The :class:`~jaxdyn.control.MeasureControlResult` at the point's depth.
     """
     from .. import progress
-    from ...control import measure_control, repeat_layers
+    from ...control import MeasureControlOptions, measure_control, repeat_layers
 
     ladder = depth_ladder(pc["n_layers"], pc["continuation"])
     # a depth's share of the chunk: its layers times its iterations (the cost of a step grows
@@ -177,18 +177,20 @@ def _optimise(pc, x0, y):
     prev, prev_L = None, None
     for i, L in enumerate(ladder):
         opts = _options(dict(pc, n_layers=L))
-        kw = dict(n_layers=L, free=free_of(pc), seed=pc["seed"], lbfgs_steps=pc["lbfgs_steps"],
-                  gtol=pc["gtol"], callback=_watcher(L, i, len(ladder), *_budgets(pc, i == 0)),
-                  **opts)
+        model, t1 = opts.pop("model"), opts.pop("t1")
+        common = dict(free=free_of(pc), seed=pc["seed"], lbfgs_steps=pc["lbfgs_steps"],
+                      gtol=pc["gtol"], callback=_watcher(L, i, len(ladder), *_budgets(pc, i == 0)),
+                      **opts)
         if prev is None:
-            res = measure_control(x0, y, init_scale=pc["init_scale"],
-                                  epsilon_start=pc["epsilon_start"], adam_steps=pc["adam_steps"],
-                                  adam_lr=pc["adam_lr"], **kw)
+            o = MeasureControlOptions(init_scale=pc["init_scale"],
+                                      epsilon_start=pc["epsilon_start"],
+                                      adam_steps=pc["adam_steps"], adam_lr=pc["adam_lr"], **common)
         else:
-            res = measure_control(x0, y, init=repeat_layers(prev, L // prev_L),
-                                  epsilon_start=pc["epsilon"],
-                                  adam_steps=pc["continuation_adam_steps"],
-                                  adam_lr=pc["adam_lr"] / 5, **kw)
+            o = MeasureControlOptions(init=repeat_layers(prev, L // prev_L),
+                                      epsilon_start=pc["epsilon"],
+                                      adam_steps=pc["continuation_adam_steps"],
+                                      adam_lr=pc["adam_lr"] / 5, **common)
+        res = measure_control(x0, y, n_layers=L, model=model, t1=t1, options=o)
         prev, prev_L = {k: res.controls[k] for k in free_of(pc)}, L
         prev.update({k: v for k, v in res.controls.items() if k not in prev})
     return jax.block_until_ready(res)
