@@ -93,6 +93,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     t0, c0 = time.perf_counter(), time.process_time()
+    cmd = (f"python -m jaxdyn.experiments.reachability.depth --seeds {a.seeds} --n {a.n} "
+           + "".join(f"--problem {q} " for q in a.problem or []) + f"--out {a.out}")
     res = {}
     for problem in a.problem or list(TARGETS):
         res[problem] = {"n": a.n, "layers": list(LAYERS), "seeds": []}
@@ -103,12 +105,11 @@ def main(argv=None) -> None:
             res[problem]["seeds"].append(out)
             print(problem, s, [round(r["w2"], 4) for r in out["rows"]], f"{out['seconds']:.0f} s",
                   flush=True)
-    cmd = (f"python -m jaxdyn.experiments.reachability.depth --seeds {a.seeds} --n {a.n} "
-           + "".join(f"--problem {q} " for q in a.problem or []) + f"--out {a.out}")
-    write_result(a.out, {"kind": "control_depth", "name": "control_depth",
-                         "meta": provenance(cmd, wall_seconds=time.perf_counter() - t0,
-                                            cpu_seconds=time.process_time() - c0),
-                         "results": res})
+            # written after every seed: an interrupted run keeps the seeds it finished
+            write_result(a.out, {"kind": "control_depth", "name": "control_depth",
+                                 "meta": provenance(cmd, wall_seconds=time.perf_counter() - t0,
+                                                    cpu_seconds=time.process_time() - c0),
+                                 "results": res})
 
 
 if __name__ == "__main__":

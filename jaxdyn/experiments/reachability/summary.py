@@ -92,6 +92,11 @@ def summarize(cfg, ds):
             "particle_w2_bures_moments": [finite_or_none(x) for x in pb],
             "particle_w2_bures_moments_exact_start": [
                 finite_or_none(x) for x in ds["particle_w2_bures_exact_start"].isel(sel).values],
+            "repeats": cfg["transfer"]["repeats"],
+            # the smallest and largest over the repeats, where the run recorded them
+            **{f"particle_w2_bures_moments_exact_start_{e}": [
+                finite_or_none(x) for x in ds[f"particle_w2_bures_exact_start_{e}"].isel(sel).values]
+               for e in ("min", "max") if f"particle_w2_bures_exact_start_{e}" in ds},
             "particle_w2_exact_vs_target_sample": [finite_or_none(x) for x in ds["particle_w2_exact"].isel(sel).values],
             "sampling_floor_exact": [finite_or_none(x) for x in ds["particle_w2_floor"].isel(sel).values],
             "initial_cloud_w2_bures": [finite_or_none(x) for x in ds["particle_w2_initial"].isel(sel).values],
