@@ -23,15 +23,19 @@ def figure_points(cfg, ds):
 
 def plot(cfg, ds, out_dir):
     """Draw the ``reachability`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
-    plt = plots.pyplot()
     out_dir = Path(out_dir)
-    figs = []
     pts = figure_points(cfg, ds)
+    figs = [_covariance(cfg, ds, pts, out_dir), _loss(cfg, ds, out_dir), _controls(cfg, ds, pts, out_dir)]
+    transfer = _transfer(cfg, ds, out_dir)
+    return figs + ([transfer] if transfer is not None else [])
+
+
+def _covariance(cfg, ds, pts, out_dir):
+    """N(m(t), Σ(t)) along the optimised controls, one panel per mode (the first target)."""
+    plt = plots.pyplot()
     ts = ds["t"].values
     modes = list(pts)
     d_first = int(label_of(cfg, next(iter(pts.values()))[0], "d"))
-
-    # 1. covariance along the way
     # eigenvalue panels (d > 2) share their axis: the targets are comparable across modes
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 4.0), squeeze=False,
                              sharey=all(int(label_of(cfg, pts[m][0], "d")) > 2 for m in modes),
@@ -72,9 +76,12 @@ def plot(cfg, ds, out_dir):
             ax.legend(fontsize=7)
     fig.suptitle(f"{cfg['name']}: N(m(t), Σ(t)) along the optimised controls"
                  + (" (2σ ellipses, colour = t)" if d_first == 2 else ""))
-    figs.append(plots.save(fig, out_dir / "covariance.png"))
+    return plots.save(fig, out_dir / "covariance.png")
 
-    # 2. loss curves
+
+def _loss(cfg, ds, out_dir):
+    """W2 at t1 against the optimiser's iterations, every target."""
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colors = {m: plt.get_cmap("tab10")(i) for i, m in enumerate(sorted(groups(cfg, ds).keys()))}
     done = set()
@@ -92,9 +99,13 @@ def plot(cfg, ds, out_dir):
     ax.set_title(f"{cfg['name']}: optimisation, every target")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    figs.append(plots.save(fig, out_dir / "loss.png"))
+    return plots.save(fig, out_dir / "loss.png")
 
-    # 3. control profiles
+
+def _controls(cfg, ds, pts, out_dir):
+    """The Frobenius norm of each control against t, one panel per mode (the first target)."""
+    plt = plots.pyplot()
+    modes = list(pts)
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False,
                              sharey=True)
     for ax, mode in zip(axes[0], modes):
@@ -118,47 +129,50 @@ def plot(cfg, ds, out_dir):
     axes[0][0].set_ylabel("Frobenius norm")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{cfg['name']}: control profiles (first target)")
-    figs.append(plots.save(fig, out_dir / "controls.png"))
+    return plots.save(fig, out_dir / "controls.png")
 
-    # 4. transfer
+
+def _transfer(cfg, ds, out_dir):
+    """W2 of the transferred controls against N and against L; None without a transferred point."""
+    plt = plots.pyplot()
     tr_pts = [(labels, sel) for labels, sel in iter_points(ds)
               if np.any(np.isfinite(ds["particle_w2_bures"].isel(sel).values))]
-    if tr_pts:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        Ns = ds["n_particles"].values
-        Ls = ds["layers"].values
-        for i, (labels, sel) in enumerate(tr_pts):
-            c = plt.get_cmap("tab10")(i)
-            lab = f"{label_of(cfg, labels, 'mode')}, seed {label_of(cfg, labels, 'seed')}"
-            a1.plot(Ns, ds["particle_w2_bures"].isel(sel).values, "o-", color=c,
-                    label=f"{lab}: Bures(moments)")
-            a1.plot(Ns, ds["particle_w2_bures_exact_start"].isel(sel).values, "d-.", color=c,
-                    label=f"{lab}: Bures(moments), start with exact moments")
-            ex = ds["particle_w2_exact"].isel(sel).values
-            if np.any(np.isfinite(ex)):
-                a1.plot(Ns, ex, "s--", color=c, label=f"{lab}: exact vs sample")
-            a2.plot(Ls, ds["layer_w2_bures"].isel(sel).values, "o-", color=c,
-                    label=f"{lab}: Bures(moments) to target")
-            a2.axhline(float(ds["layer_limit_w2_bures"].isel(sel)), color=c, ls=":", lw=1.0,
-                       label=f"{lab}: continuous time, same x0")
-            a2.plot(Ls, ds["layer_w2_gap"].isel(sel).values, "^--", color=c, lw=1.0,
-                    label=rf"{lab}: RMS $|x_L - x(t_1)|$ (layers vs continuous)")
-        sel0 = tr_pts[0][1]
-        fl = ds["particle_w2_floor"].isel(sel0).values
-        if np.any(np.isfinite(fl)):
-            a1.plot(Ns, fl, "k:", label="exact: two target samples (floor)")
-        a1.plot(Ns, ds["particle_w2_initial"].isel(sel0).values, "k-.", lw=0.8,
-                label="initial cloud vs N(m0, S0) (Bures)")
-        for a in (a1, a2):
-            a.set_xscale("log")
-            a.set_yscale("log")
-            a.grid(alpha=0.3)
-            a.legend(fontsize=6)
-        a1.set_xlabel("N (particles)")
-        a1.set_ylabel("W2 to the target at t1")
-        a1.set_title("continuous-time particles (RK4)")
-        a2.set_xlabel("L (layers, one Euler step each)")
-        a2.set_title(f"L-layer transformer, N = {cfg['transfer']['layer_n']}")
-        fig.suptitle(f"{cfg['name']}: transfer of the optimised controls")
-        figs.append(plots.save(fig, out_dir / "transfer.png"))
-    return figs
+    if not tr_pts:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    Ns = ds["n_particles"].values
+    Ls = ds["layers"].values
+    for i, (labels, sel) in enumerate(tr_pts):
+        c = plt.get_cmap("tab10")(i)
+        lab = f"{label_of(cfg, labels, 'mode')}, seed {label_of(cfg, labels, 'seed')}"
+        a1.plot(Ns, ds["particle_w2_bures"].isel(sel).values, "o-", color=c,
+                label=f"{lab}: Bures(moments)")
+        a1.plot(Ns, ds["particle_w2_bures_exact_start"].isel(sel).values, "d-.", color=c,
+                label=f"{lab}: Bures(moments), start with exact moments")
+        ex = ds["particle_w2_exact"].isel(sel).values
+        if np.any(np.isfinite(ex)):
+            a1.plot(Ns, ex, "s--", color=c, label=f"{lab}: exact vs sample")
+        a2.plot(Ls, ds["layer_w2_bures"].isel(sel).values, "o-", color=c,
+                label=f"{lab}: Bures(moments) to target")
+        a2.axhline(float(ds["layer_limit_w2_bures"].isel(sel)), color=c, ls=":", lw=1.0,
+                   label=f"{lab}: continuous time, same x0")
+        a2.plot(Ls, ds["layer_w2_gap"].isel(sel).values, "^--", color=c, lw=1.0,
+                label=rf"{lab}: RMS $|x_L - x(t_1)|$ (layers vs continuous)")
+    sel0 = tr_pts[0][1]
+    fl = ds["particle_w2_floor"].isel(sel0).values
+    if np.any(np.isfinite(fl)):
+        a1.plot(Ns, fl, "k:", label="exact: two target samples (floor)")
+    a1.plot(Ns, ds["particle_w2_initial"].isel(sel0).values, "k-.", lw=0.8,
+            label="initial cloud vs N(m0, S0) (Bures)")
+    for a in (a1, a2):
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=6)
+    a1.set_xlabel("N (particles)")
+    a1.set_ylabel("W2 to the target at t1")
+    a1.set_title("continuous-time particles (RK4)")
+    a2.set_xlabel("L (layers, one Euler step each)")
+    a2.set_title(f"L-layer transformer, N = {cfg['transfer']['layer_n']}")
+    fig.suptitle(f"{cfg['name']}: transfer of the optimised controls")
+    return plots.save(fig, out_dir / "transfer.png")
