@@ -341,34 +341,59 @@ def _reach_rows(res):
     return {m["mode"]: m for m in res["results"]["modes"]}
 
 
+def _median_range(values, digits=2) -> str:
+    """"median (min–max)" of the values that are not None."""
+    v = sorted(float(x) for x in values if x is not None)
+    if not v:
+        return "—"
+    k = len(v)
+    med = v[k // 2] if k % 2 else 0.5 * (v[k // 2 - 1] + v[k // 2])
+    return f"{num(med, digits)} ({num(v[0], digits)}–{num(v[-1], digits)})"
+
+
 def _reach_cell(mode):
     def render(res):
-        m = _reach_rows(res)[mode]
-        pt = m["per_target"]
-        reached = sum(pt["reached"])
-        cell = f"{reached}/{len(pt['reached'])}, W2 {spread(pt['w2'], 2)}"
+        pt = _reach_rows(res)[mode]["per_target"]
+        cell = f"{sum(pt['reached'])}/{len(pt['reached'])}, W2 {_median_range(pt['w2'])}"
         if mode in ("all", "energy"):
-            cell += f", energy {spread(pt['energy_ratio_to_certificate'], 2)} × certificate"
+            cell += f", energy {_median_range(pt['energy_ratio_to_certificate'])} × certificate"
         return cell
     return render
 
 
 def _reach_certificate(res):
     vals = [x for m in res["results"]["modes"] for x in m["per_target"]["certificate_w2"]]
-    return f"{num(stats(vals)['max'], 2)} (largest over {len(vals)} solves)"
+    return f"{num(stats(vals)['max'], 2)} at most over its {len(vals)} solves"
+
+
+def _attention_transfer(res):
+    return [t for t in res["results"]["transfer"] if t["mode"] == "attention"][0]
 
 
 def _reach_transfer(res):
-    tr = [t for t in res["results"]["transfer"] if t["mode"] == "attention"][0]
-    return ", ".join(num(x, 2) for x in tr["particle_w2_bures_moments_exact_start"]) + \
-        " for N = " + ", ".join(str(n) for n in tr["n_particles"])
+    tr = _attention_transfer(res)
+    key = "particle_w2_bures_moments_exact_start"
+    lo, hi = tr.get(f"{key}_min"), tr.get(f"{key}_max")
+    cells = [num(m, 2) + (f" ({num(a, 2)}–{num(b, 2)})" if lo else "")
+             for m, a, b in zip(tr[key], lo or tr[key], hi or tr[key])]
+    return (", ".join(cells) + " for N = " + ", ".join(str(n) for n in tr["n_particles"])
+            + f" (mean (range) over {tr['repeats']} draws)")
 
 
 def _reach_layers(res):
-    tr = [t for t in res["results"]["transfer"] if t["mode"] == "attention"][0]
+    tr = _attention_transfer(res)
     g = tr["layer_rms_gap_to_continuous"]
-    return (f"RMS gap {num(g[0], 2)} → {num(g[-1], 2)} for L = {tr['layers'][0]} → "
-            f"{tr['layers'][-1]}")
+    ok = [(L, x) for L, x in zip(tr["layers"], g) if x is not None and x > 0]
+    order = -_slope([math.log(L) for L, _ in ok], [math.log(x) for _, x in ok])
+    return (f"order {num(order, 2)} (least squares in log–log; RMS gap {num(g[0], 2)} → "
+            f"{num(g[-1], 2)} for L = {tr['layers'][0]} → {tr['layers'][-1]}, one draw of "
+            f"{tr['layer_n']} particles)")
+
+
+def _slope(x, y) -> float:
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
 
 
 def _reach_wall(res):
@@ -402,6 +427,20 @@ def _bench_control_measure(res):
             f"{m['loadavg_start'][0]:.1f} at its start")
 
 
+def _corollary(config, what):
+    def render(res):
+        r = res["results"][config]
+        return f"**{spread(r[what], 2)}**"
+    return render
+
+
+def _corollary_setup(res):
+    r = next(iter(res["results"].values()))
+    t0, t1 = r["t_fit"]
+    return (f"N = {r['n']}, {len(r['seed'])} seeds, fitted on t ∈ [{t0:g}, {t1:g}]; "
+            f"{_seconds(res['meta']['wall_seconds'])} of wall time for both weights")
+
+
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
     "concentration": {
@@ -425,6 +464,11 @@ RENDERERS = {
     },
     "gaussian": {"phase_blowup": _gaussian_phase_blowup, "blowup": _gaussian_blowup},
     "benchmark": {"control_measure_gradient": _bench_control_measure},
+    "corollary_2": {
+        "setup": _corollary_setup,
+        **{f"{w}_{c}": _corollary(c, w) for w in ("w2_rate", "angle_rate")
+           for c in ("concentration_s2", "concentration_no_metastability")},
+    },
 }
 
 
@@ -472,15 +516,16 @@ def guides(root=ROOT) -> list[Path]:
     out = []
     for folder in GUIDES:
         for p in sorted((Path(root) / folder).glob("*.md")):
-            if any(_ours(m.group(2), root) for m in SPAN.finditer(p.read_text())):
+            if any(_ours(m.group(2)) for m in SPAN.finditer(p.read_text())):
                 out.append(p)
     return out
 
 
-def _ours(key, root=ROOT) -> bool:
-    # a span of this module: its stem names a result file (other spans: the benchmarks
-    # page's, the long-context guide's, are filled by their own tools)
-    return "." in key and bool(_result_files(key.partition(".")[0], root))
+def _ours(key) -> bool:
+    # a span of this module has a dotted name, stem.what (the benchmarks page's and the
+    # long-context guide's spans, filled by their own tools, have none); a span whose result
+    # file is missing is an error when it is rendered, never skipped
+    return "." in key
 
 
 def _result_files(stem, root=ROOT) -> list[Path]:
@@ -496,7 +541,7 @@ def generate(text: str, root=ROOT) -> str:
 
     def fill(m):
         key = m.group(2)
-        if not _ours(key, root):
+        if not _ours(key):
             return m.group(0)
         body = render(key, root, cache)
         if m.group(3).startswith("\n"):  # a block span: its text on lines of its own
