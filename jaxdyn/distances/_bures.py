@@ -133,6 +133,8 @@ def _gaussians_problem(m0, S0, m1, S1):
                     f"same d, got {mname}: {m.shape}, {sname}: {c.shape}")
     if m0.shape[-1] != m1.shape[-1]:
         return f"m0 and m1 must have the same d, got {m0.shape} and {m1.shape}"
+    if m0.shape[-1] == 0:
+        return f"m0 and m1 must have dimension d >= 1, got shapes {m0.shape} and {m1.shape}"
     for name, c in (("S0", S0), ("S1", S1)):
         if isinstance(c, jax.core.Tracer):
             continue  # a traced covariance: its negative eigenvalues are clipped to 0
@@ -189,8 +191,10 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
         W2^2, shape (...) (the inputs' batch shapes broadcast); NaN where an input is NaN.
 
     Raises:
-        ValueError: if the shapes are not (..., d) and (..., d, d) with one d, or a concrete
-            covariance is not symmetric PSD.
+        ValueError: if the shapes are not (..., d) and (..., d, d) with one d (d >= 1), or a
+            concrete covariance is not symmetric PSD.
+
+    An input of a complex dtype is refused by a TypeError naming it.
 
     Warns:
         UserWarning: float16 or bfloat16 input (computed in float32).
@@ -205,7 +209,7 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
 
 def _gaussians(m0, S0, m1, S1, fn):
     """The four inputs as JAX arrays of a float dtype (half precision widened, with a warning)."""
-    arrays = [_as_float_array(a) for a in (m0, S0, m1, S1)]
+    arrays = [_as_float_array(a, n) for a, n in zip((m0, S0, m1, S1), ("m0", "S0", "m1", "S1"))]
     return widen_half(arrays, fn)
 
 
@@ -306,6 +310,8 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
 
     Raises:
         ValueError: the shape and covariance errors of :func:`bures_w2_squared`.
+
+    An input of a complex dtype is refused by a TypeError naming it.
 
     Warns:
         UserWarning: float16 or bfloat16 input (computed in float32).

@@ -19,14 +19,34 @@ def _shape(a):
     return shape
 
 
+def _dtype_problem(name: str, a) -> Optional[str]:
+    """What is wrong with the dtype of ``a``: a complex dtype would lose its imaginary part.
+
+    Returns:
+        The message, or None where ``a`` holds real numbers (integer, boolean, real float).
+    """
+    dtype = getattr(a, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(a).dtype
+        except ValueError:  # ragged: the shape check speaks
+            return None
+    if jnp.issubdtype(dtype, jnp.complexfloating) or not (
+            jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        return f"{name} must hold real numbers, got dtype {dtype}"
+    return None
+
+
 def _cloud_problem(name: str, a) -> Optional[str]:
-    """What is wrong with the point cloud ``a`` (None if it is an (N, d) cloud, N >= 1)."""
+    """What is wrong with the point cloud ``a`` (None if it is a real (N, d) cloud, N, d >= 1)."""
     shape = _shape(a)
     if shape is None or len(shape) != 2:
         return f"{name} must be a point cloud of shape (N, d), got shape {shape}"
     if shape[0] == 0:
         return f"{name} must hold at least one point, got shape {shape}"
-    return None
+    if shape[1] == 0:
+        return f"{name} must have points of dimension d >= 1, got shape {shape}"
+    return _dtype_problem(name, a)
 
 
 def pair_problem(x, y, *, same_size: bool) -> Optional[str]:
@@ -45,8 +65,18 @@ def pair_problem(x, y, *, same_size: bool) -> Optional[str]:
     return None
 
 
-def _as_float_array(a):
-    """``a`` as a JAX array of a float dtype (integers take the default float)."""
+def _as_float_array(a, name: str):
+    """``a`` as a JAX array of a float dtype (integers take the default float).
+
+    Returns:
+        The JAX array.
+
+    Raises:
+        TypeError: naming the argument, for a complex (or non-numeric) dtype.
+    """
+    problem = _dtype_problem(name, a)
+    if problem:
+        raise TypeError(problem)
     a = jnp.asarray(a)
     if not jnp.issubdtype(a.dtype, jnp.floating):
         a = a.astype(jnp.result_type(float))

@@ -60,7 +60,8 @@ def w2_exact(x: Float[Array, "n d"], y: Float[Array, "n d"]) -> W2Solution:
         entry.
 
     Raises:
-        ValueError: if x or y is not (N, d), or if the sizes or dimensions differ.
+        ValueError: if x or y is not (N, d) (N, d >= 1) or holds complex numbers, or if the
+            sizes or dimensions differ.
         TypeError: if x or y is traced (under ``jit``, ``vmap`` or ``grad``).
     """
     from scipy.optimize import linear_sum_assignment
@@ -124,16 +125,21 @@ def w2_coupling(x: Float[Array, "... n d"], y: Float[Array, "... n d"]) -> W2Sol
         is C, ``divergence`` C^2; ``result`` is ``nonfinite`` where C is not finite.
 
     Raises:
-        ValueError: if x or y is not (..., N, d) or their (N, d) differ.
+        ValueError: if x or y is not (..., N, d) with N, d >= 1, or their (N, d) differ.
+
+    A complex x or y is refused by a TypeError naming it.
 
     Warns:
         UserWarning: float16 or bfloat16 input (computed in float32).
     """
-    x, y = widen_half([_as_float_array(x), _as_float_array(y)], "w2_coupling")
+    x, y = widen_half([_as_float_array(x, "x"), _as_float_array(y, "y")], "w2_coupling")
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError(
             f"x and y must be point clouds of shape (..., N, d), got shapes {x.shape} and {y.shape}"
         )
+    if 0 in x.shape[-2:] or 0 in y.shape[-2:]:
+        raise ValueError(f"x and y must hold at least one point of dimension d >= 1, got "
+                         f"shapes {x.shape} and {y.shape}")
     if x.shape[-2:] != y.shape[-2:]:
         raise ValueError(
             f"x and y must be paired clouds with the same (N, d), got shapes {x.shape} and {y.shape}"

@@ -320,8 +320,9 @@ def w2_sinkhorn(
         ``kernel_density``.
 
     Raises:
-        ValueError: if x or y is not (N, d) / (M, d) with one d, or an option is out of its
-            range (concrete values), or ``multiscale=True`` with traced clouds.
+        ValueError: if x or y is not (N, d) / (M, d) with one d (N, M, d >= 1) or holds
+            complex numbers, or an option is out of its range (concrete values), or
+            ``multiscale=True`` with traced clouds.
 
     Warns:
         UserWarning: a concrete fixed ``epsilon`` whose bias bound ε·log max(N, M) reaches
@@ -331,7 +332,7 @@ def w2_sinkhorn(
     problem = pair_problem(x, y, same_size=False)
     if problem:
         raise ValueError(problem)
-    x = _as_float_array(x)
+    x = _as_float_array(x, "x")
     x, y = widen_half([x, jnp.asarray(y, dtype=x.dtype)], "w2_sinkhorn")
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     if multiscale not in ("auto", True, False):

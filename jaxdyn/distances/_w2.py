@@ -49,7 +49,7 @@ def w2(x: Float[Array, "n d"], y: Float[Array, "m d"], method: str = "exact", **
 
     Raises:
         ValueError: an unknown method, options for a method that takes none, or clouds of
-            the wrong shapes.
+            the wrong shapes (N, d >= 1) or of a complex dtype.
     """
     if method not in METHODS:
         raise ValueError(f"method must be 'exact', 'sinkhorn' or 'coupling', got {method!r}")

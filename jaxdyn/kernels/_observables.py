@@ -71,12 +71,16 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
       :class:`WeightStats`.
 
     Raises:
-      ValueError: shapes that disagree, blocks below 1, an unknown ``logits``, ``B`` with
-        ``logits="distance"``, or a concrete ``beta`` that is negative or not finite.
+      ValueError: shapes that disagree or hold no point, blocks below 1, an unknown
+        ``logits``, ``B`` with ``logits="distance"``, or a concrete ``beta`` that is negative
+        or not finite.
     """
     y = x if y is None else y
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"weight_statistics: x (n, d) and y (m, d) must share d; got "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] == 0 or y.shape[0] == 0:
+        raise ValueError(f"weight_statistics: x and y must hold at least one point each; got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
     d = x.shape[1]
     if B is not None and tuple(B.shape) != (d, d):
