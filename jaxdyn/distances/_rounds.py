@@ -142,6 +142,61 @@ SYM_INNER = 5
 XY_INNER = 5
 
 
+def _centre_gauge(init, a, b, dtype):
+    """``init`` with its (x, y) potentials' gauge fixed (f + c, g - c is the same plan).
+
+    A warm start can carry an offset, and the kernel result R_i ≈ ε log a_i - f_i then loses
+    |f| · 2^-24 / ε of relative accuracy in float32, at small ε more than the marginal
+    threshold. Centred, |f|, |g| are of the order of the cost.
+
+    Returns:
+        ``init`` with ``(f - c, g + c)`` for its (x, y) pair, ``c`` the weighted half difference
+        of their means (0 where that is not finite).
+    """
+    (f0, g0) = init[0]
+    shift = 0.5 * (jnp.sum(jnp.where(a > 0, a * f0, 0.0)) - jnp.sum(jnp.where(b > 0, b * g0, 0.0)))
+    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), dtype))
+    return ((f0 - shift, g0 + shift),) + tuple(init[1:])
+
+
+def _symmetric_problems(x, y, a, b, init, geom, sched, sparse, block, *, threshold,
+                        max_iterations, half):
+    """The (x, x) and (y, y) problems of a round: symmetric updates averaged with weight 1/2.
+
+    As ott's divergence does. Their error is checked every SYM_INNER iterations (ott's
+    default: 10): warm-started from the round before (or a coarser level), they often meet
+    the threshold within a few.
+
+    Returns:
+        For (x, x) then (y, y): (potentials, regularised cost, converged, iterations).
+    """
+    from ott.problems.linear import linear_problem
+    from ott.solvers.linear import acceleration, sinkhorn
+
+    if sparse is not None:
+        # block-sparse symmetric problems: one kernel pass per iteration (ott's parallel
+        # updates make two identical ones, and two more per error check), the same iterates;
+        # a hand-written loop because ott's solver has no such mode (docs/math.md §D.4, item 11)
+        def sym(u, w, nbr, f0):
+            f, cost, conv, its = _symmetric_sparse_solve(
+                u, w, f0, sched, nbr, block, threshold=threshold, max_iterations=max_iterations,
+                inner=SYM_INNER, value=half)
+            return (f, f), cost, conv, its
+
+        return sym(x, a, sparse[2], init[1][0]), sym(y, b, sparse[3], init[2][0])
+    solver_sym = sinkhorn.Sinkhorn(
+        threshold=threshold,
+        max_iterations=max_iterations,
+        inner_iterations=SYM_INNER,
+        parallel_dual_updates=True,
+        momentum=acceleration.Momentum(start=0, value=half),
+    )
+    out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x, "xx"), a=a, b=a), init=init[1])
+    out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y, "yy"), a=b, b=b), init=init[2])
+    return (((out_xx.f, out_xx.g), out_xx.reg_ot_cost, out_xx.converged, out_xx.n_iters),
+            ((out_yy.f, out_yy.g), out_yy.reg_ot_cost, out_yy.converged, out_yy.n_iters))
+
+
 def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, threshold,
                 max_iterations, batch_size, decay, momentum_start, block=None,
                 reestimate=False):
@@ -174,15 +229,7 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
     # ε(it) = max(start · decay^it, 1) · eps: ott's scheduler, whose ``init`` (traced here: a
     # value of the ladder) it keeps as pytree metadata; ott's solver only calls it
     sched = epsilon_scheduler.Epsilon(eps, init=start, decay=decay)
-    # Fix the gauge of the (x, y) potentials (f + c, g - c is the same plan): a warm start
-    # can carry an offset (f ≈ -0.56, g ≈ +0.56 seen after the multiscale ladder), and
-    # the kernel result R_i ≈ ε log a_i - f_i then loses |f| · 2^-24 / ε of relative
-    # accuracy in float32 -- at ε = 1e-5 more than the 1e-3 marginal threshold, so
-    # Sinkhorn never met it. Centred, |f|, |g| are of the order of the cost.
-    (f0, g0) = init[0]
-    shift = 0.5 * (jnp.sum(jnp.where(a > 0, a * f0, 0.0)) - jnp.sum(jnp.where(b > 0, b * g0, 0.0)))
-    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), dtype))
-    init = ((f0 - shift, g0 + shift),) + tuple(init[1:])
+    init = _centre_gauge(init, a, b, dtype)
 
     def geom(u, v, which):
         if sparse is not None:
@@ -207,38 +254,10 @@ def _round_body(x, y, eps, eps_start, init, a=None, b=None, sparse=None, *, thre
             max_iterations=max_iterations,
             momentum=acceleration.Momentum(start=momentum_start, value=one),
         )
-    # (x, x), (y, y): symmetric updates averaged with weight 1/2, as ott's divergence does.
-    # Their error is checked every SYM_INNER iterations (ott's default: 10): warm-started from
-    # the round before (or a coarser level), they often meet the threshold within a few.
-    solver_sym = sinkhorn.Sinkhorn(
-        threshold=threshold,
-        max_iterations=max_iterations,
-        inner_iterations=SYM_INNER,
-        parallel_dual_updates=True,
-        momentum=acceleration.Momentum(start=0, value=half),
-    )
     out_xy = solver_xy(linear_problem.LinearProblem(geom(x, y, "xy"), a=a, b=b), init=init[0])
-    if sparse is not None:
-        # block-sparse symmetric problems: one kernel pass per iteration (ott's parallel
-        # updates make two identical ones, and two more per error check), the same iterates;
-        # a hand-written loop because ott's solver has no such mode (docs/math.md §D.4, item 11)
-        def sym(u, w, nbr, f0):
-            f, cost, conv, its = _symmetric_sparse_solve(
-                u, w, f0, sched, nbr, block, threshold=threshold, max_iterations=max_iterations,
-                inner=SYM_INNER, value=half)
-            return (f, f), cost, conv, its
-
-        pxx, cxx, vxx, ixx = sym(x, a, sparse[2], init[1][0])
-        pyy, cyy, vyy, iyy = sym(y, b, sparse[3], init[2][0])
-    else:
-        out_xx = solver_sym(linear_problem.LinearProblem(geom(x, x, "xx"), a=a, b=a),
-                            init=init[1])
-        out_yy = solver_sym(linear_problem.LinearProblem(geom(y, y, "yy"), a=b, b=b),
-                            init=init[2])
-        pxx, cxx, vxx, ixx = ((out_xx.f, out_xx.g), out_xx.reg_ot_cost, out_xx.converged,
-                              out_xx.n_iters)
-        pyy, cyy, vyy, iyy = ((out_yy.f, out_yy.g), out_yy.reg_ot_cost, out_yy.converged,
-                              out_yy.n_iters)
+    (pxx, cxx, vxx, ixx), (pyy, cyy, vyy, iyy) = _symmetric_problems(
+        x, y, a, b, init, geom, sched, sparse, block, threshold=threshold,
+        max_iterations=max_iterations, half=half)
     div = out_xy.reg_ot_cost - 0.5 * (cxx + cyy)
     pots = ((out_xy.f, out_xy.g), pxx, pyy)
     converged = jnp.stack([out_xy.converged, vxx, vyy])
