@@ -95,33 +95,85 @@ def _count(v):
     return int(v) if np.isfinite(v) else None
 
 
+def _point_row(cfg, ds, label, d):
+    """One grid point's entry of ``points``: clusters, particles, growth-rate errors, mass, time."""
+    g, th = np.asarray(d["growth_measured"].values), np.asarray(d["growth_theory"].values)
+    ks = np.asarray(ds["k"].values)
+    sig = label.get("sigma", cfg["sigma"])
+    core = th + sig ** 2 * ks ** 2 / 2  # the attention part (k²/β) I_k/I_0
+    scale = np.abs(core) + sig ** 2 * ks ** 2 / 2
+    # relative error on the modes whose rate is above rounding (1e-10 of the largest):
+    # at β = 1, λ_16 ≈ 1e-16 and its relative error means nothing
+    keep = scale >= 1e-10 * scale.max()
+    rel = float(np.max(np.abs(g - th)[keep] / scale[keep]))
+    absolute = float(np.max(np.abs(g - th)))
+    return {**label, "k_star": int(d["k_star"]), "first_cluster_count": int(d["first_cluster_count"]),
+            "first_cluster_time": _f(d["first_cluster_time"]),
+            "first_merge_time": _f(d["first_merge_time"]),
+            "final_cluster_count": _count(np.asarray(d["cluster_count"].values)[-1]),
+            **_particle_entry(cfg, ds, d),
+            "growth_rate_max_rel_error": rel, "growth_rate_max_abs_error": absolute, "mass_error": float(d["mass_error"]),
+            "min_rho": float(d["min_rho"]), "solve_seconds": round(float(d["solve_seconds"]), 2),
+            "steps": int(d["num_steps"])}
+
+
+def _particles_k_star(cfg, rows):
+    """Per particle start: how often the particles' first clusters agree with k* and the solver."""
+    per = {}
+    for st in list(cfg["particles"]["starts"]):
+        ran = [(r, r["particles"][st]) for r in rows if r["particles"][st]["seconds"] is not None]
+
+        def frac(ok):
+            return f"{sum(ok)} of {len(ran)}"
+
+        per[st] = {"n": int(cfg["particles"]["cluster_n"]),
+                   "first_count_equals_k_star": frac([q["first_cluster_count"] == r["k_star"] for r, q in ran]),
+                   "first_count_equals_solver": frac([q["first_cluster_count"] == r["first_cluster_count"]
+                                                      for r, q in ran]),
+                   "first_mode_equals_k_star": frac([q["first_mode"] == r["k_star"] for r, q in ran]),
+                   "particle_seconds": round(sum(q["seconds"] for _, q in ran), 1)}
+    return per
+
+
+def _particle_fits(cfg, ds):
+    """Per grid point: W1(particles, ρ) against N fitted as prefactor·N^slope at each compared time."""
+    fits = []
+    for label, d in grid_points(ds):
+        ns = np.asarray(ds["n"].values, float)
+        w = np.asarray(d["w1"].values)
+        per_t = {}
+        for j, t in enumerate(np.asarray(ds["t_compare"].values)):
+            slope, icpt = np.polyfit(np.log(ns), np.log(w[:, j]), 1)
+            per_t[f"t={t:g}"] = {"slope": round(float(slope), 3), "prefactor": round(float(np.exp(icpt)), 3),
+                                 "w1": [float(v) for v in w[:, j]],
+                                 "density_grid_w1_error": float(d["density_w1_grid_error"].values[j])}
+        ps = np.asarray(d["particle_step_seconds"].values)
+        power = 1 if cfg["particles"]["kernel"] == "fourier" else 2
+        for key, entry in per_t.items():
+            # the N whose particle W1 (prefactor·N^{-1/2}, fitted) equals the density's own
+            # W1 error at this M, and the particle step there (extrapolated from the largest
+            # N timed, ∝ N² for the dense/blocked kernels, ∝ N for the Fourier one, whose K
+            # does not depend on N; only meaningful when M equals timing_m)
+            err = entry["density_grid_w1_error"]
+            if err > 0:
+                n_eq = (entry["prefactor"] / err) ** 2
+                entry["n_equivalent"] = float(f"{n_eq:.3g}")
+                entry["particle_step_seconds_at_n_equivalent"] = float(
+                    f"{ps[-1] * (n_eq / ns[-1]) ** power:.3g}")
+        fits.append({**label, "per_time": per_t, "n": [int(v) for v in ns],
+                     "particle_step_seconds": [float(v) for v in ps],
+                     "density_step_seconds": float(d["density_step_seconds"]),
+                     "timing_m": int(cfg["particles"]["timing_m"])})
+    return fits
+
+
 def summarize(cfg, ds):
     """The ``pde`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     if cfg["mode"] == "s2":
         return _summarize_s2(cfg, ds)
-    rows = []
-    worst_growth = 0.0
-    for label, d in grid_points(ds):
-        g, th = np.asarray(d["growth_measured"].values), np.asarray(d["growth_theory"].values)
-        ks = np.asarray(ds["k"].values)
-        sig = label.get("sigma", cfg["sigma"])
-        core = th + sig ** 2 * ks ** 2 / 2  # the attention part (k²/β) I_k/I_0
-        scale = np.abs(core) + sig ** 2 * ks ** 2 / 2
-        # relative error on the modes whose rate is above rounding (1e-10 of the largest):
-        # at β = 1, λ_16 ≈ 1e-16 and its relative error means nothing
-        keep = scale >= 1e-10 * scale.max()
-        rel = float(np.max(np.abs(g - th)[keep] / scale[keep]))
-        absolute = float(np.max(np.abs(g - th)))
-        worst_growth = max(worst_growth, rel)
-        rows.append({**label, "k_star": int(d["k_star"]), "first_cluster_count": int(d["first_cluster_count"]),
-                     "first_cluster_time": _f(d["first_cluster_time"]),
-                     "first_merge_time": _f(d["first_merge_time"]),
-                     "final_cluster_count": _count(np.asarray(d["cluster_count"].values)[-1]),
-                     **_particle_entry(cfg, ds, d),
-                     "growth_rate_max_rel_error": rel, "growth_rate_max_abs_error": absolute, "mass_error": float(d["mass_error"]),
-                     "min_rho": float(d["min_rho"]), "solve_seconds": round(float(d["solve_seconds"]), 2),
-                     "steps": int(d["num_steps"])})
-    out = {"points": rows, "growth_rate_max_rel_error": worst_growth,
+    rows = [_point_row(cfg, ds, label, d) for label, d in grid_points(ds)]
+    out = {"points": rows,
+           "growth_rate_max_rel_error": max([0.0] + [r["growth_rate_max_rel_error"] for r in rows]),
            "max_mass_error": max(r["mass_error"] for r in rows),
            "min_rho": min(r["min_rho"] for r in rows)}
     if cfg["mode"] == "clusters":
@@ -130,47 +182,7 @@ def summarize(cfg, ds):
         agree = [r["first_mode"] == r["k_star"] for r in rows]
         out["solver_first_mode_equals_k_star"] = f"{sum(agree)} of {len(agree)}"
         if "start" in ds.dims:
-            per = {}
-            for st in list(cfg["particles"]["starts"]):
-                ran = [(r, r["particles"][st]) for r in rows if r["particles"][st]["seconds"] is not None]
-
-                def frac(ok):
-                    return f"{sum(ok)} of {len(ran)}"
-
-                per[st] = {"n": int(cfg["particles"]["cluster_n"]),
-                           "first_count_equals_k_star": frac([q["first_cluster_count"] == r["k_star"] for r, q in ran]),
-                           "first_count_equals_solver": frac([q["first_cluster_count"] == r["first_cluster_count"]
-                                                              for r, q in ran]),
-                           "first_mode_equals_k_star": frac([q["first_mode"] == r["k_star"] for r, q in ran]),
-                           "particle_seconds": round(sum(q["seconds"] for _, q in ran), 1)}
-            out["particles_k_star"] = per
+            out["particles_k_star"] = _particles_k_star(cfg, rows)
     if "w1" in ds:
-        fits = []
-        for label, d in grid_points(ds):
-            ns = np.asarray(ds["n"].values, float)
-            w = np.asarray(d["w1"].values)
-            per_t = {}
-            for j, t in enumerate(np.asarray(ds["t_compare"].values)):
-                slope, icpt = np.polyfit(np.log(ns), np.log(w[:, j]), 1)
-                per_t[f"t={t:g}"] = {"slope": round(float(slope), 3), "prefactor": round(float(np.exp(icpt)), 3),
-                                     "w1": [float(v) for v in w[:, j]],
-                                     "density_grid_w1_error": float(d["density_w1_grid_error"].values[j])}
-            ps = np.asarray(d["particle_step_seconds"].values)
-            power = 1 if cfg["particles"]["kernel"] == "fourier" else 2
-            for key, entry in per_t.items():
-                # the N whose particle W1 (prefactor·N^{-1/2}, fitted) equals the density's own
-                # W1 error at this M, and the particle step there (extrapolated from the largest
-                # N timed, ∝ N² for the dense/blocked kernels, ∝ N for the Fourier one, whose K
-                # does not depend on N; only meaningful when M equals timing_m)
-                err = entry["density_grid_w1_error"]
-                if err > 0:
-                    n_eq = (entry["prefactor"] / err) ** 2
-                    entry["n_equivalent"] = float(f"{n_eq:.3g}")
-                    entry["particle_step_seconds_at_n_equivalent"] = float(
-                        f"{ps[-1] * (n_eq / ns[-1]) ** power:.3g}")
-            fits.append({**label, "per_time": per_t, "n": [int(v) for v in ns],
-                         "particle_step_seconds": [float(v) for v in ps],
-                         "density_step_seconds": float(d["density_step_seconds"]),
-                         "timing_m": int(cfg["particles"]["timing_m"])})
-        out["particles"] = fits
+        out["particles"] = _particle_fits(cfg, ds)
     return out
