@@ -534,16 +534,8 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    """Run the ``jaxdyn`` command.
-
-    Args:
-      argv: the arguments (default: the process's).
-
-    Returns:
-      The exit status (module doc).
-    """
-    args = build_parser().parse_args(argv)
+def _prepare_process(args):
+    """The process's environment, set before SciPy, equinox and JAX load."""
     # SciPy's OpenBLAS threads fight XLA's on small machines (``encoder.limit_blas_threads``);
     # must be set before SciPy loads LAPACK.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -557,7 +549,14 @@ def main(argv=None):
     # host devices only where JAX runs (a run, a report); `jaxdyn config` and `jaxdyn kinds`
     # load no JAX
     _host_devices(args.no_host_devices or args.command in ("config", "kinds"))
-    # SIGTERM (a pre-empted job) ends the run like Ctrl-C: finished chunks stay on disk.
+
+
+def _catch_signals():
+    """SIGTERM (a pre-empted job) and SIGINT end the run like Ctrl-C: finished chunks stay on disk.
+
+    Returns:
+      The handlers replaced, by signal (none off the main thread: the caller handles signals).
+    """
     from .io import PENDING_SIGNALS
 
     PENDING_SIGNALS.clear()
@@ -567,6 +566,45 @@ def main(argv=None):
             old_handlers[sig] = signal.signal(sig, _raise_interrupt)
         except ValueError:  # not the main thread: the caller handles signals
             pass
+    return old_handlers
+
+
+def _interrupted(args, argv):
+    """Report an interrupted command; the process's own ``run`` ends at once.
+
+    Returns:
+      128 + the signal's number.
+    """
+    from .io import PENDING_SIGNALS
+
+    where = getattr(args, "out_dir", None)
+    hint = f"; resume with: jaxdyn run --resume {where}" if where else ""
+    print(f"jaxdyn: interrupted; finished chunks are kept{hint}", file=sys.stderr)
+    signum = PENDING_SIGNALS[-1] if PENDING_SIGNALS else signal.SIGINT
+    if argv is None and args.command == "run":
+        # the process's own command: end now, without the interpreter's teardown (JAX's
+        # objects of an interrupted trace or compilation can crash it, or hold it seconds);
+        # the chunks and summary.json are on disk, the folder's lock goes with the process
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + int(signum))
+    return 128 + int(signum)
+
+
+def main(argv=None):
+    """Run the ``jaxdyn`` command.
+
+    Args:
+      argv: the arguments (default: the process's).
+
+    Returns:
+      The exit status (module doc).
+    """
+    args = build_parser().parse_args(argv)
+    _prepare_process(args)
+    from .io import PENDING_SIGNALS
+
+    old_handlers = _catch_signals()
     from .config import ConfigError
 
     watchdog = _Watchdog(args) if args.command == "run" and old_handlers else None
@@ -582,18 +620,7 @@ def main(argv=None):
         print(f"jaxdyn: error: {e}", file=sys.stderr)
         return EXIT_LOCKED if isinstance(e, RunLockedError) else EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        where = getattr(args, "out_dir", None)
-        hint = f"; resume with: jaxdyn run --resume {where}" if where else ""
-        print(f"jaxdyn: interrupted; finished chunks are kept{hint}", file=sys.stderr)
-        signum = PENDING_SIGNALS[-1] if PENDING_SIGNALS else signal.SIGINT
-        if argv is None and args.command == "run":
-            # the process's own command: end now, without the interpreter's teardown (JAX's
-            # objects of an interrupted trace or compilation can crash it, or hold it seconds);
-            # the chunks and summary.json are on disk, the folder's lock goes with the process
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + int(signum))
-        return 128 + int(signum)
+        return _interrupted(args, argv)
     except OSError as e:  # a full disk, a permission lost mid-run: one line, status failed
         where = getattr(args, "out_dir", None)
         what = e.strerror or str(e)
