@@ -276,6 +276,92 @@ def _is_traced(a):
     return isinstance(a, jax.core.Tracer)
 
 
+def _checked_stack(models, x0, method):
+    """``x0`` as an array, after the checks of a stacked SphereAttention, its method and shapes.
+
+    Returns:
+      ``x0`` (B, N, d).
+
+    Raises:
+      ValueError: weights other than softmax/unnormalised, another method, shapes that
+        disagree, no system or particle, N > ``MAX_PARTICLES``.
+    """
+    if models.normalization not in ("softmax", "unnormalized"):
+        raise ValueError(f"simulate_ensemble supports softmax and unnormalized weights, not "
+                         f"{models.normalization!r}; use jaxdyn.sharded_vmap(simulate)")
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"simulate_ensemble: method must be one of {METHODS}, got {method!r}")
+    x0 = jnp.asarray(x0) if not _is_traced(x0) else x0
+    if x0.ndim != 3:
+        raise ValueError(f"x0 must have shape (B, N, d) (a batch of clouds), got {x0.shape}")
+    nb, n, d = x0.shape
+    if nb == 0 or n == 0:
+        raise ValueError("x0 must hold at least one system of at least one particle, got "
+                         f"{x0.shape}")
+    if models.Q.ndim != 3 or models.Q.shape != (nb, d, d) or models.beta.shape != (nb,):
+        raise ValueError(f"models must be a stack of {nb} models of dimension {d} (Q of shape "
+                         f"({nb}, {d}, {d}), beta of shape ({nb},)), matching x0 {x0.shape}; got Q "
+                         f"{models.Q.shape}, beta {models.beta.shape}")
+    if n > MAX_PARTICLES:
+        raise ValueError(f"simulate_ensemble is for N <= {MAX_PARTICLES} particles, got N = {n}; "
+                         "use jaxdyn.sharded_vmap(simulate) (blocked kernel) for larger systems")
+    return x0
+
+
+def _dtype_and_tolerance(models, x0):
+    """The computation's dtype, and the unit-row tolerance the program checks (traced ``x0``).
+
+    Returns:
+      ``(dtype, tol)``: a NumPy dtype; None where a concrete ``x0`` was checked here.
+
+    Raises:
+      ValueError: a dtype other than float32/float64, a concrete ``x0`` with non-unit rows.
+    """
+    in_dtype = x0.dtype
+    d = x0.shape[-1]
+    dtype = np.dtype(jnp.result_type(
+        in_dtype if jnp.issubdtype(in_dtype, jnp.floating) else jnp.float32,
+        models.Q.dtype, models.K.dtype, models.V.dtype, models.beta.dtype))
+    if dtype.name not in SAFE_SHIFT:
+        raise ValueError(f"simulate_ensemble runs in float32 or float64, got {dtype.name}")
+    if _is_traced(x0):
+        return dtype, unit_tolerance(in_dtype)  # checked in the program, flagged per system
+    # on the host, in float64 (simulate's rule)
+    err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
+    if not err <= unit_tolerance(in_dtype):
+        raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
+                         f"(max ||x_i| - 1| = {err:.3g}); "
+                         "normalise them with jaxdyn.normalize")
+    return dtype, None
+
+
+def _devices_and_chunk(devices, chunk, nb, n):
+    """The devices, the systems a chunk and the systems a device (whole chunks).
+
+    Returns:
+      ``(devices, chunk, per_device)``.
+
+    Raises:
+      ValueError: no device, a chunk that is not a positive integer.
+    """
+    devs = tuple(jax.devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("devices must name at least one device")
+    if chunk is not None and (isinstance(chunk, bool) or not hasattr(chunk, "__index__")
+                              or int(chunk) < 1):
+        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
+    per_dev = math.ceil(nb / len(devs))
+    platform = devs[0].platform
+    if chunk is not None:
+        c = int(chunk)
+    elif platform == "cpu":
+        c = default_chunk(n)
+    else:  # accelerators: one chunk per device (each chunk is a sequential step of lax.map)
+        c = max(1, min(per_dev, ACCEL_TILE_ELEMENTS // (n * n)))
+    c = min(c, per_dev)
+    return devs, c, math.ceil(per_dev / c) * c
+
+
 def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None,
                       method="rk4", chunk=None, devices=None, throw=False) -> Trajectory:
     """Integrate a batch of small sphere systems; equal to ``vmap(simulate)`` (see module doc).
@@ -325,60 +411,14 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
         raise ValueError("simulate_ensemble takes a stacked SphereAttention or MultiHeadAttention "
                          f"(jaxdyn.stack_models); got {type(models).__name__}. Other models: "
                          "jaxdyn.sharded_vmap(simulate)")
-    if models.normalization not in ("softmax", "unnormalized"):
-        raise ValueError(f"simulate_ensemble supports softmax and unnormalized weights, not "
-                         f"{models.normalization!r}; use jaxdyn.sharded_vmap(simulate)")
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"simulate_ensemble: method must be one of {METHODS}, got {method!r}")
-    x0 = jnp.asarray(x0) if not _is_traced(x0) else x0
-    if x0.ndim != 3:
-        raise ValueError(f"x0 must have shape (B, N, d) (a batch of clouds), got {x0.shape}")
-    nb, n, d = x0.shape
-    if nb == 0 or n == 0:
-        raise ValueError("x0 must hold at least one system of at least one particle, got "
-                         f"{x0.shape}")
-    if models.Q.ndim != 3 or models.Q.shape != (nb, d, d) or models.beta.shape != (nb,):
-        raise ValueError(f"models must be a stack of {nb} models of dimension {d} (Q of shape "
-                         f"({nb}, {d}, {d}), beta of shape ({nb},)), matching x0 {x0.shape}; got Q "
-                         f"{models.Q.shape}, beta {models.beta.shape}")
-    if n > MAX_PARTICLES:
-        raise ValueError(f"simulate_ensemble is for N <= {MAX_PARTICLES} particles, got N = {n}; "
-                         "use jaxdyn.sharded_vmap(simulate) (blocked kernel) for larger systems")
+    x0 = _checked_stack(models, x0, method)
+    nb, n, _ = x0.shape
     bad_params = invalid_parameters(models)  # traced parameters outside their domain, (B,)
-    in_dtype = x0.dtype
-    dtype = np.dtype(jnp.result_type(
-        in_dtype if jnp.issubdtype(in_dtype, jnp.floating) else jnp.float32,
-        models.Q.dtype, models.K.dtype, models.V.dtype, models.beta.dtype))
-    if dtype.name not in SAFE_SHIFT:
-        raise ValueError(f"simulate_ensemble runs in float32 or float64, got {dtype.name}")
-    if _is_traced(x0):
-        tol = unit_tolerance(in_dtype)  # checked in the program, flagged per system
-    else:
-        # on the host, in float64 (simulate's rule)
-        err = float(np.max(np.abs(np.linalg.norm(np.asarray(x0, np.float64), axis=-1) - 1.0)))
-        if not err <= unit_tolerance(in_dtype):
-            raise ValueError(f"x0 rows must be unit vectors on S^{d - 1} "
-                             f"(max ||x_i| - 1| = {err:.3g}); "
-                             "normalise them with jaxdyn.normalize")
-        tol = None
+    dtype, tol = _dtype_and_tolerance(models, x0)
     t0, t1, dt, steps = plan_steps(t0, t1, dt)
     idx = save_indices(steps, save_every, saveat, t0, dt)
-    devs = tuple(jax.devices() if devices is None else devices)
-    if not devs:
-        raise ValueError("devices must name at least one device")
-    if chunk is not None and (isinstance(chunk, bool) or not hasattr(chunk, "__index__")
-                              or int(chunk) < 1):
-        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
-    per_dev = math.ceil(nb / len(devs))
+    devs, c, per_dev = _devices_and_chunk(devices, chunk, nb, n)
     platform = devs[0].platform
-    if chunk is not None:
-        c = int(chunk)
-    elif platform == "cpu":
-        c = default_chunk(n)
-    else:  # accelerators: one chunk per device (each chunk is a sequential step of lax.map)
-        c = max(1, min(per_dev, ACCEL_TILE_ELEMENTS // (n * n)))
-    c = min(c, per_dev)
-    per_dev = math.ceil(per_dev / c) * c
     mesh = jax.sharding.Mesh(np.array(devs), ("batch",))
     kw = dict(dtype=dtype.name, total=per_dev * len(devs), mesh=mesh, method=method,
               dt=float(dt), idx=tuple(idx), normalization=models.normalization, chunk=c,
