@@ -456,6 +456,56 @@ def heatmaps(x, y, panels: dict, path, *, cbar_labels=None, log_panels=(), **lab
     return save(fig, path)
 
 
+def _circle_frames(xs, ts, title, c, cmap, lim):
+    """The S¹ movie's figure: the unit circle, the particles of the first frame on it.
+
+    Returns:
+      ``(fig, ax, scatter, draw)``, ``draw(k)`` moving the particles to frame k.
+    """
+    fig, ax = plt.subplots(figsize=(5.2, 4.4))
+    th = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.cos(th), np.sin(th), color="0.8", lw=1)
+    sc = ax.scatter(xs[0, :, 0], xs[0, :, 1], s=18, c=c, cmap=cmap, vmin=lim[0], vmax=lim[1],
+                    zorder=3)
+    ax.set_xlim(-1.15, 1.15)
+    ax.set_ylim(-1.15, 1.15)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+
+    def draw(k):
+        sc.set_offsets(xs[k, :, :2])
+        ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
+        return (sc,)
+
+    return fig, ax, sc, draw
+
+
+def _sphere_frames(xs, ts, title, c, cmap, lim):
+    """The S² movie's figure: a wire-frame sphere, the particles of the first frame on it.
+
+    Returns:
+      ``(fig, ax, scatter, draw)``, ``draw(k)`` moving the particles to frame k.
+    """
+    fig = plt.figure(figsize=(5.6, 4.6))
+    ax = fig.add_subplot(projection="3d")
+    u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
+    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85",
+                      linewidth=0.3)
+    x0 = xs[0]
+    sc = ax.scatter(x0[:, 0], x0[:, 1], x0[:, 2], s=4, c=c, cmap=cmap, vmin=lim[0],
+                    vmax=lim[1], depthshade=False)
+    ax.set_box_aspect((1, 1, 1))
+    ax.set_axis_off()
+
+    def draw(k):
+        sc.set_offsets(xs[k, :, :2])
+        sc.set_3d_properties(xs[k, :, 2], "z")
+        ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
+        return (sc,)
+
+    return fig, ax, sc, draw
+
+
 def particle_movie(xs, ts, path, *, title="", fps=8, colors=None, color_label=None):
     """An animation of saved particles: ``xs`` (S, N, d), one frame per saved time ``ts``.
 
@@ -498,39 +548,8 @@ def particle_movie(xs, ts, path, *, title="", fps=8, colors=None, color_label=No
         label = f"particle's angle θ at t = {ts[0]:.3g}"
     else:
         c, cmap, lim, label = xs[0, :, 2], "viridis", (-1, 1), f"particle's x₃ at t = {ts[0]:.3g}"
-    if d == 2:
-        fig, ax = plt.subplots(figsize=(5.2, 4.4))
-        th = np.linspace(0, 2 * np.pi, 200)
-        ax.plot(np.cos(th), np.sin(th), color="0.8", lw=1)
-        sc = ax.scatter(xs[0, :, 0], xs[0, :, 1], s=18, c=c, cmap=cmap, vmin=lim[0], vmax=lim[1],
-                        zorder=3)
-        ax.set_xlim(-1.15, 1.15)
-        ax.set_ylim(-1.15, 1.15)
-        ax.set_aspect("equal")
-        ax.set_axis_off()
-
-        def draw(k):
-            sc.set_offsets(xs[k, :, :2])
-            ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
-            return (sc,)
-    else:
-        fig = plt.figure(figsize=(5.6, 4.6))
-        ax = fig.add_subplot(projection="3d")
-        u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
-        ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85",
-                          linewidth=0.3)
-        x0 = xs[0]
-        sc = ax.scatter(x0[:, 0], x0[:, 1], x0[:, 2], s=4, c=c, cmap=cmap, vmin=lim[0],
-                        vmax=lim[1], depthshade=False)
-        ax.set_box_aspect((1, 1, 1))
-        ax.set_axis_off()
-
-        def draw(k):
-            sc.set_offsets(xs[k, :, :2])
-            sc.set_3d_properties(xs[k, :, 2], "z")
-            ax.set_title(f"{title}  t = {ts[k]:.3g}".strip())
-            return (sc,)
-
+    frames = _circle_frames if d == 2 else _sphere_frames
+    fig, ax, sc, draw = frames(xs, ts, title, c, cmap, lim)
     if label:
         cb = fig.colorbar(sc, ax=ax, shrink=0.7, label=label)
         if lim == (-np.pi, np.pi):
