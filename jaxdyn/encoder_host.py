@@ -1,7 +1,7 @@
 """Where the encoder's local checkpoints are, without JAX.
 
 ``jaxdyn config`` checks a ``gaussianity`` config's checkpoint through this module (importing
-:mod:`jaxdyn.encoder` loads JAX, 2 s). It is the one source of the package name and the install
+:mod:`jaxdyn.encoder` loads JAX, which takes seconds). It is the one source of the package name and the install
 command; :mod:`jaxdyn.encoder` imports and re-exports :func:`find_minilm`.
 """
 

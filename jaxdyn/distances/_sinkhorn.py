@@ -298,16 +298,16 @@ def w2_sinkhorn(
             only); ``False`` for dense/online; ``"auto"`` (default): multiscale for concrete
             clouds beyond 2^24 cost entries in dimension <= 6, on CPU
             (:func:`default_multiscale`). On concentrated clouds at small ε the kernels
-            touch a few % of the N x M entries, which makes N = 10^5 a matter of a minute on
-            a laptop CPU instead of hours.
+            touch a few % of the N x M entries, which brings N = 10^5 within reach of a CPU
+            (the benchmarks page, docs/benchmarks.md, records the times).
         throw: if True, a result that is not successful raises with its status message (a
             ``RuntimeError`` for concrete clouds, ``eqx.error_if`` at run time under a
             transformation); default False.
 
     Cost: the number of Sinkhorn iterations grows as ε falls against the cost's range; for
-    spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (about 1 900 at
-    N = 1000, 10 000 at N = 30 000 on S^2), while concentrated clouds need a few hundred at
-    any N.
+    spread clouds W2^2 (hence ε) shrinks with N, so iterations grow with N (thousands at
+    N >= 1000 on S^2; ``benchmarks/bench_w2.py`` records them), while concentrated clouds
+    need a few hundred at any N.
 
     Returns:
         :class:`W2Solution` (``method="sinkhorn"``; ``geometry`` ``"dense"``, ``"online"`` or
