@@ -74,6 +74,7 @@ import numpy as np
 from .._checks import check_integer
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import Rodas5
+from ..models._control import Control
 from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
 from ._solve import (MomentField, MomentSolution, _PoleField, _cov_tol, _member_solve, _save_times,
                      _threshold_event, dtype_threshold, dtype_tolerances,
@@ -373,15 +374,16 @@ _POLE_PASSES = 28
 
 @eqx.filter_jit
 def _composable(m0, S0, A, B, V, b, t1, ts, rtol, atol, threshold, max_explicit, max_stiff,
-                stiff, throw):
+                stiff, throw, controller=None, adjoint=None):
     """The composable path of :func:`solve_moments_batch` (module doc)."""
     stiff_status = None if stiff else status_code("stiff")
+    adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
 
     def one(m0, S0, A, B, V, b):
         return _member_solve(MomentField(A, B, V, b), m0, S0, t1, ts, rtol, atol, threshold,
-                             diffrax.Dopri8(), max_explicit, diffrax.RecursiveCheckpointAdjoint(),
+                             diffrax.Dopri8(), max_explicit, adjoint,
                              None, stiff_steps=max_stiff if stiff else 0,
-                             stiff_status=stiff_status)
+                             stiff_status=stiff_status, controller=controller)
 
     sols, handed = jax.vmap(one)(m0, S0, A, B, V, b)
     out = BatchSolution(**{k: getattr(sols, k) for k in _FIELDS},
@@ -459,11 +461,82 @@ def _check_concrete(n, d, dtype, S0, named):
                          f"{float(lmin[i]):.3e} (tolerance -{tol[i]:.1e})")
 
 
-def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float = 1e-10,
-                        atol: float = 1e-12, blowup_threshold: float = 1e6,
+def _batch_params(field, A, B, V, b):
+    """``(A, B, V, b)`` of the call: the keywords, or those of a :class:`MomentField`.
+
+    Returns:
+        The four parameters (b may be None).
+
+    Raises:
+        TypeError: a field that is not a :class:`MomentField` of constant arrays, or a field
+            and a keyword both given.
+        ValueError: A, B or V missing (no field).
+    """
+    if field is None:
+        missing = [k for k, v in (("A", A), ("B", B), ("V", V)) if v is None]
+        if missing:
+            raise ValueError(f"solve_moments_batch: {', '.join(missing)} required (or "
+                             f"field=MomentField(A, B, V, b))")
+        return A, B, V, b
+    given = sorted(k for k, v in (("A", A), ("B", B), ("V", V), ("b", b)) if v is not None)
+    if given:
+        raise TypeError(f"solve_moments_batch: the parameters are given twice: field= and the "
+                        f"keyword(s) {given}; give the field or the keywords")
+    params = (field.A, field.B, field.V, field.b) if isinstance(field, MomentField) else ()
+    if not params or any(isinstance(p, Control) for p in params):
+        raise TypeError("solve_moments_batch: field must be a MomentField of constant arrays "
+                        "(each parameter (d, d) or stacked (n, d, d), e.g. "
+                        "jax.vmap(MomentField)(A, B, V, b)); for Controls or a "
+                        "VariantMomentField vmap jaxdyn.solve_moments")
+    return params
+
+
+def _batch_size(m0, S0, A, B, V, b):
+    """``(n, d)`` of the inputs' shapes (n = 1 when none is stacked).
+
+    Returns:
+        The pair.
+
+    Raises:
+        ValueError: an A that is not (d, d) or (n, d, d), or stacks of different sizes.
+    """
+    shape_A = np.shape(A)
+    if len(shape_A) not in (2, 3) or shape_A[-1] != shape_A[-2]:
+        raise ValueError(f"A must have shape (d, d) or (n, d, d), got {shape_A}")
+    pairs = [(np.shape(x), k) for x, k in zip((m0, S0, A, B, V, b), (1, 2, 2, 2, 2, 1))
+             if x is not None]
+    leads = {s[0] for s, k in pairs if len(s) == k + 1}
+    if len(leads) > 1:
+        raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
+    return (leads.pop() if leads else 1), shape_A[-1]
+
+
+def _composable_call(m0, S0, A, B, V, b, t1, saveat, n, d, dtype, traced, rest):
+    """The inputs brought to the composable path's stacks, and its call.
+
+    Returns:
+        The :class:`BatchSolution`.
+    """
+    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    S0b = _batched(cast(S0), n, (d, d), "S0", jnp)
+    A, B, V = (_batched(cast(x), n, (d, d), k, jnp) for x, k in ((A, "A"), (B, "B"), (V, "V")))
+    b = jnp.zeros((n, d), dtype) if b is None else _batched(cast(b), n, (d,), "b", jnp)
+    m0 = jnp.zeros((n, d), dtype) if m0 is None else _batched(cast(m0), n, (d,), "m0", jnp)
+    if not traced:
+        _check_concrete(n, d, dtype, np.asarray(S0b),
+                        (("S0", S0b), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)))
+    t1 = jnp.asarray(t1, dtype)
+    ts = _save_times(saveat, t1, dtype)
+    return _composable(m0, S0b, A, B, V, b, t1, ts, *rest)
+
+
+def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
+                        rtol: float = 1e-10, atol: float = 1e-12, blowup_threshold: float = 1e6,
                         max_explicit_iterations: int = 4096, stiff: bool = True,
                         max_stiff_iterations: int = 20000, hmin_rel: Optional[float] = None,
-                        min_bucket: int = 16, chunk: int = 64, throw: bool = False) -> BatchSolution:
+                        min_bucket: int = 16, chunk: int = 64, throw: bool = False,
+                        stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None,
+                        adjoint: Optional[diffrax.AbstractAdjoint] = None) -> BatchSolution:
     r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not hold the batch.
 
     The moment ODE of each member (docs/math.md §B.2),
@@ -474,12 +547,15 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
     refined T*). Concrete inputs (final states only) run the fast host-driven stages;
     traced inputs (``jax.jit``, ``jax.vmap``, ``jax.grad``) or save times run ``jax.vmap``
     of the single-member diffrax solve with the Rodas5 stiff stage (module doc): the same
-    statuses, values within the tolerances.
+    statuses, values within the tolerances. The parameters are a ``field``
+    (:class:`MomentField`) or the keywords ``A, B, V, b``, not both.
 
     Args:
         m0: (n, d) or (d,) (broadcast) initial means, or None (= 0).
         S0: (n, d, d) or (d, d) symmetric PSD initial covariances (concrete: a ValueError
             naming the member and the defect otherwise; traced: ``invalid_input``).
+        field: a :class:`MomentField` of constant parameters, each (d, d) or stacked
+            (n, d, d) (``jax.vmap(MomentField)(A, B, V, b)``), instead of the keywords.
         A: (n, d, d) or (d, d) constant parameter; the leading axis n is the batch.
             (Time-dependent controls: :func:`jaxdyn.solve_moments`, vmapped.)
         B: (n, d, d) or (d, d).
@@ -510,6 +586,14 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
         throw: if True, a member that is not successful (a blow-up included) raises: a
             ``RuntimeError`` naming the first such member (fast path) or ``eqx.error_if``'s
             error (composable path). Default False (read ``result`` per member).
+        stepsize_controller: composable path: the diffrax step-size controller of the
+            explicit (Dopri8) stage, given as is (default: PID at ``rtol, atol``; the Rodas5
+            stage keeps PID at ``rtol, atol``; ``diffrax.ConstantStepSize`` needs a first step,
+            which this path does not take: ``diffrax.StepTo(ts=...)`` fixes the steps). The
+            fast path has its own per-member error control and refuses it (call under
+            ``jax.jit``).
+        adjoint: composable path: the diffrax adjoint of both stages (default
+            ``diffrax.RecursiveCheckpointAdjoint()``); refused by the fast path likewise.
 
     Returns:
         A :class:`BatchSolution` (every leaf with the leading axis n).
@@ -518,8 +602,10 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
         ValueError: a concrete input with a wrong shape, a non-floating S0, non-finite
             values, an S0 that is not a covariance, ``t1 <= 0`` or ``chunk < 1``, step budgets
             that are not integers >= 1, an rtol or atol not a finite number >= 0, a
-            ``blowup_threshold`` not > 1.
+            ``blowup_threshold`` not > 1, a ``stepsize_controller`` or ``adjoint`` on the
+            fast path.
     """
+    A, B, V, b = _batch_params(field, A, B, V, b)
     max_explicit_iterations = check_integer("max_explicit_iterations", max_explicit_iterations,
                                             minimum=1)
     max_stiff_iterations = check_integer("max_stiff_iterations", max_stiff_iterations, minimum=1)
@@ -528,16 +614,7 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
         # as solve_moments: the solve's dtype is S0's
         raise ValueError(f"S0 must have a floating dtype, got {S0_dtype}")
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(S0_dtype))  # respects jax_enable_x64
-    shape_A = np.shape(A)
-    if len(shape_A) not in (2, 3) or shape_A[-1] != shape_A[-2]:
-        raise ValueError(f"A must have shape (d, d) or (n, d, d), got {shape_A}")
-    d = shape_A[-1]
-    pairs = [(np.shape(x), k) for x, k in zip((m0, S0, A, B, V, b), (1, 2, 2, 2, 2, 1))
-             if x is not None]
-    leads = {s[0] for s, k in pairs if len(s) == k + 1}
-    if len(leads) > 1:
-        raise ValueError(f"inconsistent batch sizes among m0, S0, A, B, V, b: {sorted(leads)}")
-    n = leads.pop() if leads else 1
+    n, d = _batch_size(m0, S0, A, B, V, b)
     if int(chunk) < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
@@ -546,60 +623,76 @@ def solve_moments_batch(m0, S0, *, A, B, V, b=None, t1, saveat=None, rtol: float
     if not traced and not float(t1) > 0:
         raise ValueError(f"t1 must be > 0, got {t1}")
     if traced or saveat is not None and not (isinstance(saveat, int) and saveat == 1):
-        xp = jnp
-        cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
-        S0b = _batched(cast(S0), n, (d, d), "S0", xp)
-        A, B, V = (_batched(cast(x), n, (d, d), k, xp) for x, k in ((A, "A"), (B, "B"), (V, "V")))
-        b = jnp.zeros((n, d), dtype) if b is None else _batched(cast(b), n, (d,), "b", xp)
-        m0 = jnp.zeros((n, d), dtype) if m0 is None else _batched(cast(m0), n, (d,), "m0", xp)
-        if not traced:
-            _check_concrete(n, d, dtype, np.asarray(S0b),
-                            (("S0", S0b), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)))
-        t1 = jnp.asarray(t1, dtype)
-        ts = _save_times(saveat, t1, dtype)
-        return _composable(m0, S0b, A, B, V, b, t1, ts, rtol, atol, blowup_threshold,
-                           int(max_explicit_iterations), int(max_stiff_iterations), bool(stiff),
-                           bool(throw))
+        rest = (rtol, atol, blowup_threshold, int(max_explicit_iterations),
+                int(max_stiff_iterations), bool(stiff), bool(throw), stepsize_controller, adjoint)
+        return _composable_call(m0, S0, A, B, V, b, t1, saveat, n, d, dtype, traced, rest)
+    passed = [k for k, v in (("stepsize_controller", stepsize_controller), ("adjoint", adjoint))
+              if v is not None]
+    if passed:
+        raise ValueError(f"solve_moments_batch: {' and '.join(passed)} apply to the composable "
+                         f"(traced) path only; the fast host path of these concrete inputs has "
+                         f"its own per-member steps. Call it under jax.jit (or with saveat=) to "
+                         f"use them")
     return _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
                  max_explicit_iterations, stiff, max_stiff_iterations, hmin_rel, min_bucket,
                  int(chunk), throw)
 
 
-def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
-          max_explicit_iterations, stiff, max_stiff_iterations, hmin_rel, min_bucket, W, throw):
-    """The host-driven path of :func:`solve_moments_batch` (module doc)."""
+class _Pool:
+    """The fast path's host state of every member, member-major (NumPy).
+
+    Chunks of members are gathered from it, run, and written back.
+    """
+
+    def __init__(self, m0, S0, n, d, dt_):
+        self.t = np.zeros(n, dt_)
+        self.mean, self.cov = m0.astype(dt_, copy=True), S0.astype(dt_, copy=True)
+        self.km, self.kS = np.zeros((n, d), dt_), np.zeros((n, d, d), dt_)
+        self.status = np.full(n, ACTIVE, np.int32)
+        self.tstar = np.full(n, np.inf, dt_)
+        self.h = np.zeros(n, dt_)
+        self.counters = {k: np.zeros(n, np.int32) for k in ("nacc", "nrej", "nstiff", "nonstiff")}
+        self.fresh = np.ones(n, bool)
+
+
+def _fast_inputs(m0, S0, A, B, V, b, t1, n, d, dtype, blowup_threshold):
+    """The fast path's inputs checked and stacked on the host (NumPy, member-major).
+
+    Returns:
+        ``(m0, S0, A, B, V, b, t1, thr)``, ``thr`` each member's threshold on ``‖Σ‖_F``.
+    """
     # Host-side preparation in numpy (no per-shape compilation of small eager ops).
     S0 = np.array(_batched(np.asarray(S0, dtype), n, (d, d), "S0", np))
-    _check_concrete(n, d, dtype, S0, (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)))
+    _check_concrete(n, d, dtype, S0, (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V),
+                                      ("b", b)))
     S0 = 0.5 * (S0 + np.swapaxes(S0, -1, -2))
     A, B, V = (np.array(_batched(np.asarray(x, dtype), n, (d, d), k, np))
                for x, k in ((A, "A"), (B, "B"), (V, "V")))
-    b = np.zeros((n, d), dtype) if b is None else np.array(_batched(np.asarray(b, dtype), n, (d,), "b", np))
-    m0 = np.zeros((n, d), dtype) if m0 is None else np.array(_batched(np.asarray(m0, dtype), n, (d,), "m0", np))
+    b = (np.zeros((n, d), dtype) if b is None
+         else np.array(_batched(np.asarray(b, dtype), n, (d,), "b", np)))
+    m0 = (np.zeros((n, d), dtype) if m0 is None
+          else np.array(_batched(np.asarray(m0, dtype), n, (d,), "m0", np)))
     t1 = np.asarray(t1, dtype)
-    if hmin_rel is None:
-        hmin_rel = 100 * float(np.finfo(dtype).eps)
     thr = (blowup_threshold * np.maximum(np.sqrt(np.sum(S0 * S0, axis=(1, 2))), 1.0)).astype(dtype)
+    return m0, S0, A, B, V, b, t1, thr
 
+
+def _explicit_stage(p, prm, t1, thr, rtol, atol, max_explicit_iterations, hmin_rel, W):
+    """Stage 1 on the host pool ``p``: explicit rounds on chunks of W, survivors regrouped.
+
+    Each chunk of W runs until at most W/4 of its members are active (all of them when the
+    pool fits in one chunk), then the survivors of all chunks form the next pool. Every call
+    has the same shapes: one compiled program, and the long tail of slow members costs one
+    chunk's width.
+
+    Returns:
+        The rounds ``[(pool size, iterations, seconds)]``.
+    """
+    A, B, V, b = prm
     bl = lambda X: np.ascontiguousarray(np.moveaxis(X, 0, -1))  # noqa: E731
     mm = lambda X: np.moveaxis(X, -1, 0)  # noqa: E731
-    # Global (host) state of every member, member-major; chunks of W members are gathered
-    # from it, run, and written back.
-    dt_ = np.dtype(dtype)
-    t_fin = np.zeros(n, dt_)
-    mean, cov = m0.astype(dt_, copy=True), S0.astype(dt_, copy=True)
-    km, kS = np.zeros((n, d), dt_), np.zeros((n, d, d), dt_)
-    status = np.full(n, ACTIVE, np.int32)
-    tstar = np.full(n, np.inf, dt_)
-    h_last = np.zeros(n, dt_)
-    counters = {k: np.zeros(n, np.int32) for k in ("nacc", "nrej", "nstiff", "nonstiff")}
-    fresh = np.ones(n, bool)
     rounds = []
-    # Passes over the pool of running members: each chunk of W runs until at most W/4 of
-    # its members are active (all of them when the pool fits in one chunk), then the
-    # survivors of all chunks form the next pool. Every call has the same shapes: one
-    # compiled program, and the long tail of slow members costs one chunk's width.
-    pool = np.arange(n)
+    pool = np.arange(p.t.size)
     while pool.size:
         t_round = time.perf_counter()
         min_active = W // 4 if pool.size > W else 0
@@ -608,30 +701,40 @@ def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
             g = pool[start:start + W]
             k = g.size
             sel = np.concatenate([g, np.full(W - k, g[0])])
-            st_in = status[sel]
+            st_in = p.status[sel]
             st_in[k:] = status_code("successful")  # padding: inactive copies, never written back
-            carry = dict(t=t_fin[sel], h=h_last[sel], m=bl(mean[sel]), S=bl(cov[sel]),
-                         km=bl(km[sel]), kS=bl(kS[sel]), status=st_in, tstar=tstar[sel],
-                         **{c: v[sel] for c, v in counters.items()})
-            out, it = _explicit_round(carry, fresh[sel], bl(A[sel]), bl(B[sel]), bl(V[sel]),
+            carry = dict(t=p.t[sel], h=p.h[sel], m=bl(p.mean[sel]), S=bl(p.cov[sel]),
+                         km=bl(p.km[sel]), kS=bl(p.kS[sel]), status=st_in, tstar=p.tstar[sel],
+                         **{c: v[sel] for c, v in p.counters.items()})
+            out, it = _explicit_round(carry, p.fresh[sel], bl(A[sel]), bl(B[sel]), bl(V[sel]),
                                       bl(b[sel]), t1, thr[sel], rtol, atol,
                                       np.int32(max_explicit_iterations), np.int32(min_active),
                                       hmin_rel)
             c = {key: np.asarray(v)[..., :k] for key, v in out.items()}
             its = max(its, int(it))
-            t_fin[g], h_last[g], status[g], tstar[g] = c["t"], c["h"], c["status"], c["tstar"]
-            mean[g], cov[g], km[g], kS[g] = mm(c["m"]), mm(c["S"]), mm(c["km"]), mm(c["kS"])
-            for key, v in counters.items():
+            p.t[g], p.h[g], p.status[g], p.tstar[g] = c["t"], c["h"], c["status"], c["tstar"]
+            p.mean[g], p.cov[g], p.km[g], p.kS[g] = mm(c["m"]), mm(c["S"]), mm(c["km"]), mm(c["kS"])
+            for key, v in p.counters.items():
                 v[g] = c[key]
-            fresh[g] = False
+            p.fresh[g] = False
         rounds.append((int(pool.size), its, time.perf_counter() - t_round))
-        pool = pool[status[pool] == ACTIVE]
-    nsteps = counters["nacc"] + counters["nrej"]
-    nacc = counters["nacc"].copy()
-    it1 = int(nsteps.max()) if n else 0
-    status[status == ACTIVE] = HANDOFF
-    t_stiff = time.perf_counter()
-    hands = np.flatnonzero(status == HANDOFF)
+        pool = pool[p.status[pool] == ACTIVE]
+    return rounds
+
+
+def _stiff_host_stage(p, prm, t1, thr, rtol, atol, stiff, max_stiff_iterations, min_bucket,
+                      nsteps, nacc):
+    """Stage 2: the members handed over continue with Rodas5 (padded to a power of two).
+
+    Without ``stiff`` they end ``stiff``. Updates ``p``, ``nsteps`` and ``nacc`` in place.
+
+    Returns:
+        ``(stiff mask, the stage's largest step count)``.
+    """
+    A, B, V, b = prm
+    n = p.t.size
+    p.status[p.status == ACTIVE] = HANDOFF
+    hands = np.flatnonzero(p.status == HANDOFF)
     stiff_mask = np.zeros(n, bool)
     stiff_mask[hands] = True
     it2 = 0
@@ -639,24 +742,33 @@ def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
         k = hands.size
         size = max(min_bucket, 1 << max(0, math.ceil(math.log2(k))))
         idx = np.concatenate([hands, np.full(size - k, hands[0])])
-        t_in = t_fin[idx]
+        t_in = p.t[idx]
         t_in[k:] = t1  # padding: copies that start at t1 and take no step
-        res = _stiff_stage(t_in, h_last[idx], mean[idx], cov[idx], A[idx], B[idx], V[idx], b[idx],
-                           t1, thr[idx], rtol, atol, int(max_stiff_iterations))
+        res = _stiff_stage(t_in, p.h[idx], p.mean[idx], p.cov[idx], A[idx], B[idx], V[idx],
+                           b[idx], t1, thr[idx], rtol, atol, int(max_stiff_iterations))
         t2, m2, S2, st2, ts2, ns2, na2 = (np.asarray(x)[:k] for x in res)
-        t_fin[hands], mean[hands], cov[hands] = t2, m2, S2
-        status[hands], tstar[hands] = st2, ts2
+        p.t[hands], p.mean[hands], p.cov[hands] = t2, m2, S2
+        p.status[hands], p.tstar[hands] = st2, ts2
         nsteps[hands] += ns2.astype(nsteps.dtype)
         nacc[hands] += na2.astype(nacc.dtype)
         it2 = int(ns2.max())
     elif hands.size:
-        status[hands] = status_code("stiff")
-    stiff_seconds = time.perf_counter() - t_stiff
-    # Pole stage: refine T* of every blow-up past its detection point (projective system in
-    # reparametrised time, jaxdyn.gaussian._solve.pole_refine), vmapped over the blow-up members.
-    t_pole = time.perf_counter()
-    bu = np.flatnonzero(status == status_code("blowup"))
-    z = tuple(np.array(x) for x in pole_start(t_fin[bu], cov[bu]))
+        p.status[hands] = status_code("stiff")
+    return stiff_mask, it2
+
+
+def _pole_host_stage(p, prm, t1, rtol, atol, W):
+    """Stage 3: T* of every blow-up refined past its detection point, in passes over chunks.
+
+    (The projective system in reparametrised time, :func:`jaxdyn.gaussian._solve.pole_refine`,
+    vmapped over the blow-up members.) A pole that does not converge, or is refined past t1
+    (the solution is finite on [0, t1]: it only passed the threshold before t1), is LARGE,
+    as in solve_moments. Updates ``p`` in place.
+    """
+    A, B, V, _ = prm
+    dt_ = p.tstar.dtype
+    bu = np.flatnonzero(p.status == status_code("blowup"))
+    z = tuple(np.array(x) for x in pole_start(p.t[bu], p.cov[bu]))
     conv = np.zeros(bu.size, bool)
     T_ref = np.full(bu.size, np.inf, dt_)
     h_tau = np.full(bu.size, np.nan, dt_)  # the step in τ to continue with (NaN: a first one)
@@ -676,16 +788,36 @@ def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
             conv[g], T_ref[g] = np.asarray(cs)[:g.size], np.asarray(Ts)[:g.size]
             h_tau[g] = np.asarray(hs)[:g.size]
         todo = todo[~conv[todo]]
-    tstar[bu] = np.where(conv, T_ref, np.inf)
-    status[bu[~conv]] = status_code("large")
-    # A pole refined past t1: the solution is finite on [0, t1] (it only passed the threshold
-    # before t1), so no blow-up is claimed: LARGE, as in solve_moments.
-    late = (status == status_code("blowup")) & (tstar > t1)
-    status[late], tstar[late] = status_code("large"), np.inf
-    tstar[status != status_code("blowup")] = np.inf
+    p.tstar[bu] = np.where(conv, T_ref, np.inf)
+    p.status[bu[~conv]] = status_code("large")
+    late = (p.status == status_code("blowup")) & (p.tstar > t1)
+    p.status[late], p.tstar[late] = status_code("large"), np.inf
+    p.tstar[p.status != status_code("blowup")] = np.inf
+
+
+def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
+          max_explicit_iterations, stiff, max_stiff_iterations, hmin_rel, min_bucket, W, throw):
+    """The host-driven path of :func:`solve_moments_batch` (module doc)."""
+    m0, S0, A, B, V, b, t1, thr = _fast_inputs(m0, S0, A, B, V, b, t1, n, d, dtype,
+                                               blowup_threshold)
+    if hmin_rel is None:
+        hmin_rel = 100 * float(np.finfo(dtype).eps)
+    dt_ = np.dtype(dtype)
+    p = _Pool(m0, S0, n, d, dt_)
+    prm = (A, B, V, b)
+    rounds = _explicit_stage(p, prm, t1, thr, rtol, atol, max_explicit_iterations, hmin_rel, W)
+    nsteps = p.counters["nacc"] + p.counters["nrej"]
+    nacc = p.counters["nacc"].copy()
+    it1 = int(nsteps.max()) if n else 0
+    t_stiff = time.perf_counter()
+    stiff_mask, it2 = _stiff_host_stage(p, prm, t1, thr, rtol, atol, stiff, max_stiff_iterations,
+                                        min_bucket, nsteps, nacc)
+    stiff_seconds = time.perf_counter() - t_stiff
+    t_pole = time.perf_counter()
+    _pole_host_stage(p, prm, t1, rtol, atol, W)
     pole_seconds = time.perf_counter() - t_pole
-    cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
-    ok = status == status_code("successful")
+    cov = 0.5 * (p.cov + np.swapaxes(p.cov, -1, -2))
+    ok = p.status == status_code("successful")
     rounds = np.asarray(rounds, np.float64).reshape(-1, 3)
     stats = {"num_steps": nsteps, "num_accepted_steps": nacc, "stiff": stiff_mask,
              "explicit_iterations": np.asarray(it1), "stiff_iterations": np.asarray(it2),
@@ -694,11 +826,11 @@ def _fast(m0, S0, A, B, V, b, t1, n, d, dtype, rtol, atol, blowup_threshold,
              "stiff_seconds": np.asarray(stiff_seconds), "pole_seconds": np.asarray(pole_seconds)}
     nan = np.asarray(np.nan, dt_)
     out = BatchSolution(ts=jnp.asarray(np.broadcast_to(t1, (n, 1))),
-                        mean=jnp.asarray(np.where(ok[:, None, None], mean[:, None], nan)),
+                        mean=jnp.asarray(np.where(ok[:, None, None], p.mean[:, None], nan)),
                         cov=jnp.asarray(np.where(ok[:, None, None, None], cov[:, None], nan)),
-                        t_final=jnp.asarray(t_fin), mean_final=jnp.asarray(mean),
-                        cov_final=jnp.asarray(cov), blowup_time=jnp.asarray(tstar),
-                        result=from_codes(status),
+                        t_final=jnp.asarray(p.t), mean_final=jnp.asarray(p.mean),
+                        cov_final=jnp.asarray(cov), blowup_time=jnp.asarray(p.tstar),
+                        result=from_codes(p.status),
                         stats={k: jnp.asarray(v) for k, v in stats.items()})
     if throw:
         raise_if_failed(out, "solve_moments_batch")

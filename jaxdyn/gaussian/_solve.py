@@ -759,11 +759,11 @@ def _prepared_start(S0, threshold):
     return S0, invalid, threshold * jnp.maximum(jnp.sqrt(jnp.sum(S0 * S0)), 1.0)
 
 
-def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint):
+def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint,
+                 controller=None):
     """One adaptive diffrax solve of ``field`` from ``y0 = (m0, S0)`` on [t0, t1].
 
-    Saved at ``ts`` (within [t0, t1]) and at its end, stopped by the event ``cond_fn`` (PID
-    steps, the field's breakpoints as jump times).
+    Saved at ``ts`` (within [t0, t1]) and at its end, stopped by the event ``cond_fn``.
 
     Args:
         field: the moment field.
@@ -773,16 +773,19 @@ def _solve_until(field, solver, y0, t0, t1, ts, dt0, rtol, atol, cond_fn, max_st
         t1: end time.
         ts: (n_save,) save times.
         dt0: first step (None: diffrax's choice).
-        rtol: relative tolerance.
-        atol: absolute tolerance.
+        rtol: relative tolerance (of the default controller).
+        atol: absolute tolerance (of the default controller).
         cond_fn: the event's condition.
         max_steps: step budget.
         adjoint: diffrax adjoint.
+        controller: a diffrax step-size controller, given as is (None: a PID controller at
+            ``rtol, atol`` with the field's breakpoints as jump times).
 
     Returns:
         ``(solution, (means, covariances) at ts, (mean, covariance, time) at the end)``.
     """
-    controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
+    if controller is None:
+        controller = diffrax.PIDController(rtol=rtol, atol=atol, jump_ts=field.breakpoints())
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(field), solver, t0, t1, dt0, y0,
         saveat=diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)]),
@@ -812,9 +815,84 @@ def _threshold_event(thr):
     return cond_fn
 
 
+def _traced_times(t1, ts):
+    """The checks of the host's check_times, for traced times.
+
+    Returns:
+        ``(bad, t1, ts)``: whether they fail, and the times to solve on (stand-ins where
+        they fail: diffrax's own checks stay quiet, the step count bounded).
+    """
+    bad = ~(jnp.isfinite(t1) & (t1 > 0) & jnp.all(jnp.isfinite(ts)) & jnp.all(ts >= 0)
+            & jnp.all(ts <= t1) & jnp.all(ts[1:] >= ts[:-1]))
+    return bad, jnp.where(bad, jnp.ones_like(t1), t1), jnp.where(bad, jnp.ones_like(ts), ts)
+
+
+def _stiff_continuation(field, first, ts, t1, rtol, atol, cond_fn, stiff_steps, adjoint):
+    """The members whose explicit budget ran out, continued by Rodas5 (PID steps).
+
+    The others start at t1 and take no step.
+
+    Args:
+        field: the moment field.
+        first: ``(sol, (m_all, S_all), (m_end, S_end, t_end), result, nsteps, nacc)`` of the
+            explicit solve.
+        ts: the save times.
+        t1: the final time.
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        cond_fn: the blow-up event.
+        stiff_steps: Rodas5's step budget.
+        adjoint: diffrax adjoint.
+
+    Returns:
+        ``((m_all, S_all), (m_end, S_end, t_end), result, nsteps, nacc, handed)`` merged.
+    """
+    from ..integrators.rodas5 import Rodas5
+
+    (m_all, S_all), (m_end, S_end, t_end), result, nsteps, nacc = first
+    handed = result == status_code("max_steps_reached")
+    t_start = jnp.where(handed, t_end, t1)
+    sol2, (m_all2, S_all2), (m_end2, S_end2, t_end2) = _solve_until(
+        field, Rodas5(), (m_end, S_end), t_start, t1, jnp.clip(ts, t_start, t1), None, rtol,
+        atol, cond_fn, stiff_steps, adjoint)
+    later = handed & (ts > t_end)
+    m_all = jnp.where(later[:, None], m_all2, m_all)
+    S_all = jnp.where(later[:, None, None], S_all2, S_all)
+    m_end, S_end = jnp.where(handed, m_end2, m_end), jnp.where(handed, S_end2, S_end)
+    t_end = jnp.where(handed, t_end2, t_end)
+    result = jnp.where(handed, status_codes(sol2.result), result)
+    nsteps = nsteps + jnp.where(handed, sol2.stats["num_steps"], 0)
+    nacc = nacc + jnp.where(handed, sol2.stats["num_accepted_steps"], 0)
+    return (m_all, S_all), (m_end, S_end, t_end), result, nsteps, nacc
+
+
+def _pole_status(field, status, big, S_end, t_end, t1, rtol, atol, pole_steps):
+    """The pole test and T* of a member past the threshold (``blowup``), else ``status``.
+
+    T* is refined past the detection point (projective system in τ, :func:`pole_refine`); a
+    pole that does not converge there, or is refined past t1 (the solution is finite on
+    [0, t1]: it only passed the threshold before t1), stays ``large``. T* is not
+    differentiated: stop_gradient keeps the refinement out of JVP/VJP traces.
+
+    Returns:
+        ``(status, T*)``.
+    """
+    dtype, d = S_end.dtype, S_end.shape[0]
+    A, B, V, _ = field.params(t_end)
+    s, ell, q = blowup_indicators(S_end, A, B, V)
+    blew = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
+    sg = jax.lax.stop_gradient
+    S_safe = jnp.where(blew, S_end, jnp.eye(d, dtype=dtype))
+    T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
+                              rtol=rtol, atol=atol, max_steps=pole_steps, active=blew)
+    blew = blew & conv & (T_ref <= t1)
+    status = jnp.where(blew, status_code("blowup"), status)
+    return status, jnp.where(blew, T_ref, jnp.full((), jnp.inf, dtype)).astype(dtype)
+
+
 def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
                   *, stiff_steps: int = 0, stiff_status=None, pole: bool = True,
-                  pole_steps: int = 400):
+                  pole_steps: int = 400, controller=None):
     """One member's solve and status (jit/vmap/grad friendly; the core of both drivers).
 
     ``solver`` from (m0, S0) on [0, t1] with the blow-up event (arguments as
@@ -835,55 +913,39 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
         dt0: first step or None.
         stiff_steps: if > 0, a member whose budget ``max_steps`` ran out continues from
             there with :class:`jaxdyn.integrators.rodas5.Rodas5` for at most this many steps
-            (the stiff stage of :func:`jaxdyn.gaussian.solve_moments_batch`).
+            (the stiff stage of :func:`jaxdyn.gaussian.solve_moments_batch`; PID steps at
+            ``rtol, atol`` whatever ``controller``).
         stiff_status: with ``stiff_steps = 0``, the code of a budget that runs out
             (default ``max_steps_reached``).
         pole: the pole test and T* refinement (:func:`pole_refine`) of a member past the
             threshold; else it is ``large``.
         pole_steps: the refinement's step budget.
+        controller: the step-size controller of ``solver`` (None: PID at ``rtol, atol``).
 
     Returns:
         ``(MomentSolution, whether the member went to the stiff stage)``.
     """
-    from ..integrators.rodas5 import Rodas5
-
     dtype = S0.dtype
-    d = S0.shape[0]
     S0, invalid, thr = _prepared_start(S0, threshold)
     if callable(getattr(field, "invalid", None)):  # a traced control grid out of its domain
         invalid = invalid | field.invalid()
-    # the checks of the host's check_times, for traced times: flagged, and the solve then runs on
-    # stand-in times (diffrax's own checks stay quiet, the step count bounded)
-    bad_times = ~(jnp.isfinite(t1) & (t1 > 0) & jnp.all(jnp.isfinite(ts)) & jnp.all(ts >= 0)
-                  & jnp.all(ts <= t1) & jnp.all(ts[1:] >= ts[:-1]))
+    bad_times, t1, ts = _traced_times(t1, ts)
     invalid = invalid | bad_times
-    t1 = jnp.where(bad_times, jnp.ones_like(t1), t1)
-    ts = jnp.where(bad_times, jnp.ones_like(ts), ts)
     cond_fn = _threshold_event(thr)
     zero = jnp.zeros((), dtype)
-    sol, (m_all, S_all), (m_end, S_end, t_end) = _solve_until(
-        field, solver, (m0, S0), zero, t1, ts, dt0, rtol, atol, cond_fn, max_steps, adjoint)
+    sol, saved, end = _solve_until(field, solver, (m0, S0), zero, t1, ts, dt0, rtol, atol,
+                                   cond_fn, max_steps, adjoint, controller)
     result = status_codes(sol.result)
     nsteps, nacc = sol.stats["num_steps"], sol.stats["num_accepted_steps"]
     maxed_code = status_code("max_steps_reached")
     handed = result == maxed_code
     if stiff_steps:
-        # Continue the members whose explicit budget ran out (stiff, in practice) with Rodas5;
-        # the others start at t1 and take no step.
-        t_start = jnp.where(handed, t_end, t1)
-        sol2, (m_all2, S_all2), (m_end2, S_end2, t_end2) = _solve_until(
-            field, Rodas5(), (m_end, S_end), t_start, t1, jnp.clip(ts, t_start, t1), None, rtol,
-            atol, cond_fn, stiff_steps, adjoint)
-        later = handed & (ts > t_end)
-        m_all = jnp.where(later[:, None], m_all2, m_all)
-        S_all = jnp.where(later[:, None, None], S_all2, S_all)
-        m_end, S_end = jnp.where(handed, m_end2, m_end), jnp.where(handed, S_end2, S_end)
-        t_end = jnp.where(handed, t_end2, t_end)
-        result = jnp.where(handed, status_codes(sol2.result), result)
-        nsteps = nsteps + jnp.where(handed, sol2.stats["num_steps"], 0)
-        nacc = nacc + jnp.where(handed, sol2.stats["num_accepted_steps"], 0)
+        saved, end, result, nsteps, nacc = _stiff_continuation(
+            field, (saved, end, result, nsteps, nacc), ts, t1, rtol, atol, cond_fn, stiff_steps,
+            adjoint)
     elif stiff_status is not None:
         maxed_code = stiff_status
+    (m_all, S_all), (m_end, S_end, t_end) = saved, end
     s = jnp.sqrt(jnp.sum(S_end * S_end))
     finite = jnp.all(jnp.isfinite(S_end)) & jnp.all(jnp.isfinite(m_end)) & jnp.isfinite(t_end)
     event = result == status_code("event_occurred")
@@ -897,20 +959,7 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
     status = jnp.where(ok, status_code("successful"), status)
     tstar = jnp.full((), jnp.inf, dtype)
     if pole:
-        A, B, V, _ = field.params(t_end)
-        s, ell, q = blowup_indicators(S_end, A, B, V)
-        blew = big & on_pole(s, ell, q, pole_scale(S_end, V, B))
-        # Refine T* past the detection point (projective system in τ, see pole_refine); a pole
-        # that does not converge there, or is refined past t1 (the solution is finite on
-        # [0, t1]: it only passed the threshold before t1), is LARGE. T* is not
-        # differentiated: stop_gradient keeps the refinement out of JVP/VJP traces.
-        sg = jax.lax.stop_gradient
-        S_safe = jnp.where(blew, S_end, jnp.eye(d, dtype=dtype))
-        T_ref, conv = pole_refine(sg(jnp.where(blew, t_end, 0.0)), sg(S_safe), sg(A), sg(B), sg(V),
-                                  rtol=rtol, atol=atol, max_steps=pole_steps, active=blew)
-        blew = blew & conv & (T_ref <= t1)
-        status = jnp.where(blew, status_code("blowup"), status)
-        tstar = jnp.where(blew, T_ref, tstar).astype(dtype)
+        status, tstar = _pole_status(field, status, big, S_end, t_end, t1, rtol, atol, pole_steps)
     status = jnp.where(invalid, status_code("invalid_input"), status).astype(jnp.int32)
     # Saved values at or after the end of a terminated solve are undefined: NaN, not diffrax's inf.
     good = (ts < t_end) | (status == status_code("successful"))
@@ -925,16 +974,16 @@ def _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_step
 
 @eqx.filter_jit
 def _solve_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint, dt0,
-               throw=False):
+               throw=False, controller=None):
     """:func:`_member_solve` of Paper B's field, jitted; ``throw`` raises on a failed result."""
     out, _ = _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps,
-                           adjoint, dt0)
+                           adjoint, dt0, controller=controller)
     return error_if_failed(out, out.result) if throw else out
 
 
 @eqx.filter_jit
 def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps, adjoint,
-                       dt0, throw=False):
+                       dt0, throw=False, controller=None):
     """:func:`_solve_jit` for a :class:`VariantMomentField` (``large`` past the threshold).
 
     No pole test and no T*: the multi-head and L2/Sinkhorn right-hand sides have no single
@@ -944,19 +993,76 @@ def _solve_variant_jit(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max
         The :class:`MomentSolution`.
     """
     out, _ = _member_solve(field, m0, S0, t1, ts, rtol, atol, threshold, solver, max_steps,
-                           adjoint, dt0, pole=False)
+                           adjoint, dt0, pole=False, controller=controller)
     return error_if_failed(out, out.result) if throw else out
 
 
-def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: float = 1e-8,
-                  atol: float = 1e-10, solver: Optional[diffrax.AbstractSolver] = None,
+def _field_of(field=None, *, A=None, B=None, V=None, b=None, attention=None, Q=None, K=None,
+                 beta=None, caller: str = "solve_moments"):
+    """The moment field of a call: ``field`` itself, or the one its keywords describe.
+
+    Args:
+        field: a :class:`MomentField` or :class:`VariantMomentField`, or None.
+        A: (d, d) array or :class:`Control` (None with ``attention``: 0).
+        B: (d, d) array or Control (Paper B's field).
+        V: (d, d) array or Control; with ``attention``, (H, d, d) (or (d, d)).
+        b: (d,) array, Control or None (= 0).
+        attention: None (:class:`MomentField`) or a :class:`VariantMomentField` kind.
+        Q: with ``attention``: per-head query weights.
+        K: with ``attention``: per-head key weights.
+        beta: with ``attention``: inverse temperature (None: 1).
+        caller: the function named in the errors.
+
+    Returns:
+        The field.
+
+    Raises:
+        TypeError: a ``field`` that is not a moment field, or a field and a keyword for one
+            of its parameters both given (the keyword named).
+        ValueError: keywords that do not describe a field (missing A/B, or Q/K with
+            ``attention``).
+    """
+    given = {k: v for k, v in dict(A=A, B=B, V=V, b=b, attention=attention, Q=Q, K=K,
+                                   beta=beta).items() if v is not None}
+    if field is not None:
+        if not isinstance(field, (MomentField, VariantMomentField)):
+            raise TypeError(f"{caller}: field must be a MomentField or a VariantMomentField, got "
+                            f"{type(field).__name__}")
+        if given:
+            raise TypeError(f"{caller}: the parameters are given twice: field= and the "
+                            f"keyword(s) {sorted(given)}; give the field or the keywords")
+        return field
+    if V is None:
+        raise ValueError(f"{caller}: V is required (or field=MomentField(A, B, V, b))")
+    if attention is None:
+        if A is None or B is None or Q is not None or K is not None or beta is not None:
+            raise ValueError(f"{caller}: A and B are required (and Q, K, beta not taken) "
+                             "unless attention= selects a variant right-hand side")
+        return MomentField(A, B, V, b)
+    if B is not None or Q is None or K is None:
+        raise ValueError(f"{caller}(attention={attention!r}) takes Q, K (per-head "
+                         f"weights) and beta instead of B")
+    return VariantMomentField(A, Q, K, V, b, beta=1.0 if beta is None else beta,
+                              attention=attention)
+
+
+def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
+                  rtol: float = 1e-8, atol: float = 1e-10,
+                  solver: Optional[diffrax.AbstractSolver] = None,
+                  stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None,
                   max_steps: int = 16384, blowup_threshold: float = 1e6,
                   adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None,
                   throw: bool = False, attention: Optional[str] = None, Q=None, K=None,
-                  beta=1.0) -> MomentSolution:
+                  beta=None) -> MomentSolution:
     r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
+
+    The system is a ``field`` (:class:`MomentField` ``(A, B, V, b)``, or a
+    :class:`VariantMomentField` for multi-head / L2 / Sinkhorn attention), or the same
+    parameters as keywords (``A=, B=, V=, b=``, or ``attention=, Q=, K=, V=, beta=``); one
+    or the other, not both. ``solver``, ``stepsize_controller`` and ``adjoint`` go to
+    ``diffrax.diffeqsolve`` as given.
 
     Jit-compiled internally; runs under ``jax.jit``, ``jax.vmap`` (over stacks of parameters,
     m0, S0: ``jax.vmap(lambda A: solve_moments(..., A=A, ...))``) and ``jax.grad`` (with
@@ -969,25 +1075,34 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
         S0: (d, d) symmetric PSD initial covariance (rank-deficient allowed; the rank is
             preserved). A concrete S0 that is not symmetric / PSD raises; a traced one is
             reported ``invalid_input``.
+        field: a :class:`MomentField` or :class:`VariantMomentField` (instead of the
+            parameters' keywords).
         A: (d, d) array or :class:`Control` (with ``attention``: None = 0 allowed).
         B: (d, d) array or Control (None with ``attention``).
-        V: (d, d) array or Control; with ``attention``, (H, d, d) (or (d, d)).
+        V: (d, d) array or Control; with ``attention``, (H, d, d) (or (d, d)). Required
+            unless ``field`` is given.
         b: (d,) array, Control or None (= 0).
         t1: final time.
         saveat: None (final time only), an int n (n uniform times on [0, t1], both ends
             included; n = 1: t1 alone) or a 1-D array of times in [0, t1].
-        rtol: relative tolerance of the PID controller (a Python float: changing it
+        rtol: relative tolerance of the default PID controller (a Python float: changing it
             recompiles), raised to what the dtype resolves, ``rtol ≥ 10 eps``
-            (:func:`dtype_tolerances`; float32: 1.19e-6).
+            (:func:`dtype_tolerances`; float32: 1.19e-6). Also the tolerance of the T*
+            refinement.
         atol: absolute tolerance, ``atol ≥ 0.1 eps`` (float32: 1.19e-8).
         solver: a diffrax solver (default ``diffrax.Dopri8()``, 8th order; for stiff
             problems :class:`jaxdyn.integrators.rodas5.Rodas5`).
+        stepsize_controller: a diffrax step-size controller, given as is (default
+            ``diffrax.PIDController(rtol, atol, jump_ts=the Controls' breakpoints)``; a
+            ``diffrax.ConstantStepSize()`` needs ``dt0``; a controller of your own does not get
+            the breakpoints: pass ``jump_ts=field.breakpoints()`` to it for Controls).
         max_steps: step budget (``max_steps_reached`` when it runs out).
         blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
             status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module
             doc). Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389;
             :func:`dtype_threshold`).
-        adjoint: diffrax adjoint (default ``diffrax.RecursiveCheckpointAdjoint()``).
+        adjoint: diffrax adjoint (default ``diffrax.RecursiveCheckpointAdjoint()``), given
+            as is.
         dt0: first step (None: diffrax's choice).
         throw: if True, a result other than ``successful`` (a blow-up included) raises with
             its message (``eqx.error_if``: also under jit/vmap). Default False.
@@ -999,27 +1114,25 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
             Passing the threshold is then reported ``large`` (no pole test, no T*).
         Q: with ``attention``: (H, p, d) (or (p, d)) query weights.
         K: with ``attention``: (H, p, d) (or (p, d)) key weights.
-        beta: with ``attention``: inverse temperature β > 0.
+        beta: with ``attention``: inverse temperature β > 0 (None: 1).
 
     Returns:
         A :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`).
 
     Raises:
-        ValueError: concrete inputs that do not fit: missing A/B (or Q/K with
+        ValueError: concrete inputs that do not fit: missing A/B/V (or Q/K with
             ``attention``), shapes, a non-finite m0, an S0 that is not a covariance,
             ``t1 <= 0``, bad save times, a ``max_steps`` that is not an integer >= 1, an
             rtol or atol that is not a finite number >= 0, a ``blowup_threshold`` not > 1.
+        TypeError: a ``field`` together with a keyword of its parameters, a ``field`` or
+            ``stepsize_controller`` of the wrong type.
     """
-    if attention is None:
-        if A is None or B is None or Q is not None or K is not None:
-            raise ValueError("solve_moments: A and B are required (and Q, K not taken) "
-                             "unless attention= selects a variant right-hand side")
-        field = MomentField(A, B, V, b)
-    else:
-        if B is not None or Q is None or K is None:
-            raise ValueError(f"solve_moments(attention={attention!r}) takes Q, K (per-head "
-                             f"weights) and beta instead of B")
-        field = VariantMomentField(A, Q, K, V, b, beta=beta, attention=attention)
+    field = _field_of(field, A=A, B=B, V=V, b=b, attention=attention, Q=Q, K=K, beta=beta)
+    if stepsize_controller is not None and not isinstance(
+            stepsize_controller, diffrax.AbstractStepSizeController):
+        raise TypeError(f"solve_moments: stepsize_controller must be a diffrax step-size "
+                        f"controller (diffrax.PIDController, diffrax.ConstantStepSize, ...), "
+                        f"got {type(stepsize_controller).__name__}")
     max_steps = check_integer("max_steps", max_steps, minimum=1)
     d = field.dim
     S0 = jnp.asarray(S0)
@@ -1041,13 +1154,13 @@ def solve_moments(m0, S0, *, A=None, B=None, V, b=None, t1, saveat=None, rtol: f
     dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
-    run = _solve_jit if attention is None else _solve_variant_jit
+    run = _solve_jit if isinstance(field, MomentField) else _solve_variant_jit
     # concrete times are checked here, on the host (a clear ValueError before any tracing)
     concrete = _is_concrete(t1) and _is_concrete(ts) and (dt0 is None or _is_concrete(dt0))
     if concrete:
         check_times(0.0, t1, ts, dt0)
     return run(field, m0, S0, t1, ts, rtol, atol, blowup_threshold, solver, max_steps,
-               adjoint, dt0, bool(throw))
+               adjoint, dt0, bool(throw), stepsize_controller)
 
 
 def covariance_curves(m0, S0, *, A, B, V, b=None, t1, n_save: int = 200, **kw):
