@@ -404,8 +404,8 @@ def _variant_blocks(platform, k_block, q_block, causal, n):
 def _heads_blocked(q, k, v, beta, key_bias, alibi, q_offset, *, causal, logits, iters, mode,
                    step, k_block, q_block, safe, over_heads, potential=False):
     """The blocked kernel of every head, one after the other (``"map"``) or vmapped."""
-    # CPU: one head at a time, since vmapped heads make (heads, keys, queries) tiles that run
-    # slower than H passes over one head's cache-sized tiles.
+    # CPU: one head at a time: vmapped over the heads, the (keys × queries) tiles run slower
+    # than H passes of one head.
     if logits == "l2":  # −β|q − k|² = row constant + 2β⟨q, k⟩ − β|k|²
         qs = 2 * beta * q
         l2_bias = -beta * jnp.sum(k * k, axis=-1)
