@@ -277,6 +277,78 @@ def _definite_sign(w, tol):
     return 0
 
 
+def _exact_rule(B, v, S0, x0, nums):
+    """The exact rule for V = v I, A = 0 (module doc); ``nums`` gains its numbers.
+
+    Returns:
+        The :class:`Regime`.
+    """
+    K = v * (B + B.T)
+    lam = np.linalg.eigvalsh(K)[-1]
+    nums.update(v=v, lambda_max_vS=lam)
+    if S0 is not None:
+        T = float(vi_blowup_time(S0, B, v))
+        nums.update(T_star=T)
+        if np.isfinite(T):
+            return Regime("blow-up", "V = vI, A = 0: T* = 1/λmax(S0^½ vS S0^½) (exact)",
+                          nums, T, np.inf)
+        return Regime("stable", "V = vI, A = 0, λmax(S0^½ vS S0^½) ≤ 0: Σ(t) ⪯ S0 (exact)",
+                      nums, np.inf, x0)
+    if lam > 0:
+        return Regime("blow-up", "V = vI, A = 0, λmax(v(B+Bᵀ)) > 0: blow-up from every "
+                      "full-rank S0 at T* = 1/λmax(S0^½ vS S0^½) (exact)", nums, np.inf, np.inf)
+    return Regime("stable", "V = vI, A = 0, v(B+Bᵀ) ⪯ 0: Σ(t) ⪯ S0 (exact)", nums, np.inf,
+                  np.inf)
+
+
+def _definite_rule(sv, sb, spectra, r, x0, d, nums):
+    """The trace rules for sym(V), sym(B) definite (signs ``sv``, ``sb``; module doc).
+
+    Args:
+        sv: the sign of sym(V).
+        sb: the sign of sym(B).
+        spectra: ``(eig sym A, eig sym V, eig sym B, ‖skew V‖, ‖skew B‖)``.
+        r: the rank of S0 (None: not given).
+        x0: tr S0 (None: not given).
+        d: the dimension.
+        nums: the numbers reported; gains this rule's.
+
+    Returns:
+        The :class:`Regime`.
+    """
+    wA, wV, wB, nVa, nBa = spectra
+    mu = np.min(np.abs(wV)) * np.min(np.abs(wB))
+    kappa = mu - nVa * nBa
+    nums.update(kappa=kappa, mu=mu)
+    if kappa > 0 and sv == sb:
+        alpha = wA[0]
+        rr = r if r is not None else d
+        nums.update(alpha=alpha)
+        if x0 is not None:
+            Tb = float(scalar_blowup_time(x0, alpha, kappa / rr))
+            nums.update(T_bound=Tb)
+            if np.isfinite(Tb):
+                return Regime("blow-up", "sym(V), sym(B) definite of the same sign, κ > 0: "
+                              "tr Σ' ≥ 2α trΣ + 2κ (trΣ)²/r ⇒ T* ≤ T_b", nums, Tb, np.inf)
+            return Regime("other", "same-sign definite, κ > 0, but κ trS0/r ≤ −λmin(sym A): "
+                          "the trace bound does not force a blow-up", nums, np.inf, np.inf)
+        if alpha >= 0:
+            return Regime("blow-up", "sym(V), sym(B) definite of the same sign, κ > 0, "
+                          "λmin(sym A) ≥ 0: blow-up from every nonzero S0", nums, np.inf, np.inf)
+        return Regime("other", f"same-sign definite, κ > 0, λmin(sym A) < 0: blow-up when "
+                      f"tr S0 > r·{-alpha:.3g}/κ (pass S0 to decide)", nums, np.inf, np.inf)
+    if kappa > 0 and sv != sb:
+        beta = wA[-1]
+        eventual = d * max(beta, 0.0) / kappa
+        nums.update(beta=beta, eventual_trace_bound=eventual)
+        bound = np.inf if x0 is None else (max(x0, eventual) if beta > 0 else x0)
+        return Regime("stable", "sym(V), sym(B) definite of opposite signs, κ > 0: "
+                      "tr Σ' ≤ 2β trΣ − 2κ (trΣ)²/d ⇒ tr Σ(t) ≤ max(tr S0, dβ/κ)", nums,
+                      np.inf, float(bound))
+    return Regime("other", "sym(V), sym(B) definite but κ = μ(V_s)μ(B_s) − ‖V_a‖‖B_a‖ ≤ 0: "
+                  "skew parts too large for the trace argument", nums, np.inf, np.inf)
+
+
 def classify(A, B, V, S0=None, *, tol: float = 1e-12) -> Regime:
     """Classify the covariance dynamics for constant (A, B, V) by the rules of the module doc.
 
@@ -325,55 +397,11 @@ def classify(A, B, V, S0=None, *, tol: float = 1e-12) -> Regime:
     # Exact rule: V = v I, A = 0.
     v = np.trace(V) / d
     if np.abs(V - v * np.eye(d)).max() <= tol * scale and np.abs(A).max() <= tol * scale:
-        K = v * (B + B.T)
-        lam = np.linalg.eigvalsh(K)[-1]
-        nums.update(v=v, lambda_max_vS=lam)
-        if S0 is not None:
-            T = float(vi_blowup_time(S0, B, v))
-            nums.update(T_star=T)
-            if np.isfinite(T):
-                return Regime("blow-up", "V = vI, A = 0: T* = 1/λmax(S0^½ vS S0^½) (exact)",
-                              nums, T, np.inf)
-            return Regime("stable", "V = vI, A = 0, λmax(S0^½ vS S0^½) ≤ 0: Σ(t) ⪯ S0 (exact)",
-                          nums, np.inf, x0)
-        if lam > 0:
-            return Regime("blow-up", "V = vI, A = 0, λmax(v(B+Bᵀ)) > 0: blow-up from every "
-                          "full-rank S0 at T* = 1/λmax(S0^½ vS S0^½) (exact)", nums, np.inf, np.inf)
-        return Regime("stable", "V = vI, A = 0, v(B+Bᵀ) ⪯ 0: Σ(t) ⪯ S0 (exact)", nums, np.inf,
-                      np.inf)
+        return _exact_rule(B, v, S0, x0, nums)
 
     sv, sb = _definite_sign(wV, tol * scale), _definite_sign(wB, tol * scale)
     if sv != 0 and sb != 0:
-        mu = np.min(np.abs(wV)) * np.min(np.abs(wB))
-        kappa = mu - nVa * nBa
-        nums.update(kappa=kappa, mu=mu)
-        if kappa > 0 and sv == sb:
-            alpha = wA[0]
-            rr = r if r is not None else d
-            nums.update(alpha=alpha)
-            if x0 is not None:
-                Tb = float(scalar_blowup_time(x0, alpha, kappa / rr))
-                nums.update(T_bound=Tb)
-                if np.isfinite(Tb):
-                    return Regime("blow-up", "sym(V), sym(B) definite of the same sign, κ > 0: "
-                                  "tr Σ' ≥ 2α trΣ + 2κ (trΣ)²/r ⇒ T* ≤ T_b", nums, Tb, np.inf)
-                return Regime("other", "same-sign definite, κ > 0, but κ trS0/r ≤ −λmin(sym A): "
-                              "the trace bound does not force a blow-up", nums, np.inf, np.inf)
-            if alpha >= 0:
-                return Regime("blow-up", "sym(V), sym(B) definite of the same sign, κ > 0, "
-                              "λmin(sym A) ≥ 0: blow-up from every nonzero S0", nums, np.inf, np.inf)
-            return Regime("other", f"same-sign definite, κ > 0, λmin(sym A) < 0: blow-up when "
-                          f"tr S0 > r·{-alpha:.3g}/κ (pass S0 to decide)", nums, np.inf, np.inf)
-        if kappa > 0 and sv != sb:
-            beta = wA[-1]
-            eventual = d * max(beta, 0.0) / kappa
-            nums.update(beta=beta, eventual_trace_bound=eventual)
-            bound = np.inf if x0 is None else (max(x0, eventual) if beta > 0 else x0)
-            return Regime("stable", "sym(V), sym(B) definite of opposite signs, κ > 0: "
-                          "tr Σ' ≤ 2β trΣ − 2κ (trΣ)²/d ⇒ tr Σ(t) ≤ max(tr S0, dβ/κ)", nums,
-                          np.inf, float(bound))
-        return Regime("other", "sym(V), sym(B) definite but κ = μ(V_s)μ(B_s) − ‖V_a‖‖B_a‖ ≤ 0: "
-                      "skew parts too large for the trace argument", nums, np.inf, np.inf)
+        return _definite_rule(sv, sb, (wA, wV, wB, nVa, nBa), r, x0, d, nums)
     return Regime("other", "sym(V) or sym(B) indefinite: no rule applies", nums, np.inf, np.inf)
 
 
