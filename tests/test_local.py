@@ -150,15 +150,20 @@ def test_gradients_match_the_blocked_kernel():
 
     def loss(kernel):
         def f(x, B, beta):
-            m = jaxdyn.interaction(x, x, B, beta, kernel=kernel, tol=1e-12)
+            if kernel == "auto":  # the choice kernel="auto" makes (a branch on the spread)
+                m = jaxdyn.local_interaction(x, x, B, beta, tol=1e-12, max_visited=0.25)[0]
+            else:
+                m = jaxdyn.interaction(x, x, B, beta, kernel=kernel, tol=1e-12)
             return jnp.sum(m * c)
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
 
-    v1, g1 = loss("local")(x, B, 800.0)
     v2, g2 = loss("blocked")(x, B, 800.0)
-    np.testing.assert_allclose(v1, v2, rtol=1e-11)
-    for a, b in zip(g1, g2):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(b))))
+    for kernel in ("local", "auto"):
+        v1, g1 = loss(kernel)(x, B, 800.0)
+        np.testing.assert_allclose(v1, v2, rtol=1e-11, err_msg=kernel)
+        for a, b in zip(g1, g2):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(b))),
+                                       err_msg=kernel)
 
 
 def test_vmap_over_beta_and_the_auto_choice():

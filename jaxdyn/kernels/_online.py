@@ -118,11 +118,12 @@ def _ratio_jvp(primals, tangents):
     return out, (dnum - out * dden) / den
 
 
-@jax.custom_batching.custom_vmap
 def all_at_most(a, limit):
     """``all(a <= limit)``; under ``vmap`` one answer for the whole batch (unbatched).
 
-    A ``lax.cond`` on it then stays a branch instead of becoming a select of both sides.
+    A ``lax.cond`` on it then stays a branch instead of becoming a select of both sides. The
+    answer is a boolean, so no derivative flows through it: its inputs are cut from the
+    gradient (reverse mode through a branch chosen by it works).
 
     Args:
       a: array.
@@ -131,10 +132,15 @@ def all_at_most(a, limit):
     Returns:
       Boolean scalar.
     """
+    return _all_at_most(jax.lax.stop_gradient(a), jax.lax.stop_gradient(limit))
+
+
+@jax.custom_batching.custom_vmap
+def _all_at_most(a, limit):
     return jnp.all(a <= limit)
 
 
-@all_at_most.def_vmap
+@_all_at_most.def_vmap
 def _all_at_most_vmap(axis_size, in_batched, a, limit):
     return jnp.all(a <= limit), False
 
