@@ -402,8 +402,9 @@ def _reach_wall(res):
 
 def _gaussian_phase_blowup(res):
     r = res["results"]
-    return (f"T* to a relative {num(r['blowup_time_max_relative_error'], 2)} at most (median "
-            f"{num(r['blowup_time_median_relative_error'], 2)})")
+    n = r["status_counts"].get("blowup", 0)
+    return (f"T* to a relative {num(r['blowup_time_max_relative_error'], 2)} at most over its {n} "
+            f"blow-ups (median {num(r['blowup_time_median_relative_error'], 2)}; default rtol)")
 
 
 def _gaussian_blowup(res):
@@ -441,6 +442,74 @@ def _corollary_setup(res):
             f"{_seconds(res['meta']['wall_seconds'])} of wall time for both weights")
 
 
+def _depth_col(res, problem, key):
+    """Per depth, the values of ``key`` over the seeds of ``problem``."""
+    seeds = res["results"][problem]["seeds"]
+    return [[sd["rows"][i][key] for sd in seeds] for i in range(len(seeds[0]["rows"]))]
+
+
+def _depth_table(res):
+    r = res["results"]
+    layers = r["sphere_clusters"]["layers"]
+    s_w2 = _depth_col(res, "sphere_clusters", "w2")
+    s_e2 = _depth_col(res, "sphere_clusters", "sqrt_s_eps")
+    s_e3 = _depth_col(res, "sphere_clusters", "sqrt_s_eps_1e-3")
+    s_rs = _depth_col(res, "sphere_clusters", "w2_resampled")
+    e_w2 = _depth_col(res, "gaussian_to_mixture", "w2")
+    start = {p: spread([sd["w2_start"] for sd in r[p]["seeds"]]) for p in r}
+    lines = [f"| L | S²: W2 (start {start['sphere_clusters']}) | S²: √S_ε at ε = 0.01 / 1e-3 | "
+             f"S²: W2 to an independent draw of ν | R²: W2 (start {start['gaussian_to_mixture']}) |",
+             "|---|---|---|---|---|"]
+    for i, L in enumerate(layers):
+        lines.append(f"| {L} | {spread(s_w2[i])} | {spread(s_e2[i])} / {spread(s_e3[i])} | "
+                     f"{spread(s_rs[i])} | {spread(e_w2[i])} |")
+    return "\n".join(lines)
+
+
+def _depth_slope(problem, first=0):
+    def render(res):
+        seeds = res["results"][problem]["seeds"]
+        slopes = []
+        for sd in seeds:
+            rows = sd["rows"][first:]
+            slopes.append(_slope([math.log(x["L"]) for x in rows], [math.log(x["w2"]) for x in rows]))
+        return spread(slopes, 2)
+    return render
+
+
+def _depth_seeds(res):
+    r = res["results"]
+    k = {len(v["seeds"]) for v in r.values()}
+    n = {v["n"] for v in r.values()}
+    return (f"{'/'.join(str(x) for x in sorted(k))} seeds, N = {'/'.join(str(x) for x in sorted(n))}; "
+            f"{_seconds(res['meta']['wall_seconds'])} of wall time on {_machine_words(res['meta'])}")
+
+
+def _depth_agreement(key, ref="w2"):
+    def render(res):
+        rel = [abs(row[key] - row[ref]) / row[ref] for sd in res["results"]["sphere_clusters"]["seeds"]
+               for row in sd["rows"]]
+        return f"{100 * max(rel):.2g} %"
+    return render
+
+
+def _depth_replay(res):
+    rel = [abs(row["loss_fine"] - row["loss"]) / abs(row["loss"]) for v in res["results"].values()
+           for sd in v["seeds"] for row in sd["rows"]]
+    return f"{100 * max(rel):.2g} %"
+
+
+def _depth_status(problem):
+    def render(res):
+        counts = {}
+        for sd in res["results"][problem]["seeds"]:
+            for row in sd["rows"]:
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
+        total = sum(counts.values())
+        return ", ".join(f"{c} of {total} `{k}`" for k, c in sorted(counts.items()))
+    return render
+
+
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
     "concentration": {
@@ -464,6 +533,15 @@ RENDERERS = {
     },
     "gaussian": {"phase_blowup": _gaussian_phase_blowup, "blowup": _gaussian_blowup},
     "benchmark": {"control_measure_gradient": _bench_control_measure},
+    "control_depth": {
+        "table": _depth_table, "seeds": _depth_seeds, "replay": _depth_replay,
+        "slope_s2": _depth_slope("sphere_clusters"), "slope_s2_from_2": _depth_slope("sphere_clusters", 1),
+        "slope_r2": _depth_slope("gaussian_to_mixture"),
+        "eps_1e-3": _depth_agreement("sqrt_s_eps_1e-3"), "eps_0.01": _depth_agreement("sqrt_s_eps"),
+        "status_s2": _depth_status("sphere_clusters"), "status_r2": _depth_status("gaussian_to_mixture"),
+        "floor_s2": lambda res: spread([sd["w2_floor"] for sd in res["results"]["sphere_clusters"]["seeds"]]),
+        "floor_r2": lambda res: spread([sd["w2_floor"] for sd in res["results"]["gaussian_to_mixture"]["seeds"]]),
+    },
     "corollary_2": {
         "setup": _corollary_setup,
         **{f"{w}_{c}": _corollary(c, w) for w in ("w2_rate", "angle_rate")
