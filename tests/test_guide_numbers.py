@@ -125,3 +125,18 @@ def test_concentration_per_seed_reads_each_seeds_curves():
     assert top["min_w2"][0] == pytest.approx(0.43)
     assert top["min_w2"][0] > sp["mean"]
     assert per_seed(cfg, ds.isel(seed=[0])) is None
+
+
+def test_concentration_figures_show_every_seed(tmp_path):
+    """With a seed axis the figures draw every seed's curve and readings (and still draw)."""
+    from jaxdyn.experiments.concentration.figures import _per_seed_curves, plot
+
+    cfg, ds = _two_seed_run()
+    cfg.update(name="two_seeds", near_angle_deg=3.0)
+    curves = _per_seed_curves(ds, "w2_exact", [10.0, 100.0])
+    assert curves[0].shape == (2, ds.sizes["t_w2"])  # (seed, t): one curve a seed
+    figs = plot(cfg, ds, tmp_path)
+    names = {Path(f).name for f in figs}
+    assert {"w2_vs_t.png", "min_w2_vs_beta.png", "argmin_t_vs_log_beta.png",
+            "mass_fractions.png"} <= names
+    assert all(Path(f).stat().st_size > 0 for f in figs)
