@@ -152,8 +152,9 @@ def check_density(name: str, rho, *, axis_name: str = "cells") -> np.ndarray:
 def check_cloud(name: str, xs, *, min_points: int = 1, finite: bool = True) -> None:
     """Refuse clouds (..., N, d) with fewer than ``min_points`` points, d = 0, or NaN/inf.
 
-    The shape is checked for concrete and traced values alike; finiteness on the host, for
-    concrete values only (a traced cloud is the program's to flag).
+    A dtype that is not real is refused too (complex: its imaginary part would be dropped).
+    The shape and dtype are checked for concrete and traced values alike; finiteness on the
+    host, for concrete values only (a traced cloud is the program's to flag).
 
     Args:
         name: the argument's name, used in the message.
@@ -162,7 +163,8 @@ def check_cloud(name: str, xs, *, min_points: int = 1, finite: bool = True) -> N
         finite: check concrete values for NaN and inf.
 
     Raises:
-        ValueError: naming the argument, its shape, or the first cloud that is not finite.
+        ValueError: naming the argument, its shape, its dtype, or the first cloud that is not
+            finite.
     """
     shape = tuple(np.shape(xs))
     if len(shape) < 2:
@@ -170,6 +172,11 @@ def check_cloud(name: str, xs, *, min_points: int = 1, finite: bool = True) -> N
     if shape[-2] < min_points or shape[-1] < 1:
         raise ValueError(f"{name} must hold clouds of at least {min_points} point(s) of "
                          f"dimension d >= 1 (shape (..., N, d)), got shape {shape}")
+    dtype = getattr(xs, "dtype", None)
+    dtype = np.asarray(xs).dtype if dtype is None else np.dtype(dtype)
+    if np.issubdtype(dtype, np.complexfloating) or not (
+            np.issubdtype(dtype, np.number) or dtype == bool or dtype.kind == "V"):
+        raise ValueError(f"{name} must hold real numbers, got dtype {dtype}")
     if not finite or is_traced(xs):
         return
     arr = np.asarray(xs)

@@ -153,6 +153,7 @@ def _flag(out, x, *params):
 def _per_cloud(xs, *params, core, options=(), prepare=None, ndims=None):
     """The program of every statistic after its host checks: ``core`` on each cloud, flagged.
 
+    Integer clouds are computed in the default float, half-precision ones in float32.
     ``core(x, *p, **dict(options))`` runs on each cloud x (N, d) of ``xs`` with its share of
     the parameters (each broadcast against the leading axes, its trailing ``ndims`` axes its
     own; default scalars); each output leaf goes through :func:`_flag`. ``prepare(xs,
@@ -162,6 +163,11 @@ def _per_cloud(xs, *params, core, options=(), prepare=None, ndims=None):
     Returns:
       ``core``'s output with the leading axes of ``xs`` in front.
     """
+    xs = jnp.asarray(xs)
+    if not jnp.issubdtype(xs.dtype, jnp.floating):  # integers: the default float
+        xs = xs.astype(jnp.result_type(float))
+    elif jnp.finfo(xs.dtype).bits < 32:  # half precision: computed in float32 (SVD, eigh)
+        xs = xs.astype(jnp.float32)
     if prepare is not None:
         xs, *params = prepare(xs, *params)
     kw = dict(options)

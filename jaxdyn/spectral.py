@@ -251,12 +251,14 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
         with a ValueError naming it).
 
     Returns:
-      (...) fractions in [0, 1]; NaN where a traced ``angle`` is NaN or outside [0, π/2].
+      (...) fractions in [0, 1]; NaN where a traced ``angle`` is NaN or outside [0, π/2], or
+      where a cloud holds a point that is not finite (it would count as far).
     """
     _check_bounds("angle", angle, low=0.0, high=math.pi / 2, what=" (radians)")
     th = angle_to_subspace(x, basis)
     mass = jnp.mean((th <= angle).astype(th.dtype), axis=-1)
     ok = (angle >= 0) & (angle <= math.pi / 2)  # False for NaN
+    ok = ok & jnp.all(jnp.isfinite(th), axis=-1)
     return jnp.where(ok, mass, jnp.nan)
 
 

@@ -67,7 +67,8 @@ def geodesic_distance(x, y):
       y: (..., d) points of the sphere.
 
     Returns:
-      (...) distances in [0, π].
+      (...) distances in [0, π]; NaN where x or y is not finite (the clip below would read an
+      infinite |x − y| as π).
     """
     c = jnp.linalg.norm(x - y, axis=-1) / 2.0
-    return 2.0 * jnp.arcsin(jnp.clip(c, 0.0, 1.0))
+    return jnp.where(jnp.isfinite(c), 2.0 * jnp.arcsin(jnp.clip(c, 0.0, 1.0)), jnp.nan)
