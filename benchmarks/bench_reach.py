@@ -161,7 +161,7 @@ def main(argv=None):
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdyn.control import certificate, controlled_moments, random_target, reach
+    from jaxdyn.control import ReachOptions, certificate, controlled_moments, random_target, reach
     from jaxdyn.distances import bures_w2
     from jaxdyn.gaussian import Control
 
@@ -198,8 +198,9 @@ def main(argv=None):
         targets = [random_target(s, d) for s in range(n_seeds)]
         row = {"d": d, "targets": n_seeds, "tol": TOL}
         for name, adam in schedules.items():
-            kw = dict(t1=T1, n_pieces=N_PIECES, init="zero", adam_steps=adam, stop_factor=1.0,
-                      tol=TOL, verify=False, with_certificate=False)
+            kw = dict(t1=T1, n_pieces=N_PIECES,
+                      options=ReachOptions(init="zero", adam_steps=adam, stop_factor=1.0, tol=TOL,
+                                           verify=False, with_certificate=False))
             cold, cold_cpu = [], []
             for m1, S1 in targets:  # trace + compile + run (each new steps_per_piece compiles)
                 t0, c0 = time.perf_counter(), cpu_s()

@@ -20,8 +20,8 @@ m1, S1 = control.random_target(3, 2)                  # a random target mean and
 # piecewise-constant A(t), b(t), V(t), B(t) on 4 pieces, from small random controls; optax
 # L-BFGS on the Bures W2² at t1, gradients through the moment ODE. verify=True (the default)
 # re-solves the result independently at rtol 1e-11; skipped here to keep the example short.
-res = jaxdyn.reach(m0, S0, m1, S1, t1=1.0, n_pieces=4, init="random", with_certificate=False,
-                   verify=False)
+options = control.ReachOptions(init="random", with_certificate=False, verify=False)
+res = jaxdyn.reach(m0, S0, m1, S1, t1=1.0, n_pieces=4, options=options)
 print(f"{res.names}: W2 = {float(res.w2_optimizer):.2e} after {int(res.stats['iterations'])} "
       f"L-BFGS iterations")
 assert res.names == "successful"

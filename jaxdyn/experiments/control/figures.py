@@ -21,19 +21,17 @@ def _deepest(cfg, ds):
     return best[0][1], best[1]
 
 
-def plot(cfg, ds, out_dir):
-    """Draw the ``control`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
-    plt = plots.pyplot()
-    out_dir = Path(out_dir)
-    figs = []
-    model, d = model_of(cfg)
+def _loss_history(plt, cfg, ds, out_dir):
+    """Figure 1: loss and W2 against iterations, one line a point.
+
+    Returns:
+        The saved figure's path.
+    """
     cmap = plt.get_cmap("viridis")
     pts = list(iter_points(ds))
     Ls = sorted({layers_of(cfg, lab) for lab, _ in pts})
     ns = sorted({particles_of(cfg, lab) for lab, _ in pts})
     styles = ("-", "--", ":", "-.")  # one a swept N
-
-    # 1. loss and W2 against iterations
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for lab, sel in pts:
         L = layers_of(cfg, lab)
@@ -50,9 +48,15 @@ def plot(cfg, ds, out_dir):
     uniq = dict(zip(labels, handles))
     axes[0].legend(uniq.values(), uniq.keys(), fontsize=7)
     fig.suptitle(f"{cfg['problem']}: optimisation")
-    figs.append(plots.save(fig, out_dir / "loss_history.png"))
+    return plots.save(fig, out_dir / "loss_history.png")
 
-    # 2. W2 against depth
+
+def _w2_vs_depth(plt, cfg, ds, out_dir):
+    """Figure 2: W2 (exact, Sinkhorn) against depth, one colour a swept N.
+
+    Returns:
+        The saved figure's path.
+    """
     rows = depth_table(cfg, ds)
     ns = sorted({r["n_particles"] for r in rows})
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
@@ -79,9 +83,16 @@ def plot(cfg, ds, out_dir):
     ax.set_xlabel("layers L")
     ax.set_ylabel("W2 to the target")
     ax.legend(fontsize=7)
-    figs.append(plots.save(fig, out_dir / "w2_vs_depth.png"))
+    return plots.save(fig, out_dir / "w2_vs_depth.png")
 
-    # 3. particles at several depths (deepest point)
+
+def _particles_by_depth(plt, cfg, ds, out_dir, model):
+    """Figure 3: the deepest point's particles at several depths, and the target.
+
+    Returns:
+        The saved figure's path.
+    """
+    cmap = plt.get_cmap("viridis")
     L, sel = _deepest(cfg, ds)
     parts = ds["particles"].isel(sel).values
     tgt = ds["target"].isel(sel).values
@@ -102,9 +113,16 @@ def plot(cfg, ds, out_dir):
             ax.set_aspect("equal", adjustable="datalim")
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"particles by depth (L = {L}; colour: depth, red: the target)", fontsize=10)
-    figs.append(plots.save(fig, out_dir / "particles_by_depth.png"))
+    return plots.save(fig, out_dir / "particles_by_depth.png")
 
-    # 4. controls against depth (deepest point): one heat map a free weight
+
+def _controls_heatmap(plt, cfg, ds, out_dir, model):
+    """Figure 4: the deepest point's controls against depth, one heat map a free weight.
+
+    Returns:
+        The saved figure's path.
+    """
+    L, sel = _deepest(cfg, ds)
     names = [n for n in MODEL_WEIGHTS[model] if n in free_of(cfg)]
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False,
                              layout="constrained")
@@ -117,5 +135,14 @@ def plot(cfg, ds, out_dir):
         ax.set_ylabel("entry")
         fig.colorbar(im, ax=ax, fraction=0.05)
     fig.suptitle(f"controls against depth (L = {L})")
-    figs.append(plots.save(fig, out_dir / "controls_heatmap.png"))
-    return figs
+    return plots.save(fig, out_dir / "controls_heatmap.png")
+
+
+def plot(cfg, ds, out_dir):
+    """Draw the ``control`` figures (module doc; :meth:`~jaxdyn.experiments.ExperimentKind.plot`)."""
+    plt = plots.pyplot()
+    out_dir = Path(out_dir)
+    model, _ = model_of(cfg)
+    return [_loss_history(plt, cfg, ds, out_dir), _w2_vs_depth(plt, cfg, ds, out_dir),
+            _particles_by_depth(plt, cfg, ds, out_dir, model),
+            _controls_heatmap(plt, cfg, ds, out_dir, model)]

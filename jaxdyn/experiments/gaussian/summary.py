@@ -130,6 +130,55 @@ def zscores(cfg, ds, act, n, t):
     return (vals - ref) / sd, labels
 
 
+def _seed_bias(cfg, ds, te):
+    """The seeds' mean particle moments against the closure at ``te``, in standard errors.
+
+    Returns:
+        The ``seed_mean_vs_closure`` entry, or None with fewer than two seeds.
+    """
+    seeds = axis_values(cfg, ds, "seed")
+    if not (len(seeds) >= 2 and "seed" in ds.dims):
+        return None
+    zs = {}
+    for act in axis_values(cfg, ds, "activation"):
+        nmax = max(axis_values(cfg, ds, "n"))
+        z, labels = zscores(cfg, ds, act, nmax, te)
+        if z is not None:
+            mz = np.abs(z.mean(axis=0)) * math.sqrt(z.shape[0])
+            zs[act] = {"n": int(nmax), "seeds": int(z.shape[0]),
+                       "bias_in_standard_errors": dict(zip(labels, [finite_or_none(x) for x in mz]))}
+    return {"time": te, "per_activation": zs,
+            "note": "|mean over seeds of (particle moment - closure)| / (seed sd / sqrt(seeds)): "
+                    "a bias test; values above ~3 mean the closure is not the particles' limit"}
+
+
+def _parting(cfg, ds, T):
+    """When the particles part from a closure that blows up at ``T``, per N.
+
+    Returns:
+        The ``parting`` entry.
+    """
+    part = {}
+    act0 = main_activation(cfg, ds)
+    ts = ds["t"].values
+    for n in axis_values(cfg, ds, "n"):
+        tp = np.asarray(select(ds, "trace_particles", activation=act0, n=n).values)
+        tcl = np.asarray(select(ds, "trace_closure", activation=act0, n=n).values)
+        tp = tp.reshape(-1, ts.size)
+        tcl = tcl.reshape(-1, ts.size)
+        times = [parting_time(ts, a, c, cfg["parting_threshold"]) for a, c in zip(tp, tcl)]
+        rad = np.asarray(select(ds, "radius", activation=act0, n=n).values).reshape(-1, ts.size)
+        part[str(int(n))] = {"parting_time_mean": finite_or_none(np.nanmean(times)),
+                             "parting_time_per_seed": [finite_or_none(x) for x in times],
+                             "trace_ratio_at_blowup_detection": finite_or_none(np.nanmean(
+                                 tp[:, np.searchsorted(ts, T) - 1] / tcl[:, np.searchsorted(ts, T) - 1])),
+                             "max_radius_at_t1": finite_or_none(np.nanmax(rad[:, -1]))}
+    return {"threshold": cfg["parting_threshold"], "closure_blowup_time": finite_or_none(T),
+            "activation": act0, "per_n": part,
+            "note": "first saved time with |tr Ŝ/tr Σ - 1| > threshold; the particles "
+                    "stay finite past T*"}
+
+
 def summarize(cfg, ds):
     """The ``gaussian`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     if cfg["study"] == "phase_diagram":
@@ -174,40 +223,11 @@ def summarize(cfg, ds):
                                  "‖Σ^½ B Σ^½‖₂ of the closure (derived here; -1/2 while s < 1)"}
     out["tilt_index"] = {"initial": finite_or_none(tilt[0]),
                          "first_time_at_least_1": float(ds["t"].values[above[0]]) if above.size else None}
-    seeds = axis_values(cfg, ds, "seed")
-    if len(seeds) >= 2 and "seed" in ds.dims:
-        zs = {}
-        for act in axis_values(cfg, ds, "activation"):
-            nmax = max(axis_values(cfg, ds, "n"))
-            z, labels = zscores(cfg, ds, act, nmax, te)
-            if z is not None:
-                mz = np.abs(z.mean(axis=0)) * math.sqrt(z.shape[0])
-                zs[act] = {"n": int(nmax), "seeds": int(z.shape[0]),
-                           "bias_in_standard_errors": dict(zip(labels, [finite_or_none(x) for x in mz]))}
-        out["seed_mean_vs_closure"] = {
-            "time": te, "per_activation": zs,
-            "note": "|mean over seeds of (particle moment - closure)| / (seed sd / sqrt(seeds)): "
-                    "a bias test; values above ~3 mean the closure is not the particles' limit"}
+    seed_bias = _seed_bias(cfg, ds, te)
+    if seed_bias is not None:
+        out["seed_mean_vs_closure"] = seed_bias
     if math.isfinite(T) and T < cfg["t1"]:
-        part = {}
-        act0 = main_activation(cfg, ds)
-        ts = ds["t"].values
-        for n in axis_values(cfg, ds, "n"):
-            tp = np.asarray(select(ds, "trace_particles", activation=act0, n=n).values)
-            tcl = np.asarray(select(ds, "trace_closure", activation=act0, n=n).values)
-            tp = tp.reshape(-1, ts.size)
-            tcl = tcl.reshape(-1, ts.size)
-            times = [parting_time(ts, a, c, cfg["parting_threshold"]) for a, c in zip(tp, tcl)]
-            rad = np.asarray(select(ds, "radius", activation=act0, n=n).values).reshape(-1, ts.size)
-            part[str(int(n))] = {"parting_time_mean": finite_or_none(np.nanmean(times)),
-                                 "parting_time_per_seed": [finite_or_none(x) for x in times],
-                                 "trace_ratio_at_blowup_detection": finite_or_none(np.nanmean(
-                                     tp[:, np.searchsorted(ts, T) - 1] / tcl[:, np.searchsorted(ts, T) - 1])),
-                                 "max_radius_at_t1": finite_or_none(np.nanmax(rad[:, -1]))}
-        out["parting"] = {"threshold": cfg["parting_threshold"], "closure_blowup_time": finite_or_none(T),
-                          "activation": act0, "per_n": part,
-                          "note": "first saved time with |tr Ŝ/tr Σ - 1| > threshold; the particles "
-                                  "stay finite past T*"}
+        out["parting"] = _parting(cfg, ds, T)
     acts = axis_values(cfg, ds, "activation")
     if "relu" in acts:
         out["relu"] = _relu_summary(cfg, ds)
