@@ -31,6 +31,9 @@ def rates(config: str, seeds, n: int = 1024, t_fit=(3.0, 9.0), dt: float = 0.02,
     Returns:
       ``{"config", "d", "gap", "n", "t_fit", "seed", "w2_rate", "angle_rate", "w2": [seed][time],
       "t"}``.
+
+    Raises:
+      RuntimeError: the integration did not save the requested times.
     """
     import jax
 
