@@ -39,6 +39,7 @@ from .long_context_host import (
     critical_gamma as critical_gamma,
     equiangular_angle_ratio as equiangular_angle_ratio,
     equiangular_self_weight as equiangular_self_weight,
+    first_cluster_count as first_cluster_count,
     poisson_limit_weights as poisson_limit_weights,
     resolve_beta as resolve_beta,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "equiangular_angle_ratio",
     "equiangular_self_weight",
     "equiangular_tokens",
+    "first_cluster_count",
     "layer_angle_ratio",
     "mean_inner_product",
     "nearly_equiangular_tokens",

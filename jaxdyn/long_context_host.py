@@ -33,6 +33,7 @@ __all__ = [
     "critical_gamma",
     "equiangular_angle_ratio",
     "equiangular_self_weight",
+    "first_cluster_count",
     "poisson_limit_weights",
     "resolve_beta",
 ]
@@ -224,6 +225,34 @@ def cap_constant(d: int) -> float:
     critical_exponent(d)
     a = (d - 1) / 2
     return 2 ** a * math.exp(math.lgamma(d / 2) - math.lgamma(a)) / (math.sqrt(math.pi) * (d - 1))
+
+
+def first_cluster_count(d: int, mode: int) -> float:
+    r"""The number of clusters that form first when the fastest-growing mode is ``mode``.
+
+    The clusters form at the maxima of the growing perturbation of the uniform density. On
+    S¹ the fastest mode cos(k(θ − φ)) has k maxima: the count is k*. On S² the fastest
+    degree l* leaves a random combination of the 2l* + 1 harmonics of that degree, whose
+    expected number of local maxima is l(l + 1)/(2√3) (the expected number of critical points
+    of a random spherical harmonic of degree l is (2/√3) l(l + 1) + O(1), a quarter of them
+    maxima; Cammarota, Marinucci and Wigman). Both assume that one mode (one degree)
+    dominates the perturbation when the clusters form; docs/math.md §I.4.
+
+    Args:
+      d: the dimension of R^d, 2 (S¹) or 3 (S²).
+      mode: k* on S¹, l* on S² (≥ 1).
+
+    Returns:
+      The predicted count (a mean on S²).
+
+    Raises:
+      ValueError: d not 2 or 3, or mode < 1.
+    """
+    if d not in (2, 3):
+        raise ValueError(f"first_cluster_count: d must be 2 (S¹) or 3 (S²), got {d!r}")
+    if int(mode) != mode or mode < 1:
+        raise ValueError(f"first_cluster_count: mode must be an integer >= 1, got {mode!r}")
+    return float(mode) if d == 2 else mode * (mode + 1) / (2.0 * math.sqrt(3.0))
 
 
 def _tail(log_front, order, start, shift):

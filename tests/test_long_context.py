@@ -165,3 +165,33 @@ def test_poisson_limit_matches_a_direct_draw_and_the_cap_constant():
     # the regimes: c → 0 spreads the mass, c → ∞ puts it on the nearest key
     assert lc.poisson_limit_weights(0.02, 3, samples=50)[0][:, 0].mean() < 0.1
     assert lc.poisson_limit_weights(200.0, 3, samples=50)[0][:, 0].mean() > 0.99
+
+
+def test_first_cluster_count_against_the_maxima_of_random_harmonics():
+    """S²: the predicted count l(l+1)/(2√3) against a direct count of the local maxima of random
+    degree-l spherical harmonics (Gaussian coefficients, SciPy's harmonics, 40 000 Fibonacci
+    points, a maximum above its 8 nearest neighbours); S¹: k* itself."""
+    from scipy.spatial import cKDTree
+    from scipy.special import sph_harm_y
+
+    m = 40_000
+    i = np.arange(m) + 0.5
+    theta, phi = np.arccos(1 - 2 * i / m), math.pi * (1 + math.sqrt(5)) * i
+    pts = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], 1)
+    nb = cKDTree(pts).query(pts, k=9)[1][:, 1:]
+    rng = np.random.default_rng(0)
+    for deg in (6, 12):
+        ys = [sph_harm_y(deg, k, theta, phi) for k in range(deg + 1)]
+        counts = []
+        for _ in range(8):
+            f = ys[0].real * rng.normal()
+            for y in ys[1:]:
+                f = f + math.sqrt(2) * (rng.normal() * y.real + rng.normal() * y.imag)
+            counts.append(np.sum(np.all(f[:, None] > f[nb], axis=1)))
+        pred = lc.first_cluster_count(3, deg)
+        sem = np.std(counts) / math.sqrt(len(counts))
+        assert abs(np.mean(counts) - pred) <= 3 * sem + 0.05 * pred, (deg, counts, pred)
+    assert lc.first_cluster_count(2, 17) == 17.0
+    for bad in ((4, 3), (3, 0), (2, 2.5)):
+        with pytest.raises(ValueError, match="first_cluster_count"):
+            lc.first_cluster_count(*bad)

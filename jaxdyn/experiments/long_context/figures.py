@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import plots
-from ...long_context_host import critical_gamma, poisson_limit_weights
+from ...long_context_host import critical_gamma, first_cluster_count, poisson_limit_weights
 from .summary import axis_values, factor_values, select, phase_table
 
 
@@ -93,26 +93,36 @@ def phase_figure(cfg, ds, path):
 
 
 def dynamics_figure(cfg, ds, path):
-    """First cluster count against k* (l*) and first time against 1/λ*, per seed."""
+    """First cluster count against k* (l*) beside its prediction; first time × λ* against n.
+
+    Returns:
+      The figure's path.
+    """
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    ns = np.asarray(axis_values(ds, "n", cfg), float)
     for di, d in enumerate(axis_values(ds, "d", cfg)):
         sel = {"d": di}
         k = select(ds["mode_star"], **sel).values
         cnt = select(ds["first_count"], **sel).values
-        tt = select(ds["first_time"], **sel).values
-        rate = select(ds["rate_star"], **sel).values
-        axes[0].scatter(k.ravel(), cnt.ravel(), s=12, label=f"S^{d - 1} (each seed)")
-        axes[1].scatter(1 / rate.ravel(), tt.ravel(), s=12, label=f"S^{d - 1}")
-    lim = max(1.0, float(np.nanmax(ds["mode_star"].values)))
-    axes[0].plot([1, lim], [1, lim], "k--", lw=0.8, label="count = k* (S¹ prediction)")
+        dots = axes[0].scatter(k.ravel(), cnt.ravel(), s=12, label=f"S^{d - 1} (each seed)")
+        modes = np.arange(1, int(np.nanmax(k)) + 1)
+        axes[0].plot(modes, [first_cluster_count(d, m) for m in modes], "--", lw=0.8,
+                     color=dots.get_facecolor()[0],
+                     label="k* (S¹)" if d == 2 else "l(l+1)/(2√3) (S², random harmonic's maxima)")
+        scaled = select(ds["first_time"] * ds["rate_star"], **sel)
+        n_of = (scaled["n"].broadcast_like(scaled).values if "n" in scaled.dims
+                else np.full(scaled.shape, ns[0]))
+        axes[1].scatter(n_of.ravel(), scaled.values.ravel(), s=12, label=f"S^{d - 1}")
     axes[0].set_xlabel("most unstable mode k* (S¹) / degree l* (S²) at the same β")
     axes[0].set_ylabel("clusters that form first")
-    axes[1].set_xlabel(r"$1/\lambda^*$ (the fastest linear rate's time)")
-    axes[1].set_ylabel("time of the first clusters")
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("n")
+    axes[1].set_ylabel(r"time of the first clusters $\times \lambda^*$")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.suptitle(f"{cfg['name']}: dynamics at β = c n^(2/(d−1))", fontsize=9)
+    fig.suptitle(f"{cfg['name']}: dynamics at β = c n^(2/(d−1)) (dashed: predicted count)",
+                 fontsize=9)
     return plots.save(fig, path)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...long_context_host import critical_gamma, poisson_limit_weights
+from ...long_context_host import critical_gamma, first_cluster_count, poisson_limit_weights
 
 
 def axis_values(ds, name, cfg):
@@ -89,7 +89,9 @@ def dynamics_table(cfg, ds):
                     "beta": float(select(ds["beta_resolved"], **idx).values.ravel()[0]),
                     "first_count_mean": float(np.mean(cnt)), "first_count_std": float(np.std(cnt)),
                     "first_time_mean": float(np.nanmean(tt)) if np.isfinite(tt).any() else None,
-                    "mode_star": k, "growth_rate_star": rate, "time_scale": 1.0 / rate,
+                    "mode_star": k,
+                    "first_count_predicted": first_cluster_count(d, k),
+                    "growth_rate_star": rate, "time_scale": 1.0 / rate,
                 }
     return out
 
