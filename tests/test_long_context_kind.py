@@ -40,6 +40,10 @@ def test_warnings_before_compute_and_named_refusals():
     warns = KIND.check(coll)
     assert any("not resolved" in w for w in warns)        # S¹ at n = 1e5 in float32
     assert any("β < 3" in w for w in warns)               # c = 0.01 at small n
+    s2 = ROOT / "configs" / "long_context_dynamics_s2.yaml"
+    assert not any("count is not resolved" in w for w in KIND.check(_cfg(s2)))
+    big = KIND.check(_cfg(s2, sweep={"d": [3], "n": [100000], "c": [0.05], "seed": [0]}))
+    assert any("about 2916 first clusters" in w and "count is not resolved" in w for w in big)
     phase = _cfg(ROOT / "configs" / "long_context_phase.yaml")
     assert any("not nearly equiangular" in w for w in KIND.check(phase))
     with pytest.raises(ConfigError, match="scale: log"):

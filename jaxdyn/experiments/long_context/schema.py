@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ...config import ConfigError, Field, at_least, positive
-from ...long_context_host import cap_constant, resolve_beta
+from ...long_context_host import cap_constant, first_cluster_count, resolve_beta
 
 STUDIES = ("collapse", "phase", "dynamics")
 
@@ -142,6 +142,15 @@ def check(cfg):
                 warns.append(f"{where}, ρ = {p['rho']}: the tokens' inner products spread the "
                              f"largest logits by ≈ β(1 − ρ)√(2 log n/(d − 1)) = {spread:.2g} > 1: "
                              f"not nearly equiangular; the transition shifts and smears at this d")
+        if study == "dynamics" and d == 3:
+            # l* ≈ √(2β) (docs/math.md §I.4); the δ-graph counts a subsample's components
+            count = first_cluster_count(3, max(1, round(math.sqrt(2 * beta))))
+            m = min(n, p["subsample"])
+            if m < 4 * count:
+                warns.append(f"{where}: about {count:.0f} first clusters are predicted (l* ≈ √(2β)"
+                             f" = {math.sqrt(2 * beta):.3g}) and the count reads {m} particles "
+                             f"(subsample = {p['subsample']}): fewer than 4 a cluster, so the "
+                             f"count is not resolved (raise subsample, or lower c)")
         if study == "dynamics" and d == 2 and beta > 1e9:
             warns.append(f"{where}: on S¹ the most unstable mode k* ≈ √(2β) = "
                          f"{math.sqrt(2 * beta):.3g} needs as many histogram cells")
