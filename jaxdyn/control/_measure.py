@@ -728,7 +728,10 @@ def _from_raw(raw):
 
 @dataclasses.dataclass(frozen=True)
 class MeasureControlOptions:
-    """Settings of :func:`measure_control` (each can also be passed to it as a keyword).
+    """Settings of :func:`measure_control`: ``measure_control(x0, y, n_layers=L, options=...)``.
+
+    Each field can also be passed to :func:`measure_control` as a keyword, which replaces
+    that field of the options given (kept for scripts that pass keywords).
 
     Concrete values are checked when the options are made (``ValueError`` naming the field);
     the numbers may be traced (under ``jax.jit`` or ``jax.vmap``: see :func:`measure_control`),
