@@ -95,10 +95,10 @@ def main(argv=None) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     cmd = (f"python -m jaxdyn.experiments.reachability.depth --seeds {a.seeds} --n {a.n} "
            + "".join(f"--problem {q} " for q in a.problem or []) + f"--out {a.out}")
-    res = {}
-    for problem in a.problem or list(TARGETS):
-        res[problem] = {"n": a.n, "layers": list(LAYERS), "seeds": []}
-        for s in range(a.seeds):
+    problems = a.problem or list(TARGETS)
+    res = {problem: {"n": a.n, "layers": list(LAYERS), "seeds": []} for problem in problems}
+    for s in range(a.seeds):  # seed by seed, both problems: an interrupted run stays balanced
+        for problem in problems:
             ts = time.perf_counter()
             out = sweep(problem, s, a.n)
             out.update(seed=s, seconds=time.perf_counter() - ts)
