@@ -82,3 +82,16 @@ def test_one_step_helper_is_l_stable():
     y1, err, _ = step(jnp.asarray([1.0, -2.0]), jnp.asarray(1.0))
     assert np.max(np.abs(np.asarray(y1))) < 1e-9
     assert RODAS5.h.shape == (3, 8) and RODAS5.alpha[-1] == 1.0
+
+
+def test_a_float32_state_stays_float32_with_x64_on():
+    """The tableau's NumPy float64 weights must not promote a float32 state (diffrax's save
+    buffer then refused the step); the answer against the matrix exponential in float32."""
+    M = np.array([[-50.0, 1.0], [0.0, -0.5]])
+    y0 = np.array([1.0, 1.0], np.float32)
+    term = diffrax.ODETerm(lambda t, y, args: jnp.asarray(M, y.dtype) @ y)
+    t0, t1, dt0 = (jnp.float32(v) for v in (0.0, 2.0, 0.05))  # float32 times keep y float32
+    sol = diffrax.diffeqsolve(term, Rodas5(), t0, t1, dt0, jnp.asarray(y0),
+                              stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-7))
+    assert sol.ys.dtype == jnp.float32
+    np.testing.assert_allclose(sol.ys[-1], sla.expm(2.0 * M) @ y0, rtol=1e-4, atol=1e-6)

@@ -125,7 +125,8 @@ def _stages(tableau: RosenbrockTableau, f, y, h, f0, ft, J):
 def _new_state(tableau: RosenbrockTableau, y, U):
     """``y1 = y + Σ_{j<s} a_sj U_j + U_s`` (the terms in the order j = 0, 1, …)."""
     last = tableau.a.shape[0] - 1
-    return y + sum(tableau.a[last, j] * U[j] for j in range(last)) + U[last]
+    a = jnp.asarray(tableau.a[last], y.dtype)  # NumPy float64 would promote a float32 state
+    return y + sum(a[j] * U[j] for j in range(last)) + U[last]
 
 
 def rosenbrock_step(tableau: RosenbrockTableau, f, y, h):
