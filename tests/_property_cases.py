@@ -106,7 +106,7 @@ class Case:
 
     def params(self) -> set:
         """Names a named error may mention: the function's parameters and its name."""
-        names = {self.name, "shape", "dtype", *self.names} | set(self.build(1, 1))
+        names = {self.name, *self.names} | set(self.build(1, 1))
         if self.fn is not None:
             try:
                 names |= set(inspect.signature(self.fn).parameters)

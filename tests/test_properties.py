@@ -554,18 +554,11 @@ KNOWN: list = [
     *[Known(name, ("complex64",), ("concrete", "jit"),
             f"{name} with a complex64 input returns a real output (the imaginary part "
             "dropped, no error)")
-      for name in ("geodesic_distance", "mass_near", "angle_to_subspace", "trace_sqrtm_psd",
+      for name in ("geodesic_distance", "mass_near", "angle_to_subspace",
                    "simulate_ensemble", "measure_flow", "replay", "certificate")],
     Known("query_sharded_interaction", ("complex64",), ("concrete", "jit"),
           "simulation.query_sharded_interaction(x, y, I, 2.0) with a complex64 y returns a "
           "real average (the imaginary part dropped)", targets=("y",)),
-    Known("sqrtm_psd", ("float16", "bfloat16"), ("concrete", "jit"),
-          "distances.sqrtm_psd of a float16/bfloat16 matrix raises NotImplementedError "
-          "'Unsupported dtype' from eigh (the W2 functions compute half precision in "
-          "float32)"),
-    Known("trace_sqrtm_psd", ("float16", "bfloat16"), ("concrete", "jit"),
-          "distances.trace_sqrtm_psd of a float16/bfloat16 matrix raises NotImplementedError "
-          "'Unsupported dtype' from eigh"),
     Known("lyapunov_solve", ("neginf", "nan", "posinf"), ("jit", "concrete", "vmap"),
           "gaussian.lyapunov_solve(A, Q) with A = [[-inf]] (d = 1) under jit returns a "
           "finite solution, no NaN", size=(1, 1), targets=("A",)),
@@ -779,3 +772,15 @@ def test_clusters_refuse_complex_and_compute_integer_and_half_clouds(fn):
     # span_dimension raised NotImplementedError from the SVD
     for dt in (np.int32, jnp.float16, jnp.bfloat16):
         np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(x, dt))), want)
+
+
+@pytest.mark.parametrize("fn", [distances.sqrtm_psd, distances.trace_sqrtm_psd],
+                         ids=lambda f: f.__name__)
+def test_psd_roots_refuse_complex_and_half_precision_by_name(fn):
+    # float16/bfloat16 raised NotImplementedError from eigh; a complex matrix gave a real
+    # trace (trace_sqrtm_psd) with no error
+    name = "s" if fn is distances.sqrtm_psd else "c"
+    for dt in (jnp.float16, jnp.bfloat16, jnp.complex64):
+        with pytest.raises(TypeError, match=rf"^{name} must hold float32 or float64"):
+            fn(jnp.eye(2, dtype=dt))
+    np.testing.assert_allclose(np.asarray(fn(np.diag([4, 9]))).sum(), 5.0)

@@ -36,10 +36,20 @@ def _zero_cut(w):
 
 
 def _check_square_stack(name, s):
-    """Refuse an ``s`` that is not a stack of square matrices (..., d, d) (shapes only)."""
+    """Refuse an ``s`` that is not a stack of real square matrices (..., d, d).
+
+    Raises:
+        ValueError: naming ``s``, for a shape that is not (..., d, d).
+        TypeError: naming ``s``, for a dtype other than float32, float64 or an integer
+            (complex: the imaginary part would be dropped; half precision: eigh has none).
+    """
     shape = tuple(np.shape(s))
     if len(shape) < 2 or shape[-1] != shape[-2]:
         raise ValueError(f"{name} must be square matrices of shape (..., d, d), got shape {shape}")
+    dtype = jnp.result_type(s)
+    if not (jnp.issubdtype(dtype, jnp.integer) or dtype in (jnp.float32, jnp.float64)):
+        raise TypeError(f"{name} must hold float32 or float64 numbers (eigh has no complex "
+                        f"or half-precision path here), got dtype {dtype}")
 
 
 @jax.custom_jvp
@@ -63,7 +73,7 @@ def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
         The square roots R (..., d, d), symmetric PSD with R R = S (for PSD S).
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``s`` not of shape
-    (..., d, d).
+    (..., d, d), a TypeError a complex or half-precision ``s``.
     """
     _check_square_stack("s", s)
     w, u = _eigh_psd(s)
@@ -102,7 +112,7 @@ def trace_sqrtm_psd(c: Float[Array, "... d d"]) -> Float[Array, "..."]:
         The traces of their square roots, shape (...).
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``c`` not of shape
-    (..., d, d).
+    (..., d, d), a TypeError a complex or half-precision ``c``.
     """
     _check_square_stack("c", c)
     w, _ = _eigh_psd(c)
