@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...long_context_host import critical_gamma, first_cluster_count, poisson_limit_weights
@@ -103,61 +105,97 @@ def summarize(cfg, ds):
     return {"study": study, "table": table(cfg, ds)}
 
 
-def _fmt(v):
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    return str(v)
+# ---------------------------------------------------------------- the guide's tables
+# Renderers of a recorded long_context result file (jaxdyn.experiments.guide_numbers): each
+# takes the file's dict and returns Markdown.
 
 
-def markdown_table(summary: dict) -> str:
-    """A run's ``summary.json`` results as a Markdown table (one row per key of its table).
-
-    Args:
-      summary: the parsed ``summary.json`` of a ``long_context`` run.
-
-    Returns:
-      The table, with the run's name, points and compute seconds in a caption line.
-    """
-    table = summary["results"]["table"]
-    cols = list(next(iter(table.values())))
-    lines = [f"Run `{summary['name']}`: {summary['n_points']} points, "
-             f"{summary['compute_seconds']:.1f} s of compute (`summary.json`).", "",
-             "| point | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
-             "|---" * (len(cols) + 1) + "|"]
-    for key, row in table.items():
-        lines.append(f"| {key} | " + " | ".join(_fmt(row[c]) for c in cols) + " |")
-    return "\n".join(lines)
+def _key(point: str) -> dict:
+    """``"d=2,n=1000,c=0.01"`` as ``{"d": "2", "n": "1000", "c": "0.01"}``."""
+    return dict(kv.split("=") for kv in point.split(","))
 
 
-def fill_guide(guide, run_dirs) -> None:
-    """Fill a guide's generated blocks with the tables of runs.
-
-    Each ``<!-- BEGIN GENERATED NAME -->`` … ``<!-- END GENERATED NAME -->`` block of ``guide``
-    gets the table of the run named NAME among ``run_dirs``.
-
-    Args:
-      guide: the Markdown file.
-      run_dirs: run folders (each with its ``summary.json``).
-    """
-    import json
-    import re
-    from pathlib import Path
-
-    text = Path(guide).read_text()
-    for d in run_dirs:
-        s = json.loads((Path(d) / "summary.json").read_text())
-        name = s["name"]
-        text = re.sub(rf"(<!-- BEGIN GENERATED {name} -->\n).*?(<!-- END GENERATED {name} -->)",
-                      lambda m: m.group(1) + markdown_table(s) + "\n" + m.group(2), text,
-                      flags=re.S)
-    Path(guide).write_text(text)
+def _sci(n) -> str:
+    e = math.log10(float(n))
+    return f"10^{round(e)}" if abs(e - round(e)) < 1e-9 else f"{float(n):g}"
 
 
-if __name__ == "__main__":  # python -m jaxdyn.experiments.long_context.summary GUIDE RUN_DIR...
-    import sys
+def guide_collapse(res) -> str:
+    """Per (d, c): the median largest weight at each n beside the limit law's median."""
+    from ..guide_numbers import num
 
-    fill_guide(sys.argv[1], sys.argv[2:])
+    table = res["results"]["table"]
+    rows, ns = {}, []
+    for point, row in table.items():
+        k = _key(point)
+        rows.setdefault((int(k["d"]), float(k["c"])), {})[int(k["n"])] = row
+        ns.append(int(k["n"]))
+    ns = sorted(set(ns))
+    out = ["| d | c | limit (n → ∞) | " + " | ".join(f"n = {_sci(n)}" for n in ns)
+           + " | top key nearest |", "|---" * (len(ns) + 4) + "|"]
+    for (d, c), by_n in sorted(rows.items()):
+        first = next(iter(by_n.values()))
+        near = min(r["top_key_is_nearest"] for r in by_n.values())
+        out.append(f"| {d} | {num(c)} | {num(first['limit_max_weight_median'])} | "
+                   + " | ".join(num(by_n[n]["max_weight_median"]) if n in by_n else "—"
+                                for n in ns) + f" | {num(near)} |")
+    return "\n".join(out)
+
+
+def _closed_form_half(n: int, rho: float) -> float:
+    """The γ at which the exactly equiangular closed form of λ crosses ½ (SciPy's Brent)."""
+    from scipy.optimize import brentq
+
+    from ...long_context_host import equiangular_angle_ratio
+
+    f = lambda g: equiangular_angle_ratio(n, g * math.log(n), rho) - 0.5  # noqa: E731
+    return float(brentq(f, 1e-3 / (1 - rho), 10.0 / (1 - rho), xtol=1e-10))
+
+
+def guide_phase(res) -> str:
+    """Per (ρ, n): γ_c, the γ where λ crosses ½ (measured and closed form), the width."""
+    from ..guide_numbers import num
+
+    out = ["| ρ | n | γ_c = 1/(1 − ρ) | γ at λ = ½ | ratio to γ_c | exactly equiangular: ratio "
+           "| width of 0.1 < λ < 0.9 (in γ) |", "|---" * 7 + "|"]
+    table = res["results"]["table"]
+    for point, row in sorted(table.items(), key=lambda kv: (float(_key(kv[0])["rho"]),
+                                                             int(_key(kv[0])["n"]))):
+        k = _key(point)
+        half, gc = row["gamma_half"], row["gamma_c"]
+        exact = _closed_form_half(int(k["n"]), float(k["rho"])) / gc
+        out.append(f"| {k['rho']} | {_sci(k['n'])} | {num(gc)} | {num(half)} | "
+                   f"{num(None if half is None else half / gc)} | {num(exact)} | "
+                   f"{num(row['width_10_90'])} |")
+    return "\n".join(out)
+
+
+def guide_dynamics(res) -> str:
+    """Per (n, c): β, the fastest mode, the predicted and measured first counts, their time."""
+    from ..guide_numbers import num
+
+    table = res["results"]["table"]
+    out = ["| d | n | c | β | k* or l* | predicted first count | measured (mean ± sd over seeds) "
+           "| first time | 1/λ* |", "|---" * 9 + "|"]
+    order = sorted(table, key=lambda p: (int(_key(p)["d"]), int(_key(p)["n"]),
+                                         float(_key(p)["c"])))
+    for point in order:
+        row, k = table[point], _key(point)
+        out.append(f"| {k['d']} | {k['n']} | {k['c']} | {num(row['beta'])} | {row['mode_star']} | "
+                   f"{num(row['first_count_predicted'])} | {num(row['first_count_mean'])} ± "
+                   f"{num(row['first_count_std'], 2)} | {num(row['first_time_mean'])} | "
+                   f"{num(row['time_scale'])} |")
+    return "\n".join(out)
+
+
+def guide_run(res) -> str:
+    """The run's CPU time and machine, in words."""
+    meta = res["meta"]
+    cpu = meta["cpu_seconds"]
+    took = f"{cpu / 60:.0f} CPU-minutes" if cpu >= 60 else f"{cpu:.0f} CPU-seconds"
+    return f"{took} on a {meta['machine']['cores']}-core {meta['machine']['cpu']}"
+
+
+#: the renderers of a long_context result file (jaxdyn.experiments.guide_numbers)
+GUIDE_RENDERERS = {"collapse": guide_collapse, "phase": guide_phase,
+                   "dynamics": guide_dynamics, "run": guide_run}
