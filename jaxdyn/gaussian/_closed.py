@@ -224,7 +224,7 @@ def vi_precision(t, P0, A, B, v):
 def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
     """First zero of ``λmin(P(t))`` on ``(0, t_max]`` for ``V = v I`` and any A (Σ0 invertible).
 
-    A grid scan then bisection to machine precision; a NumPy/SciPy-level helper (not
+    A grid scan then SciPy's Brent method to machine precision; a NumPy/SciPy-level helper (not
     jittable), for tests and reference curves.
 
     Args:
@@ -246,21 +246,17 @@ def vi_blowup_time_general(S0, A, B, v, t_max, n_grid: int = 2000):
     def lmin(t):
         return float(np.linalg.eigvalsh(np.asarray(vi_precision(t, P0, A, B, v)))[0])
 
+    from scipy.optimize import brentq  # here: importing this module loads no SciPy
+
     ts = np.linspace(0.0, t_max, n_grid + 1)
     prev = lmin(0.0)
     for k in range(1, ts.size):
         cur = lmin(ts[k])
         if cur <= 0.0 < prev:
-            lo, hi = ts[k - 1], ts[k]
-            for _ in range(200):
-                mid = 0.5 * (lo + hi)
-                if lmin(mid) > 0.0:
-                    lo = mid
-                else:
-                    hi = mid
-                if hi - lo <= 4 * np.finfo(float).eps * hi:
-                    break
-            return 0.5 * (lo + hi)
+            if cur == 0.0:
+                return float(ts[k])
+            return float(brentq(lmin, ts[k - 1], ts[k], xtol=1e-15,
+                                rtol=4 * np.finfo(float).eps))
         prev = cur
     return np.inf
 
