@@ -6,7 +6,7 @@ A number a guide states from a measurement sits in a generated span,
 
 (a table on lines of its own, or a phrase inside a sentence), whose text is rendered from the
 result file ``docs/results/<folder>/<stem>.json``: ``what`` names one of the renderers of that
-file's ``kind`` (:data:`RENDERERS`); a stem ``bench-WORKLOAD`` names the benchmark suite's recorded
+file's ``kind`` (:data:`RENDERERS`, and a kind's own ``GUIDE_RENDERERS``: :func:`renderers`); a stem ``bench-WORKLOAD`` names the benchmark suite's recorded
 result ``benchmarks/results/WORKLOAD/*.json`` (one machine kind). A result file holds the measurement's results and its
 provenance (``meta``: the command, the commit, which files under ``jaxdyn/`` and ``configs/``
 differed from it, the machine, wall and CPU seconds, the config). Numbers that move with the
@@ -165,8 +165,11 @@ def num(x, digits=3) -> str:
         s = f"{m}e{int(e)}"
     else:
         s = f"{x:#.{digits}g}"  # trailing zeros kept: 0.220, 6.00
-        if "e" in s:
-            s = f"{x:.0f}"
+        if "e" in s and abs(x) < 10 ** max(digits, 4):
+            s = f"{x:.0f}"      # 1000 at 3 digits
+        elif "e" in s:
+            m, e = s.split("e")
+            s = f"{m.rstrip('.')}e{int(e)}"
         s = s.rstrip(".")
     return s.replace("-", "−")
 
@@ -442,6 +445,11 @@ def _corollary_setup(res):
             f"{_seconds(res['meta']['wall_seconds'])} of wall time for both weights")
 
 
+def _diverged(sd) -> bool:
+    """A seed's climb that ended above its start somewhere (the optimiser made W2 worse)."""
+    return any(row["w2"] > sd["w2_start"] for row in sd["rows"])
+
+
 def _depth_col(res, problem, key):
     """Per depth, the values of ``key`` over the seeds of ``problem``."""
     seeds = res["results"][problem]["seeds"]
@@ -456,25 +464,40 @@ def _depth_table(res):
     s_e3 = _depth_col(res, "sphere_clusters", "sqrt_s_eps_1e-3")
     s_rs = _depth_col(res, "sphere_clusters", "w2_resampled")
     e_w2 = _depth_col(res, "gaussian_to_mixture", "w2")
-    start = {p: spread([sd["w2_start"] for sd in r[p]["seeds"]]) for p in r}
+    start = {p: _median_range([sd["w2_start"] for sd in r[p]["seeds"]]) for p in r}
     lines = [f"| L | S²: W2 (start {start['sphere_clusters']}) | S²: √S_ε at ε = 0.01 / 1e-3 | "
              f"S²: W2 to an independent draw of ν | R²: W2 (start {start['gaussian_to_mixture']}) |",
              "|---|---|---|---|---|"]
     for i, L in enumerate(layers):
-        lines.append(f"| {L} | {spread(s_w2[i])} | {spread(s_e2[i])} / {spread(s_e3[i])} | "
-                     f"{spread(s_rs[i])} | {spread(e_w2[i])} |")
+        lines.append(f"| {L} | {_median_range(s_w2[i])} | {_median_range(s_e2[i])} / "
+                     f"{_median_range(s_e3[i])} | {_median_range(s_rs[i])} | {_median_range(e_w2[i])} |")
     return "\n".join(lines)
 
 
 def _depth_slope(problem, first=0):
     def render(res):
         seeds = res["results"][problem]["seeds"]
-        slopes = []
-        for sd in seeds:
-            rows = sd["rows"][first:]
-            slopes.append(_slope([math.log(x["L"]) for x in rows], [math.log(x["w2"]) for x in rows]))
-        return spread(slopes, 2)
+        slopes = [_slope([math.log(x["L"]) for x in sd["rows"][first:]],
+                         [math.log(x["w2"]) for x in sd["rows"][first:]])
+                  for sd in seeds if not _diverged(sd)]
+        left = len(seeds) - len(slopes)
+        return spread(slopes, 2) + (f" (over the {len(slopes)} seeds that did not diverge)" if left else "")
     return render
+
+
+def _depth_divergences(res):
+    out = []
+    for problem, v in res["results"].items():
+        for sd in v["seeds"]:
+            if _diverged(sd):
+                bad = [row for row in sd["rows"] if row["w2"] > sd["w2_start"]]
+                out.append(f"{'S²' if problem == 'sphere_clusters' else 'R²'} seed {sd['seed']} at "
+                           f"L = {', '.join(str(row['L']) for row in bad)} (W2 up to "
+                           f"{num(max(row['w2'] for row in bad), 2)} from a start at "
+                           f"{num(sd['w2_start'], 3)}; status "
+                           f"{', '.join(sorted({row['status'] for row in bad}))}, "
+                           f"`stats[\"stop\"]` {', '.join(str(c) for c in sorted({row['stop'] for row in bad}))})")
+    return "; ".join(out) if out else "none"
 
 
 def _depth_seeds(res):
@@ -485,17 +508,21 @@ def _depth_seeds(res):
             f"{_seconds(res['meta']['wall_seconds'])} of wall time on {_machine_words(res['meta'])}")
 
 
+def _rows_kept(res, problems):
+    return [row for p in problems for sd in res["results"][p]["seeds"] if not _diverged(sd)
+            for row in sd["rows"]]
+
+
 def _depth_agreement(key, ref="w2"):
     def render(res):
-        rel = [abs(row[key] - row[ref]) / row[ref] for sd in res["results"]["sphere_clusters"]["seeds"]
-               for row in sd["rows"]]
+        rel = [abs(row[key] - row[ref]) / row[ref] for row in _rows_kept(res, ["sphere_clusters"])]
         return f"{100 * max(rel):.2g} %"
     return render
 
 
 def _depth_replay(res):
-    rel = [abs(row["loss_fine"] - row["loss"]) / abs(row["loss"]) for v in res["results"].values()
-           for sd in v["seeds"] for row in sd["rows"]]
+    rel = [abs(row["loss_fine"] - row["loss"]) / abs(row["loss"])
+           for row in _rows_kept(res, list(res["results"]))]
     return f"{100 * max(rel):.2g} %"
 
 
@@ -535,6 +562,7 @@ RENDERERS = {
     "benchmark": {"control_measure_gradient": _bench_control_measure},
     "control_depth": {
         "table": _depth_table, "seeds": _depth_seeds, "replay": _depth_replay,
+        "diverged": _depth_divergences,
         "slope_s2": _depth_slope("sphere_clusters"), "slope_s2_from_2": _depth_slope("sphere_clusters", 1),
         "slope_r2": _depth_slope("gaussian_to_mixture"),
         "eps_1e-3": _depth_agreement("sqrt_s_eps_1e-3"), "eps_0.01": _depth_agreement("sqrt_s_eps"),
@@ -582,11 +610,36 @@ def render(key: str, root=ROOT, cache=None) -> str:
         cache[stem] = res
     res = cache[stem]
     kind = res.get("kind")
-    fn = RENDERERS.get(kind, {}).get(what)
+    table = renderers(kind)
+    fn = table.get(what)
     if fn is None:
         raise KeyError(f"span {key!r}: no renderer {what!r} for result kind {kind!r} "
-                       f"(have: {sorted(RENDERERS.get(kind, {}))})")
+                       f"(have: {sorted(table)})")
     return fn(res)
+
+
+def renderers(kind) -> dict:
+    """The renderers of a result kind: :data:`RENDERERS`' and the kind's own.
+
+    An experiment kind registers its own as ``GUIDE_RENDERERS`` (name → function(result) ->
+    text) in ``jaxdyn/experiments/<kind>/summary.py``, next to the summary they read.
+
+    Args:
+      kind: the result file's ``kind``.
+
+    Returns:
+      Name → renderer.
+    """
+    import importlib
+
+    table = dict(RENDERERS.get(kind, {}))
+    if isinstance(kind, str) and kind.isidentifier():
+        try:
+            mod = importlib.import_module(f"{__package__}.{kind}.summary")
+        except ModuleNotFoundError:
+            mod = None
+        table.update(getattr(mod, "GUIDE_RENDERERS", {}))
+    return table
 
 
 def guides(root=ROOT) -> list[Path]:
