@@ -272,6 +272,11 @@ def reference(case: Case, fault: str, target: str, n: int, d: int, dtype):
         # jit and vmap agree with it)
         inputs, _ = faulted_inputs(case, fault, target, n, d, dtype)
         power = 1.0
+    elif fault in VALUE_FAULTS:
+        # the unit-scale input itself, built in float64 (a float32 rounding of a unit row is
+        # off the sphere at float64's tolerance)
+        inputs, _ = faulted_inputs(case, fault, target, n, d, np.float64)
+        power = 1.0
     else:
         got, _ = faulted_inputs(case, fault, target, n, d, dtype)
         # the same rounded values, in float64 (a complex input's reference is never read)
