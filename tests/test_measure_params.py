@@ -17,6 +17,7 @@ from jaxdyn.control import (MeasureControlOptions, default_controls, measure_con
 from jaxdyn.control._measure import (
     INVALID,
     _divergence,
+    _reached,
     _sinkhorn_settings,
     _start_epsilon,
     _zero_potentials,
@@ -155,6 +156,14 @@ def test_keywords_override_the_options_fields():
         measure_control(x, y, n_layers=1, stepz=3)
     with pytest.raises(TypeError, match="MeasureControlOptions"):
         measure_control(x, y, n_layers=1, options=dict(seed=3))
+
+
+def test_w2_tol_zero_never_counts_as_reached():
+    """``w2_tol = 0`` (the default, "never"): a divergence that rounds to 0 or below it does not
+    stop the optimiser as reached; a positive tolerance does at W2 <= w2_tol."""
+    w2 = jnp.array([0.0, 1e-9, 0.5])
+    assert not np.any(np.asarray(_reached(w2, 0.0)))
+    np.testing.assert_array_equal(np.asarray(_reached(w2, 1e-6)), [True, True, False])
 
 
 def test_single_free_name_is_one_weight():

@@ -1086,7 +1086,7 @@ class _Setup:
             div = j - lam * cost_of(z)
             w2 = _w2_of(div)
             stationary = gnorm <= self.gtol * jnp.maximum(1.0, jnp.abs(j))
-            reached = w2 <= self.w2_tol
+            reached = _reached(w2, self.w2_tol)
             z_new, new_state, j_new, g_new, trial_ok = driver.lbfgs_iteration(lbfgs, z, state, j,
                                                                               g, value)
             # a line search that ended on a non-finite trial found no usable step: stalled
@@ -1127,7 +1127,7 @@ class _Setup:
                    method=kw["method"], q_block=kw["q_block"], k_block=kw["k_block"])
         w2 = _w2_of(div)
         stationary = gnorm <= self.gtol * jnp.maximum(1.0, jnp.abs(j))
-        good_end = (stationary | (w2 <= self.w2_tol)) & conv
+        good_end = (stationary | _reached(w2, self.w2_tol)) & conv
         finite = jnp.isfinite(j) & jnp.all(jnp.isfinite(xs))
         stop = jnp.where(finite, stop, NONFINITE).astype(jnp.int32)
         status = jnp.where(~finite | (stop == NONFINITE), _code("nonfinite"),
@@ -1179,6 +1179,18 @@ class _LbfgsCarry(NamedTuple):
 
 def _w2_of(div):
     return jnp.sqrt(jnp.maximum(div, 0.0))
+
+
+def _reached(w2, w2_tol):
+    """Whether W2 met ``w2_tol``; with ``w2_tol = 0`` never.
+
+    A divergence that rounds to 0 or below it, or an annealed estimate off its fixed point, is
+    no proof that the target was reached.
+
+    Returns:
+      Boolean array.
+    """
+    return (w2_tol > 0) & (w2 <= w2_tol)
 
 
 # The optimiser's jitted parts: each builds its :class:`_Setup` from the same arguments
