@@ -634,6 +634,10 @@ KNOWN: list = [
             f"control.{name} with an x0 of no point raises 'interaction needs at least one "
             "key: y has 0 rows', which names no parameter of its own")
       for name in ("transfer_particles", "transformer_layers")],
+    Known("stationary_covariance", ("complex64",), ("concrete", "jit"),
+          "gaussian.stationary_covariance(A, B, V) with a complex64 A raises jacfwd's "
+          "'requires real-valued inputs' TypeError, which names no parameter",
+          size=(2, 2)),
     Known("bures_w2_squared", ("negative", "subnormal"), _TRACED,
           "bures_w2_squared under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
           "symmetric) returns a finite number, not NaN; concrete, it is a ValueError naming "
