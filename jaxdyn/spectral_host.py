@@ -387,17 +387,23 @@ def _eig_angle(m: np.ndarray, b: np.ndarray, rtol: float) -> float:
     return subspace_angle(e_m.basis, e_v.basis)
 
 
-def _root(f, lo: float, hi: float) -> float:
-    """The root of f on [lo, hi] (f(lo) < 0 <= f(hi), f continuous), by SciPy's Brent method.
+def _bisect(f, lo: float, hi: float) -> float:
+    """The root of f on [lo, hi] (f(lo) < 0 <= f(hi), f continuous) by bisection.
 
-    To the spacing of floats; SciPy is imported here, so that ``jaxdyn config`` does not load it.
+    To the spacing of floats (about 50 halvings; no SciPy, which ``jaxdyn config`` would load).
 
     Returns:
-      The root.
+      The right end of the final bracket.
     """
-    from scipy.optimize import brentq
-
-    return float(brentq(f, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps))
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)
 
 
 def random_orthogonal(d: int, seed=None, gaussian=None) -> np.ndarray:
@@ -519,7 +525,7 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
                 f"eigenspace_angle={target:.4g} rad is not reached by rotating B in plane {tuple(plane)}"
                 f" (largest angle seen {reach:.4g} rad); try another plane or spectrum"
             )
-        rot = _root(f, *bracket)
+        rot = _bisect(f, *bracket)
         b = rotation_matrix(d, rot, plane, basis=u)
     else:
         b = np.eye(d)
