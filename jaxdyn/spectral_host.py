@@ -390,7 +390,9 @@ def _eig_angle(m: np.ndarray, b: np.ndarray, rtol: float) -> float:
 def _bisect(f, lo: float, hi: float) -> float:
     """The root of f on [lo, hi] (f(lo) < 0 <= f(hi), f continuous) by bisection.
 
-    To the spacing of floats (about 50 halvings; no SciPy, which ``jaxdyn config`` would load).
+    To the spacing of floats (about 50 halvings). Not SciPy's ``brentq``: ``jaxdyn config``
+    calls this for configs with an ``eigenspace_angle``, and importing ``scipy.optimize`` takes
+    longer than the whole check (``tests/test_startup.py`` keeps SciPy out of it).
 
     Returns:
       The right end of the final bracket.
