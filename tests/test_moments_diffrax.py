@@ -23,6 +23,10 @@ b = np.array([0.1, -0.2])
 S0 = np.array([[1.0, 0.3], [0.3, 0.8]])
 m0 = np.array([0.3, -0.1])
 DTYPES = [np.float32, np.float64]
+# The costliest checks (each dtype compiles its own diffrax programs) run one dtype by default
+# and the other under -m slow; across the file both dtypes run by default.
+F32_SLOW = [pytest.param(np.float32, marks=pytest.mark.slow), np.float64]
+F64_SLOW = [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)]
 
 
 def _cast(dtype, *xs):
@@ -84,7 +88,7 @@ def test_field_and_keywords_both_given_is_a_named_error():
         solve_moments(m0, S0, field=f, t1=1.0, stepsize_controller="pid")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", F32_SLOW)
 def test_stepsize_controller_reaches_diffrax(dtype):
     """ConstantStepSize takes t1/dt0 steps; a PID controller at (rtol, atol) is the default one.
 
@@ -115,7 +119,7 @@ def test_stepsize_controller_reaches_diffrax(dtype):
                                rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", F32_SLOW)
 def test_custom_adjoint_gives_the_default_gradient(dtype):
     """Checkpointed (3 checkpoints) and forward-mode adjoints: the default adjoint's gradient.
 
@@ -137,7 +141,7 @@ def test_custom_adjoint_gives_the_default_gradient(dtype):
     np.testing.assert_allclose(g_fwd, g0, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", F64_SLOW)
 def test_batch_composable_path_takes_controller_and_adjoint(dtype):
     """Under jax.jit the batch takes the controller (StepTo: 4 steps a member) and adjoint."""
     a, bb, v, c, s0 = _cast(dtype, A, B, V, b, S0)
