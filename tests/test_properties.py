@@ -19,8 +19,6 @@ that a new public function needs a case or a stated reason.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +29,8 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 import jaxdyn
 from jaxdyn import clusters, control, distances, gaussian, kernels, pde, spectral, sphere
 
-from _property_cases import (DTYPE_FAULTS, FAULTS, MODES, SHAPE_FAULTS, VALUE_FAULTS, Case,
+from _public_api import public_functions
+from _property_cases import (DTYPE_FAULTS, FAULTS, VALUE_FAULTS, Case,
                              run)
 
 DEFAULT = settings(max_examples=4, deadline=None, derandomize=True, database=None,
@@ -762,15 +761,7 @@ NOT_COVERED = {
 
 
 def _public_functions():
-    """``{name: function}`` over ``__all__`` of jaxdyn and its subpackages (first name wins)."""
-    out = {}
-    for mod in ["jaxdyn"] + [f"jaxdyn.{s}" for s in jaxdyn._SUBPACKAGES]:
-        m = importlib.import_module(mod)
-        for name in getattr(m, "__all__", ()):
-            obj = getattr(m, name, None)
-            if callable(obj) and not inspect.isclass(obj) and not inspect.ismodule(obj):
-                out.setdefault(name, obj)
-    return out
+    return public_functions()
 
 
 def test_every_public_function_is_covered():

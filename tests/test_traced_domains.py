@@ -14,7 +14,6 @@ Cost rule: tiny sizes (5 points in R³), one vmapped program per entry.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import warnings
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 
 import jaxdyn
+from _public_api import public_functions
 from jaxdyn import clusters, control, encoder, gaussian, kernels, pde, simulation, spectral, sphere
 
 X = np.stack([np.cos(np.arange(5.0)), np.sin(np.arange(5.0)), 0.3 * np.ones(5)], 1)
@@ -171,16 +171,7 @@ STATIC_PARAMS = {("interaction", "tol"), ("local_interaction", "tol")}
 
 
 def _public_functions():
-    """``{name: function}`` over ``__all__`` of jaxdyn and its subpackages (first name wins)."""
-    out = {}
-    for mod in ["jaxdyn"] + [f"jaxdyn.{s}" for s in jaxdyn._SUBPACKAGES]:
-        m = importlib.import_module(mod)
-        for name in getattr(m, "__all__", ()):
-            obj = getattr(m, name, None)
-            if inspect.isfunction(obj) or (callable(obj) and not inspect.isclass(obj)
-                                           and not inspect.ismodule(obj)):
-                out.setdefault(name, obj)
-    return out
+    return public_functions()
 
 
 def _scalar_params(fn):
