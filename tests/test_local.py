@@ -298,3 +298,19 @@ def test_keys_ordered_by_other_positions_need_self_keys():
     x = jnp.asarray(_cloud("uniform", n=64))
     with pytest.raises(ValueError, match="need self_keys=True"):
         _local.local_attention(x, x, x, kpos=-x)
+
+
+def test_complex_input_and_one_dimensional_points_are_named():
+    """A complex y (its imaginary part would be dropped) and points in d = 1 (the curve orders
+    points in d >= 2) are named before compute; kernel='auto' answers d = 1 by the blocked
+    kernel."""
+    x = np.ones((4, 2)) / np.sqrt(2)
+    for fn in (jaxdyn.interaction, jaxdyn.local_interaction):
+        with pytest.raises(ValueError, match="y must hold real numbers"):
+            fn(x, x.astype(np.complex64), np.eye(2), 2.0)
+    x1 = np.ones((3, 1))
+    with pytest.raises(ValueError, match="d >= 2"):
+        jaxdyn.local_interaction(x1, x1, np.eye(1), 2.0)
+    with pytest.raises(ValueError, match="d >= 2"):
+        jaxdyn.interaction(x1, x1, np.eye(1), 2.0, kernel="local")
+    np.testing.assert_allclose(jaxdyn.interaction(x1, x1, np.eye(1), 2.0, kernel="auto"), x1)

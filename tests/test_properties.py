@@ -433,16 +433,6 @@ class Known:
 
 _TRACED = ("jit", "vmap")
 KNOWN: list = [
-    Known("local_interaction", ("d0",), ("concrete", "jit"),
-          "local_interaction(x, y, I, 2.0) with d = 0 points (shape (3, 0)) raises a bare "
-          "KeyError: 0 from inside the kernel, not a ValueError naming x"),
-    Known("local_interaction", ("complex64",), ("concrete", "jit"),
-          "local_interaction(x, y, I, 2.0) with a complex64 y returns a real average: the "
-          "imaginary part of y is dropped with no error (a complex x of shape (1, 1) under "
-          "jit: NumPy's 'Need at least one array to stack')"),
-    Known("interaction", ("complex64",), ("concrete", "jit"),
-          "interaction(x, y, I, 2.0) with a complex64 y returns a real average: the "
-          "imaginary part of y is dropped with no error", targets=("y",)),
     Known("attention_weights", ("neginf",), ("concrete", "jit", "vmap"),
           "attention_weights(q, k, 2.0) with k[0, 1, 1] = -inf (q, k on the unit circle) "
           "returns finite weights: the key's -inf logit is read as a mask, no NaN flag",
@@ -538,10 +528,6 @@ KNOWN: list = [
           "kernels.blocked_lse with pts or other of dtype int32/float16/bfloat16/complex64 "
           "raises lax.scan's 'carry input and carry output must have equal types' TypeError, "
           "which names no parameter", targets=("pts", "other")),
-    Known("local_interaction", ("posinf",) + VALUE_FAULTS, ("jit", "concrete", "vmap"),
-          "local_interaction(x, y, I, 2.0) with one point in dimension 1 (shape (1, 1)) and "
-          "y = [[inf]] (or x negated), under jit, raises NumPy's 'Need at least one array to "
-          "stack' ValueError, which names no parameter", size=(1, 1), targets=("y", "x")),
     Known("solve_moments", ("d0",), ("concrete", "jit"),
           "solve_moments with m0 of shape (0,) and S0 of shape (0, 0) raises NumPy's "
           "'zero-size array to reduction operation max', not a ValueError naming S0",

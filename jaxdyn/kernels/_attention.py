@@ -219,9 +219,10 @@ def interaction(
       (n, d) array ``m``.
 
     Raises:
-      ValueError: shapes that do not match, no keys, a non-scalar ``beta`` or a concrete one
-        that is negative or not finite, an unknown ``normalization`` or ``kernel``,
-        ``"local"`` with other than softmax weights, a block size that is not a positive
+      ValueError: shapes that do not match, no keys, a complex x, y or B, a non-scalar
+        ``beta`` or a concrete one that is negative or not finite, an unknown
+        ``normalization`` or ``kernel``,
+        ``"local"`` with other than softmax weights or points of dimension d < 2, a block size that is not a positive
         integer, or a bad ``tol``/``capacity``.
     """
     if normalization not in NORMALIZATIONS:
@@ -236,6 +237,7 @@ def interaction(
         raise ValueError(f"B must have shape ({d}, {d}); got {getattr(B, 'shape', B)}")
     if y.shape[0] < 1:
         raise ValueError("interaction needs at least one key: y has 0 rows")
+    _check_real("interaction", x=x, y=y, B=B)
     if jnp.ndim(beta) != 0:
         raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
                          f"{jnp.shape(beta)}")
@@ -245,7 +247,12 @@ def interaction(
         raise ValueError(err)
     k_block = _check_block("k_block", k_block)
     q_block = _check_block("q_block", q_block)
-    kernel = resolve_kernel(kernel, y.shape[0], normalization)
+    asked, kernel = kernel, resolve_kernel(kernel, y.shape[0], normalization)
+    if kernel == "local" and d < 2:  # the space-filling curve orders points in d >= 2
+        if asked != "auto":
+            raise ValueError(f"interaction: kernel='local' needs points of dimension d >= 2, "
+                             f"got x of shape {x.shape}")
+        kernel = "blocked"
     tol, capacity = check_local(tol, capacity)
     k_block, q_block = _clip_blocks(k_block, q_block, x.shape[0], y.shape[0])
     # one program a call shape (called eagerly, op by op it compiled the key loop and a dozen
@@ -290,7 +297,7 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
       longest lists, ``dense`` whether the blocked kernel answered).
 
     Raises:
-      ValueError: as :func:`interaction`.
+      ValueError: as :func:`interaction`, and points of dimension d < 2.
     """
     if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(
@@ -301,6 +308,10 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
         raise ValueError(f"B must have shape ({d}, {d}); got {getattr(B, 'shape', B)}")
     if y.shape[0] < 1:
         raise ValueError("local_interaction needs at least one key: y has 0 rows")
+    if d < 2:  # the space-filling curve orders points in d >= 2
+        raise ValueError(f"local_interaction needs points of dimension d >= 2: x has shape "
+                         f"{x.shape}")
+    _check_real("local_interaction", x=x, y=y, B=B)
     if jnp.ndim(beta) != 0:
         raise ValueError(f"beta must be a scalar (vmap over a stack for several), got shape "
                          f"{jnp.shape(beta)}")
@@ -317,6 +328,15 @@ def local_interaction(x, y, B, beta, *, tol: float = DEFAULT_TOL, capacity=None,
         max_visited=None if max_visited is None else float(max_visited))
     return nan_where(bad, m), (stats if bad is None else stats._replace(
         bound=nan_where(bad, stats.bound), mass=nan_where(bad, stats.mass)))
+
+
+def _check_real(fn: str, **arrays) -> None:
+    """Refuse a complex (or non-numeric) x, y or B by name: its imaginary part would be dropped."""
+    for name, a in arrays.items():
+        dt = jnp.result_type(a)
+        if jnp.issubdtype(dt, jnp.complexfloating) or not (
+                jnp.issubdtype(dt, jnp.number) or dt == jnp.bool_):
+            raise ValueError(f"{fn}: {name} must hold real numbers, got dtype {dt}")
 
 
 def _guard(dtype):
