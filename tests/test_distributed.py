@@ -78,9 +78,10 @@ def _env(port, pid, nproc=2, slurm=False):
     return env
 
 
-def _launch(cmds, port, slurm=False):
-    return [subprocess.Popen(cmd, env=_env(port, i, slurm=slurm), cwd=str(ROOT),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _launch(cmds, port, slurm=False, extra=None):
+    return [subprocess.Popen(cmd, env={**_env(port, i, slurm=slurm), **(extra or {})},
+                             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
             for i, cmd in enumerate(cmds)]
 
 
@@ -514,9 +515,10 @@ def test_config_refused_before_the_processes_connect(tmp_path):
     out = tmp_path / "o"
     cmd = [sys.executable, "-c", textwrap.dedent(REFUSAL_WORKER), str(cfg), str(out),
            str(_free_port()), str(_free_port())]
-    t0 = time.time()
-    (rc0, out0, err0), (rc1, out1, err1) = _finish(_launch([cmd, cmd], 1), timeout=120)
-    assert time.time() - t0 < 60  # the check-in answers at once, not at a time-out
+    # the check-in answers at once, not at a time-out: the start-up time-out is set far past
+    # the hang guard, so a process that waited for it fails the guard
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(
+        _launch([cmd, cmd], 1, extra={"JAXDYN_DISTRIBUTED_TIMEOUT": "3600"}), timeout=120)
     assert (rc0, rc1) == (2, 2), (err0[-2000:], err1[-2000:])
     assert "RCS 2 2 2 JAX False" in out0 and "RCS 2 2 JAX False" in out1
     own = "unknown config field 'no_such_field'"
