@@ -97,17 +97,27 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
-def _clean(o):
-    """Replace non-finite floats by strings so the JSON stays standard."""
+def json_safe(o, nonfinite="text"):
+    """``o`` with NumPy scalars and arrays as Python values and non-finite floats replaced.
+
+    Args:
+      o: nested dicts, lists and tuples of numbers, arrays and other JSON values.
+      nonfinite: ``"text"`` (the strings "nan", "inf", "-inf") or ``None`` (JSON null).
+
+    Returns:
+      A value ``json.dumps`` writes as standard JSON.
+    """
     if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
+        return {str(k): json_safe(v, nonfinite) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
+        return [json_safe(v, nonfinite) for v in o]
     if isinstance(o, np.ndarray):
-        return _clean(o.tolist())
+        return json_safe(o.tolist(), nonfinite)
     if isinstance(o, np.generic):
         o = o.item()
     if isinstance(o, float) and not np.isfinite(o):
+        if nonfinite is None:
+            return None
         return "nan" if np.isnan(o) else ("inf" if o > 0 else "-inf")
     return o
 
@@ -122,7 +132,7 @@ def write_json(path, obj) -> Path:
     Returns:
       The path written.
     """
-    return atomic_write_text(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
+    return atomic_write_text(path, json.dumps(json_safe(obj), indent=2, default=_json_default) + "\n")
 
 
 def read_json(path):
@@ -139,7 +149,7 @@ def write_chunk(path, arrays: dict, meta: dict) -> Path:
     """One finished chunk: arrays plus a JSON meta record, written atomically."""
     buf = io.BytesIO()
     payload = {f"a__{k}": np.asarray(v) for k, v in arrays.items()}
-    payload["meta"] = np.frombuffer(json.dumps(_clean(meta), default=_json_default).encode(), np.uint8)
+    payload["meta"] = np.frombuffer(json.dumps(json_safe(meta), default=_json_default).encode(), np.uint8)
     np.savez(buf, **payload)
     return atomic_write_bytes(path, buf.getvalue())
 

@@ -95,29 +95,14 @@ def provenance(command: str, *, wall_seconds=None, cpu_seconds=None, config=None
     return meta
 
 
-def _clean(x):
-    """JSON-safe: NumPy scalars and arrays to Python, non-finite floats to None."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _clean(x.tolist())
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def write_result(path, result: dict) -> Path:
     """Write a result file (``{"kind", "meta", "results"}``; JSON, sorted keys, non-finite → null)."""
+    from ..io import atomic_write_text, json_safe
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_clean(result), indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    return path
+    return atomic_write_text(path, json.dumps(json_safe(result, nonfinite=None), indent=1,
+                                              sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def record(run_dir, out, command=None) -> Path:
