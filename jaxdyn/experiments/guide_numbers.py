@@ -33,6 +33,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +104,30 @@ def write_result(path, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, json.dumps(json_safe(result, nonfinite=None), indent=1,
                                               sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def clock() -> tuple:
+    """The start of a measurement: (wall, CPU) seconds now, for :func:`write_measurement`."""
+    return time.perf_counter(), time.process_time()
+
+
+def write_measurement(path, kind: str, command: str, results, started) -> Path:
+    """Write a script's measurement as a result file, timed from ``started``.
+
+    Args:
+      path: the result file.
+      kind: the result's kind (its renderers, :data:`RENDERERS`), also its name.
+      command: the command that produced it.
+      results: what was measured.
+      started: :func:`clock` at the start of the measurement.
+
+    Returns:
+      The path written.
+    """
+    wall0, cpu0 = started
+    meta = provenance(command, wall_seconds=time.perf_counter() - wall0,
+                      cpu_seconds=time.process_time() - cpu0)
+    return write_result(path, {"kind": kind, "name": kind, "meta": meta, "results": results})
 
 
 def record(run_dir, out, command=None) -> Path:

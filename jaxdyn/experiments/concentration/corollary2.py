@@ -78,7 +78,7 @@ def rates(config: str, seeds, n: int = 1024, t_fit=(3.0, 9.0), dt: float = 0.02,
 
 def main(argv=None) -> None:
     """Measure the rates for each config and write a result file."""
-    from ..guide_numbers import provenance, write_result
+    from ..guide_numbers import clock, write_measurement
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", required=True)
@@ -86,17 +86,14 @@ def main(argv=None) -> None:
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    t0, c0 = time.perf_counter(), time.process_time()
+    started = clock()
     res = {}
     for c in a.config:
         name = c.rsplit("/", 1)[-1].removesuffix(".yaml")
         res[name] = rates(c, range(a.seeds), n=a.n)
     cmd = ("python -m jaxdyn.experiments.concentration.corollary2 "
            + " ".join(f"--config {c}" for c in a.config) + f" --seeds {a.seeds} --n {a.n} --out {a.out}")
-    write_result(a.out, {"kind": "corollary_2", "name": "corollary_2",
-                         "meta": provenance(cmd, wall_seconds=time.perf_counter() - t0,
-                                            cpu_seconds=time.process_time() - c0),
-                         "results": res})
+    write_measurement(a.out, "corollary_2", cmd, res, started)
 
 
 if __name__ == "__main__":

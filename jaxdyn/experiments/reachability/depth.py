@@ -84,7 +84,7 @@ def sweep(problem: str, seed: int, n: int = 96, layers=LAYERS) -> dict:
 
 def main(argv=None) -> None:
     """Run the sweeps of both problems for seeds 0 … k−1 and write a result file."""
-    from ..guide_numbers import provenance, write_result
+    from ..guide_numbers import clock, write_measurement
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     p.add_argument("--problem", action="append", default=None, help="default: both")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    t0, c0 = time.perf_counter(), time.process_time()
+    started = clock()
     cmd = (f"python -m jaxdyn.experiments.reachability.depth --seeds {a.seeds} --n {a.n} "
            + "".join(f"--problem {q} " for q in a.problem or []) + f"--out {a.out}")
     problems = a.problem or list(TARGETS)
@@ -106,10 +106,7 @@ def main(argv=None) -> None:
             print(problem, s, [round(r["w2"], 4) for r in out["rows"]], f"{out['seconds']:.0f} s",
                   flush=True)
             # written after every seed: an interrupted run keeps the seeds it finished
-            write_result(a.out, {"kind": "control_depth", "name": "control_depth",
-                                 "meta": provenance(cmd, wall_seconds=time.perf_counter() - t0,
-                                                    cpu_seconds=time.process_time() - c0),
-                                 "results": res})
+            write_measurement(a.out, "control_depth", cmd, res, started)
 
 
 if __name__ == "__main__":

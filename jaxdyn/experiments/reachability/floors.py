@@ -83,21 +83,19 @@ def measure(n: int = 96, pairs: int = 400) -> dict:
 
 
 def main(argv=None) -> None:
-    """Measure the floors and write them with the run's provenance (``guide_numbers.provenance``)."""
-    from ..guide_numbers import provenance, write_result
+    """Measure the floors and write them with the run's provenance (``guide_numbers.write_measurement``)."""
+    from ..guide_numbers import clock, write_measurement
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=96, help="points a sample (the slow depth test's N)")
     p.add_argument("--pairs", type=int, default=400, help="pairs of samples (seeds 0 … pairs−1)")
     p.add_argument("--out", required=True, help="the result file (JSON)")
     a = p.parse_args(argv)
-    t0, c0 = time.perf_counter(), time.process_time()
+    started = clock()
     res = measure(a.n, a.pairs)
-    meta = provenance(command=f"python -m jaxdyn.experiments.reachability.floors --n {a.n} "
-                              f"--pairs {a.pairs} --out {a.out}",
-                      wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
-    write_result(a.out, {"kind": "sampling_floor", "name": "sampling_floor", "meta": meta,
-                           "results": res})
+    write_measurement(a.out, "sampling_floor",
+                      f"python -m jaxdyn.experiments.reachability.floors --n {a.n} "
+                      f"--pairs {a.pairs} --out {a.out}", res, started)
 
 
 if __name__ == "__main__":
