@@ -191,8 +191,9 @@ def guide_dynamics(res) -> str:
 def guide_run(res) -> str:
     """The run's CPU time and machine, in words."""
     meta = res["meta"]
-    cpu = meta["cpu_seconds"]
-    took = f"{cpu / 60:.0f} CPU-minutes" if cpu >= 60 else f"{cpu:.0f} CPU-seconds"
+    secs, unit = ((meta["cpu_seconds"], "CPU-") if meta.get("cpu_seconds") is not None
+                  else (meta["wall_seconds"], "wall "))  # record() measures no CPU time
+    took = f"{secs / 60:.0f} {unit}minutes" if secs >= 60 else f"{secs:.0f} {unit}seconds"
     return f"{took} on a {meta['machine']['cores']}-core {meta['machine']['cpu']}"
 
 
