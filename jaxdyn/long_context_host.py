@@ -11,6 +11,12 @@ checks (docs/math.md, section I):
   it on the nearest key for c → ∞);
 - a number gives β itself.
 
+Cluster counts of large clouds on S^{d−1} (:func:`graph_cluster_counts`): the components of
+the graph of the points within a chord distance r of each other, over all n points, on the host
+(SciPy's k-d tree and sparse graph components, imported when called), with r from the mean
+spacing of n points (:func:`cluster_graph_radius`) and a minimum size that leaves stragglers
+uncounted.
+
 Closed forms: the self-weight and the angle ratio λ of exactly equiangular tokens, and the
 limit law of the ordered weights at β = c n^{2/(d−1)} (keys near the query form a Poisson
 process), sampled in NumPy.
@@ -33,7 +39,11 @@ __all__ = [
     "critical_gamma",
     "equiangular_angle_ratio",
     "equiangular_self_weight",
+    "cluster_graph_radius",
     "first_cluster_count",
+    "graph_cluster_counts",
+    "graph_cluster_sizes",
+    "mean_spacing",
     "poisson_limit_weights",
     "resolve_beta",
 ]
@@ -253,6 +263,127 @@ def first_cluster_count(d: int, mode: int) -> float:
     if int(mode) != mode or mode < 1:
         raise ValueError(f"first_cluster_count: mode must be an integer >= 1, got {mode!r}")
     return float(mode) if d == 2 else mode * (mode + 1) / (2.0 * math.sqrt(3.0))
+
+
+def mean_spacing(n: int, d: int) -> float:
+    r"""The mean spacing h = (|S^{d−1}| / n)^{1/(d−1)} of n points on S^{d−1}.
+
+    The side of the patch each point would own in an even spread (2π/n on S¹, √(4π/n) on S²).
+
+    Args:
+      n: the number of points (≥ 1).
+      d: the dimension of R^d (≥ 2).
+
+    Returns:
+      h.
+
+    Raises:
+      ValueError: n < 1 or d not an integer ≥ 2.
+    """
+    critical_exponent(d)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (the number of points) must be an integer >= 1, got {n!r}")
+    area = 2 * math.pi ** (d / 2) / math.gamma(d / 2)
+    return (area / int(n)) ** (1.0 / (d - 1))
+
+
+def cluster_graph_radius(n: int, d: int, factor: float = 1 / 3) -> float:
+    r"""The chord radius r = ``factor`` · h of the cluster graph of n points (h: :func:`mean_spacing`).
+
+    With ``factor`` = ⅓ the graph of a uniform cloud on S² is far below percolation (a point
+    has on average n · πr²/(4π) = π/9 ≈ 0.35 neighbours; the disc graph of the plane
+    percolates at ≈ 4.5): its components stay small (at n = 10⁶ the largest holds about 9
+    points). Only the points a cluster has pulled together connect: a cluster of m points is
+    one component once its points lie closer than r, while clusters at the predicted spacing
+    s ≈ h √(n / count) stay apart (docs/math.md §I.4).
+
+    Args:
+      n: the number of points.
+      d: the dimension of R^d.
+      factor: r / h, > 0.
+
+    Returns:
+      r.
+
+    A ValueError refuses what :func:`mean_spacing` refuses, or ``factor`` not > 0.
+    """
+    factor = _positive("factor", factor, "r / h")
+    return factor * mean_spacing(n, d)
+
+
+def _cloud(x, name="x"):
+    x = np.asarray(x)
+    if x.ndim < 2 or x.shape[-1] < 2 or x.shape[-2] < 1 or not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"{name} must be a floating (..., n, d) array of points (d >= 2, n >= 1), "
+                         f"got dtype {x.dtype} shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} must be finite")
+    return x
+
+
+def graph_cluster_sizes(x, radius: float):
+    """The component sizes of the graph of the points within chord distance ``radius``.
+
+    Points i, j are joined when |x_i − x_j| ≤ r (on the unit sphere ⟨x_i, x_j⟩ ≥ 1 − r²/2: the
+    graph of :func:`jaxdyn.clusters.cluster_masses` with δ = r²/2). All n points are used: a
+    k-d tree lists the pairs (``scipy.spatial.cKDTree.query_pairs``), the components come from
+    ``scipy.sparse.csgraph.connected_components``; time and memory grow with n plus the
+    number of pairs.
+
+    Args:
+      x: (n, d) points (float32 or float64; the distances are taken in float64).
+      radius: r > 0.
+
+    Returns:
+      (number of components,) int64 sizes, largest first (they sum to n).
+
+    Raises:
+      ValueError: ``x`` not a finite floating (n, d) array, or r not > 0.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    x = _cloud(x)
+    if x.ndim != 2:
+        raise ValueError(f"x must be one (n, d) cloud, got shape {x.shape}")
+    r = _positive("radius", radius, "the graph's chord radius")
+    n = x.shape[0]
+    pairs = cKDTree(np.asarray(x, np.float64)).query_pairs(r, output_type="ndarray")
+    graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    return np.sort(np.bincount(labels))[::-1].astype(np.int64)
+
+
+def graph_cluster_counts(xs, radius: float, min_size: int):
+    """Cluster counts of clouds: components of the radius graph holding at least ``min_size`` points.
+
+    Smaller components (stragglers between clusters, pairs of a uniform cloud that happen to
+    lie close) are not counted; the fraction of the points the counted clusters hold says how
+    far the cloud has broken up.
+
+    Args:
+      xs: (..., n, d) clouds (float32 or float64).
+      radius: the chord radius r > 0 (:func:`cluster_graph_radius`).
+      min_size: the fewest points of a counted cluster (an integer ≥ 1).
+
+    Returns:
+      ``(counts, fractions)``: (...) int64 counts and (...) float64 fractions of the n points
+      in the counted clusters.
+
+    Raises:
+      ValueError: what :func:`graph_cluster_sizes` refuses, or ``min_size`` not an integer ≥ 1.
+    """
+    xs = _cloud(xs, "xs")
+    if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 1:
+        raise ValueError(f"min_size must be an integer >= 1, got {min_size!r}")
+    flat = xs.reshape(-1, *xs.shape[-2:])
+    counts, fractions = np.zeros(len(flat), np.int64), np.zeros(len(flat))
+    for i, x in enumerate(flat):
+        sizes = graph_cluster_sizes(x, radius)
+        big = sizes[sizes >= min_size]
+        counts[i], fractions[i] = big.size, big.sum() / x.shape[0]
+    return counts.reshape(xs.shape[:-2]), fractions.reshape(xs.shape[:-2])
 
 
 def _tail(log_front, order, start, shift):

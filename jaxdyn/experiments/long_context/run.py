@@ -12,6 +12,7 @@ from ... import clusters, long_context, pde
 from ...kernels import weight_statistics
 from ...models import SphereAttention
 from ...simulation import simulate
+from ...long_context_host import first_cluster_count
 from ...sphere import sample_sphere
 from .schema import frames, resolved_beta
 
@@ -63,17 +64,37 @@ def predicted_mode(beta, d):
     return int(ls[i]), float(rates[i])
 
 
+def graph_min_size(pc, k_star):
+    """The fewest particles of a counted cluster (count: all): min_mass · n / the predicted count."""
+    return max(2, math.ceil(pc["min_mass"] * pc["n"] / first_cluster_count(pc["d"], k_star)))
+
+
 def _counts(pc, xs, k_star):
-    """Cluster counts of the saved frames (S¹: histogram, S²: δ-graph of a subsample)."""
+    """Cluster counts of the saved frames and the fraction of the particles they hold.
+
+    count: subsample — S¹: histogram, S²: δ-graph of a subsample; count: all — the radius
+    graph of all particles (:func:`jaxdyn.long_context.graph_cluster_counts`), 0 until the
+    counted clusters hold ``formed_fraction`` of the particles.
+
+    Returns:
+      ``(counts, fractions)`` per frame (the fraction NaN where the histogram reads none).
+    """
+    if pc["count"] == "all":
+        r = long_context.cluster_graph_radius(pc["n"], pc["d"], pc["graph_radius"])
+        counts, frac = long_context.graph_cluster_counts(np.asarray(xs), r,
+                                                         graph_min_size(pc, k_star))
+        return np.where(frac >= pc["formed_fraction"], counts, 0), frac
     if pc["d"] == 2:
         cells = max(64, 1 << math.ceil(math.log2(pc["cells_per_mode"] * k_star)))
-        return np.asarray(long_context.circle_cluster_counts(
+        counts = np.asarray(long_context.circle_cluster_counts(
             xs, cells, min_mass=pc["min_mass"] / k_star))
+        return counts, np.full(counts.shape, np.nan)  # the histogram reads no fraction
     sub = xs[:, :pc["subsample"]]
     masses = np.asarray(clusters.cluster_masses(sub, pc["delta"]))
     big = masses >= 2.0 / sub.shape[1]  # components of two particles or more
-    formed = np.sum(np.where(big, masses, 0.0), axis=1) >= 1 - pc["min_mass"] / max(k_star, 1)
-    return np.where(formed, np.sum(big, axis=1), 0)
+    held = np.sum(np.where(big, masses, 0.0), axis=1)
+    formed = held >= 1 - pc["min_mass"] / max(k_star, 1)
+    return np.where(formed, np.sum(big, axis=1), 0), held
 
 
 def dynamics_point(pc):
@@ -86,11 +107,12 @@ def dynamics_point(pc):
     model = SphereAttention(eye, eye, eye, beta, kernel=pc["kernel"])
     tr = simulate(model, x0, t1=pc["t1"], dt=pc["dt"], save_every=pc["save_every"], method="rk4")
     xs = tr.xs[:frames(pc)]
-    counts = _counts(pc, xs, k_star)
+    counts, held = _counts(pc, xs, k_star)
     ip = np.asarray(long_context.mean_inner_product(xs), np.float64)
     ts = np.asarray(tr.ts[:frames(pc)], np.float64)
     hit = np.flatnonzero(counts > 0)
     return {"mean_inner_product": (("t",), ip), "cluster_count": (("t",), counts.astype(np.int64)),
+            "clustered_fraction": (("t",), np.asarray(held, np.float64)),
             "first_count": ((), int(counts[hit[0]]) if hit.size else 0),
             "first_time": ((), float(ts[hit[0]]) if hit.size else float("nan")),
             "mode_star": ((), k_star), "rate_star": ((), rate),

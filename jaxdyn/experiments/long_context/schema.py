@@ -13,6 +13,9 @@ from ...config import ConfigError, Field, at_least, positive
 from ...long_context_host import cap_constant, first_cluster_count, resolve_beta
 
 STUDIES = ("collapse", "phase", "dynamics")
+#: count: all — the fewest particles a counted cluster may need: the radius graph (r = h/3) of a
+#: uniform cloud of 10⁶ points on S² has components of up to about 9 points (docs/math.md §I.4)
+GRAPH_MIN_SIZE = 8
 
 
 def _beta_form(v):
@@ -56,11 +59,20 @@ SCHEMA = {
                             "the power of 2 >= this k*, at least 64)", check=at_least(2)),
     "min_mass": Field("float", 0.25, "dynamics: a cluster holds at least this fraction of the "
                       "mass n/k* expected of one first cluster (S¹), or of the subsample (S²: "
-                      "times 1/k*)", check=positive),
-    "subsample": Field("int", 1024, "dynamics on S²: particles whose δ-graph is counted "
-                       "(jaxdyn.clusters)", check=at_least(16)),
-    "delta": Field("float", 2e-3, "dynamics on S²: the δ of the cluster graph ⟨x_i, x_j⟩ > 1 − δ",
-                   check=positive),
+                      "times 1/k*); count: all, of n / the predicted first count", check=positive),
+    "count": Field("str", "subsample", "dynamics: the cluster count: subsample (S¹: histogram; "
+                   "S²: the δ-graph of the first `subsample` particles) or all (the radius graph "
+                   "of all n particles, r = graph_radius · mean spacing, clusters of at least "
+                   "min_mass · n / the predicted first count particles)", choices=("subsample", "all")),
+    "subsample": Field("int", 1024, "dynamics on S² (count: subsample): particles whose δ-graph "
+                       "is counted (jaxdyn.clusters)", check=at_least(16)),
+    "delta": Field("float", 2e-3, "dynamics on S² (count: subsample): the δ of the cluster graph "
+                   "⟨x_i, x_j⟩ > 1 − δ", check=positive),
+    "graph_radius": Field("float", 1 / 3, "dynamics (count: all): the graph's chord radius in units "
+                          "of the mean spacing (|S^(d-1)|/n)^(1/(d-1))", check=positive),
+    "formed_fraction": Field("float", 0.5, "dynamics (count: all): the clusters have formed when "
+                             "they hold this fraction of the particles",
+                             check=lambda v: None if 0 < v <= 1 else "must lie in (0, 1]"),
 }
 
 BATCH_AXES = ("seed", "c", "gamma", "rho")
@@ -125,7 +137,11 @@ def check(cfg):
         beta = resolved_beta(p)
         n, d = p["n"], p["d"]
         where = f"n = {n}, d = {d}, β = {beta:.4g}"
-        if study in ("collapse", "dynamics"):
+        if study == "dynamics" and beta * eps > 0.01:
+            # rounding a particle's coordinates by ε moves its logits β⟨x_i, x_j⟩ by ≈ β ε
+            warns.append(f"{where}: rounding the particles to {cfg['dtype']} moves their logits "
+                         f"β⟨x_i, x_j⟩ by ≈ β ε = {beta * eps:.2g}, over 1%: use float64")
+        if study == "collapse":
             # the nearest key's distance² |q − y|² ≈ 2(1/(κ_d n))^{2/(d−1)}: below the dtype's
             # resolution the top weights are rounding
             near = 2 * (1 / (cap_constant(d) * n)) ** (2 / (d - 1))
@@ -133,6 +149,7 @@ def check(cfg):
                 warns.append(f"{where}: the nearest keys lie at |q − y|² ≈ {near:.2g}, under 100 ε "
                              f"of {cfg['dtype']}: the critical regime is not resolved (use float64 "
                              f"or a smaller n)")
+        if study in ("collapse", "dynamics"):
             if beta < 3:
                 warns.append(f"{where}: β < 3, so the weights are not local on the sphere: the "
                              f"scaling law (keys near the query) does not describe this size yet")
@@ -142,7 +159,7 @@ def check(cfg):
                 warns.append(f"{where}, ρ = {p['rho']}: the tokens' inner products spread the "
                              f"largest logits by ≈ β(1 − ρ)√(2 log n/(d − 1)) = {spread:.2g} > 1: "
                              f"not nearly equiangular; the transition shifts and smears at this d")
-        if study == "dynamics" and d == 3:
+        if study == "dynamics" and d == 3 and cfg["count"] == "subsample":
             # l* ≈ √(2β) (docs/math.md §I.4); the δ-graph counts a subsample's components
             count = first_cluster_count(3, max(1, round(math.sqrt(2 * beta))))
             m = min(n, p["subsample"])
@@ -150,7 +167,18 @@ def check(cfg):
                 warns.append(f"{where}: about {count:.0f} first clusters are predicted (l* ≈ √(2β)"
                              f" = {math.sqrt(2 * beta):.3g}) and the count reads {m} particles "
                              f"(subsample = {p['subsample']}): fewer than 4 a cluster, so the "
-                             f"count is not resolved (raise subsample, or lower c)")
+                             f"count is not resolved (count: all counts every particle)")
+        if study == "dynamics" and cfg["count"] == "all":
+            # the radius graph of all particles: a cluster of the predicted mass n/count needs
+            # min_size ≥ GRAPH_MIN_SIZE particles to stand above a uniform cloud's components
+            count = first_cluster_count(d, max(1, round(math.sqrt(2 * beta))))  # k*, l* ≈ √(2β)
+            size = max(2, math.ceil(p["min_mass"] * n / count))
+            if size < GRAPH_MIN_SIZE:
+                warns.append(f"{where}: about {count:.0f} first clusters of {n / count:.3g} "
+                             f"particles are predicted; a counted cluster needs min_mass · "
+                             f"{n / count:.3g} = {size} particles, under {GRAPH_MIN_SIZE}: "
+                             f"components of the uniform cloud reach that size, so the count is "
+                             f"not resolved (lower c)")
         if study == "dynamics" and d == 2 and beta > 1e9:
             warns.append(f"{where}: on S¹ the most unstable mode k* ≈ √(2β) = "
                          f"{math.sqrt(2 * beta):.3g} needs as many histogram cells")
