@@ -13,9 +13,15 @@ import math
 import jax
 import numpy as np
 
-__all__ = ["check_bounds", "check_cloud", "check_density", "check_finite", "check_integer",
-           "check_same_length", "check_square", "check_times", "is_traced", "nan_where",
-           "scalar_domain"]
+__all__ = ["DTYPES_RULE", "DtypeError", "any_nonfinite", "check_bounds", "check_cloud",
+           "check_density", "check_dtype", "check_finite", "check_host", "check_integer",
+           "check_same_length", "check_square", "check_times", "float_dtype", "is_traced",
+           "nan_where", "real_arrays", "scalar_domain"]
+
+#: the dtype rule of the public entry points, stated once (docs and docstrings refer to it)
+DTYPES_RULE = ("float32 or float64 (float16 and bfloat16 where a function says so); integers "
+               "and booleans are converted to the float dtype of the other inputs (JAX's "
+               "default float where none is a float); complex inputs are refused")
 
 
 def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
@@ -49,6 +55,146 @@ def check_times(t0, t1, ts, dt0=None, *, name: str = "saveat") -> None:
 def is_traced(a) -> bool:
     """Whether ``a`` is a tracer (a value known only when the program runs)."""
     return isinstance(a, jax.core.Tracer)
+
+
+class DtypeError(TypeError, ValueError):
+    """An input of a dtype the function does not take: a TypeError (and a ValueError).
+
+    A ``ValueError`` too, as the refusals of a non-real input were before one rule covered
+    every entry point: ``except ValueError`` keeps catching them.
+    """
+
+
+def _dtype_of(a) -> np.dtype:
+    dtype = getattr(a, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(a).dtype
+    return np.dtype(dtype)
+
+
+def _is_half(dtype) -> bool:
+    import jax.numpy as jnp
+
+    return dtype == jnp.float16 or dtype == jnp.bfloat16 or (
+        dtype.kind == "V" and dtype.itemsize <= 2)  # (ml_dtypes' other small floats)
+
+
+def check_dtype(name: str, a, *, half: bool = False, integers: bool = True,
+                fn: str = "") -> np.dtype:
+    """Refuse an input whose dtype the computation cannot take, by the parameter's name.
+
+    The rule of every public entry point: float32 and float64 are taken; float16 and bfloat16
+    only where ``half`` (a linear-algebra or FFT step has no half-precision path); integers and
+    booleans where ``integers`` (the caller converts them, :func:`float_dtype`); complex and
+    non-numeric dtypes never (a real computation would drop the imaginary part). The dtype is
+    known when tracing, so a tracer is checked like a concrete array.
+
+    Args:
+        name: the parameter's name, used in the message.
+        a: an array-like or a tracer (None is skipped).
+        half: accept float16 and bfloat16.
+        integers: accept integer and boolean dtypes.
+        fn: the function's name, prefixed to the message where given.
+
+    Returns:
+        ``a``'s dtype (None for None).
+
+    Raises:
+        DtypeError: (a TypeError) naming the parameter, the dtype it got and the dtypes taken.
+    """
+    if a is None:
+        return None
+    dtype = _dtype_of(a)
+    ok = dtype in (np.float32, np.float64) or (half and _is_half(dtype)) or (
+        integers and (np.issubdtype(dtype, np.integer) or dtype == bool))
+    if not ok:
+        taken = "float32 or float64" + (", float16 or bfloat16" if half else "")
+        if integers:
+            taken += " (or integers, converted to float)"
+        if np.issubdtype(dtype, np.complexfloating):
+            why = " (real numbers: the imaginary part would be dropped)"
+        elif _is_half(dtype):
+            why = " (no half-precision path)"
+        else:
+            why = ""
+        raise DtypeError(f"{fn + ': ' if fn else ''}{name} must hold {taken} numbers{why}, got "
+                         f"dtype {dtype}")
+    return dtype
+
+
+def float_dtype(*arrays):
+    """The float dtype to compute in, by the integer rule of the entry points.
+
+    Args:
+        *arrays: the inputs (arrays, array-likes or tracers; None entries skipped).
+
+    Returns:
+        The dtype of the inputs promoted together, integers and booleans converted to the
+        float dtype of the others (JAX's default float where none is a float).
+    """
+    import jax.numpy as jnp
+
+    return jnp.result_type(*[_dtype_of(a) for a in arrays if a is not None], float)
+
+
+def real_arrays(*, half: bool = False, fn: str = "", **arrays) -> list:
+    """The arrays checked by :func:`check_dtype`, integers converted to float.
+
+    Those of integer or boolean dtype are converted to the float dtype of all of them
+    (:func:`float_dtype`); float inputs are returned as given. A dtype not taken raises
+    :class:`DtypeError` (by :func:`check_dtype`), naming the first such parameter.
+
+    Args:
+        half: accept float16 and bfloat16.
+        fn: the function's name, for the messages.
+        **arrays: the inputs by parameter name (None entries are returned as None).
+
+    Returns:
+        The arrays, in the order given.
+    """
+    import jax.numpy as jnp
+
+    for name, a in arrays.items():
+        check_dtype(name, a, half=half, fn=fn)
+    dtype = float_dtype(*arrays.values())
+    return [a if a is None or jnp.issubdtype(_dtype_of(a), jnp.inexact)
+            else jnp.asarray(a, dtype) for a in arrays.values()]
+
+
+def check_host(fn: str, **arrays) -> None:
+    """Refuse traced inputs to a host function (NumPy on its inputs), by the function's name.
+
+    Args:
+        fn: the function's name.
+        **arrays: its array inputs by parameter name (None skipped).
+
+    Raises:
+        TypeError: naming the function and the first traced parameter: it is host-only.
+    """
+    for name, a in arrays.items():
+        if is_traced(a):
+            raise TypeError(f"{fn} is host-only (NumPy on its inputs): call it on concrete "
+                            f"arrays, not under jit or vmap; {name} is a traced value")
+
+
+def any_nonfinite(*arrays):
+    """A scalar flag for :func:`nan_where`: some floating entry of the arrays is NaN or inf.
+
+    Args:
+        *arrays: arrays or tracers (None, integer and boolean arrays skipped).
+
+    Returns:
+        A boolean scalar (a JAX array), or None where nothing is to check.
+    """
+    import jax.numpy as jnp
+
+    bad = None
+    for a in arrays:
+        if a is None or not jnp.issubdtype(_dtype_of(a), jnp.inexact):
+            continue
+        b = jnp.any(~jnp.isfinite(a))
+        bad = b if bad is None else bad | b
+    return bad
 
 
 def check_finite(name: str, a, *, what: str = "") -> None:

@@ -433,19 +433,11 @@ class Known:
 
 _TRACED = ("jit", "vmap")
 KNOWN: list = [
-    Known("attention_weights", ("neginf",), ("concrete", "jit", "vmap"),
-          "attention_weights(q, k, 2.0) with k[0, 1, 1] = -inf (q, k on the unit circle) "
-          "returns finite weights: the key's -inf logit is read as a mask, no NaN flag",
-          targets=("k",)),
     Known("bures_w2", ("negative", "subnormal"), _TRACED,
           "bures_w2 under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
           "symmetric) returns a finite W2 with status successful (the covariance is "
           "symmetrised and clipped); concrete, the same input is a ValueError naming S0",
           targets=("S0", "S1")),
-    Known("normalize", ("huge",), ("concrete", "jit", "vmap"),
-          "normalize(1e30 * x) in float32 (x (3, 2) of unit-size rows) returns zero rows: "
-          "|x|² overflows to inf and x / inf = 0 (the scale law normalize(s x) = normalize(x) "
-          "fails; float64 is right)", dtypes=(np.float32,)),
     Known("bures_distance", FAULTS, _TRACED,
           "gaussian.bures_distance under jit/vmap raises jax's TracerArrayConversionError "
           "(NumPy on a tracer), not a TypeError naming the function or its inputs"),
@@ -510,24 +502,6 @@ KNOWN: list = [
     Known("hitting_times", ("complex64",), ("concrete", "jit"),
           "clusters.hitting_times with complex64 times drops the imaginary part",
           targets=("ts",)),
-    Known("heads_interaction", ("neginf",), ("concrete", "jit", "vmap"),
-          "kernels.heads_interaction(q, k, v, 2.0) with k[0, 1, 1] = -inf returns finite "
-          "outputs (the -inf logit read as a mask), no NaN", targets=("k",)),
-    Known("heads_interaction", ("int32",), ("concrete", "jit"),
-          "kernels.heads_interaction(q, k, v, 2.0) with an int32 q (round(4 q)) returns "
-          "zeros where the float64 call on the same values does not", targets=("q",)),
-    Known("sinkhorn_key_bias", ("empty",), ("concrete", "jit"),
-          "kernels.sinkhorn_key_bias(q, k, 2.0) with q, k of shape (1, 0, 2) raises a bare "
-          "ZeroDivisionError"),
-    Known("blocked_lse", ("posinf", "neginf"), ("concrete", "jit", "vmap"),
-          "kernels.blocked_lse(pts, other, pot, 0.5) with other[1, 1] = ±inf returns a "
-          "finite log-sum-exp, no NaN", targets=("other",)),
-    Known("blocked_lse", ("d0",), ("concrete", "jit"),
-          "kernels.blocked_lse with points of dimension 0 raises a bare IndexError"),
-    Known("blocked_lse", ("int32", "float16", "bfloat16", "complex64"), ("concrete", "jit"),
-          "kernels.blocked_lse with pts or other of dtype int32/float16/bfloat16/complex64 "
-          "raises lax.scan's 'carry input and carry output must have equal types' TypeError, "
-          "which names no parameter", targets=("pts", "other")),
     Known("solve_moments", ("d0",), ("concrete", "jit"),
           "solve_moments with m0 of shape (0,) and S0 of shape (0, 0) raises NumPy's "
           "'zero-size array to reduction operation max', not a ValueError naming S0",
@@ -541,13 +515,10 @@ KNOWN: list = [
     *[Known(name, ("complex64",), ("concrete", "jit"),
             f"{name} with a complex64 input returns a real output (the imaginary part "
             "dropped, no error)")
-      for name in ("geodesic_distance", "mass_near", "angle_to_subspace",
+      for name in ("mass_near", "angle_to_subspace",
                    "simulate_ensemble", "measure_flow", "replay", "certificate", "simulate",
                    "simulate_sde", "solve_moments_batch", "bures_distance", "tilt_index",
                    "solve_density")],
-    Known("heads_interaction", ("complex64",), ("concrete", "jit"),
-          "kernels.heads_interaction(q, k, v, 2.0) with a complex64 v returns a real output "
-          "(the imaginary part dropped)", targets=("v",)),
     Known("cloud_stats", ("complex64",), ("concrete", "jit"),
           "gaussian.cloud_stats(xs, dirs) with complex64 directions returns real statistics "
           "(the imaginary part dropped)", targets=("dirs",)),
@@ -583,9 +554,6 @@ KNOWN: list = [
             "controls of another dtype raises lax.scan's 'carry input and carry output must "
             "have equal types' TypeError, which names no parameter")
       for name in ("transfer_particles", "transformer_layers")],
-    Known("weight_statistics", ("complex64",), ("jit", "concrete"),
-          "kernels.weight_statistics with a complex64 x under jit raises jax's 'gt does not "
-          "accept dtype complex64' TypeError, which names no parameter", size=(8, 3)),
     Known("solve_moments", ("float16", "bfloat16"), ("concrete",),
           "solve_moments with a float16 S0 (d = 1) raises NumPy's 'array type float16 is "
           "unsupported in linalg' TypeError, which names no parameter", size=(1, 1),
@@ -596,9 +564,6 @@ KNOWN: list = [
             "its own parameter", size=(8, 3) if name != "controlled_moments" else (1, 1))
       for name in ("solve_moments_batch", "stationary_covariance", "controlled_moments",
                    "measure_loss", "measure_flow")],
-    Known("blocked_lse", ("complex64",), ("jit", "concrete"),
-          "kernels.blocked_lse with a complex64 pot returns a real output (the imaginary part "
-          "dropped)", size=(1, 1), targets=("pot",)),
     Known("sqrtm_psd", ("neginf",), ("vmap", "jit", "concrete"),
           "distances.sqrtm_psd([[-inf]]) returns [[0]] (the eigenvalue clipped), no NaN",
           size=(1, 1)),

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ..kernels import blocked_lse
+from ..kernels._lse import _blocked_lse as blocked_lse  # (clouds checked by the solver)
 from ..kernels._sparse import listed_lse
 
 #: points per leaf block (tiles of a block's rows x 8 blocks of keys): smaller blocks prune

@@ -97,7 +97,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kernels import blocked_lse
+from ..kernels._lse import _blocked_lse as blocked_lse  # (clouds checked by the solver)
 from ..kernels._blocks import (balls, by_length, kd_order, kd_size, list_density, list_length,
                                neighbours, on_lists, pow2_bucket, scatter_lists, unsort)
 from ..kernels._sparse import ball_distances, listed_lse

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import equinox as eqx
 
-from ..sphere import exp_map, normalize
+from ..sphere import exp_map
+from ..sphere._geometry import _normalize as normalize  # (rows of unit size: no rescaling)
 
 
 class Euclidean(eqx.Module):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._checks import nan_where, scalar_domain
+from .._checks import any_nonfinite, nan_where, real_arrays, scalar_domain
 from ._online import finite_or_zero, map_query_blocks, pad_rows, running_update
 
 __all__ = ["LSE_K_BLOCK", "blocked_lse", "lse_key_block", "lse_tile"]
@@ -115,12 +116,32 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE
       q_block: rows per block.
       k_block: points of the other cloud per block.
 
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    inputs (JAX's default float where none is a float); float16, bfloat16 and complex are
+    refused (a TypeError naming the parameter).
+
     Returns:
-      (n,) log-sum-exps times ε.
+      (n,) log-sum-exps times ε; NaN where ``pts`` or ``other`` holds a NaN or inf (``pot``
+      may hold ``−inf``: those entries contribute nothing).
 
     Raises:
-      ValueError: a concrete ``eps`` that is not finite and > 0.
+      ValueError: shapes that disagree (``pts`` (n, d) and ``other`` (m, d) with d >= 1,
+        ``pot`` (m,)), or a concrete ``eps`` that is not finite and > 0.
     """
+    pts, other, pot = real_arrays(pts=pts, other=other, pot=pot, fn="blocked_lse")
+    ps, os_, qs = np.shape(pts), np.shape(other), np.shape(pot)
+    if len(ps) != 2 or len(os_) != 2 or ps[1] != os_[1] or ps[1] < 1:
+        raise ValueError(f"blocked_lse: pts (n, d) and other (m, d) must share d >= 1, got "
+                         f"shapes {ps} and {os_}")
+    if qs != os_[:1]:
+        raise ValueError(f"blocked_lse: pot must have shape ({os_[0]},) (one potential a point "
+                         f"of other), got {qs}")
+    return nan_where(any_nonfinite(pts, other),
+                     _blocked_lse(pts, other, pot, eps, q_block=q_block, k_block=k_block))
+
+
+def _blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE_K_BLOCK):
+    """:func:`blocked_lse` unchecked and unflagged (the Sinkhorn geometries' every iteration)."""
     err, bad = scalar_domain("eps", eps, low=0, low_open=True, what=" (entropic regularisation)")
     if err:
         raise ValueError(err)

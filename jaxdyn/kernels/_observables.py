@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._checks import nan_where, scalar_domain
+from .._checks import any_nonfinite, nan_where, real_arrays, scalar_domain
 from ._online import HIGHEST, map_query_blocks, pad_rows
 
 __all__ = ["WeightStats", "weight_statistics"]
@@ -67,14 +67,20 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
         weights, but the distance form keeps its precision for keys very near the query
         (``1 − x·y`` rounds to a multiple of the dtype's ε, ``|x − y|²`` does not).
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other inputs (JAX's default float where none is a float); complex is refused (a
+    TypeError naming the parameter).
+
     Returns:
-      :class:`WeightStats`.
+      :class:`WeightStats` (NaN statistics and −1 keys and ranks where ``x``, ``y`` or ``B``
+      holds a NaN or inf).
 
     Raises:
       ValueError: shapes that disagree or hold no point, blocks below 1, an unknown
         ``logits``, ``B`` with ``logits="distance"``, or a concrete ``beta`` that is negative
         or not finite.
     """
+    x, y, B = real_arrays(half=True, fn="weight_statistics", x=x, y=y, B=B)
     y = x if y is None else y
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"weight_statistics: x (n, d) and y (m, d) must share d; got "
@@ -102,7 +108,7 @@ def weight_statistics(x, y=None, B=None, beta=1.0, *, q_block: int = 256, k_bloc
     beta = jnp.asarray(beta, dtype)
     out = _stats(x, y, B, beta if bad is None else jnp.where(bad, 1, beta), q_block=int(q_block),
                  k_block=max(1, min(int(k_block), y.shape[0])), distance=logits == "distance")
-    return WeightStats(*nan_where(bad, tuple(out)))
+    return WeightStats(*nan_where((bad, any_nonfinite(x, y, B)), tuple(out)))
 
 
 @functools.partial(jax.jit, static_argnames=("q_block", "k_block", "distance"))

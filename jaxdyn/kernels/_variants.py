@@ -54,7 +54,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .._checks import nan_where, scalar_domain
+from .._checks import any_nonfinite, nan_where, real_arrays, scalar_domain
 from ..choices import MASKS
 from ._attention import DEFAULT_BLOCKS, HIGHEST, _check_block, _choice_error, _guard, resolve_kernel
 from ._online import FUSED_MAX_D, bound, query_positions, ratio, sums
@@ -189,20 +189,26 @@ def attention_weights(q, k, beta, *, key_bias=None, alibi=None, causal=False, lo
       logits: ``"dot"`` | ``"l2"``.
       sinkhorn_iters: 0 (softmax rows) or the number of Sinkhorn sweeps.
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other inputs (JAX's default float where none is a float); complex is refused (a
+    TypeError naming the parameter).
+
     Returns:
-      (H, n, m) weights.
+      (H, n, m) weights; NaN where ``q`` or ``k`` holds a NaN or inf (a ``−inf`` key is not a
+      mask: pass ``key_bias`` for that).
 
     Raises:
       ValueError: shapes that do not match, an unknown ``logits``, a causal mask with
         n ≠ m or with Sinkhorn sweeps, a negative ``sinkhorn_iters``, or a ``beta`` that is
         not a scalar (or, concrete, negative or not finite).
     """
+    q, k, key_bias, alibi = real_arrays(half=True, q=q, k=k, key_bias=key_bias, alibi=alibi)
     err = _variant_error(q, k, None, key_bias, alibi, causal, logits, sinkhorn_iters)
     beta_err, bad, beta = _beta_domain(beta)
     if err or beta_err:
         raise ValueError(err or beta_err)
     beta = jnp.asarray(beta, q.dtype)
-    return nan_where(bad, jax.vmap(
+    return nan_where((bad, any_nonfinite(q, k)), jax.vmap(
         _dense_weights_one, in_axes=(0, 0, None, _ax(key_bias), _ax(alibi), None, None, None))(
         q, k, beta, key_bias, alibi, causal, logits, int(sinkhorn_iters)))
 
@@ -285,8 +291,13 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
         device's share), so that positions, masks and the known logit of the bound shift
         refer to those rows. Not with Sinkhorn sweeps (their column sums need every row).
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other inputs (JAX's default float where none is a float); complex is refused (a
+    TypeError naming the parameter).
+
     Returns:
-      (H, n, e).
+      (H, n, e); NaN where ``q``, ``k`` or ``v`` holds a NaN or inf (a ``−inf`` key is not a
+      mask: pass ``key_bias`` for that).
 
     Raises:
       ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a causal
@@ -295,6 +306,31 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
         positive integer, or a ``beta`` that is not a scalar (or, concrete, negative or not
         finite).
     """
+    q, k, v, key_bias, alibi = real_arrays(half=True, q=q, k=k, v=v, key_bias=key_bias,
+                                           alibi=alibi)
+    err, bad, beta = _heads_domain(q, k, v, beta, key_bias, alibi, causal, logits,
+                                   sinkhorn_iters, q_offset)
+    if err:
+        raise ValueError(err)
+    return nan_where((bad, any_nonfinite(q, k, v)), _heads_run(
+        q, k, v, beta, key_bias, alibi, causal, logits, sinkhorn_iters, kernel, k_block,
+        q_block, q_offset))
+
+
+def _heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False, logits="dot",
+                       sinkhorn_iters=0, kernel="auto", k_block=None, q_block=None,
+                       q_offset=None):
+    """:func:`heads_interaction` unchecked and unflagged (the models' fields, every step)."""
+    err, bad, beta = _heads_domain(q, k, v, beta, key_bias, alibi, causal, logits,
+                                   sinkhorn_iters, q_offset)
+    if err:
+        raise ValueError(err)
+    return nan_where(bad, _heads_run(q, k, v, beta, key_bias, alibi, causal, logits,
+                                     sinkhorn_iters, kernel, k_block, q_block, q_offset))
+
+
+def _heads_domain(q, k, v, beta, key_bias, alibi, causal, logits, sinkhorn_iters, q_offset):
+    """``(message, bad, beta)``: :func:`heads_interaction`'s structural checks and β's domain."""
     err = _variant_error(q, k, v, key_bias, alibi, causal and q_offset is None, logits,
                          sinkhorn_iters)
     if not err and causal and sinkhorn_iters:
@@ -304,14 +340,17 @@ def heads_interaction(q, k, v, beta, *, key_bias=None, alibi=None, causal=False,
         err = ("Sinkhorn sweeps need every query row: compute their key bias on the whole "
                "cloud and pass it as key_bias with sinkhorn_iters=0")
     beta_err, bad, beta = _beta_domain(beta)
-    if err or beta_err:
-        raise ValueError(err or beta_err)
+    return err or beta_err, bad, beta
+
+
+def _heads_run(q, k, v, beta, key_bias, alibi, causal, logits, sinkhorn_iters, kernel, k_block,
+               q_block, q_offset):
+    """:func:`heads_interaction` after its checks: the blocks resolved, the program called."""
     kernel, k_block, q_block = _call_blocks(kernel, k_block, q_block, q.shape[1], k.shape[1])
     # one program a call shape when called eagerly (inlined under a caller's jit)
-    return nan_where(bad, _heads_jit(q, k, v, beta, key_bias, alibi, q_offset,
-                                     causal=bool(causal), logits=logits,
-                                     iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
-                                     q_block=q_block, safe=_guard(q.dtype)))
+    return _heads_jit(q, k, v, beta, key_bias, alibi, q_offset, causal=bool(causal),
+                      logits=logits, iters=int(sinkhorn_iters), kernel=kernel, k_block=k_block,
+                      q_block=q_block, safe=_guard(q.dtype))
 
 
 def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", sinkhorn_iters=1,
@@ -335,14 +374,31 @@ def sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", si
       k_block: key block size (None: the platform default).
       q_block: query block size (None: the platform default).
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other inputs (JAX's default float where none is a float); complex is refused (a
+    TypeError naming the parameter).
+
     Returns:
-      (H, m) key bias.
+      (H, m) key bias; NaN where ``q`` or ``k`` holds a NaN or inf.
 
     Raises:
-      ValueError: shapes that do not match, an unknown ``logits`` or ``kernel``, a
-        ``sinkhorn_iters`` that is not an integer >= 1, a bad block size, or a ``beta`` that
-        is not a scalar (or, concrete, negative or not finite).
+      ValueError: shapes that do not match or hold no query or key, an unknown ``logits`` or
+        ``kernel``, a ``sinkhorn_iters`` that is not an integer >= 1, a bad block size, or a
+        ``beta`` that is not a scalar (or, concrete, negative or not finite).
     """
+    q, k, key_bias, alibi = real_arrays(half=True, q=q, k=k, key_bias=key_bias, alibi=alibi)
+    for name, a in (("q", q), ("k", k)):
+        if getattr(a, "ndim", None) == 3 and a.shape[1] == 0:
+            raise ValueError(f"{name} must hold at least one row (shape (H, n, p), n >= 1), "
+                             f"got shape {tuple(a.shape)}")
+    return nan_where(any_nonfinite(q, k), _sinkhorn_key_bias(
+        q, k, beta, key_bias=key_bias, alibi=alibi, logits=logits,
+        sinkhorn_iters=sinkhorn_iters, kernel=kernel, k_block=k_block, q_block=q_block))
+
+
+def _sinkhorn_key_bias(q, k, beta, *, key_bias=None, alibi=None, logits="dot", sinkhorn_iters=1,
+                       kernel="auto", k_block=None, q_block=None):
+    """:func:`sinkhorn_key_bias` unchecked and unflagged (the models' fields)."""
     err = _variant_error(q, k, None, key_bias, alibi, False, logits, sinkhorn_iters)
     if not err and int(sinkhorn_iters) < 1:
         err = f"sinkhorn_iters must be an integer >= 1, got {sinkhorn_iters!r}"

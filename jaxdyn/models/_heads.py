@@ -17,7 +17,8 @@ from ..choices import ATTENTIONS, MASKS
 from ..kernels._attention import AUTO_LOCAL_MAX_VISITED, HIGHEST, resolve_kernel
 from ..kernels._local import DEFAULT_TOL, local_attention
 from ..kernels._online import query_positions
-from ..kernels._variants import heads_interaction, rope, sinkhorn_key_bias
+from ..kernels._variants import _heads_interaction as heads_interaction, rope
+from ..kernels._variants import _sinkhorn_key_bias as sinkhorn_key_bias
 from ._fields import AbstractAttentionModel, kernel_options
 from ._params import Domain, check_domain, float_dtype, is_traced, parameter, to_array
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels._attention import HIGHEST
-from ..kernels._variants import heads_interaction
+from ..kernels._variants import _heads_interaction as heads_interaction
 from .._checks import check_bounds, check_integer
 from ._fields import AbstractAttentionModel, check_shape, kernel_options
 from ._heads import host_or_traced

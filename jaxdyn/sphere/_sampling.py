@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._geometry import normalize, tangent_project
+from ._geometry import _normalize as normalize, tangent_project
 
 
 def _check_n_d(n, d):
