@@ -56,6 +56,21 @@ def test_warnings_before_compute_and_named_refusals():
         KIND.check(_cfg(ROOT / "configs" / "long_context_collapse.yaml", beta={"scale": "cube"}))
 
 
+def test_count_all_configs_and_their_warnings():
+    """The S² configs at n = 10⁴..10⁶ count every particle and check without a warning; a c whose
+    clusters are too small for the radius graph, and β ε over 1%, are named before compute."""
+    for name in ("long_context_dynamics_s2_large", "long_context_dynamics_s2_million"):
+        cfg = _cfg(ROOT / "configs" / f"{name}.yaml")
+        assert cfg["count"] == "all" and cfg["kernel"] == "local"
+        assert KIND.check(cfg) == []
+    big = _cfg(ROOT / "configs" / "long_context_dynamics_s2_large.yaml", beta={"scale": "power",
+                                                                               "c": 0.5})
+    assert any("count is not resolved (lower c)" in w for w in KIND.check(big))
+    s1 = _cfg(ROOT / "configs" / "long_context_dynamics.yaml", dtype="float32",
+              sweep={"d": [2], "n": [100000], "c": [0.01], "seed": [0]})
+    assert any("β ε = 12" in w for w in KIND.check(s1))
+
+
 def _run(path, out, *sets):
     args = [sys.executable, "-m", "jaxdyn.cli", "run", str(path), "--out", str(out)]
     for s in sets:
@@ -73,6 +88,7 @@ TINY = {
     "long_context_dynamics": ["sweep.n=[128]", "sweep.c=[0.01]", "sweep.seed=[0]", "t1=4.0"],
     "long_context_dynamics_s2": ["sweep.n=[128]", "sweep.c=[0.2]", "sweep.seed=[0]", "t1=4.0",
                                  "subsample=64"],
+    "long_context_dynamics_s2_large": ["sweep.n=[2000]", "sweep.seed=[0]", "t1=2.0"],
 }
 
 

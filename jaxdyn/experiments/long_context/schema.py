@@ -14,8 +14,9 @@ from ...long_context_host import cap_constant, first_cluster_count, resolve_beta
 
 STUDIES = ("collapse", "phase", "dynamics")
 #: count: all — the fewest particles a counted cluster may need: the radius graph (r = h/3) of a
-#: uniform cloud of 10⁶ points on S² has components of up to about 9 points (docs/math.md §I.4)
-GRAPH_MIN_SIZE = 8
+#: uniform cloud on S² has a handful of components of 9 points at n = 10⁶ and none of 10
+#: (docs/math.md §I.4); smaller clusters would count the uniform cloud's components
+GRAPH_MIN_SIZE = 9
 
 
 def _beta_form(v):
