@@ -5,7 +5,8 @@ over queries and seeds, one line per n) beside the Poisson limit law's median an
 the regimes shaded where the limit's median largest weight is below 0.05 (spread) or above 0.95
 (nearest key). phase: λ against γ/γ_c per ρ (mean and seed range, one line per n) beside the
 exactly equiangular closed form, and the width of the transition against n. dynamics: the
-first cluster count against the most unstable mode and the first-cluster time against 1/λ*.
+first cluster count against the most unstable mode and the first-cluster time against 1/λ*
+(count: all adds the count over its prediction and the fraction the clusters hold against λ* t).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def dynamics_figure(cfg, ds, path):
       The figure's path.
     """
     plt = plots.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    every = cfg["count"] == "all"
+    fig, axes = plt.subplots(1, 3 if every else 2, figsize=(13.5 if every else 9, 3.8))
     ns = np.asarray(axis_values(ds, "n", cfg), float)
     for di, d in enumerate(axis_values(ds, "d", cfg)):
         sel = {"d": di}
@@ -114,6 +116,10 @@ def dynamics_figure(cfg, ds, path):
         n_of = (scaled["n"].broadcast_like(scaled).values if "n" in scaled.dims
                 else np.full(scaled.shape, ns[0]))
         axes[1].scatter(n_of.ravel(), scaled.values.ravel(), s=12, label=f"S^{d - 1}")
+    if every:
+        _count_in_time(cfg, ds, axes[2])
+        axes[0].set_xscale("log")
+        axes[0].set_yscale("log")
     axes[0].set_xlabel("most unstable mode k* (S¹) / degree l* (S²) at the same β")
     axes[0].set_ylabel("clusters that form first")
     axes[1].set_xscale("log")
@@ -124,6 +130,33 @@ def dynamics_figure(cfg, ds, path):
     fig.suptitle(f"{cfg['name']}: dynamics at β = c n^(2/(d−1)) (dashed: predicted count)",
                  fontsize=9)
     return plots.save(fig, path)
+
+
+def _count_in_time(cfg, ds, ax):
+    """count: all — count / predicted count and the fraction held, against λ* t.
+
+    Solid: the count over the predicted count; dotted: the fraction of the particles the
+    counted clusters hold; one colour per n, every seed.
+    """
+    ns = axis_values(ds, "n", cfg)
+    for di, d in enumerate(axis_values(ds, "d", cfg)):
+        for ni, n in enumerate(ns):
+            sel = {"d": di, "n": ni}
+            k = int(select(ds["mode_star"], **sel).values.ravel()[0])
+            rate = float(select(ds["rate_star"], **sel).values.ravel()[0])
+            pred = first_cluster_count(int(d), k)
+            cnt = select(ds["cluster_count"], **sel).values.reshape(-1, ds.sizes["t"])
+            held = select(ds["clustered_fraction"], **sel).values.reshape(-1, ds.sizes["t"])
+            x = ds["t"].values * rate
+            color = f"C{ni}"
+            for s, (c, h) in enumerate(zip(cnt, held)):
+                c = np.where(c > 0, c / pred, np.nan)
+                ax.plot(x, c, color=color, lw=1, label=f"n = {n:.0e}" if s == 0 else None)
+                ax.plot(x, h, ":", color=color, lw=1)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.axhline(cfg["formed_fraction"], color="0.5", lw=0.6, ls="--")
+    ax.set_xlabel(r"$\lambda^* t$")
+    ax.set_ylabel("count / predicted (solid), fraction held (dotted)")
 
 
 def plot(cfg, ds, out_dir):

@@ -87,7 +87,7 @@ def dynamics_table(cfg, ds):
                 tt = select(ds["first_time"], **idx).values.ravel()
                 k = int(select(ds["mode_star"], **idx).values.ravel()[0])
                 rate = float(select(ds["rate_star"], **idx).values.ravel()[0])
-                out[f"d={d},n={n},c={c:g}"] = {
+                row = {
                     "beta": float(select(ds["beta_resolved"], **idx).values.ravel()[0]),
                     "first_count_mean": float(np.mean(cnt)), "first_count_std": float(np.std(cnt)),
                     "first_time_mean": float(np.nanmean(tt)) if np.isfinite(tt).any() else None,
@@ -95,7 +95,22 @@ def dynamics_table(cfg, ds):
                     "first_count_predicted": first_cluster_count(d, k),
                     "growth_rate_star": rate, "time_scale": 1.0 / rate,
                 }
+                if "clustered_fraction" in ds and cfg["count"] == "all":
+                    row.update(_graph_count_row(ds, idx, cnt, tt))
+                out[f"d={d},n={n},c={c:g}"] = row
     return out
+
+
+def _graph_count_row(ds, idx, cnt, tt):
+    """count: all — per seed the first count and time, the fraction held then, the peak count."""
+    held = select(ds["clustered_fraction"], **idx).values.reshape(len(cnt), -1)
+    counts = select(ds["cluster_count"], **idx).values.reshape(len(cnt), -1)
+    first = [int(np.flatnonzero(c > 0)[0]) if np.any(c > 0) else None for c in counts]
+    return {"seeds": len(cnt), "first_counts": [int(v) for v in cnt],
+            "first_times": [float(v) if np.isfinite(v) else None for v in tt],
+            "first_time_std": float(np.nanstd(tt)) if np.isfinite(tt).any() else None,
+            "first_held": [None if i is None else float(h[i]) for h, i in zip(held, first)],
+            "peak_count_mean": float(np.mean(counts.max(axis=1)))}
 
 
 def summarize(cfg, ds):
@@ -188,6 +203,29 @@ def guide_dynamics(res) -> str:
     return "\n".join(out)
 
 
+def guide_dynamics_all(res) -> str:
+    """count: all — per n: the predicted and measured first counts, their time against 1/λ*."""
+    from ..guide_numbers import num
+
+    table = res["results"]["table"]
+    out = ["| n | c | β | l* | seeds | predicted first count | measured first count (mean ± sd) "
+           "| measured / predicted | fraction held then | peak count | first time (mean ± sd) "
+           "| λ* × first time |", "|---" * 12 + "|"]
+    order = sorted(table, key=lambda p: (int(_key(p)["n"]), float(_key(p)["c"])))
+    for point in order:
+        row, k = table[point], _key(point)
+        held = [h for h in row["first_held"] if h is not None]
+        t, sd = row["first_time_mean"], row["first_time_std"]
+        out.append(f"| {_sci(k['n'])} | {k['c']} | {num(row['beta'])} | {row['mode_star']} | "
+                   f"{row['seeds']} | {num(row['first_count_predicted'])} | "
+                   f"{num(row['first_count_mean'])} ± {num(row['first_count_std'], 2)} | "
+                   f"{num(row['first_count_mean'] / row['first_count_predicted'])} | "
+                   f"{num(float(np.mean(held)) if held else None)} | "
+                   f"{num(row['peak_count_mean'])} | {num(t)} ± {num(sd, 2)} | "
+                   f"{num(None if t is None else t * row['growth_rate_star'])} |")
+    return "\n".join(out)
+
+
 def guide_run(res) -> str:
     """The run's CPU time and machine, in words."""
     meta = res["meta"]
@@ -199,4 +237,5 @@ def guide_run(res) -> str:
 
 #: the renderers of a long_context result file (jaxdyn.experiments.guide_numbers)
 GUIDE_RENDERERS = {"collapse": guide_collapse, "phase": guide_phase,
-                   "dynamics": guide_dynamics, "run": guide_run}
+                   "dynamics": guide_dynamics, "dynamics_all": guide_dynamics_all,
+                   "run": guide_run}
