@@ -13,7 +13,9 @@ import math
 import jax
 import numpy as np
 
-__all__ = ["DTYPES_RULE", "DtypeError", "any_nonfinite", "check_bounds", "check_cloud",
+from ._errors import DtypeError, HostOnlyError, dtype_message, host_only_message
+
+__all__ = ["DTYPES_RULE", "DtypeError", "HostOnlyError", "any_nonfinite", "check_bounds", "check_cloud",
            "check_density", "check_dtype", "check_finite", "check_host", "check_integer",
            "check_same_length", "check_square", "check_times", "float_dtype", "is_traced",
            "nan_where", "real_arrays", "scalar_domain"]
@@ -57,26 +59,11 @@ def is_traced(a) -> bool:
     return isinstance(a, jax.core.Tracer)
 
 
-class DtypeError(TypeError, ValueError):
-    """An input of a dtype the function does not take: a TypeError (and a ValueError).
-
-    A ``ValueError`` too, as the refusals of a non-real input were before one rule covered
-    every entry point: ``except ValueError`` keeps catching them.
-    """
-
-
 def _dtype_of(a) -> np.dtype:
     dtype = getattr(a, "dtype", None)
     if dtype is None:
         dtype = np.asarray(a).dtype
     return np.dtype(dtype)
-
-
-def _is_half(dtype) -> bool:
-    import jax.numpy as jnp
-
-    return dtype == jnp.float16 or dtype == jnp.bfloat16 or (
-        dtype.kind == "V" and dtype.itemsize <= 2)  # (ml_dtypes' other small floats)
 
 
 def check_dtype(name: str, a, *, half: bool = False, integers: bool = True,
@@ -105,20 +92,9 @@ def check_dtype(name: str, a, *, half: bool = False, integers: bool = True,
     if a is None:
         return None
     dtype = _dtype_of(a)
-    ok = dtype in (np.float32, np.float64) or (half and _is_half(dtype)) or (
-        integers and (np.issubdtype(dtype, np.integer) or dtype == bool))
-    if not ok:
-        taken = "float32 or float64" + (", float16 or bfloat16" if half else "")
-        if integers:
-            taken += " (or integers, converted to float)"
-        if np.issubdtype(dtype, np.complexfloating):
-            why = " (real numbers: the imaginary part would be dropped)"
-        elif _is_half(dtype):
-            why = " (no half-precision path)"
-        else:
-            why = ""
-        raise DtypeError(f"{fn + ': ' if fn else ''}{name} must hold {taken} numbers{why}, got "
-                         f"dtype {dtype}")
+    msg = dtype_message(name, dtype, half=half, integers=integers, fn=fn)
+    if msg:
+        raise DtypeError(msg)
     return dtype
 
 
@@ -169,12 +145,11 @@ def check_host(fn: str, **arrays) -> None:
         **arrays: its array inputs by parameter name (None skipped).
 
     Raises:
-        TypeError: naming the function and the first traced parameter: it is host-only.
+        HostOnlyError: (a TypeError) naming the function and the first traced parameter.
     """
     for name, a in arrays.items():
         if is_traced(a):
-            raise TypeError(f"{fn} is host-only (NumPy on its inputs): call it on concrete "
-                            f"arrays, not under jit or vmap; {name} is a traced value")
+            raise HostOnlyError(host_only_message(fn, name))
 
 
 def any_nonfinite(*arrays):

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_bounds as _check_bounds
+from ._checks import check_bounds as _check_bounds, check_host as _check_host, real_arrays as _real_arrays
 from .spectral_host import (  # the host (NumPy) half, re-exported
     DEFAULT_RTOL as DEFAULT_RTOL,
     AssumptionReport as AssumptionReport,
@@ -145,19 +145,24 @@ def projection(Q, K, V, *, force: bool = False, rtol: float = DEFAULT_RTOL) -> P
       force: build Π even if Assumption 1 fails (from the symmetric part of M).
       rtol: the tolerance of :func:`check_assumptions` and of the eigenvalue clusters.
 
+    Dtypes: float32 or float64, float16 or bfloat16 (the host computes in float64); integers
+    are converted to float; complex is refused (a TypeError naming the parameter). Traced
+    weights are refused with a TypeError naming ``projection`` (host-only).
+
     Returns:
       The :class:`Projection`, its arrays in the floating dtype of the inputs.
 
     Raises:
       ValueError: naming each failing part of Assumption 1 (unless ``force``).
     """
+    _check_host("projection", Q=Q, K=K, V=V)
     report = check_assumptions(Q, K, V, rtol=rtol)
     if not report.ok and not force:
         raise ValueError(
             "projection: Assumption 1 fails -- " + "; ".join(report.failures)
             + ". Pass force=True to use the top eigenspace of the symmetric part of M = V Bᵀ."
         )
-    q, k, v = (_square64(n, a) for n, a in (("Q", Q), ("K", K), ("V", V)))
+    q, k, v = (_square64(n, a, fn="projection") for n, a in (("Q", Q), ("K", K), ("V", V)))
     es = top_eigenspace(v @ (q.T @ k).T, symmetric=True, rtol=rtol)
     dtype = _float_dtype(Q, K, V)
     return Projection(projector=_host_array(es.projector, dtype),
@@ -226,10 +231,14 @@ def angle_to_subspace(x: Float[Array, "... d"], basis) -> Float[Array, "..."]:
       x: (..., d) points.
       basis: (d, k) orthonormal columns (or an :class:`Eigenspace` / :class:`Projection`).
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to float; complex
+    is refused (a TypeError naming ``x`` or ``basis``).
+
     Returns:
       (...) angles.
     """
     b = _basis_of(basis)
+    x, b = _real_arrays(half=True, x=x, basis=b)
     x = jnp.asarray(x)
     c = jnp.matmul(x, b.astype(x.dtype), precision=_HIGHEST)  # coordinates in E
     px = jnp.matmul(c, b.T.astype(x.dtype), precision=_HIGHEST)
@@ -253,6 +262,9 @@ def mass_near(x: Float[Array, "... n d"], basis, angle: float) -> Float[Array, "
     Returns:
       (...) fractions in [0, 1]; NaN where a traced ``angle`` is NaN or outside [0, π/2], or
       where a cloud holds a point that is not finite (it would count as far).
+
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to float; complex
+    is refused (a TypeError naming ``x`` or ``basis``).
     """
     _check_bounds("angle", angle, low=0.0, high=math.pi / 2, what=" (radians)")
     th = angle_to_subspace(x, basis)

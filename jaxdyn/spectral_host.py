@@ -17,6 +17,8 @@ import typing as _typing
 
 import numpy as np
 
+from ._errors import DtypeError, HostOnlyError, dtype_message, host_only_message
+
 if _typing.TYPE_CHECKING:
     from typing import Optional, Sequence, Tuple
 
@@ -43,26 +45,25 @@ DEFAULT_RTOL = 1e-6
 # --------------------------------------------------------------------------------------
 
 
-def _host(name: str, a) -> np.ndarray:
-    """``a`` as a NumPy array; a clear ValueError for a traced value (these steps are host-only)."""
-    try:
-        return np.asarray(a)
-    except Exception as e:  # a tracer (under jit/vmap/grad) cannot become a NumPy array
-        if "Tracer" not in type(e).__name__ and "Tracer" not in type(a).__name__:
-            raise
-        raise ValueError(f"{name} must be a concrete array: the spectral checks and builders run on "
-                         "the host in float64 NumPy (set-up steps), not under jit/vmap/grad; "
-                         "call them outside the transformation") from None
+def _host(name: str, a, fn: str) -> np.ndarray:
+    """``a`` as a real NumPy array (a traced or complex one refused by name; float64 follows)."""
+    if "Tracer" in type(a).__name__:  # (under jit/vmap/grad: no NumPy array of it)
+        raise HostOnlyError(host_only_message(fn, name) + " (the spectral checks and builders "
+                            "are set-up steps on the host, in float64 NumPy)")
+    arr = np.asarray(a)
+    msg = dtype_message(name, arr.dtype, half=True, fn=fn)
+    if msg:
+        raise DtypeError(msg)
+    return arr.astype(np.float32) if arr.dtype.kind == "V" else arr  # (bfloat16: via float32)
 
 
-def _square64(name: str, a, d: Optional[int] = None) -> np.ndarray:
-    """``a`` as a finite real (d, d) float64 NumPy matrix (a ValueError naming ``name`` if not)."""
-    arr = _host(name, a)
-    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or (d is not None and arr.shape[0] != d):
-        want = f"({d}, {d})" if d is not None else "(d, d)"
+def _square64(name: str, a, d: Optional[int] = None, *, fn: str) -> np.ndarray:
+    """``a`` as a finite real (d, d) float64 NumPy matrix, d >= 1 (a ValueError naming ``name``)."""
+    arr = _host(name, a, fn)
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or (d is not None and arr.shape[0] != d) \
+            or arr.shape[0] < 1:
+        want = f"({d}, {d})" if d is not None else "(d, d) with d >= 1"
         raise ValueError(f"{name} must be a square matrix of shape {want}, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise ValueError(f"{name} must be a real matrix, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries")
@@ -218,10 +219,11 @@ def check_assumptions(Q, K, V, *, rtol: float = DEFAULT_RTOL) -> AssumptionRepor
       ValueError: if Q, K, V are not real square (d, d) matrices of one d, or not finite, or
         for rtol <= 0.
     """
-    q = _square64("Q", Q)
+    fn = "check_assumptions"
+    q = _square64("Q", Q, fn=fn)
     d = q.shape[0]
-    k = _square64("K", K, d)
-    v = _square64("V", V, d)
+    k = _square64("K", K, d, fn=fn)
+    v = _square64("V", V, d, fn=fn)
     if not rtol > 0:
         raise ValueError(f"rtol must be positive, got {rtol}")
     return _report(q, k, v, float(rtol))
@@ -289,7 +291,7 @@ def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL,
       ValueError: for a matrix that is not real, square and finite, rtol <= 0, an unknown
         ``by``, or ``by="magnitude"`` with ``symmetric=True``.
     """
-    m = _square64("M", M)
+    m = _square64("M", M, fn="top_eigenspace")
     if not rtol > 0:
         raise ValueError(f"rtol must be positive, got {rtol}")
     if by not in ("real", "magnitude"):
@@ -333,8 +335,11 @@ def subspace_angle(A, B) -> float:
     Raises:
       ValueError: for bases of different d or spanning only 0.
     """
-    a = _host("A", A).astype(np.float64)
-    b = _host("B", B).astype(np.float64)
+    a = _host("A", A, "subspace_angle").astype(np.float64)
+    b = _host("B", B, "subspace_angle").astype(np.float64)
+    for name, arr in (("A", a), ("B", b)):
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} has non-finite entries")
     if a.ndim == 1:
         a = a[:, None]
     if b.ndim == 1:
@@ -373,7 +378,7 @@ def rotation_matrix(d: int, angle: float, plane: Sequence[int] = (0, 1), basis=N
     i, j = (int(p) for p in plane)
     if not (0 <= i < d and 0 <= j < d and i != j):
         raise ValueError(f"plane must be two distinct indices in [0, {d}), got {tuple(plane)}")
-    bas = np.eye(d) if basis is None else _square64("basis", basis, d)
+    bas = np.eye(d) if basis is None else _square64("basis", basis, d, fn="rotation_matrix")
     u, v = bas[:, i], bas[:, j]
     c, s = math.cos(angle), math.sin(angle)
     return np.eye(d) + (c - 1.0) * (np.outer(u, u) + np.outer(v, v)) + s * (np.outer(v, u) - np.outer(u, v))
@@ -483,7 +488,7 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
       ValueError: for a bad mu, U, B or plane, more than one of B/rotation/eigenspace_angle,
         an angle out of range or not reached, or a singular B.
     """
-    mu_np = _host("mu", mu).astype(np.float64)
+    mu_np = _host("mu", mu, "spectral_weights").astype(np.float64)
     if mu_np.ndim != 1 or mu_np.size < 2:
         raise ValueError(f"mu must be a vector of d >= 2 eigenvalues, got shape {mu_np.shape}")
     if not np.all(np.isfinite(mu_np)):
@@ -498,14 +503,14 @@ def spectral_weights_host(mu, B=None, U=None, *, rotation: Optional[float] = Non
     if U is None:
         u = random_orthogonal(d, seed) if seed is not None else np.eye(d)
     else:
-        u = _square64("U", U, d)
+        u = _square64("U", U, d, fn="spectral_weights")
         if not np.allclose(u.T @ u, np.eye(d), atol=1e-6):
             raise ValueError("U must be orthogonal (UᵀU = I)")
     m = _sym(u @ np.diag(mu_np) @ u.T)
 
     rot = None
     if B is not None:
-        b = _square64("B", B, d)
+        b = _square64("B", B, d, fn="spectral_weights")
     elif rotation is not None:
         rot = float(rotation)
         b = rotation_matrix(d, rot, plane, basis=u)

@@ -486,16 +486,6 @@ KNOWN: list = [
           "control.numerical_rank of a (0, 0) matrix raises a bare IndexError"),
     Known("numerical_rank", ("complex64",), ("concrete",),
           "control.numerical_rank of a complex64 matrix drops the imaginary part"),
-    Known("top_eigenspace", ("d0",), ("concrete",),
-          "spectral.top_eigenspace of a (0, 0) matrix raises NumPy's 'zero-size array to "
-          "reduction operation', which names no parameter"),
-    Known("subspace_angle", ("nan",), ("concrete",),
-          "spectral.subspace_angle(A, B) with a NaN entry raises NumPy's LinAlgError 'SVD did "
-          "not converge', not a ValueError naming A or B"),
-    Known("subspace_angle", ("complex64",), ("concrete",),
-          "spectral.subspace_angle with a complex64 basis drops the imaginary part"),
-    Known("projection", ("d0",), ("concrete",),
-          "spectral.projection with (0, 0) weights raises a bare IndexError"),
     Known("hitting_times", ("nan", "posinf", "neginf"), ("concrete", "jit", "vmap"),
           "clusters.hitting_times(ts, counts, [3, 1]) with counts[2] = NaN/±inf returns "
           "finite times, no NaN", targets=("counts",)),
@@ -515,8 +505,7 @@ KNOWN: list = [
     *[Known(name, ("complex64",), ("concrete", "jit"),
             f"{name} with a complex64 input returns a real output (the imaginary part "
             "dropped, no error)")
-      for name in ("mass_near", "angle_to_subspace",
-                   "simulate_ensemble", "measure_flow", "replay", "certificate", "simulate",
+      for name in ("simulate_ensemble", "measure_flow", "replay", "certificate", "simulate",
                    "simulate_sde", "solve_moments_batch", "bures_distance", "tilt_index",
                    "solve_density")],
     Known("cloud_stats", ("complex64",), ("concrete", "jit"),
