@@ -228,7 +228,7 @@ def check_integer(name: str, v, *, minimum: int | None = None,
     return int(v)
 
 
-def check_density(name: str, rho, *, axis_name: str = "cells") -> np.ndarray:
+def check_density(name: str, rho, *, axis_name: str = "cells", fn: str = "") -> np.ndarray:
     """Concrete cell averages of a density on the host: finite, >= 0, with positive mass.
 
     Every row along the last axis (one density each) must have positive mass. Negative entries
@@ -240,18 +240,25 @@ def check_density(name: str, rho, *, axis_name: str = "cells") -> np.ndarray:
         name: the argument's name, used in the message.
         rho: (..., M) cell averages, M >= 1 (concrete).
         axis_name: what the last axis holds, for the message.
+        fn: the function's name, for the message of a traced value.
 
     Returns:
         ``rho`` as a float64 NumPy array (rounding-level negatives set to 0).
 
     Raises:
-        ValueError: naming the argument, for a traced value, an empty last axis, a NaN/inf or
-            negative entry, or a row of zero mass.
+        HostOnlyError: (a TypeError and a ValueError) naming the function, for a traced value.
+        DtypeError: (a TypeError and a ValueError) naming the argument, for a complex dtype.
+        ValueError: naming the argument, for an empty last axis, a NaN/inf or negative entry,
+            or a row of zero mass.
     """
     if is_traced(rho):
-        raise ValueError(f"{name} must be a concrete array (this function runs on the host), "
-                         "got a traced value")
+        raise HostOnlyError(host_only_message(fn or "this function", name))
     given = np.asarray(rho)
+    msg = dtype_message(name, given.dtype, half=True)
+    if msg:
+        raise DtypeError(msg)
+    if given.dtype.kind == "V":  # (bfloat16: NumPy's float conversion goes through float32)
+        given = given.astype(np.float32)
     eps = np.finfo(given.dtype if np.issubdtype(given.dtype, np.floating) else np.float64).eps
     r = given.astype(np.float64)
     if r.ndim < 1 or r.shape[-1] < 1:

@@ -51,6 +51,7 @@ import numpy as np
 
 from ._checks import check_bounds as _check_bounds
 from ._checks import check_cloud as _check_cloud
+from ._checks import check_dtype as _check_dtype
 from ._checks import check_finite as _check_finite
 from ._checks import check_same_length as _check_same_length
 from ._checks import is_traced as _is_traced
@@ -522,14 +523,21 @@ def hitting_times(ts, counts, levels):
       counts: (..., S) cluster counts at those times.
       levels: (L,) integer levels.
 
+    Dtypes: float32 or float64, float16 or bfloat16, integers (counts usually are; integer
+    times are returned in JAX's default float); complex is refused (a TypeError naming the
+    parameter).
+
     Returns:
-      (..., L) times; +inf where the count never reaches the level.
+      (..., L) times; +inf where the count never reaches the level; NaN for a trajectory
+      whose counts hold a NaN or inf.
 
     Raises:
       ValueError: ``ts`` not 1-D and non-empty, ``counts`` whose last axis is not as long as
         ``ts`` (the message names both lengths), or ``levels`` not 1-D (shapes: checked under
         ``jax.jit`` too); concrete ``ts`` or ``levels`` that are not finite.
     """
+    for name, a in (("ts", ts), ("counts", counts), ("levels", levels)):
+        _check_dtype(name, a, half=True, fn="hitting_times")
     _check_same_length("ts", ts, "counts", counts)
     if np.shape(ts)[0] < 1:
         raise ValueError("ts must hold at least one saved time, got an empty array")
@@ -550,8 +558,11 @@ def _hitting_jit(ts, counts, levels):
     below = counts[..., None, :] <= levels[:, None]  # (..., L, S)
     first = jnp.argmax(below, axis=-1)
     hit = jnp.any(below, axis=-1)
-    dtype = ts.dtype if jnp.issubdtype(ts.dtype, jnp.floating) else jnp.float32
-    return jnp.where(hit, ts.astype(dtype)[first], jnp.asarray(jnp.inf, dtype))
+    dtype = ts.dtype if jnp.issubdtype(ts.dtype, jnp.floating) else jnp.result_type(float)
+    out = jnp.where(hit, ts.astype(dtype)[first], jnp.asarray(jnp.inf, dtype))
+    if jnp.issubdtype(counts.dtype, jnp.inexact):  # a NaN/inf count: the row's times are NaN
+        out = jnp.where(jnp.all(jnp.isfinite(counts), axis=-1)[..., None], out, jnp.nan)
+    return out
 
 
 class MergeEvents:

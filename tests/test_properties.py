@@ -453,17 +453,7 @@ KNOWN: list = [
     *[Known(name, FAULTS, _TRACED,
             f"{name} (a host function: NumPy on its input) under jit/vmap raises jax's "
             "TracerArrayConversionError, not a TypeError naming the function or its input")
-      for name in ("angles", "empirical_modes", "histogram_circle", "numerical_rank")],
-    Known("angles", ("posinf", "neginf"), ("concrete",),
-          "pde.angles(x) with x[1, 1] = ±inf returns a finite angle (arctan2 of inf), no NaN"),
-    Known("angles", ("complex64",), ("concrete",),
-          "pde.angles(x) with a complex64 x drops the imaginary part (a real angle)"),
-    Known("mode_amplitude", ("float16", "bfloat16", "complex64"), ("concrete", "jit"),
-          "pde.mode_amplitude(rho, 2) with a float16/bfloat16/complex64 rho raises jax's "
-          "'RFFT input must be float32 or float64' / 'only real valued inputs supported' "
-          "ValueError, which names no parameter"),
-    Known("w1_circle_densities", ("complex64",), ("concrete",),
-          "pde.w1_circle_densities with a complex64 density drops the imaginary part"),
+      for name in ("numerical_rank")],
     Known("vi_covariance", ("float16", "bfloat16", "complex64"), ("concrete", "jit"),
           "gaussian.vi_covariance(0.1, S0, B, 1.0) with a float16/bfloat16/complex64 S0 "
           "raises the refusal of sqrtm_psd (a TypeError naming its argument s, not S0)",
@@ -486,12 +476,6 @@ KNOWN: list = [
           "control.numerical_rank of a (0, 0) matrix raises a bare IndexError"),
     Known("numerical_rank", ("complex64",), ("concrete",),
           "control.numerical_rank of a complex64 matrix drops the imaginary part"),
-    Known("hitting_times", ("nan", "posinf", "neginf"), ("concrete", "jit", "vmap"),
-          "clusters.hitting_times(ts, counts, [3, 1]) with counts[2] = NaN/±inf returns "
-          "finite times, no NaN", targets=("counts",)),
-    Known("hitting_times", ("complex64",), ("concrete", "jit"),
-          "clusters.hitting_times with complex64 times drops the imaginary part",
-          targets=("ts",)),
     Known("solve_moments", ("d0",), ("concrete", "jit"),
           "solve_moments with m0 of shape (0,) and S0 of shape (0, 0) raises NumPy's "
           "'zero-size array to reduction operation max', not a ValueError naming S0",

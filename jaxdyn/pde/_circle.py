@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_finite, check_integer, nan_where, scalar_domain
+from .._checks import check_bounds, check_finite, check_integer, nan_where, real_arrays, scalar_domain
 from ..models import Domain
 from ..models._params import check_domain
 
@@ -150,7 +150,12 @@ def mode_amplitude(rho, k: int):
     Raises:
       ValueError: a concrete k that is not an integer in [0, M/2], or concrete cell averages
         that are not finite.
+
+    Dtypes: float32 or float64; integers are converted to JAX's default float; float16,
+    bfloat16 (the FFT has no half-precision path) and complex are refused (a TypeError naming
+    ``rho``).
     """
+    (rho,) = real_arrays(fn="mode_amplitude", rho=rho)
     m = np.shape(rho)[-1]
     check_finite("rho", rho)
     if not isinstance(k, jax.core.Tracer):

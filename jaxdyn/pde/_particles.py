@@ -14,14 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_cloud, check_density, check_integer
+from .._checks import check_cloud, check_density, check_dtype, check_host, check_integer
 
 __all__ = ["sample_density", "quantile_points", "angles", "kde_circle", "w1_circle", "w1_circle_densities",
            "empirical_modes", "histogram_circle"]
 
 
-def _points(name, x):
-    """Points of S¹ (..., N, 2), N >= 1, finite: as a float64 NumPy array (a ValueError otherwise)."""
+def _points(name, x, fn):
+    """Points of S¹ (..., N, 2), N >= 1, finite: as a float64 NumPy array (refused by name)."""
+    check_host(fn, **{name: x})
+    check_dtype(name, x, half=True, fn=fn)
     check_cloud(name, x)
     if np.shape(x)[-1] != 2:
         raise ValueError(f"{name} must hold points of S¹ in the plane, shape (..., N, 2), got "
@@ -118,9 +120,12 @@ def empirical_modes(x, ks):
       (..., len(ks)) NumPy float64 amplitudes.
 
     A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses an ``x`` that is not
-    (..., N, 2) with N ≥ 1, or not finite.
+    (..., N, 2) with N ≥ 1, or not finite; a TypeError a traced ``x`` (host-only).
+
+    Dtypes: float32 or float64, float16 or bfloat16 (computed in float64 on the host);
+    integers are converted to float; complex is refused (a TypeError naming ``x``).
     """
-    x = _points("x", x)
+    x = _points("x", x, "empirical_modes")
     th = angles(x.reshape(-1, x.shape[-2], 2))
     ks = np.asarray(ks)
     out = np.stack([np.abs(_emp_coefficients(t, ks)) for t in th])
@@ -141,10 +146,14 @@ def histogram_circle(x, m: int):
       (..., M) NumPy float64 cell averages.
 
     A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses an ``x`` that is not
-    (..., N, 2) with N ≥ 1, or not finite, and an ``m`` that is not an integer ≥ 1.
+    (..., N, 2) with N ≥ 1, or not finite, and an ``m`` that is not an integer ≥ 1; a
+    TypeError a traced ``x`` (host-only).
+
+    Dtypes: float32 or float64, float16 or bfloat16 (computed in float64 on the host);
+    integers are converted to float; complex is refused (a TypeError naming ``x``).
     """
     m = _cells(m)
-    x = _points("x", x)
+    x = _points("x", x, "histogram_circle")
     h = 2 * math.pi / m
     th = angles(x.reshape(-1, x.shape[-2], 2))
     j = np.floor(np.mod(th + h / 2, 2 * math.pi) / h).astype(int) % m
@@ -155,14 +164,28 @@ def histogram_circle(x, m: int):
 def angles(x):
     """Angles in [0, 2π) of points on S¹.
 
+    Host-only: a traced ``x`` is refused with a TypeError naming ``angles``.
+
+    Dtypes: float32 or float64, float16 or bfloat16 (computed in float64 on the host);
+    integers are converted to float; complex is refused (a TypeError naming ``x``).
+
     Args:
       x: (..., 2) points.
 
     Returns:
-      (...,) NumPy float64 angles.
+      (...,) NumPy float64 angles; NaN where a point is not finite.
+
+    Raises:
+      ValueError: ``x`` whose last axis is not 2.
     """
-    x = np.asarray(x, float)
-    return np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * math.pi)
+    check_host("angles", x=x)
+    check_dtype("x", x, half=True, fn="angles")
+    x = np.asarray(np.asarray(x).astype(np.float64))
+    if x.ndim < 1 or x.shape[-1] != 2:
+        raise ValueError(f"angles: x must hold points of the plane, shape (..., 2), got shape "
+                         f"{x.shape}")
+    th = np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * math.pi)
+    return np.where(np.all(np.isfinite(x), axis=-1), th, np.nan)
 
 
 def kde_circle(x, m: int, bandwidth: float):
@@ -184,7 +207,7 @@ def kde_circle(x, m: int, bandwidth: float):
         bandwidth that is not finite and > 0.
     """
     m = _cells(m)
-    x = _points("x", x)
+    x = _points("x", x, "kde_circle")
     if x.ndim != 2:
         raise ValueError(f"x must be one cloud of shape (n, 2), got shape {x.shape}")
     if not (np.ndim(bandwidth) == 0 and math.isfinite(float(bandwidth)) and float(bandwidth) > 0):
@@ -267,7 +290,7 @@ def w1_circle(rho, x):
       ValueError: ``rho`` not finite, negative somewhere or of zero mass; ``x`` not (n, 2) with
         n ≥ 1, or not finite.
     """
-    x = _points("x", x)
+    x = _points("x", x, "w1_circle")
     if x.ndim != 2:
         raise ValueError(f"x must be one cloud of shape (n, 2), got shape {x.shape}")
     cdf, h = _cdf_nodes(rho)
@@ -307,9 +330,13 @@ def w1_circle_densities(rho_a, rho_b):
       W1 as a Python float.
 
     A ValueError (from the shared checks, :mod:`jaxdyn._checks`) refuses a density that is not
-    finite, negative somewhere or of zero mass.
+    finite, negative somewhere or of zero mass; a TypeError a traced one (host-only).
+
+    Dtypes: float32 or float64, float16 or bfloat16 (computed in float64 on the host);
+    integers are converted to float; complex is refused (a TypeError naming the density).
     """
-    rho_a, rho_b = check_density("rho_a", rho_a), check_density("rho_b", rho_b)
+    rho_a = check_density("rho_a", rho_a, fn="w1_circle_densities")
+    rho_b = check_density("rho_b", rho_b, fn="w1_circle_densities")
     ma, mb = np.shape(rho_a)[-1], np.shape(rho_b)[-1]
     ha, hb = 2 * math.pi / ma, 2 * math.pi / mb
     o = -ha / 2
