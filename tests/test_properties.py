@@ -453,7 +453,7 @@ KNOWN: list = [
     *[Known(name, FAULTS, _TRACED,
             f"{name} (a host function: NumPy on its input) under jit/vmap raises jax's "
             "TracerArrayConversionError, not a TypeError naming the function or its input")
-      for name in ("numerical_rank")],
+      for name in ("numerical_rank",)],
     Known("vi_covariance", ("float16", "bfloat16", "complex64"), ("concrete", "jit"),
           "gaussian.vi_covariance(0.1, S0, B, 1.0) with a float16/bfloat16/complex64 S0 "
           "raises the refusal of sqrtm_psd (a TypeError naming its argument s, not S0)",
