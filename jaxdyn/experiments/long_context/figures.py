@@ -123,6 +123,7 @@ def dynamics_figure(cfg, ds, path):
     axes[0].set_xlabel("most unstable mode k* (S¹) / degree l* (S²) at the same β")
     axes[0].set_ylabel("clusters that form first")
     axes[1].set_xscale("log")
+    axes[1].set_ylim(0, 1.15 * axes[1].get_ylim()[1])
     axes[1].set_xlabel("n")
     axes[1].set_ylabel(r"time of the first clusters $\times \lambda^*$")
     for ax in axes:
