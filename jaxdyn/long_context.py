@@ -12,6 +12,8 @@ each computed by jaxdyn's kernels in O(n) memory (no n × n matrix):
 - :func:`mean_inner_product`: (n|x̄|² − 1)/(n − 1), the mean of ⟨x_i, x_j⟩ over i ≠ j, in O(n);
 - :func:`circle_cluster_counts`: the cluster count of clouds on S¹ from their histogram, by
   :func:`jaxdyn.pde.cluster_counts`;
+- :func:`graph_cluster_counts` (host, SciPy): the cluster count of large clouds on S^{d−1} from
+  the radius graph of all their points (:func:`cluster_graph_radius`, :func:`mean_spacing`);
 - the per-query weight statistics are :func:`jaxdyn.kernels.weight_statistics`.
 
 Token clouds: :func:`equiangular_tokens` (exactly equiangular, a regular simplex scaled and

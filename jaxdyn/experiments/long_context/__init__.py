@@ -14,7 +14,9 @@ closed form of exactly equiangular tokens.
 ``study: dynamics``: n uniform particles on S¹ (d = 2) or S² (d = 3) under the attention
 dynamics at β = c n^{2/(d−1)}: the mean inner product and the cluster count against t, the
 first clusters (count and time) beside the most unstable mode of the uniform density and its
-growth rate (:mod:`jaxdyn.pde`).
+growth rate (:mod:`jaxdyn.pde`). ``count: all`` counts every particle (the radius graph of
+:func:`jaxdyn.long_context.graph_cluster_counts`: n up to 10⁶ on S²) and records the fraction
+of the particles the counted clusters hold (``clustered_fraction``).
 
 The resolved β of every point is recorded (``beta_resolved``).
 """

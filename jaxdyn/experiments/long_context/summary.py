@@ -215,13 +215,15 @@ def guide_dynamics_all(res) -> str:
     for point in order:
         row, k = table[point], _key(point)
         held = [h for h in row["first_held"] if h is not None]
-        t, sd = row["first_time_mean"], row["first_time_std"]
+        t = row["first_time_mean"]
+        one = row["seeds"] == 1  # no spread to show
+        spread = lambda v: "" if one else f" ± {num(v, 2)}"  # noqa: E731
         out.append(f"| {_sci(k['n'])} | {k['c']} | {num(row['beta'])} | {row['mode_star']} | "
-                   f"{row['seeds']} | {num(row['first_count_predicted'])} | "
-                   f"{num(row['first_count_mean'])} ± {num(row['first_count_std'], 2)} | "
+                   f"{row['seeds']} | {row['first_count_predicted']:.0f} | "
+                   f"{row['first_count_mean']:.0f}{spread(row['first_count_std'])} | "
                    f"{num(row['first_count_mean'] / row['first_count_predicted'])} | "
                    f"{num(float(np.mean(held)) if held else None)} | "
-                   f"{num(row['peak_count_mean'])} | {num(t)} ± {num(sd, 2)} | "
+                   f"{row['peak_count_mean']:.0f} | {num(t)}{spread(row['first_time_std'])} | "
                    f"{num(None if t is None else t * row['growth_rate_star'])} |")
     return "\n".join(out)
 
