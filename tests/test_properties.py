@@ -438,51 +438,14 @@ KNOWN: list = [
           "symmetric) returns a finite W2 with status successful (the covariance is "
           "symmetrised and clipped); concrete, the same input is a ValueError naming S0",
           targets=("S0", "S1")),
-    Known("bures_distance", FAULTS, _TRACED,
-          "gaussian.bures_distance under jit/vmap raises jax's TracerArrayConversionError "
-          "(NumPy on a tracer), not a TypeError naming the function or its inputs"),
-    Known("tilt_index", FAULTS, _TRACED,
-          "gaussian.tilt_index under jit/vmap raises jax's TracerArrayConversionError (NumPy "
-          "on a tracer), not a TypeError naming the function or its inputs"),
-    Known("tilt_index", ("nan",), ("concrete",),
-          "gaussian.tilt_index(S, B) with B[1, 0] = NaN raises NumPy's LinAlgError 'SVD did "
-          "not converge', not a ValueError naming B", targets=("B",)),
-    Known("cloud_stats", ("empty",), ("concrete", "jit"),
-          "gaussian.cloud_stats(xs, dirs) with xs of shape (1, 0, 2) raises NumPy's "
-          "'zero-size array to reduction operation maximum', not a ValueError naming xs"),
     *[Known(name, FAULTS, _TRACED,
             f"{name} (a host function: NumPy on its input) under jit/vmap raises jax's "
             "TracerArrayConversionError, not a TypeError naming the function or its input")
       for name in ("numerical_rank",)],
-    Known("vi_covariance", ("float16", "bfloat16", "complex64"), ("concrete", "jit"),
-          "gaussian.vi_covariance(0.1, S0, B, 1.0) with a float16/bfloat16/complex64 S0 "
-          "raises the refusal of sqrtm_psd (a TypeError naming its argument s, not S0)",
-          targets=("S0",)),
-    Known("vi_blowup_time", ("float16", "bfloat16"), ("concrete", "jit"),
-          "gaussian.vi_blowup_time(S0, B, 1.0) with a float16/bfloat16 S0 raises "
-          "NotImplementedError 'Unsupported dtype' from the eigendecomposition",
-          targets=("S0",)),
-    Known("vi_blowup_time", ("d0",), ("concrete", "jit"),
-          "gaussian.vi_blowup_time with (0, 0) matrices raises a bare IndexError"),
-    Known("vi_blowup_time", ("complex64",), ("concrete", "jit"),
-          "gaussian.vi_blowup_time with a complex64 S0 or B drops the imaginary part"),
-    Known("linearisation", ("nan", "posinf", "neginf"), ("concrete", "jit", "vmap"),
-          "gaussian.linearisation(S, A, B, V) with S[1, 0] = NaN/±inf returns a finite "
-          "matrix, no NaN", targets=("S",)),
-    Known("check_covariance", ("float16",), ("concrete",),
-          "gaussian.check_covariance with a float16 S raises NumPy's 'array type float16 is "
-          "unsupported in linalg' TypeError, which names no parameter"),
     Known("numerical_rank", ("d0",), ("concrete",),
           "control.numerical_rank of a (0, 0) matrix raises a bare IndexError"),
     Known("numerical_rank", ("complex64",), ("concrete",),
           "control.numerical_rank of a complex64 matrix drops the imaginary part"),
-    Known("solve_moments", ("d0",), ("concrete", "jit"),
-          "solve_moments with m0 of shape (0,) and S0 of shape (0, 0) raises NumPy's "
-          "'zero-size array to reduction operation max', not a ValueError naming S0",
-          targets=("S0", "m0")),
-    Known("solve_moments_batch", ("float16", "bfloat16"), ("concrete", "jit"),
-          "solve_moments_batch with a float16 S0 raises NumPy's 'array type float16 is "
-          "unsupported in linalg' TypeError, which names no parameter", targets=("S0",)),
     Known("measure_loss", ("complex64",), ("concrete", "jit"),
           "control.measure_loss with a complex64 x0 (or target) under jit returns a real loss "
           "(the imaginary part dropped)"),
@@ -490,16 +453,12 @@ KNOWN: list = [
             f"{name} with a complex64 input returns a real output (the imaginary part "
             "dropped, no error)")
       for name in ("simulate_ensemble", "measure_flow", "replay", "certificate", "simulate",
-                   "simulate_sde", "solve_moments_batch", "bures_distance", "tilt_index",
-                   "solve_density")],
-    Known("cloud_stats", ("complex64",), ("concrete", "jit"),
-          "gaussian.cloud_stats(xs, dirs) with complex64 directions returns real statistics "
-          "(the imaginary part dropped)", targets=("dirs",)),
+                   "simulate_sde", "solve_density")],
     *[Known(name, ("complex64", "bfloat16", "float16"), ("jit",),
             f"{name} under jit with a complex64 or half-precision input raises jax's "
             "'buffer.at[i].set(value)' dtype ValueError (or jacfwd's 'requires real-valued "
             "inputs'), which names no parameter", size=(2, 2))
-      for name in ("solve_moments", "controlled_moments", "linearisation")],
+      for name in ("controlled_moments",)],
     Known("cloud_w2_to_gaussian", ("empty", "d0"), ("jit", "concrete"),
           "control.cloud_w2_to_gaussian(x, m1, S1) with x of shape (8, 3) and m1 of shape (0,) "
           "under jit returns NaN with status successful (the shapes disagree: a ValueError "
@@ -507,42 +466,23 @@ KNOWN: list = [
     Known("certificate", ("d0",), ("concrete",),
           "control.certificate with m0 of shape (0,) and S0 of shape (0, 0) raises a bare "
           "IndexError", size=(2, 2)),
-    Known("vi_blowup_time", ("posinf", "neginf", "nan"), ("concrete", "jit", "vmap"),
-          "gaussian.vi_blowup_time(S0, B, 1.0) with S0 = [[inf]] (d = 1) returns a finite "
-          "time, no NaN", size=(1, 1), targets=("S0",)),
-    Known("trace_sqrtm_psd", ("neginf",), ("jit", "concrete", "vmap"),
-          "distances.trace_sqrtm_psd([[-inf]]) returns 0 (the eigenvalue -inf clipped to 0), "
-          "no NaN", size=(1, 1)),
     Known("simulate_ensemble", ("d0",), ("jit", "concrete"),
           "simulate_ensemble with x0 of shape (1, 1, 0) raises NumPy's 'axis 1 is out of "
           "bounds for array of dimension 1', which names no parameter", size=(1, 1)),
     Known("query_sharded_interaction", ("complex64",), ("concrete", "jit"),
           "simulation.query_sharded_interaction(x, y, I, 2.0) with a complex64 y returns a "
           "real average (the imaginary part dropped)", targets=("y",)),
-    Known("lyapunov_solve", ("neginf", "nan", "posinf"), ("jit", "concrete", "vmap"),
-          "gaussian.lyapunov_solve(A, Q) with A = [[-inf]] (d = 1) under jit returns a "
-          "finite solution, no NaN", size=(1, 1), targets=("A",)),
     *[Known(name, ("int32", "float16", "bfloat16", "complex64"), ("concrete", "jit"),
             f"control.{name} with an x0 of dtype int32/float16/bfloat16/complex64 and "
             "controls of another dtype raises lax.scan's 'carry input and carry output must "
             "have equal types' TypeError, which names no parameter")
       for name in ("transfer_particles", "transformer_layers")],
-    Known("solve_moments", ("float16", "bfloat16"), ("concrete",),
-          "solve_moments with a float16 S0 (d = 1) raises NumPy's 'array type float16 is "
-          "unsupported in linalg' TypeError, which names no parameter", size=(1, 1),
-          targets=("S0",)),
     *[Known(name, ("d0",), ("jit", "concrete"),
             f"{name} with inputs of dimension 0 raises a bare NumPy/jax error (a reduction "
             "over an empty axis, an index out of bounds) or one naming an internal d, not "
             "its own parameter", size=(8, 3) if name != "controlled_moments" else (1, 1))
-      for name in ("solve_moments_batch", "stationary_covariance", "controlled_moments",
+      for name in ("controlled_moments",
                    "measure_loss", "measure_flow")],
-    Known("sqrtm_psd", ("neginf",), ("vmap", "jit", "concrete"),
-          "distances.sqrtm_psd([[-inf]]) returns [[0]] (the eigenvalue clipped), no NaN",
-          size=(1, 1)),
-    Known("cloud_stats", ("neginf", "posinf", "nan"), ("vmap", "jit", "concrete"),
-          "gaussian.cloud_stats(xs, dirs) with dirs = [[-inf]] (d = 1) returns finite "
-          "statistics, no NaN", size=(1, 1), targets=("dirs",)),
     Known("cloud_w2_to_gaussian", ("posinf", "neginf", "nan"), ("vmap", "jit"),
           "control.cloud_w2_to_gaussian(x, m1, S1) with m1[1] = inf under vmap returns a "
           "non-finite W2 with status successful", size=(8, 3), targets=("m1",)),
@@ -550,17 +490,10 @@ KNOWN: list = [
           "pde.solve_density under vmap over [rho, rho with an inf cell]: the valid lane "
           "differs from its unbatched solve by 1e-6 relative (rtol 1e-8): the faulted lane "
           "perturbs the valid one", targets=("rho",)),
-    Known("linearisation", ("int32",), ("concrete", "jit"),
-          "gaussian.linearisation with an int32 S raises jacfwd's 'requires real-valued "
-          "inputs' TypeError, which names no parameter", size=(2, 2), targets=("S",)),
     *[Known(name, ("empty",), ("jit", "concrete"),
             f"control.{name} with an x0 of no point raises 'interaction needs at least one "
             "key: y has 0 rows', which names no parameter of its own")
       for name in ("transfer_particles", "transformer_layers")],
-    Known("stationary_covariance", ("complex64",), ("concrete", "jit"),
-          "gaussian.stationary_covariance(A, B, V) with a complex64 A raises jacfwd's "
-          "'requires real-valued inputs' TypeError, which names no parameter",
-          size=(2, 2)),
     Known("bures_w2_squared", ("negative", "subnormal"), _TRACED,
           "bures_w2_squared under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
           "symmetric) returns a finite number, not NaN; concrete, it is a ValueError naming "

@@ -24,9 +24,9 @@ def _sym(a):
 
 
 def _eigh_psd(s):
-    """Eigenvalues (clipped at 0) and eigenvectors of the symmetric part of s."""
+    """Eigenvalues (clipped at 0; NaN for NaN and −inf) and eigenvectors of s's symmetric part."""
     w, u = jnp.linalg.eigh(_sym(s))
-    return jnp.maximum(w, 0.0), u
+    return jnp.where(w > -jnp.inf, jnp.maximum(w, 0.0), jnp.nan), u
 
 
 def _zero_cut(w):

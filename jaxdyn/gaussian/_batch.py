@@ -71,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_integer
+from .._checks import check_dtype, check_integer
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import Rodas5
 from ..models._control import Control
@@ -595,6 +595,10 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
         adjoint: composable path: the diffrax adjoint of both stages (default
             ``diffrax.RecursiveCheckpointAdjoint()``); refused by the fast path likewise.
 
+    Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name);
+    m0, A, B, V, b float32, float64 or integers (converted to S0's dtype); float16, bfloat16
+    and complex are refused (a TypeError naming the parameter).
+
     Returns:
         A :class:`BatchSolution` (every leaf with the leading axis n).
 
@@ -610,11 +614,16 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
                                             minimum=1)
     max_stiff_iterations = check_integer("max_stiff_iterations", max_stiff_iterations, minimum=1)
     S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
-    if not jnp.issubdtype(S0_dtype, jnp.floating):
+    if not jnp.issubdtype(S0_dtype, jnp.inexact):
         # as solve_moments: the solve's dtype is S0's
         raise ValueError(f"S0 must have a floating dtype, got {S0_dtype}")
+    for name, x in (("S0", S0), ("m0", m0), ("A", A), ("B", B), ("V", V), ("b", b)):
+        check_dtype(name, x, fn="solve_moments_batch")
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(S0_dtype))  # respects jax_enable_x64
     n, d = _batch_size(m0, S0, A, B, V, b)
+    if d < 1:
+        raise ValueError(f"solve_moments_batch: the dimension d must be >= 1, got A of shape "
+                         f"{tuple(np.shape(A))} and S0 of shape {tuple(np.shape(S0))}")
     if int(chunk) < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     rtol, atol = dtype_tolerances(dtype, rtol, atol)

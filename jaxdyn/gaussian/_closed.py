@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_finite, check_square
+from .._checks import any_nonfinite, check_bounds, check_finite, check_square, nan_where, real_arrays
 from ..distances import sqrtm_psd
 
 __all__ = [
@@ -55,6 +55,31 @@ def _mm(x, y):
 def _sym(X):
     """The symmetric part ``(X + Xᵀ)/2`` (removes the rounding asymmetry of a symmetric result)."""
     return 0.5 * (X + X.T)
+
+
+def square_inputs(fn: str, **mats) -> list:
+    """(d, d) matrices of one d >= 1 by the dtype rule (no half precision: eigh and solve).
+
+    Args:
+        fn: the function's name, for the messages.
+        **mats: the matrices by parameter name (None entries returned as None).
+
+    Returns:
+        The matrices in the order given, integers converted to the float dtype of the others.
+
+    Raises:
+        ValueError: naming the first matrix that is not square, of another d, or of d = 0.
+    """
+    d = None
+    for name, a in mats.items():
+        if a is None:
+            continue
+        check_square(name, a, d)
+        d = np.shape(a)[-1]
+        if d < 1:
+            raise ValueError(f"{fn}: {name} must be a (d, d) matrix with d >= 1, got shape "
+                             f"{tuple(np.shape(a))}")
+    return real_arrays(fn=fn, **mats)
 
 
 def _whitened(S0, B, v):
@@ -160,13 +185,18 @@ def vi_blowup_time(S0, B, v):
         v: the scalar of V = v I, finite (a concrete one that is not is a ValueError). A
             traced value outside the domain gives NaN.
 
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    inputs; float16, bfloat16 (no eigh in half precision) and complex are refused (a
+    TypeError naming the parameter).
+
     Returns:
         T* (NaN where an input holds NaN or inf).
     """
+    S0, B = square_inputs("vi_blowup_time", S0=S0, B=B)
     check_finite("v", v)
     lam = jnp.linalg.eigvalsh(_whitened(S0, B, v)[1])[-1]
-    return jnp.where(jnp.isnan(lam), jnp.nan,
-                     jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf))
+    return nan_where(any_nonfinite(S0, B), jnp.where(
+        jnp.isnan(lam), jnp.nan, jnp.where(lam > 0, 1.0 / jnp.where(lam > 0, lam, 1.0), jnp.inf)))
 
 
 def vi_covariance(t, S0, B, v):
@@ -179,13 +209,18 @@ def vi_covariance(t, S0, B, v):
         v: the scalar of V = v I, finite (a concrete one that is not is a ValueError). A
             traced value outside the domain gives NaN.
 
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    inputs; float16, bfloat16 (no eigh in half precision) and complex are refused (a
+    TypeError naming the parameter).
+
     Returns:
-        (d, d) Σ(t), symmetric.
+        (d, d) Σ(t), symmetric (NaN where S0 or B holds a NaN or inf).
     """
+    S0, B = square_inputs("vi_covariance", S0=S0, B=B)
     check_finite("v", v)
     R, W = _whitened(S0, B, v)
     M = jnp.eye(R.shape[0], dtype=R.dtype) - t * W
-    return _sym(_mm(R, jnp.linalg.solve(M, R)))
+    return nan_where(any_nonfinite(S0, B), _sym(_mm(R, jnp.linalg.solve(M, R))))
 
 
 def vi_precision(t, P0, A, B, v):
@@ -269,13 +304,16 @@ def lyapunov_solve(A, Q):
         Q: (d, d).
 
     Returns:
-        (d, d) P, symmetrised.
+        (d, d) P, symmetrised; NaN where a traced A or Q holds a NaN or inf.
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses A or Q not (d, d)
-    matrices of one d, or concrete ones that are not finite.
+    matrices of one d >= 1, or concrete ones that are not finite.
+
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    input; float16, bfloat16 (no linear solve in half precision) and complex are refused (a
+    TypeError naming the parameter).
     """
-    check_square("A", A)
-    check_square("Q", Q, np.shape(A)[0])
+    A, Q = square_inputs("lyapunov_solve", A=A, Q=Q)
     check_finite("A", A)
     check_finite("Q", Q)
     A = jnp.asarray(A)
@@ -284,7 +322,7 @@ def lyapunov_solve(A, Q):
     # vec(AᵀP) = (I ⊗ Aᵀ) vec(P), vec(PA) = (Aᵀ ⊗ I) vec(P)  (column-major vec)
     K = jnp.kron(I, A.T) + jnp.kron(A.T, I)
     p = jnp.linalg.solve(K, -jnp.reshape(Q.T, (-1,)))
-    return _sym(jnp.reshape(p, (d, d)).T)
+    return nan_where(any_nonfinite(A, Q), _sym(jnp.reshape(p, (d, d)).T))
 
 
 def lyapunov_equilibrium(A, B, v):

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_finite, check_integer, check_same_length
+from .._checks import (any_nonfinite, check_cloud, check_dtype, check_finite, check_host, check_integer,
+                       check_same_length, nan_where, real_arrays)
 from ..distances import bures_w2, sqrtm_psd
 from ..sphere._sampling import normal_rows
 
@@ -130,11 +131,23 @@ def cloud_stats(xs, dirs):
         xs: (S, N, d) frames of N points.
         dirs: (d, K) projection directions.
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other input; complex is refused (a TypeError naming the parameter).
+
     Returns:
         ``(mean (S, d), covariance (S, d, d) with 1/N normalisation, max radius (S,),
         largest |skewness| (S,), largest |excess kurtosis| (S,))`` of the projections on the
-        columns of ``dirs``.
+        columns of ``dirs`` (the last two NaN where ``dirs`` holds a NaN or inf).
+
+    Raises:
+        ValueError: ``xs`` not (S, N, d) with N, d >= 1, or ``dirs`` not (d, K).
     """
+    xs, dirs = real_arrays(half=True, fn="cloud_stats", xs=xs, dirs=dirs)
+    check_cloud("xs", xs, finite=False)
+    if np.ndim(dirs) != 2 or np.shape(dirs)[0] != np.shape(xs)[-1]:
+        raise ValueError(f"cloud_stats: dirs must have shape (d, K) with d = {np.shape(xs)[-1]} "
+                         f"(that of xs), got {tuple(np.shape(dirs))}")
+    xs, dirs = jnp.asarray(xs), jnp.asarray(dirs)
     n = xs.shape[-2]
     m = jnp.mean(xs, axis=-2)
     xc = xs - m[..., None, :]
@@ -146,7 +159,8 @@ def cloud_stats(xs, dirs):
     z = p / sd[..., None, :]
     g1 = jnp.where(var > 0, jnp.mean(z ** 3, axis=-2), 0.0)
     g2 = jnp.where(var > 0, jnp.mean(z ** 4, axis=-2) - 3.0, 0.0)
-    return m, C, r, jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1)
+    moments = (jnp.max(jnp.abs(g1), axis=-1), jnp.max(jnp.abs(g2), axis=-1))
+    return (m, C, r) + tuple(nan_where(any_nonfinite(dirs), moments))
 
 
 def bures_distance(m0, S0, m1, S1):
@@ -161,11 +175,19 @@ def bures_distance(m0, S0, m1, S1):
         m1: (..., d) means (broadcast against m0).
         S1: (..., d, d) covariances (broadcast against S0).
 
+    Host-only: traced inputs are refused with a TypeError naming ``bures_distance``.
+
+    Dtypes: float32 or float64, float16 or bfloat16, integers (all read in float64 on the
+    host); complex is refused (a TypeError naming the parameter).
+
     Returns:
         W2 of the broadcast batch shape, float64 NumPy; NaN where an input is not finite
         (a blown-up closure).
     """
-    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    check_host("bures_distance", m0=m0, S0=S0, m1=m1, S1=S1)
+    for name, a in (("m0", m0), ("S0", S0), ("m1", m1), ("S1", S1)):
+        check_dtype(name, a, half=True, fn="bures_distance")
+    f = lambda a: np.asarray(np.asarray(a).astype(np.float64))  # noqa: E731
     with jax.enable_x64(True):
         return np.asarray(bures_w2(f(m0), f(S0), f(m1), f(S1)).value, np.float64)
 

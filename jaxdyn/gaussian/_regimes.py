@@ -39,11 +39,12 @@ import lineax as lx
 import numpy as np
 import optimistix as optx
 
-from .._checks import check_finite, check_integer, check_square
+from .._checks import any_nonfinite, check_dtype, check_finite, check_integer, check_square, nan_where
 from .._results import RESULTS, Solution, from_codes, status_code
 from ._solve import moment_rhs
 from ._batch import solve_moments_batch
-from ._closed import lyapunov_equilibrium, scalar_blowup_time, scalar_variance, vi_blowup_time
+from ._closed import (lyapunov_equilibrium, scalar_blowup_time, scalar_variance, square_inputs,
+                      vi_blowup_time)
 
 __all__ = [
     "StationaryPoint",
@@ -107,12 +108,19 @@ def linearisation(S, A, B, V):
         B: the logits' form.
         V: the values.
 
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    inputs; float16, bfloat16 (no eigenvalues in half precision) and complex are refused (a
+    TypeError naming the parameter).
+
     Returns:
-        ``(J, eigenvalues)``, J of shape (d(d+1)/2, d(d+1)/2).
+        ``(J, eigenvalues)``, J of shape (d(d+1)/2, d(d+1)/2); NaN where an input holds a NaN
+        or inf.
     """
+    S, A, B, V = square_inputs("linearisation", S=S, A=A, B=B, V=V)
+    S = jnp.asarray(S)
     d = S.shape[-1]
     J = jax.jacfwd(lambda x: _vech(bernoulli_residual(_unvech(x, d), A, B, V)))(_vech(S))
-    return J, jnp.linalg.eigvals(J)
+    return nan_where(any_nonfinite(S, A, B, V), (J, jnp.linalg.eigvals(J)))
 
 
 class StationaryPoint(Solution):
@@ -223,13 +231,21 @@ def stationary_covariance(A, B, V, b=None, *, S_init=None, n_continuation: int =
         newton_iters: Newton steps per continuation step, at most.
         tol: the convergence tolerance on the relative residual (default ``1e3 eps``).
 
+    Dtypes: float32 or float64; integers are converted to the float dtype of the other
+    inputs; float16, bfloat16 (no linear solve in half precision) and complex are refused (a
+    TypeError naming the parameter).
+
     Returns:
         A :class:`StationaryPoint`.
 
     Raises:
-        ValueError: A, B, V not square matrices of one shape; concrete A, B, V, b or S_init
-            that are not finite; ``n_continuation`` or ``newton_iters`` not an integer >= 1.
+        ValueError: A, B, V not square matrices of one shape (d >= 1); concrete A, B, V, b or
+            S_init that are not finite; ``n_continuation`` or ``newton_iters`` not an integer
+            >= 1.
     """
+    for name, X in (("b", b), ("S_init", S_init)):
+        check_dtype(name, X, fn="stationary_covariance")
+    A, B, V = square_inputs("stationary_covariance", A=A, B=B, V=V)
     for name, X in (("A", A), ("B", B), ("V", V), ("b", b), ("S_init", S_init)):
         check_finite(name, X)
     n_continuation = check_integer("n_continuation", n_continuation, minimum=1)

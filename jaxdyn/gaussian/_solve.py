@@ -50,7 +50,7 @@ import numpy as np
 
 from ..models._control import Control
 from ..models._params import Domain, invalid_parameters
-from .._checks import check_bounds, check_integer, check_times
+from .._checks import check_bounds, check_dtype, check_integer, check_times
 from .._results import RESULTS, Solution, stat, error_if_failed, from_codes, status_code, status_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -649,6 +649,9 @@ def check_covariance(S, name: str = "S0"):
     and dtype are still checked); :func:`solve_moments` then reports
     ``RESULTS.invalid_input``.
 
+    Dtypes: float32 or float64; an integer S is refused (a ValueError: the solve's dtype is
+    S0's), float16, bfloat16 and complex too (a TypeError naming it).
+
     Args:
         S: the candidate covariance.
         name: its name in the error message.
@@ -657,14 +660,16 @@ def check_covariance(S, name: str = "S0"):
         ``(S + Sᵀ)/2``.
 
     Raises:
-        ValueError: S is not square, not floating, not finite, not symmetric or not PSD
-            (the message gives the asymmetry or the smallest eigenvalue).
+        ValueError: S is not square with d >= 1, not floating, not finite, not symmetric or
+            not PSD (the message gives the asymmetry or the smallest eigenvalue).
     """
     S = jnp.asarray(S)
-    if S.ndim != 2 or S.shape[0] != S.shape[1]:
-        raise ValueError(f"{name} must be a square (d, d) covariance matrix, got shape {S.shape}")
-    if not jnp.issubdtype(S.dtype, jnp.floating):
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1:
+        raise ValueError(f"{name} must be a square (d, d) covariance matrix with d >= 1, got "
+                         f"shape {S.shape}")
+    if not jnp.issubdtype(S.dtype, jnp.inexact):
         raise ValueError(f"{name} must have a floating dtype, got {S.dtype}")
+    check_dtype(name, S, integers=False)
     if _is_concrete(S):
         # On the host (numpy): the same defects without compiling one small program per op.
         Sn = np.asarray(S)
@@ -1116,6 +1121,10 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
         K: with ``attention``: (H, p, d) (or (p, d)) key weights.
         beta: with ``attention``: inverse temperature β > 0 (None: 1).
 
+    Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name); m0
+    float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and complex
+    are refused (a TypeError naming the parameter).
+
     Returns:
         A :class:`MomentSolution` (status in ``result``: :class:`jaxdyn.RESULTS`).
 
@@ -1137,6 +1146,7 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
     d = field.dim
     S0 = jnp.asarray(S0)
     check_covariance(S0, "S0")
+    check_dtype("m0", m0, fn="solve_moments")
     if S0.shape != (d, d):
         raise ValueError(f"S0 must have shape ({d}, {d}) to match A, got {S0.shape}")
     dtype = S0.dtype

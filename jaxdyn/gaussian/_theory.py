@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_dtype, check_host
 from ..distances import sqrtm_psd
 from ._closed import (lyapunov_equilibrium, scalar_blowup_time, scalar_variance,
                       vi_blowup_time, vi_precision)
@@ -232,12 +233,21 @@ def tilt_index(S, B):
         S: (..., d, d) covariances.
         B: (d, d).
 
+    Host-only: traced inputs are refused with a TypeError naming ``tilt_index``.
+
+    Dtypes: float32 or float64, float16 or bfloat16, integers (all read in float64 on the
+    host); complex is refused (a TypeError naming the parameter).
+
     Returns:
-        (...) s, float64 NumPy.
+        (...) s, float64 NumPy; NaN where Σ or B is not finite.
     """
-    S = np.asarray(S, np.float64)
-    B = np.asarray(B, np.float64)
-    ok = np.all(np.isfinite(S), axis=(-2, -1))
+    check_host("tilt_index", S=S, B=B)
+    for name, a in (("S", S), ("B", B)):
+        check_dtype(name, a, half=True, fn="tilt_index")
+    S = np.asarray(np.asarray(S).astype(np.float64))
+    B = np.asarray(np.asarray(B).astype(np.float64))
+    ok = np.all(np.isfinite(S), axis=(-2, -1)) & np.all(np.isfinite(B))
+    B = np.where(np.isfinite(B), B, 0.0)
     Sf = np.where(ok[..., None, None], S, np.eye(S.shape[-1]))
     with jax.enable_x64(True):  # one program (op by op: a dozen small ones)
         R = np.asarray(_sqrtm_psd_jit(Sf), np.float64)
