@@ -71,6 +71,23 @@ def test_count_all_configs_and_their_warnings():
     assert any("β ε = 12" in w for w in KIND.check(s1))
 
 
+def test_predicted_mode_on_the_circle_past_the_bessel_range():
+    """k*, λ* on S¹: the Bessel rates up to β = 10⁹; past ≈ 2·10⁹ (SciPy's scaled Bessel
+    functions give NaN) the large-β form λ_k = (k²/β) e^{−k²/(2β)}, its maximum 2/e at √(2β)."""
+    import math
+
+    from jaxdyn import pde
+    from jaxdyn.experiments.long_context.run import predicted_mode
+
+    for beta in (2.5e5, 2.5e7, 1e9):
+        k, rate = predicted_mode(beta, 2)
+        assert k == pde.most_unstable_mode(beta) == round(math.sqrt(2 * beta))
+        assert rate == pytest.approx(2 / math.e, rel=1e-5)  # a finite-β correction O(1/β)
+    k, rate = predicted_mode(2.5e9, 2)
+    assert k == 70711 and rate == pytest.approx(2 / math.e, rel=1e-8)
+    assert math.isfinite(rate)
+
+
 def _run(path, out, *sets):
     args = [sys.executable, "-m", "jaxdyn.cli", "run", str(path), "--out", str(out)]
     for s in sets:
