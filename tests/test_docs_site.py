@@ -310,11 +310,13 @@ def _python_blocks(page):
             yield text[: m.start()].count("\n") + 1, m.group(1)
 
 
+@pytest.mark.docs
 def test_docs_python_blocks_run(tmp_path, monkeypatch):
     """Every python block written in a docs page (not an included example) runs as written.
 
-    The float64 blocks of the home page and the guides run in a fresh interpreter in the
-    default suite (tests/test_newcomer_docs_blocks.py, x64 off at their start); not again here.
+    The float64 blocks of the home page and the guides run in a fresh interpreter
+    (tests/test_newcomer_docs_blocks.py, x64 off at their start); not again here. Marked
+    ``docs``: run by ``-m docs`` (CI's documentation step), not by the default suite.
     """
     import matplotlib
     from test_newcomer_docs_blocks import PAGES as FRESH_INTERPRETER_PAGES

@@ -103,6 +103,7 @@ def _figure_checks(fig):
                 assert all(re.fullmatch(r"-?\d+", t) for t in shown if t), (label, shown)
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES
                                   else n for n in PYTHON_EXAMPLES])
 def test_example_runs_and_writes_its_figure(name, tmp_path, monkeypatch):
@@ -117,6 +118,7 @@ def test_example_runs_and_writes_its_figure(name, tmp_path, monkeypatch):
     _figure_checks(names["fig"])
 
 
+@pytest.mark.docs
 def test_gaussian_blowup_example_with_another_A(tmp_path, monkeypatch):
     """The Gaussian example with A ≠ 0 still runs: its closed form then is the general one."""
     import matplotlib

@@ -24,7 +24,9 @@ S0 = np.array([[1.0, 0.3], [0.3, 0.8]])
 m0 = np.array([0.3, -0.1])
 DTYPES = [np.float32, np.float64]
 # The costliest checks (each dtype compiles its own diffrax programs) run one dtype by default
-# and the other under -m slow; across the file both dtypes run by default.
+# and the other under -m slow; across the file both dtypes run by default. The gradient
+# comparisons beyond one checkpointed adjoint, and the tolerance/step-count checks, run
+# under -m slow in both dtypes.
 F32_SLOW = [pytest.param(np.float32, marks=pytest.mark.slow), np.float64]
 F64_SLOW = [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)]
 
@@ -90,11 +92,8 @@ def test_field_and_keywords_both_given_is_a_named_error():
 
 @pytest.mark.parametrize("dtype", F32_SLOW)
 def test_stepsize_controller_reaches_diffrax(dtype):
-    """ConstantStepSize takes t1/dt0 steps; a PID controller at (rtol, atol) is the default one.
-
-    A looser PID takes fewer steps than a strict one; the constant steps agree with the
-    strict adaptive solve to their order (Dopri8, h = 0.1).
-    """
+    """ConstantStepSize takes t1/dt0 steps, StepTo its grid's; a PID controller at (rtol, atol)
+    is the default one (bit for bit)."""
     a, bb, v, c, s0, mm = _cast(dtype, A, B, V, b, S0, m0)
     f = MomentField(a, bb, v, c)
     const = solve_moments(mm, s0, field=f, t1=1.0, dt0=0.1,
@@ -108,6 +107,17 @@ def test_stepsize_controller_reaches_diffrax(dtype):
     given = solve_moments(mm, s0, field=f, t1=1.0,
                           stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-7))
     _same(tight, given)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_controller_tolerances_set_the_steps_and_the_error(dtype):
+    """A looser PID takes fewer steps than a strict one; the constant steps agree with the
+    strict adaptive solve to their order (Dopri8, h = 0.1)."""
+    a, bb, v, c, s0, mm = _cast(dtype, A, B, V, b, S0, m0)
+    f = MomentField(a, bb, v, c)
+    const = solve_moments(mm, s0, field=f, t1=1.0, dt0=0.1,
+                          stepsize_controller=diffrax.ConstantStepSize())
     strict = 2e-6 if dtype == np.float32 else 1e-11  # near what the dtype resolves
     strict = solve_moments(mm, s0, field=f, t1=1.0, stepsize_controller=diffrax.PIDController(
         rtol=strict, atol=strict / 100))
@@ -119,31 +129,60 @@ def test_stepsize_controller_reaches_diffrax(dtype):
                                rtol=tol, atol=tol)
 
 
+class _SpyAdjoint(diffrax.RecursiveCheckpointAdjoint):
+    """diffrax's checkpointed adjoint that records each solve it runs (diffrax calls an
+    adjoint's ``loop`` for every solve, differentiated or not)."""
+
+    def loop(self, **kwargs):
+        ADJOINT_CALLS.append(self.checkpoints)
+        return super().loop(**kwargs)
+
+
+ADJOINT_CALLS: list = []
+
+
+def _gradients(loss, a, adjoints):
+    return [np.asarray(jax.grad(loss)(a, adj)) for adj in adjoints]
+
+
 @pytest.mark.parametrize("dtype", F32_SLOW)
 def test_custom_adjoint_gives_the_default_gradient(dtype):
-    """Checkpointed (3 checkpoints) and forward-mode adjoints: the default adjoint's gradient.
-
-    Both differentiate the same discretisation: equal to rounding (float64 1e-10, float32
-    1e-4 relative).
-    """
+    """A checkpointed adjoint (3 checkpoints) gives the default adjoint's gradient: both
+    differentiate the same discretisation, equal to rounding (float64 1e-10, float32 1e-4
+    relative). Forward mode: under -m slow."""
     a, bb, v, c, s0, mm = _cast(dtype, A, B, V, b, S0, m0)
 
     def loss(a, adjoint):
         sol = solve_moments(mm, s0, A=a, B=bb, V=v, b=c, t1=1.0, adjoint=adjoint)
         return jnp.sum(sol.cov_final) + jnp.sum(sol.mean_final)
 
-    g0 = np.asarray(jax.grad(loss)(a, None))
-    g_ck = np.asarray(jax.grad(loss)(a, diffrax.RecursiveCheckpointAdjoint(checkpoints=3)))
-    g_fwd = np.asarray(jax.jacfwd(loss)(a, diffrax.ForwardMode()))
+    g0, g_ck = _gradients(loss, a, [None, diffrax.RecursiveCheckpointAdjoint(checkpoints=3)])
     tol = 1e-4 if dtype == np.float32 else 1e-10
     assert np.all(np.isfinite(g0)) and np.max(np.abs(g0)) > 0.1
     np.testing.assert_allclose(g_ck, g0, rtol=tol, atol=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_mode_adjoint_gives_the_default_gradient(dtype):
+    """diffrax.ForwardMode under jax.jacfwd: the default adjoint's gradient, to rounding."""
+    a, bb, v, c, s0, mm = _cast(dtype, A, B, V, b, S0, m0)
+
+    def loss(a, adjoint):
+        sol = solve_moments(mm, s0, A=a, B=bb, V=v, b=c, t1=1.0, adjoint=adjoint)
+        return jnp.sum(sol.cov_final) + jnp.sum(sol.mean_final)
+
+    (g0,) = _gradients(loss, a, [None])
+    g_fwd = np.asarray(jax.jacfwd(loss)(a, diffrax.ForwardMode()))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(g_fwd, g0, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", F64_SLOW)
 def test_batch_composable_path_takes_controller_and_adjoint(dtype):
-    """Under jax.jit the batch takes the controller (StepTo: 4 steps a member) and adjoint."""
+    """Under jax.jit the batch takes the controller (StepTo: 4 steps a member) and runs its
+    solve with the adjoint given (a recording adjoint sees the solve). The adjoint's gradient:
+    under -m slow."""
     a, bb, v, c, s0 = _cast(dtype, A, B, V, b, S0)
     As = np.stack([a, 0.5 * a])
     step_to = diffrax.StepTo(ts=jnp.linspace(0.0, 1.0, 5, dtype=dtype))
@@ -151,14 +190,25 @@ def test_batch_composable_path_takes_controller_and_adjoint(dtype):
                                                  stiff=False, stepsize_controller=step_to))(As)
     assert list(sol.names) == ["successful"] * 2
     np.testing.assert_array_equal(np.asarray(sol.num_steps), [4, 4])
+    ADJOINT_CALLS.clear()
+    spied = jax.jit(lambda As: solve_moments_batch(None, s0, A=As, B=bb, V=v, b=c, t1=1.0,
+                                                   stiff=False, adjoint=_SpyAdjoint(5)))(As)
+    assert ADJOINT_CALLS == [5] and list(spied.names) == ["successful"] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_adjoint_gives_the_default_gradient(dtype):
+    """The batch's gradient through a checkpointed adjoint (2 checkpoints): the default's."""
+    a, bb, v, c, s0 = _cast(dtype, A, B, V, b, S0)
+    As = np.stack([a, 0.5 * a])
 
     def loss(As, adjoint):
         s = solve_moments_batch(None, s0, A=As, B=bb, V=v, b=c, t1=1.0, stiff=False,
                                 adjoint=adjoint)
         return jnp.sum(s.cov_final)
 
-    g0 = np.asarray(jax.grad(loss)(As, None))
-    g_ck = np.asarray(jax.grad(loss)(As, diffrax.RecursiveCheckpointAdjoint(checkpoints=2)))
+    g0, g_ck = _gradients(loss, As, [None, diffrax.RecursiveCheckpointAdjoint(checkpoints=2)])
     tol = 1e-4 if dtype == np.float32 else 1e-10
     assert np.all(np.isfinite(g0))
     np.testing.assert_allclose(g_ck, g0, rtol=tol, atol=tol)

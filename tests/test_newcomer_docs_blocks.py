@@ -2,8 +2,8 @@
 
 Each ```python block of docs/index.md and docs/guides/*.md runs alone in a fresh interpreter (as a
 reader pasting it would: JAX's x64 mode off unless the block turns it on, matplotlib on Agg), in
-a temporary folder; the blocks that claim float64 run in the default suite, the others under
-``-m slow``. JAX's warning that a requested float64 was truncated to float32 is an error
+a temporary folder; the blocks that claim float64 run with ``-m docs`` (CI's documentation
+step), the others under ``-m slow`` too. JAX's warning that a requested float64 was truncated to float32 is an error
 there, and a block that speaks of float64 must end with its arrays in float64. Blocks included
 from examples/ (``--8<--``) run in tests/test_examples.py; a block that reads a run folder
 (``runs/...``) must be one of README.md's, which tests/test_readme.py runs after making the run.
@@ -71,6 +71,7 @@ def test_blocks_are_found():
     assert any("float64" in code for _, _, code in BLOCKS)
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("block", PARAMS, ids=_id)
 def test_python_block_runs_as_written(block, tmp_path):
     page, start, code = block

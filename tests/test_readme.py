@@ -167,6 +167,7 @@ def test_text_blocks_name_real_files():
             assert (ROOT / path).exists(), (start, path)
 
 
+@pytest.mark.docs
 def test_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     import matplotlib
 
