@@ -202,9 +202,10 @@ def test_every_listed_parameter_is_a_parameter():
 
 
 # Entries under -m slow (each compiles a measure-control program of several CPU-seconds); the
-# default counterpart is "measure_loss epsilon", which runs the same domain check and NaN
-# propagation through measure_loss.
-SLOW_CASES = {"measure_loss cost_weight", "measure_loss t1"}
+# default counterpart is tests/test_measure_params.py::test_traced_option_out_of_domain_gives_nan,
+# which runs the same domain checks and NaN propagation through measure_loss (ε, λ and T in one
+# vmapped program, value and gradient).
+SLOW_CASES = {"measure_loss epsilon", "measure_loss cost_weight", "measure_loss t1"}
 
 
 def _params():
