@@ -69,6 +69,19 @@ def rms_errors(cfg, ds, act):
     return np.asarray(ns), np.asarray(errs)
 
 
+def seed_errors(cfg, ds, act):
+    """(ns, errs (len ns, seeds, T)): the Bures error against the closure of each seed."""
+    ns = axis_values(cfg, ds, "n")
+    errs = [np.asarray(select(ds, "bures", activation=act, n=n).values).reshape(-1, ds.sizes["t"])
+            for n in ns]
+    return np.asarray(ns), np.asarray(errs)
+
+
+def seed_slopes(ns, errs):
+    """The log–log slope against N of each seed's error (``errs``: (len ns, seeds))."""
+    return [finite_or_none(fit_slope(ns, errs[:, k])) for k in range(errs.shape[1])]
+
+
 def error_table(cfg, ds):
     """{activation: (ns, rms Bures error over seeds at the error time)}."""
     ti = t_index(ds, error_time(cfg, ds))
@@ -201,26 +214,33 @@ def summarize(cfg, ds):
     table = error_table(cfg, ds)
     err = {}
     for act, (ns, errs) in table.items():
+        per_seed = seed_errors(cfg, ds, act)[1][:, :, ti]
         err[act] = {"n": [int(n) for n in ns], "rms_bures_to_closure": [finite_or_none(e) for e in errs],
-                    "fitted_loglog_slope": finite_or_none(fit_slope(ns, errs))}
+                    "fitted_loglog_slope": finite_or_none(fit_slope(ns, errs)),
+                    "bures_to_closure_per_seed": [[finite_or_none(x) for x in row] for row in per_seed],
+                    "fitted_loglog_slope_per_seed": seed_slopes(ns, per_seed)}
     tilt = closure_tilt(ds)
     pred = predicted_exponent(tilt)
     ti = t_index(ds, te)
     over = []
     if "identity" in axis_values(cfg, ds, "activation") and len(axis_values(cfg, ds, "n")) >= 2:
         ts_, sl = slopes_over_time(cfg, ds)
+        ns_, per_seed = seed_errors(cfg, ds, "identity")
         for i in sorted({t_index(ds, t) for t in np.linspace(0, ts_[-1], 9)[1:]}):
             over.append({"t": float(ts_[i]), "fitted_slope": finite_or_none(sl[i]), "tilt_index": finite_or_none(tilt[i]),
-                         "predicted_exponent": finite_or_none(pred[i])})
+                         "predicted_exponent": finite_or_none(pred[i]),
+                         "fitted_slope_per_seed": seed_slopes(ns_, per_seed[:, :, i])})
     above = np.flatnonzero(np.nan_to_num(tilt, nan=np.inf) >= 1.0)
     out["error_vs_n"] = {"time": te, "per_activation": err,
+                         "seeds": len(axis_values(cfg, ds, "seed")),
                          "tilt_index_at_time": finite_or_none(tilt[ti]),
                          "predicted_exponent_at_time": finite_or_none(pred[ti]),
                          "identity_slope_over_time": over,
                          "note": "RMS over seeds of the Bures W2 between N(m̂, Ŝ) of the particles "
                                  "and the identity closure N(m, Σ). Expected slope for the identity "
                                  "model: -min(1/2, 1/(1 + s²)), s = max over [0, t] of the tilt index "
-                                 "‖Σ^½ B Σ^½‖₂ of the closure (derived here; -1/2 while s < 1)"}
+                                 "‖Σ^½ B Σ^½‖₂ of the closure (derived here; -1/2 while s < 1); "
+                                 "*_per_seed: the same of each seed's own error (its spread)"}
     out["tilt_index"] = {"initial": finite_or_none(tilt[0]),
                          "first_time_at_least_1": float(ds["t"].values[above[0]]) if above.size else None}
     seed_bias = _seed_bias(cfg, ds, te)
@@ -339,3 +359,132 @@ def equilibrium_trace(cfg):
     p = parameters(cfg)
     eq = lyapunov_limit(p["A"], p["B"], p["V"])
     return None if eq is None else float(np.trace(eq))
+
+
+# ---------------------------------------------------------------- the guide's numbers
+
+
+def _seed_spread(values, digits=2) -> str:
+    """Mean (range) of per-seed values, with their count."""
+    from ..guide_numbers import spread
+
+    return f"{spread(values, digits)} over {len(values)} seeds"
+
+
+def _ns_words(ns) -> str:
+    return f"N = {min(ns)}–{max(ns)}" if len(ns) > 1 else f"N = {ns[0]}"
+
+
+def guide_slope(res) -> str:
+    """The error-against-N slope of the identity model at the error time (pooled and per seed)."""
+    from ..guide_numbers import num
+
+    e = res["results"]["error_vs_n"]
+    r = e["per_activation"]["identity"]
+    return (f"log–log slope of the RMS error over the seeds **{num(r['fitted_loglog_slope'], 2)}**, "
+            f"of each seed's error {_seed_spread(r['fitted_loglog_slope_per_seed'])} "
+            f"(mean (range); t = {num(e['time'], 2)}, {_ns_words(r['n'])})")
+
+
+def guide_closed_form(res) -> str:
+    """The closure's tr Σ against its closed form: the largest relative difference."""
+    from ..guide_numbers import num
+
+    return num(res["results"]["closure"]["trace_vs_closed_form_max_relative_error"], 1)
+
+
+def guide_relu(res) -> str:
+    """The ReLU cloud's Bures distance to the closure at the error time, smallest and largest N."""
+    from ..guide_numbers import num, spread
+
+    e = res["results"]["error_vs_n"]
+    r = e["per_activation"]["relu"]
+    rows = r["bures_to_closure_per_seed"]
+    return (f"{spread(rows[0], 2)} at N = {r['n'][0]} and {spread(rows[-1], 2)} at N = {r['n'][-1]} "
+            f"(mean (range) over {len(rows[-1])} seeds, t = {num(e['time'], 2)}; log–log slope "
+            f"against N of each seed's distance {spread(r['fitted_loglog_slope_per_seed'], 2)})")
+
+
+def guide_blowup_time(res) -> str:
+    """The closure's blow-up time T* as refined by the solver."""
+    from ..guide_numbers import num
+
+    return num(res["results"]["closure"]["blowup_time"], 6)
+
+
+def guide_parting(res) -> str:
+    """Table: per N, when the particles part from the closure (mean (range) over the seeds)."""
+    from ..guide_numbers import spread
+
+    p = res["results"]["parting"]
+    per_n = p["per_n"]
+    lines = ["| N | " + " | ".join(sorted(per_n, key=int)) + " |",
+             "|---" * (len(per_n) + 1) + "|",
+             f"| parting time (mean (range) over {len(next(iter(per_n.values()))['parting_time_per_seed'])} seeds) | "
+             + " | ".join(spread(per_n[n]["parting_time_per_seed"], 2) for n in sorted(per_n, key=int))
+             + " |"]
+    return "\n".join(lines)
+
+
+def guide_parting_threshold(res) -> str:
+    """The parting threshold on |tr Ŝ/tr Σ − 1|."""
+    return f"{res['results']['parting']['threshold']:g}"
+
+
+def guide_slopes_over_time(res) -> str:
+    """Table: the fitted exponent of the error against N over time, against its prediction."""
+    from ..guide_numbers import num, spread
+
+    e = res["results"]["error_vs_n"]
+    lines = ["| t | tilt index s | predicted exponent −min(1/2, 1/(1+s²)) | slope of the RMS error "
+             f"over the seeds | slope of each seed's error (mean (range) over {e['seeds']} seeds) |",
+             "|---|---|---|---|---|"]
+    for row in e["identity_slope_over_time"]:
+        lines.append(f"| {num(row['t'], 2)} | {num(row['tilt_index'], 2)} | "
+                     f"{num(row['predicted_exponent'], 2)} | {num(row['fitted_slope'], 2)} | "
+                     f"{spread(row['fitted_slope_per_seed'], 2)} |")
+    return "\n".join(lines)
+
+
+def guide_tilt_crossing(res) -> str:
+    """The first saved time at which the closure's tilt index reaches 1."""
+    from ..guide_numbers import num
+
+    t = res["results"]["tilt_index"]["first_time_at_least_1"]
+    return "never" if t is None else f"t = {num(t, 2)}"
+
+
+def guide_seeds_ns(res) -> str:
+    """The run's particle counts and seeds, in words."""
+    e = res["results"]["error_vs_n"]
+    return f"{_ns_words(e['per_activation']['identity']['n'])}, {e['seeds']} seeds"
+
+
+def guide_phase_grid(res) -> str:
+    """The phase diagram's grid and its agreement with the closed form."""
+    r = res["results"]
+    g = r["grid"]
+    agree = round(r["blowup_classification_agreement"] * g["points"])
+    return (f"a {g['a'][2]} × {g['c'][2]} grid in one batched solve; blow-up or not agrees with "
+            f"the closed form at {agree} of its {g['points']} points")
+
+
+def guide_phase_large(res) -> str:
+    """How many grid points ended ``large``."""
+    return str(res["results"]["status_counts"].get("large", 0))
+
+
+def guide_wall(res) -> str:
+    """The run's wall time and machine."""
+    meta = res["meta"]
+    m = meta["machine"]
+    return f"{meta['wall_seconds']:.0f} s of wall time on {m['cores']} CPU cores ({m['cpu']})"
+
+
+#: the renderers of a gaussian result file (jaxdyn.experiments.guide_numbers)
+GUIDE_RENDERERS = {"slope": guide_slope, "closed_form": guide_closed_form, "relu": guide_relu,
+                   "blowup_time": guide_blowup_time, "parting": guide_parting,
+                   "parting_threshold": guide_parting_threshold,
+                   "slopes_over_time": guide_slopes_over_time, "tilt_crossing": guide_tilt_crossing,
+                   "seeds_ns": guide_seeds_ns, "phase_grid": guide_phase_grid,
+                   "phase_large": guide_phase_large, "wall": guide_wall}
