@@ -57,8 +57,11 @@ def predicted_mode(beta, d):
     """The most unstable mode of the uniform density (k* on S¹, l* on S²) and its growth rate.
 
     On S¹ past β ≈ 2·10⁹, where SciPy's scaled Bessel functions return NaN, the rates are their
-    large-β form λ_k = (k²/β) e^{−k²/(2β)} (relative error O(k⁴/β³) at k ~ √(2β)): k* is the
+    large-β form λ_k = (k²/β) e^{−k²/(2β)} (relative error O(1/β) at k ~ √(2β)): k* is the
     better of the two integers around √(2β), λ* ≈ 2/e (docs/math.md §I.4).
+
+    Returns:
+      ``(mode, rate)``: k* or l* (int) and λ* (float).
     """
     if d == 2:
         k = pde.most_unstable_mode(beta)

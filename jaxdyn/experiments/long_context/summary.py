@@ -185,6 +185,13 @@ def guide_phase(res) -> str:
     return "\n".join(out)
 
 
+def _count(x) -> str:
+    """A cluster count: every digit from 10⁴ on (3 significant digits below, as ``num``)."""
+    from ..guide_numbers import num
+
+    return f"{x:.0f}" if abs(x) >= 1e4 else num(x)
+
+
 def guide_dynamics(res) -> str:
     """Per (n, c): β, the fastest mode, the predicted and measured first counts, their time."""
     from ..guide_numbers import num
@@ -197,7 +204,7 @@ def guide_dynamics(res) -> str:
     for point in order:
         row, k = table[point], _key(point)
         out.append(f"| {k['d']} | {k['n']} | {k['c']} | {num(row['beta'])} | {row['mode_star']} | "
-                   f"{num(row['first_count_predicted'])} | {num(row['first_count_mean'])} ± "
+                   f"{_count(row['first_count_predicted'])} | {_count(row['first_count_mean'])} ± "
                    f"{num(row['first_count_std'], 2)} | {num(row['first_time_mean'])} | "
                    f"{num(row['time_scale'])} |")
     return "\n".join(out)
