@@ -107,6 +107,14 @@ REDUCED = {
                               "t1=4.0", "chunk_size=1"],
     "long_context_dynamics_s2": ["sweep.n=[128]", "sweep.c=[0.2]", "sweep.seed=[0, 1]",
                                  "t1=4.0", "subsample=64", "chunk_size=1"],
+    "long_context_dynamics_large": ["sweep.n=[1000]", "sweep.seed=[0, 1]", "t1=2.0",
+                                    "chunk_size=1"],
+    "long_context_dynamics_million": ["sweep.n=[1000]", "sweep.seed=[0, 1]", "t1=2.0",
+                                      "chunk_size=1"],
+    "long_context_dynamics_s2_large": ["sweep.n=[2000]", "sweep.seed=[0, 1]", "t1=2.0",
+                                       "chunk_size=1"],
+    "long_context_dynamics_s2_million": ["sweep.n=[2000]", "sweep.seed=[0, 1]", "t1=2.0",
+                                         "chunk_size=1"],
 }
 
 # Configs whose run is one grid point by design (so one chunk: process 1 computes nothing), and why.
