@@ -438,62 +438,21 @@ KNOWN: list = [
           "symmetric) returns a finite W2 with status successful (the covariance is "
           "symmetrised and clipped); concrete, the same input is a ValueError naming S0",
           targets=("S0", "S1")),
-    *[Known(name, FAULTS, _TRACED,
-            f"{name} (a host function: NumPy on its input) under jit/vmap raises jax's "
-            "TracerArrayConversionError, not a TypeError naming the function or its input")
-      for name in ("numerical_rank",)],
-    Known("numerical_rank", ("d0",), ("concrete",),
-          "control.numerical_rank of a (0, 0) matrix raises a bare IndexError"),
-    Known("numerical_rank", ("complex64",), ("concrete",),
-          "control.numerical_rank of a complex64 matrix drops the imaginary part"),
-    Known("measure_loss", ("complex64",), ("concrete", "jit"),
-          "control.measure_loss with a complex64 x0 (or target) under jit returns a real loss "
-          "(the imaginary part dropped)"),
     *[Known(name, ("complex64",), ("concrete", "jit"),
             f"{name} with a complex64 input returns a real output (the imaginary part "
             "dropped, no error)")
-      for name in ("simulate_ensemble", "measure_flow", "replay", "certificate", "simulate",
+      for name in ("simulate_ensemble", "simulate",
                    "simulate_sde", "solve_density")],
-    *[Known(name, ("complex64", "bfloat16", "float16"), ("jit",),
-            f"{name} under jit with a complex64 or half-precision input raises jax's "
-            "'buffer.at[i].set(value)' dtype ValueError (or jacfwd's 'requires real-valued "
-            "inputs'), which names no parameter", size=(2, 2))
-      for name in ("controlled_moments",)],
-    Known("cloud_w2_to_gaussian", ("empty", "d0"), ("jit", "concrete"),
-          "control.cloud_w2_to_gaussian(x, m1, S1) with x of shape (8, 3) and m1 of shape (0,) "
-          "under jit returns NaN with status successful (the shapes disagree: a ValueError "
-          "naming m1 expected)", size=(8, 3), targets=("m1",)),
-    Known("certificate", ("d0",), ("concrete",),
-          "control.certificate with m0 of shape (0,) and S0 of shape (0, 0) raises a bare "
-          "IndexError", size=(2, 2)),
     Known("simulate_ensemble", ("d0",), ("jit", "concrete"),
           "simulate_ensemble with x0 of shape (1, 1, 0) raises NumPy's 'axis 1 is out of "
           "bounds for array of dimension 1', which names no parameter", size=(1, 1)),
     Known("query_sharded_interaction", ("complex64",), ("concrete", "jit"),
           "simulation.query_sharded_interaction(x, y, I, 2.0) with a complex64 y returns a "
           "real average (the imaginary part dropped)", targets=("y",)),
-    *[Known(name, ("int32", "float16", "bfloat16", "complex64"), ("concrete", "jit"),
-            f"control.{name} with an x0 of dtype int32/float16/bfloat16/complex64 and "
-            "controls of another dtype raises lax.scan's 'carry input and carry output must "
-            "have equal types' TypeError, which names no parameter")
-      for name in ("transfer_particles", "transformer_layers")],
-    *[Known(name, ("d0",), ("jit", "concrete"),
-            f"{name} with inputs of dimension 0 raises a bare NumPy/jax error (a reduction "
-            "over an empty axis, an index out of bounds) or one naming an internal d, not "
-            "its own parameter", size=(8, 3) if name != "controlled_moments" else (1, 1))
-      for name in ("controlled_moments",
-                   "measure_loss", "measure_flow")],
-    Known("cloud_w2_to_gaussian", ("posinf", "neginf", "nan"), ("vmap", "jit"),
-          "control.cloud_w2_to_gaussian(x, m1, S1) with m1[1] = inf under vmap returns a "
-          "non-finite W2 with status successful", size=(8, 3), targets=("m1",)),
     Known("solve_density", ("posinf", "neginf", "nan"), ("vmap",),
           "pde.solve_density under vmap over [rho, rho with an inf cell]: the valid lane "
           "differs from its unbatched solve by 1e-6 relative (rtol 1e-8): the faulted lane "
           "perturbs the valid one", targets=("rho",)),
-    *[Known(name, ("empty",), ("jit", "concrete"),
-            f"control.{name} with an x0 of no point raises 'interaction needs at least one "
-            "key: y has 0 rows', which names no parameter of its own")
-      for name in ("transfer_particles", "transformer_layers")],
     Known("bures_w2_squared", ("negative", "subnormal"), _TRACED,
           "bures_w2_squared under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
           "symmetric) returns a finite number, not NaN; concrete, it is a ValueError naming "

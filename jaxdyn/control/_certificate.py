@@ -225,6 +225,10 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
         rtol: the verification solve's relative tolerance (default 1e-11 in float64).
         atol: its absolute tolerance (default 1e-13 in float64).
 
+    Dtypes: S0 float32 or float64 (the certificate's dtype; an integer S0 is refused by name);
+    m0, m1, S1 float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and
+    complex are refused (a TypeError naming the parameter).
+
     Returns:
         :class:`Certificate`.
 

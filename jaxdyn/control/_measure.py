@@ -43,7 +43,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
-from .._checks import check_bounds, check_integer, is_traced, nan_where, scalar_domain
+from .._checks import check_bounds, check_dtype, check_integer, is_traced, nan_where, scalar_domain
 from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
@@ -250,9 +250,10 @@ def _check_cloud(name, x, model, d=None):
     """
     from ..simulation._simulate import unit_tolerance
 
+    check_dtype(name, x, half=True)
     shape = tuple(np.shape(x))
-    if len(shape) != 2 or shape[0] < 1 or (d is not None and shape[1] != d):
-        want = "(N, d)" if d is None else f"(N, {d})"
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1 or (d is not None and shape[1] != d):
+        want = "(N, d), N, d >= 1," if d is None else f"(N, {d}), N >= 1,"
         raise ValueError(f"{name} must have shape {want}, got {shape}")
     if is_traced(x):
         return
@@ -308,7 +309,9 @@ def _positive_flag(v, strict=True):
     return jnp.isfinite(v) & ((v > 0) if strict else (v >= 0))
 
 
-def _float(x):
+def _float(x, name="x0"):
+    """``x`` by the dtype rule (complex refused by name; integers in JAX's default float)."""
+    check_dtype(name, x, half=True)
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 
@@ -341,6 +344,9 @@ def measure_flow(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclid
         method: a fixed-step scheme of :data:`jaxdyn.integrators.INTEGRATORS`.
         q_block: attention query rows per tile, an integer >= 1.
         k_block: attention keys per tile, an integer >= 1.
+
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to JAX's default
+    float; complex is refused (a TypeError naming the cloud).
 
     Returns:
         (L + 1, N, d): the cloud at ``t = l h``, ``l = 0, …, L``.
@@ -562,7 +568,8 @@ def measure_loss(controls: Mapping, x0, target, *, t1: float = 1.0, model: str =
     1e6 keeps the digits); where they are not representable the loss is inf or NaN.
 
     Dtypes: float32 and float64 ``x0`` are computed in their dtype; float16 and bfloat16 in
-    float32 with a ``UserWarning`` (the loss is float32).
+    float32 with a ``UserWarning`` (the loss is float32); integers are converted to JAX's
+    default float; complex is refused (a TypeError naming ``x0`` or ``target``).
 
     Args:
         controls: ``{name: (L, ...) array}`` (missing weights: :func:`default_controls`).
@@ -1323,6 +1330,9 @@ def replay(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclidean",
         method: any method of :func:`jaxdyn.simulate`.
         kernel: the models' attention kernel.
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to JAX's default
+    float; complex is refused (a TypeError naming the cloud).
+
     Returns:
         (L + 1, N, d): the cloud at the layers' ends.
 
@@ -1344,6 +1354,7 @@ def replay(controls: Mapping, x0, *, t1: float = 1.0, model: str = "euclidean",
         raise ValueError(f"steps_per_layer must be an integer >= 1, got {steps_per_layer!r}")
     models = layer_models(controls, model=model, kernel=kernel)
     h = float(t1) / len(models)
+    check_dtype("x0", x0, half=True, fn="replay")
     x = jnp.asarray(x0, models[0].V.dtype)
     xs = [x]
     for l, mdl in enumerate(models):

@@ -56,8 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import (check_bounds, check_finite, check_integer, check_square, nan_where,
-                       scalar_domain)
+from .._checks import (check_bounds, check_dtype, check_finite, check_host, check_integer,
+                       check_square, nan_where, scalar_domain)
 from ..gaussian._solve import Control, check_covariance, solve_moments
 
 
@@ -125,12 +125,26 @@ def numerical_rank(S, rank_rtol: Optional[float] = None):
         ``(rank, eigenvalues, eigenvectors)``, the eigenvalues descending (NumPy).
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses S not a finite (d, d)
-    matrix, or a ``rank_rtol`` that is not a finite number >= 0.
+    matrix with d >= 1, or a ``rank_rtol`` that is not a finite number >= 0; a TypeError a
+    traced S (host-only).
+
+    Dtypes: float32 or float64, float16 or bfloat16, integers (computed in float64 on the
+    host); complex is refused (a TypeError naming ``S``).
+
+    Raises:
+        ValueError: ``S`` of dimension d = 0.
     """
+    check_host("numerical_rank", S=S)
+    check_dtype("S", S, half=True, fn="numerical_rank")
     check_square("S", S)
+    if np.shape(S)[0] < 1:
+        raise ValueError(f"numerical_rank: S must be a (d, d) matrix with d >= 1, got shape "
+                         f"{np.shape(S)}")
     check_finite("S", S)
     check_bounds("rank_rtol", rank_rtol, low=0)
     S = np.asarray(S)
+    if S.dtype.kind == "V":  # (bfloat16: NumPy reads it through float32)
+        S = S.astype(np.float32)
     dtype = S.dtype if np.issubdtype(S.dtype, np.floating) else np.float64
     rt = _default_rank_rtol(dtype) if rank_rtol is None else float(rank_rtol)
     w, u = np.linalg.eigh(0.5 * (S + S.T).astype(np.float64))
@@ -186,6 +200,8 @@ def random_target(seed: int, d: int, *, mean_scale: float = 1.0, eig_range=(0.25
 
 
 def _check_problem(m0, S0, m1, S1):
+    for name, a in (("m0", m0), ("S0", S0), ("m1", m1), ("S1", S1)):
+        check_dtype(name, a)  # (before the casts below, which would drop an imaginary part)
     S0 = check_covariance(jnp.asarray(S0), "S0")
     dtype = S0.dtype
     d = S0.shape[0]
@@ -251,6 +267,10 @@ def controlled_moments(controls: Mapping, m0, S0, *, t1, saveat=None, rtol=None,
         atol: absolute tolerance (default above).
         solver: a diffrax solver (default ``Dopri8()``).
         max_steps: the step budget.
+
+    Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name); m0
+    float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and complex are
+    refused (a TypeError naming the parameter).
 
     Returns:
         :class:`jaxdyn.gaussian.MomentSolution`.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._checks import check_finite, nan_where, scalar_domain
+from .._checks import check_dtype, check_finite, nan_where, scalar_domain
 from .._results import RESULTS, Solution, from_codes, status_code
 from ..distances import bures_w2_squared, w2_exact
 from ..gaussian._particles import gaussian_cloud
@@ -110,6 +110,9 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
         steps_per_piece: fixed steps in each piece.
         method: ``"rk4"`` or ``"euler"``.
 
+    Dtypes: ``x0`` float32 or float64, as the controls; integers are converted to the
+    controls' dtype; float16, bfloat16 and complex are refused (a TypeError naming ``x0``).
+
     Returns:
         (n_pieces + 1, N, d): the cloud at ``t = k t1 / n_pieces``.
 
@@ -121,9 +124,9 @@ def transfer_particles(model, x0, *, t1, steps_per_piece: int = 16, method: str 
         model = ControlledEuclideanAttention.from_controls(model)
     if method not in ("rk4", "euler"):
         raise ValueError(f"method must be 'rk4' or 'euler', got {method!r}")
-    x0 = jnp.asarray(x0)
-    if x0.ndim != 2 or x0.shape[1] != model.dim:
-        raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
+    x0 = _cloud(x0, model, "transfer_particles")
+    if x0.ndim != 2 or x0.shape[1] != model.dim or x0.shape[0] < 1:
+        raise ValueError(f"x0 must have shape (N, {model.dim}) with N >= 1, got {x0.shape}")
     if int(steps_per_piece) < 1:
         raise ValueError(f"steps_per_piece must be >= 1, got {steps_per_piece}")
     err, bad, t1 = _time(t1)
@@ -158,6 +161,9 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
         t1: the horizon, finite and > 0. A traced value outside the domain gives NaN.
         n_layers: L.
 
+    Dtypes: ``x0`` float32 or float64, as the controls; integers are converted to the
+    controls' dtype; float16, bfloat16 and complex are refused (a TypeError naming ``x0``).
+
     Returns:
         (N, d) the cloud after the last layer.
 
@@ -169,13 +175,24 @@ def transformer_layers(model, x0, *, t1, n_layers: int):
         model = ControlledEuclideanAttention.from_controls(model)
     if int(n_layers) < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    x0 = jnp.asarray(x0)
-    if x0.ndim != 2 or x0.shape[1] != model.dim:
-        raise ValueError(f"x0 must have shape (N, {model.dim}), got {x0.shape}")
+    x0 = _cloud(x0, model, "transformer_layers")
+    if x0.ndim != 2 or x0.shape[1] != model.dim or x0.shape[0] < 1:
+        raise ValueError(f"x0 must have shape (N, {model.dim}) with N >= 1, got {x0.shape}")
     err, bad, t1 = _time(t1)
     if err:
         raise ValueError(err)
     return nan_where(bad, _layers(model, x0, t1, int(n_layers)))
+
+
+def _cloud(x0, model, fn):
+    """``x0`` by the dtype rule: float32/float64 as given, integers in the controls' dtype."""
+    check_dtype("x0", x0, fn=fn)
+    x0 = jnp.asarray(x0)
+    if jnp.issubdtype(x0.dtype, jnp.inexact):
+        return x0
+    dts = [a.dtype for a in jax.tree.leaves(model)
+           if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.inexact)]
+    return x0.astype(jnp.result_type(*dts) if dts else jnp.result_type(float))
 
 
 def _time(t1):
@@ -249,22 +266,33 @@ def cloud_w2_to_gaussian(x, m1, S1, *, seed: int = 0, exact: bool = True,
         exact: compute ``exact`` and ``floor`` (when ``N ≤ exact_max``).
         exact_max: the largest N for the exact assignment (O(N³)).
 
+    Dtypes: float32 or float64, float16 or bfloat16 (computed in at least JAX's default
+    float); integers are converted to it; complex is refused (a TypeError naming the
+    parameter).
+
     Returns:
         :class:`CloudW2`.
 
     Raises:
-        ValueError: ``x`` is not (N, d), a concrete target ``m1`` or ``S1`` that is not
-            finite, or ``exact=True`` with traced inputs. (A cloud that holds NaN or inf, one
-            whose dynamics diverged, gives NaN and the status ``nonfinite``.)
+        ValueError: ``x`` is not (N, d) with N >= 1, ``m1`` not (d,) with d >= 1 or ``S1``
+            not (d, d), a concrete target ``m1`` or ``S1`` that is not finite, or
+            ``exact=True`` with traced inputs. (A cloud that holds NaN or inf, one whose
+            dynamics diverged, or a traced target that does, gives NaN and the status
+            ``nonfinite``.)
     """
+    for name, a in (("x", x), ("m1", m1), ("S1", S1)):
+        check_dtype(name, a, half=True, fn="cloud_w2_to_gaussian")
     check_finite("m1", m1)
     check_finite("S1", S1)
     traced = any(isinstance(a, jax.core.Tracer) for a in (x, m1, S1))
     x = jnp.asarray(x)
     dtype = jnp.promote_types(x.dtype, jnp.result_type(float))  # float64 under x64
     m1, S1, x = jnp.asarray(m1, dtype), jnp.asarray(S1, dtype), x.astype(dtype)
-    if x.ndim != 2 or x.shape[1] != m1.shape[0]:
-        raise ValueError(f"x must have shape (N, {m1.shape[0]}), got {x.shape}")
+    if m1.ndim != 1 or m1.shape[0] < 1 or S1.shape != (m1.shape[0],) * 2:
+        raise ValueError(f"m1 must have shape (d,) with d >= 1 and S1 shape (d, d), got "
+                         f"{m1.shape} and {S1.shape}")
+    if x.ndim != 2 or x.shape[1] != m1.shape[0] or x.shape[0] < 1:
+        raise ValueError(f"x must have shape (N, {m1.shape[0]}) with N >= 1, got {x.shape}")
     n = x.shape[0]
     run_exact = exact and n <= exact_max
     if traced and run_exact:
@@ -290,6 +318,6 @@ def _cloud_bures(x, m1, S1):
     xbar = jnp.mean(x, axis=0)
     dx = x - xbar
     C = dx.T @ dx / x.shape[0]
-    finite = jnp.all(jnp.isfinite(x))
+    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(m1)) & jnp.all(jnp.isfinite(S1))
     status = jnp.where(finite, status_code("successful"), status_code("nonfinite"))
     return jnp.sqrt(bures_w2_squared(xbar, C, m1, S1)), finite, from_codes(status)
