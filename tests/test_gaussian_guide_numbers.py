@@ -124,3 +124,28 @@ def test_seed_errors_and_slopes_read_each_seed():
     np.testing.assert_allclose(errs[:, 1, 1], 2.0 / np.sqrt(ns))
     assert S.seed_slopes(got_ns, errs[:, :, 1]) == pytest.approx([-0.5] * 3)
     assert S.seed_slopes(got_ns, errs[:, :, 0]) == [None] * 3  # no usable point
+
+
+def test_relu_first_order_skips_covariances_that_are_not_psd():
+    """Σ + tΔΣ̇ leaves the PSD cone inside the first quarter of [0, t1]: NaN there, no refusal."""
+    from pathlib import Path
+
+    import yaml
+
+    from jaxdyn.experiments import resolve_config
+    from jaxdyn.experiments.gaussian.schema import parameters
+
+    cfg = resolve_config(yaml.safe_load(
+        (Path(__file__).parents[1] / "configs" / "gaussian_stable.yaml").read_text()))
+    p = parameters(cfg)
+    ts = np.linspace(0.0, 12.0, 121)
+    ds = xr.Dataset({"mean_closure": (("t", "i"), np.tile(p["m0"], (ts.size, 1))),
+                     "cov_closure": (("t", "i", "j"), np.tile(p["S0"], (ts.size, 1, 1)))},
+                    coords={"t": ts})
+    w, (_, dS) = S.relu_first_order(cfg, ds)
+    S1 = p["S0"] + ts[:, None, None] * dS
+    psd = np.linalg.eigvalsh(S1)[:, 0] >= 0
+    early = ts <= 3.0
+    assert (early & ~psd).any()  # the case that used to be refused
+    assert np.all(np.isfinite(w[early & psd])) and w[0] == pytest.approx(0.0, abs=1e-12)
+    assert np.all(np.isnan(w[~(early & psd)]))

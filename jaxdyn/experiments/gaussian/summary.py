@@ -278,11 +278,15 @@ def relu_first_order(cfg, ds):
     mc = np.asarray(ds["mean_closure"].values).reshape(-1, ts.size, cfg["d"])[0]
     Cc = np.asarray(ds["cov_closure"].values).reshape(-1, ts.size, cfg["d"], cfg["d"])[0]
     S1 = Cc + ts[:, None, None] * (dS_r - dS_i)
-    w = bures_distance(mc + ts[:, None] * (dm_r - dm_i), S1, mc, Cc)
     with np.errstate(invalid="ignore"):
         psd = np.all(np.linalg.eigvalsh(np.nan_to_num(S1)) >= 0, axis=-1)
     # a first-order statement: kept on the first quarter of [0, t1] while Σ + tΔΣ̇ is PSD
-    w = np.where(psd & (ts <= 0.25 * ts[-1]), w, np.nan)
+    # (bures_distance refuses a covariance that is not PSD, so the others are never passed)
+    keep = psd & (ts <= 0.25 * ts[-1]) & np.all(np.isfinite(S1), axis=(-2, -1))
+    w = np.full(ts.size, np.nan)
+    if keep.any():
+        w[keep] = bures_distance(mc[keep] + ts[keep, None] * (dm_r - dm_i), S1[keep],
+                                 mc[keep], Cc[keep])
     return w, (dm_r - dm_i, dS_r - dS_i)
 
 
