@@ -72,8 +72,9 @@ def test_count_all_configs_and_their_warnings():
 
 
 def test_predicted_mode_on_the_circle_past_the_bessel_range():
-    """k*, λ* on S¹: the Bessel rates up to β = 10⁹; past ≈ 2·10⁹ (SciPy's scaled Bessel
-    functions give NaN) the large-β form λ_k = (k²/β) e^{−k²/(2β)}, its maximum 2/e at √(2β)."""
+    """k*, λ* on S¹ from the Bessel rates, below and past β ≈ 2·10⁹ (where SciPy's scaled
+    Bessel functions give NaN and jaxdyn.pde takes their ratios' continued fraction): the
+    large-β limits √(2β) and 2/e (the maximum of (k²/β) e^{−k²/(2β)})."""
     import math
 
     from jaxdyn import pde

@@ -554,3 +554,23 @@ def test_traced_weights_and_modes():
     assert np.all(np.isfinite(np.asarray(g)))
     amps = jax.jit(jax.vmap(lambda k: pde.mode_amplitude(rho, k)))(jnp.arange(1, 4))
     np.testing.assert_allclose(np.asarray(amps), [complex(pde.mode_amplitude(rho, k)) for k in (1, 2, 3)])
+
+
+def test_rates_past_scipys_bessel_range():
+    """Past β ≈ 2·10⁹ SciPy's ``ive`` is NaN: the rates come from the Bessel ratios' continued
+    fraction, which equals SciPy's where both exist (β = 10⁴, 10⁹: 1e-10 relative), and k* and
+    λ* meet their large-β limits √(2β) and 2/e (k²/β · e^{−k²/(2β)} at its maximum)."""
+    from scipy.special import ive
+
+    from jaxdyn.pde._theory import _bessel_ratios
+
+    for beta in (1e4, 1e9):
+        ks = np.array([0, 1, 7, int(np.sqrt(2 * beta)), int(4 * np.sqrt(2 * beta))])
+        np.testing.assert_allclose(_bessel_ratios(beta, ks), ive(ks, beta) / ive(0, beta),
+                                   rtol=1e-10)
+    beta = 4e9
+    k = pde.most_unstable_mode(beta)
+    assert abs(k - np.sqrt(2 * beta)) <= 1, k
+    lam = pde.linear_rates(beta, [k - 1, k, k + 1])
+    assert np.all(np.isfinite(lam)) and lam[1] >= max(lam[0], lam[2])
+    assert lam[1] == pytest.approx(2 / np.e, rel=1e-4)

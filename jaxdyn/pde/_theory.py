@@ -47,10 +47,35 @@ def linear_rates(beta, ks, sigma=0.0, normalization="softmax"):
     if not np.all(np.isfinite(ks)):
         raise ValueError(f"ks (the modes) must be finite, got {ks}")
     if normalization == "softmax":
-        core = ks ** 2 / beta * ive(ks, beta) / ive(0, beta)
+        ratio = ive(ks, beta) / ive(0, beta)
+        if not np.all(np.isfinite(ratio)) and np.all(ks == np.round(ks)) and np.all(ks >= 0):
+            ratio = _bessel_ratios(float(beta), ks)  # past SciPy's range (β ≳ 2·10⁹)
+        core = ks ** 2 / beta * ratio
     else:
         core = ks ** 2 / beta * ive(ks, beta) * np.exp(beta)
     return core - sigma ** 2 * ks ** 2 / 2
+
+
+def _bessel_ratios(beta: float, ks) -> np.ndarray:
+    """I_k(β)/I_0(β) for integer k ≥ 0 at any β > 0 (NumPy, on the host).
+
+    The product of the ratios ρ_j = I_j/I_{j−1} = β/(2j + β ρ_{j+1}), the continued fraction
+    run backwards from ρ_{L+1} = 0 with L = 2 max(k) + 30 + 10√β (ρ_j stays near 1 up to j ~ √β,
+    so the start must lie well past it): SciPy's ``ive`` returns NaN for β past the 32-bit range
+    of its arguments.
+
+    Returns:
+        float64 array of the shape of ``ks``.
+    """
+    ks = np.asarray(ks).astype(np.int64)
+    top = int(ks.max(initial=0))
+    log_rho = np.zeros(top + 1)
+    rho = 0.0
+    for j in range(2 * top + 30 + int(10 * np.sqrt(beta)), 0, -1):
+        rho = beta / (2 * j + beta * rho)
+        if j <= top:
+            log_rho[j] = np.log(rho)
+    return np.exp(np.cumsum(log_rho))[ks]
 
 
 def most_unstable_mode(beta, k_max=None, sigma=0.0):

@@ -56,22 +56,12 @@ def phase_point(pc):
 def predicted_mode(beta, d):
     """The most unstable mode of the uniform density (k* on S¹, l* on S²) and its growth rate.
 
-    On S¹ past β ≈ 2·10⁹, where SciPy's scaled Bessel functions return NaN, the rates are their
-    large-β form λ_k = (k²/β) e^{−k²/(2β)} (relative error O(1/β) at k ~ √(2β)): k* is the
-    better of the two integers around √(2β), λ* ≈ 2/e (docs/math.md §I.4).
-
     Returns:
       ``(mode, rate)``: k* or l* (int) and λ* (float).
     """
     if d == 2:
         k = pde.most_unstable_mode(beta)
-        rate = float(pde.linear_rates(beta, [k])[0])
-        if math.isfinite(rate):
-            return k, rate
-        ks = np.floor(math.sqrt(2 * beta)) + np.array([0.0, 1.0])
-        rates = ks ** 2 / beta * np.exp(-ks ** 2 / (2 * beta))
-        i = int(np.argmax(rates))
-        return int(ks[i]), float(rates[i])
+        return k, float(pde.linear_rates(beta, [k])[0])
     ls = np.arange(1, int(10 + 4 * math.sqrt(2 * beta)) + 1)
     rates = pde.sphere_rates(beta, ls)
     i = int(np.argmax(rates))
