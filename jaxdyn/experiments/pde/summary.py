@@ -27,6 +27,13 @@ def _f(x):
     return None if not np.isfinite(x) else x
 
 
+def _sems(d, name, j):
+    """Column ``j`` of a (n, t_compare) standard-error variable (None where one seed gave no spread)."""
+    if name not in d:
+        return None
+    return [_f(v) for v in np.asarray(d[name].values)[:, j]]
+
+
 def _slope(ns, w):
     return round(float(np.polyfit(np.log(ns), np.log(w), 1)[0]), 3)
 
@@ -49,6 +56,8 @@ def _summarize_s2(cfg, ds):
             dp = np.asarray(d["w2_particles"].values)[:, j]
             dd = np.asarray(d["w2_null"].values)[:, j]
             per_t[f"t={t:g}"] = {"w2_particles": [float(v) for v in dp], "w2_null": [float(v) for v in dd],
+                                 "w2_particles_sem": _sems(d, "w2_particles_sem", j),
+                                 "w2_null_sem": _sems(d, "w2_null_sem", j),
                                  "ratio": [round(float(a / b), 3) for a, b in zip(dp, dd)],
                                  "excess": [float(np.sqrt(max(a * a - b * b, 0.0))) for a, b in zip(dp, dd)],
                                  "slope_particles": _slope(ns, dp), "slope_null": _slope(ns, dd)}
@@ -145,7 +154,7 @@ def _particle_fits(cfg, ds):
         for j, t in enumerate(np.asarray(ds["t_compare"].values)):
             slope, icpt = np.polyfit(np.log(ns), np.log(w[:, j]), 1)
             per_t[f"t={t:g}"] = {"slope": round(float(slope), 3), "prefactor": round(float(np.exp(icpt)), 3),
-                                 "w1": [float(v) for v in w[:, j]],
+                                 "w1": [float(v) for v in w[:, j]], "w1_sem": _sems(d, "w1_sem", j),
                                  "density_grid_w1_error": float(d["density_w1_grid_error"].values[j])}
         ps = np.asarray(d["particle_step_seconds"].values)
         power = 1 if cfg["particles"]["kernel"] == "fourier" else 2
@@ -186,3 +195,453 @@ def summarize(cfg, ds):
     if "w1" in ds:
         out["particles"] = _particle_fits(cfg, ds)
     return out
+
+
+# ---------------------------------------------------------------- the guide's numbers
+# (jaxdyn.experiments.guide_numbers: a result file {"kind": "pde", "meta", "results"})
+
+
+def _config(res) -> dict:
+    """The run's resolved config (the YAML text its result file records)."""
+    from ...config import parse_yaml
+
+    return parse_yaml(res["meta"]["config"], "the result file's config")
+
+
+def _by_beta(res) -> dict:
+    """β → the points of that β (one per seed), in seed order."""
+    out = {}
+    for r in sorted(res["results"]["points"], key=lambda r: (r.get("beta", 0.0), r.get("seed", 0.0))):
+        out.setdefault(r.get("beta"), []).append(r)
+    return out
+
+
+def _seeds(points) -> int:
+    return len(points)
+
+
+def _of(ok) -> str:
+    return f"{sum(ok)} of {len(ok)}"
+
+
+def _counts_seen(values) -> str:
+    """Integer readings over the seeds: "6" when all agree, else "9 (×1), 10 (×4)"."""
+    vals = [v for v in values if v is not None]
+    kinds = sorted(set(vals))
+    if len(kinds) == 1 and len(vals) == len(values):
+        return str(kinds[0])
+    text = ", ".join(f"{k} (×{vals.count(k)})" for k in kinds)
+    return text + (f", none (×{len(values) - len(vals)})" if len(vals) < len(values) else "")
+
+
+def _beta(b) -> str:
+    return f"{b:g}"
+
+
+def guide_run(res) -> str:
+    """The run's cost: CPU seconds where measured, wall seconds, the machine."""
+    from ..guide_numbers import _machine_words
+
+    meta = res["meta"]
+    cpu, wall = meta.get("cpu_seconds"), meta.get("wall_seconds")
+    parts = [f"{cpu:.0f} CPU-s"] if cpu is not None else []
+    if wall is not None:
+        parts.append(f"{wall:.0f} s wall")
+    return f"{', '.join(parts)} on {_machine_words(meta)}"
+
+
+def guide_growth_abs(res) -> str:
+    """The largest absolute error of the solver's linear rates against λ_k, over every point."""
+    from ..guide_numbers import num
+
+    return num(max(r["growth_rate_max_abs_error"] for r in res["results"]["points"]), 2)
+
+
+def guide_growth_rel_beta10(res) -> str:
+    """The largest relative error of the rates at β ≥ 10 (modes above rounding)."""
+    from ..guide_numbers import num
+
+    return num(max(r["growth_rate_max_rel_error"] for r in res["results"]["points"]
+                   if r["beta"] >= 10), 2)
+
+
+def guide_growth_k(res) -> str:
+    """The modes whose rates were measured, k = 1..K."""
+    return f"k = 1..{_config(res)['growth_k']}"
+
+
+def guide_first_count(res) -> str:
+    """How often the first count is k*, over every (β, seed) of the run."""
+    pts = res["results"]["points"]
+    return _of([r["first_cluster_count"] == r["k_star"] for r in pts]) + " runs"
+
+
+def guide_first_exceptions(res) -> str:
+    """The runs whose first count is not k*, with their count."""
+    bad = [r for r in res["results"]["points"] if r["first_cluster_count"] != r["k_star"]]
+    if not bad:
+        return "no exception"
+    return "; ".join(f"β = {_beta(r['beta'])}, seed {r['seed']:.0f}: {r['first_cluster_count']} "
+                     f"instead of {r['k_star']}" for r in bad)
+
+
+def guide_solver_mode(res) -> str:
+    """How often the solver's dominant mode (when it reaches the threshold) is k*."""
+    return _of([r["first_mode"] == r["k_star"] for r in res["results"]["points"]])
+
+
+def guide_sweep(res) -> str:
+    """β values × seeds of the run, and k* per β."""
+    by = _by_beta(res)
+    n = {len(v) for v in by.values()}
+    return (f"β ∈ {{{', '.join(_beta(b) for b in by)}}} × {'/'.join(str(k) for k in sorted(n))} "
+            f"seeds; k* = {', '.join(str(v[0]['k_star']) for v in by.values())}")
+
+
+def guide_first_time_range(res) -> str:
+    """The first-cluster times, smallest to largest, over every run."""
+    from ..guide_numbers import num
+
+    ts = [r["first_cluster_time"] for r in res["results"]["points"] if r["first_cluster_time"] is not None]
+    return f"{num(min(ts), 2)}–{num(max(ts), 2)}"
+
+
+def guide_clusters_table(res) -> str:
+    """Per β: k*, the solver's first counts and times, its dominant mode and time, over the seeds."""
+    from ..guide_numbers import spread
+
+    out = ["| β | k\\* | seeds | first count | first-cluster time | dominant mode | its time |",
+           "|---|---|---|---|---|---|---|"]
+    for b, pts in _by_beta(res).items():
+        out.append(f"| {_beta(b)} | {pts[0]['k_star']} | {_seeds(pts)} | "
+                   f"{_counts_seen([r['first_cluster_count'] for r in pts])} | "
+                   f"{spread([r['first_cluster_time'] for r in pts], 3)} | "
+                   f"{_counts_seen([r['first_mode'] for r in pts])} | "
+                   f"{spread([r['first_mode_time'] for r in pts], 3)} |")
+    return "\n".join(out)
+
+
+def guide_merges(res) -> str:
+    """The drops of the cluster count after the first clusters, by run, or none by t1."""
+    from ..guide_numbers import num
+
+    t1 = _config(res)["t1"]
+    hit = [r for r in res["results"]["points"] if r["first_merge_time"] is not None]
+    if not hit:
+        return f"no merge happens by t = {t1:g} in any of its {len(res['results']['points'])} runs"
+    return (f"{len(hit)} of its {len(res['results']['points'])} runs drop a cluster by t = {t1:g} ("
+            + ", ".join(f"β = {_beta(r['beta'])} seed {r['seed']:.0f} at t = {num(r['first_merge_time'], 2)}"
+                        for r in hit) + ")")
+
+
+def guide_merges_table(res) -> str:
+    """Per β (with noise): k*, the first counts, the first merge's time over the seeds."""
+    from ..guide_numbers import spread
+
+    t1 = _config(res)["t1"]
+    out = ["| β | k\\* | seeds | first count | first-cluster time | runs with a merge by "
+           f"t = {t1:g} | first merge time | count at t = {t1:g} |", "|---|---|---|---|---|---|---|---|"]
+    for b, pts in _by_beta(res).items():
+        merged = [r["first_merge_time"] for r in pts if r["first_merge_time"] is not None]
+        out.append(f"| {_beta(b)} | {pts[0]['k_star']} | {_seeds(pts)} | "
+                   f"{_counts_seen([r['first_cluster_count'] for r in pts])} | "
+                   f"{spread([r['first_cluster_time'] for r in pts], 3)} | {len(merged)} of {len(pts)} | "
+                   f"{spread(merged, 3) if merged else '—'} | "
+                   f"{_counts_seen([r['final_cluster_count'] for r in pts])} |")
+    return "\n".join(out)
+
+
+def guide_mass(res) -> str:
+    """The largest mass error over the run."""
+    from ..guide_numbers import num
+
+    return num(res["results"]["max_mass_error"], 2)
+
+
+def guide_min_rho(res) -> str:
+    """The smallest cell average over the run (≥ 0 is the claim)."""
+    from ..guide_numbers import num
+
+    return num(res["results"]["min_rho"], 2)
+
+
+def _particle_runs(res, start):
+    """(point, particle entry) of the runs where the particles ran from ``start``."""
+    return [(r, r["particles"][start]) for r in res["results"]["points"]
+            if r.get("particles", {}).get(start, {}).get("seconds") is not None]
+
+
+def guide_particles_table(res) -> str:
+    """Per β: the solver's first clusters and the particles' (quantile and iid starts) over the seeds."""
+    from ..guide_numbers import spread
+
+    out = ["| β | k\\* | seeds | solver: first count | solver: first-cluster time | quantile: count, "
+           "time, mode equal to the solver's | iid: first count | iid: first-cluster time | "
+           "iid: dominant mode |", "|---|---|---|---|---|---|---|---|---|"]
+    for b, pts in _by_beta(res).items():
+        ran = [r for r in pts if r.get("particles", {}).get("quantile", {}).get("seconds") is not None]
+        if not ran:
+            continue
+        q = [r["particles"]["quantile"] for r in ran]
+        i = [r["particles"]["iid"] for r in ran if r["particles"].get("iid", {}).get("seconds") is not None]
+        same = [p["first_cluster_count"] == r["first_cluster_count"] and p["first_mode"] == r["first_mode"]
+                and p["first_cluster_time"] == r["first_cluster_time"] for r, p in zip(ran, q)]
+        out.append(f"| {_beta(b)} | {ran[0]['k_star']} | {len(ran)} | "
+                   f"{_counts_seen([r['first_cluster_count'] for r in ran])} | "
+                   f"{spread([r['first_cluster_time'] for r in ran], 3)} | {_of(same)} | "
+                   f"{_counts_seen([p['first_cluster_count'] for p in i])} | "
+                   f"{spread([p['first_cluster_time'] for p in i], 3)} | "
+                   f"{_counts_seen([p['first_mode'] for p in i])} |")
+    return "\n".join(out)
+
+
+def guide_quantile_agreement(res) -> str:
+    """How often the quantile-start particles give the solver's count, mode and time."""
+    ran = _particle_runs(res, "quantile")
+    return _of([p["first_cluster_count"] == r["first_cluster_count"] and p["first_mode"] == r["first_mode"]
+                and p["first_cluster_time"] == r["first_cluster_time"] for r, p in ran])
+
+
+def guide_iid_count(res) -> str:
+    """How often the iid-start particles' first count is k*."""
+    return _of([p["first_cluster_count"] == r["k_star"] for r, p in _particle_runs(res, "iid")])
+
+
+def guide_iid_mode(res) -> str:
+    """How often the iid-start particles' dominant mode is k*."""
+    return _of([p["first_mode"] == r["k_star"] for r, p in _particle_runs(res, "iid")])
+
+
+def guide_particle_n(res) -> str:
+    """N of the cluster runs' particles."""
+    n = int(_config(res)["particles"]["cluster_n"])
+    e = int(round(np.log10(n)))
+    return f"N = 10{_sup(e)}" if 10 ** e == n else f"N = {n}"
+
+
+_SUP = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _sup(e) -> str:
+    return str(e).translate(_SUP)
+
+
+def _ten(n) -> str:
+    """10² for 100, else the integer."""
+    e = int(round(np.log10(n)))
+    return f"10{_sup(e)}" if 10 ** e == n else f"{n}"
+
+
+def slope_standard_error(ns, values, sems):
+    """The least-squares slope of log ``values`` against log N, and its standard error.
+
+    The error propagates each N's standard error of the mean (independent seeds at each N)
+    through the unweighted fit: the slope is Σ c_i log v_i with c_i = (x_i − x̄)/Σ(x_j − x̄)²,
+    so its variance is Σ c_i² (sem_i/v_i)².
+
+    Args:
+      ns: the N.
+      values: the means.
+      sems: their standard errors (None where unknown).
+
+    Returns:
+      (slope, standard error or None).
+    """
+    x = np.log(np.asarray(ns, float))
+    y = np.log(np.asarray(values, float))
+    c = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    slope = float(np.sum(c * y))
+    if sems is None or any(s is None for s in sems):
+        return slope, None
+    rel = np.asarray(sems, float) / np.asarray(values, float)
+    return slope, float(np.sqrt(np.sum(c ** 2 * rel ** 2)))
+
+
+def _mean_sem(x, err, digits=3) -> str:
+    from ..guide_numbers import _pm, num
+
+    return num(x, digits) if err is None or not err else _pm(x, err)
+
+
+def _fit(res):
+    return res["results"]["particles"][0]
+
+
+def guide_w1_table(res) -> str:
+    """Per compared time: W1(particles, ρ) at N = 10², 10³, …, the fitted slope, the grid's own error."""
+    from ..guide_numbers import num
+
+    fit = _fit(res)
+    ns = fit["n"]
+    show = [i for i, n in enumerate(ns) if 10 ** int(round(np.log10(n))) == n]
+    m = _config(res)["m"]
+    out = [f"| t | W1 at N = {', '.join(_ten(ns[i]) for i in show)} (mean ± standard error) | fitted slope "
+           f"({len(ns)} N) ± standard error | the density's own W1 error (M = {m} against {4 * m}) |",
+           "|---|---|---|---|"]
+    for key, e in fit["per_time"].items():
+        slope, se = slope_standard_error(ns, e["w1"], e.get("w1_sem"))
+        sems = e.get("w1_sem") or [None] * len(ns)
+        out.append(f"| {key[2:]} | {', '.join(_mean_sem(e['w1'][i], sems[i]) for i in show)} | "
+                   f"{_mean_sem(slope, se) if se else num(slope, 3)} | {num(e['density_grid_w1_error'], 2)} |")
+    return "\n".join(out)
+
+
+def guide_w1_slope_dev(res) -> str:
+    """The largest distance of a fitted slope from −1/2."""
+    from ..guide_numbers import num
+
+    return num(max(abs(e["slope"] + 0.5) for e in _fit(res)["per_time"].values()), 1)
+
+
+def guide_w1_repeats(res) -> str:
+    """Seeds per N."""
+    cfg = _config(res)["particles"]
+    reps = cfg["repeats"] * len(cfg["n"]) if len(cfg["repeats"]) == 1 else cfg["repeats"]
+    return (", ".join(str(r) for r in reps) + " seeds for N = "
+            + ", ".join(_ten(n) for n in cfg["n"]))
+
+
+def _step_at(fit, n):
+    return fit["particle_step_seconds"][fit["n"].index(n)]
+
+
+def _sig(x, digits=2) -> str:
+    """``x`` to ``digits`` significant digits, as m·10ᵉ from 1000 on (num below)."""
+    from ..guide_numbers import num
+
+    if abs(x) < 1000:
+        return num(x, digits)
+    m, e = f"{x:.{digits - 1}e}".split("e")
+    return f"{m}·10{_sup(int(e))}"
+
+
+def _ms(s) -> str:
+    from ..guide_numbers import num
+
+    return f"{num(s * 1e3, 2)} ms" if s < 1 else f"{num(s, 2)} s"
+
+
+def guide_fourier_run(res) -> str:
+    """The Fourier field's run at the largest N: steps × the timed step."""
+    fit = _fit(res)
+    cfg = _config(res)
+    n = max(fit["n"])
+    steps = int(round(max(cfg["particles"]["times"]) / cfg["particles"]["dt"]))
+    s = _step_at(fit, n)
+    return f"about {steps * s:.0f} s ({steps} RK4 steps of {_ms(s)} at N = {_ten(n)}, timed in the run)"
+
+
+def guide_speed(res) -> str:
+    """The N at which the particles match the grid's own error, and the steps' cost, timed in the run."""
+    from ..guide_numbers import num
+
+    fit = _fit(res)
+    last = list(fit["per_time"])[-1]
+    e = fit["per_time"][last]
+    d = fit["density_step_seconds"]
+    big = max(fit["n"])
+    return (f"At {last.replace('=', ' = ')} the density's W1 error is {num(e['density_grid_w1_error'], 2)}; "
+            f"the particles reach it (W1 ≈ {num(e['prefactor'], 3)} N^{{−1/2}}, fitted) at N ≈ "
+            f"{_sig(e['n_equivalent'])}. Timed in the same run (wall-clock medians of the compiled "
+            f"right-hand side and field), one Heun step of the density at M = {fit['timing_m']} took "
+            f"{_ms(d)} and one Fourier RK4 particle step at N = {_ten(big)} {_ms(_step_at(fit, big))}: "
+            f"at N = {_ten(big)}, with {_sig(e['w1'][-1] / e['density_grid_w1_error'])} times the "
+            f"density's error, the particle step costs {_sig(_step_at(fit, big) / d)} density steps, "
+            f"and at N ≈ {_sig(e['n_equivalent'])} it would cost about "
+            f"{_sig(e['particle_step_seconds_at_n_equivalent'])} s (linear in N)")
+
+
+def _s2_point(res):
+    return res["results"]["points"][0]
+
+
+def guide_s2_solve(res) -> str:
+    """The S² solve: its steps, mass error, smallest cell average."""
+    from ..guide_numbers import num
+
+    p = _s2_point(res)
+    cfg = _config(res)
+    return (f"{p['steps']} positivity steps to t = {cfg['t1']:g}, mass error {num(p['mass_error'], 2)}, "
+            f"min ρ {'> 0' if p['min_rho'] > 0 else '= ' + num(p['min_rho'], 2)}")
+
+
+def guide_s2_table(res) -> str:
+    """Per compared time: d_pρ and d_ρρ (mean ± standard error) per N, their ratio, the excess."""
+    from ..guide_numbers import num
+
+    p = _s2_point(res)
+    ns = p["n"]
+    out = [f"| t | d_pρ at N = {', '.join(str(n) for n in ns)} | d_ρρ (null) | ratio d_pρ/d_ρρ "
+           "| √(d_pρ² − d_ρρ²) |", "|---|---|---|---|---|"]
+    for key, e in p["per_time"].items():
+        sp = e.get("w2_particles_sem") or [None] * len(ns)
+        sn = e.get("w2_null_sem") or [None] * len(ns)
+        out.append(f"| {key[2:]} | {', '.join(_mean_sem(a, s) for a, s in zip(e['w2_particles'], sp))} | "
+                   f"{', '.join(_mean_sem(a, s) for a, s in zip(e['w2_null'], sn))} | "
+                   f"{', '.join(num(r, 3) for r in e['ratio'])} | "
+                   f"{', '.join(num(x, 2) if x else '0' for x in e['excess'])} |")
+    return "\n".join(out)
+
+
+def guide_s2_repeats(res) -> str:
+    """Seeds per N of the S² run."""
+    cfg = _config(res)["particles"]
+    reps = cfg["repeats"] * len(cfg["n"]) if len(cfg["repeats"]) == 1 else cfg["repeats"]
+    return f"{', '.join(str(r) for r in reps)} seeds for N = {', '.join(str(n) for n in cfg['n'])}"
+
+
+def guide_s2_excess(res) -> str:
+    """At the last compared time: the excess at the smallest and largest N, and its fitted slope."""
+    from ..guide_numbers import num
+
+    p = _s2_point(res)
+    key = list(p["per_time"])[-1]
+    ex = p["per_time"][key]["excess"]
+    ns = p["n"]
+    ok = [(n, x) for n, x in zip(ns, ex) if x > 0]
+    slope = slope_standard_error([n for n, _ in ok], [x for _, x in ok], None)[0]
+    return (f"{num(ex[0], 2)} → {num(ex[-1], 2)} over a factor {ns[-1] / ns[0]:g} in N at "
+            f"{key.replace('=', ' = ')}: slope {num(slope, 2)}")
+
+
+def guide_s2_excess_last(res) -> str:
+    """The excess at the largest N and last compared time (a bound on a fixed bias of the grid)."""
+    from ..guide_numbers import num
+
+    p = _s2_point(res)
+    return num(p["per_time"][list(p["per_time"])[-1]]["excess"][-1], 2)
+
+
+def guide_s2_ratios_later(res) -> str:
+    """The ratios d_pρ/d_ρρ after t = 0, smallest to largest."""
+    from ..guide_numbers import num
+
+    p = _s2_point(res)
+    r = [x for k, e in p["per_time"].items() if float(k[2:]) > 0 for x in e["ratio"]]
+    return f"{num(min(r), 3)}–{num(max(r), 3)}"
+
+
+def guide_s2_ratios_t0(res) -> str:
+    """The ratios d_pρ/d_ρρ at t = 0 (1 in law), smallest to largest."""
+    from ..guide_numbers import num
+
+    r = _s2_point(res)["per_time"]["t=0"]["ratio"]
+    return f"{num(min(r), 3)}–{num(max(r), 3)}"
+
+
+#: the renderers of a pde result file (jaxdyn.experiments.guide_numbers)
+GUIDE_RENDERERS = {
+    "run": guide_run, "mass": guide_mass, "min_rho": guide_min_rho,
+    "growth_abs": guide_growth_abs, "growth_rel_beta10": guide_growth_rel_beta10,
+    "growth_k": guide_growth_k,
+    "first_count": guide_first_count, "first_exceptions": guide_first_exceptions,
+    "solver_mode": guide_solver_mode, "sweep": guide_sweep, "first_time_range": guide_first_time_range,
+    "clusters_table": guide_clusters_table, "merges": guide_merges, "merges_table": guide_merges_table,
+    "particles_table": guide_particles_table, "quantile_agreement": guide_quantile_agreement,
+    "iid_count": guide_iid_count, "iid_mode": guide_iid_mode, "particle_n": guide_particle_n,
+    "w1_table": guide_w1_table, "w1_slope_dev": guide_w1_slope_dev, "w1_repeats": guide_w1_repeats,
+    "fourier_run": guide_fourier_run, "speed": guide_speed,
+    "s2_solve": guide_s2_solve, "s2_table": guide_s2_table, "s2_repeats": guide_s2_repeats,
+    "s2_excess": guide_s2_excess, "s2_excess_last": guide_s2_excess_last,
+    "s2_ratios_later": guide_s2_ratios_later, "s2_ratios_t0": guide_s2_ratios_t0,
+}
