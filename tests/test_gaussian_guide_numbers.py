@@ -24,6 +24,7 @@ def _trajectory():
             "time": 3.0, "seeds": 3,
             "per_activation": {
                 "identity": {"n": [250, 1000], "fitted_loglog_slope": -0.5712,
+                             "fitted_loglog_slope_jackknife_se": 0.043,
                              "fitted_loglog_slope_per_seed": [-0.4, -0.5, -0.6],
                              "bures_to_closure_per_seed": per_seed},
                 "relu": {"n": [250, 1000], "fitted_loglog_slope": 0.01,
@@ -31,9 +32,11 @@ def _trajectory():
                          "bures_to_closure_per_seed": [[0.9, 0.8, 1.0], [0.85, 0.9, 0.95]]}},
             "identity_slope_over_time": [
                 {"t": 0.12, "tilt_index": 0.66, "predicted_exponent": -0.5, "fitted_slope": -0.4526,
-                 "fitted_slope_per_seed": [-0.3, -0.5, None]},
+                 "fitted_slope_jackknife_se": 0.0396, "fitted_slope_per_seed": [-0.3, -0.5, None]},
                 {"t": 0.62, "tilt_index": 3.28, "predicted_exponent": -0.0852, "fitted_slope": -0.102,
-                 "fitted_slope_per_seed": [-0.1, -0.2, 0.0]}]},
+                 "fitted_slope_per_seed": [-0.1, -0.2, 0.0]},
+                {"t": 0.88, "tilt_index": None, "predicted_exponent": None, "fitted_slope": None,
+                 "fitted_slope_jackknife_se": None, "fitted_slope_per_seed": [None, None, None]}]},
         "tilt_index": {"first_time_at_least_1": 0.32},
         "parting": {"threshold": 0.25, "per_n": {
             "500": {"parting_time_per_seed": [0.56, 0.66, 0.6]},
@@ -58,7 +61,7 @@ def test_gaussian_renderers_are_registered():
 def test_slope_shows_the_pooled_slope_and_the_seeds_spread():
     """The pooled slope, then the per-seed slopes as mean (range)."""
     text = S.guide_slope(_trajectory())
-    assert "**−0.57**" in text
+    assert "**−0.57 ± 0.04**" in text
     assert "−0.50 (−0.60 to −0.40) over 3 seeds" in text
     assert "t = 3.0" in text and "N = 250–1000" in text
 
@@ -92,11 +95,11 @@ def test_parting_table_is_sorted_by_n_with_its_spread():
 
 
 def test_slopes_over_time_table_marks_missing_seeds():
-    """A seed without a slope is counted out ([k of n])."""
+    """A seed without a slope is counted out ([k of n]); a time with no slope is left out."""
     table = S.guide_slopes_over_time(_trajectory()).splitlines()
     assert len(table) == 4
-    assert table[2] == "| 0.12 | 0.66 | −0.50 | −0.45 | −0.40 (−0.50 to −0.30) [2 of 3] |"
-    assert table[3] == "| 0.62 | 3.3 | −0.085 | −0.10 | −0.10 (−0.20 to 0.0) |"
+    assert table[2] == "| 0.12 | 0.66 | −0.50 | −0.45 ± 0.04 | 1.2 | −0.40 (−0.50 to −0.30) [2 of 3] |"
+    assert table[3] == "| 0.62 | 3.3 | −0.085 | −0.10 | — | −0.10 (−0.20 to 0.0) |"  # no SE: no z
 
 
 def test_phase_grid_large_and_wall():
@@ -149,3 +152,16 @@ def test_relu_first_order_skips_covariances_that_are_not_psd():
     assert (early & ~psd).any()  # the case that used to be refused
     assert np.all(np.isfinite(w[early & psd])) and w[0] == pytest.approx(0.0, abs=1e-12)
     assert np.all(np.isnan(w[~(early & psd)]))
+
+
+def test_jackknife_standard_error_of_the_pooled_slope():
+    """Leave-one-seed-out fits: zero spread for seeds on one power law, None below 3 seeds."""
+    ns = np.array([100.0, 400.0, 1600.0])
+    same = np.outer(ns ** -0.5, [1.0, 2.0, 0.5, 1.5])
+    assert S.jackknife_slope_se(ns, same) == pytest.approx(0.0, abs=1e-12)
+    assert S.jackknife_slope_se(ns, same[:, :2]) is None
+    rng = np.random.default_rng(0)
+    noisy = same * np.exp(0.3 * rng.standard_normal(same.shape))
+    loo = [S.fit_slope(ns, np.sqrt(np.mean(np.delete(noisy, j, axis=1) ** 2, axis=1))) for j in range(4)]
+    want = np.sqrt(3 / 4 * np.sum((np.array(loo) - np.mean(loo)) ** 2))
+    assert S.jackknife_slope_se(ns, noisy) == pytest.approx(want)

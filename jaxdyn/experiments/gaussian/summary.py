@@ -82,6 +82,28 @@ def seed_slopes(ns, errs):
     return [finite_or_none(fit_slope(ns, errs[:, k])) for k in range(errs.shape[1])]
 
 
+def jackknife_slope_se(ns, errs):
+    """The jackknife standard error of the slope of the RMS error over the seeds.
+
+    Args:
+      ns: the particle counts.
+      errs: each seed's error, (len ns, seeds).
+
+    Returns:
+      The standard error over leave-one-seed-out fits, or None with fewer than 3 seeds.
+    """
+    k = errs.shape[1]
+    if k < 3:
+        return None
+    with np.errstate(invalid="ignore"):
+        fits = np.array([fit_slope(ns, np.sqrt(np.nanmean(np.square(np.delete(errs, j, axis=1)), axis=1)))
+                         for j in range(k)])
+    fits = fits[np.isfinite(fits)]
+    if fits.size < 3:
+        return None
+    return finite_or_none(math.sqrt((fits.size - 1) / fits.size * np.sum((fits - fits.mean()) ** 2)))
+
+
 def error_table(cfg, ds):
     """{activation: (ns, rms Bures error over seeds at the error time)}."""
     ti = t_index(ds, error_time(cfg, ds))
@@ -211,6 +233,7 @@ def summarize(cfg, ds):
         out["closure"]["trace_vs_closed_form_max_relative_error"] = finite_or_none(
             np.max(np.abs(tc[ok] - tf[ok]) / np.abs(tf[ok])))
     te = error_time(cfg, ds)
+    ti = t_index(ds, te)
     table = error_table(cfg, ds)
     err = {}
     for act, (ns, errs) in table.items():
@@ -218,10 +241,10 @@ def summarize(cfg, ds):
         err[act] = {"n": [int(n) for n in ns], "rms_bures_to_closure": [finite_or_none(e) for e in errs],
                     "fitted_loglog_slope": finite_or_none(fit_slope(ns, errs)),
                     "bures_to_closure_per_seed": [[finite_or_none(x) for x in row] for row in per_seed],
-                    "fitted_loglog_slope_per_seed": seed_slopes(ns, per_seed)}
+                    "fitted_loglog_slope_per_seed": seed_slopes(ns, per_seed),
+                    "fitted_loglog_slope_jackknife_se": jackknife_slope_se(ns, per_seed)}
     tilt = closure_tilt(ds)
     pred = predicted_exponent(tilt)
-    ti = t_index(ds, te)
     over = []
     if "identity" in axis_values(cfg, ds, "activation") and len(axis_values(cfg, ds, "n")) >= 2:
         ts_, sl = slopes_over_time(cfg, ds)
@@ -229,7 +252,8 @@ def summarize(cfg, ds):
         for i in sorted({t_index(ds, t) for t in np.linspace(0, ts_[-1], 9)[1:]}):
             over.append({"t": float(ts_[i]), "fitted_slope": finite_or_none(sl[i]), "tilt_index": finite_or_none(tilt[i]),
                          "predicted_exponent": finite_or_none(pred[i]),
-                         "fitted_slope_per_seed": seed_slopes(ns_, per_seed[:, :, i])})
+                         "fitted_slope_per_seed": seed_slopes(ns_, per_seed[:, :, i]),
+                         "fitted_slope_jackknife_se": jackknife_slope_se(ns_, per_seed[:, :, i])})
     above = np.flatnonzero(np.nan_to_num(tilt, nan=np.inf) >= 1.0)
     out["error_vs_n"] = {"time": te, "per_activation": err,
                          "seeds": len(axis_values(cfg, ds, "seed")),
@@ -240,7 +264,8 @@ def summarize(cfg, ds):
                                  "and the identity closure N(m, Σ). Expected slope for the identity "
                                  "model: -min(1/2, 1/(1 + s²)), s = max over [0, t] of the tilt index "
                                  "‖Σ^½ B Σ^½‖₂ of the closure (derived here; -1/2 while s < 1); "
-                                 "*_per_seed: the same of each seed's own error (its spread)"}
+                                 "*_per_seed: the same of each seed's own error (its spread); "
+                                 "*_jackknife_se: the leave-one-seed-out standard error of the slope"}
     out["tilt_index"] = {"initial": finite_or_none(tilt[0]),
                          "first_time_at_least_1": float(ds["t"].values[above[0]]) if above.size else None}
     seed_bias = _seed_bias(cfg, ds, te)
@@ -379,15 +404,24 @@ def _ns_words(ns) -> str:
     return f"N = {min(ns)}–{max(ns)}" if len(ns) > 1 else f"N = {ns[0]}"
 
 
+def _slope_pm(slope, se) -> str:
+    """A fitted slope with its jackknife standard error (two digits without one)."""
+    from ..guide_numbers import _pm, num
+
+    return num(slope, 2) if se is None or slope is None else _pm(slope, se)
+
+
 def guide_slope(res) -> str:
     """The error-against-N slope of the identity model at the error time (pooled and per seed)."""
     from ..guide_numbers import num
 
     e = res["results"]["error_vs_n"]
     r = e["per_activation"]["identity"]
-    return (f"log–log slope of the RMS error over the seeds **{num(r['fitted_loglog_slope'], 2)}**, "
-            f"of each seed's error {_seed_spread(r['fitted_loglog_slope_per_seed'])} "
-            f"(mean (range); t = {num(e['time'], 2)}, {_ns_words(r['n'])})")
+    return (f"log–log slope of the RMS error over the seeds **"
+            f"{_slope_pm(r['fitted_loglog_slope'], r.get('fitted_loglog_slope_jackknife_se'))}** "
+            f"(± its leave-one-seed-out jackknife standard error); the slope of each seed's own "
+            f"error is {_seed_spread(r['fitted_loglog_slope_per_seed'])} (mean (range); "
+            f"t = {num(e['time'], 2)}, {_ns_words(r['n'])})")
 
 
 def guide_closed_form(res) -> str:
@@ -441,12 +475,18 @@ def guide_slopes_over_time(res) -> str:
 
     e = res["results"]["error_vs_n"]
     lines = ["| t | tilt index s | predicted exponent −min(1/2, 1/(1+s²)) | slope of the RMS error "
-             f"over the seeds | slope of each seed's error (mean (range) over {e['seeds']} seeds) |",
-             "|---|---|---|---|---|"]
+             "over the seeds ± jackknife SE | (slope − predicted) / SE | slope of each seed's "
+             f"error (mean (range) over {e['seeds']} seeds) |",
+             "|---|---|---|---|---|---|"]
     for row in e["identity_slope_over_time"]:
+        if row["fitted_slope"] is None:
+            continue  # no finite error left to fit (after the particles part from the closure)
+        se = row.get("fitted_slope_jackknife_se")
+        z = (None if se is None or row["predicted_exponent"] is None
+             else (row["fitted_slope"] - row["predicted_exponent"]) / se)
         lines.append(f"| {num(row['t'], 2)} | {num(row['tilt_index'], 2)} | "
-                     f"{num(row['predicted_exponent'], 2)} | {num(row['fitted_slope'], 2)} | "
-                     f"{spread(row['fitted_slope_per_seed'], 2)} |")
+                     f"{num(row['predicted_exponent'], 2)} | {_slope_pm(row['fitted_slope'], se)} | "
+                     f"{num(z, 2)} | {spread(row['fitted_slope_per_seed'], 2)} |")
     return "\n".join(lines)
 
 
