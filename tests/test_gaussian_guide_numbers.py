@@ -47,7 +47,8 @@ def _trajectory():
 def _phase():
     return {"kind": "gaussian", "meta": META, "results": {
         "grid": {"a": [-2.0, 2.0, 81], "c": [-2.0, 2.0, 81], "points": 6561, "v": 1.0},
-        "blowup_classification_agreement": 1.0, "status_counts": {"blowup": 2361, "large": 1}}}
+        "blowup_classification_agreement": 1.0, "status_counts": {"blowup": 2361, "large": 1},
+        "large_theory_blowup_time_minus_t1": [0.0]}}
 
 
 def test_gaussian_renderers_are_registered():
@@ -94,6 +95,11 @@ def test_parting_table_is_sorted_by_n_with_its_spread():
     assert S.guide_parting_threshold(res) == "0.25"
 
 
+def test_slopes_max_z_over_the_times_with_a_standard_error():
+    """Only the times with a fit and a standard error count; |−0.4526 + 0.5| / 0.0396 = 1.2."""
+    assert S.guide_slopes_max_z(_trajectory()) == "1.2"
+
+
 def test_slopes_over_time_table_marks_missing_seeds():
     """A seed without a slope is counted out ([k of n]); a time with no slope is left out."""
     table = S.guide_slopes_over_time(_trajectory()).splitlines()
@@ -107,8 +113,11 @@ def test_phase_grid_large_and_wall():
     res = _phase()
     assert S.guide_phase_grid(res) == ("a 81 × 81 grid in one batched solve; blow-up or not agrees "
                                        "with the closed form at 6561 of its 6561 points")
-    assert S.guide_phase_large(res) == "1"
-    assert S.guide_wall(res) == "103 s of wall time on 2 CPU cores (Test CPU)"
+    assert S.guide_phase_large(res) == "1 point ends `large` (closed-form T* − t1 = 0.0)"
+    res["results"]["status_counts"] = {"blowup": 2361}
+    assert S.guide_phase_large(res) == "no point ends `large`"
+    assert S.guide_wall(res) == "103 s"
+    assert S.guide_machine(res) == "2 CPU cores (Test CPU)"
 
 
 def test_seed_errors_and_slopes_read_each_seed():

@@ -375,6 +375,8 @@ def _summarize_phase(cfg, ds):
         "blowup_classification_agreement": finite_or_none(np.mean(agree)),
         "disagreements": int(dis.size),
         "disagreements_theory_blowup_time_minus_t1": [finite_or_none(Tth[i] - t1) for i in dis[:20]],
+        "large_theory_blowup_time_minus_t1": [finite_or_none(Tth[i] - t1) for i in
+                                              np.flatnonzero(st == status_code("large"))[:20]],
         "blowup_time_max_relative_error": finite_or_none(rel.max()) if rel.size else None,
         "blowup_time_median_relative_error": finite_or_none(np.median(rel)) if rel.size else None,
         "trace_t1_max_relative_error": finite_or_none(trel.max()) if trel.size else None,
@@ -514,15 +516,42 @@ def guide_phase_grid(res) -> str:
 
 
 def guide_phase_large(res) -> str:
-    """How many grid points ended ``large``."""
-    return str(res["results"]["status_counts"].get("large", 0))
+    """How many grid points ended ``large``, and their closed-form T* against t1."""
+    from ..guide_numbers import num
+
+    r = res["results"]
+    k = r["status_counts"].get("large", 0)
+    gaps = r.get("large_theory_blowup_time_minus_t1", [])
+    if not k:
+        return "no point ends `large`"
+    words = "point ends" if k == 1 else "points end"
+    text = f"{k} {words} `large`"
+    if gaps and len(gaps) == k:
+        text += (f" (closed-form T* − t1 = {', '.join(num(g, 2) for g in gaps)})" if k <= 5 else
+                 f" (closed-form T* − t1 from {num(min(gaps), 2)} to {num(max(gaps), 2)})")
+    return text
 
 
 def guide_wall(res) -> str:
-    """The run's wall time and machine."""
-    meta = res["meta"]
-    m = meta["machine"]
-    return f"{meta['wall_seconds']:.0f} s of wall time on {m['cores']} CPU cores ({m['cpu']})"
+    """The run's wall time."""
+    return f"{res['meta']['wall_seconds']:.0f} s"
+
+
+def guide_machine(res) -> str:
+    """The machine the run was recorded on."""
+    m = res["meta"]["machine"]
+    return f"{m['cores']} CPU cores ({m['cpu']})"
+
+
+def guide_slopes_max_z(res) -> str:
+    """The largest |slope − predicted| over the times, in jackknife standard errors."""
+    from ..guide_numbers import num
+
+    zs = [abs(r["fitted_slope"] - r["predicted_exponent"]) / r["fitted_slope_jackknife_se"]
+          for r in res["results"]["error_vs_n"]["identity_slope_over_time"]
+          if None not in (r["fitted_slope"], r["predicted_exponent"], r.get("fitted_slope_jackknife_se"))
+          and r["fitted_slope_jackknife_se"] > 0]
+    return num(max(zs), 2) if zs else "—"
 
 
 #: the renderers of a gaussian result file (jaxdyn.experiments.guide_numbers)
@@ -531,4 +560,5 @@ GUIDE_RENDERERS = {"slope": guide_slope, "closed_form": guide_closed_form, "relu
                    "parting_threshold": guide_parting_threshold,
                    "slopes_over_time": guide_slopes_over_time, "tilt_crossing": guide_tilt_crossing,
                    "seeds_ns": guide_seeds_ns, "phase_grid": guide_phase_grid,
-                   "phase_large": guide_phase_large, "wall": guide_wall}
+                   "phase_large": guide_phase_large, "wall": guide_wall,
+                   "machine": guide_machine, "slopes_max_z": guide_slopes_max_z}
