@@ -438,17 +438,6 @@ KNOWN: list = [
           "symmetric) returns a finite W2 with status successful (the covariance is "
           "symmetrised and clipped); concrete, the same input is a ValueError naming S0",
           targets=("S0", "S1")),
-    *[Known(name, ("complex64",), ("concrete", "jit"),
-            f"{name} with a complex64 input returns a real output (the imaginary part "
-            "dropped, no error)")
-      for name in ("simulate_ensemble", "simulate",
-                   "simulate_sde", "solve_density")],
-    Known("simulate_ensemble", ("d0",), ("jit", "concrete"),
-          "simulate_ensemble with x0 of shape (1, 1, 0) raises NumPy's 'axis 1 is out of "
-          "bounds for array of dimension 1', which names no parameter", size=(1, 1)),
-    Known("query_sharded_interaction", ("complex64",), ("concrete", "jit"),
-          "simulation.query_sharded_interaction(x, y, I, 2.0) with a complex64 y returns a "
-          "real average (the imaginary part dropped)", targets=("y",)),
     Known("solve_density", ("posinf", "neginf", "nan"), ("vmap",),
           "pde.solve_density under vmap over [rho, rho with an inf cell]: the valid lane "
           "differs from its unbatched solve by 1e-6 relative (rtol 1e-8): the faulted lane "

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_integer, check_times
+from .._checks import check_dtype, check_integer, check_times
 from .._results import RESULTS, Solution, error_if_failed, stat
 from ._circle import CircleDensity, cfl_dt
 from ._sphere2 import sphere_cfl_dt
@@ -144,6 +144,9 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
       atol: absolute tolerance of the adaptive methods.
       throw: raise (also under jit, through ``eqx.error_if``) if the solve is not successful.
 
+    Dtypes: rho0 float32 or float64, float16 or bfloat16, or integers (all computed in the
+    model's dtype); complex is refused (a TypeError naming ``rho0``).
+
     Returns:
       :class:`DensitySolution` (``ts``, ``rho`` (S, ...), ``result``, ``stats``).
 
@@ -155,7 +158,10 @@ def solve_density(model, rho0, *, t1, ts=None, n_save=101, dt=None, cfl=0.9,
     if method not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
     max_steps = check_integer("max_steps", max_steps, minimum=1)
+    check_dtype("rho0", rho0, half=True, fn="solve_density")
     dtype = model.beta.dtype
+    check_dtype("model", model.beta, integers=False, fn="solve_density (the model's dtype: "
+                "the FFT's)")
     # the inputs the program checks (traced: out-of-range values flagged); the others are
     # checked here, on the host
     traced = tuple(name for name, value in (

@@ -73,6 +73,7 @@ from ..kernels._online import SAFE_SHIFT, guarded_shift, ratio
 from ..integrators import INTEGRATORS, GridODETerm, Sphere
 from ..models._fields import SphereAttention
 from ..models._heads import MultiHeadAttention
+from .._checks import check_dtype
 from .._results import RESULTS, error_if_failed, raise_if_failed
 from ._simulate import (Trajectory, flag_invalid, invalid_parameters, plan_steps, save_indices,
                         step_grid, unit_tolerance)
@@ -291,13 +292,14 @@ def _checked_stack(models, x0, method):
                          f"{models.normalization!r}; use jaxdyn.sharded_vmap(simulate)")
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"simulate_ensemble: method must be one of {METHODS}, got {method!r}")
+    check_dtype("x0", x0, half=True, fn="simulate_ensemble")
     x0 = jnp.asarray(x0) if not _is_traced(x0) else x0
     if x0.ndim != 3:
         raise ValueError(f"x0 must have shape (B, N, d) (a batch of clouds), got {x0.shape}")
     nb, n, d = x0.shape
-    if nb == 0 or n == 0:
-        raise ValueError("x0 must hold at least one system of at least one particle, got "
-                         f"{x0.shape}")
+    if nb == 0 or n == 0 or d == 0:
+        raise ValueError("x0 must hold at least one system of at least one particle of "
+                         f"dimension d >= 1, got {x0.shape}")
     if models.Q.ndim != 3 or models.Q.shape != (nb, d, d) or models.beta.shape != (nb,):
         raise ValueError(f"models must be a stack of {nb} models of dimension {d} (Q of shape "
                          f"({nb}, {d}, {d}), beta of shape ({nb},)), matching x0 {x0.shape}; got Q "
@@ -389,6 +391,9 @@ def simulate_ensemble(models, x0, *, t1, dt, t0=0.0, save_every=None, saveat=Non
       throw: if True, an unsuccessful system raises: ``RuntimeError`` with the message of the
         first such system (concrete inputs), ``eqx.error_if`` under jit/vmap; default False
         (read ``traj.result`` / ``traj.ok``, one per system).
+
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the models' parameters; complex is refused (a TypeError naming ``x0``).
 
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (B, S, N, d), ``result`` (B,) codes

@@ -145,6 +145,9 @@ def simulate_sde(model, x0, key, *, sigma, t1, dt, t0=0.0, save_every=None, save
       adjoint: how ``jax.grad`` differentiates the solve (as in :func:`jaxdyn.simulate`).
       throw: raise on an unsuccessful run instead of flagging it.
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the model's parameters; complex is refused (a TypeError naming ``x0``).
+
     Returns:
       :class:`jaxdyn.Trajectory` (``result``: ``successful`` or ``nonfinite``; a negative
       traced σ, an invalid traced x0 or a traced model parameter outside its domain,

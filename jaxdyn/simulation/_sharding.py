@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .._checks import real_arrays
 from ..kernels._attention import HIGHEST, interaction
 from ..sphere import tangent_project
 
@@ -307,9 +308,13 @@ def query_sharded_interaction(x, y, B, beta, *, mesh=None, **kwargs):
       mesh: a one-axis mesh, a sequence of devices, or None (all devices).
       **kwargs: passed on (``normalization``, ``kernel``, ``k_block``, ``q_block``).
 
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the other inputs; complex is refused (a TypeError naming the parameter).
+
     Returns:
       The (n, d) attention averages.
     """
+    x, y, B = real_arrays(half=True, fn="query_sharded_interaction", x=x, y=y, B=B)
     mesh = _resolve_mesh(mesh, QUERY_AXIS)
     return _query_sharded(lambda xq, xk, p, off: interaction(xq, xk, p[0], p[1], **kwargs),
                           x, y, (B, jnp.asarray(beta, dtype=x.dtype)), mesh)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_integer
+from .._checks import check_dtype, check_integer
 from .._results import RESULTS, Solution, error_if_failed, stat
 from ..integrators import INTEGRATORS, AbstractIntegrator, GridODETerm, scheme_step
 
@@ -97,6 +97,7 @@ def unit_tolerance(in_dtype) -> float:
 
 
 def _check_x0(model, x0):
+    check_dtype("x0", x0, half=True)
     x0 = jnp.asarray(x0)
     d = model.dim
     if x0.ndim != 2 or x0.shape[1] != d or x0.shape[0] < 1:
@@ -411,6 +412,9 @@ def simulate(model, x0, *, t1, dt, t0=0.0, save_every=None, saveat=None, method=
         pairs its lists visit (the largest over heads), ``"local_dense"`` (S,) whether the
         blocked kernel answered (an overflow, or ``"auto"`` judged the lists too long).
         One more attention pass a saved state.
+
+    Dtypes: float32 or float64, float16 or bfloat16; integers are converted to the float dtype
+    of the model's parameters; complex is refused (a TypeError naming ``x0``).
 
     Returns:
       :class:`Trajectory` with ``ts`` (S,), ``xs`` (S, N, d), ``result`` (the status:
