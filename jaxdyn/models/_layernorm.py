@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from ..choices import PLACEMENTS
-from ..sphere import normalize
+from ..sphere._geometry import _normalize as normalize  # (no rescaling in the layers)
 from ._fields import AbstractParticleModel, AbstractSphereModel
 from ._params import Domain, float_dtype, parameter
 
