@@ -278,6 +278,10 @@ def top_eigenspace(M, *, symmetric: bool = True, rtol: float = DEFAULT_RTOL,
 
     Host-only (float64 NumPy).
 
+    Dtypes: float32 or float64, float16 or bfloat16, integers (all computed in float64 on the
+    host); complex is refused (a TypeError naming the parameter); a traced input is refused
+    with a TypeError naming the function (host-only).
+
     Args:
       M: a real (d, d) matrix.
       symmetric: use the symmetric part and ``eigh`` (else ``eig`` of M itself).
@@ -324,6 +328,10 @@ def subspace_angle(A, B) -> float:
 
     If the dimensions differ, the angle of the smaller space into the larger one (0 when
     it is contained). A and B need not be orthonormal. Host-only (float64 NumPy).
+
+    Dtypes: float32 or float64, float16 or bfloat16, integers (all computed in float64 on the
+    host); complex is refused (a TypeError naming the parameter); a traced input is refused
+    with a TypeError naming the function (host-only).
 
     Args:
       A: (d, k) columns (or a (d,) vector).

@@ -74,6 +74,10 @@ def sqrtm_psd(s: Float[Array, "... d d"]) -> Float[Array, "... d d"]:
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``s`` not of shape
     (..., d, d), a TypeError a complex or half-precision ``s``.
+
+    Dtypes: float32 or float64; integers are converted to JAX's default float; float16,
+    bfloat16 (eigh has no half-precision path) and complex are refused (a TypeError naming
+    ``s``). A NaN or ``−inf`` eigenvalue gives NaN (a finite negative one is clipped to 0).
     """
     _check_square_stack("s", s)
     w, u = _eigh_psd(s)
@@ -113,6 +117,10 @@ def trace_sqrtm_psd(c: Float[Array, "... d d"]) -> Float[Array, "..."]:
 
     A ValueError (the shared checks of :mod:`jaxdyn._checks`) refuses ``c`` not of shape
     (..., d, d), a TypeError a complex or half-precision ``c``.
+
+    Dtypes: float32 or float64; integers are converted to JAX's default float; float16,
+    bfloat16 (eigh has no half-precision path) and complex are refused (a TypeError naming
+    ``c``). A NaN or ``−inf`` eigenvalue gives NaN (a finite negative one is clipped to 0).
     """
     _check_square_stack("c", c)
     w, _ = _eigh_psd(c)
@@ -189,7 +197,9 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     keeps the digits); beyond, inf. The rescaling carries no gradient.
 
     Dtypes: float32 and float64 are computed in their dtype; float16 and bfloat16 are
-    computed in float32 with a ``UserWarning`` (the result is float32).
+    computed in float32 with a ``UserWarning`` (the result is float32); integers are
+    converted to the float dtype of the other inputs; complex is refused (a TypeError naming
+    the parameter).
 
     Args:
         m0: means (..., d) of the first Gaussians.
@@ -306,7 +316,9 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
     does not); a W2 that overflows is ``nonfinite``.
 
     Dtypes: float32 and float64 are computed in their dtype; float16 and bfloat16 are
-    computed in float32 with a ``UserWarning`` (the result is float32).
+    computed in float32 with a ``UserWarning`` (the result is float32); integers are
+    converted to the float dtype of the other inputs; complex is refused (a TypeError naming
+    the parameter).
 
     Args:
         m0: means (..., d) of the first Gaussians.
