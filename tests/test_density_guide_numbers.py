@@ -35,7 +35,8 @@ CLUSTERS_CFG = "t1: 300.0\ngrowth_k: 16\nm: 512\nparticles:\n  cluster_n: 10000\
 
 def _clusters():
     pts = [_point(5.0, s, 3, 3, 35.0 + s) for s in (0.0, 1.0)]
-    pts += [_point(50.0, 0.0, 10, 10, 34.0, merge=37.0, final=9), _point(50.0, 1.0, 10, 9, 36.0, mode=9)]
+    pts += [_point(50.0, 0.0, 10, 10, 34.0, merge=37.0, final=9, before_merge_masses=[0.03, 0.09, 0.12]),
+            _point(50.0, 1.0, 10, 9, 36.0, mode=9)]
     return {"kind": "pde", "meta": _meta(CLUSTERS_CFG),
             "results": {"points": pts, "max_mass_error": 1.5e-14, "min_rho": 2.5e-70}}
 
@@ -91,6 +92,10 @@ def test_first_clusters_readings():
 def test_merges():
     """The σ = 0 merges in words and the merges table."""
     res = _clusters()
+    assert S.guide_merges(res) == ("1 of its 4 runs drop a cluster by t = 300 (β = 50 seed 0 at t = 37, 3.0 "
+                                   "time units after the first clusters; just before it the smallest cluster "
+                                   "held 0.030 of the mass and the others 0.090–0.12)")
+    del res["results"]["points"][2]["before_merge_masses"]
     assert S.guide_merges(res) == "1 of its 4 runs drop a cluster by t = 300 (β = 50 seed 0 at t = 37)"
     for p in res["results"]["points"]:
         p["first_merge_time"] = None
@@ -161,7 +166,8 @@ def test_particles_against_density():
     assert table[3].endswith("| 1.0e−5 |")
     assert S.guide_w1_slope_dev(res) == "0.02"
     assert S.guide_w1_repeats(res) == "8, 4, 2 seeds for N = 10², 316, 10³"
-    assert S.guide_fourier_run(res) == "about 1 s (60 RK4 steps of 10 ms at N = 10³, timed in the run)"
+    assert S.guide_fourier_run(res) == ("about 1 s of wall time (60 RK4 steps of 10 ms at N = 10³, timed "
+                                        "in the run)")
     speed = S.guide_speed(res)
     assert speed.startswith("At t = 6 the density's W1 error is 1.0e−5; the particles reach it (W1 ≈ "
                             "3.00 N^{−1/2}, fitted) at N ≈ 9.0·10¹⁰.")
@@ -206,3 +212,19 @@ def test_renderers_are_registered_for_the_kind():
     assert set(S.GUIDE_RENDERERS) <= set(table)
     for name, fn in S.GUIDE_RENDERERS.items():
         assert table[name] is fn
+
+
+def test_merge_masses_read_the_frame_before_the_merge():
+    """The summary's ``before_merge_masses``: the cluster masses one saved time before the merge."""
+    import xarray as xr
+
+    m = 256
+    theta = np.arange(m) * 2 * np.pi / m
+    two = np.where((np.abs(theta - 1.0) < 0.2) | (np.abs(theta - 4.0) < 0.1), 1.0, 0.0)
+    one = np.where(np.abs(theta - 1.0) < 0.3, 1.0, 0.0)
+    rho = np.stack([two / (two.sum() * 2 * np.pi / m), one / (one.sum() * 2 * np.pi / m)])
+    ds = xr.Dataset({"rho": (("t", "theta"), rho), "first_merge_time": ((), 1.0)},
+                    coords={"t": [0.0, 1.0], "theta": theta})
+    got = S._merge_masses(ds, ds)["before_merge_masses"]
+    assert len(got) == 2 and sum(got) == pytest.approx(1.0, abs=1e-3) and got[0] < got[1]
+    assert S._merge_masses(ds.assign(first_merge_time=np.nan), ds.assign(first_merge_time=np.nan)) == {}

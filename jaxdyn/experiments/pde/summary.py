@@ -104,6 +104,25 @@ def _count(v):
     return int(v) if np.isfinite(v) else None
 
 
+def _merge_masses(ds, d):
+    """Before the first merge: the cluster masses at the last saved time with the larger count.
+
+    Returns:
+      ``{"before_merge_masses": [...]}`` (ascending), or {} without a merge.
+    """
+    from ... import pde
+
+    t_merge = _f(d["first_merge_time"])
+    if t_merge is None or "rho" not in d:
+        return {}
+    ts = np.asarray(ds["t"].values, float)
+    i = int(np.argmin(np.abs(ts - t_merge)))
+    if i == 0:
+        return {}
+    masses, _ = pde.clusters(np.asarray(d["rho"].values, float)[i - 1])
+    return {"before_merge_masses": None if masses is None else sorted(round(float(x), 4) for x in masses)}
+
+
 def _point_row(cfg, ds, label, d):
     """One grid point's entry of ``points``: clusters, particles, growth-rate errors, mass, time."""
     g, th = np.asarray(d["growth_measured"].values), np.asarray(d["growth_theory"].values)
@@ -119,6 +138,7 @@ def _point_row(cfg, ds, label, d):
     return {**label, "k_star": int(d["k_star"]), "first_cluster_count": int(d["first_cluster_count"]),
             "first_cluster_time": _f(d["first_cluster_time"]),
             "first_merge_time": _f(d["first_merge_time"]),
+            **_merge_masses(ds, d),
             "final_cluster_count": _count(np.asarray(d["cluster_count"].values)[-1]),
             **_particle_entry(cfg, ds, d),
             "growth_rate_max_rel_error": rel, "growth_rate_max_abs_error": absolute, "mass_error": float(d["mass_error"]),
@@ -330,8 +350,24 @@ def guide_merges(res) -> str:
     if not hit:
         return f"no merge happens by t = {t1:g} in any of its {len(res['results']['points'])} runs"
     return (f"{len(hit)} of its {len(res['results']['points'])} runs drop a cluster by t = {t1:g} ("
-            + ", ".join(f"β = {_beta(r['beta'])} seed {r['seed']:.0f} at t = {num(r['first_merge_time'], 2)}"
-                        for r in hit) + ")")
+            + "; ".join(f"β = {_beta(r['beta'])} seed {r['seed']:.0f} at t = {num(r['first_merge_time'], 2)}"
+                        + _merge_words(r) for r in hit) + ")")
+
+
+def _merge_words(r) -> str:
+    """A merge in words: how long after the first clusters, and the clusters' masses just before.
+
+    Returns:
+      The words ("" without ``before_merge_masses``).
+    """
+    from ..guide_numbers import num
+
+    m = r.get("before_merge_masses")
+    if not m or len(m) < 2:
+        return ""
+    return (f", {num(r['first_merge_time'] - r['first_cluster_time'], 2)} time units after the first "
+            f"clusters; just before it the smallest cluster held {num(m[0], 2)} of the mass and the "
+            f"others {num(m[1], 2)}–{num(m[-1], 2)}")
 
 
 def guide_merges_table(res) -> str:
@@ -528,7 +564,8 @@ def guide_fourier_run(res) -> str:
     n = max(fit["n"])
     steps = int(round(max(cfg["particles"]["times"]) / cfg["particles"]["dt"]))
     s = _step_at(fit, n)
-    return f"about {steps * s:.0f} s ({steps} RK4 steps of {_ms(s)} at N = {_ten(n)}, timed in the run)"
+    return (f"about {steps * s:.0f} s of wall time ({steps} RK4 steps of {_ms(s)} at N = {_ten(n)}, "
+            f"timed in the run)")
 
 
 def guide_speed(res) -> str:
@@ -543,7 +580,7 @@ def guide_speed(res) -> str:
     return (f"At {last.replace('=', ' = ')} the density's W1 error is {num(e['density_grid_w1_error'], 2)}; "
             f"the particles reach it (W1 ≈ {num(e['prefactor'], 3)} N^{{−1/2}}, fitted) at N ≈ "
             f"{_sig(e['n_equivalent'])}. Timed in the same run (wall-clock medians of the compiled "
-            f"right-hand side and field), one Heun step of the density at M = {fit['timing_m']} took "
+            f"right-hand side and field, on a machine shared with other jobs), one Heun step of the density at M = {fit['timing_m']} took "
             f"{_ms(d)} and one Fourier RK4 particle step at N = {_ten(big)} {_ms(_step_at(fit, big))}: "
             f"at N = {_ten(big)}, with {_sig(e['w1'][-1] / e['density_grid_w1_error'])} times the "
             f"density's error, the particle step costs {_sig(_step_at(fit, big) / d)} density steps, "
