@@ -31,13 +31,14 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GUIDES = ("docs/guides", "docs")
+GUIDES = ("docs/guides", "docs", ".")
 RESULTS = "docs/results"
 BENCH = "bench-"  # a span stem naming a benchmark workload (benchmarks/results/WORKLOAD/)
 SPAN = re.compile(r"(<!-- BEGIN GENERATED ([\w.-]+) -->)(.*?)(<!-- END GENERATED \2 -->)", re.S)
@@ -564,8 +565,39 @@ def _depth_status(problem):
     return render
 
 
+# ---------------------------------------------------------------- the README's times
+
+#: the examples whose times the README states (benchmarks/readme_times.py measures them)
+README_EXAMPLES = ("beta_sweep", "multihead_causal", "noisy_run", "density_solver",
+                   "gaussian_blowup", "reachability", "two_process_sweep")
+
+
+def _readme_example(name):
+    def render(res):
+        e = res["results"]["examples"][name]
+        return f"{statistics.median(e['wall_s']):.1f} s ({statistics.median(e['cpu_s']):.1f} CPU-s)"
+    return render
+
+
+def _readme_quick_start(res):
+    q = res["results"]["quick_start"]
+    first, second = q["first"], q["second"]
+    return (f"takes {first['wall_s']:.1f} s of wall time ({first['cpu_s']:.0f} CPU-s) on "
+            f"{_machine_words(res['meta'])}, of which {first['compile_s']:.1f} s compiling; a "
+            f"second run loads its programs from JAX's cache: {second['wall_s']:.1f} s, "
+            f"{second['compile_s']:.1f} s of it loading them")
+
+
+def _readme_how(res):
+    r = res["results"]
+    return (f"the median of {r['repeats']} runs each on {_machine_words(res['meta'])}, load "
+            f"{r['load_start'][0]:.1f} at the start")
+
+
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
+    "readme_times": {"quick_start": _readme_quick_start, "how": _readme_how,
+                     **{name: _readme_example(name) for name in README_EXAMPLES}},
     "concentration": {
         "table": _conc_table, "run": _conc_run, "wall": _conc_wall, "assumption_1": _conc_assumption,
         "fit_min_w2": _conc_fit("fit_min_w2_vs_beta", "log–log slope"),
