@@ -81,6 +81,7 @@ def time_quick_start():
 
 
 def main(argv=None):
+    """Measure and write the result file (the command line's options: the module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=",".join(EXAMPLES))
