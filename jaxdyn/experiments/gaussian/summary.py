@@ -554,8 +554,28 @@ def guide_slopes_max_z(res) -> str:
     return num(max(zs), 2) if zs else "—"
 
 
+def guide_phase_agreement(res) -> str:
+    """The phase diagram's classification against the closed form.
+
+    Returns:
+      The agreement, the disagreements' closed-form T* − t1 and the largest relative error of
+      T* (the float32 run's precision claim), as a phrase.
+    """
+    from ..guide_numbers import num
+
+    r = res["results"]
+    n = r["grid"]["points"]
+    agree = round(r["blowup_classification_agreement"] * n)
+    text = f"{agree} of its {n} members as the closed form does"
+    gaps = r.get("disagreements_theory_blowup_time_minus_t1", [])
+    if gaps:
+        text += (f" (the {'other has' if len(gaps) == 1 else 'others have'} closed-form "
+                 f"T* − t1 = {', '.join(num(g, 2) for g in gaps[:5])})")
+    return text + f", with T* within {num(r['blowup_time_max_relative_error'], 2)} relative"
+
+
 #: the renderers of a gaussian result file (jaxdyn.experiments.guide_numbers)
-GUIDE_RENDERERS = {"slope": guide_slope, "closed_form": guide_closed_form, "relu": guide_relu,
+GUIDE_RENDERERS = {"phase_agreement": guide_phase_agreement, "slope": guide_slope, "closed_form": guide_closed_form, "relu": guide_relu,
                    "blowup_time": guide_blowup_time, "parting": guide_parting,
                    "parting_threshold": guide_parting_threshold,
                    "slopes_over_time": guide_slopes_over_time, "tilt_crossing": guide_tilt_crossing,
