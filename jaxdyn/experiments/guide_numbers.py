@@ -154,7 +154,8 @@ def record(run_dir, out, command=None) -> Path:
     ds = jio.open_results(run_dir)
     results = get_kind(cfg["kind"]).summarize(cfg, ds)
     meta = provenance(command or f"jaxdyn run CONFIG --out {run_dir.name}",
-                      wall_seconds=run.get("elapsed_seconds"), config=text,
+                      wall_seconds=run.get("elapsed_seconds"),
+                      cpu_seconds=run.get("process_cpu_seconds"), config=text,
                       compile_seconds=run.get("compile_seconds"),
                       compute_seconds=run.get("compute_seconds"),
                       run_status=run.get("status"), started=run.get("started"),

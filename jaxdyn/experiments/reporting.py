@@ -218,6 +218,8 @@ def finish(run: Run, tally: Tally, base: dict, clock: tuple[float, dict]) -> tup
     summary.update(compile_summary(compile0 or dict.fromkeys(after, 0), after))
     summary["compute_seconds"] = tally.compute_seconds
     summary["elapsed_seconds"] = time.time() - t_start
+    # every thread of this process (the writer's, on several processes), imports included
+    summary["process_cpu_seconds"] = time.process_time()
     summary["compilation_cache"] = jax.config.jax_compilation_cache_dir
     summary["figures"] = [Path(f).name for f in figures]
     summary["data_file"] = jio.DATA_FILE
