@@ -517,6 +517,36 @@ def _bench_local_small_beta(res):
             f"{span(at30)} at β = 30")
 
 
+def _ms(seconds) -> str:
+    ms = 1e3 * seconds
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{ms:.3g} ms"
+
+
+def _bench_pde(res):
+    r = res["result"]
+    parts = {}
+    for p in r["particles"]:
+        parts.setdefault(p["kind"], []).append(p)
+    def text(ps):
+        costs = [_ms(p["rk4_step_cpu_s"]) for p in ps]
+        listed = ", ".join(costs[:-1]) + " and " + costs[-1] if len(costs) > 1 else costs[0]
+        return f"{listed} at N = " + ", ".join(_pow10(p["n"]) for p in ps)
+
+    return (f"one Heun step of the density at M = {r['m']} (two right-hand sides, each three FFT "
+            f"convolutions of length {r['m']} plus the flux) costs "
+            f"{_ms(r['density']['heun_step_cpu_s'])} of CPU; one RK4 particle step (four field "
+            f"evaluations) costs {text(parts['fourier'])} with the Fourier field and "
+            f"{text(parts['dense_or_blocked'])} with the dense/blocked kernel")
+
+
+def _bench_pde_ratio(res):
+    r = res["result"]
+    top = max((p for p in r["particles"] if p["kind"] == "fourier"), key=lambda p: p["n"])
+    heun = r["density"]["heun_step_cpu_s"]
+    return (f"{_ms(top['rk4_step_cpu_s'])} against {_ms(heun)}: "
+            f"{top['rk4_step_cpu_s'] / heun:.0f}")
+
+
 def _corollary(config, what):
     def render(res):
         r = res["results"][config]
@@ -679,7 +709,8 @@ RENDERERS = {
     "benchmark": {"control_measure_gradient": _bench_control_measure, "moments": _bench_moments,
                   "local_scan": _bench_local_scan, "local_field": _bench_local_field,
                   "local_pair_cost": _bench_local_pair_cost,
-                  "local_small_beta": _bench_local_small_beta},
+                  "local_small_beta": _bench_local_small_beta, "pde": _bench_pde,
+                  "pde_ratio": _bench_pde_ratio},
     "control_depth": {
         "table": _depth_table, "seeds": _depth_seeds, "replay": _depth_replay,
         "diverged": _depth_divergences,
