@@ -66,3 +66,144 @@ def summarize(cfg, ds):
             res["energy_definition"] = ("(1/H) sum_h E_beta(B_h), B_h = Q_h^T K_h of each "
                                         "head (masks and positions not included)")
     return res
+
+
+# ---------------------------------------------------------------- the guides' numbers
+# (renderers of docs/results/sphere/*.json, :mod:`jaxdyn.experiments.guide_numbers`)
+
+
+def _per_beta(res) -> list:
+    """(β, results) per β of a recorded run, in β order."""
+    rows = [(float(k.split("=", 1)[1]), v) for k, v in res["results"]["per_beta"].items()]
+    return sorted(rows, key=lambda r: r[0])
+
+
+def _sweep_size(res, axis) -> int | None:
+    """The length of a sweep axis in the recorded config (``range`` and lists; None if absent)."""
+    import re
+
+    cfg = res["meta"]["config"]
+    m = re.search(rf"^\s+{axis}:\s*(.+)$", cfg, re.M)
+    if m is None:
+        return None
+    text = m.group(1)
+    r = re.search(r"range:\s*\[\s*(-?\d+)\s*,\s*(-?\d+)\s*\]", text)
+    if r:
+        return int(r.group(2)) - int(r.group(1))
+    r = re.search(r"linspace:\s*\[[^,]+,[^,]+,\s*(\d+)\s*\]", text)
+    if r:
+        return int(r.group(1))
+    return len([x for x in text.strip(" []{}").split(",") if x.strip()])
+
+
+def guide_run(res) -> str:
+    """The run's cost: wall seconds, CPU seconds and peak memory where measured, the machine."""
+    from ..guide_numbers import _machine_words
+
+    meta = res["meta"]
+    parts = []
+    if meta.get("wall_seconds") is not None:
+        parts.append(f"{meta['wall_seconds']:.1f} s wall")
+    if meta.get("cpu_seconds") is not None:
+        parts.append(f"{meta['cpu_seconds']:.0f} CPU-s")
+    if meta.get("peak_rss_mib") is not None:
+        parts.append(f"peak RSS {meta['peak_rss_mib'] / 1024:.1f} GiB")
+    return f"{', '.join(parts)} on {_machine_words(meta)}"
+
+
+def guide_cluster_table(res) -> str:
+    """The per-β table of a cluster-statistics run.
+
+    Returns:
+      Per β at the last saved time: pair fraction, mean cluster count and Gram rank (means over
+      the seeds), the fraction of frames whose count equals the rank, and the time the
+      seed-mean inner product first reaches 0.99.
+    """
+    from ..guide_numbers import num
+
+    lines = ["| β | t at mean inner product ≥ 0.99 | pair fraction | cluster count | Gram rank "
+             "| frames with count = rank |", "|---|---|---|---|---|---|"]
+    for b, r in _per_beta(res):
+        t = r["time_to_mean_inner_product_0.99"]
+        lines.append(f"| {num(b)} | {'—' if t is None else f'{t:g}'} | "
+                     f"{num(r['final_pair_fraction'])} | {num(r['final_mean_cluster_count'])} | "
+                     f"{num(r['final_mean_gram_rank'])} | "
+                     f"{100 * r['fraction_of_saved_frames_count_equals_gram_rank']:.0f} % |")
+    return "\n".join(lines)
+
+
+def guide_one_cluster(res) -> str:
+    """The β whose seed-mean inner product reaches 0.99, and when."""
+    from ..guide_numbers import num
+
+    hit = [(b, r["time_to_mean_inner_product_0.99"]) for b, r in _per_beta(res)
+           if r["time_to_mean_inner_product_0.99"] is not None]
+    if not hit:
+        return "for no β"
+    ts = [t for _, t in hit]
+    return (f"by t = {min(ts):g}–{max(ts):g} for β ≤ {num(max(b for b, _ in hit))} "
+            f"({len(hit)} of {len(_per_beta(res))} β)")
+
+
+def guide_pair_fraction(res) -> str:
+    """The final pair fraction of the smallest β that stays off one cluster's 0.99 and of the largest."""
+    from ..guide_numbers import num
+
+    rows = _per_beta(res)
+    a, b = _first_split(rows), rows[-1]
+    return (f"from {num(a[1]['final_pair_fraction'], 2)} (β = {num(a[0])}) to "
+            f"{num(b[1]['final_pair_fraction'], 2)} (β = {num(b[0])})")
+
+
+def guide_cluster_count(res) -> str:
+    """The final mean cluster count over the same two β as :func:`guide_pair_fraction`."""
+    from ..guide_numbers import num
+
+    rows = _per_beta(res)
+    a, b = _first_split(rows), rows[-1]
+    return f"from {num(a[1]['final_mean_cluster_count'])} to {num(b[1]['final_mean_cluster_count'])}"
+
+
+def _first_split(rows):
+    """The smallest β whose seed-mean inner product never reaches 0.99 (the last β if all do)."""
+    return next((row for row in rows if row[1]["time_to_mean_inner_product_0.99"] is None), rows[-1])
+
+
+def guide_rank_agreement(res) -> str:
+    """Where the component count and the Gram rank agree at the last saved time.
+
+    The rank is at least the number of components on every system (the thresholded Gram matrix
+    is block diagonal over the components, each block nonzero), so equal means over the seeds
+    are agreement on every system.
+
+    Returns:
+      "agree on every system", or at how many β they do.
+    """
+    rows = _per_beta(res)
+    gap = [r["final_mean_gram_rank"] - r["final_mean_cluster_count"] for _, r in rows]
+    same = sum(abs(g) <= 1e-9 * max(1.0, r["final_mean_gram_rank"])
+               for g, (_, r) in zip(gap, rows))
+    if same == len(rows):
+        return "agree on every system"
+    return f"agree on every system at {same} of {len(rows)} β"
+
+
+def guide_frames_agreement(res) -> str:
+    """The fraction of all system × saved-frame pairs whose count equals the rank."""
+    rows = _per_beta(res)
+    f = sum(r["fraction_of_saved_frames_count_equals_gram_rank"] for _, r in rows) / len(rows)
+    return f"{100 * f:.0f} %"
+
+
+def guide_systems(res) -> str:
+    """The systems of the run: β × seeds."""
+    nb, ns = len(_per_beta(res)), _sweep_size(res, "seed")
+    return f"{nb} β × {ns} seeds" if ns else f"{nb} β"
+
+
+GUIDE_RENDERERS = {
+    "run": guide_run, "table": guide_cluster_table, "one_cluster": guide_one_cluster,
+    "pair_fraction": guide_pair_fraction, "cluster_count": guide_cluster_count,
+    "rank_agreement": guide_rank_agreement, "frames_agreement": guide_frames_agreement,
+    "systems": guide_systems,
+}

@@ -1,0 +1,142 @@
+"""The renderers of the noise, clusters and variants guides' numbers.
+
+They are checked on small synthetic result files: the ``variants`` and ``sphere`` kinds'
+``GUIDE_RENDERERS``, and the causal benchmark's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxdyn.experiments import guide_numbers as gn
+from jaxdyn.experiments.sphere import summary as sphere_summary
+from jaxdyn.experiments.variants import summary as variants_summary
+
+META = {"machine": {"cores": 2, "cpu": "Test CPU"}, "wall_seconds": 12.3, "cpu_seconds": 20.4,
+        "command": "jaxdyn run test.yaml", "config": "kind: variants\nt1: 6.0\n"}
+KEY = "time_to_single_cluster (ip >= 0.75)"
+
+
+def _variants(points, key=KEY):
+    per = {}
+    for coords, t, ip, rad in points:
+        label = ",".join(f"{k}={v}" for k, v in coords.items())
+        per[label] = {key: t, "final_mean_inner_product": ip, "final_mean_radius": rad}
+    return {"kind": "variants", "meta": dict(META), "results": {"per_point": per}}
+
+
+def _noise():
+    pts = []
+    for seed, (t1, t2) in enumerate([(5.0, None), (6.5, 40.0), (7.0, None)]):
+        pts.append(({"beta": 1.0, "sigma": 0.0, "seed": seed}, t1, 0.9, 1.0))
+        pts.append(({"beta": 1.0, "sigma": 0.4, "seed": seed}, t2, 0.8, 1.0))
+        pts.append(({"beta": 4.0, "sigma": 0.0, "seed": seed}, None, 0.5, 1.0))
+        pts.append(({"beta": 4.0, "sigma": 0.4, "seed": seed}, 20.0 + seed, 0.8, 1.0))
+    return _variants(pts)
+
+
+def test_time_cell_mean_range_and_count():
+    """A cell: mean (range) of the seeds that reach it, and how many."""
+    assert variants_summary.guide_time_cell([5.0, 6.5, 7.0]) == "6.2 (5–7) [3 of 3]"
+    assert variants_summary.guide_time_cell([None, 40.0, None]) == "40 [1 of 3]"
+    assert variants_summary.guide_time_cell([None, None]) == "never [0 of 2]"
+
+
+def test_variants_points_parse_labels():
+    """Point labels parse into their coordinates."""
+    pts = variants_summary.guide_points(_noise())
+    assert pts[0][0] == {"beta": 1.0, "sigma": 0.0, "seed": 0.0}
+    assert len(pts) == 12
+
+
+def test_sigma_table_and_cells():
+    """The σ × β table, its cells, the threshold and the run cost."""
+    R = variants_summary.GUIDE_RENDERERS
+    res = _noise()
+    table = R["sigma_table"](res).splitlines()
+    assert table[0] == "| σ | 0 | 0.4 |"
+    assert table[2] == "| β = 1 | 6.2 (5–7) [3 of 3] | 40 [1 of 3] |"
+    assert table[3] == "| β = 4 | never [0 of 3] | 21 (20–22) [3 of 3] |"
+    assert R["cell_beta4_sigma0.4"](res) == "21 (20–22) [3 of 3]"
+    assert R["threshold"](res) == "0.75"
+    assert R["run"](res) == "3 seeds; 20 CPU-s, 12 s wall on 2 CPU cores (Test CPU)"
+
+
+def test_layernorm_renderers():
+    """Per placement: times, radii and the β = 4 inner products."""
+    key = "time_to_single_cluster (ip >= 0.9)"
+    pts = []
+    for seed in range(2):
+        pts += [({"norm": "postln", "beta": 1.0, "seed": seed}, 6.0 + seed, 0.95, 1.0),
+                ({"norm": "preln", "beta": 1.0, "seed": seed}, 18.0, 0.92, 20.0 + 2 * seed),
+                ({"norm": "periln", "beta": 1.0, "seed": seed}, None, 0.5, 30.0),
+                ({"norm": "postln", "beta": 4.0, "seed": seed}, None, 0.03 + seed / 100, 1.0),
+                ({"norm": "preln", "beta": 4.0, "seed": seed}, None, 0.08, 9.0),
+                ({"norm": "periln", "beta": 4.0, "seed": seed}, None, 0.05, 9.0)]
+    res = _variants(pts, key)
+    R = variants_summary.GUIDE_RENDERERS
+    assert R["norm_times_beta1"](res) == ("6.5 (6–7) [2 of 2] (post-LN), 18 (18–18) [2 of 2] "
+                                          "(pre-LN), never [0 of 2] (peri-LN)")
+    assert R["norm_radius_beta1"](res) == "21.0 (20.0–22.0) (pre-LN) and 30.0 (30.0–30.0) (peri-LN)"
+    assert R["final_ip_beta4"](res) == "0.030–0.080 over 6 runs, 0 of which reach 0.9"
+
+
+def test_minilm_renderers():
+    """All heads together and the single heads."""
+    key = "time_to_single_cluster (ip >= 0.9)"
+    pts = []
+    for seed in range(2):
+        for beta in (1.0, 25.0):
+            pts.append(({"beta": beta, "head": -1, "seed": seed}, 3.9 + seed, 0.99, 1.0))
+            pts += [({"beta": beta, "head": h, "seed": seed}, None, 0.05 + h / 100, 1.0)
+                    for h in (0, 5)]
+    res = _variants(pts, key)
+    R = variants_summary.GUIDE_RENDERERS
+    assert R["heads_all"](res) == (
+        "0.9 reached at t = 4.4 (3.9–4.9) [2 of 2] for β = 1 (final mean inner product "
+        "0.990 (0.990–0.990)); "
+        "0.9 reached at t = 4.4 (3.9–4.9) [2 of 2] for β = 25 (final mean inner product "
+        "0.990 (0.990–0.990))")
+    assert R["heads_single"](res) == "heads 0, 5: mean inner product 0.050–0.10 at t = 6 over every β and seed"
+
+
+def _sphere(rows, seeds="{range: [0, 512]}"):
+    per = {f"beta={b}": {"time_to_mean_inner_product_0.99": t, "final_pair_fraction": pf,
+                         "final_mean_cluster_count": cc, "final_mean_gram_rank": gr,
+                         "fraction_of_saved_frames_count_equals_gram_rank": fa,
+                         "final_mean_inner_product": 0.5}
+           for b, t, pf, cc, gr, fa in rows}
+    meta = dict(META, config=f"kind: sphere\nsweep:\n  beta: [1, 2, 9]\n  seed: {seeds}\n",
+                peak_rss_mib=819.2)
+    return {"kind": "sphere", "meta": meta, "results": {"per_beta": per}}
+
+
+def test_sphere_cluster_renderers():
+    """The cluster-statistics readings per β."""
+    res = _sphere([(0.1, 9.0, 1.0, 1.0, 1.0, 1.0), (1.0, 13.0, 0.98, 1.04, 1.04, 0.9),
+                   (2.0, None, 0.6, 2.0, 2.0, 0.8), (9.0, None, 0.34, 3.19, 3.19, 0.5)])
+    R = sphere_summary.GUIDE_RENDERERS
+    assert R["one_cluster"](res) == "by t = 9–13 for β ≤ 1.00 (2 of 4 β)"
+    assert R["pair_fraction"](res) == "from 0.60 (β = 2.00) to 0.34 (β = 9.00)"
+    assert R["cluster_count"](res) == "from 2.00 to 3.19"
+    assert R["rank_agreement"](res) == "agree on every system"
+    assert R["frames_agreement"](res) == "80 %"
+    assert R["systems"](res) == "4 β × 512 seeds"
+    assert R["run"](res) == "12.3 s wall, 20 CPU-s, peak RSS 0.8 GiB on 2 CPU cores (Test CPU)"
+    table = R["table"](res).splitlines()
+    assert len(table) == 6 and table[3] == "| 1.00 | 13 | 0.980 | 1.04 | 1.04 | 90 % |"
+    assert table[4].startswith("| 2.00 | — |")
+
+
+def test_sphere_rank_disagreement_is_counted():
+    """A β whose mean rank exceeds its mean count counts as disagreeing."""
+    res = _sphere([(1.0, None, 0.9, 1.0, 1.0, 1.0), (9.0, None, 0.3, 3.0, 3.5, 0.5)], "[0, 1, 2]")
+    R = sphere_summary.GUIDE_RENDERERS
+    assert R["rank_agreement"](res) == "agree on every system at 1 of 2 β"
+    assert R["systems"](res) == "2 β × 3 seeds"
+
+
+def test_renderers_registered_for_their_kinds():
+    """guide_numbers finds the kinds' renderers."""
+    assert "sigma_table" in gn.renderers("variants")
+    assert "table" in gn.renderers("sphere")
