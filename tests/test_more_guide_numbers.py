@@ -75,8 +75,8 @@ def test_layernorm_renderers():
                 ({"norm": "periln", "beta": 4.0, "seed": seed}, None, 0.05, 9.0)]
     res = _variants(pts, key)
     R = variants_summary.GUIDE_RENDERERS
-    assert R["norm_times_beta1"](res) == ("6.5 (6–7) [2 of 2] (post-LN), 18 (18–18) [2 of 2] "
-                                          "(pre-LN), never [0 of 2] (peri-LN)")
+    assert R["norm_times_beta1"](res) == ("6.5 (6–7) [2 of 2] (post-LN), never [0 of 2] "
+                                          "(peri-LN), 18 (18–18) [2 of 2] (pre-LN)")
     assert R["norm_radius_beta1"](res) == "21.0 (20.0–22.0) (pre-LN) and 30.0 (30.0–30.0) (peri-LN)"
     assert R["final_ip_beta4"](res) == "0.030–0.080 over 6 runs, 0 of which reach 0.9"
 

@@ -79,21 +79,17 @@ def _per_beta(res) -> list:
 
 
 def _sweep_size(res, axis) -> int | None:
-    """The length of a sweep axis in the recorded config (``range`` and lists; None if absent)."""
-    import re
+    """The length of a sweep axis in the recorded config (None where it is not swept)."""
+    from ...config import parse_yaml
 
-    cfg = res["meta"]["config"]
-    m = re.search(rf"^\s+{axis}:\s*(.+)$", cfg, re.M)
-    if m is None:
+    v = (parse_yaml(res["meta"]["config"], "config.yaml").get("sweep") or {}).get(axis)
+    if v is None:
         return None
-    text = m.group(1)
-    r = re.search(r"range:\s*\[\s*(-?\d+)\s*,\s*(-?\d+)\s*\]", text)
-    if r:
-        return int(r.group(2)) - int(r.group(1))
-    r = re.search(r"linspace:\s*\[[^,]+,[^,]+,\s*(\d+)\s*\]", text)
-    if r:
-        return int(r.group(1))
-    return len([x for x in text.strip(" []{}").split(",") if x.strip()])
+    if isinstance(v, dict) and "range" in v:
+        return len(range(*v["range"]))
+    if isinstance(v, dict) and "linspace" in v:
+        return int(v["linspace"][2])
+    return len(v)
 
 
 def guide_run(res) -> str:

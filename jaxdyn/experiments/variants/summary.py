@@ -182,7 +182,7 @@ def guide_norm_times(beta):
     """Per placement at ``beta``: the time to a single cluster over the seeds."""
     def render(res):
         norms = [c["norm"] for c, _ in guide_points(res) if c.get("beta") == beta]
-        order = list(dict.fromkeys(norms))
+        order = [m for m in NORM_NAMES if m in norms] + sorted(set(norms) - set(NORM_NAMES))
         return ", ".join(f"{guide_time_cell(_times(res, beta=beta, norm=m))} "
                          f"({NORM_NAMES.get(m, m)})" for m in order)
     return render
