@@ -233,7 +233,7 @@ def _fixed(x, err) -> str:
     return f"{x:.{_decimals(err)}f}".replace("-", "−")
 
 
-def _pm(x, err) -> str:
+def pm(x, err) -> str:
     """``x ± err``, both to the first significant digit of ``err``."""
     return f"{_fixed(x, err)} ± {_fixed(err, err)}"
 
@@ -242,9 +242,13 @@ def _seconds(x) -> str:
     return "—" if x is None else f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
 
 
-def _machine_words(meta) -> str:
+def machine_words(meta) -> str:
+    """The machine of a result file's ``meta`` in words: "2 CPU cores (model)"."""
     m = meta["machine"]
     return f"{m['cores']} CPU cores ({m['cpu']})"
+
+
+_machine_words = machine_words  # the name some renderers still import
 
 
 # ---------------------------------------------------------------- concentration
@@ -305,7 +309,7 @@ def _conc_theory_slope(res):
 def _conc_run(res):
     meta = res["meta"]
     return (f"{_seed_words(res)} in one run: {_seconds(meta['wall_seconds'])} of wall time on "
-            f"{_machine_words(meta)} ({_seconds(meta.get('compile_seconds'))} compiling, "
+            f"{machine_words(meta)} ({_seconds(meta.get('compile_seconds'))} compiling, "
             f"{_seconds(meta.get('compute_seconds'))} computing; `{Path(_result_path(res)).as_posix()}`)")
 
 
@@ -340,7 +344,7 @@ def _result_path(res):
 def _floor(problem):
     def render(res):
         r = res["results"][problem]
-        return (f"W2 = {_pm(r['mean'], r['standard_error'])} (mean ± standard error over "
+        return (f"W2 = {pm(r['mean'], r['standard_error'])} (mean ± standard error over "
                 f"{r['pairs']} pairs of draws; 5–95 %: {_fixed(r['p05'], r['standard_error'])}–"
                 f"{_fixed(r['p95'], r['standard_error'])})")
     return render
@@ -412,7 +416,7 @@ def _slope(x, y) -> float:
 
 
 def _reach_wall(res):
-    return f"{_seconds(res['meta']['wall_seconds'])} wall on {_machine_words(res['meta'])}"
+    return f"{_seconds(res['meta']['wall_seconds'])} wall on {machine_words(res['meta'])}"
 
 
 def _gaussian_phase_blowup(res):
@@ -547,6 +551,21 @@ def _bench_pde_ratio(res):
             f"{top['rk4_step_cpu_s'] / heun:.0f}")
 
 
+def _bench_causal(res):
+    """The causal benchmark: causal / full wall and CPU time, and the pairs visited, per N."""
+    rows = sorted(res["result"]["rows"], key=lambda r: r["n"])
+    m = res["machine"]
+    def both(key, fmt="{:.2f}"):
+        words = [fmt.format(r[key]) for r in rows]
+        return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+    return (f"causal / full = {both('causal_over_full')} of the wall time at N = "
+            f"{both('n', '{}')} (CPU time {both('causal_over_full_cpu')}), "
+            f"against {both('key_blocks_visited_fraction')} of the (row, key block) pairs visited "
+            f"(medians of {res['result']['reps']} interleaved repeats on {m['cpu_count']} CPU cores, "
+            f"{m['cpu_model']}, load {m['loadavg_start'][0]:.1f} at the start)")
+
+
 def _corollary(config, what):
     def render(res):
         r = res["results"][config]
@@ -621,7 +640,7 @@ def _depth_seeds(res):
     k = {len(v["seeds"]) for v in r.values()}
     n = {v["n"] for v in r.values()}
     return (f"{'/'.join(str(x) for x in sorted(k))} seeds, N = {'/'.join(str(x) for x in sorted(n))}; "
-            f"{_seconds(res['meta']['wall_seconds'])} of wall time on {_machine_words(res['meta'])}")
+            f"{_seconds(res['meta']['wall_seconds'])} of wall time on {machine_words(res['meta'])}")
 
 
 def _rows_kept(res, problems):
@@ -671,14 +690,14 @@ def _readme_quick_start(res):
     q = res["results"]["quick_start"]
     first, second = q["first"], q["second"]
     return (f"takes {first['wall_s']:.1f} s of wall time ({first['cpu_s']:.0f} CPU-s) on "
-            f"{_machine_words(res['meta'])}, of which {first['compile_s']:.1f} s compiling; a "
+            f"{machine_words(res['meta'])}, of which {first['compile_s']:.1f} s compiling; a "
             f"second run loads its programs from JAX's cache: {second['wall_s']:.1f} s, "
             f"{second['compile_s']:.1f} s of it loading them")
 
 
 def _readme_how(res):
     r = res["results"]
-    return (f"the median of {r['repeats']} runs each on {_machine_words(res['meta'])}, load "
+    return (f"the median of {r['repeats']} runs each on {machine_words(res['meta'])}, load "
             f"{r['load_start'][0]:.1f} at the start")
 
 
@@ -710,7 +729,7 @@ RENDERERS = {
                   "local_scan": _bench_local_scan, "local_field": _bench_local_field,
                   "local_pair_cost": _bench_local_pair_cost,
                   "local_small_beta": _bench_local_small_beta, "pde": _bench_pde,
-                  "pde_ratio": _bench_pde_ratio},
+                  "pde_ratio": _bench_pde_ratio, "causal": _bench_causal},
     "control_depth": {
         "table": _depth_table, "seeds": _depth_seeds, "replay": _depth_replay,
         "diverged": _depth_divergences,

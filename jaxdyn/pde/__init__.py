@@ -14,7 +14,7 @@ particle field on S¹ in O(N K) (the kernel's Bessel series, K from a certified 
 
 Modules: ``_circle`` (S¹ grid, kernels, flux), ``_sphere2`` (S²), ``_solve`` (the diffrax
 driver and the result type), ``_theory`` (rates), ``_particles`` (sampling, KDE, W1),
-``_clusters`` (cluster analysis), ``_fourier`` (the O(N K) particle field on S¹), ``_particles_s2``
+``_fourier`` (the O(N K) particle field on S¹), ``_particles_s2``
 (particles ↔ density on S²).
 
 Composability: the models are built without device work (concrete inputs checked on the host);
@@ -50,7 +50,7 @@ from ._particles import (
     empirical_modes as empirical_modes,
     histogram_circle as histogram_circle,
 )
-from ._clusters import (
+from ..clusters._density import (
     cluster_counts as cluster_counts,
     clusters as clusters,
     first_clusters as first_clusters,

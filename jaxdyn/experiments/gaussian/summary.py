@@ -408,9 +408,9 @@ def _ns_words(ns) -> str:
 
 def _slope_pm(slope, se) -> str:
     """A fitted slope with its jackknife standard error (two digits without one)."""
-    from ..guide_numbers import _pm, num
+    from ..guide_numbers import num, pm
 
-    return num(slope, 2) if se is None or slope is None else _pm(slope, se)
+    return num(slope, 2) if se is None or slope is None else pm(slope, se)
 
 
 def guide_slope(res) -> str:

@@ -260,14 +260,14 @@ def _beta(b) -> str:
 
 def guide_run(res) -> str:
     """The run's cost: CPU seconds where measured, wall seconds, the machine."""
-    from ..guide_numbers import _machine_words
+    from ..guide_numbers import machine_words
 
     meta = res["meta"]
     cpu, wall = meta.get("cpu_seconds"), meta.get("wall_seconds")
     parts = [f"{cpu:.0f} CPU-s"] if cpu is not None else []
     if wall is not None:
         parts.append(f"{wall:.0f} s wall")
-    return f"{', '.join(parts)} on {_machine_words(meta)}"
+    return f"{', '.join(parts)} on {machine_words(meta)}"
 
 
 def guide_growth_abs(res) -> str:
@@ -494,9 +494,9 @@ def slope_standard_error(ns, values, sems):
 
 
 def _mean_sem(x, err, digits=3) -> str:
-    from ..guide_numbers import _pm, num
+    from ..guide_numbers import num, pm
 
-    return num(x, digits) if err is None or not err else _pm(x, err)
+    return num(x, digits) if err is None or not err else pm(x, err)
 
 
 def _fit(res):
