@@ -140,3 +140,16 @@ def test_renderers_registered_for_their_kinds():
     """guide_numbers finds the kinds' renderers."""
     assert "sigma_table" in gn.renderers("variants")
     assert "table" in gn.renderers("sphere")
+
+
+def test_bench_causal_renderer():
+    """The causal benchmark: ratios per N, the visited pairs and the machine."""
+    row = lambda n, w, c, v: {"n": n, "causal_over_full": w, "causal_over_full_cpu": c,  # noqa: E731
+                              "key_blocks_visited_fraction": v}
+    res = {"result": {"rows": [row(16384, 0.529, 0.517, 0.508), row(4096, 0.636, 0.618, 0.531)],
+                      "reps": 7},
+           "machine": {"cpu_count": 2, "cpu_model": "Test Xeon", "loadavg_start": [1.39, 2.5, 4.5]}}
+    assert gn.RENDERERS["benchmark"]["causal"](res) == (
+        "causal / full = 0.64 and 0.53 of the wall time at N = 4096 and 16384 (CPU time 0.62 and "
+        "0.52), against 0.53 and 0.51 of the (row, key block) pairs visited (medians of 7 "
+        "interleaved repeats on 2 CPU cores, Test Xeon, load 1.4 at the start)")

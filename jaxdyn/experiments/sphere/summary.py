@@ -72,6 +72,11 @@ def summarize(cfg, ds):
 # (renderers of docs/results/sphere/*.json, :mod:`jaxdyn.experiments.guide_numbers`)
 
 
+def _machine(meta) -> str:
+    m = meta["machine"]
+    return f"{m['cores']} CPU cores ({m['cpu']})"
+
+
 def _per_beta(res) -> list:
     """(β, results) per β of a recorded run, in β order."""
     rows = [(float(k.split("=", 1)[1]), v) for k, v in res["results"]["per_beta"].items()]
@@ -94,8 +99,6 @@ def _sweep_size(res, axis) -> int | None:
 
 def guide_run(res) -> str:
     """The run's cost: wall seconds, CPU seconds and peak memory where measured, the machine."""
-    from ..guide_numbers import _machine_words
-
     meta = res["meta"]
     parts = []
     if meta.get("wall_seconds") is not None:
@@ -104,7 +107,7 @@ def guide_run(res) -> str:
         parts.append(f"{meta['cpu_seconds']:.0f} CPU-s")
     if meta.get("peak_rss_mib") is not None:
         parts.append(f"peak RSS {meta['peak_rss_mib'] / 1024:.1f} GiB")
-    return f"{', '.join(parts)} on {_machine_words(meta)}"
+    return f"{', '.join(parts)} on {_machine(meta)}"
 
 
 def guide_cluster_table(res) -> str:

@@ -86,6 +86,11 @@ def sigma_table(cfg, ds):
 # (renderers of docs/results/variants/*.json, :mod:`jaxdyn.experiments.guide_numbers`)
 
 
+def _machine(meta) -> str:
+    m = meta["machine"]
+    return f"{m['cores']} CPU cores ({m['cpu']})"
+
+
 def _coord(v):
     try:
         return float(v)
@@ -145,14 +150,12 @@ def guide_time_cell(times) -> str:
 
 def guide_run(res) -> str:
     """The run's cost: its seeds, CPU seconds where measured, wall seconds, the machine."""
-    from ..guide_numbers import _machine_words
-
     meta = res["meta"]
     cpu, wall = meta.get("cpu_seconds"), meta.get("wall_seconds")
     parts = [f"{cpu:.0f} CPU-s"] if cpu is not None else []
     if wall is not None:
         parts.append(f"{wall:.0f} s wall")
-    return f"{_seed_count(res)} seeds; {', '.join(parts)} on {_machine_words(meta)}"
+    return f"{_seed_count(res)} seeds; {', '.join(parts)} on {_machine(meta)}"
 
 
 def guide_sigma_table(res) -> str:
