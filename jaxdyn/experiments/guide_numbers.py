@@ -6,7 +6,7 @@ A number a guide states from a measurement sits in a generated span,
 
 (a table on lines of its own, or a phrase inside a sentence), whose text is rendered from the
 result file ``docs/results/<folder>/<stem>.json``: ``what`` names one of the renderers of that
-file's ``kind`` (:data:`RENDERERS`, and a kind's own ``GUIDE_RENDERERS``: :func:`renderers`); a stem ``bench-WORKLOAD`` names the benchmark suite's recorded
+file's ``kind`` (:data:`RENDERERS`, and a kind's own ``GUIDE_RENDERERS``: :func:`renderers`); a stem ``bench-WORKLOAD`` (``bench-WORKLOAD--MACHINE`` where several machines ran it) names the benchmark suite's recorded
 result ``benchmarks/results/WORKLOAD/*.json`` (one machine kind). A result file holds the measurement's results and its
 provenance (``meta``: the command, the commit, which files under ``jaxdyn/`` and ``configs/``
 differed from it, the machine, wall and CPU seconds, the config). Numbers that move with the
@@ -247,8 +247,6 @@ def machine_words(meta) -> str:
     m = meta["machine"]
     return f"{m['cores']} CPU cores ({m['cpu']})"
 
-
-_machine_words = machine_words  # the name some renderers still import
 
 
 # ---------------------------------------------------------------- concentration
@@ -772,7 +770,8 @@ def render(key: str, root=ROOT, cache=None) -> str:
         if len(hits) != 1:
             raise KeyError(f"span {key!r}: {len(hits)} result files for {stem!r} (need one: "
                            f"{RESULTS}/**/{stem}.json, or benchmarks/results/WORKLOAD/*.json "
-                           f"for bench-WORKLOAD)")
+                           f"for bench-WORKLOAD, benchmarks/results/WORKLOAD/MACHINE.json for "
+                           f"bench-WORKLOAD--MACHINE)")
         res = json.loads(hits[0].read_text())
         res["_path"] = hits[0].relative_to(root).as_posix()
         if stem.startswith(BENCH):
@@ -831,8 +830,10 @@ def _ours(key) -> bool:
 
 def _result_files(stem, root=ROOT) -> list[Path]:
     # docs/results/**/<stem>.json; a benchmark's recorded result for bench-<workload>
-    if stem.startswith(BENCH):
-        return sorted((Path(root) / "benchmarks" / "results" / stem[len(BENCH):]).glob("*.json"))
+    if stem.startswith(BENCH):  # bench-WORKLOAD, or bench-WORKLOAD--MACHINE for one of several
+        workload, _, machine_kind = stem[len(BENCH):].partition("--")
+        return sorted((Path(root) / "benchmarks" / "results" / workload).glob(
+            f"{machine_kind or '*'}.json"))
     return sorted((Path(root) / RESULTS).rglob(f"{stem}.json"))
 
 
