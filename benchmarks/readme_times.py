@@ -9,7 +9,10 @@ compilation cache folder: the first run compiles, the second loads its programs 
 ``docs/results/readme/readme_times.json`` feeds the README's generated spans
 (``python -m jaxdyn.experiments.guide_numbers``).
 
-    python benchmarks/readme_times.py [--repeats 3] [--only beta_sweep,noisy_run]
+With ``--suite`` it also runs the README's test command (``python -m pytest -n 2 -q``, the
+default suite) and records its wall and CPU seconds and its outcome counts.
+
+    python benchmarks/readme_times.py [--repeats 3] [--only beta_sweep,noisy_run] [--suite]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -80,12 +84,30 @@ def time_quick_start():
     return {"first": runs[0], "second": runs[1]}
 
 
+def time_suite():
+    """The default suite as the README runs it: wall and CPU seconds, the outcome counts."""
+    load = list(os.getloadavg())
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q"], cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|"
+                                                r"errors?|deselected)", last)}
+    return {"command": "python -m pytest -n 2 -q", "returncode": proc.returncode,
+            "summary_line": last.strip("= "), "counts": counts, "wall_s": wall, "load_start": load,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+
 def main(argv=None):
     """Measure and write the result file (the command line's options: the module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=",".join(EXAMPLES))
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--suite", action="store_true", help="also time the default test suite")
     a = ap.parse_args(argv)
     started = gn.clock()
     results = {"repeats": a.repeats, "load_start": list(os.getloadavg()),
@@ -93,6 +115,9 @@ def main(argv=None):
     for name in a.only.split(","):
         results["examples"][name] = time_example(name, a.repeats)
         print(name, results["examples"][name], flush=True)
+    if a.suite:
+        results["suite"] = time_suite()
+        print(results["suite"]["summary_line"], flush=True)
     results["load_end"] = list(os.getloadavg())
     command = "python benchmarks/readme_times.py " + " ".join(argv or sys.argv[1:])
     print(gn.write_measurement(a.out, "readme_times", command.strip(), results, started))

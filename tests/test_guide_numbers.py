@@ -99,6 +99,34 @@ def test_spread_and_num_formats():
     assert gn.spread([-1.0, 0.5]) == "−0.250 (−1.00 to 0.500)"
 
 
+def test_powers_of_ten_and_the_readme_times():
+    """N as the guides write it; the README's times from a synthetic result: medians, the
+    quick start's two runs, the machine."""
+    assert [gn._pow10(n) for n in (30000, 100000, 10**7, 2500, 123456)] == [
+        "3·10⁴", "10⁵", "10⁷", "2 500", "123 456"]
+    res = {"meta": {"machine": {"cores": 2, "cpu": "CPU X"}},
+           "results": {"repeats": 3, "load_start": [0.5, 0.4, 0.3],
+                       "quick_start": {"first": {"wall_s": 22.04, "cpu_s": 30.2, "compile_s": 5.21},
+                                       "second": {"wall_s": 17.66, "cpu_s": 25.0,
+                                                  "compile_s": 1.04}},
+                       "examples": {"noisy_run": {"wall_s": [4.0, 9.0, 4.2],
+                                                  "cpu_s": [3.9, 3.8, 4.4]}}}}
+    table = gn.RENDERERS["readme_times"]
+    assert table["noisy_run"](res) == "4.2 s (3.9 CPU-s)"
+    assert table["quick_start"](res) == (
+        "takes 22.0 s of wall time (30 CPU-s) on 2 CPU cores (CPU X), of which 5.2 s compiling; "
+        "a second run loads its programs from JAX's cache: 17.7 s, 1.0 s of it loading them")
+    assert table["how"](res) == "the median of 3 runs each on 2 CPU cores (CPU X), load 0.5 at the start"
+    assert set(gn.README_EXAMPLES) <= set(table)
+    res["results"]["suite"] = {"counts": {"passed": 10, "skipped": 1, "xfailed": 2,
+                                          "deselected": 5},
+                               "wall_s": 300.2, "cpu_s": 481.0, "load_start": [0.2, 0.1, 0.1]}
+    assert table["suite"](res) == (
+        "13 tests (1 skipped; 2 strict expected failures record known defects with their inputs) "
+        "took 300 s of wall time with `-n 2` and 481 CPU-s on 2 CPU cores (CPU X), load 0.2 at "
+        "its start: over the 8 CPU-minutes it is meant to fit")
+
+
 def _two_seed_run():
     """Two β, two seeds whose W2 minima lie at different times (the mean curve's minimum is
     neither seed's)."""

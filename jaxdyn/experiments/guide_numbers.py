@@ -693,6 +693,30 @@ def _readme_quick_start(res):
             f"{second['compile_s']:.1f} s of it loading them")
 
 
+#: the CPU time the default suite is meant to fit in (seconds, on 2 cores)
+SUITE_BUDGET_CPU_S = 480
+
+
+def _readme_suite(res):
+    s = res["results"]["suite"]
+    c = s["counts"]
+    total = sum(v for k, v in c.items() if k != "deselected")
+    parts = [f"{total:,} tests".replace(",", " ")]
+    if c.get("failed") or c.get("errors") or c.get("error"):
+        parts.append(f"{c.get('failed', 0) + c.get('errors', 0) + c.get('error', 0)} failed in "
+                     "the measured run")
+    if c.get("skipped"):
+        parts.append(f"{c['skipped']} skipped")
+    if c.get("xfailed"):
+        parts.append(f"{c['xfailed']} strict expected failures record known defects with their "
+                     "inputs")
+    fits = ("within" if s["cpu_s"] <= SUITE_BUDGET_CPU_S else "over") + \
+        f" the {SUITE_BUDGET_CPU_S // 60} CPU-minutes it is meant to fit"
+    return (f"{parts[0]} ({'; '.join(parts[1:])}) took {s['wall_s']:.0f} s of wall time with "
+            f"`-n 2` and {s['cpu_s']:.0f} CPU-s on {machine_words(res['meta'])}, load "
+            f"{s['load_start'][0]:.1f} at its start: {fits}")
+
+
 def _readme_how(res):
     r = res["results"]
     return (f"the median of {r['repeats']} runs each on {machine_words(res['meta'])}, load "
@@ -702,6 +726,7 @@ def _readme_how(res):
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
     "readme_times": {"quick_start": _readme_quick_start, "how": _readme_how,
+                     "suite": _readme_suite,
                      **{name: _readme_example(name) for name in README_EXAMPLES}},
     "concentration": {
         "table": _conc_table, "run": _conc_run, "wall": _conc_wall, "assumption_1": _conc_assumption,
