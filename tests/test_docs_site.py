@@ -349,7 +349,7 @@ def test_docs_commands_parse_and_resolve(capsys):
     checked = 0
     for page in sorted((ROOT / "docs").rglob("*.md")):
         for m in re.finditer(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
-            for line in m.group(1).splitlines():
+            for line in re.sub(r"\\\n\s*", " ", m.group(1)).splitlines():  # continuations joined
                 words = shlex.split(line.split("#", 1)[0].rstrip(" &"))
                 while words and "=" in words[0] and not words[0].startswith("-"):
                     words = words[1:]  # VAR=value prefixes
