@@ -122,7 +122,7 @@ def test_sphere_cluster_renderers():
     assert R["rank_agreement"](res) == "agree on every system"
     assert R["frames_agreement"](res) == "80 %"
     assert R["systems"](res) == "4 β × 512 seeds"
-    assert R["run"](res) == "12.3 s wall, 20 CPU-s, peak RSS 0.8 GiB on 2 CPU cores (Test CPU)"
+    assert R["run"](res) == "20 CPU-s, 12 s wall, peak RSS 0.8 GiB on 2 CPU cores (Test CPU)"
     table = R["table"](res).splitlines()
     assert len(table) == 6 and table[3] == "| 1.00 | 13 | 0.980 | 1.04 | 1.04 | 90 % |"
     assert table[4].startswith("| 2.00 | — |")

@@ -248,6 +248,23 @@ def machine_words(meta) -> str:
     return f"{m['cores']} CPU cores ({m['cpu']})"
 
 
+def run_cost(meta) -> str:
+    """A recorded run's cost in words.
+
+    Returns:
+      CPU seconds, wall seconds and peak memory where measured, and the machine:
+      "47 CPU-s, 56 s wall on 2 CPU cores (model)".
+    """
+    parts = []
+    if meta.get("cpu_seconds") is not None:
+        parts.append(f"{meta['cpu_seconds']:.0f} CPU-s")
+    if meta.get("wall_seconds") is not None:
+        parts.append(f"{meta['wall_seconds']:.0f} s wall")
+    if meta.get("peak_rss_mib") is not None:
+        parts.append(f"peak RSS {meta['peak_rss_mib'] / 1024:.1f} GiB")
+    return f"{', '.join(parts)} on {machine_words(meta)}"
+
+
 
 # ---------------------------------------------------------------- concentration
 

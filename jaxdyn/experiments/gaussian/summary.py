@@ -539,8 +539,9 @@ def guide_wall(res) -> str:
 
 def guide_machine(res) -> str:
     """The machine the run was recorded on."""
-    m = res["meta"]["machine"]
-    return f"{m['cores']} CPU cores ({m['cpu']})"
+    from ..guide_numbers import machine_words
+
+    return machine_words(res["meta"])
 
 
 def guide_slopes_max_z(res) -> str:

@@ -260,14 +260,9 @@ def _beta(b) -> str:
 
 def guide_run(res) -> str:
     """The run's cost: CPU seconds where measured, wall seconds, the machine."""
-    from ..guide_numbers import machine_words
+    from ..guide_numbers import run_cost
 
-    meta = res["meta"]
-    cpu, wall = meta.get("cpu_seconds"), meta.get("wall_seconds")
-    parts = [f"{cpu:.0f} CPU-s"] if cpu is not None else []
-    if wall is not None:
-        parts.append(f"{wall:.0f} s wall")
-    return f"{', '.join(parts)} on {machine_words(meta)}"
+    return run_cost(res["meta"])
 
 
 def guide_growth_abs(res) -> str:

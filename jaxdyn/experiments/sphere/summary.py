@@ -72,10 +72,6 @@ def summarize(cfg, ds):
 # (renderers of docs/results/sphere/*.json, :mod:`jaxdyn.experiments.guide_numbers`)
 
 
-def _machine(meta) -> str:
-    m = meta["machine"]
-    return f"{m['cores']} CPU cores ({m['cpu']})"
-
 
 def _per_beta(res) -> list:
     """(β, results) per β of a recorded run, in β order."""
@@ -99,15 +95,9 @@ def _sweep_size(res, axis) -> int | None:
 
 def guide_run(res) -> str:
     """The run's cost: wall seconds, CPU seconds and peak memory where measured, the machine."""
-    meta = res["meta"]
-    parts = []
-    if meta.get("wall_seconds") is not None:
-        parts.append(f"{meta['wall_seconds']:.1f} s wall")
-    if meta.get("cpu_seconds") is not None:
-        parts.append(f"{meta['cpu_seconds']:.0f} CPU-s")
-    if meta.get("peak_rss_mib") is not None:
-        parts.append(f"peak RSS {meta['peak_rss_mib'] / 1024:.1f} GiB")
-    return f"{', '.join(parts)} on {_machine(meta)}"
+    from ..guide_numbers import run_cost
+
+    return run_cost(res["meta"])
 
 
 def guide_cluster_table(res) -> str:

@@ -86,10 +86,6 @@ def sigma_table(cfg, ds):
 # (renderers of docs/results/variants/*.json, :mod:`jaxdyn.experiments.guide_numbers`)
 
 
-def _machine(meta) -> str:
-    m = meta["machine"]
-    return f"{m['cores']} CPU cores ({m['cpu']})"
-
 
 def _coord(v):
     try:
@@ -150,12 +146,9 @@ def guide_time_cell(times) -> str:
 
 def guide_run(res) -> str:
     """The run's cost: its seeds, CPU seconds where measured, wall seconds, the machine."""
-    meta = res["meta"]
-    cpu, wall = meta.get("cpu_seconds"), meta.get("wall_seconds")
-    parts = [f"{cpu:.0f} CPU-s"] if cpu is not None else []
-    if wall is not None:
-        parts.append(f"{wall:.0f} s wall")
-    return f"{_seed_count(res)} seeds; {', '.join(parts)} on {_machine(meta)}"
+    from ..guide_numbers import run_cost
+
+    return f"{_seed_count(res)} seeds; {run_cost(res['meta'])}"
 
 
 def guide_sigma_table(res) -> str:
