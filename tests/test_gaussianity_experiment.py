@@ -24,8 +24,9 @@ def test_gaussianity_kind_flags_the_control(tmp_path):
     res = run_experiment(cfg, tmp_path / "g", progress=False, log=lambda *_: None)
     assert res.status == "ok"
     r = json.loads((tmp_path / "g" / "summary.json").read_text())["results"]
-    z_ng = np.asarray(r["nongaussian, scale=1"]["kurt"]["zscore"])
+    assert r["seeds"] == [0]  # one row per seed
+    z_ng = np.asarray(r["nongaussian, scale=1"]["kurt"]["zscore"])[0]
     assert np.all(z_ng[1:] > 5)  # the cube map is flagged at every layer
-    z_rand = np.asarray(r["random, scale=1"]["kurt"]["zscore"])
+    z_rand = np.asarray(r["random, scale=1"]["kurt"]["zscore"])[0]
     assert np.all(np.abs(z_rand) < 5)  # random weights stay near the floor
     assert (tmp_path / "g" / "gaussianity.png").exists()

@@ -308,7 +308,8 @@ def test_gaussianity_runs_on_modernbert_and_says_which_model(tmp_path):
     assert res.status == "ok"
     r = json.loads((tmp_path / "g" / "summary.json").read_text())["results"]
     assert r["encoder"].startswith("ModernBERT-base's architecture") and "3 layers" in r["encoder"]
-    assert len(r["random, scale=1"]["sw2"]["value"]) == 4  # h_0 … h_3
+    assert len(r["random, scale=1"]["sw2"]["value"]) == 1  # one seed
+    assert len(r["random, scale=1"]["sw2"]["value"][0]) == 4  # h_0 … h_3
 
 
 @pytest.mark.slow  # a whole (small) run; default-suite counterparts: test_summary_reports_which_reading_holds_the_mass

@@ -1,4 +1,9 @@
-"""Kind ``gaussianity``: the per-layer figure."""
+"""Kind ``gaussianity``: the per-layer figure.
+
+Each metric per layer, one line per (model, scale): the mean over the seeds, shaded between
+the seeds' smallest and largest values where there are several; grey, the exact-Gaussian noise
+floor (mean ± 2 sd, averaged over the seeds).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import numpy as np
 
 from ... import plots
 from .schema import KEY_METRICS
-from .summary import select
+from .summary import seeds, select
 
 
 def plot(cfg, ds, out_dir):
@@ -17,6 +22,7 @@ def plot(cfg, ds, out_dir):
     models = list(ds["model"].values) if "model" in ds.dims else [cfg["model"]]
     scales = list(ds["scale"].values) if "scale" in ds.dims else [cfg["scale"]]
     names = [n for n in KEY_METRICS if n in ds]
+    seed_list = seeds(ds, cfg) if "seed" in ds.dims else [None]
     rows, cols = plots.grid_shape(len(names), max_cols=4)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows + 0.6), squeeze=False,
                              layout="constrained")
@@ -29,11 +35,14 @@ def plot(cfg, ds, out_dir):
         x = ds[dim].values
         for si, s in enumerate(scales):
             for m in models:
-                d = select(ds, m, s)
-                ax.plot(x, d[name].values, styles[si % 4], color=colors.get(str(m), "k"), lw=1.4,
-                        label=f"{m}, s={s:g}")
-            d = select(ds, models[0], s)
-            fm, fs = d[name + "_floor_mean"].values, d[name + "_floor_std"].values
+                runs = np.stack([select(ds, m, s, sd)[name].values for sd in seed_list])
+                c = colors.get(str(m), "k")
+                ax.plot(x, runs.mean(0), styles[si % 4], color=c, lw=1.4, label=f"{m}, s={s:g}")
+                if len(seed_list) > 1:
+                    ax.fill_between(x, runs.min(0), runs.max(0), color=c, alpha=0.15, lw=0)
+            floor = [select(ds, models[0], s, sd) for sd in seed_list]
+            fm = np.mean([d[name + "_floor_mean"].values for d in floor], axis=0)
+            fs = np.mean([d[name + "_floor_std"].values for d in floor], axis=0)
             ax.fill_between(x, fm - 2 * fs, fm + 2 * fs, color="0.5", alpha=0.25 if si == 0 else 0.12,
                             lw=0)
         ax.set_title(name + (" (step l-1→l)" if dim == "step" else ""))
@@ -59,6 +68,7 @@ def plot(cfg, ds, out_dir):
             ax.remove()
     else:
         plots.legend_outside(axes[-1], handles=handles, labels=labels)
+    over = f"; mean and range over {len(seed_list)} seeds" if len(seed_list) > 1 else ""
     fig.suptitle(f"{cfg['name']}: distance from the moment-matched Gaussian per layer "
-                 "(grey: exact-Gaussian noise floor ± 2 sd)")
+                 f"(grey: exact-Gaussian noise floor ± 2 sd{over})")
     return [plots.save(fig, Path(out_dir) / "gaussianity.png")]
