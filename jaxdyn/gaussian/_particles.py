@@ -124,6 +124,25 @@ def directions(d: int, k: int, dtype=jnp.float64):
     return jnp.asarray(g / np.linalg.norm(g, axis=0, keepdims=True), dtype)
 
 
+def _max_radius(xs):
+    """The largest radius of each frame, computed without overflow or underflow.
+
+    Each frame is divided by its largest magnitude first: the squares of float32 points of
+    size 1e±30 overflow or underflow (an infinite or zero radius, or under ``jit`` a finite
+    one where XLA simplifies ``sqrt(x²)`` at d = 1).
+
+    Args:
+        xs: (S, N, d) frames.
+
+    Returns:
+        (S,) ``max_n |xs[s, n]|`` (NaN or inf where a frame holds one).
+    """
+    a = jnp.max(jnp.abs(xs), axis=(-2, -1))
+    a = jnp.where(jnp.isfinite(a) & (a > 0), a, jnp.ones((), a.dtype))  # (NaN, inf: kept)
+    u = xs / a[..., None, None]
+    return a * jnp.sqrt(jnp.max(jnp.sum(u * u, axis=-1), axis=-1))
+
+
 def cloud_stats(xs, dirs):
     """Per-frame statistics of clouds ``xs`` (S, N, d) (jittable).
 
@@ -152,7 +171,7 @@ def cloud_stats(xs, dirs):
     m = jnp.mean(xs, axis=-2)
     xc = xs - m[..., None, :]
     C = jnp.einsum("snk,snl->skl", xc, xc, precision=jax.lax.Precision.HIGHEST) / n
-    r = jnp.sqrt(jnp.max(jnp.sum(xs * xs, axis=-1), axis=-1))
+    r = _max_radius(xs)
     p = jnp.einsum("snk,kj->snj", xc, dirs, precision=jax.lax.Precision.HIGHEST)
     var = jnp.mean(p * p, axis=-2)
     sd = jnp.sqrt(jnp.where(var > 0, var, 1.0))
