@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import equinox as eqx
 
-from ..sphere import exp_map
-from ..sphere._geometry import _normalize as normalize  # (rows of unit size: no rescaling)
+from ..sphere._geometry import _exp_map as exp_map  # (rows of unit size: no rescaling)
+from ..sphere._geometry import _normalize as normalize  # (the same)
 
 
 class Euclidean(eqx.Module):

@@ -62,6 +62,22 @@ def normalize(x, axis=-1):
     if x.ndim == 0 or x.shape[axis] == 0:
         raise ValueError(f"x must hold vectors of dimension d >= 1 along axis {axis}, got shape "
                          f"{tuple(x.shape)}")
+    return _unit_rows(x, axis)
+
+
+def _unit_rows(x, axis=-1):
+    """Rows divided by their norms, rescaled where the squared norm leaves the dtype's range.
+
+    A row whose squared norm overflows or underflows is divided by its largest magnitude
+    first; a row of unit size gives exactly ``x / |x|``.
+
+    Args:
+      x: vectors along ``axis``.
+      axis: the axis of the vectors.
+
+    Returns:
+      x / |x|, the shape of x (NaN for a zero row or one with a NaN or inf).
+    """
     r = jnp.linalg.norm(x, axis=axis, keepdims=True)
     ok = jnp.isfinite(r) & (r >= jnp.sqrt(jnp.finfo(x.dtype).tiny))
     s = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
@@ -74,7 +90,9 @@ def exp_map(x, v, axis=-1):
 
         exp_x(v) = cos|v| x + sin|v| v/|v|
 
-    Safe at v = 0 (uses sin(r)/r → 1); the result is renormalised against round-off.
+    Safe at v = 0 (uses sin(r)/r → 1); the result is renormalised against round-off, as
+    :func:`normalize` does (an x off the sphere, of size 1e30 or 1e-30 in float32, gives
+    the direction of ``cos|v| x + sin|v| v/|v|``, not a zero row from its overflowed norm).
 
     Args:
       x: points of the sphere, vectors along ``axis``.
@@ -84,11 +102,29 @@ def exp_map(x, v, axis=-1):
     Returns:
       exp_x(v), the shape of x.
     """
+    return _exp_map(x, v, axis, _unit_rows)
+
+
+def _exp_map(x, v, axis=-1, unit=_normalize):
+    """The exponential map of :func:`exp_map`, renormalised by ``unit``.
+
+    The integrators' rows are of unit size: they renormalise by the plain
+    :func:`_normalize` (no rescaling); the public :func:`exp_map` by :func:`_unit_rows`.
+
+    Args:
+      x: points of the sphere, vectors along ``axis``.
+      v: tangent vectors at x, the same shape.
+      axis: the axis of the vectors.
+      unit: the renormalisation, ``unit(y, axis=axis)``.
+
+    Returns:
+      exp_x(v), the shape of x.
+    """
     r = jnp.linalg.norm(v, axis=axis, keepdims=True)
     small = r < 1e-8
     r_safe = jnp.where(small, 1.0, r)
     sinc = jnp.where(small, 1.0 - r**2 / 6.0, jnp.sin(r_safe) / r_safe)
-    return _normalize(jnp.cos(r) * x + sinc * v, axis=axis)
+    return unit(jnp.cos(r) * x + sinc * v, axis=axis)
 
 
 def geodesic_distance(x, y):
