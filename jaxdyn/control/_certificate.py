@@ -135,16 +135,22 @@ def _monge_phases(S0h, S1h, u0, w0):
     Raises:
         ValueError: a Monge map that is not positive definite (internal).
     """
+    # T(a Σ0, b Σ1) = sqrt(b/a) T(Σ0, Σ1): T is built from Σ0/a and Σ1/b of largest entries
+    # of order 1 and log T = log T(Σ0/a, Σ1/b) + ½ log(b/a) I. Unscaled, Σ0^{1/2} Σ1 Σ0^{1/2}
+    # underflowed for a subnormal (or 1e-300) Σ0, so that T read 0 where it is 1e161.
+    a = float(w0[0])
+    b = float(np.max(np.abs(S1h)))
     # Σ0^{1/2} by sqrtm_psd; its inverse from Σ0's eigenpairs (all kept: full rank).
-    R0 = np.asarray(sqrtm_psd(jnp.asarray(S0h)), np.float64)
-    R0i = (u0 / np.sqrt(w0)) @ u0.T
-    C = np.asarray(sqrtm_psd(jnp.asarray(R0 @ S1h @ R0)), np.float64)
+    R0 = np.asarray(sqrtm_psd(jnp.asarray(S0h / a)), np.float64)
+    R0i = (u0 / np.sqrt(w0 / a)) @ u0.T
+    C = np.asarray(sqrtm_psd(jnp.asarray(R0 @ (S1h / b) @ R0)), np.float64)
     T = R0i @ C @ R0i
     T = 0.5 * (T + T.T)
     mu, v = np.linalg.eigh(T)
     if mu[0] <= 0:  # pragma: no cover - T is SPD for full-rank Σ0, Σ1
         raise ValueError(f"internal: Monge map not positive definite (min eigenvalue {mu[0]:.3e})")
-    return [(v * np.log(mu)) @ v.T]
+    shift = 0.5 * (math.log(b) - math.log(a))
+    return [(v * np.log(mu)) @ v.T + shift * np.eye(len(mu))]
 
 
 def _polar_phases(u0, w0, u1, w1, r):
