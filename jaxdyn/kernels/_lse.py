@@ -110,7 +110,9 @@ def blocked_lse(pts, other, pot, eps, *, q_block: int = 1024, k_block: int = LSE
     Args:
       pts: (n, d) points.
       other: (m, d) points of the other cloud.
-      pot: (m,) potentials.
+      pot: (m,) potentials. ``−inf`` is a mask, not a fault: that point of ``other``
+        contributes nothing and the rows stay finite (a Sinkhorn potential ``log 0`` of a
+        point of zero weight); a NaN gives NaN rows and ``+inf`` gives ``+inf`` rows.
       eps: the entropic regularisation ε > 0, finite. A traced value outside the domain
         gives NaN.
       q_block: rows per block.
