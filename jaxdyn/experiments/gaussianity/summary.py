@@ -120,6 +120,31 @@ def departures(res, model, scale, metrics=("sw2", "skew", "kurt")) -> list:
     return out
 
 
+def departure_all(res, model, scale, metrics=("sw2", "skew", "kurt")):
+    """The first layer from which every seed is above the floor at that and every later layer.
+
+    Returns:
+      The layer (None where the last layer of some seed is within the floor).
+    """
+    z = np.stack([guide_array(res, model, scale, m) for m in metrics])
+    above = np.all(np.any(z > Z_GAUSSIAN, axis=0), axis=0)  # per layer: every seed above
+    first = None
+    for layer in range(above.size - 1, -1, -1):
+        if not above[layer]:
+            break
+        first = layer
+    return first
+
+
+def guide_departure_all(model, metrics=("sw2", "skew", "kurt")):
+    """Per input scale, :func:`departure_all` in words ("layer 2", "none")."""
+    def render(res):
+        return "; ".join(
+            f"s = {s:g}: " + ("none" if (x := departure_all(res, model, s, metrics)) is None
+                              else f"layer {x}") for s in _scales(res, model))
+    return render
+
+
 def _departure_words(layers) -> str:
     """Per-seed first layers as "layer 2 in 4 of 5 seeds, layer 3 in 1"."""
     n = len(layers)
@@ -233,6 +258,22 @@ def guide_zmin_after_input(model, metric):
     return render
 
 
+def guide_input_zmax(model, metrics=("sw2", "skew", "kurt", "kurt_pc")):
+    """The z-scores an exact Gaussian cloud reaches: those of the input (layer 0).
+
+    Returns:
+      A renderer: per seed the largest |z| of ``metrics`` at layer 0 over every scale, as the
+      mean (range) over the seeds.
+    """
+    def render(res):
+        from ..guide_numbers import spread
+
+        a = np.stack([guide_array(res, model, s, m)[:, 0] for s in _scales(res, model)
+                      for m in metrics], axis=1)  # (seed, scale × metric)
+        return spread(np.nanmax(np.abs(a), axis=1).tolist(), 2)
+    return render
+
+
 def guide_within(model):
     """How many (seed, scale, layer) states have sliced W2, skewness and kurtosis z all <= 3."""
     def render(res):
@@ -260,9 +301,12 @@ def _guide_renderers() -> dict:
     for m in MODELS:
         out[f"departure_{m}"] = guide_departure(m)
         out[f"departure_pc_{m}"] = guide_departure(m, ("kurt_pc",))
+        out[f"departure_all_{m}"] = guide_departure_all(m)
+        out[f"departure_all_pc_{m}"] = guide_departure_all(m, ("kurt_pc",))
         out[f"sw2_by_scale_{m}"] = guide_sw2_by_scale(m)
         out[f"erank_{m}"] = guide_erank_by_scale(m)
         out[f"within_{m}"] = guide_within(m)
+        out[f"input_zmax_{m}"] = guide_input_zmax(m)
         for metric in ("sw2", "skew", "kurt", "kurt_pc"):
             out[f"zmax_{m}_{metric}"] = guide_zmax(m, metric)
             out[f"zrange_{m}_{metric}"] = guide_zrange(m, metric)
