@@ -199,50 +199,61 @@ def test_large_point_masses_answer_at_once():
     assert time.perf_counter() - t0 < 60
 
 
+def _solve(a, b, eps):
+    return w2_sinkhorn(a, b, epsilon=eps, threshold=1e-9)
+
+
+def _solve_and_gradients(a, b, eps):
+    return _solve(a, b, eps), jax.grad(lambda a, b: _solve(a, b, eps).divergence,
+                                       argnums=(0, 1))(a, b)
+
+
+#: jit of vmap of the solve and the gradients of its divergence: one compiled program for
+#: the two tests below (three members of 20 and 16 points in R², ε traced a member)
+_RUN = jax.jit(jax.vmap(_solve_and_gradients))
+_N, _M = 20, 16
+
+
 def test_point_mass_traced_jit_vmap_grad():
     # one program: jit of vmap of value-and-grad, over members with a point mass y, a point
     # mass x, and two spread clouds
-    x, y = _clouds(n=12, m=12)
+    x, y = _clouds(n=_N, m=_M)
     q, p = np.array([3.0, -1.0]), np.array([-2.0, 0.5])
-    xs = np.stack([x, np.tile(p, (12, 1)), x])
-    ys = np.stack([np.tile(q, (12, 1)), y, y])
-    f = lambda a, b: w2_sinkhorn(a, b, epsilon=0.05)  # noqa: E731
-    div = lambda a, b: f(a, b).divergence  # noqa: E731
-    run = jax.jit(jax.vmap(lambda a, b: (f(a, b), jax.grad(div, argnums=(0, 1))(a, b))))
-    sols, (gx, gy) = run(xs, ys)
+    xs = np.stack([x, np.tile(p, (_N, 1)), x])
+    ys = np.stack([np.tile(q, (_M, 1)), y, y])
+    sols, (gx, gy) = _RUN(xs, ys, np.full(3, 0.05))
     assert np.all(np.isfinite(gx)) and np.all(np.isfinite(gy))
     assert bool(np.all(np.asarray(sols.ok)))
     # the point masses: closed form, no bias, and the gradient 2/N (x_i − q) (y a point mass)
     for k, want in ((0, np.mean(np.sum((x - q) ** 2, 1))), (1, np.mean(np.sum((y - p) ** 2, 1)))):
         assert float(sols.divergence[k]) == pytest.approx(want, rel=1e-12)
         assert float(sols.bias_bound[k]) == 0.0 and float(sols.epsilon[k]) == 0.0
-    np.testing.assert_allclose(gx[0], 2.0 / 12 * (x - q), rtol=1e-12)
-    np.testing.assert_allclose(gy[0], 2.0 / 12 * (q - x.mean(0)) * np.ones((12, 2)), rtol=1e-10)
-    np.testing.assert_allclose(gx[1], 2.0 / 12 * (p - y.mean(0)) * np.ones((12, 2)), rtol=1e-10)
+    np.testing.assert_allclose(gx[0], 2.0 / _N * (x - q), rtol=1e-12)
+    np.testing.assert_allclose(gy[0], 2.0 / _M * (q - x.mean(0)) * np.ones((_M, 2)), rtol=1e-10)
+    np.testing.assert_allclose(gx[1], 2.0 / _N * (p - y.mean(0)) * np.ones((_N, 2)), rtol=1e-10)
     # the spread member is the eager solve's (concrete point masses take no solve at all)
-    eager = f(x, y)
+    eager = _solve(x, y, 0.05)
     assert float(sols.value[2]) == pytest.approx(float(eager.value), rel=1e-8)
-    one = f(x, ys[0])
+    one = _solve(x, ys[0], 0.05)
     assert float(one.value) == pytest.approx(float(sols.value[0]), rel=1e-12)
     assert int(one.stats["num_steps"]) == 0
 
 
 def test_scaled_path_under_jit_vmap_grad():
     # one program over the scales 1e-20, 1, 1e20 (ε scaled with each): the values scale as s,
-    # the gradients of W2² as s (that of s² S_ε(x/s, y/s))
-    x, y = _clouds(n=20, m=16)
+    # the gradients of W2² as s (that of s² S_ε(x/s, y/s)); the program is
+    # test_point_mass_traced_jit_vmap_grad's
+    x, y = _clouds(n=_N, m=_M)
     scales = np.array([1e-20, 1.0, 1e20])
-    f = lambda a, b, eps: w2_sinkhorn(a, b, epsilon=eps, threshold=1e-9)  # noqa: E731
-    div = lambda a, b, eps: f(a, b, eps).divergence  # noqa: E731
-    run = jax.jit(jax.vmap(lambda a, b, eps: (f(a, b, eps), jax.grad(div)(a, b, eps))))
-    sols, g = run(scales[:, None, None] * x, scales[:, None, None] * y, 0.05 * scales ** 2)
+    sols, (g, _) = _RUN(scales[:, None, None] * x, scales[:, None, None] * y,
+                        0.05 * scales ** 2)
     assert bool(np.all(np.asarray(sols.ok)))
     np.testing.assert_allclose(np.asarray(sols.value) / scales, float(sols.value[1]), rtol=1e-10)
     np.testing.assert_allclose(np.asarray(sols.divergence) / scales ** 2,
                                float(sols.divergence[1]), rtol=1e-10)
     for k in (0, 2):
         np.testing.assert_allclose(np.asarray(g[k]) / scales[k], g[1], rtol=1e-8, atol=1e-12)
-    unit = f(x, y, 0.05)
+    unit = _solve(x, y, 0.05)
     assert float(sols.value[1]) == pytest.approx(float(unit.value), rel=1e-10)
     # coupling and Bures under jit and grad at scale
     s = 1e20
@@ -281,7 +292,8 @@ def test_measure_loss_is_homogeneous(dtype):
 
 
 def test_measure_loss_half_precision_warns():
-    x, y = _clouds(n=8, m=8)
+    # the sizes of test_measure_loss_is_homogeneous: its float32 program (the input widened)
+    x, y = _clouds(n=16, m=12)
     ctl = {"Q": np.zeros((1, 2, 2)), "V": np.zeros((1, 2, 2))}
     with pytest.warns(UserWarning, match="computed in float32"):
         j = measure_loss(ctl, jnp.asarray(x, jnp.float16), y, epsilon=0.05)
