@@ -581,6 +581,34 @@ def _bench_causal(res):
             f"{m['cpu_model']}, load {m['loadavg_start'][0]:.1f} at the start)")
 
 
+def _load_words(m) -> str:
+    load = m.get("loadavg_start")
+    return f", load {load[0]:.1f} at its start" if load else ""
+
+
+def _bench_distributed(res):
+    """The two-process sweep against one process with two devices: time ratios, identity."""
+    r = res["result"]
+    reps = {len(v) for v in r["runs"].values()}
+    ratio = r["ratio_2x1_over_1x2"]
+    same = "identical" if r["identical"] else "not identical"
+    return (f"2 processes × 1 device against 1 process × 2 devices took {ratio['wall_s']:.2f}× "
+            f"the wall time of the whole command and {ratio['cpu_s']:.2f}× the CPU time of all "
+            f"processes; the two `data.nc` are {same} ({'one run' if reps == {1} else 'medians of runs'} "
+            f"of each on {res['machine']['cpu_count']} CPU cores, {res['machine']['cpu_model']}"
+            f"{_load_words(res['machine'])})")
+
+
+def _bench_w2_large(res):
+    """The multiscale W2 at the largest N of a w2 benchmark: kernel density, CPU and wall."""
+    row = max(res["result"]["rows"], key=lambda r: r["n"])
+    m = res["machine"]
+    return (f"the last kernels keep {100 * row['kernel_density']:.1f} % of the blocks at "
+            f"N = {_pow10(row['n'])} ({row['case']} clouds, {row['dtype']}): "
+            f"{row['jaxdyn_first_call_cpu_s']:.0f} s of CPU time and {row['jaxdyn_s']:.0f} s of wall "
+            f"time from a cold start on {m['cpu_count']} cores ({m['cpu_model']}), one run")
+
+
 def _corollary(config, what):
     def render(res):
         r = res["results"][config]
@@ -769,7 +797,8 @@ RENDERERS = {
                   "local_scan": _bench_local_scan, "local_field": _bench_local_field,
                   "local_pair_cost": _bench_local_pair_cost,
                   "local_small_beta": _bench_local_small_beta, "pde": _bench_pde,
-                  "pde_ratio": _bench_pde_ratio, "causal": _bench_causal},
+                  "pde_ratio": _bench_pde_ratio, "causal": _bench_causal,
+                  "distributed": _bench_distributed, "w2_large": _bench_w2_large},
     "control_depth": {
         "table": _depth_table, "seeds": _depth_seeds, "replay": _depth_replay,
         "diverged": _depth_divergences,
