@@ -272,9 +272,14 @@ def test_the_curve_orders_points_into_compact_leaves():
     # on S²: a compact leaf covers 64 / 2^15 of the sphere, a cap of radius ≈ 0.088; the
     # curve's leaves stay within a few times that (a random order's leaves span the sphere)
     x = jnp.asarray(_cloud("uniform", n=2 ** 15), jnp.float32)
-    order = _local.spatial_order(x)[0]
-    pts = x[order.perm].reshape(-1, 64, 3)
-    r = np.asarray(_blocks.balls(pts).radius)
+
+    @jax.jit  # one program (op by op, the ordering compiled a hundred small ones)
+    def leaves(x):
+        order = _local.spatial_order(x)[0]
+        return order, _blocks.balls(x[order.perm].reshape(-1, 64, 3)).radius
+
+    order, r = leaves(x)
+    r = np.asarray(r)
     assert np.median(r) < 0.15 and np.quantile(r, 0.99) < 0.3
     assert sorted(np.asarray(order.perm)[np.asarray(order.valid)].tolist()) == list(range(2 ** 15))
 
