@@ -6,7 +6,6 @@ They are checked on small synthetic result files: the ``variants`` and ``sphere`
 
 from __future__ import annotations
 
-import pytest
 
 from jaxdyn.experiments import guide_numbers as gn
 from jaxdyn.experiments.sphere import summary as sphere_summary
@@ -153,3 +152,24 @@ def test_bench_causal_renderer():
         "causal / full = 0.64 and 0.53 of the wall time at N = 4096 and 16384 (CPU time 0.62 and "
         "0.52), against 0.53 and 0.51 of the (row, key block) pairs visited (medians of 7 "
         "interleaved repeats on 2 CPU cores, Test Xeon, load 1.4 at the start)")
+
+
+def _sphere_variants():
+    """Two variants at β = 1 over three seeds, counts saved at t = 0, 5, 10, 15, 20."""
+    t = [0.0, 5.0, 10.0, 15.0, 20.0]
+    counts = {"heads=1, mask=causal": [[512, 30, 1, 1, 1], [512, 40, 2, 1, 1], [512, 20, 1, 1, 1]],
+              "heads=1, mask=none": [[512, 7, 3, 2, 2], [512, 8, 3, 3, 3], [512, 9, 2, 1, 1]]}
+    per = {f"beta=1, {k}": {"cluster_count_per_seed": {"seed": [0, 1, 2], "t": t, "count": c}}
+           for k, c in counts.items()}
+    return {"kind": "sphere", "meta": dict(META), "results": {"per_beta": {}, "per_variant": per}}
+
+
+def test_sphere_variants_table():
+    """Per variant: counts at t = 5, 10, 20 as mean (range); first times as median (range) [k of n]."""
+    R = sphere_summary.GUIDE_RENDERERS
+    table = R["variants_table"](_sphere_variants()).splitlines()
+    assert len(table) == 4
+    assert table[0].startswith("| β | heads | mask | clusters at t = 5 |")
+    assert table[2] == "| 1 | 1 | full | 8 (7–9) | 2.67 (2–3) | 2 (1–3) | 12.5 (10–15) [2 of 3] | 15 [1 of 3] |"
+    assert table[3] == "| 1 | 1 | causal | 30 (20–40) | 1.33 (1–2) | 1 | 10 [3 of 3] | 10 (10–15) [3 of 3] |"
+    assert R["seeds"](_sphere_variants()) == "3 seeds (0–2)"

@@ -61,6 +61,14 @@ def summarize(cfg, ds):
                                               for j in np.linspace(0, len(t) - 1, 5).astype(int)},
                     "time_to_at_most_2_clusters": float(t[few[0]]) if few.size else None,
                 }
+                if "seed" in sel.dims:  # every seed's count at every saved time
+                    other = [d for d in sel.dims if d not in ("seed", "t")]
+                    per = (sel.mean(other) if other else sel).transpose("seed", "t")
+                    var[key]["cluster_count_per_seed"] = {
+                        "seed": [int(s) for s in sel["seed"].values],
+                        "t": [float(x) for x in t],
+                        "count": [[float(c) for c in r] for r in per.values],
+                    }
         res["per_variant"] = var
         if "energy" in ds:
             res["energy_definition"] = ("(1/H) sum_h E_beta(B_h), B_h = Q_h^T K_h of each "
@@ -190,8 +198,106 @@ def guide_systems(res) -> str:
     return f"{nb} β × {ns} seeds" if ns else f"{nb} β"
 
 
+# ---- attention variants (``per_variant``): every seed's cluster count against depth
+
+VARIANT_TIMES = (5.0, 10.0, 20.0)  # the depths of the variants table
+
+
+def _label(key) -> dict:
+    """The coordinates of a ``per_variant`` key ("beta=1, heads=4, mask=causal")."""
+    out = {}
+    for part in key.split(", "):
+        k, _, v = part.partition("=")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def variant_rows(res) -> list:
+    """(coordinates, per-seed counts) of every variant, by β, heads, then full before causal.
+
+    Returns:
+      A list of ``(coords, t, counts)``: ``t`` the saved times, ``counts`` one list per seed.
+    """
+    rows = []
+    for key, v in res["results"]["per_variant"].items():
+        ps = v["cluster_count_per_seed"]
+        rows.append((_label(key), ps["t"], ps["count"]))
+    order = {"none": 0, "causal": 1}
+    return sorted(rows, key=lambda r: (r[0]["beta"], r[0].get("heads", 1),
+                                        order.get(r[0].get("mask", "none"), 2)))
+
+
+def _count(x) -> str:
+    """A cluster count or its mean: an integer as one, else three significant digits."""
+    x = float(x)
+    return f"{x:.0f}" if x == round(x) else f"{x:.3g}"
+
+
+def count_spread(values) -> str:
+    """Counts over the seeds as "mean (min–max)" ("n" alone where every seed has n)."""
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        return _count(lo)
+    return f"{_count(sum(values) / len(values))} ({_count(lo)}–{_count(hi)})"
+
+
+def count_at(t, counts, when) -> list:
+    """Every seed's count at the saved time ``when``."""
+    j = min(range(len(t)), key=lambda i: abs(t[i] - when))
+    return [c[j] for c in counts]
+
+
+def first_time(t, counts, at_most) -> list:
+    """Every seed's first saved time with at most ``at_most`` clusters (None: never)."""
+    return [next((tt for tt, c in zip(t, row) if c <= at_most), None) for row in counts]
+
+
+def time_spread(times) -> str:
+    """First times over the seeds: "median (min–max) [k of n]" of the k seeds that get there."""
+    v = sorted(x for x in times if x is not None)
+    n = len(times)
+    if not v:
+        return f"never [0 of {n}]"
+    k = len(v)
+    med = v[k // 2] if k % 2 else 0.5 * (v[k // 2 - 1] + v[k // 2])
+    text = f"{med:g}" if v[0] == v[-1] else f"{med:g} ({v[0]:g}–{v[-1]:g})"
+    return f"{text} [{k} of {n}]"
+
+
+def guide_variants_table(res) -> str:
+    """Cluster count against depth per β, heads and mask, over the seeds.
+
+    Returns:
+      One row per variant: the count at t = 5, 10, 20 (mean (range) over the seeds) and the
+      first saved t with ≤ 2 and ≤ 1 clusters (median (range) of the seeds that get there,
+      [how many of the seeds]).
+    """
+    head = ["β", "heads", "mask"] + [f"clusters at t = {w:g}" for w in VARIANT_TIMES] + [
+        "first t with ≤ 2 clusters", "first t with 1 cluster"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c, t, counts in variant_rows(res):
+        cells = [f"{c['beta']:g}", f"{c.get('heads', 1):g}",
+                 {"none": "full"}.get(c.get("mask", "none"), c.get("mask"))]
+        cells += [count_spread(count_at(t, counts, w)) for w in VARIANT_TIMES]
+        cells += [time_spread(first_time(t, counts, m)) for m in (2, 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def guide_variant_seeds(res) -> str:
+    """The seeds of a variants run: "5 seeds (0–4)"."""
+    seeds = variant_rows(res)[0][2]
+    ids = next(iter(res["results"]["per_variant"].values()))["cluster_count_per_seed"]["seed"]
+    if ids == list(range(ids[0], ids[0] + len(ids))) and len(ids) > 2:
+        return f"{len(seeds)} seeds ({ids[0]}–{ids[-1]})"
+    return f"{len(seeds)} seeds ({', '.join(str(i) for i in ids)})"
+
+
 GUIDE_RENDERERS = {
-    "run": guide_run, "table": guide_cluster_table, "one_cluster": guide_one_cluster,
+    "run": guide_run, "variants_table": guide_variants_table, "seeds": guide_variant_seeds, "table": guide_cluster_table, "one_cluster": guide_one_cluster,
     "pair_fraction": guide_pair_fraction, "cluster_count": guide_cluster_count,
     "rank_agreement": guide_rank_agreement, "frames_agreement": guide_frames_agreement,
     "systems": guide_systems,
