@@ -140,10 +140,12 @@ def test_keywords_override_the_options_fields():
     Keywords alone start from the defaults of :class:`MeasureControlOptions`; an unknown
     keyword or options of another type are a TypeError.
     """
-    x, y = _clouds(np.float64, n=6)
+    x, y = _clouds(np.float32, n=6)
     # no iteration: the seed alone sets the run (its start, loss and controls); the
-    # optimiser's programs are not compiled for a test of how options are merged
-    base = dict(adam_steps=0, lbfgs_steps=0, sinkhorn_max_iterations=500)
+    # optimiser's programs are not compiled for a test of how options are merged. The clouds
+    # and static options of test_traced_option_out_of_domain_gives_invalid_input: its jitted
+    # run traces the same start segments (the seed and ε are arrays, not static options)
+    base = dict(adam_steps=0, lbfgs_steps=0, sinkhorn_max_iterations=200)
     ref = measure_control(x, y, n_layers=1, options=MeasureControlOptions(seed=3, **base))
     over = measure_control(x, y, n_layers=1, options=MeasureControlOptions(seed=0, **base),
                            seed=3)
@@ -189,9 +191,15 @@ def test_traced_option_out_of_domain_gives_nan():
     # forward flow over |T|: the loss at T = -1 was that at T = +1)
     args = (jnp.array([0.05, -1.0, 0.05, 0.05]), jnp.array([0.5, 0.5, -0.5, 0.5]),
             jnp.array([1.0, 1.0, 1.0, -1.0]))
-    vals, grads = jax.vmap(jax.value_and_grad(loss), in_axes=(None, 0, 0, 0))(_C, *args)
+    vals, grads = jax.jit(jax.vmap(jax.value_and_grad(loss), in_axes=(None, 0, 0, 0)))(_C, *args)
     assert np.isfinite(vals[0]) and np.all(np.isfinite(grads["V"][0]))
     assert np.all(np.isnan(vals[1:])) and np.all(np.isnan(grads["V"][1:]))
+
+
+@pytest.mark.slow  # by default: tests/test_traced_domains.py's "measure_flow t1" entry (jit, vmap)
+def test_traced_negative_t1_gives_a_nan_flow():
+    """measure_flow: a traced T < 0 gives a NaN flow (not the forward flow over |T|)."""
+    x, _ = _clouds(np.float32, n=6)
     assert np.all(np.isnan(jax.jit(lambda t: measure_flow(_C, x, t1=t))(-1.0)))
 
 
