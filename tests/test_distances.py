@@ -3,6 +3,7 @@
 Each test compares two independent computations of one quantity (brute force over
 permutations, scipy's Hungarian solver, closed forms, scipy.linalg.sqrtm)."""
 
+import functools
 import itertools
 import math
 import warnings
@@ -456,6 +457,17 @@ def _sym_directional(G):
     return out
 
 
+# W2² between N(m, A) and N(m1, B) with its gradients in m, A and B: one program (d = 3) for
+# the gradient tests below, the second mean an argument (not a constant of each test's closure)
+_bures_sq_value_and_grad = jax.jit(jax.value_and_grad(
+    lambda m, A, m1, B: bures_w2_squared(m, A, m1, B), argnums=(0, 1, 3)))
+
+
+def _bures_vg_at(m1, m, A, B):
+    """(W2², (∂/∂m, ∂/∂A, ∂/∂B)) between N(m, A) and N(m1, B), float64."""
+    return _bures_sq_value_and_grad(*(jnp.asarray(a, jnp.float64) for a in (m, A, m1, B)))
+
+
 @pytest.mark.parametrize("where", ["generic", "repeated_eigenvalues"])
 def test_bures_gradient_matches_finite_differences(where):
     rng = np.random.default_rng(12)
@@ -464,7 +476,7 @@ def test_bures_gradient_matches_finite_differences(where):
     S1 = np.eye(d) if where == "repeated_eigenvalues" else _random_spd(rng, d, 10.0)
     m0, m1 = rng.standard_normal(d), rng.standard_normal(d)
     # the value and the three gradients from one program (the differences read its value)
-    vg = jax.jit(jax.value_and_grad(lambda m, A, B: bures_w2_squared(m, A, m1, B), argnums=(0, 1, 2)))
+    vg = functools.partial(_bures_vg_at, m1)
     f1 = lambda S: float(vg(m0, S0, S)[0])  # noqa: E731
     gm, G0, G = (np.asarray(a) for a in vg(m0, S0, S1)[1])
     assert np.all(np.isfinite(G))
@@ -480,7 +492,8 @@ def test_bures_gradient_is_finite_at_coincidence_and_rank_deficiency():
     m = np.zeros(d)
     g = jax.grad(lambda S1: bures_w2(m, jnp.asarray(S), m, S1).value)(jnp.asarray(S))
     assert np.all(np.isfinite(np.asarray(g)))
-    g2 = jax.grad(lambda S1: bures_w2_squared(m, jnp.asarray(S), m, S1))(jnp.asarray(np.diag([1.0, 0.5, 0.2])))
+    # ∂/∂S1 of W2² (the finite-difference tests' program)
+    g2 = _bures_vg_at(m, m, jnp.asarray(S), jnp.asarray(np.diag([1.0, 0.5, 0.2])))[1][2]
     assert np.all(np.isfinite(np.asarray(g2)))
 
 
