@@ -212,10 +212,10 @@ def guide_z_at(model, scale, metric, layer):
     return render
 
 
-def guide_erank(model, scale):
-    """The effective rank at the first and the last layer: mean (range) over the seeds."""
+def guide_erank(model, scale, digits=3):
+    """The effective rank at the first and the last layer (``digits`` significant): mean (range) over the seeds."""
     def render(res):
-        cells = _cells(guide_array(res, model, scale, "erank", "value"), 3)
+        cells = _cells(guide_array(res, model, scale, "erank", "value"), digits)
         return f"{cells[0]} → {cells[-1]}"
     return render
 
@@ -315,6 +315,7 @@ def _guide_renderers() -> dict:
             tag = f"{m}_s{s:g}"
             out[f"table_{tag}"] = guide_table(m, s)
             out[f"erank_{tag}"] = guide_erank(m, s)
+            out[f"erank_fine_{tag}"] = guide_erank(m, s, 5)
             out[f"departure_{tag}"] = guide_departure_at(m, s)
             out[f"departure_pc_{tag}"] = guide_departure_at(m, s, ("kurt_pc",))
             for metric in ("sw2", "skew", "kurt", "kurt_pc"):
