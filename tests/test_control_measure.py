@@ -241,7 +241,7 @@ def _depth_sweep(problem, layers, n=96):
     model = "euclidean" if problem == "gaussian_to_mixture" else "sphere"
     # R^2: a small ∫|θ|² keeps the weights where 16 RK4 steps resolve the flow
     cost = dict(cost="energy", cost_weight=1e-3) if model == "euclidean" else {}
-    out, prev = {}, None
+    out, prev, prev_L = {}, None, None
     for L in layers:
         s = max(2, 16 // L)  # 16 RK4 steps over [0, T] at least, 2 a layer at least
         kw = dict(epsilon=0.01, steps_per_layer=s, seed=0, lbfgs_steps=40, **cost)
