@@ -147,7 +147,8 @@ CASES = [
          ("x", "y"), fn=kernels.interaction),
     Case("local_interaction", lambda n, d: {"x": _sphere(n, d), "y": _sphere(n, d, 1)},
          lambda x, y: kernels.local_interaction(x, y, jnp.eye(x.shape[-1], dtype=x.dtype), 2.0),
-         ("x", "y"), _local, heavy=True, fn=kernels.local_interaction),
+         ("x", "y"), _local, heavy=True, fn=kernels.local_interaction,
+         sizes=((3, 2), (1, 2), (8, 3))),  # (d >= 2: the space-filling curve's domain)
     Case("attention_weights", lambda n, d: {"q": _sphere(n, d)[None], "k": _sphere(n, d, 1)[None]},
          lambda q, k: kernels.attention_weights(q, k, 2.0), ("q", "k"),
          fn=kernels.attention_weights),
@@ -267,7 +268,8 @@ CASES += [
     Case("blocked_lse", lambda n, d: {"pts": _sphere(n, d), "other": _sphere(n, d, 1),
                                       "pot": np.zeros(n)},
          lambda pts, other, pot: kernels.blocked_lse(pts, other, pot, 0.5),
-         ("pts", "other", "pot"), fn=kernels.blocked_lse),
+         ("pts", "other", "pot"), masks=(("neginf", "pot"),),  # (−inf: a masked key)
+         fn=kernels.blocked_lse),
     Case("query_sharded_interaction", _sph("x", "y"),
          lambda x, y: jaxdyn.simulation.query_sharded_interaction(x, y, _eye(x), 2.0),
          ("x", "y"), fn=jaxdyn.simulation.query_sharded_interaction),
@@ -322,7 +324,9 @@ CASES += [
          ("x", "m1", "S1"), lambda r: (r.bures, np.asarray(jaxdyn.status_codes(r.result))), rtol=(1e-3, 1e-7), fn=control.cloud_w2_to_gaussian),
     Case("controlled_moments", _mats(m0="vec", S0="spd"),
          lambda m0, S0: control.controlled_moments(
-             {"A": -0.5 * _eye(m0), "B": _eye(m0), "V": _eye(m0), "b": jnp.zeros_like(m0)},
+             # (A = −I: Σ' = −2Σ + 2Σ² stays finite for eigenvalues of S0 below 1; with
+             #  A = −I/2 the d = 3 input, an eigenvalue 0.84 > 1/2, blows up before t1)
+             {"A": -_eye(m0), "B": _eye(m0), "V": _eye(m0), "b": jnp.zeros_like(m0)},
              m0, S0, t1=1.0),
          ("m0", "S0"), _moments, rtol=(1e-4, 1e-7), fn=control.controlled_moments, **MAT),
     Case("measure_control", lambda n, d: {"x0": _cloud(n, d), "target": _cloud(n, d, 1, 1.0)},
@@ -692,3 +696,68 @@ def test_psd_roots_refuse_complex_and_half_precision_by_name(fn):
         with pytest.raises(TypeError, match=rf"^{name} must hold float32 or float64"):
             fn(jnp.eye(2, dtype=dt))
     np.testing.assert_allclose(np.asarray(fn(np.diag([4, 9]))).sum(), 5.0)
+
+
+_F32_F64 = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+
+
+def _huge_tiny(dtype):
+    """Scales whose squares overflow and underflow in ``dtype`` (normal numbers themselves)."""
+    return (1e30, 1e-30) if dtype == np.float32 else (1e300, 1e-300)
+
+
+@_F32_F64
+def test_cloud_stats_radius_of_a_huge_or_tiny_cloud(dtype):
+    # the radius sqrt(max |x|²) of a float32 cloud of size 1e±30 overflowed to inf (underflowed
+    # to 0) concretely, while under jit at d = 1 XLA's sqrt(x²) = |x| gave the finite radius
+    dirs = jnp.ones((1, 1), dtype)
+    for s in _huge_tiny(dtype):
+        xs = jnp.asarray([[[-0.7 * s], [0.2 * s]]], dtype)
+        for f in (gaussian.cloud_stats, jax.jit(gaussian.cloud_stats)):
+            np.testing.assert_allclose(np.asarray(f(xs, dirs)[2], np.float64), [0.7 * s],
+                                       rtol=1e-6)
+
+
+@_F32_F64
+def test_exp_map_of_a_huge_or_tiny_point_is_on_the_sphere(dtype):
+    # the renormalisation of a float32 row of size 1e30 divided by its overflowed norm: a zero
+    # row (concretely at d = 2; under jit at d = 1), not a point of the sphere
+    v = jnp.asarray([[0.03, 0.15]], dtype)
+    for s in _huge_tiny(dtype):
+        x = jnp.asarray([[-s, 0.2 * s]], dtype)
+        want = np.asarray(sphere.normalize(np.cos(0.153) * np.asarray(x, np.float64)
+                                           + np.sinc(0.153 / np.pi) * np.asarray(v, np.float64)))
+        for f in (sphere.exp_map, jax.jit(sphere.exp_map)):
+            np.testing.assert_allclose(np.asarray(f(x, v), np.float64), want, rtol=1e-5)
+    x1 = jnp.asarray([[-_huge_tiny(dtype)[0]]], dtype)  # d = 1: the point itself
+    np.testing.assert_array_equal(np.asarray(jax.jit(sphere.exp_map)(x1, v[:, :1])), [[-1.0]])
+
+
+@_F32_F64
+def test_certificate_of_a_subnormal_covariance(dtype):
+    # a subnormal S0 (full rank, d = 1): S0^{1/2} S1 S0^{1/2} underflowed to 0 and the Monge
+    # map read 0: "internal: Monge map not positive definite"; it is sqrt(S1/S0)
+    s0 = float(np.finfo(dtype).smallest_subnormal)
+    c = control.certificate(np.zeros(1, dtype), np.array([[s0]], dtype), np.ones(1, dtype),
+                            np.array([[0.5]], dtype), t1=1.0, verify=False)
+    assert jaxdyn.is_successful(c.result) and c.construction == "monge"
+    np.testing.assert_allclose(np.asarray(c.G, np.float64), [[np.sqrt(0.5) / np.sqrt(s0)]],
+                               rtol=1e-5)
+    assert float(c.residual) < 1e-5
+
+
+@_F32_F64
+def test_blocked_lse_reads_minus_inf_potentials_as_a_mask(dtype):
+    # pot = −inf is a documented mask (a key of zero weight), not a fault: finite rows equal
+    # to the log-sum-exp over the other keys; all keys masked: −inf
+    x = _sphere(4, 3)
+    pot = np.array([0.1, -np.inf, 0.3, -0.2])
+    got = np.asarray(kernels.blocked_lse(jnp.asarray(x, dtype), jnp.asarray(x, dtype),
+                                         jnp.asarray(pot, dtype), 0.5), np.float64)
+    keep = np.isfinite(pot)
+    cost = np.sum((x[:, None] - x[None, keep]) ** 2, -1)
+    want = 0.5 * np.log(np.sum(np.exp((pot[keep] - cost) / 0.5), -1))
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    allmasked = kernels.blocked_lse(jnp.asarray(x, dtype), jnp.asarray(x, dtype),
+                                    jnp.full(4, -jnp.inf, dtype), 0.5)
+    assert np.all(np.asarray(allmasked) == -np.inf)
