@@ -6,6 +6,7 @@ They are checked on small synthetic result files: the ``variants`` and ``sphere`
 
 from __future__ import annotations
 
+import pytest
 
 from jaxdyn.experiments import guide_numbers as gn
 from jaxdyn.experiments.sphere import summary as sphere_summary
@@ -173,3 +174,17 @@ def test_sphere_variants_table():
     assert table[2] == "| 1 | 1 | full | 8 (7–9) | 2.67 (2–3) | 2 (1–3) | 12.5 (10–15) [2 of 3] | 15 [1 of 3] |"
     assert table[3] == "| 1 | 1 | causal | 30 (20–40) | 1.33 (1–2) | 1 | 10 [3 of 3] | 10 (10–15) [3 of 3] |"
     assert R["seeds"](_sphere_variants()) == "3 seeds (0–2)"
+
+
+def test_sphere_variants_phrases():
+    """The findings' phrases: one variant per head count, and every run at a β."""
+    R = sphere_summary.GUIDE_RENDERERS
+    res = _sphere_variants()
+    assert R["beta1_one_causal"](res) == "10 (10–15) [3 of 3] (1 head)"
+    assert R["beta1_one_full"](res) == "15 [1 of 3] (1 head)"
+    assert R["beta1_two"](res) == "5 of the 6 runs"
+    res["results"]["per_variant"]["beta=1, heads=1, mask=none"]["cluster_count_per_seed"][
+        "count"][1][-1] = 2
+    assert R["beta1_two"](res) == "every one of the 6 runs, at t = 10–20"
+    with pytest.raises(KeyError, match="β = 9"):
+        R["beta9_t5_full"](res)

@@ -296,8 +296,62 @@ def guide_variant_seeds(res) -> str:
     return f"{len(seeds)} seeds ({', '.join(str(i) for i in ids)})"
 
 
+def _heads_words(h) -> str:
+    return f"{h:g} head" + ("" if h == 1 else "s")
+
+
+def variant_phrase(beta, mask, cell):
+    """A renderer: ``cell(t, counts)`` of every head count at ``beta`` and ``mask``, joined.
+
+    Returns:
+      A function of the result: "cell (1 head), cell (4 heads), …".
+    """
+    def render(res):
+        parts = [f"{cell(t, counts)} ({_heads_words(c.get('heads', 1))})"
+                 for c, t, counts in variant_rows(res)
+                 if c["beta"] == beta and c.get("mask", "none") == mask]
+        if not parts:
+            raise KeyError(f"no variant with β = {beta:g}, mask {mask}")
+        return ", ".join(parts)
+    return render
+
+
+def variant_all_reach(beta, at_most):
+    """A renderer: how many runs at ``beta`` (every variant and seed) get to ``at_most`` clusters.
+
+    Returns:
+      A function of the result: "every one of the n runs, by t = a–b" or "k of the n runs".
+    """
+    def render(res):
+        times = [x for c, t, counts in variant_rows(res) if c["beta"] == beta
+                 for x in first_time(t, counts, at_most)]
+        hit = [x for x in times if x is not None]
+        if len(hit) == len(times):
+            return f"every one of the {len(times)} runs, at t = {min(hit):g}–{max(hit):g}"
+        return f"{len(hit)} of the {len(times)} runs"
+    return render
+
+
+def _at(when):
+    return lambda t, counts: count_spread(count_at(t, counts, when))
+
+
+def _first(at_most):
+    return lambda t, counts: time_spread(first_time(t, counts, at_most))
+
+
 GUIDE_RENDERERS = {
-    "run": guide_run, "variants_table": guide_variants_table, "seeds": guide_variant_seeds, "table": guide_cluster_table, "one_cluster": guide_one_cluster,
+    "run": guide_run, "variants_table": guide_variants_table, "seeds": guide_variant_seeds,
+    "beta1_two": variant_all_reach(1.0, 2),
+    "beta1_one_causal": variant_phrase(1.0, "causal", _first(1)),
+    "beta1_one_full": variant_phrase(1.0, "none", _first(1)),
+    "beta9_two_full": variant_phrase(9.0, "none", _first(2)),
+    "beta9_two_causal": variant_phrase(9.0, "causal", _first(2)),
+    "beta9_one": variant_all_reach(9.0, 1),
+    "beta9_t5_full": variant_phrase(9.0, "none", _at(5.0)),
+    "beta9_t5_causal": variant_phrase(9.0, "causal", _at(5.0)),
+    "beta9_t20_full": variant_phrase(9.0, "none", _at(20.0)),
+    "beta9_t20_causal": variant_phrase(9.0, "causal", _at(20.0)), "table": guide_cluster_table, "one_cluster": guide_one_cluster,
     "pair_fraction": guide_pair_fraction, "cluster_count": guide_cluster_count,
     "rank_agreement": guide_rank_agreement, "frames_agreement": guide_frames_agreement,
     "systems": guide_systems,
