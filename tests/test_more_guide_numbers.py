@@ -188,3 +188,22 @@ def test_sphere_variants_phrases():
     assert R["beta1_two"](res) == "every one of the 6 runs, at t = 10–20"
     with pytest.raises(KeyError, match="β = 9"):
         R["beta9_t5_full"](res)
+
+
+def test_variants_heads_causal_spans_render_from_their_result_file():
+    """The variants guide's heads × mask section equals what its committed result file renders."""
+    guide = (gn.ROOT / "docs/guides/variants.md").read_text()
+    spans = [m for m in gn.SPAN.finditer(guide) if m.group(2).startswith("variants_heads_causal.")]
+    assert {m.group(2).split(".", 1)[1] for m in spans} >= {"variants_table", "run", "seeds"}
+    cache = {}
+    for m in spans:
+        body = gn.render(m.group(2), gn.ROOT, cache)
+        assert m.group(3).strip("\n") == body, m.group(2)
+    res = cache["variants_heads_causal"]
+    assert res["kind"] == "sphere" and res["meta"]["command"].startswith("jaxdyn run")
+    variants = res["results"]["per_variant"]
+    assert len(variants) == 12  # β × heads × mask
+    for v in variants.values():
+        ps = v["cluster_count_per_seed"]
+        assert len(ps["seed"]) >= 5 and len(ps["count"]) == len(ps["seed"])
+    assert len(gn.render("variants_heads_causal.variants_table", gn.ROOT).splitlines()) == 14

@@ -348,6 +348,7 @@ GUIDE_RENDERERS = {
     "beta9_two_full": variant_phrase(9.0, "none", _first(2)),
     "beta9_two_causal": variant_phrase(9.0, "causal", _first(2)),
     "beta9_one": variant_all_reach(9.0, 1),
+    "beta9_one_causal": variant_phrase(9.0, "causal", _first(1)),
     "beta9_t5_full": variant_phrase(9.0, "none", _at(5.0)),
     "beta9_t5_causal": variant_phrase(9.0, "causal", _at(5.0)),
     "beta9_t20_full": variant_phrase(9.0, "none", _at(20.0)),
