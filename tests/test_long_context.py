@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxdyn
 from jaxdyn import long_context as lc
 from jaxdyn.kernels import weight_statistics
 
