@@ -152,7 +152,14 @@ def test_bench_causal_renderer():
     assert gn.RENDERERS["benchmark"]["causal"](res) == (
         "causal / full = 0.64 and 0.53 of the wall time at N = 4096 and 16384 (CPU time 0.62 and "
         "0.52), against 0.53 and 0.51 of the (row, key block) pairs visited (medians of 7 "
-        "interleaved repeats on 2 CPU cores, Test Xeon, load 1.4 at the start)")
+        "interleaved repeats on 2 CPU cores (Test Xeon), load 1.4 at its start)")
+
+
+def test_bench_machine_words():
+    """A benchmark's machine in words: the model and the load where recorded."""
+    m = {"cpu_count": 2, "cpu_model": "Test Xeon", "loadavg_start": [1.39, 2.5, 4.5]}
+    assert gn.bench_machine_words(m) == "2 CPU cores (Test Xeon), load 1.4 at its start"
+    assert gn.bench_machine_words({"cpu_count": 2}) == "2 CPU cores"
 
 
 def _sphere_variants():

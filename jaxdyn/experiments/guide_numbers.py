@@ -266,6 +266,14 @@ def run_cost(meta) -> str:
 
 
 
+
+def bench_machine_words(m) -> str:
+    """A benchmark result's machine in words: "2 CPU cores (model), load 1.5 at its start"."""
+    load = m.get("loadavg_start")
+    model = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
+    return (f"{m['cpu_count']} CPU cores{model}"
+            + (f", load {load[0]:.1f} at its start" if load else ""))
+
 # ---------------------------------------------------------------- concentration
 
 
@@ -458,8 +466,7 @@ def _bench_control_measure(res):
             f"with a checkpoint per RK4 step")
     if plain.startswith("skipped: "):
         text += f" (plain autograd was {plain})"
-    return (text + f"; one run of each on {m['cpu_count']} CPU cores ({m['cpu_model']}), load "
-            f"{m['loadavg_start'][0]:.1f} at its start")
+    return text + f"; one run of each on {bench_machine_words(m)}"
 
 
 def _bench_moments(res):
@@ -475,8 +482,7 @@ def _bench_moments(res):
             f"covariance error of {cov(j)} against {cov(s)} (reference: rtol "
             f"{r['reference']['rtol']:g}); explicit Euler with PSD projection at dt = {e['dt']:g}: "
             f"{e['seconds']:.1f} s, off by up to {100 * e['errors']['cov_rel_nonstiff']['max']:.0f} %; "
-            f"one run of each on {m['cpu_count']} CPU cores, load {m['loadavg_start'][0]:.1f} "
-            f"at its start")
+            f"one run of each on {bench_machine_words(m)}")
 
 
 _SUP = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -577,13 +583,7 @@ def _bench_causal(res):
     return (f"causal / full = {both('causal_over_full')} of the wall time at N = "
             f"{both('n', '{}')} (CPU time {both('causal_over_full_cpu')}), "
             f"against {both('key_blocks_visited_fraction')} of the (row, key block) pairs visited "
-            f"(medians of {res['result']['reps']} interleaved repeats on {m['cpu_count']} CPU cores, "
-            f"{m['cpu_model']}, load {m['loadavg_start'][0]:.1f} at the start)")
-
-
-def _load_words(m) -> str:
-    load = m.get("loadavg_start")
-    return f", load {load[0]:.1f} at its start" if load else ""
+            f"(medians of {res['result']['reps']} interleaved repeats on {bench_machine_words(m)})")
 
 
 def _bench_distributed(res):
@@ -595,8 +595,7 @@ def _bench_distributed(res):
     return (f"2 processes × 1 device against 1 process × 2 devices took {ratio['wall_s']:.2f}× "
             f"the wall time of the whole command and {ratio['cpu_s']:.2f}× the CPU time of all "
             f"processes; the two `data.nc` are {same} ({'one run' if reps == {1} else 'medians of runs'} "
-            f"of each on {res['machine']['cpu_count']} CPU cores, {res['machine']['cpu_model']}"
-            f"{_load_words(res['machine'])})")
+            f"of each on {bench_machine_words(res['machine'])})")
 
 
 def _bench_w2_large(res):
@@ -606,7 +605,7 @@ def _bench_w2_large(res):
     return (f"the last kernels keep {100 * row['kernel_density']:.1f} % of the blocks at "
             f"N = {_pow10(row['n'])} ({row['case']} clouds, {row['dtype']}): "
             f"{row['jaxdyn_first_call_cpu_s']:.0f} s of CPU time and {row['jaxdyn_s']:.0f} s of wall "
-            f"time from a cold start on {m['cpu_count']} cores ({m['cpu_model']}), one run")
+            f"time from a cold start on {bench_machine_words(m)}, one run")
 
 
 def _corollary(config, what):
