@@ -751,6 +751,26 @@ def test_certificate_of_a_subnormal_covariance(dtype):
     assert float(c.residual) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.slow_dtype("f32")  # one compiled check solve a dtype: f32 under -m slow
+def test_certificate_verifies_at_any_scale(dtype):
+    # the check solve of a tiny S0 (1e-300 in float64) raised "S0 must be positive
+    # semi-definite" from the Bures W2 of its own output: its absolute tolerance ignored the
+    # state. It runs rescaled now: W2 at rounding relative to the scale, or, for a growth
+    # the dtype cannot resolve, status `large` and W2 NaN, never an exception
+    tiny, huge = (1e-30, 1e30) if dtype == np.float32 else (1e-300, 1e300)
+    rel = 1e-4 if dtype == np.float32 else 1e-10
+    S0, S1 = np.diag([1.0, 2.0]), np.array([[1.0, 0.3], [0.3, 3.0]])
+    for s0, s1 in ((tiny, tiny), (huge, huge), (1.0, 1e4), (1e4, 1.0), (1e-20, 1e-24)):
+        c = control.certificate(np.full(2, np.sqrt(s0)), (S0 * s0).astype(dtype), None,
+                                (S1 * s1).astype(dtype), t1=1.0, n_pieces=8)
+        assert jaxdyn.is_successful(c.result), (s0, s1, c.result)
+        assert float(c.w2) <= rel * np.sqrt(max(s0, s1)), (s0, s1, float(c.w2))
+    c = control.certificate(np.zeros(2), (S0 * tiny).astype(dtype), None, S1.astype(dtype),
+                            t1=1.0, n_pieces=8)
+    assert bool(c.result == jaxdyn.RESULTS.large) and np.isnan(float(c.w2))
+
+
 @_F32_F64
 def test_blocked_lse_reads_minus_inf_potentials_as_a_mask(dtype):
     # pot = −inf is a documented mask (a key of zero weight), not a fault: finite rows equal

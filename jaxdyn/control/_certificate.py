@@ -202,6 +202,36 @@ def _offset(phases, h, n, m0h, m1h):
     return Phi, bvals, mean_res
 
 
+def _verify(A_c, bvals, m0, S0, m1, S1, t1, dtype, rtol, atol):
+    """The certificate's check solve and its Bures W2 at t1.
+
+    With V = B = 0 the moment ODE is linear, so the problem divided by sigma (means, b) and
+    sigma^2 (covariances), sigma a power of two that brings the smaller of S0 and S1 to unit
+    size, is solved exactly as the original one scaled: the absolute tolerance means the same
+    at any scale (a 1e-300 covariance is not below it). The blow-up threshold is the solve's
+    default (1e6) where the growth asked for is below 1e5 (the program ``reach`` compiles),
+    the largest the dtype resolves otherwise (a linear ODE has no blow-up). A growth beyond what the dtype resolves
+    (``1e-3 / eps``) stops the solve with status ``large`` and W2 NaN."""
+    sizes = [float(np.max(np.abs(S))) for S in (S0, S1)]
+    sizes = [x for x in sizes if x > 0 and np.isfinite(x)]
+    e = (np.frexp(min(sizes))[1] + 1) // 2 if sizes else 0  # sigma = 2^e, sigma^2 ~ min size
+    growth = max(sizes) / min(sizes) if sizes else 1.0
+    m0, m1, b = (np.ldexp(a, -e) for a in (m0, m1, bvals))
+    S0, S1 = (np.ldexp(a, -2 * e) for a in (S0, S1))
+    zeros = Control(jnp.zeros_like(A_c.values), t1)
+    ctr = {"A": A_c, "B": zeros, "V": zeros, "b": Control(jnp.asarray(b, dtype), t1)}
+    sol = controlled_moments(ctr, jnp.asarray(m0, dtype), jnp.asarray(S0, dtype), t1=t1,
+                             rtol=rtol, atol=atol,
+                             blowup_threshold=1e6 if growth <= 1e5 else 1e300)  # cut to 1e-3/eps
+    status = sol.status
+    w2 = jnp.asarray(jnp.nan, dtype)
+    if int(status) == status_code("successful"):
+        w2 = jnp.ldexp(jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final,
+                                                 jnp.asarray(m1, dtype), jnp.asarray(S1, dtype))),
+                       e)
+    return w2, status
+
+
 def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
                 rank_rtol: Optional[float] = None, verify: bool = True,
                 rtol: Optional[float] = None, atol: Optional[float] = None) -> Certificate:
@@ -226,10 +256,15 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
         rank_rtol: relative eigenvalue cut of the numerical rank (default sqrt(eps)).
             Eigenvalues below it are treated as 0 (regularised square roots); the largest
             one dropped is reported as ``dropped``.
-        verify: solve the moment ODE with these controls (``solve_moments``) and report the
-            Bures W2 at t1.
+        verify: solve the moment ODE with these controls (``controlled_moments``) and report
+            the Bures W2 at t1. The solve runs on the problem rescaled by a power of two that
+            brings the smaller of S0 and S1 to unit size (exact: the ODE is linear when
+            V = B = 0), so that it is right at any scale; a growth from S0 to S1 beyond what
+            the dtype resolves (``1e-3 / eps``: 4.5e12 in float64) is reported as status
+            ``large`` with W2 NaN.
         rtol: the verification solve's relative tolerance (default 1e-11 in float64).
-        atol: its absolute tolerance (default 1e-13 in float64).
+        atol: its absolute tolerance, in units of the smaller covariance (default 1e-13 in
+            float64).
 
     Dtypes: S0 float32 or float64 (the certificate's dtype; an integer S0 is refused by name);
     m0, m1, S1 float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and
@@ -277,12 +312,7 @@ def certificate(m0, S0, m1, S1, *, t1=1.0, n_pieces: Optional[int] = None,
     b_c = Control(jnp.asarray(bvals, dtype), t1)
     w2, status = None, jnp.asarray(status_code("successful"), jnp.int32)
     if verify:
-        ctr = {"A": A_c, "B": Control(jnp.zeros_like(A_c.values), t1),
-               "V": Control(jnp.zeros_like(A_c.values), t1), "b": b_c}
-        sol = controlled_moments(ctr, m0, S0, t1=t1, rtol=rtol, atol=atol)
-        status = sol.status
-        w2 = jnp.where(status == status_code("successful"),
-                       jnp.sqrt(bures_w2_squared(sol.mean_final, sol.cov_final, m1, S1)), jnp.nan)
+        w2, status = _verify(A_c, bvals, m0h, S0h, m1h, S1h, t1, dtype, rtol, atol)
     arr = functools.partial(jnp.asarray, dtype=dtype)
     return Certificate(A=A_c, b=b_c, G=arr(Phi), dropped=arr(dropped), residual=arr(cov_res),
                        mean_residual=arr(mean_res), energy=arr(energy), w2=w2,

@@ -249,7 +249,7 @@ def _tight_tols(dtype, rtol, atol):
 
 
 def controlled_moments(controls: Mapping, m0, S0, *, t1, saveat=None, rtol=None, atol=None,
-                       solver=None, max_steps: int = 16384):
+                       solver=None, max_steps: int = 16384, blowup_threshold: float = 1e6):
     """The moment ODE under given controls: the adaptive reference solve.
 
     :func:`jaxdyn.gaussian.solve_moments` with ``A, B, V, b`` from ``controls``. The default
@@ -267,6 +267,8 @@ def controlled_moments(controls: Mapping, m0, S0, *, t1, saveat=None, rtol=None,
         atol: absolute tolerance (default above).
         solver: a diffrax solver (default ``Dopri8()``).
         max_steps: the step budget.
+        blowup_threshold: as :func:`~jaxdyn.gaussian.solve_moments` (the solve stops, status
+            ``large`` or ``blowup``, once ``‖Σ‖_F`` passes it times ``max(‖Σ0‖_F, 1)``).
 
     Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name); m0
     float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and complex are
@@ -279,7 +281,7 @@ def controlled_moments(controls: Mapping, m0, S0, *, t1, saveat=None, rtol=None,
     rtol, atol = _tight_tols(S0.dtype, rtol, atol)
     return solve_moments(m0, S0, A=controls["A"], B=controls["B"], V=controls["V"],
                          b=controls["b"], t1=t1, saveat=saveat, rtol=rtol, atol=atol,
-                         solver=solver, max_steps=max_steps)
+                         solver=solver, max_steps=max_steps, blowup_threshold=blowup_threshold)
 
 
 def _energy_values(vals, kind, t1):
