@@ -210,8 +210,12 @@ def _verify(A_c, bvals, m0, S0, m1, S1, t1, dtype, rtol, atol):
     size, is solved exactly as the original one scaled: the absolute tolerance means the same
     at any scale (a 1e-300 covariance is not below it). The blow-up threshold is the solve's
     default (1e6) where the growth asked for is below 1e5 (the program ``reach`` compiles),
-    the largest the dtype resolves otherwise (a linear ODE has no blow-up). A growth beyond what the dtype resolves
-    (``1e-3 / eps``) stops the solve with status ``large`` and W2 NaN."""
+    the largest the dtype resolves otherwise (``1e-3 / eps``; a linear ODE has no blow-up).
+
+    Returns:
+        ``(w2, status)``: W2 in the caller's units (NaN unless the solve succeeded; a growth
+        beyond the dtype's reach stops it with status ``large``) and the solve's status code.
+    """
     sizes = [float(np.max(np.abs(S))) for S in (S0, S1)]
     sizes = [x for x in sizes if x > 0 and np.isfinite(x)]
     e = (np.frexp(min(sizes))[1] + 1) // 2 if sizes else 0  # sigma = 2^e, sigma^2 ~ min size
