@@ -74,7 +74,7 @@ def test_sphere_attention_forward_mode_equals_dense():
     _close_trees((pb, tb), (pd, td), dtype)
 
 
-@pytest.mark.slow_dtype("f32")  # f64 (1e-10) in the default suite; the blocked VJP in float32: test_sphere_attention_gradient_equals_dense[f32]
+@pytest.mark.slow  # another normalization of the blocked VJP (softmax, float32 and float64, by default: test_sphere_attention_gradient_equals_dense); not in the default suite: the unnormalised weights' VJP
 def test_unnormalized_gradient_equals_dense(dtype):
     """The unnormalised weights (no shift) take the same blocked derivative."""
     n, d = 90, 3
@@ -93,7 +93,7 @@ def test_unnormalized_gradient_equals_dense(dtype):
     _close_trees(gb, gd, dtype)
 
 
-@pytest.mark.slow_dtype("f32")  # f64 (1e-10) in the default suite; the blocked VJP in float32: test_sphere_attention_gradient_equals_dense[f32]
+@pytest.mark.slow  # 7.1 CPU-s in float64; the blocked heads VJP (causal) equals dense by default: tests/test_kernels_online.py::test_causal_gradient_under_vmap_over_query_offsets
 def test_multihead_gradient_equals_dense(dtype):
     """MultiHeadAttention (2 heads, causal, ALiBi, RoPE): ∂/∂(Q, K, V, β, α, x) blocked = dense."""
     n, d, H = 100, 4, 2

@@ -174,6 +174,7 @@ def test_coupling_jit_vmap_grad():
                                [float(w2_coupling(a, y).value) for a in xs], rtol=1e-12)
 
 
+@pytest.mark.slow  # Bures gradients against finite differences by default: tests/test_distances.py::test_bures_gradient_matches_finite_differences; under jit and vmap: tests/test_distances.py::test_bures_is_symmetric_and_jit_vmap[f64]
 def test_bures_value_gradient_matches_finite_differences():
     rng = np.random.default_rng(6)
     d = 3

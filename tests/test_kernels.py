@@ -65,13 +65,12 @@ def test_kernel_matches_double_loop(dtype, normalization, kernel):
 def _sizes():
     """The (dtype, n, normalization) cases of test_blocked_equals_dense, the slow ones marked.
 
-    511 and 1030 (more remainders of the same block layouts) under -m slow (~40 s of
-    compiles); float64 (the tighter tolerance) by default, float32 under -m slow (the float32
-    blocked kernel against a double loop, ragged key and query blocks, every normalization,
-    by default: test_kernel_matches_double_loop). At 513 the softmax weights by default, the
-    unnormalised and hardmax ones under -m slow (the same block layouts; their blocked steps
-    by default: 1 and 5 points here and, with several ragged key and query blocks, in
-    float32 and float64, test_kernel_matches_double_loop).
+    511, 513 and 1030 (many blocks, ragged last ones, of the three layouts) under -m slow
+    (tens of seconds of compiles); by default 1 and 5 points here (one ragged block) and, with several
+    ragged key and query blocks in float32 and float64 for every normalization,
+    test_kernel_matches_double_loop. float64 (the tighter tolerance) by default, float32
+    under -m slow (the float32 blocked kernel against a double loop by default:
+    test_kernel_matches_double_loop).
 
     Returns:
         The ``pytest.param`` list.
@@ -80,8 +79,7 @@ def _sizes():
     for normalization in ("softmax", "unnormalized", "hardmax"):
         for dt, name in ((np.float32, "f32"), (np.float64, "f64")):
             for n in (1, 5, 511, 513, 1030):
-                slow = (n in (511, 1030) or name == "f32"
-                        or (n == 513 and normalization != "softmax"))
+                slow = n in (511, 513, 1030) or name == "f32"
                 out.append(pytest.param(dt, n, normalization, id=f"{normalization}-{name}-{n}",
                                         marks=[pytest.mark.slow] if slow else []))
     return out
@@ -135,6 +133,7 @@ def test_block_sizes_meaning_the_same_blocks_share_one_program():
     np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.slow  # float32 at large β by default: tests/test_blocked_extra.py::test_large_beta_float32_hits_are_exact and ::test_fused_logits_large_beta_float32
 def test_large_beta_float32_no_overflow():
     d = 3
     x = _sphere(0, 600, d, np.float32)

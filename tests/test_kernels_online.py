@@ -85,6 +85,7 @@ def test_variant_default_guard_float32(dtype=np.float32):
         _close(got, want, dtype)
 
 
+@pytest.mark.slow  # the shared guard (O.SAFE_SHIFT) is shown live by default: tests/test_blocked_extra.py::test_bound_shift_guard_is_live_and_batch_wide
 def test_variant_guard_is_live(monkeypatch):
     # β = 200 with random queries and keys: the Cauchy–Schwarz bound lies far above the
     # rows' logits, so only the running maximum keeps the weights in float32's range. The
@@ -98,6 +99,7 @@ def test_variant_guard_is_live(monkeypatch):
         assert not np.all(np.isfinite(np.asarray(forced)))
 
 
+@pytest.mark.slow  # 3.3 CPU-s; not in the default suite: the bound with negative ALiBi slopes (positive slopes blocked = dense: tests/test_variants_attention.py::test_blocked_equals_dense_masked)
 def test_negative_alibi_slopes_are_bounded(monkeypatch):
     # the kernel takes any slope; with α < 0 the term −α|i − j| raises logits by up to
     # |α|(n − 1) = 99, which the bound includes: forced everywhere, the bound shift still
@@ -138,9 +140,9 @@ def test_one_head_is_the_sphere_kernel():
     np.testing.assert_allclose(np.asarray(m1[0]), np.asarray(m2), rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("dt,beta", [(np.float32, 55.0),
-                                     pytest.param(np.float64, 590.0, marks=pytest.mark.slow)],
-                         ids=["f32", "f64"])  # float64 by default: tests/test_blocked_extra.py (same quotient)
+@pytest.mark.slow  # the same quotient's derivative, float32 and float64, by default: tests/test_blocked_extra.py::test_gradient_where_the_largest_weight_is_tiny_equals_dense
+@pytest.mark.parametrize("dt,beta", [(np.float32, 55.0), (np.float64, 590.0)],
+                         ids=["f32", "f64"])
 def test_variant_gradient_where_the_largest_weight_is_tiny_equals_dense(dt, beta):
     # one query e1 against keys orthogonal to it: every logit is 0 and the bound is β, so
     # the normaliser is e^-β; the bound shift is taken up to SAFE_SHIFT. The quotient's
@@ -182,8 +184,8 @@ def test_variant_gradients_blocked_equal_dense():
 
 
 
-@pytest.mark.slow_dtype("f64")  # the loops' bounds are dtype-free; f64 runs with -m slow
-@pytest.mark.parametrize("p", [3, pytest.param(10, marks=pytest.mark.slow)],
+@pytest.mark.slow  # 8.3 CPU-s (a program per layout); not in the default suite: the ragged and unaligned causal block layouts (causal blocked = dense by default: test_causal_gradient_under_vmap_over_query_offsets, tests/test_variants_attention.py::test_blocked_equals_dense_masked)
+@pytest.mark.parametrize("p", [3, 10],
                          ids=["fused", "matmul"])  # the CPU tiles' two logits
 def test_causal_key_blocks_visited_equal_dense(dtype, p):
     # the causal pass visits the key blocks wholly before a query block unmasked, then per

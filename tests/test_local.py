@@ -127,6 +127,7 @@ def test_other_spaces_and_cross_attention(d, kind):
     assert np.all(err <= TOL)
 
 
+@pytest.mark.slow  # an expensive second dtype (5.5 CPU-s); not in the default suite: the float32 local kernel's error (float64: the certificate tests)
 def test_float32_error_is_the_bound_plus_rounding():
     x32 = jnp.asarray(_cloud("clustered"), jnp.float32)
     beta = 3000.0
@@ -166,6 +167,7 @@ def test_gradients_match_the_blocked_kernel():
                                        err_msg=kernel)
 
 
+@pytest.mark.slow  # 6 CPU-s, its own vmapped program; not in the default suite: vmap over β (jit and reverse mode: test_gradients_match_the_blocked_kernel)
 def test_vmap_over_beta_and_the_auto_choice():
     x = jnp.asarray(_cloud("uniform"))
     betas = jnp.asarray([5.0, 3000.0])
@@ -181,6 +183,7 @@ def test_vmap_over_beta_and_the_auto_choice():
     assert float(st.visited[0]) > float(st.visited[1])
 
 
+@pytest.mark.slow  # the dense answer equal to the blocked kernel's by default: test_an_overflow_is_answered_or_reported_never_truncated; the auto branch: test_gradients_match_the_blocked_kernel
 def test_the_auto_choice_answers_wide_lists_with_the_blocked_kernel():
     x = jnp.asarray(_cloud("uniform"))
     # max_visited (what kernel="auto" sets): the blocked kernel answers the wide lists
@@ -225,6 +228,7 @@ def test_an_overflow_can_be_reported_as_nan():
     assert bool(st.overflow) and bool(jnp.all(jnp.isnan(out)))
 
 
+@pytest.mark.slow  # 16 CPU-s (the model's step and a simulate program); not in the default suite: models forwarding kernel='local' and simulate's record_local statistics (the kernel itself: the certificate tests)
 def test_models_take_the_local_kernel_and_simulate_records_its_certificate():
     x = jnp.asarray(_cloud("uniform", n=1024))
     eye = jnp.eye(3)

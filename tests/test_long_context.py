@@ -59,6 +59,7 @@ def _np_layer(x, beta):
     return w @ x
 
 
+@pytest.mark.slow_dtype("f32")  # one dtype of a model-level statistic by default: float64
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-9), (np.float32, 2e-4)])
 def test_layer_angle_ratio_and_mean_inner_product_match_numpy(dtype, rtol):
     x = np.asarray(lc.nearly_equiangular_tokens(jax.random.PRNGKey(0), 200, 24, 0.5, dtype=dtype))

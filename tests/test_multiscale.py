@@ -82,7 +82,8 @@ def _recursive_leaves(p, block, units):
     return np.stack(out)
 
 
-@pytest.mark.parametrize("case", ["clusters", "gaussian", "plane"])
+# the plane (d = 2, its own programs) under -m slow: the same ordering, another dimension
+@pytest.mark.parametrize("case", ["clusters", "gaussian", pytest.param("plane", marks=pytest.mark.slow)])
 def test_kd_order_equals_the_recursive_tree(case):
     # the shared, jitted k-d ordering (level by level) gives the leaves of the recursive
     # tree, every leaf and every place in it, and keeps padding rows (past ``count``) at the end
@@ -159,7 +160,7 @@ def _dense_lse(p, o, pot, eps, mask=None):
     return eps * scipy.special.logsumexp(logits, axis=1)
 
 
-@pytest.mark.parametrize("block", [32, 64])
+@pytest.mark.parametrize("block", [32, pytest.param(64, marks=pytest.mark.slow)])  # one block size by default
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_sparse_lse_full_lists_equal_blocked_lse(dtype, block):
     rng = np.random.default_rng(3)
@@ -201,7 +202,10 @@ def test_sparse_lse_visits_exactly_the_listed_blocks():
 # ------------------------------------------------------------------------- bounds, certificate
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# float64 under -m slow: the same bounds, float32's rounding the harder case (the tighter float64
+# margins by default: test_moved_margins_bound_every_term_at_the_moved_potentials[float64],
+# test_exact_margins_equal_brute_force[*-float64])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)])
 def test_block_and_leaf_bounds_bound_every_term(dtype):
     # the two bound levels of the selection, against brute force: for every leaf I and key
     # block J, (pot_j - |x_i - y_j|^2 - R_i) / eps <= the block-level margin (every J) and
@@ -237,6 +241,7 @@ def test_block_and_leaf_bounds_bound_every_term(dtype):
     assert np.median((m1 - true)[near]) < 20 < np.median((m0 - true)[near])
 
 
+@pytest.mark.slow  # the same selection check at the same size: test_selection_certified_for_a_transport_potential (the harder, displaced case) by default
 def test_selection_keeps_every_block_that_matters():
     # brute force in float64: a dropped block's largest term is below R_i - margin · ε for
     # every row i (R_i the full log-sum-exp), and the selection is much sparser than dense

@@ -37,7 +37,9 @@ def _ok(sol):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("path", ["dense", "online",
+# the online and multiscale geometries under -m slow (the online solve equals the dense one by
+# default: tests/test_distances.py::test_sinkhorn_online_geometry_equals_dense)
+@pytest.mark.parametrize("path", ["dense", pytest.param("online", marks=pytest.mark.slow),
                                   pytest.param("multiscale", marks=pytest.mark.slow)])
 def test_sinkhorn_is_homogeneous_at_extreme_scales(dtype, path):
     x, y = _clouds()
@@ -58,6 +60,7 @@ def test_sinkhorn_is_homogeneous_at_extreme_scales(dtype, path):
                                                           rel=RTOL[dtype])
 
 
+@pytest.mark.slow_dtype("f32")  # float32 at extreme scales by default: test_sinkhorn_is_homogeneous_at_extreme_scales[dense-f32]
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_sinkhorn_fixed_epsilon_is_rescaled_with_the_clouds(dtype):
     # a user's ε is absolute (squared units): ε s² at scale s is the unit problem at ε
@@ -214,6 +217,7 @@ _RUN = jax.jit(jax.vmap(_solve_and_gradients))
 _N, _M = 20, 16
 
 
+@pytest.mark.slow  # 9.4 CPU-s (one jit-vmap-grad program); not in the default suite: traced point masses in closed form (concrete ones: test_point_masses_in_closed_form; Sinkhorn under jit and vmap: test_distances.py::test_sinkhorn_result_is_a_pytree_for_jit_and_vmap)
 def test_point_mass_traced_jit_vmap_grad():
     # one program: jit of vmap of value-and-grad, over members with a point mass y, a point
     # mass x, and two spread clouds
@@ -239,6 +243,7 @@ def test_point_mass_traced_jit_vmap_grad():
     assert int(one.stats["num_steps"]) == 0
 
 
+@pytest.mark.slow  # the program of the test above; not in the default suite: gradients at extreme scales (the values: test_sinkhorn_is_homogeneous_at_extreme_scales, test_sinkhorn_fixed_epsilon_is_rescaled_with_the_clouds)
 def test_scaled_path_under_jit_vmap_grad():
     # one program over the scales 1e-20, 1, 1e20 (ε scaled with each): the values scale as s,
     # the gradients of W2² as s (that of s² S_ε(x/s, y/s)); the program is

@@ -45,7 +45,9 @@ def test_pack_lists_reports_an_overflow_never_truncates_silently():
     assert np.asarray(full).tolist() == [[0, 2, 3, 4], [4, 4, 4, 4]]  # padded with nb = 4
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# float64 under -m slow: the float64 listed log-sum-exp against a masked dense one by default in
+# tests/test_multiscale.py::test_sparse_lse_visits_exactly_the_listed_blocks
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)])
 def test_listed_lse_equals_the_dense_lse_of_the_listed_terms(dtype):
     """Random lists of different lengths: the listed log-sum-exp and, with a lower bound, the
     exact margins equal the dense ones over the listed blocks (float64 reference)."""
@@ -81,8 +83,11 @@ def test_listed_lse_equals_the_dense_lse_of_the_listed_terms(dtype):
                                atol=1e-4 if dtype == np.float32 else 1e-11)
 
 
-# float64 under -m slow (its bound is the same arithmetic; the multiscale bound tests run both)
-@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)])
+# both dtypes under -m slow (7.2 CPU-s in float32): a certified selection keeps every block that
+# matters by default in tests/test_multiscale.py::test_selection_certified_for_a_transport_potential,
+# the listed log-sum-exp by default in test_listed_lse_equals_the_dense_lse_of_the_listed_terms
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_certified_lists_skip_no_more_than_their_bound(dtype):
     """A certified selection (margin T) at small ε: the listed log-sum-exp is the dense one
     to the certificate's bound, the realised skipped mass within the bound."""
