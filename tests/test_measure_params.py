@@ -54,7 +54,8 @@ def _clouds(dtype=np.float64, n=16, seed=0):
 
 
 def test_loss_is_the_sinkhorn_divergence_and_finite_at_small_epsilon():
-    """S_ε of 16 points in R² is finite, >= 0 and equals a NumPy Sinkhorn (float64, 1e-6).
+    """S_ε of 16 points in R² is finite, >= 0 and equals a NumPy Sinkhorn (float64, 1e-6;
+    float32: test_loss_is_finite_at_small_epsilon_in_float32, under -m slow).
 
     Before, the cold solve was annealed from 0.05 · mean cost of x0 rather than of the final
     cloud (five times too small here): ott's over-relaxation was measured on a transient,
@@ -67,7 +68,16 @@ def test_loss_is_the_sinkhorn_divergence_and_finite_at_small_epsilon():
         value = float(measure_loss(c, x0, y, epsilon=eps))
         ref = _reference_divergence(x_t, y, eps)
         assert abs(value - ref) <= 1e-6, (eps, value, ref)
-    # float32: finite and >= 0 at every ε that gave −inf (up to rounding of the value ~10)
+
+
+@pytest.mark.slow  # the float32 programs of the loss (a second dtype); float64 by default: test_loss_is_the_sinkhorn_divergence_and_finite_at_small_epsilon (S_ε finite at the same ε)
+def test_loss_is_finite_at_small_epsilon_in_float32():
+    """float32: S_ε finite at every ε that gave −inf, the float64 reference to 1e-3 relative
+    (the rounding of a value ~10)."""
+    x0, y = _clouds()
+    c = default_controls("euclidean", 2, 1, jnp.float64)
+    x_t = np.asarray(measure_flow(c, x0)[-1])
+    ref = _reference_divergence(x_t, y, 0.005)
     c32 = default_controls("euclidean", 2, 1, jnp.float32)
     x32, y32 = _clouds(np.float32)
     for eps in (0.02, 0.005):
@@ -75,6 +85,7 @@ def test_loss_is_the_sinkhorn_divergence_and_finite_at_small_epsilon():
         assert np.isfinite(value) and abs(value - ref) <= 1e-3 * ref, (eps, value)
 
 
+@pytest.mark.slow  # the same clouds and ε = 0.02 through measure_loss, finite and equal to NumPy's Sinkhorn, by default: test_loss_is_the_sinkhorn_divergence_and_finite_at_small_epsilon
 def test_diverged_over_relaxation_is_solved_again_without_it():
     """A solve whose over-relaxed (x, y) iteration diverges is redone plainly: S_ε finite.
 
@@ -134,11 +145,12 @@ def test_concrete_option_out_of_domain_is_named(name, call):
         assert "1e-03" in str(err.value) or "0.001" in str(err.value)
 
 
+@pytest.mark.slow  # a keyword form equal to an options form (forwarding); measure_control's run and a refusal of its options by default: test_traced_option_out_of_domain_gives_invalid_input, test_concrete_option_out_of_domain_is_named
 def test_keywords_override_the_options_fields():
     """``options=`` is the settings; a keyword replaces that one field (the same run, bit for bit).
 
-    Keywords alone start from the defaults of :class:`MeasureControlOptions`; an unknown
-    keyword or options of another type are a TypeError.
+    Keywords alone start from the defaults of :class:`MeasureControlOptions` (an unknown
+    keyword or options of another type: test_unknown_keyword_or_options_of_another_type_is_a_type_error).
     """
     x, y = _clouds(np.float32, n=6)
     # no iteration: the seed alone sets the run (its start, loss and controls); the
@@ -156,6 +168,12 @@ def test_keywords_override_the_options_fields():
         for k in ref.controls:
             np.testing.assert_array_equal(np.asarray(r.controls[k]), np.asarray(ref.controls[k]))
     assert not np.array_equal(np.asarray(other.controls["V"]), np.asarray(ref.controls["V"]))
+
+
+def test_unknown_keyword_or_options_of_another_type_is_a_type_error():
+    """An unknown keyword, or options that are not :class:`MeasureControlOptions`: a TypeError
+    naming it, before anything is computed."""
+    x, y = _clouds(np.float32, n=6)
     with pytest.raises(TypeError, match="stepz"):
         measure_control(x, y, n_layers=1, stepz=3)
     with pytest.raises(TypeError, match="MeasureControlOptions"):

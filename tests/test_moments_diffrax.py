@@ -23,14 +23,12 @@ b = np.array([0.1, -0.2])
 S0 = np.array([[1.0, 0.3], [0.3, 0.8]])
 m0 = np.array([0.3, -0.1])
 DTYPES = [np.float32, np.float64]
-# The costliest checks (each dtype compiles its own diffrax programs) run one dtype by default
-# and the other under -m slow; across the file both dtypes run by default (float64: the field
-# form, the controllers, the adjoint's gradient; float32: the batch's field form and its
-# controller and adjoint). The gradient comparisons beyond one checkpointed adjoint, and the
-# tolerance/step-count checks, run under -m slow in both dtypes.
-F32_SLOW = [pytest.param(np.float32, marks=pytest.mark.slow), np.float64]
-F64_SLOW = [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)]
-# The options of the float64 solves that share one compiled program (the field form's, the
+# Every solve check here runs under -m slow, both dtypes: each dtype compiles its own diffrax
+# programs (8 to 28 CPU-s a test), for properties of forwarding (a field object is its
+# keywords; a controller or adjoint given reaches diffrax). The solvers themselves run by
+# default elsewhere: solve_moments' closed forms and vmap in tests/test_gaussian.py, its jit and
+# the batch in tests/test_properties.py's fault cases. The refusals by name stay default.
+# The options of the solves that share one compiled program a dtype (the field form's, the
 # default controller's and the primal of the default adjoint's gradient): each distinct
 # solve_moments program costs seconds to trace and compile.
 KW = dict(t1=1.0, saveat=3, rtol=1e-5, atol=1e-7)
@@ -47,12 +45,12 @@ def _same(r1, r2):
     np.testing.assert_array_equal(np.asarray(r1.status), np.asarray(r2.status))
 
 
-@pytest.mark.parametrize("dtype", F32_SLOW)
+@pytest.mark.slow  # a keyword form equal to a field form (forwarding): solve_moments itself by default in tests/test_gaussian.py::test_vi_blowup_time_matches_closed_form
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_field_form_is_the_keyword_form(dtype):
     """``field=MomentField(A, B, V, b)`` and the keywords give the same solve, bit for bit.
 
-    A dtype-independent identity of two forms: float64 by default (the float32 solves run in
-    test_batch_field_form_is_the_keyword_form), float32 under -m slow."""
+    A dtype-independent identity of two forms, in both dtypes."""
     a, bb, v, c, s0, mm = _cast(dtype, A, B, V, b, S0, m0)
     kw = KW
     _same(solve_moments(mm, s0, field=MomentField(a, bb, v, c), **kw),
@@ -63,12 +61,10 @@ def test_field_form_is_the_keyword_form(dtype):
           solve_moments(mm, s0, A=a, Q=Q, K=K, V=v[None], b=c, beta=0.5, attention="l2", **kw))
 
 
-@pytest.mark.parametrize("dtype", F64_SLOW)
+@pytest.mark.slow  # a keyword form equal to a field form (forwarding): solve_moments_batch by default in tests/test_properties.py::test_fault_default[solve_moments_batch]
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_field_form_is_the_keyword_form(dtype):
-    """A stacked field (``jax.vmap(MomentField)``) or a shared one: as the keywords, both paths.
-
-    float32 by default (the float64 identity of the forms: test_field_form_is_the_keyword_form),
-    float64 under -m slow."""
+    """A stacked field (``jax.vmap(MomentField)``) or a shared one: as the keywords, both paths."""
     a, bb, v, c, s0 = _cast(dtype, A, B, V, b, S0)
     As = np.stack([a, 0.5 * a, 2 * a])
     stacked = jax.vmap(MomentField, in_axes=(0, None, None, None))(As, bb, v, c)
@@ -101,7 +97,8 @@ def test_field_and_keywords_both_given_is_a_named_error():
         solve_moments(m0, S0, field=f, t1=1.0, stepsize_controller="pid")
 
 
-@pytest.mark.parametrize("dtype", F32_SLOW)
+@pytest.mark.slow  # an option reaching diffrax; not in the default suite: a user's stepsize_controller in solve_moments (its refusal by name stays default)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_stepsize_controller_reaches_diffrax(dtype):
     """ConstantStepSize takes t1/dt0 steps, StepTo its grid's; a PID controller at (rtol, atol)
     is the default one (bit for bit; the default's solve is test_field_form_is_the_keyword_form's
@@ -157,7 +154,8 @@ def _gradients(loss, a, adjoints):
     return [np.asarray(jax.grad(loss)(a, adj)) for adj in adjoints]
 
 
-@pytest.mark.parametrize("dtype", F32_SLOW)
+@pytest.mark.slow  # 28 CPU-s, the file's costliest; not in the default suite: jax.grad through solve_moments' diffrax solve (reach's default run differentiates the fixed-step moment solve: tests/test_control_compose.py)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_custom_adjoint_gives_the_default_gradient(dtype):
     """A checkpointed adjoint (3 checkpoints) gives the default adjoint's gradient: both
     differentiate the same discretisation, equal to rounding (float64 1e-10, float32 1e-4
@@ -191,7 +189,8 @@ def test_forward_mode_adjoint_gives_the_default_gradient(dtype):
     np.testing.assert_allclose(g_fwd, g0, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", F64_SLOW)
+@pytest.mark.slow  # options reaching diffrax; not in the default suite: controller and adjoint in solve_moments_batch's jitted path (the fast path's refusal stays default)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_composable_path_takes_controller_and_adjoint(dtype):
     """Under jax.jit the batch takes the controller (StepTo: 4 steps a member) and runs its
     solve with the adjoint given (a recording adjoint sees the solve), both in one call (one
