@@ -11,8 +11,8 @@ change, and each fresh process pays Python's, JAX's and jaxdyn's start-up (≈ 1
   ``sweep``: ``run_experiment(SWEEP_4)`` on 4 devices into ``spec["sweep_out"]``;
 * ``f32``/``f64`` (the dtypes in ``spec["dtypes"]``): query-sharded fields against the
   unsharded ones (float64 by default: :data:`DEFAULT_FIELDS`); with ``spec["full"]`` (a slow
-  test selected) also sharded sweeps, more multi-head attentions and simulate on the
-  query-sharded fields.
+  test selected) also sharded sweeps, the other models and multi-head attentions, the
+  interaction and simulate on the query-sharded fields.
 
 :func:`four_devices` runs it once per pytest run (shared by the xdist workers).
 """
@@ -34,9 +34,10 @@ SWEEP = {
 }
 SWEEP_4 = {**SWEEP, "chunk_size": 0}
 
-# the query-sharded fields checked on 4 devices in the default suite
-DEFAULT_FIELDS = ["blocked-softmax", "blocked-hardmax", "zero", "euclid", "interaction",
-                  "simulate", "mha-causal-alibi-rope", "mha-causal-dense"]
+# the query-sharded fields checked on 4 devices in the default suite: the blocked softmax
+# field and the multi-head one whose rows keep their positions (causal mask, ALiBi, RoPE);
+# the other models, the interaction and simulate on the sharded field under -m slow
+DEFAULT_FIELDS = ["blocked-softmax", "mha-causal-alibi-rope"]
 
 # configure_host_devices cases: (name, n, keyword arguments, environment)
 HOST_CASES = [
@@ -127,33 +128,36 @@ def _sharded_checks(dt, full=True):
     # One large system: query rows split over 4 devices, N = 103 (not a multiple of 4).
     x = jaxdyn.sample_sphere(jax.random.PRNGKey(5), 103, d, dt)
     fields = {}
-    for kern, norm in [("blocked", "softmax"), ("blocked", "hardmax")]:
+    for kern, norm in [("blocked", "softmax"), ("blocked", "hardmax")][:2 if full else 1]:
         m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel=kern, normalization=norm, k_block=16,
                                    q_block=8)
         a, b = _fields(query_sharded_field, m, x)
         fields[f"{kern}-{norm}"] = [float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))]
-    a, b = _fields(query_sharded_field, jaxdyn.ZeroTemperature(Q, K, V), x)
-    fields["zero"] = [float(np.max(np.abs(a - b))), 1.0]
-    e = jaxdyn.EuclideanAttention(0.1 * Q, 0.5 * K, V, jnp.ones(d, dt), activation="relu")
-    a, b = _fields(query_sharded_field, e, 2 * x)
-    fields["euclid"] = [float(np.max(np.abs(a - b))), 1.0]
-    B = jnp.matmul(Q.T, K)
-    qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
-    ri = np.asarray(jaxdyn.kernels.interaction(x, x, B, 2.0, kernel="dense"))
-    fields["interaction"] = [float(np.max(np.abs(qi - ri))), float(np.max(np.abs(ri)))]
-    m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
-    t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=1.0, dt=0.1, method="euler").xs)
-    t_un = np.asarray(jaxdyn.simulate(m, x, t1=1.0, dt=0.1, method="euler").xs)
-    fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
+    if full:  # the other models, the interaction and simulate on the sharded field
+        a, b = _fields(query_sharded_field, jaxdyn.ZeroTemperature(Q, K, V), x)
+        fields["zero"] = [float(np.max(np.abs(a - b))), 1.0]
+        e = jaxdyn.EuclideanAttention(0.1 * Q, 0.5 * K, V, jnp.ones(d, dt), activation="relu")
+        a, b = _fields(query_sharded_field, e, 2 * x)
+        fields["euclid"] = [float(np.max(np.abs(a - b))), 1.0]
+        B = jnp.matmul(Q.T, K)
+        qi = np.asarray(query_sharded_interaction(x, x, B, 2.0, kernel="dense"))
+        ri = np.asarray(jaxdyn.kernels.interaction(x, x, B, 2.0, kernel="dense"))
+        fields["interaction"] = [float(np.max(np.abs(qi - ri))), float(np.max(np.abs(ri)))]
+        m = jaxdyn.SphereAttention(Q, K, V, 3.0, kernel="blocked", k_block=16)
+        t_sh = np.asarray(jaxdyn.simulate(query_sharded_field(m), x, t1=1.0, dt=0.1,
+                                          method="euler").xs)
+        t_un = np.asarray(jaxdyn.simulate(m, x, t1=1.0, dt=0.1, method="euler").xs)
+        fields["simulate"] = [float(np.max(np.abs(t_sh - t_un))), 1.0]
     # MultiHeadAttention: each device's rows keep their positions (mask, ALiBi, RoPE); the
     # Sinkhorn potentials come from the whole cloud
     H = 2
     Qh, Kh, Vh = (jnp.asarray(rng.normal(size=(H, d, d)) * 0.5, dt) for _ in range(3))
     blk = dict(kernel="blocked", k_block=16, q_block=8)
-    heads = [("mha-causal-alibi-rope", dict(mask="causal", alibi=0.1, rope=True, **blk)),
-             ("mha-causal-dense", dict(mask="causal", alibi=0.2, kernel="dense"))]
-    if full:  # by default: their rows at any offset in tests/test_sharding.py (one device)
-        heads += [("mha-l2", dict(attention="l2", **blk)),
+    heads = [("mha-causal-alibi-rope", dict(mask="causal", alibi=0.1, rope=True, **blk))]
+    if full:  # by default: the rows at any offset of causal-dense and sinkhorn heads in
+        # tests/test_sharding.py (one device)
+        heads += [("mha-causal-dense", dict(mask="causal", alibi=0.2, kernel="dense")),
+                  ("mha-l2", dict(attention="l2", **blk)),
                   ("mha-sinkhorn", dict(attention="sinkhorn", sinkhorn_iters=3, **blk))]
     for label, kw in heads:
         a, b = _fields(query_sharded_field, jaxdyn.MultiHeadAttention(Qh, Kh, Vh, 2.0, **kw), x)

@@ -21,10 +21,16 @@ def _points(kind, **extra):
     return [point_config(cfg, p) for p in pts]
 
 
-@pytest.mark.parametrize("kind,module,extra", [
+# the sphere kind by default; the concentration kind (the same segment cache and ensemble
+# path, another kind's variables) under -m slow
+KINDS = [
     ("sphere", sphere, {"snapshots": [0.0, 0.6]}),
-    ("concentration", concentration, {"w2_methods": ["coupling"]}),
-])
+    pytest.param("concentration", concentration, {"w2_methods": ["coupling"]},
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind,module,extra", KINDS)
 def test_second_chunk_does_not_recompile(kind, module, extra):
     pcs = _points(kind, **extra)
     first, second = pcs[:2], pcs[2:]
@@ -50,10 +56,7 @@ def test_second_chunk_does_not_recompile(kind, module, extra):
         np.testing.assert_array_equal(np.asarray(v), np.asarray(vars_c[k][1]), err_msg=k)
 
 
-@pytest.mark.parametrize("kind,module,extra", [
-    ("sphere", sphere, {"snapshots": [0.0, 0.6]}),
-    ("concentration", concentration, {"w2_methods": ["coupling"]}),
-])
+@pytest.mark.parametrize("kind,module,extra", KINDS)
 def test_ensemble_path_equals_vmapped_simulate(kind, module, extra):
     # small N: chunks integrate with simulate_ensemble; `ensemble: false` takes
     # vmap(simulate); the recorded variables agree to float32 rounding (a chunk of two

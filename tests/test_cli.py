@@ -252,7 +252,8 @@ def test_unsuccessful_points_are_the_run_status(tmp_path, capsys, monkeypatch):
         return ds.assign(status=("beta", np.full(ds.sizes["beta"], status_code("not_converged"))))
 
     monkeypatch.setattr(reporting, "merge_chunks", with_codes)
-    cfg = {**TINY, "sweep": {"beta": [1.0, 10.0]}, "chunk_size": 0}
+    # TINY's chunks (one point each): the program of the cli_run fixture's run
+    cfg = {**TINY, "sweep": {"beta": [1.0, 10.0]}}
     out = tmp_path / "run"
     assert cli.main(["run", _write(tmp_path, cfg), "--out", str(out), "--quiet"]) == 0
     captured = capsys.readouterr()

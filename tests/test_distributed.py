@@ -18,8 +18,9 @@ Every process is started with a hard timeout; ``JAXDYN_NO_HOST_DEVICES=1`` and s
 XLA keep each on one core. One two-process launch serves all the cluster checks (the refused
 config, the sweep, the fields, then the kill, which ends it): each process's start-up, cluster
 join and compilations are paid once; the resume runs in one more process (two devices). That
-launch runs under ``-m slow``; the default suite starts two processes that only join one
-cluster and compare the query-sharded field, and checks the lost-process path in-process.
+launch runs under ``-m slow``, as do two processes that only join one cluster and compare the
+query-sharded field; the default suite checks the start-up refusals across two processes (no
+cluster forms) and the lost-process path in-process.
 """
 
 import json
@@ -140,9 +141,9 @@ res["fields"] = fields
 print("RESULT " + json.dumps(res), flush=True)
 """
 
-# Two processes that join one cluster (as the CLI's --distributed does) and compute the field:
-# the cluster check of the default suite (the full launch below runs under -m slow; simulate on
-# a query-sharded field runs by default on 4 devices in tests/test_sharding.py).
+# Two processes that join one cluster (as the CLI's --distributed does) and compute the field
+# (under -m slow, where the full launch below is not selected; the query-sharded field runs by
+# default on 4 devices in tests/test_sharding.py).
 FIELD_WORKER = """
 import json
 import numpy as np
@@ -278,6 +279,7 @@ def test_only_process_0_writes_and_the_other_names_itself(two_processes):
     assert len(list((two_processes["tmp"] / "run" / "chunks").glob("chunk_*.npz"))) == 3
 
 
+@pytest.mark.slow  # two processes joining (≈ 13 CPU-s, the rest of the file's default ≈ 8): not in the default suite: a formed two-process cluster; the query-sharded field over several devices: tests/test_sharding.py::test_query_sharded_field_equals_unsharded
 def test_query_sharded_field_over_two_processes_equals_one_process(cluster_fields):
     for r in cluster_fields:
         assert r["devices"] == [2, 1] and r["mesh_processes"] == 2  # one device on each process

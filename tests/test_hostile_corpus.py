@@ -449,6 +449,7 @@ def test_documented_meaning(case):
 
 # ------------------------------------------------------------------ traced values out of range
 
+@pytest.mark.slow  # the same five parameters under vmap, one entry each: tests/test_traced_domains.py (cluster_count delta, interaction_energy beta, cfl_dt cfl, scalar_variance sigma0, mass_near angle); not in the default suite: β = 0 and an angle past π/2
 def test_traced_parameters_out_of_range_are_flagged():
     """Under vmap a traced value out of its range gives −1 / NaN for its member only.
 

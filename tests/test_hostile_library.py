@@ -304,6 +304,7 @@ def test_solve_density_refuses(case):
 
 # ------------------------------------------------------------------ an entropic ε too large (item 10)
 
+@pytest.mark.slow  # one w2_sinkhorn program (4 CPU-s, a third of this file's default cost): not in the default suite: the warning of a fixed ε with a vacuous bias bound and the refusal of ε = inf (ε = −1 refused by name: tests/test_hostile_corpus.py)
 def test_fixed_epsilon_with_a_vacuous_bias_bound_warns():
     """A fixed ε with ε·log N ≥ mean(C) ≥ W2² warns; an ε within the clouds' scale does not.
 

@@ -332,6 +332,7 @@ def test_dopri5_max_steps_reports_max_steps_reached():
     assert bool(ok.ok) and ok.names == "successful" and ok.messages.startswith("successful")
 
 
+@pytest.mark.slow  # a batched Trajectory's names per member: test_simulation_composable.py::test_simulate_sde_under_vmap_over_keys_and_sigma; vmapped simulate's codes per member: test_hostile_library.py::test_simulate_reports_a_traced_negative_beta_of_multihead_attention
 def test_vmapped_status_is_an_array_of_codes_with_messages():
     """A batch with a NaN weight in one member: one code per member, a message per member,
     no exception (the old str status raised on batched results)."""

@@ -63,7 +63,7 @@ def test_growth_rates_with_noise(beta):
     assert np.max(np.abs(got - sym) / scale) < 1e-6
 
 
-@pytest.mark.slow  # 3 CPU-s; by default the rates by the JVP (above), the adaptive solve in the status test
+@pytest.mark.slow  # 3 CPU-s; by default the rates by the JVP (above)
 def test_growth_rate_by_time_integration():
     # the same rate read off a nonlinear solve: log of the mode-3 amplitude over t ∈ [0, 2]
     # from ε = 1e-7 (the nonlinearity touches mode k at O(ε²) relative), Tsit5 at rtol 1e-12
@@ -140,6 +140,7 @@ def test_vmap_over_beta_and_sigma():
         np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow  # max_steps_reached and throw=True: tests/test_integrators.py::test_dopri5_max_steps_reports_max_steps_reached (simulate); solve_density's status: tests/test_hostile_library.py::test_solve_density_reports_traced_beta_and_t1_out_of_range; not in the default suite: solve_density's adaptive (Tsit5) path
 def test_status_on_the_result_and_throw():
     # the adaptive path (Tsit5 with its step controller; the constant-step Heun path runs in the
     # tests above): 11 steps to t = 1 at the default tolerances, a budget of 5 runs out
@@ -232,6 +233,7 @@ def test_sphere_s2_longitude_fft_matches_dense(normalization):
         pde.SphereDensity(np.diag([1.0, 0.5, 1.0]), np.eye(3), V, 1.0, 8, 16, kernel="fft")
 
 
+@pytest.mark.slow  # mass and positivity of solve_density, shown on S¹ by test_mass_conserved_and_positive; the S² field by test_sphere_s2_longitude_fft_matches_dense
 def test_sphere_s2_mass_and_positivity():
     model = pde.SphereDensity(np.eye(3), np.eye(3), np.diag([1.0, 0.5, -0.2]), 6.0, 8, 16, sigma=0.2)
     rng = np.random.default_rng(0)

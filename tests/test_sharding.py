@@ -34,7 +34,10 @@ def four_devices(request, tmp_path_factory, worker_id):
     # tests/test_sweeps.py: the configure_host_devices cases (forked children), then the
     # 4-device checks for the dtypes of the selected tests (f64, whose tolerance is 1e-12, by
     # default; f32 under -m slow: 1-device sharded_vmap in f32 is checked in-process below);
-    # the sharded sweeps and the costlier fields only when a slow test here is selected
+    # by default two fields (tests/_device_worker.py's DEFAULT_FIELDS: the blocked softmax
+    # field and the causal multi-head one with ALiBi and RoPE); the sharded sweeps, the other
+    # models, the interaction and simulate on a sharded field only when a slow test here is
+    # selected
     return device_worker.four_devices(request, tmp_path_factory, worker_id)
 
 
@@ -168,7 +171,10 @@ def test_query_sharded_interaction_one_device_is_plain(dtype):
     pytest.param(dict(mask="causal", alibi=0.15, rope=True, kernel="blocked", k_block=8,
                       q_block=8), marks=pytest.mark.slow),
     dict(mask="causal", alibi=0.15, rope=True, kernel="dense"),
-    dict(attention="l2", kernel="blocked", k_block=8, q_block=8),
+    # the rows of the L2 attention: the same rows-at-an-offset identity as the dot-product
+    # rows (causal-dense, sinkhorn here by default): under -m slow
+    pytest.param(dict(attention="l2", kernel="blocked", k_block=8, q_block=8),
+                 marks=pytest.mark.slow),
     dict(attention="sinkhorn", sinkhorn_iters=2, alibi=0.1, kernel="blocked", k_block=8,
          q_block=8),
 ], ids=["causal-alibi-rope", "causal-dense", "l2", "sinkhorn"])

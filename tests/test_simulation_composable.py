@@ -79,6 +79,7 @@ def test_simulate_under_jit_and_vmap_with_traced_inputs():
         np.testing.assert_allclose(ts[i], np.asarray(one.ts), rtol=0, atol=0)
 
 
+@pytest.mark.slow  # the fixed-step count: test_simulate_under_jit_and_vmap_with_traced_inputs (num_steps 10 a member); not in the default suite: an adaptive run's attempted > accepted steps
 def test_step_counts_fixed_and_adaptive():
     Q, K, V = _weights()
     model = jaxdyn.SphereAttention(Q, K, V, 3.0)
@@ -115,6 +116,7 @@ def test_a_diffrax_solver_object_as_method():
         jaxdyn.simulate(sph, _x0(), t1=1.0, dt=0.1, method="leapfrog")
 
 
+@pytest.mark.slow  # a plumbing identity (simulate calls diffeqsolve with its scheme); a jaxdyn scheme as a diffrax solver: test_geodesic_em_step_by_hand
 def test_the_schemes_run_in_diffeqsolve():
     """A scheme of jaxdyn.integrators is a diffrax solver: diffeqsolve on the step grid gives
     simulate's states."""

@@ -205,11 +205,17 @@ def test_every_listed_parameter_is_a_parameter():
     assert SLOW_CASES <= set(CASES) and EAGER_VMAP <= set(CASES)
 
 
-# Entries under -m slow (each compiles a measure-control program of several CPU-seconds); the
-# default counterpart is tests/test_measure_params.py::test_traced_option_out_of_domain_gives_nan,
-# which runs the same domain checks and NaN propagation through measure_loss (ε, λ and T in one
-# vmapped program, value and gradient).
-SLOW_CASES = {"measure_loss epsilon", "measure_loss cost_weight", "measure_loss t1"}
+# Entries under -m slow (measure_loss: each compiles a measure-control program of several
+# CPU-seconds); the default counterpart of the measure_loss entries is
+# tests/test_measure_params.py::test_traced_option_out_of_domain_gives_nan, which runs the
+# same domain checks and NaN propagation through measure_loss (ε, λ and T in one vmapped
+# program, value and gradient).
+SLOW_CASES = {"measure_loss epsilon", "measure_loss cost_weight", "measure_loss t1",
+              # its vmapped program and the unbatched call compile the local kernel's key
+              # lists and certified bounds (13 CPU-s, against under 6 for any other entry):
+              # not in the default suite: local_interaction's traced β < 0 or NaN gives NaN
+              # and its concrete β < 0 is refused by name
+              "local_interaction beta"}
 
 
 # Entries whose batch runs as an eager jax.vmap: the samplers' float32 draws, which a jitted
