@@ -243,7 +243,7 @@ def test_piecewise_control_equals_restarted_solves():
     np.testing.assert_allclose(np.asarray(s_lin.cov_final), np.asarray(h1.cov_final), rtol=1e-10)
 
 
-@pytest.mark.slow  # ~20 s of compilation; gradients through solve_moments also run in test_control
+# default: the one jax.grad through solve_moments' diffrax solve, against finite differences
 def test_grad_through_control_matches_finite_differences():
     rng = np.random.default_rng(7)
     vals = 0.3 * rng.standard_normal((3, D, D))

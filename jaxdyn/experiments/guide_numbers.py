@@ -767,8 +767,92 @@ def _readme_how(res):
             f"{r['load_start'][0]:.1f} at the start")
 
 
+# ---------------------------------------------------------------- covariance right-hand sides
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.2g} %"
+
+
+def _cov_particles(n):
+    def render(res):
+        r = res["results"]["by_n"][str(n)]
+        names = {"softmax": "softmax", "l2": "L2", "sinkhorn": "Sinkhorn"}
+        return ", ".join(f"{names[a]} {_pct(v['mean'])} ({_pct(v['min'])[:-2]}–{_pct(v['max'])})"
+                         for a, v in r.items() if a in names)
+    return render
+
+
+def _cov_particles_how(res):
+    r = res["results"]
+    ns = sorted(int(n) for n in r["by_n"])
+    return (f"the mean and, in brackets, the smallest and largest relative error over {r['seeds']} "
+            f"draws of the cloud at each N ({', '.join(map(str, ns))}; "
+            f"`{res['_path']}`)")
+
+
+# ---------------------------------------------------------------- the slow suite
+
+
+def _slow_totals(res):
+    files = res["results"]["files"]
+    counts: dict = {}
+    for r in files.values():
+        for k, v in r["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+    return files, counts
+
+
+def _slow_summary(res):
+    """Where the file-by-file slow suite stands: files and tests run, outcomes, time."""
+    r = res["results"]
+    files, counts = _slow_totals(res)
+    wall = sum(f["wall_s"] for f in files.values())
+    cpu = sum(f["cpu_s"] for f in files.values())
+    ran = sum(f["tests"] for f in files.values())
+    bad = counts.get("failed", 0) + counts.get("errors", 0)
+    outcome = f"{counts.get('passed', 0)} passed"
+    if counts.get("skipped"):
+        outcome += f", {counts['skipped']} skipped"
+    outcome += f", {bad} failed" if bad else ""
+    hours = f"{wall / 3600:.1f} h" if wall >= 3600 else f"{wall / 60:.0f} min"
+    if len(files) == r["total_files"]:
+        head = f"the whole slow suite, {ran} tests in {len(files)} files"
+    else:
+        head = (f"{len(files)} of its {r['total_files']} files so far ({ran} of "
+                f"{r['total_tests']} slow tests; the others are not run yet)")
+    load = max(f["load_start"][0] for f in files.values()) if files else 0.0
+    return (f"{head}: {outcome}; {hours} of wall time ({cpu / 3600:.1f} CPU-hours) on "
+            f"{machine_words(res['meta'])}, file by file, load up to {load:.1f} at a file's start")
+
+
+def _slow_table(res):
+    """One row a recorded file: tests, outcome, wall and CPU seconds, workers."""
+    files, _ = _slow_totals(res)
+    rows = ["| file | slow tests | outcome | wall (s) | CPU (s) | workers |", "|---|---|---|---|---|---|"]
+    for name in sorted(files):
+        f = files[name]
+        c = f["counts"]
+        out = ", ".join(f"{v} {k}" for k, v in c.items() if v)
+        rows.append(f"| `{name}` | {f['tests']} | {out} | {f['wall_s']:.0f} | {f['cpu_s']:.0f} | "
+                    f"{f['workers']} |")
+    return "\n" + "\n".join(rows) + "\n"
+
+
+def _slow_failures(res):
+    """The failed slow tests with the first line of their message (or "none")."""
+    files, _ = _slow_totals(res)
+    bad = [x for f in files.values() for x in f["failed"]]
+    if not bad:
+        return "none"
+    return "; ".join(f"`{x['test']}` ({x['message'][:120]})" for x in bad)
+
+
 #: result kind → renderer name → function(result) -> text
 RENDERERS = {
+    "covariance_particles": {"n1000": _cov_particles(1000), "n4000": _cov_particles(4000),
+                             "how": _cov_particles_how},
+    "slow_suite": {"summary": _slow_summary, "table": _slow_table, "failures": _slow_failures},
     "readme_times": {"quick_start": _readme_quick_start, "how": _readme_how,
                      "suite": _readme_suite,
                      **{name: _readme_example(name) for name in README_EXAMPLES}},
