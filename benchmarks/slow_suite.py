@@ -100,6 +100,13 @@ def run_file(path: str, n_tests: int) -> dict:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def _totals(res):
+    """The meta's wall and CPU seconds: the sums over the recorded files."""
+    files = res["results"]["files"].values()
+    res["meta"]["wall_seconds"] = round(sum(f["wall_s"] for f in files), 1)
+    res["meta"]["cpu_seconds"] = round(sum(f["cpu_s"] for f in files), 1)
+
+
 def _load() -> dict:
     if OUT.exists():
         return json.loads(OUT.read_text())
@@ -139,6 +146,7 @@ def main(argv=None) -> int:
         print(f"{f} ({len(files[f])} slow tests) ...", flush=True)
         rec = run_file(f, len(files[f]))
         done[f] = rec
+        _totals(res)
         gn.write_result(OUT, res)
         print(f"  {rec['counts']} in {rec['wall_s']:.0f} s wall, {rec['cpu_s']:.0f} CPU-s", flush=True)
         for x in rec["failed"]:
