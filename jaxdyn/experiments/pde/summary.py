@@ -661,6 +661,151 @@ def guide_s2_ratios_t0(res) -> str:
     return f"{num(min(r), 3)}–{num(max(r), 3)}"
 
 
+# the closed-form rates at the cluster runs' β (result file of jaxdyn.experiments.pde.linear_rates)
+
+
+def guide_rates_table(res) -> str:
+    """Per β: k*, λ* and the rates of k* ± 1 relative to λ*."""
+    from ..guide_numbers import num
+
+    out = ["| β | k\\* | λ\\* | λ_{k\\*−1}/λ\\* | λ_{k\\*+1}/λ\\* |", "|---|---|---|---|---|"]
+    for p in res["results"]["points"]:
+        out.append(f"| {_beta(p['beta'])} | {p['k_star']} | {num(p['lambda_star'], 3)} | "
+                   f"{num(p['prev_ratio'], 3)} | {num(p['next_ratio'], 3)} |")
+    return "\n".join(out)
+
+
+def guide_rates_next_beta10(res) -> str:
+    """λ_{k*+1}/λ* over the β ≥ 10, smallest–largest (two digits)."""
+    from ..guide_numbers import num
+
+    r = [p["next_ratio"] for p in res["results"]["points"] if p["beta"] >= 10]
+    lo, hi = num(min(r), 2), num(max(r), 2)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _particle_rates(res):
+    return res["results"]["particles"]["points"]
+
+
+def _at_betas(res) -> str:
+    return "β = " + ", ".join(_beta(p["beta"]) for p in _particle_rates(res))
+
+
+def guide_rates_particle_next(res) -> str:
+    """λ_{k*+1}/λ* at the particle run's β."""
+    from ..guide_numbers import num
+
+    return (", ".join(num(p["next_ratio"], 2) for p in _particle_rates(res))
+            + f" at {_at_betas(res)}")
+
+
+def guide_rates_particle_next_slower(res) -> str:
+    """How much slower than λ* the mode k* + 1 grows (1 − λ_{k*+1}/λ*), at the particle run's β."""
+    from ..guide_numbers import num
+
+    return (", ".join(f"{num(100 * (1 - p['next_ratio']), 2)} %" for p in _particle_rates(res))
+            + f" at {_at_betas(res)}")
+
+
+def guide_rates_iid_window(res) -> str:
+    """ln(c·√N)/λ* at the particle run's β (c the mode threshold)."""
+    from ..guide_numbers import num
+
+    return (", ".join(num(p["iid_window"], 2) for p in _particle_rates(res))
+            + f" time units at {_at_betas(res)}")
+
+
+# the solver's accuracy checks (result file of jaxdyn.experiments.pde.solver_checks)
+
+
+def _checks(res, name):
+    return res["results"][name]
+
+
+def guide_checks_example_f32(res) -> str:
+    """The example script's printed mass drift in float32."""
+    from ..guide_numbers import num
+
+    return num(_checks(res, "example")["mass_drift_float32"], 2)
+
+
+def guide_checks_example_f64(res) -> str:
+    """The example script's printed mass drift with float64."""
+    from ..guide_numbers import num
+
+    return num(_checks(res, "example")["mass_drift_float64"], 2)
+
+
+def guide_checks_rates_worst(res) -> str:
+    """The largest relative error of the JVP rates against λ_k, and where it is."""
+    from ..guide_numbers import num
+
+    w = _checks(res, "linear_rates")["worst"]
+    return (f"{num(w['rel_error'], 1)}, at β = {_beta(w['beta'])} ({w['normalization']}, k = {w['k']}, "
+            f"where λ_{w['k']} = {num(w['lambda_k'], 2)})")
+
+
+def guide_checks_fourier_max(res) -> str:
+    """The largest relative difference of the Fourier field from the dense one."""
+    from ..guide_numbers import num
+
+    return num(_checks(res, "fourier_field")["max_rel_difference"], 2)
+
+
+def guide_checks_fourier_k(res) -> str:
+    """The number of Fourier modes K at β = 5."""
+    return f"K = {_checks(res, 'fourier_field')['k_modes_beta5']} at β = 5"
+
+
+def guide_checks_rk4(res) -> str:
+    """Fourier against dense RK4 trajectories: the difference at the middle dt and the ratios per halving."""
+    from ..guide_numbers import num
+
+    r = _checks(res, "fourier_rk4")
+    i = len(r["dt"]) // 2
+    ratios = [num(x, 3) for x in r["ratios"]]
+    return (f"{num(r['max_difference'][i], 2)} at dt = {r['dt'][i]:g}, t = {r['t']:g}, N = {r['n']}; "
+            f"ratios {' and '.join(ratios)} per halving of dt from {r['dt'][0]:g} to {r['dt'][-1]:g}")
+
+
+def guide_checks_quantile(res) -> str:
+    """The quantile cloud's largest relative mode error."""
+    from ..guide_numbers import num
+
+    return num(_checks(res, "quantile_modes")["max_rel_error"], 1)
+
+
+def _orders(key):
+    def render(res) -> str:
+        from ..guide_numbers import num
+
+        return ", ".join(num(x, 3) for x in _checks(res, "grid_orders")[key]["orders"])
+    return render
+
+
+def guide_checks_s2_rates(res) -> str:
+    """S²: the largest relative error of the zonal rates per grid."""
+    from ..guide_numbers import num
+
+    g = _checks(res, "s2")["grids"]
+    return (", ".join(num(x["max_rel_error"], 2) for x in g) + " on "
+            + ", ".join(f"{x['cells'][0]}×{x['cells'][1]}" for x in g) + " cells")
+
+
+def guide_checks_s2_dt(res) -> str:
+    """S²: the positivity step on 32×64 cells."""
+    from ..guide_numbers import num
+
+    return num(_checks(res, "s2")["positivity_dt_32x64"], 2)
+
+
+def guide_checks_s2_rhs(res) -> str:
+    """S²: the wall-clock median of one right-hand side on 32×64 cells."""
+    s = _checks(res, "s2")
+    return f"{_ms(s['rhs_seconds_32x64_median'])} (wall-clock median of {s['rhs_repeats']} calls)"
+
+
 #: the renderers of a pde result file (jaxdyn.experiments.guide_numbers)
 GUIDE_RENDERERS = {
     "run": guide_run, "mass": guide_mass, "min_rho": guide_min_rho,
@@ -676,4 +821,14 @@ GUIDE_RENDERERS = {
     "s2_solve": guide_s2_solve, "s2_table": guide_s2_table, "s2_repeats": guide_s2_repeats,
     "s2_excess": guide_s2_excess, "s2_excess_last": guide_s2_excess_last,
     "s2_ratios_later": guide_s2_ratios_later, "s2_ratios_t0": guide_s2_ratios_t0,
+    "rates_table": guide_rates_table, "rates_next_beta10": guide_rates_next_beta10,
+    "rates_particle_next": guide_rates_particle_next,
+    "rates_particle_next_slower": guide_rates_particle_next_slower,
+    "rates_iid_window": guide_rates_iid_window,
+    "checks_example_f32": guide_checks_example_f32, "checks_example_f64": guide_checks_example_f64,
+    "checks_rates_worst": guide_checks_rates_worst, "checks_fourier_max": guide_checks_fourier_max,
+    "checks_fourier_k": guide_checks_fourier_k, "checks_rk4": guide_checks_rk4,
+    "checks_quantile": guide_checks_quantile, "checks_orders_sigma0": _orders("sigma=0"),
+    "checks_orders_sigma05": _orders("sigma=0.5"), "checks_s2_rates": guide_checks_s2_rates,
+    "checks_s2_dt": guide_checks_s2_dt, "checks_s2_rhs": guide_checks_s2_rhs,
 }

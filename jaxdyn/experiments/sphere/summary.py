@@ -108,6 +108,36 @@ def guide_run(res) -> str:
     return run_cost(res["meta"])
 
 
+def _mib(b) -> str:
+    return f"{b / 2 ** 20:.0f} MiB"
+
+
+def _seconds(x) -> str:
+    return "—" if x is None else f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
+
+
+def guide_engine_run(res) -> str:
+    """A recorded run as the engine saw it: chunks, wall and compile seconds, memory estimate and peak.
+
+    Reads the ``meta`` of ``guide_numbers.record``: ``n_chunks``, ``wall_seconds``,
+    ``compile_seconds``, ``cpu_seconds``, ``estimated_process_bytes`` (the engine's estimate for the
+    process at the start) and ``measured_peak_rss_bytes`` (from its ``summary.json``).
+
+    Returns:
+      "on 2 CPU cores (model): 24 chunks in 74 s of wall time for the whole run (8.1 s compiling,
+      60 CPU-s); the engine estimated ≤ 781 MiB for the process at start and measured a peak of
+      435 MiB".
+    """
+    from ..guide_numbers import machine_words
+
+    m = res["meta"]
+    cpu = f", {m['cpu_seconds']:.0f} CPU-s" if m.get("cpu_seconds") is not None else ""
+    return (f"on {machine_words(m)}: {m['n_chunks']} chunks in {_seconds(m['wall_seconds'])} of wall "
+            f"time for the whole run ({_seconds(m.get('compile_seconds'))} compiling{cpu}); the engine "
+            f"estimated ≤ {_mib(m['estimated_process_bytes'])} for the process at start and measured "
+            f"a peak of {_mib(m['measured_peak_rss_bytes'])}")
+
+
 def guide_cluster_table(res) -> str:
     """The per-β table of a cluster-statistics run.
 
@@ -355,5 +385,5 @@ GUIDE_RENDERERS = {
     "beta9_t20_causal": variant_phrase(9.0, "causal", _at(20.0)), "table": guide_cluster_table, "one_cluster": guide_one_cluster,
     "pair_fraction": guide_pair_fraction, "cluster_count": guide_cluster_count,
     "rank_agreement": guide_rank_agreement, "frames_agreement": guide_frames_agreement,
-    "systems": guide_systems,
+    "systems": guide_systems, "engine_run": guide_engine_run,
 }
