@@ -14,7 +14,7 @@ from ...models import SphereAttention
 from ...simulation import simulate
 from ...long_context_host import first_cluster_count
 from ...sphere import sample_sphere
-from .schema import frames, resolved_beta
+from .schema import frames, histogram_cells, resolved_beta
 
 
 def _dtype(pc):
@@ -89,7 +89,7 @@ def _counts(pc, xs, k_star):
                                                          graph_min_size(pc, k_star))
         return np.where(frac >= pc["formed_fraction"], counts, 0), frac
     if pc["d"] == 2:
-        cells = max(64, 1 << math.ceil(math.log2(pc["cells_per_mode"] * k_star)))
+        cells = histogram_cells(pc["cells_per_mode"], k_star)
         counts = np.asarray(long_context.circle_cluster_counts(
             xs, cells, min_mass=pc["min_mass"] / k_star))
         return counts, np.full(counts.shape, np.nan)  # the histogram reads no fraction

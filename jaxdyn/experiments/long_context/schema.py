@@ -191,6 +191,11 @@ def process_split(cfg):
     return "points"
 
 
+def histogram_cells(cells_per_mode, k_star) -> int:
+    """The histogram's cells on S¹: the power of 2 at or above ``cells_per_mode`` × k*, at least 64."""
+    return max(64, 1 << math.ceil(math.log2(cells_per_mode * k_star)))
+
+
 def frames(pc):
     """Saved frames of a dynamics point."""
     return int(round(pc["t1"] / pc["dt"])) // pc["save_every"] + 1
