@@ -214,3 +214,23 @@ def test_variants_heads_causal_spans_render_from_their_result_file():
         ps = v["cluster_count_per_seed"]
         assert len(ps["seed"]) >= 5 and len(ps["count"]) == len(ps["seed"])
     assert len(gn.render("variants_heads_causal.variants_table", gn.ROOT).splitlines()) == 14
+
+
+def test_covariance_ode_renderers():
+    """The moment-ODE-vs-particles renderers: mean (range; attention, N) per attention, and
+    the seeds, kernel, steps and result file of the measurement."""
+    def row(n, dt, sweeps, vals):
+        return {"n": n, "dt": dt, "sinkhorn_iters": sweeps,
+                "cov": {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+                        "values": vals},
+                "mean": {"mean": 0.0, "min": 0.0, "max": 0.0, "values": [0.0] * len(vals)}}
+    res = {"kind": "covariance_ode", "meta": dict(META), "_path": "docs/results/x/c.json",
+           "results": {"seeds": [1, 2, 3], "kernel": "blocked", "by_attention": {
+               "softmax": row(8000, 0.05, 0, [0.001, 0.002, 0.003]),
+               "sinkhorn": row(1000, 0.1, 20, [1e-4, 2e-4, 3e-4])}}}
+    R = gn.renderers("covariance_ode")
+    assert R["cov"](res) == ("0.2 % (0.1–0.3 %; softmax, N = 8000), "
+                             "0.02 % (0.01–0.03 %; Sinkhorn, N = 1000)")
+    how = R["how"](res)
+    assert "3 clouds (NumPy seeds 1–3)" in how and "blocked kernel" in how
+    assert "softmax h = 0.05; Sinkhorn h = 0.1, 20 sweeps" in how and "docs/results/x/c.json" in how

@@ -791,6 +791,28 @@ def _cov_particles_how(res):
             f"`{res['_path']}`)")
 
 
+_ATTENTION_NAMES = {"softmax": "softmax", "l2": "L2", "sinkhorn": "Sinkhorn"}
+
+
+def _cov_ode(res):
+    """The moment ODE's error of Σ(1) for each attention: mean (range, N)."""
+    r = res["results"]["by_attention"]
+    return ", ".join(f"{_pct(v['cov']['mean'])} ({_pct(v['cov']['min'])[:-2]}–{_pct(v['cov']['max'])}; "
+                     f"{_ATTENTION_NAMES[a]}, N = {v['n']})"
+                     for a, v in r.items() if a in _ATTENTION_NAMES)
+
+
+def _cov_ode_how(res):
+    r = res["results"]
+    seeds = r["seeds"]
+    steps = "; ".join(f"{_ATTENTION_NAMES[a]} h = {v['dt']:g}"
+                      + (f", {v['sinkhorn_iters']} sweeps" if a == "sinkhorn" else "")
+                      for a, v in r["by_attention"].items())
+    return (f"the mean and, in brackets, the smallest and largest error of Σ(1) relative to its "
+            f"change over {len(seeds)} clouds (NumPy seeds {seeds[0]}–{seeds[-1]}), "
+            f"{r['kernel']} kernel, RK4 ({steps}; `{res['_path']}`)")
+
+
 # ---------------------------------------------------------------- the slow suite
 
 
@@ -852,6 +874,7 @@ def _slow_failures(res):
 RENDERERS = {
     "covariance_particles": {"n1000": _cov_particles(1000), "n4000": _cov_particles(4000),
                              "how": _cov_particles_how},
+    "covariance_ode": {"cov": _cov_ode, "how": _cov_ode_how},
     "slow_suite": {"summary": _slow_summary, "table": _slow_table, "failures": _slow_failures},
     "readme_times": {"quick_start": _readme_quick_start, "how": _readme_how,
                      "suite": _readme_suite,
