@@ -159,7 +159,9 @@ def record(run_dir, out, command=None) -> Path:
                       compile_seconds=run.get("compile_seconds"),
                       compute_seconds=run.get("compute_seconds"),
                       run_status=run.get("status"), started=run.get("started"),
-                      run_versions=run.get("versions"))
+                      run_versions=run.get("versions"), n_chunks=run.get("n_chunks"),
+                      estimated_process_bytes=run.get("estimated_process_bytes"),
+                      measured_peak_rss_bytes=run.get("measured_peak_rss_bytes"))
     return write_result(out, {"kind": cfg["kind"], "name": cfg["name"], "meta": meta,
                               "results": results})
 
