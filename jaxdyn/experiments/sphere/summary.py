@@ -15,6 +15,27 @@ def per_beta(ds, var):
     return da.mean(other) if other else da
 
 
+def energy_steps(energy, rel_tol=1e-12) -> dict:
+    """How E_β moves between consecutive saved frames, over every system.
+
+    Args:
+      energy: the ``energy`` variable (a ``t`` axis and any sweep axes).
+      rel_tol: a step counts as a decrease when it is below ``-rel_tol * |E|`` (rounding).
+
+    Returns:
+      The number of steps, of decreases beyond rounding, and the largest relative decrease.
+    """
+    e = energy.transpose(..., "t").values.astype(np.float64)
+    e = e.reshape(-1, e.shape[-1])
+    step = np.diff(e, axis=-1)
+    scale = np.maximum(np.abs(e[:, :-1]), np.finfo(np.float64).tiny)
+    finite = np.isfinite(step)
+    rel = np.where(finite, step / scale, 0.0)
+    return {"steps": int(finite.sum()), "decreases": int(np.sum(rel < -rel_tol)),
+            "largest_relative_decrease": float(max(0.0, -rel.min())) if rel.size else 0.0,
+            "systems": int(e.shape[0]), "rel_tol": rel_tol}
+
+
 def summarize(cfg, ds):
     """The ``sphere`` results of ``summary.json`` (:meth:`~jaxdyn.experiments.ExperimentKind.summarize`)."""
     ip = per_beta(ds, "mean_inner_product")
@@ -43,6 +64,8 @@ def summarize(cfg, ds):
                 "fraction_of_saved_frames_count_equals_gram_rank": float(np.mean(row(agree))),
             })
     res = {"per_beta": out}
+    if "energy" in ds and "t" in ds["energy"].dims and ds["energy"].sizes["t"] > 1:
+        res["energy_steps"] = energy_steps(ds["energy"])
     axes = [a for a in ("heads", "mask", "positions", "attention") if a in ds.dims]
     if "cluster_count" in ds and axes:  # attention variants: per combination and β
         t = ds["t"].values
@@ -370,6 +393,16 @@ def _first(at_most):
     return lambda t, counts: time_spread(first_time(t, counts, at_most))
 
 
+def guide_energy_steps(res) -> str:
+    """Whether E_β decreased between saved frames: counts over every system and frame."""
+    e = res["results"]["energy_steps"]
+    if e["decreases"] == 0:
+        return (f"never decreases between saved frames, on any of the {e['systems']} systems "
+                f"({e['steps']} steps; none below −{e['rel_tol']:g} |E_β|, the rounding)")
+    return (f"decreases between saved frames in {e['decreases']} of {e['steps']} steps over "
+            f"{e['systems']} systems (largest relative decrease {e['largest_relative_decrease']:.2g})")
+
+
 GUIDE_RENDERERS = {
     "run": guide_run, "variants_table": guide_variants_table, "seeds": guide_variant_seeds,
     "beta1_two": variant_all_reach(1.0, 2),
@@ -385,5 +418,5 @@ GUIDE_RENDERERS = {
     "beta9_t20_causal": variant_phrase(9.0, "causal", _at(20.0)), "table": guide_cluster_table, "one_cluster": guide_one_cluster,
     "pair_fraction": guide_pair_fraction, "cluster_count": guide_cluster_count,
     "rank_agreement": guide_rank_agreement, "frames_agreement": guide_frames_agreement,
-    "systems": guide_systems, "engine_run": guide_engine_run,
+    "systems": guide_systems, "engine_run": guide_engine_run, "energy_steps": guide_energy_steps,
 }
