@@ -6,6 +6,7 @@ They are checked on small synthetic result files: the ``variants`` and ``sphere`
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from jaxdyn.experiments import guide_numbers as gn
@@ -234,3 +235,21 @@ def test_covariance_ode_renderers():
     how = R["how"](res)
     assert "3 clouds (NumPy seeds 1–3)" in how and "blocked kernel" in how
     assert "softmax h = 0.05; Sinkhorn h = 0.1, 20 sweeps" in how and "docs/results/x/c.json" in how
+
+
+def test_energy_steps_counts_decreases_beyond_rounding():
+    """The sphere summary's E_β steps: a rounding-size dip is not a decrease, a real one is."""
+    import xarray as xr
+
+    sph = sphere_summary
+
+    up = np.array([1.0, 1.5, 1.5 * (1 - 1e-15), 2.0])  # a dip of 1e-15: rounding
+    down = np.array([1.0, 2.0, 1.9, 2.5])              # a real decrease of 5 %
+    e = xr.DataArray(np.stack([up, down]), dims=("seed", "t"))
+    got = sph.energy_steps(e)
+    assert got["steps"] == 6 and got["decreases"] == 1 and got["systems"] == 2
+    assert abs(got["largest_relative_decrease"] - 0.05) < 1e-12
+    text = sph.guide_energy_steps({"results": {"energy_steps": got}})
+    assert "1 of 6 steps" in text
+    flat = sph.energy_steps(xr.DataArray(up[None], dims=("seed", "t")))
+    assert "never decreases" in sph.guide_energy_steps({"results": {"energy_steps": flat}})
