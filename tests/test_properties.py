@@ -752,8 +752,8 @@ def test_certificate_of_a_subnormal_covariance(dtype):
 def test_certificate_verifies_at_any_scale(dtype):
     # the check solve of a tiny S0 (1e-300 in float64) raised "S0 must be positive
     # semi-definite" from the Bures W2 of its own output: its absolute tolerance ignored the
-    # state. It runs rescaled now: W2 at rounding relative to the scale, or, for a growth
-    # the dtype cannot resolve, status `large` and W2 NaN, never an exception
+    # state. It runs rescaled now: W2 at rounding relative to the scale (a growth the dtype
+    # cannot resolve: test_certificate_of_an_unresolvable_growth_is_large)
     tiny, huge = (1e-30, 1e30) if dtype == np.float32 else (1e-300, 1e300)
     rel = 1e-4 if dtype == np.float32 else 1e-10
     S0, S1 = np.diag([1.0, 2.0]), np.array([[1.0, 0.3], [0.3, 3.0]])
@@ -762,6 +762,16 @@ def test_certificate_verifies_at_any_scale(dtype):
                                 (S1 * s1).astype(dtype), t1=1.0, n_pieces=8)
         assert jaxdyn.is_successful(c.result), (s0, s1, c.result)
         assert float(c.w2) <= rel * np.sqrt(max(s0, s1)), (s0, s1, float(c.w2))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.slow  # a check solve of its own (the dtype's largest blow-up threshold); the
+# growths it resolves: test_certificate_verifies_at_any_scale
+def test_certificate_of_an_unresolvable_growth_is_large(dtype):
+    # a growth from S0 ~ 1e-300 (float32: 1e-30) to S1 ~ 1 is beyond what the check solve
+    # resolves: status `large` and W2 NaN, never an exception
+    tiny = 1e-30 if dtype == np.float32 else 1e-300
+    S0, S1 = np.diag([1.0, 2.0]), np.array([[1.0, 0.3], [0.3, 3.0]])
     c = control.certificate(np.zeros(2), (S0 * tiny).astype(dtype), None, S1.astype(dtype),
                             t1=1.0, n_pieces=8)
     assert bool(c.result == jaxdyn.RESULTS.large) and np.isnan(float(c.w2))
