@@ -91,16 +91,36 @@ def time_quick_start():
     return {"first": runs[0], "second": runs[1]}
 
 
-def time_suite():
-    """The default suite as the README runs it: wall and CPU seconds, the outcome counts."""
+def time_suite(most: int = 12):
+    """The default suite as the README runs it.
+
+    Args:
+      most: how many of the costliest tests to keep.
+
+    Returns:
+      Wall and CPU seconds, the outcome counts, and the ``most`` costliest tests (CPU
+      seconds a test, from ``JAXDYN_TEST_CPU``: tests/conftest.py).
+    """
     load = list(os.getloadavg())
-    wall, cpu, proc = _timed([sys.executable, "-m", "pytest", "-n", "2", "-q"], check=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "cpu")
+        env = dict(os.environ, JAXDYN_TEST_CPU=prefix)
+        wall, cpu, proc = _timed([sys.executable, "-m", "pytest", "-n", "2", "-q"], env=env,
+                                 check=False)
+        per_test, outside = {}, 0.0
+        for f in Path(tmp).glob("cpu.*.json"):
+            rec = json.loads(f.read_text())
+            outside += rec.pop("_outside_tests", {}).get("cpu", 0.0)
+            per_test.update({k: v["cpu"] for k, v in rec.items()})
     last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|"
                                                 r"errors?|deselected)", last)}
+    costliest = sorted(per_test.items(), key=lambda kv: -kv[1])[:most]
     return {"command": "python -m pytest -n 2 -q", "returncode": proc.returncode,
             "summary_line": last.strip("= "), "counts": counts, "wall_s": wall, "load_start": load,
-            "cpu_s": cpu}
+            "cpu_s": cpu, "tests_cpu_s": round(sum(per_test.values()), 1),
+            "outside_tests_cpu_s": round(outside, 1),
+            "costliest": [{"test": k, "cpu_s": round(v, 1)} for k, v in costliest]}
 
 
 def main(argv=None):

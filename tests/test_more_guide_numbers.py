@@ -253,3 +253,32 @@ def test_energy_steps_counts_decreases_beyond_rounding():
     assert "1 of 6 steps" in text
     flat = sph.energy_steps(xr.DataArray(up[None], dims=("seed", "t")))
     assert "never decreases" in sph.guide_energy_steps({"results": {"energy_steps": flat}})
+
+
+def test_slow_suite_and_costliest_renderers():
+    """The slow suite's record (partial, then whole) and the default suite's costliest tests."""
+    f = {"tests": 3, "counts": {"passed": 2, "failed": 1}, "wall_s": 4000.0, "cpu_s": 7200.0,
+         "workers": 1, "load_start": [1.5, 1.0, 1.0],
+         "failed": [{"test": "tests/test_a.py::test_x", "message": "AssertionError: 1 != 2"}]}
+    res = {"kind": "slow_suite", "meta": META,
+           "results": {"files": {"tests/test_a.py": f}, "total_files": 2, "total_tests": 5}}
+    text = gn.render("slow_suite.summary", cache={"slow_suite": res})
+    assert text.startswith("1 of its 2 files so far (3 of 5 slow tests") and "1 failed" in text
+    assert "1.1 h of wall time (2.0 CPU-hours)" in text
+    assert "`tests/test_a.py::test_x` (AssertionError: 1 != 2)" == gn.render(
+        "slow_suite.failures", cache={"slow_suite": res})
+    assert "| `tests/test_a.py` | 3 | 2 passed, 1 failed | 4000 | 7200 | 1 |" in gn.render(
+        "slow_suite.table", cache={"slow_suite": res})
+    res["results"]["total_files"], res["results"]["total_tests"] = 1, 3
+    f["counts"], f["failed"] = {"passed": 3}, []
+    text = gn.render("slow_suite.summary", cache={"slow_suite": res})
+    assert text.startswith("the whole slow suite, 3 tests in 1 file: 3 passed;")
+    assert gn.render("slow_suite.failures", cache={"slow_suite": res}) == "none"
+    suite = {"costliest": [{"test": "tests/t.py::a", "cpu_s": 9.0}, {"test": "tests/t.py::b",
+                                                                     "cpu_s": 3.0}],
+             "tests_cpu_s": 100.0, "outside_tests_cpu_s": 20.0, "cpu_s": 125.0}
+    table = gn.render("readme_times.suite_costliest",
+                      cache={"readme_times": {"kind": "readme_times", "meta": META,
+                                              "results": {"suite": suite}}})
+    assert "| `tests/t.py::a` | 9.0 |" in table
+    assert "These 2 take 12 of the tests' 100 CPU-s" in table and "of the run's 125 CPU-s" in table

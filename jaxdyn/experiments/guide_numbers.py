@@ -763,6 +763,18 @@ def _readme_suite(res):
             f"{s['load_start'][0]:.1f} at its start: {fits}")
 
 
+def _readme_suite_costliest(res):
+    """The default suite's costliest tests (a table) and where its CPU seconds go."""
+    s = res["results"]["suite"]
+    rows = ["| test | CPU-s |", "|---|---|"]
+    rows += [f"| `{r['test']}` | {r['cpu_s']:.1f} |" for r in s["costliest"]]
+    share = sum(r["cpu_s"] for r in s["costliest"])
+    return ("\n" + "\n".join(rows) + "\n\n"
+            f"These {len(s['costliest'])} take {share:.0f} of the tests' {s['tests_cpu_s']:.0f} "
+            f"CPU-s; the processes' imports and collection outside the tests take "
+            f"{s['outside_tests_cpu_s']:.0f} more, of the run's {s['cpu_s']:.0f} CPU-s.\n")
+
+
 def _readme_how(res):
     r = res["results"]
     return (f"the median of {r['repeats']} runs each on {machine_words(res['meta'])}, load "
@@ -841,7 +853,7 @@ def _slow_summary(res):
     outcome += f", {bad} failed" if bad else ""
     hours = f"{wall / 3600:.1f} h" if wall >= 3600 else f"{wall / 60:.0f} min"
     if len(files) == r["total_files"]:
-        head = f"the whole slow suite, {ran} tests in {len(files)} files"
+        head = f"the whole slow suite, {ran} tests in {len(files)} file{'s' * (len(files) != 1)}"
     else:
         head = (f"{len(files)} of its {r['total_files']} files so far ({ran} of "
                 f"{r['total_tests']} slow tests; the others are not run yet)")
@@ -879,7 +891,7 @@ RENDERERS = {
     "covariance_ode": {"cov": _cov_ode, "how": _cov_ode_how},
     "slow_suite": {"summary": _slow_summary, "table": _slow_table, "failures": _slow_failures},
     "readme_times": {"quick_start": _readme_quick_start, "how": _readme_how,
-                     "suite": _readme_suite,
+                     "suite": _readme_suite, "suite_costliest": _readme_suite_costliest,
                      **{name: _readme_example(name) for name in README_EXAMPLES}},
     "concentration": {
         "table": _conc_table, "run": _conc_run, "wall": _conc_wall, "assumption_1": _conc_assumption,
