@@ -281,4 +281,4 @@ def test_slow_suite_and_costliest_renderers():
                       cache={"readme_times": {"kind": "readme_times", "meta": META,
                                               "results": {"suite": suite}}})
     assert "| `tests/t.py::a` | 9.0 |" in table
-    assert "These 2 take 12 of the tests' 100 CPU-s" in table and "of the run's 125 CPU-s" in table
+    assert "These 2 take 12 of the tests' 100 CPU-s" in table and "spends 20 of its 125 CPU-s" in table

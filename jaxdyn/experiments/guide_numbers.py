@@ -773,8 +773,8 @@ def _readme_suite_costliest(res):
     share = sum(r["cpu_s"] for r in s["costliest"])
     return ("\n" + "\n".join(rows) + "\n\n"
             f"These {len(s['costliest'])} take {share:.0f} of the tests' {s['tests_cpu_s']:.0f} "
-            f"CPU-s; the processes' imports and collection outside the tests take "
-            f"{s['outside_tests_cpu_s']:.0f} more, of the run's {s['cpu_s']:.0f} CPU-s.\n")
+            f"CPU-s; outside the tests (the processes' start, imports and collection) the "
+            f"run spends {s['outside_tests_cpu_s']:.0f} of its {s['cpu_s']:.0f} CPU-s.\n")
 
 
 def _readme_how(res):
