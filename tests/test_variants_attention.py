@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jaxdyn as jd
+from jaxdyn.experiments.variants.covariance_check import AffineAttentionField
 from jaxdyn.kernels import attention_weights, heads_interaction, rope
 
 _weights = jax.jit(attention_weights, static_argnames=("causal", "logits", "sinkhorn_iters"))
@@ -370,22 +371,6 @@ def test_gradients_blocked_equal_dense_causal(qkv):
 # ------------------------------------- 6. the closed right-hand sides in solve_moments(attention=)
 
 
-class _Flat(jd.models.AbstractParticleModel):
-    """The Euclidean particle field ẋ = A x + b + Σ_h V_h Σ_j w^h_ij x_j: MultiHeadAttention's
-    field before the sphere projection (``ambient``) plus an affine part."""
-
-    inner: jd.MultiHeadAttention
-    A: jax.Array
-    b: jax.Array
-
-    @property
-    def dim(self):
-        return self.inner.dim
-
-    def __call__(self, t, x, args=None):
-        return self.inner.ambient(t, x) + x @ self.A.T + self.b
-
-
 def _moment_problem(seed=0, H=2):
     r = np.random.default_rng(seed)
     Q, K = (jnp.asarray(a) for a in r.normal(size=(2, H, 2, 2)) * 0.7)
@@ -435,7 +420,7 @@ def _moments_vs_particles(attention, n, iters, kernel, dt):
     x0 = jnp.asarray(gaussian_cloud(1, n, m0, S0, exact_moments=True))  # NumPy stream: cheap
     mh = jd.MultiHeadAttention(Q, K, V, 0.3, attention=attention, sinkhorn_iters=iters,
                                kernel=kernel)
-    x = jd.simulate(_Flat(mh, A, b), x0, t1=1.0, dt=dt, method="rk4", save_every=10**6).xs[-1]
+    x = jd.simulate(AffineAttentionField(mh, A, b), x0, t1=1.0, dt=dt, method="rk4", save_every=10**6).xs[-1]
     mp = jnp.mean(x, 0)
     Sp = (x - mp).T @ (x - mp) / n
     sol = solve_moments(m0, S0, A=A, V=V, b=b, t1=1.0, attention=attention, Q=Q, K=K, beta=0.3)

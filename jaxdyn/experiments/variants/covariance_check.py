@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 
+import jax
 import numpy as np
+
+from ...models import AbstractParticleModel, MultiHeadAttention
 
 #: the covariance, inverse temperature and Sinkhorn sweeps of the check
 S = np.array([[1.0, 0.3], [0.3, 0.6]])
@@ -116,29 +119,25 @@ def moment_problem(seed: int = 0):
     return Q, K, V, A
 
 
-def _affine_field():
-    import jax
+class AffineAttentionField(AbstractParticleModel):
+    """The particle field ẋ = A x + b + Σ_h V_h Σ_j w^h_ij x_j.
 
-    import jaxdyn as jd
+    A multi-head attention's Euclidean field (its ``ambient`` part, no sphere projection) plus
+    an affine part: the particles whose moments ``solve_moments(attention=...)`` follows.
+    """
 
-    class AffineAttentionField(jd.models.AbstractParticleModel):
-        """ẋ = A x + b + Σ_h V_h Σ_j w^h_ij x_j.
+    inner: MultiHeadAttention
+    A: jax.Array
+    b: jax.Array
 
-        The attention's Euclidean field (``ambient``, no sphere projection) plus an affine part.
-        """
+    @property
+    def dim(self):
+        """The space's dimension (the attention's)."""
+        return self.inner.dim
 
-        inner: jd.MultiHeadAttention
-        A: jax.Array
-        b: jax.Array
-
-        @property
-        def dim(self):
-            return self.inner.dim
-
-        def __call__(self, t, x, args=None):
-            return self.inner.ambient(t, x) + x @ self.A.T + self.b
-
-    return AffineAttentionField
+    def __call__(self, t, x, args=None):
+        """The velocities of the particles x (N, d) at time t."""
+        return self.inner.ambient(t, x) + x @ self.A.T + self.b
 
 
 def ode_errors(attention: str, n: int, sweeps: int, dt: float, seeds) -> dict:
@@ -173,7 +172,7 @@ def ode_errors(attention: str, n: int, sweeps: int, dt: float, seeds) -> dict:
             raise RuntimeError(f"solve_moments(attention={attention!r}) failed")
         mh = jd.MultiHeadAttention(Q, K, V, BETA, attention=attention,
                                    sinkhorn_iters=max(sweeps, 1), kernel="blocked")
-        field = _affine_field()(mh, A, b)
+        field = AffineAttentionField(mh, A, b)
         out: dict = {"cov": [], "mean": []}
         for s in seeds:
             x0 = jnp.asarray(gaussian_cloud(int(s), n, m0, S0, exact_moments=True))
