@@ -883,6 +883,9 @@ def _target_lines(rows):
                 if x.get("beta"):
                     out.append(f"| {who(kind, rec)} | scan: local = blocked | {x['n']:,} | "
                                f"{x['beta']:.3g} | — | — | 1 | {f3(x['visited'])} | — | — | — |")
+        if not any(kind.startswith("gpu-") for kind, _ in local):
+            out += ["", "No GPU has measured the local kernel yet: `bash benchmarks/gpu_local.sh` "
+                    "runs its field at N = 10⁷ and 10⁸ in one device call and records it here."]
     return out
 
 
