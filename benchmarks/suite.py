@@ -891,15 +891,16 @@ def _target_lines(rows):
 
 def _interrupt_lines(rows):
     """Detail table: every shipped config's time to stop after SIGINT (``interrupt``)."""
-    out = []
+    out, measured = [], set()
     for name, kind, rec in rows:
         if name != "interrupt":
             continue
         res = rec.get("result") or {}
+        measured.update(r["config"] for r in res.get("rows") or [])
         c = (rec.get("machine") or {}).get("commit") or (res.get("machine") or {}).get("commit")
         out += ["", f"### Time to stop after SIGINT (`{kind}`"
                 f"{', ' + c[:7] if c else ''})", "",
-                f"Every shipped config at full size, a first run (an empty compilation cache): "
+                f"Shipped configs at full size, each a first run (an empty compilation cache): "
                 f"SIGINT {res.get('delay_s', 0):g} s after the bar first moved within a chunk "
                 f"(or {res.get('compute_wait_s', 0):g} s after the plan line if it had not: a "
                 f"compilation, or a chunk without progress inside it), then the seconds to the "
@@ -928,6 +929,10 @@ def _interrupt_lines(rows):
                      else "yes" if r.get("resumes") else "no" if "resumes" in r else "—")
             out.append(f"| `{r['config']}` | {stop} | {r.get('rc', '—')} | {where or '—'} | "
                        f"{'yes' if r.get('hard_stop') else 'no'} | {kept} | {again} |")
+    missing = sorted({p.stem for p in (ROOT / "configs").glob("*.yaml")} - measured)
+    if out and missing:
+        out += ["", "Shipped configs not yet measured: " + ", ".join(f"`{m}`" for m in missing)
+                + " (`python benchmarks/interrupt_table.py --only NAME ...`)."]
     return out
 
 
