@@ -69,8 +69,9 @@ LEAF = 64
 COARSE_MAX = 8192
 #: clusters a super-cluster (the first crude level)
 SUPER = 8
-#: query clusters a batch of the selection's loops
-SELECT_BATCH = 4096
+#: query clusters a batch of the selection's loops (the clusters taken in the order of their
+#: loops' lengths, so that a batch's loop runs to about its own longest: :func:`_map_by_trips`)
+SELECT_BATCH = 512
 #: query leaves a chunk of the tile passes
 CHUNK = 128
 #: the default list capacity (key leaves a query leaf): a quarter of the key leaves (what
@@ -611,6 +612,22 @@ def _seed_pass(qs, ks, kvalid, centre, seed, chunk):
 _BINS = 40
 
 
+def _map_by_trips(f, xs, trips, batch):
+    """``jax.lax.map(f, xs, batch_size=batch)`` over the entries in the order of ``trips``.
+
+    A batch's loop (vectorised over its entries) runs to its longest entry's ``trips``; in
+    that order a batch's entries have about the same length, and one long entry (a cluster
+    whose ball spans much of the space) lengthens one batch, not all.
+
+    Returns:
+      ``f``'s results, in the entries' given order.
+    """
+    order = jnp.argsort(trips)
+    back = jnp.argsort(order)
+    out = jax.lax.map(f, jax.tree.map(lambda a: a[order], xs), batch_size=batch)
+    return jax.tree.map(lambda a: a[back], out)
+
+
 def _append(lists, count, keep, values, cap):
     """``values`` where ``keep`` (last axis) appended to ``lists`` after ``count`` entries.
 
@@ -678,7 +695,8 @@ def _cluster_lists(qc, kc, super_lists, super_counts, lo, eps, cap):
         return jax.lax.fori_loop(0, sn, listing, init)
 
     nc = super_lists.shape[0]
-    return jax.lax.map(one, (qc, super_lists, super_counts), batch_size=min(nc, SELECT_BATCH))
+    return _map_by_trips(one, (qc, super_lists, super_counts), super_counts,
+                         min(nc, SELECT_BATCH))
 
 
 def _bcast(tree, axis):
@@ -780,8 +798,8 @@ def _leaf_lists(cap, *, qg, idx_c, count_c, tau, bounds_of, capacity, dtype, bat
                 jnp.zeros((group,), dtype), jnp.full((group,), -jnp.inf, dtype))
         return jax.lax.fori_loop(0, nc, listing, init)
 
-    lists, count_f, skipped_f, top = jax.lax.map(per_cluster, (qg, idx_c, count_c, tau),
-                                                 batch_size=batch)
+    lists, count_f, skipped_f, top = _map_by_trips(per_cluster, (qg, idx_c, count_c, tau),
+                                                   count_c, batch)
     lists = lists.reshape(ncq * group, cap)
     return jnp.pad(lists, ((0, 0), (0, capacity - cap))), count_f, skipped_f, top
 
@@ -822,10 +840,10 @@ def _select(qv, kv, qcv, kcv, budget, eps, group, capacity, chunk):
     dtype = kcv.nu.dtype
     qg = jax.tree.map(lambda a: a.reshape((ncq, group) + a.shape[1:]), qv)
     batch = min(ncq, SELECT_BATCH)
-    tau, above = jax.lax.map(
+    tau, above = _map_by_trips(
         functools.partial(_leaf_threshold, bounds_of=bounds_of, budget=budget, m=m,
                           arange=arange, dtype=dtype),
-        (qg, idx_c, count_c, skipped_c), batch_size=batch)
+        (qg, idx_c, count_c, skipped_c), count_c, batch)
     listed = functools.partial(_leaf_lists, qg=qg, idx_c=idx_c, count_c=count_c, tau=tau,
                                bounds_of=bounds_of, capacity=capacity, dtype=dtype, batch=batch)
     # lists of ``CAPACITY`` slots where every list fits (the loops carry the lists: their
