@@ -391,6 +391,35 @@ def test_bures_singular_covariances():
     assert float(bures_w2(m, S0, m, S0).value) == pytest.approx(0.0, abs=1e-7)
 
 
+def test_bures_traced_covariance_out_of_domain_is_nan_and_invalid_input(dtype):
+    """A traced covariance that is not symmetric PSD (beyond the concrete check's allowance):
+    NaN from bures_w2_squared and status invalid_input from bures_w2, lane by lane under vmap;
+    a rank-deficient PSD one (eigenvalues at rounding below 0) keeps the concrete answer."""
+    rng = np.random.default_rng(12)
+    d = 3
+    a = rng.standard_normal((d, 2))
+    singular = (a @ a.T).astype(dtype)                   # rank 2: a rounding-level eigenvalue
+    spd = _random_spd(rng, d, 10.0).astype(dtype)
+    not_psd = (spd - 2.0 * np.linalg.eigvalsh(spd.astype(float))[-1] * np.eye(d)).astype(dtype)
+    asym = spd.copy()
+    asym[1, 0] += 1e-3 * np.abs(spd).max()               # far beyond 100 d eps max|S|
+    S0 = jnp.asarray(np.stack([singular, spd, not_psd, asym]))
+    S1 = jnp.asarray(np.stack([spd, singular, spd, spd]))
+    m = jnp.zeros((4, d), dtype)
+    sq = jax.vmap(bures_w2_squared)(m, S0, m, S1)
+    sol = jax.jit(jax.vmap(bures_w2))(m, S0, m, S1)
+    for i in range(2):  # the valid lanes: the concrete results
+        assert float(sq[i]) == pytest.approx(float(bures_w2_squared(m[i], S0[i], m[i], S1[i])),
+                                             rel=tol(dtype, 1e-5, 1e-12), abs=tol(dtype, 1e-5, 1e-12))
+        assert sol.names[i] == "successful" and np.isfinite(float(sol.value[i]))
+    assert np.isnan(np.asarray(sq[2:])).all()
+    assert list(sol.names[2:]) == ["invalid_input"] * 2
+    assert np.isnan(np.asarray(sol.value[2:])).all() and np.isnan(np.asarray(sol.divergence[2:])).all()
+    for i in (2, 3):  # concrete, the same inputs are refused by name
+        with pytest.raises(ValueError, match="S0 must be"):
+            bures_w2(m[i], S0[i], m[i], S1[i])
+
+
 @pytest.mark.slow_dtype("f32")  # dtype-independent check: f64 (tighter) in the default suite, f32 under -m slow
 def test_bures_commuting_closed_form(dtype):
     # diagonal (commuting) covariances: W2^2 = |Δm|^2 + Σ (sqrt a_i - sqrt b_i)^2

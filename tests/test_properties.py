@@ -469,18 +469,7 @@ class Known:
                 and (not self.dtypes or np.dtype(dtype) in [np.dtype(t) for t in self.dtypes]))
 
 
-_TRACED = ("jit", "vmap")
-KNOWN: list = [
-    Known("bures_w2", ("negative", "subnormal"), _TRACED,
-          "bures_w2 under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
-          "symmetric) returns a finite W2 with status successful (the covariance is "
-          "symmetrised and clipped); concrete, the same input is a ValueError naming S0",
-          targets=("S0", "S1")),
-    Known("bures_w2_squared", ("negative", "subnormal"), _TRACED,
-          "bures_w2_squared under jit/vmap with S0 = -S0 (not PSD) or S0[1, 0] = 1e-45 (not "
-          "symmetric) returns a finite number, not NaN; concrete, it is a ValueError naming "
-          "S0", targets=("S0", "S1")),
-]
+KNOWN: list = []
 
 
 def _check(case, ex):

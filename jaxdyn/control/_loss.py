@@ -34,7 +34,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .._results import RESULTS, Solution, from_codes, status_code
-from ..distances import bures_w2_squared
+from ..distances._bures import clipped_bures_w2_squared
 from ..gaussian._solve import Control, moment_rhs, solve_moments
 from ._problem import CONTROL_NAMES, _energy_values
 
@@ -222,7 +222,7 @@ def solve_terms(raw, prob: Problem, opts: SolveOptions):
                             max_steps=opts.max_steps)
         m, S, status = sol.mean_final, sol.cov_final, sol.status
         emax = jnp.zeros((), S.dtype)
-    w2sq = bures_w2_squared(m, S, prob.m1, prob.S1)
+    w2sq = clipped_bures_w2_squared(m, S, prob.m1, prob.S1)
     energy = sum(prob.mask[i] * _energy_values(v, prob.kind, prob.t1) for i, v in enumerate(vals))
     nan = jnp.asarray(jnp.nan, w2sq.dtype)
     return jnp.where(status == status_code("successful"), w2sq, nan), energy, status, emax
@@ -394,7 +394,7 @@ def _reach_loss(vals, m0, S0, m1, S1, t1, weight, mask, kind, opts):
     """:func:`reach_loss` after its checks (one program per shape and static settings)."""
     m, S, status, emax = fixed_step_moments(vals, m0, S0, t1, kind, opts)
     ok = status == status_code("successful")
-    w2sq = jnp.where(ok, bures_w2_squared(m, S, m1, S1), jnp.nan)
+    w2sq = jnp.where(ok, clipped_bures_w2_squared(m, S, m1, S1), jnp.nan)
     energy = sum(mask[i] * _energy_values(v, kind, t1) for i, v in enumerate(vals))
     n = vals[0].shape[0] - (1 if kind == "linear" else 0)
     return ReachLoss(loss=w2sq + weight * energy, w2_squared=w2sq, energy=energy, mean=m, cov=S,

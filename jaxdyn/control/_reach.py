@@ -16,7 +16,7 @@ from jaxtyping import Array
 
 from .._results import (RESULTS, Solution, error_if_failed, from_codes, raise_if_failed,
                         stat, status_code, status_names)
-from ..distances import bures_w2_squared
+from ..distances._bures import clipped_bures_w2_squared
 from ..gaussian._solve import Control
 from . import _optimise as driver
 from . import _reach_loop as opt
@@ -421,9 +421,9 @@ def _summary(s: opt.State, verified, m1, S1, tol):
     else:
         status, m, S = verified
         ok = status == status_code("successful")
-        w2 = jnp.where(ok, jnp.sqrt(bures_w2_squared(m, S, m1, S1)), nan)
+        w2 = jnp.where(ok, jnp.sqrt(clipped_bures_w2_squared(m, S, m1, S1)), nan)
         w2_mean = jnp.where(ok, jnp.linalg.norm(m - m1), nan)
-        w2_cov = jnp.where(ok, jnp.sqrt(bures_w2_squared(jnp.zeros_like(m1), S, jnp.zeros_like(m1),
+        w2_cov = jnp.where(ok, jnp.sqrt(clipped_bures_w2_squared(jnp.zeros_like(m1), S, jnp.zeros_like(m1),
                                                          S1)), nan)
     status = jnp.where((status == status_code("successful")) & ~(w2 < tol),
                        status_code("not_converged"), status)

@@ -15,7 +15,8 @@ from jaxtyping import Array
 
 from .._checks import check_dtype, check_finite, nan_where, scalar_domain
 from .._results import RESULTS, Solution, from_codes, status_code
-from ..distances import bures_w2_squared, w2_exact
+from ..distances import w2_exact
+from ..distances._bures import clipped_bures_w2_squared
 from ..gaussian._particles import gaussian_cloud
 from ..integrators import INTEGRATORS
 from ..models._control import Control
@@ -320,4 +321,4 @@ def _cloud_bures(x, m1, S1):
     C = dx.T @ dx / x.shape[0]
     finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(m1)) & jnp.all(jnp.isfinite(S1))
     status = jnp.where(finite, status_code("successful"), status_code("nonfinite"))
-    return jnp.sqrt(bures_w2_squared(xbar, C, m1, S1)), finite, from_codes(status)
+    return jnp.sqrt(clipped_bures_w2_squared(xbar, C, m1, S1)), finite, from_codes(status)

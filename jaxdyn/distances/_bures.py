@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._results import RESULTS, code, from_codes, status_codes
 from ._checks import _as_float_array
 from ._scale import _exponent, times_pow2, widen_half
 from ._solution import W2Solution, scaled_closed_solution
@@ -188,8 +190,9 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     accurate for ill-conditioned and singular (PSD) covariances, jittable, vmappable and
     differentiable (also at repeated eigenvalues, e.g. S1 = I). The smooth choice for a
     loss. Covariances must be symmetric PSD: a concrete one that is not (beyond rounding,
-    ``100 d eps max(1, max|S|)``) is refused; a traced one is symmetrised and a negative
-    eigenvalue clipped to 0.
+    ``100 d eps max|S|``) is refused; a traced one that is not (the same allowance) gives NaN
+    there. Within the allowance the covariance is symmetrised and a negative eigenvalue
+    clipped to 0.
 
     Scale: the means' difference and the covariances are divided by a power of two 2^e (and
     4^e) that brings them to unit size (exact), and W2^2 is reported times 4^e: right at any
@@ -208,7 +211,8 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
         S1: covariances (..., d, d) of the second Gaussians.
 
     Returns:
-        W2^2, shape (...) (the inputs' batch shapes broadcast); NaN where an input is NaN.
+        W2^2, shape (...) (the inputs' batch shapes broadcast); NaN where an input is NaN or
+        a traced covariance is not symmetric PSD.
 
     Raises:
         ValueError: if the shapes are not (..., d) and (..., d, d) with one d (d >= 1), or a
@@ -223,14 +227,64 @@ def bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."
     problem = _gaussians_problem(m0, S0, m1, S1)
     if problem:
         raise ValueError(problem)
-    sq, e = _bures_unit(m0, S0, m1, S1)
-    return _squared_back(sq, e)
+    out = _squared_back(*_bures_unit(m0, S0, m1, S1))
+    if _traced(S0, S1):
+        out = jnp.where(not_covariances(S0, S1), jnp.nan, out)
+    return out
+
+
+def _traced(*arrays):
+    """Whether any of ``arrays`` is traced (its values unknown to the concrete checks)."""
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def clipped_bures_w2_squared(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> Float[Array, "..."]:
+    """:func:`bures_w2_squared` with covariances symmetrised and negative eigenvalues clipped.
+
+    For the package's losses, whose covariances come out of an ODE solve: a rank-deficient
+    one may then have an eigenvalue a little below 0 beyond the public check's allowance,
+    which this form reads as 0 (the W2² of the nearest covariance) rather than NaN.
+
+    Returns:
+      W2², as :func:`bures_w2_squared`.
+    """
+    return _squared_back(*_bures_unit(m0, S0, m1, S1))
 
 
 def _gaussians(m0, S0, m1, S1, fn):
     """The four inputs as JAX arrays of a float dtype (half precision widened, with a warning)."""
     arrays = [_as_float_array(a, n) for a, n in zip((m0, S0, m1, S1), ("m0", "S0", "m1", "S1"))]
     return widen_half(arrays, fn)
+
+
+def _covariance_tolerance(h):
+    """The rounding allowance of the covariance checks, ``100 d eps max|h|``."""
+    return 100.0 * h.shape[-1] * jnp.finfo(h.dtype).eps * jnp.max(jnp.abs(h), (-2, -1))
+
+
+@jax.jit
+def not_covariances(S0, S1):
+    """Where S0 or S1 is not symmetric PSD beyond rounding: the concrete check's rule, traced.
+
+    Each finite matrix is brought to unit size by a power of two (exact) and flagged where
+    ``max |S − Sᵀ|`` or ``−λ_min(sym S)`` exceeds ``100 d eps max|S|``, the allowance of the
+    concrete check in :func:`_gaussians_problem`; a matrix with a NaN or inf entry is not
+    flagged (its result is ``nonfinite`` already). No gradient.
+
+    Returns:
+      A boolean array of the broadcast batch shape.
+    """
+    def bad(s):
+        s = jax.lax.stop_gradient(s)
+        finite = jnp.all(jnp.isfinite(s), (-2, -1))
+        s = jnp.where(finite[..., None, None], s, 0.0)
+        h = times_pow2(s, -_exponent(jnp.max(jnp.abs(s), (-2, -1)))[..., None, None])
+        tol = _covariance_tolerance(h)
+        asym = jnp.max(jnp.abs(h - jnp.swapaxes(h, -1, -2)), (-2, -1))
+        lmin = jnp.linalg.eigvalsh(_sym(h))[..., 0]
+        return finite & ((asym > tol) | (lmin < -tol))
+
+    return bad(S0) | bad(S1)
 
 
 @jax.jit
@@ -328,7 +382,9 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
 
     Returns:
         :class:`W2Solution` (``method="bures"``) of the broadcast batch shape: ``value`` is
-        W2, ``divergence`` W2^2; ``result`` is ``nonfinite`` where an input is not finite.
+        W2, ``divergence`` W2^2; ``result`` is ``nonfinite`` where an input is not finite,
+        and ``invalid_input`` (value and divergence NaN) where a traced covariance is not
+        symmetric PSD beyond rounding (a concrete one is refused).
 
     Raises:
         ValueError: the shape and covariance errors of :func:`bures_w2_squared`.
@@ -342,10 +398,21 @@ def bures_w2(m0: Mean, S0: Cov, m1: Mean, S1: Cov) -> W2Solution:
     problem = _gaussians_problem(m0, S0, m1, S1)
     if problem:
         raise ValueError(problem)
-    return _bures_solution(*_bures_unit(m0, S0, m1, S1))
+    sq, e = _bures_unit(m0, S0, m1, S1)
+    if not _traced(S0, S1):
+        return _bures_solution(sq, e)
+    return _invalid_where(_bures_solution(sq, e), not_covariances(S0, S1))
 
 
 @jax.jit
 def _bures_solution(sq, e):
     """The result of :func:`bures_w2` from W2^2 at unit size and its scale 2^e (one program)."""
     return scaled_closed_solution(sq, e, "zero", "bures")
+
+
+def _invalid_where(sol, bad):
+    """``sol`` with NaN value and divergence and status ``invalid_input`` where ``bad``."""
+    nan = lambda a: jnp.where(bad, jnp.nan, a)  # noqa: E731
+    codes = jnp.where(bad, code(RESULTS.invalid_input), status_codes(sol.result))
+    return eqx.tree_at(lambda s: (s.value, s.divergence, s.result), sol,
+                       (nan(sol.value), nan(sol.divergence), from_codes(codes)))
