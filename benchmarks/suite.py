@@ -883,6 +883,15 @@ def _target_lines(rows):
                 if x.get("beta"):
                     out.append(f"| {who(kind, rec)} | scan: local = blocked | {x['n']:,} | "
                                f"{x['beta']:.3g} | — | — | 1 | {f3(x['visited'])} | — | — | — |")
+        for kind, rec in local:
+            heads = [r["headline"].get("jaxdyn_s") for r in rec.get("rounds") or []]
+            heads = [h for h in heads if h is not None]
+            if len(heads) > 1:
+                out += ["", f"{who(kind, rec)}: {len(heads)} rounds of the whole script; the rows "
+                        f"are the round whose headline ({rec['headline'].get('jaxdyn')}) is the "
+                        f"median, which ranged {_fmt_s(min(heads))}–{_fmt_s(max(heads))} over the "
+                        "rounds (the other rounds' rows are not kept; this spread shows how much "
+                        "a row can move from one round to the next on that machine)."]
         if not any(kind.startswith("gpu-") for kind, _ in local):
             out += ["", "No GPU has measured the local kernel yet: `bash benchmarks/gpu_local.sh` "
                     "runs its field at N = 10⁷ and 10⁸ in one device call and records it here."]
