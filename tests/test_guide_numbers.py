@@ -10,6 +10,7 @@ per-seed readings of a concentration run on a small synthetic run.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,48 @@ def test_concentration_figures_show_every_seed(tmp_path):
     assert {"w2_vs_t.png", "min_w2_vs_beta.png", "argmin_t_vs_log_beta.png",
             "mass_fractions.png"} <= names
     assert all(Path(f).stat().st_size > 0 for f in figs)
+
+
+#: Pages whose text may state a time or a memory size outside a generated span: a setting, a
+#: budget or arithmetic, each named here with what it is (a measured one belongs in a span).
+STATED = {
+    ("docs/guides/cli.md", "120 s"): "the default of --distributed-timeout, a setting",
+    ("docs/guides/cli.md", "20 s"): "the interrupt watchdog's allowance, a setting",
+    ("docs/guides/density.md", "134 MB"): "16.8 M float64 entries, arithmetic",
+    ("docs/guides/density.md", "1 GB"): "a (64·128)² float64 matrix, arithmetic",
+    ("docs/guides/distributed.md", "30 s"): "JAX's heartbeat timeout, a setting",
+    ("docs/guides/testing.md", "8 CPU-minutes"): "the default suite's budget, a target",
+}
+#: a number with a unit of time or memory (a measured duration or size, when typed by hand)
+_MEASURE = re.compile(r"(?<![\w.^{-])\d+(?:[.,]\d+)?\s?(?:ms|µs|s|min|minutes|hours|CPU-s|"
+                      r"CPU-seconds|CPU-minutes|CPU-hours|MiB|GiB|MB|GB)(?!\w)")
+
+
+def _prose(text: str) -> str:
+    """The text outside generated spans, code blocks, inline code and LaTeX (lines kept)."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = gn.SPAN.sub(blank, text)
+    text = re.sub(r"^```.*?^```", blank, text, flags=re.S | re.M)
+    text = re.sub(r"\$\$.*?\$\$", blank, text, flags=re.S)
+    return re.sub(r"`[^`\n]*`|\$[^$\n]*\$", "", text)
+
+
+def test_no_time_or_memory_is_typed_by_hand():
+    """Outside generated spans, the README and the docs' pages state no duration or memory
+    size except the settings, budgets and arithmetic listed in STATED (the benchmarks page is
+    generated whole from the result files)."""
+    pages = [ROOT / "README.md"] + [p for p in sorted((ROOT / "docs").rglob("*.md"))
+                                    if p.name != "benchmarks.md"]
+    found = []
+    for page in pages:
+        rel = page.relative_to(ROOT).as_posix()
+        for i, line in enumerate(_prose(page.read_text()).split("\n"), 1):
+            found += [(rel, i, m.group(0)) for m in _MEASURE.finditer(line)
+                      if (rel, m.group(0)) not in STATED]
+    assert found == [], ("a time or memory size typed by hand: render it from a result file "
+                         f"(a GENERATED span) or list it in STATED with what it is: {found}")
+
+
+def test_the_typed_time_check_finds_a_typed_time():
+    text = "It took 12.5 s and 3 GiB. <!-- BEGIN GENERATED a.b -->4 s<!-- END GENERATED a.b -->"
+    assert [m.group(0) for m in _MEASURE.finditer(_prose(text))] == ["12.5 s", "3 GiB"]

@@ -526,6 +526,17 @@ def _bench_local_field(res):
                      for n, t in sorted(times.items()))
 
 
+def _bench_local_keys(res):
+    from jaxdyn.kernels._local import LEAF
+
+    rows = sorted(_local_rows(res, "field"), key=lambda r: r["n"])
+    keys = [r["visited"] * r["n"] for r in rows]
+    leaves = " and ".join(f"{k / LEAF:.0f}" for k in keys)
+    at = " and ".join(_pow10(r["n"]) for r in rows)
+    return (f"about {leaves} key leaves of {LEAF} at N = {at} ({' and '.join(f'{k:.0f}' for k in keys)} "
+            f"keys a query)")
+
+
 def _bench_local_pair_cost(res):
     rows = [r for r in _local_rows(res, "scan") if not r["answered_dense"] and r["beta"] == 100.0]
     cost = [r["local_over_blocked"] / r["visited"] for r in rows]
@@ -917,7 +928,7 @@ RENDERERS = {
     "gaussian": {"phase_blowup": _gaussian_phase_blowup, "blowup": _gaussian_blowup},
     "benchmark": {"control_measure_gradient": _bench_control_measure, "moments": _bench_moments,
                   "local_scan": _bench_local_scan, "local_field": _bench_local_field,
-                  "local_pair_cost": _bench_local_pair_cost,
+                  "local_keys": _bench_local_keys, "local_pair_cost": _bench_local_pair_cost,
                   "local_small_beta": _bench_local_small_beta, "pde": _bench_pde,
                   "pde_ratio": _bench_pde_ratio, "causal": _bench_causal,
                   "distributed": _bench_distributed, "w2_large": _bench_w2_large},

@@ -42,18 +42,15 @@ whose covariance grows to ``‖Σ‖ ~ 10⁷`` on a slow manifold where the mome
      τ of :func:`jaxdyn.gaussian._solve.pole_refine`, vmapped over chunks of the same width
      in short passes that continue the members not converged yet, regrouped into full
      chunks, so that the few non-poles (which use the whole budget) do not hold the rest. The refinement is also
-     the final pole test: on the benchmark workload ~15 members pass the local test at
-     ``‖Σ‖ = 10⁶`` but their projective flow turns onto the cone ``uᵀBu = 0`` where the
-     quadratic growth stops; they end LARGE.
+     the final pole test: a member can pass the local test at ``‖Σ‖ = 10⁶`` while its
+     projective flow turns onto the cone ``uᵀBu = 0``, where the quadratic growth stops;
+     such a member ends LARGE.
 
-  Why the explicit stage is not a diffrax solve: on the ``benchmarks/bench_moments.py``
-  workload (4096 members, d = 3, float64, 2 CPU cores) a step of this lock-step loop costs
-  about 3 µs per member; ``jax.vmap`` of ``diffeqsolve(Dopri8)`` costs 9 µs per
-  member-step without an event and 20–28 µs with the blow-up Event, and without the
-  host-side regrouping every member runs as long as the slowest (the median member needs
-  14 steps, the slowest thousands). Measured on that workload: the fast path 0.7–0.8 CPU-s
-  a call; the composable path (under ``jax.jit``) 185 CPU-s, with the same statuses. Sweeps
-  of thousands of members belong on the fast path (call with concrete inputs).
+  Why the explicit stage is not a diffrax solve: a vmapped ``diffeqsolve`` runs every
+  member for as long as the slowest (a few members need thousands of steps, the median a
+  dozen), and its blow-up event costs more a step than this lock-step loop; the host-side
+  regrouping avoids both. Sweeps of thousands of members belong on this fast path (call
+  with concrete inputs); ``benchmarks/bench_moments.py`` measures it.
 
 Each member returns a status (a :class:`jaxdyn.RESULTS` code; ``jaxdyn.status_code(name)``
 gives the codes), its final time and state, its blow-up time and its step counts.
@@ -358,11 +355,9 @@ def _pole_stage(z, h, A, B, V, active, rtol, atol):
 
 # The pole stage's schedule: passes of _POLE_STEPS steps over full chunks of the members not
 # yet converged, each continuing from the state and with the step where the last one
-# stopped, _POLE_PASSES of them (448 steps, pole_refine's budget of 400 and more). On
-# the benchmark workload the steps to convergence have median 13 and 90th percentile 85
-# (Dopri8 in τ), and the ~20 non-poles use the whole budget: short passes regroup the
-# members still running into fewer chunks as others finish, so the long runs hold one
-# chunk, not every chunk (measured there: 0.21 CPU-s against 0.28 with passes of 64 steps).
+# stopped, _POLE_PASSES of them (448 steps, pole_refine's budget of 400 and more). Short
+# passes regroup the members still running into fewer chunks as others finish, so the few
+# that use the whole budget hold one chunk, not every chunk.
 _POLE_STEPS = 16
 _POLE_PASSES = 28
 

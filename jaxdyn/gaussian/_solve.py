@@ -397,8 +397,8 @@ def pole_refine(t, S, A, B, V, *, rtol: float, atol: float, max_steps: int = 400
 
     Beyond the detection point Σ has sub-leading singular parts (powers ``(T* − t)^{−γ}``,
     ``0 < γ < 1``, from the O(1) directions amplified along ``V u``), so the local
-    extrapolation converges slowly in the threshold (on the benchmark workload, ``T*`` from
-    ``‖Σ‖ = 10⁶`` and ``10¹⁰`` differed by up to 2.5e-5). Instead, integrate the projective
+    extrapolation converges slowly in the threshold (``T*`` from ``‖Σ‖ = 10⁶`` and ``10¹⁰``
+    can differ in the fifth digit). Instead, integrate the projective
     system in the reparametrised time ``dt/dτ = u = 1/‖Σ‖`` with ``Σ = Ŝ/u``, ``w = log u``:
 
         t' = e^w,   Ŝ' = e^w L(Ŝ) + Q(Ŝ) − g Ŝ,   w' = −g,   g = ⟨Ŝ, e^w L(Ŝ) + Q(Ŝ)⟩ / ⟨Ŝ, Ŝ⟩,
