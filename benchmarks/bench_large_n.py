@@ -80,7 +80,7 @@ def _jax_fn(impl, d, beta):
     import jax.numpy as jnp
 
     import jaxdyn
-    from jaxdyn.kernels import DEFAULT_BLOCKS, blocked
+    from jaxdyn.kernels import DEFAULT_BLOCKS
     from jaxdyn.simulation import query_sharded_field
 
     eye = jnp.eye(d, dtype=jnp.float32)
