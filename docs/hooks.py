@@ -16,10 +16,10 @@ import re
 SUBPACKAGES = ("sphere", "kernels", "models", "integrators", "simulation", "spectral",
                "clusters", "gaussian", "distances", "control", "pde", "encoder", "weights",
                "choices")
-#: names that a subpackage's ``__all__`` exports and that are not part of the library's API:
-#: the pages leave them out (none at present: the CLI's process machinery is imported from its
-#: private modules)
-NOT_API: dict[str, tuple[str, ...]] = {}
+#: names that a subpackage's ``__all__`` exports for the CLI's process machinery
+#: (``jaxdyn.experiments``) and that are not part of the library's API: the pages leave them out
+NOT_API = {"simulation": ("abandon_cluster", "all_gather_rows", "backends_initialized",
+                          "is_lost_process_error")}
 _DIRECTIVE = re.compile(r"^::: (jaxdyn(?:\.(\w+))?)[ \t]*$", re.M)
 
 

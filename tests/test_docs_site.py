@@ -128,15 +128,6 @@ def test_not_api_names_are_exported_and_unused_by_the_docs():
             assert not re.search(rf"\b{name}\b", pages), (sub, name)
 
 
-def test_the_cli_process_machinery_is_not_exported():
-    """The CLI's process helpers live in private modules, out of jaxdyn.simulation's names."""
-    import jaxdyn.simulation as sim
-
-    for name in ("abandon_cluster", "all_gather_rows", "backends_initialized",
-                 "is_lost_process_error"):
-        assert name not in sim.__all__ and not hasattr(sim, name), name
-
-
 def test_math_page_is_typeset_in_every_section(site):
     """docs/math.md: no code block (the formulas are LaTeX, typeset by arithmatex and MathJax),
     inline math in every section A–H, and every heading in the page's contents and sidebar."""

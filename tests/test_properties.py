@@ -549,7 +549,8 @@ _GRID = ("a sweep of a driver with a case (solve_moments, solve_moments_batch, s
          "over a grid of Python numbers")
 NOT_COVERED = {
     **{n: _PLUMBING for n in (
-        "cluster_from_env", "configure_host_devices", "initialize_distributed",
+        "abandon_cluster", "all_gather_rows", "backends_initialized", "cluster_from_env",
+        "configure_host_devices", "initialize_distributed", "is_lost_process_error",
         "shard_batch", "sweep_mesh", "sharded_vmap", "compile_stats", "enable_compilation_cache",
         "is_successful", "status_code", "status_codes", "status_messages", "status_names",
         "open_results", "register", "resolve_kernel", "default_batch_size",

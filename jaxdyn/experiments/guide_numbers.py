@@ -527,14 +527,9 @@ def _bench_local_field(res):
 
 
 def _bench_local_keys(res):
-    from jaxdyn.kernels._local import LEAF
-
     rows = sorted(_local_rows(res, "field"), key=lambda r: r["n"])
-    keys = [r["visited"] * r["n"] for r in rows]
-    leaves = " and ".join(f"{k / LEAF:.0f}" for k in keys)
-    at = " and ".join(_pow10(r["n"]) for r in rows)
-    return (f"about {leaves} key leaves of {LEAF} at N = {at} ({' and '.join(f'{k:.0f}' for k in keys)} "
-            f"keys a query)")
+    keys = " and ".join(f"{r['visited'] * r['n']:.0f}" for r in rows)
+    return f"{keys} keys a query at N = {' and '.join(_pow10(r['n']) for r in rows)}"
 
 
 def _bench_local_pair_cost(res):

@@ -216,8 +216,8 @@ def join_cluster(timeout=None, *, refusal: ConfigError | None = None, **cluster)
     """
     import sys
 
-    from ..simulation import DistributedSetupError, cluster_from_env, initialize_distributed
-    from ..simulation._sharding import backends_initialized
+    from ..simulation import (DistributedSetupError, backends_initialized, cluster_from_env,
+                              initialize_distributed)
 
     timeout = start_timeout(timeout)
     if refusal is None and "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
@@ -452,7 +452,7 @@ class Processes:
           An array (process count, length), the same on every process; a process lost
           meanwhile is a :class:`ProcessLostError`.
         """
-        from ..simulation._distributed import all_gather_rows
+        from ..simulation import all_gather_rows
 
         try:
             return all_gather_rows(row)
@@ -593,7 +593,7 @@ class Processes:
             return None
         import jax
 
-        from ..simulation._distributed import abandon_cluster, is_lost_process_error
+        from ..simulation import abandon_cluster, is_lost_process_error
 
         if isinstance(e, ProcessLostError):
             return e
@@ -618,7 +618,7 @@ class Processes:
         if lost is not None:
             return lost
         if self.multi:
-            from ..simulation._distributed import abandon_cluster
+            from ..simulation import abandon_cluster
 
             abandon_cluster(exit_status(e))
         return e

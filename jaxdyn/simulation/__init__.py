@@ -23,6 +23,7 @@ from ._ensemble import (
 )
 from ._sharding import (
     QueryShardedField as QueryShardedField,
+    backends_initialized as backends_initialized,
     configure_host_devices as configure_host_devices,
     query_sharded_field as query_sharded_field,
     query_sharded_interaction as query_sharded_interaction,
@@ -34,13 +35,17 @@ from ._noise import SDE_METHODS as SDE_METHODS, GridBrownianPath as GridBrownian
 from ._noise import simulate_sde as simulate_sde
 from ._distributed import (
     DistributedSetupError as DistributedSetupError,
+    abandon_cluster as abandon_cluster,
+    all_gather_rows as all_gather_rows,
     cluster_from_env as cluster_from_env,
     initialize_distributed as initialize_distributed,
+    is_lost_process_error as is_lost_process_error,
 )
 
 __all__ = ["METHODS", "Trajectory", "fixed_steps", "plan_steps", "save_indices", "saved_states",
            "simulate", "ENSEMBLE_METHODS", "FASTER_MAX_PARTICLES", "MAX_PARTICLES",
-           "simulate_ensemble", "QueryShardedField", "configure_host_devices",
+           "simulate_ensemble", "QueryShardedField", "backends_initialized", "configure_host_devices",
            "query_sharded_field", "query_sharded_interaction", "shard_batch", "sharded_vmap",
            "sweep_mesh", "SDE_METHODS", "GridBrownianPath", "simulate_sde",
-           "DistributedSetupError", "cluster_from_env", "initialize_distributed"]
+           "DistributedSetupError", "abandon_cluster", "all_gather_rows", "cluster_from_env",
+           "initialize_distributed", "is_lost_process_error"]
