@@ -240,8 +240,9 @@ def guide_run(res) -> str:
     meta = res["meta"]
     secs, unit = ((meta["cpu_seconds"], "CPU-") if meta.get("cpu_seconds") is not None
                   else (meta["wall_seconds"], "wall "))  # record() measures no CPU time
-    took = (f"{secs / 60:.1f} {unit}minutes" if 60 <= secs < 600
-            else f"{secs / 60:.0f} {unit}minutes" if secs >= 600 else f"{secs:.0f} {unit}seconds")
+    minutes = secs / 60  # one decimal under 10 minutes
+    took = (f"{secs:.0f} {unit}seconds" if secs < 60
+            else f"{minutes:.{1 if minutes < 10 else 0}f} {unit}minutes")
     return f"{took} on a {meta['machine']['cores']}-core {meta['machine']['cpu']}"
 
 
