@@ -5,7 +5,11 @@ The single-member solve (:func:`solve_moments`) and the batch solver
 variants' moment fields, and the statistics of Gaussian particle clouds.
 """
 
-from ._batch import BatchSolution as BatchSolution, solve_moments_batch as solve_moments_batch
+from ._batch import (
+    BatchSolution as BatchSolution,
+    MomentBatchOptions as MomentBatchOptions,
+    solve_moments_batch as solve_moments_batch,
+)
 from ._closed import (
     lyapunov_equilibrium as lyapunov_equilibrium,
     lyapunov_solve as lyapunov_solve,
@@ -41,6 +45,7 @@ from ._solve import (
     POLE_FRACTION as POLE_FRACTION,
     Control as Control,
     MomentField as MomentField,
+    MomentOptions as MomentOptions,
     MomentSolution as MomentSolution,
     VariantMomentField as VariantMomentField,
     check_covariance as check_covariance,
@@ -67,6 +72,7 @@ from ._variants import (
 __all__ = [
     # the moment ODE and its solvers
     "Control", "MomentField", "VariantMomentField", "MomentSolution", "BatchSolution",
+    "MomentOptions", "MomentBatchOptions",
     "moment_rhs", "solve_moments", "solve_moments_batch", "covariance_curves",
     "check_covariance", "DOMINANCE", "POLE_FRACTION",
     # closed forms and theory

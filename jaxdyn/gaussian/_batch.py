@@ -58,6 +58,7 @@ gives the codes), its final time and state, its blow-up time and its step counts
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Optional
@@ -68,17 +69,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_dtype, check_integer
+from .._checks import check_bounds, check_dtype, check_integer
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import Rodas5
 from ..models._control import Control
 from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
 from ._solve import (MomentField, MomentSolution, _PoleField, _cov_tol, _member_solve, _save_times,
-                     _threshold_event, dtype_threshold, dtype_tolerances,
+                     _threshold_event, check_solver_objects, dtype_threshold, dtype_tolerances,
+                     settings_problem, with_settings,
                      on_pole, pole_scale, pole_start, pole_steps, pole_time, remaining_time,
                      blowup_indicators)
 
-__all__ = ["BatchSolution", "solve_moments_batch"]
+__all__ = ["BatchSolution", "MomentBatchOptions", "solve_moments_batch"]
 
 ACTIVE = -1  # internal: still integrating
 HANDOFF = -2  # internal: stiff (or out of explicit iterations), continue in the stiff stage
@@ -525,41 +527,15 @@ def _composable_call(m0, S0, A, B, V, b, t1, saveat, n, d, dtype, traced, rest):
     return _composable(m0, S0b, A, B, V, b, t1, ts, *rest)
 
 
-def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
-                        rtol: float = 1e-10, atol: float = 1e-12, blowup_threshold: float = 1e6,
-                        max_explicit_iterations: int = 4096, stiff: bool = True,
-                        max_stiff_iterations: int = 20000, hmin_rel: Optional[float] = None,
-                        min_bucket: int = 16, chunk: int = 64, throw: bool = False,
-                        stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None,
-                        adjoint: Optional[diffrax.AbstractAdjoint] = None) -> BatchSolution:
-    r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not hold the batch.
+@dataclasses.dataclass(frozen=True)
+class MomentBatchOptions:
+    """Settings of :func:`solve_moments_batch`.
 
-    The moment ODE of each member (docs/math.md §B.2),
+    Each field can also be passed to :func:`solve_moments_batch` as a keyword, which replaces
+    that field of the options given. Concrete values are checked when the options are made (a ``ValueError`` or ``TypeError``
+    naming the field).
 
-        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ,
-
-    with the blow-up rule of :func:`jaxdyn.solve_moments` (threshold event, pole test,
-    refined T*). Concrete inputs (final states only) run the fast host-driven stages;
-    traced inputs (``jax.jit``, ``jax.vmap``, ``jax.grad``) or save times run ``jax.vmap``
-    of the single-member diffrax solve with the Rodas5 stiff stage (module doc): the same
-    statuses, values within the tolerances. The parameters are a ``field``
-    (:class:`MomentField`) or the keywords ``A, B, V, b``, not both.
-
-    Args:
-        m0: (n, d) or (d,) (broadcast) initial means, or None (= 0).
-        S0: (n, d, d) or (d, d) symmetric PSD initial covariances (concrete: a ValueError
-            naming the member and the defect otherwise; traced: ``invalid_input``).
-        field: a :class:`MomentField` of constant parameters, each (d, d) or stacked
-            (n, d, d) (``jax.vmap(MomentField)(A, B, V, b)``), instead of the keywords.
-        A: (n, d, d) or (d, d) constant parameter; the leading axis n is the batch.
-            (Time-dependent controls: :func:`jaxdyn.solve_moments`, vmapped.)
-        B: (n, d, d) or (d, d).
-        V: (n, d, d) or (d, d).
-        b: (n, d), (d,) or None (= 0).
-        t1: final time (scalar).
-        saveat: None (t1 alone), an int k (k uniform times on [0, t1]) or a 1-D array of
-            times in [0, t1], the same for every member; anything but t1 alone runs the
-            composable path.
+    Attributes:
         rtol: relative tolerance (per member, both stages), raised to what the dtype
             resolves (``rtol ≥ 10 eps``: :func:`jaxdyn.gaussian._solve.dtype_tolerances`).
         atol: absolute tolerance (``atol ≥ 0.1 eps``).
@@ -589,6 +565,68 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
             ``jax.jit``).
         adjoint: composable path: the diffrax adjoint of both stages (default
             ``diffrax.RecursiveCheckpointAdjoint()``); refused by the fast path likewise.
+    """
+
+    rtol: float = 1e-10
+    atol: float = 1e-12
+    blowup_threshold: float = 1e6
+    max_explicit_iterations: int = 4096
+    stiff: bool = True
+    max_stiff_iterations: int = 20000
+    hmin_rel: Optional[float] = None
+    min_bucket: int = 16
+    chunk: int = 64
+    throw: bool = False
+    stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None
+    adjoint: Optional[diffrax.AbstractAdjoint] = None
+
+    def __post_init__(self):
+        check_solver_objects("MomentBatchOptions", stepsize_controller=self.stepsize_controller,
+                             adjoint=self.adjoint)
+        for name in ("max_explicit_iterations", "max_stiff_iterations", "min_bucket", "chunk"):
+            check_integer(name, getattr(self, name), minimum=1)
+        check_bounds("rtol", self.rtol, low=0)
+        check_bounds("atol", self.atol, low=0)
+        check_bounds("blowup_threshold", self.blowup_threshold, low=1, low_open=True)
+        check_bounds("hmin_rel", self.hmin_rel, low=0, low_open=True)
+
+
+def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
+                        options: Optional[MomentBatchOptions] = None,
+                        **settings) -> BatchSolution:
+    r"""Solve many Gaussian moment ODEs at once; members that blow up or turn stiff do not hold the batch.
+
+    The moment ODE of each member (docs/math.md §B.2),
+
+        m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ,
+
+    with the blow-up rule of :func:`jaxdyn.solve_moments` (threshold event, pole test,
+    refined T*). Concrete inputs (final states only) run the fast host-driven stages;
+    traced inputs (``jax.jit``, ``jax.vmap``, ``jax.grad``) or save times run ``jax.vmap``
+    of the single-member diffrax solve with the Rodas5 stiff stage (module doc): the same
+    statuses, values within the tolerances. The parameters are a ``field``
+    (:class:`MomentField`) or the keywords ``A, B, V, b``, not both.
+
+    Args:
+        m0: (n, d) or (d,) (broadcast) initial means, or None (= 0).
+        S0: (n, d, d) or (d, d) symmetric PSD initial covariances (concrete: a ValueError
+            naming the member and the defect otherwise; traced: ``invalid_input``).
+        field: a :class:`MomentField` of constant parameters, each (d, d) or stacked
+            (n, d, d) (``jax.vmap(MomentField)(A, B, V, b)``), instead of the keywords.
+        A: (n, d, d) or (d, d) constant parameter; the leading axis n is the batch.
+            (Time-dependent controls: :func:`jaxdyn.solve_moments`, vmapped.)
+        B: (n, d, d) or (d, d).
+        V: (n, d, d) or (d, d).
+        b: (n, d), (d,) or None (= 0).
+        t1: final time (scalar).
+        saveat: None (t1 alone), an int k (k uniform times on [0, t1]) or a 1-D array of
+            times in [0, t1], the same for every member; anything but t1 alone runs the
+            composable path.
+        options: a :class:`MomentBatchOptions` (None: its defaults).
+        **settings: any field of :class:`MomentBatchOptions` by name (``rtol``, ``atol``,
+            ``blowup_threshold``, ``max_explicit_iterations``, ``stiff``,
+            ``max_stiff_iterations``, ``hmin_rel``, ``min_bucket``, ``chunk``, ``throw``,
+            ``stepsize_controller``, ``adjoint``), replacing that field of ``options``.
 
     Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name);
     m0, A, B, V, b float32, float64 or integers (converted to S0's dtype); float16, bfloat16
@@ -603,11 +641,22 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
             that are not integers >= 1, an rtol or atol not a finite number >= 0, a
             ``blowup_threshold`` not > 1, a ``stepsize_controller`` or ``adjoint`` on the
             fast path.
+        TypeError: an unknown keyword (the nearest :class:`MomentBatchOptions` field
+            named), ``options`` that are not MomentBatchOptions, a ``stepsize_controller`` or
+            ``adjoint`` that is not diffrax's.
     """
     A, B, V, b = _batch_params(field, A, B, V, b)
-    max_explicit_iterations = check_integer("max_explicit_iterations", max_explicit_iterations,
+    problem = settings_problem(MomentBatchOptions, options, settings)
+    if problem:
+        raise TypeError(f"solve_moments_batch: {problem}")
+    o = with_settings(MomentBatchOptions, options, settings)
+    rtol, atol, blowup_threshold, stiff, hmin_rel = (o.rtol, o.atol, o.blowup_threshold,
+                                                     o.stiff, o.hmin_rel)
+    min_bucket, chunk, throw = o.min_bucket, o.chunk, o.throw
+    stepsize_controller, adjoint = o.stepsize_controller, o.adjoint
+    max_explicit_iterations = check_integer("max_explicit_iterations", o.max_explicit_iterations,
                                             minimum=1)
-    max_stiff_iterations = check_integer("max_stiff_iterations", max_stiff_iterations, minimum=1)
+    max_stiff_iterations = check_integer("max_stiff_iterations", o.max_stiff_iterations, minimum=1)
     S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
     if not jnp.issubdtype(S0_dtype, jnp.inexact):
         # as solve_moments: the solve's dtype is S0's
@@ -619,8 +668,6 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
     if d < 1:
         raise ValueError(f"solve_moments_batch: the dimension d must be >= 1, got A of shape "
                          f"{tuple(np.shape(A))} and S0 of shape {tuple(np.shape(S0))}")
-    if int(chunk) < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
     rtol, atol = dtype_tolerances(dtype, rtol, atol)
     blowup_threshold = dtype_threshold(dtype, blowup_threshold)
     traced = _is_traced(m0, S0, A, B, V, b, t1, saveat)

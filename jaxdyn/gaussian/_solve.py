@@ -39,6 +39,7 @@ the int code of a name for comparisons with ``sol.status``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar, Optional, Union
 
@@ -60,6 +61,7 @@ __all__ = [
     "MomentField",
     "VariantMomentField",
     "MomentSolution",
+    "MomentOptions",
     "solve_moments",
     "covariance_curves",
     "check_covariance",
@@ -1051,14 +1053,126 @@ def _field_of(field=None, *, A=None, B=None, V=None, b=None, attention=None, Q=N
                               attention=attention)
 
 
+@dataclasses.dataclass(frozen=True)
+class MomentOptions:
+    """Settings of :func:`solve_moments`: ``solve_moments(m0, S0, field=f, t1=1.0, options=...)``.
+
+    Each field can also be passed to :func:`solve_moments` as a keyword, which replaces that
+    field of the options given. ``solver``, ``stepsize_controller`` and ``adjoint`` go to
+    ``diffrax.diffeqsolve`` as given. Concrete values are checked when the options are made (a
+    ``ValueError`` or ``TypeError`` naming the field).
+
+    Attributes:
+        rtol: relative tolerance of the default PID controller (a Python float: changing it
+            recompiles), raised to what the dtype resolves, ``rtol ≥ 10 eps``
+            (:func:`dtype_tolerances`; float32: 1.19e-6). Also the tolerance of the T*
+            refinement.
+        atol: absolute tolerance, ``atol ≥ 0.1 eps`` (float32: 1.19e-8).
+        solver: a diffrax solver (default ``diffrax.Dopri8()``, 8th order; for stiff
+            problems :class:`jaxdyn.integrators.rodas5.Rodas5`).
+        stepsize_controller: a diffrax step-size controller, given as is (default
+            ``diffrax.PIDController(rtol, atol, jump_ts=the Controls' breakpoints)``; a
+            ``diffrax.ConstantStepSize()`` needs ``dt0``; a controller of your own does not get
+            the breakpoints: pass ``jump_ts=field.breakpoints()`` to it for Controls).
+        max_steps: step budget (``max_steps_reached`` when it runs out).
+        blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
+            status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module
+            doc). Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389;
+            :func:`dtype_threshold`).
+        adjoint: diffrax adjoint (default ``diffrax.RecursiveCheckpointAdjoint()``), given
+            as is.
+        dt0: first step (None: diffrax's choice).
+        throw: if True, a result other than ``successful`` (a blow-up included) raises with
+            its message (``eqx.error_if``: also under jit/vmap). Default False.
+    """
+
+    rtol: float = 1e-8
+    atol: float = 1e-10
+    solver: Optional[diffrax.AbstractSolver] = None
+    stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None
+    max_steps: int = 16384
+    blowup_threshold: float = 1e6
+    adjoint: Optional[diffrax.AbstractAdjoint] = None
+    dt0: Optional[float] = None
+    throw: bool = False
+
+    def __post_init__(self):
+        check_solver_objects("MomentOptions", solver=self.solver,
+                             stepsize_controller=self.stepsize_controller, adjoint=self.adjoint)
+        check_integer("max_steps", self.max_steps, minimum=1)
+        check_bounds("rtol", self.rtol, low=0)
+        check_bounds("atol", self.atol, low=0)
+        check_bounds("blowup_threshold", self.blowup_threshold, low=1, low_open=True)
+
+
+def check_solver_objects(owner: str, **objects):
+    """Refuse a ``solver``, ``stepsize_controller`` or ``adjoint`` that is not diffrax's kind.
+
+    Args:
+        owner: the options class named in the message.
+        **objects: the objects by name (None: not given, accepted).
+
+    Raises:
+        TypeError: naming the field and the kind of object it takes.
+    """
+    kinds = {"solver": (diffrax.AbstractSolver, "diffrax solver (diffrax.Dopri8(), ...)"),
+             "stepsize_controller": (diffrax.AbstractStepSizeController,
+                                     "diffrax step-size controller (diffrax.PIDController, "
+                                     "diffrax.ConstantStepSize, ...)"),
+             "adjoint": (diffrax.AbstractAdjoint,
+                         "diffrax adjoint (diffrax.RecursiveCheckpointAdjoint(), ...)")}
+    for name, value in objects.items():
+        cls, what = kinds[name]
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"{owner}: {name} must be a {what}, got {type(value).__name__}")
+
+
+def settings_problem(cls, options, settings: dict) -> Optional[str]:
+    """What is wrong with ``options`` and the keywords ``settings`` of a solver, or None.
+
+    Args:
+        cls: the solver's options class (a frozen dataclass).
+        options: an instance of ``cls`` or None.
+        settings: the keywords given beside it.
+
+    Returns:
+        None when they fit, else the message: options of another type, or the unknown
+        keywords, each with the nearest field ("did you mean").
+    """
+    import difflib
+
+    if options is not None and not isinstance(options, cls):
+        return f"options must be a {cls.__name__}, got {type(options).__name__}"
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(settings) - set(names))
+    if not unknown:
+        return None
+    hints = []
+    for k in unknown:
+        near = difflib.get_close_matches(k, names, n=1)
+        hints.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return (f"unknown keyword(s) {', '.join(hints)}; the settings are the fields of "
+            f"{cls.__name__}: {', '.join(names)}")
+
+
+def with_settings(cls, options, settings: dict):
+    """``options`` (None: ``cls()``) with the keywords ``settings`` replacing its fields.
+
+    Args:
+        cls: the options class (a frozen dataclass).
+        options: an instance of ``cls`` or None.
+        settings: field values by name (checked by :func:`settings_problem` first).
+
+    Returns:
+        The options (new ones when ``settings`` is not empty; checked when made).
+    """
+    base = options if options is not None else cls()
+    return dataclasses.replace(base, **settings) if settings else base
+
+
 def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
-                  rtol: float = 1e-8, atol: float = 1e-10,
-                  solver: Optional[diffrax.AbstractSolver] = None,
-                  stepsize_controller: Optional[diffrax.AbstractStepSizeController] = None,
-                  max_steps: int = 16384, blowup_threshold: float = 1e6,
-                  adjoint: Optional[diffrax.AbstractAdjoint] = None, dt0=None,
-                  throw: bool = False, attention: Optional[str] = None, Q=None, K=None,
-                  beta=None) -> MomentSolution:
+                  options: Optional[MomentOptions] = None, attention: Optional[str] = None,
+                  Q=None, K=None, beta=None, **settings) -> MomentSolution:
     r"""Solve the Gaussian moment ODE with diffrax (adaptive steps, blow-up event).
 
         m' = (A + V) m + V Σ B m + b,   Σ' = A Σ + Σ Aᵀ + V Σ B Σ + Σ Bᵀ Σ Vᵀ   (docs/math.md §B.2)
@@ -1066,8 +1180,9 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
     The system is a ``field`` (:class:`MomentField` ``(A, B, V, b)``, or a
     :class:`VariantMomentField` for multi-head / L2 / Sinkhorn attention), or the same
     parameters as keywords (``A=, B=, V=, b=``, or ``attention=, Q=, K=, V=, beta=``); one
-    or the other, not both. ``solver``, ``stepsize_controller`` and ``adjoint`` go to
-    ``diffrax.diffeqsolve`` as given.
+    or the other, not both. The solve's settings are a :class:`MomentOptions` (tolerances,
+    step budget, blow-up threshold; ``solver``, ``stepsize_controller`` and ``adjoint`` go to
+    ``diffrax.diffeqsolve`` as given), or its fields as keywords.
 
     Jit-compiled internally; runs under ``jax.jit``, ``jax.vmap`` (over stacks of parameters,
     m0, S0: ``jax.vmap(lambda A: solve_moments(..., A=A, ...))``) and ``jax.grad`` (with
@@ -1090,27 +1205,7 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
         t1: final time.
         saveat: None (final time only), an int n (n uniform times on [0, t1], both ends
             included; n = 1: t1 alone) or a 1-D array of times in [0, t1].
-        rtol: relative tolerance of the default PID controller (a Python float: changing it
-            recompiles), raised to what the dtype resolves, ``rtol ≥ 10 eps``
-            (:func:`dtype_tolerances`; float32: 1.19e-6). Also the tolerance of the T*
-            refinement.
-        atol: absolute tolerance, ``atol ≥ 0.1 eps`` (float32: 1.19e-8).
-        solver: a diffrax solver (default ``diffrax.Dopri8()``, 8th order; for stiff
-            problems :class:`jaxdyn.integrators.rodas5.Rodas5`).
-        stepsize_controller: a diffrax step-size controller, given as is (default
-            ``diffrax.PIDController(rtol, atol, jump_ts=the Controls' breakpoints)``; a
-            ``diffrax.ConstantStepSize()`` needs ``dt0``; a controller of your own does not get
-            the breakpoints: pass ``jump_ts=field.breakpoints()`` to it for Controls).
-        max_steps: step budget (``max_steps_reached`` when it runs out).
-        blowup_threshold: the solve stops once ``‖Σ‖_F ≥ blowup_threshold · max(‖Σ0‖_F, 1)``:
-            status ``blowup`` with a refined ``T*`` on a pole, ``large`` otherwise (module
-            doc). Capped at what the dtype resolves, ``1e-3 / eps`` (float32: 8389;
-            :func:`dtype_threshold`).
-        adjoint: diffrax adjoint (default ``diffrax.RecursiveCheckpointAdjoint()``), given
-            as is.
-        dt0: first step (None: diffrax's choice).
-        throw: if True, a result other than ``successful`` (a blow-up included) raises with
-            its message (``eqx.error_if``: also under jit/vmap). Default False.
+        options: a :class:`MomentOptions` (None: its defaults).
         attention: None (Paper B's system above; A and B required) or ``"softmax"`` |
             ``"l2"`` | ``"sinkhorn"``: the closed moment ODE of multi-head attention in R^d
             (:class:`VariantMomentField`, docs/math.md §G.5),
@@ -1120,6 +1215,9 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
         Q: with ``attention``: (H, p, d) (or (p, d)) query weights.
         K: with ``attention``: (H, p, d) (or (p, d)) key weights.
         beta: with ``attention``: inverse temperature β > 0 (None: 1).
+        **settings: any field of :class:`MomentOptions` by name (``rtol``, ``atol``,
+            ``solver``, ``stepsize_controller``, ``max_steps``, ``blowup_threshold``,
+            ``adjoint``, ``dt0``, ``throw``), replacing that field of ``options``.
 
     Dtypes: S0 float32 or float64 (the solve's dtype; an integer S0 is refused by name); m0
     float32, float64 or integers (converted to S0's dtype); float16, bfloat16 and complex
@@ -1134,15 +1232,17 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
             ``t1 <= 0``, bad save times, a ``max_steps`` that is not an integer >= 1, an
             rtol or atol that is not a finite number >= 0, a ``blowup_threshold`` not > 1.
         TypeError: a ``field`` together with a keyword of its parameters, a ``field`` or
-            ``stepsize_controller`` of the wrong type.
+            ``stepsize_controller`` of the wrong type, an unknown keyword (the nearest
+            :class:`MomentOptions` field named), ``options`` that are not MomentOptions.
     """
     field = _field_of(field, A=A, B=B, V=V, b=b, attention=attention, Q=Q, K=K, beta=beta)
-    if stepsize_controller is not None and not isinstance(
-            stepsize_controller, diffrax.AbstractStepSizeController):
-        raise TypeError(f"solve_moments: stepsize_controller must be a diffrax step-size "
-                        f"controller (diffrax.PIDController, diffrax.ConstantStepSize, ...), "
-                        f"got {type(stepsize_controller).__name__}")
-    max_steps = check_integer("max_steps", max_steps, minimum=1)
+    problem = settings_problem(MomentOptions, options, settings)
+    if problem:
+        raise TypeError(f"solve_moments: {problem}")
+    o = with_settings(MomentOptions, options, settings)
+    rtol, atol, solver, stepsize_controller = o.rtol, o.atol, o.solver, o.stepsize_controller
+    blowup_threshold, adjoint, dt0, throw = o.blowup_threshold, o.adjoint, o.dt0, o.throw
+    max_steps = check_integer("max_steps", o.max_steps, minimum=1)
     d = field.dim
     S0 = jnp.asarray(S0)
     check_covariance(S0, "S0")
