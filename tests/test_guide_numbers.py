@@ -223,3 +223,35 @@ def test_no_time_or_memory_is_typed_by_hand():
 def test_the_typed_time_check_finds_a_typed_time():
     text = "It took 12.5 s and 3 GiB. <!-- BEGIN GENERATED a.b -->4 s<!-- END GENERATED a.b -->"
     assert [m.group(0) for m in _MEASURE.finditer(_prose(text))] == ["12.5 s", "3 GiB"]
+
+
+def test_every_shipped_config_has_a_time_row(tmp_path):
+    """The CLI guide's table has one row a config under ``configs/``: a recorded run's times
+    (the run as shipped preferred over one with ``--set``), "not recorded" otherwise; the
+    repository's own table lists every shipped config."""
+    for name in ("alpha", "beta", "gamma"):
+        (tmp_path / "configs").mkdir(exist_ok=True)
+        (tmp_path / "configs" / f"{name}.yaml").write_text("kind: sphere\n")
+    meta = {"machine": {"cores": 2, "cpu": "Test CPU"}}
+
+    def result(rel, command, wall, cpu):
+        p = tmp_path / "docs" / "results" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"kind": "x", "meta": dict(meta, command=command,
+                                                          wall_seconds=wall, cpu_seconds=cpu)}))
+
+    result("a/alpha_seeds.json", 'jaxdyn run configs/alpha.yaml --set "sweep.seed=[0,1]"', 5.0, 9.0)
+    result("a/alpha.json", "jaxdyn run configs/alpha.yaml --out runs/alpha", 1200.0, 700.0)
+    result("b/beta.json", "jaxdyn run configs/beta.yaml --set n=3 --set t1=2.0", 12.34, None)
+    result("b/other.json", "python -m something configs/gamma.yaml", 1.0, 1.0)
+    rows = gn.config_times(tmp_path).splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows] == ["`alpha`", "`beta`", "`gamma`"]
+    alpha, beta, gamma = ([c.strip() for c in r.split("|")[1:-1]] for r in rows)
+    assert alpha == ["`alpha`", "20 min", "12 min", "2 CPU cores (Test CPU)", "as shipped",
+                     "`docs/results/a/alpha.json`"]
+    assert beta[1:5] == ["12 s", "not recorded", "2 CPU cores (Test CPU)", "`n=3` `t1=2.0`"]
+    assert gamma[1] == "not recorded"
+    ours = gn.config_times(ROOT).splitlines()[2:]
+    assert len(ours) == len(list((ROOT / "configs").glob("*.yaml")))
+    with pytest.raises(KeyError, match="configs.times"):
+        gn.render("configs.other", tmp_path)

@@ -948,6 +948,57 @@ RENDERERS = {
 # ---------------------------------------------------------------- the guides
 
 
+#: the stem of the span that tabulates the recorded run of every shipped config
+CONFIG_TIMES = "configs"
+
+
+def _minutes(seconds) -> str:
+    if seconds is None:
+        return "—"
+    return _seconds(seconds) if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
+def config_times(root=ROOT) -> str:
+    """The time of every config under ``configs/``, from the result files that record a run of it.
+
+    One row a config: the recorded run's wall and CPU time and machine, with the ``--set``
+    options it ran with (a run at another size or seed count than the file's own says so), or
+    "not recorded" when no result file records one.
+
+    Args:
+      root: the repository.
+
+    Returns:
+      A Markdown table.
+    """
+    runs = {}
+    for path in sorted((Path(root) / RESULTS).rglob("*.json")):
+        meta = json.loads(path.read_text()).get("meta", {})
+        m = re.match(r"jaxdyn run configs/([\w-]+)\.yaml(.*)", meta.get("command") or "")
+        if not m or meta.get("wall_seconds") is None:
+            continue
+        sets = " ".join(f"`{x}`" for x in re.findall(r"--set\s+(\"[^\"]*\"|'[^']*'|\S+)",
+                                                      m.group(2)))
+        row = (sets, meta, path.relative_to(root).as_posix())
+        # the run as shipped first, then the one with the fewest changed settings
+        old = runs.get(m.group(1))
+        if old is None or (len(row[0]), row[2]) < (len(old[0]), old[2]):
+            runs[m.group(1)] = row
+    lines = ["| config | wall time | CPU time | machine | run with | result file |",
+             "|---|---|---|---|---|---|"]
+    for cfg in sorted((Path(root) / "configs").glob("*.yaml")):
+        name = cfg.stem
+        if name not in runs:
+            lines.append(f"| `{name}` | not recorded | | | | |")
+            continue
+        sets, meta, rel = runs[name]
+        cpu = meta.get("cpu_seconds")
+        lines.append(f"| `{name}` | {_minutes(meta['wall_seconds'])} | "
+                     f"{_minutes(cpu) if cpu is not None else 'not recorded'} | "
+                     f"{machine_words(meta)} | {sets or 'as shipped'} | `{rel}` |")
+    return "\n".join(lines)
+
+
 def render(key: str, root=ROOT, cache=None) -> str:
     """The text of the span ``key`` (``stem.what``).
 
@@ -963,6 +1014,10 @@ def render(key: str, root=ROOT, cache=None) -> str:
       KeyError: no such result file, or no renderer ``what`` for its kind (named).
     """
     stem, _, what = key.partition(".")
+    if stem == CONFIG_TIMES:
+        if what != "times":
+            raise KeyError(f"span {key!r}: the config table's span is {CONFIG_TIMES}.times")
+        return config_times(root)
     cache = {} if cache is None else cache
     if stem not in cache:
         hits = _result_files(stem, root)
