@@ -4,10 +4,9 @@ by both drivers in float32 as in float64 — not ``max_steps_reached`` or ``nonf
 
 import numpy as np
 import pytest
-import scipy.linalg
-import scipy.optimize
 
 import jaxdyn
+from _references import riccati_blowup_time
 from jaxdyn.gaussian._solve import dtype_threshold, dtype_tolerances
 
 M0 = [0.5, 0.0]
@@ -27,29 +26,10 @@ def test_dtype_floors():
     assert dtype_threshold(np.float64, 1e6) == 1e6
 
 
-def _riccati_blowup_time():
-    """T* of the reference example, independently of the drivers: with V = I the covariance
-    solves a Riccati equation whose inverse P = Σ⁻¹ is linear,
-    P' = −PA − AᵀP − (B + Bᵀ), solved exactly by a matrix exponential (SciPy); Σ blows up
-    where P first loses definiteness (its least eigenvalue crosses 0, found by Brent's method)."""
-    A, B, s0 = (np.asarray(KW["A"], float), np.asarray(KW["B"], float), np.asarray(S0, float))
-    eye = np.eye(2)
-    gen = np.zeros((5, 5))  # vec(P) (column-major) augmented by the constant 1
-    gen[:4, :4] = -(np.kron(A.T, eye) + np.kron(eye, A.T))
-    gen[:4, 4] = -(B + B.T).flatten(order="F")
-    p0 = np.r_[np.linalg.inv(s0).flatten(order="F"), 1.0]
-
-    def least_eig(t):
-        p = (scipy.linalg.expm(gen * t) @ p0)[:4].reshape(2, 2, order="F")
-        return np.linalg.eigvalsh((p + p.T) / 2)[0]
-
-    ts = np.linspace(0.0, KW["t1"], 101)
-    k = next(i for i, t in enumerate(ts) if least_eig(t) < 0)
-    return scipy.optimize.brentq(least_eig, ts[k - 1], ts[k], xtol=1e-15, rtol=1e-15)
-
-
-#: T* of the reference example (M0, S0 above), from the linear ODE of Σ⁻¹
-T_REF = _riccati_blowup_time()
+#: T* of the reference example (M0, S0 above), independently of the drivers: with V = I the
+#: covariance solves a Riccati equation whose inverse Σ⁻¹ is linear, solved exactly by a
+#: matrix exponential (tests/_references.py)
+T_REF = riccati_blowup_time(KW["A"], KW["B"], S0, KW["t1"])
 
 
 @pytest.mark.slow
