@@ -6,9 +6,10 @@
   ∇_{x_i} S_ε = Σ_j P^{xy}_ij 2(x_i − y_j) − Σ_j P^{xx}_ij 2(x_i − x_j) (the self term counts
   twice: x enters both sides of OT_ε(x, x)). The plans by log-domain Sinkhorn iterated to
   their marginals, the symmetric one by the averaged fixed point f ← ½(f + T(f)).
-* :func:`riccati_blowup_time` -- T* of the Gaussian moment ODE with V = I: Σ⁻¹ = P solves the
-  linear ODE P' = −PA − AᵀP − (B + Bᵀ), solved exactly by a matrix exponential; Σ blows up
-  where P first loses definiteness (its least eigenvalue crosses 0, by Brent's method).
+* :func:`riccati_covariance`, :func:`riccati_blowup_time` -- Σ(t) and T* of the Gaussian
+  moment ODE with V = I: Σ⁻¹ = P solves the linear ODE P' = −PA − AᵀP − (B + Bᵀ), solved
+  exactly by a matrix exponential; Σ blows up where P first loses definiteness (its least
+  eigenvalue crosses 0, by Brent's method).
 """
 
 import numpy as np
@@ -59,8 +60,8 @@ def sinkhorn_divergence_gradient(x, y, eps):
             - 2 * (pxx.sum(1)[:, None] * x - pxx @ x))
 
 
-def riccati_blowup_time(A, B, S0, t1, grid=101):
-    """T* in [0, t1] of the moment ODE with V = I (module doc); ``inf`` if none."""
+def _inverse_covariance(A, B, S0):
+    """t -> P(t) = Σ(t)⁻¹ of the moment ODE with V = I (exact, by a matrix exponential)."""
     A, B, S0 = (np.asarray(a, np.float64) for a in (A, B, S0))
     d = A.shape[0]
     eye = np.eye(d)
@@ -69,9 +70,24 @@ def riccati_blowup_time(A, B, S0, t1, grid=101):
     gen[:d * d, d * d] = -(B + B.T).flatten(order="F")
     p0 = np.r_[np.linalg.inv(S0).flatten(order="F"), 1.0]
 
-    def least_eig(t):
+    def at(t):
         p = (scipy.linalg.expm(gen * t) @ p0)[:d * d].reshape(d, d, order="F")
-        return np.linalg.eigvalsh((p + p.T) / 2)[0]
+        return (p + p.T) / 2
+
+    return at
+
+
+def riccati_covariance(A, B, S0, t):
+    """Σ(t) of the moment ODE with V = I, before its blow-up time (module doc)."""
+    return np.linalg.inv(_inverse_covariance(A, B, S0)(t))
+
+
+def riccati_blowup_time(A, B, S0, t1, grid=101):
+    """T* in [0, t1] of the moment ODE with V = I (module doc); ``inf`` if none."""
+    P = _inverse_covariance(A, B, S0)
+
+    def least_eig(t):
+        return np.linalg.eigvalsh(P(t))[0]
 
     ts = np.linspace(0.0, t1, grid)
     k = next((i for i, t in enumerate(ts) if least_eig(t) < 0), None)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from scipy.linalg import sqrtm
 
-from _references import riccati_blowup_time
+from _references import riccati_blowup_time, riccati_covariance
 from jaxdyn import cli
 from jaxdyn.experiments import gaussian as G
 from jaxdyn.gaussian import bures_distance, relu_initial_rates
@@ -75,7 +76,14 @@ def test_blowup_trajectory_runs_from_the_cli(tmp_path, capsys):
         assert all(0.0 < t <= T for t in row["parting_time_per_seed"]), row
         assert row["trace_ratio_at_blowup_detection"] < 0.75  # last save before T*: t = 0.7
         assert math.isfinite(row["max_radius_at_t1"])
-    assert res["tilt_index"]["first_time_at_least_1"] == pytest.approx(0.4, abs=1e-9)  # s = 1 at ≈ 0.32
+    # the tilt index ‖Σ^½ B Σ^½‖₂ of the exact Σ(t) (expm, scipy's sqrtm) first reaches 1 at a
+    # saved time (every 0.1) before T*: the summary's time
+    saved = [t for t in np.linspace(0.0, 1.0, 11) if t < T_ref]
+    B = np.asarray(BLOWUP["B"])
+    tilt = [np.linalg.norm(sqrtm(S) @ B @ sqrtm(S), 2) for S in
+            (riccati_covariance(BLOWUP["A"], B, BLOWUP["S0"], t) for t in saved)]
+    first = saved[next(i for i, s in enumerate(tilt) if s >= 1)]
+    assert res["tilt_index"]["first_time_at_least_1"] == pytest.approx(first, abs=1e-9)
     err = res["error_vs_n"]["per_activation"]
     assert err["identity"]["n"] == [100, 200] and len(err["relu"]["rms_bures_to_closure"]) == 2
     assert set(res["relu"]) >= {"over_time", "initial_rate_difference_mean"}
