@@ -182,14 +182,15 @@ def test_point_masses_in_closed_form(dtype):
         assert int(sol.stats["num_steps"]) == 0
     assert float(w2_exact(x, yq[:32].repeat(2, 0)[:32]).value) == pytest.approx(want,
                                                                                 rel=RTOL[dtype])
-    # two point masses, far away and at large scale: |p - q|
-    p = np.zeros((7, 2), dtype)
+    # two point masses, far away and at large scale: |p - q| (the clouds' sizes above, 32 and 20
+    # points: the programs of the first solve)
+    p = np.zeros((len(x), 2), dtype)
     for s in (1.0, 1e20):
-        r = w2_sinkhorn(s * p, (s * np.tile(np.array([3.0, 4.0]), (5, 1))).astype(dtype))
+        r = w2_sinkhorn(s * p, (s * np.tile(np.array([3.0, 4.0]), (len(yq), 1))).astype(dtype))
         assert r.result == RESULTS.successful
         assert float(r.value) == pytest.approx(5.0 * s, rel=RTOL[dtype])
-    # identical point masses: 0
-    assert float(w2_sinkhorn(yq, yq[:3]).value) == 0.0
+    # identical point masses: 0 (20 against 32 points: the programs of the second solve)
+    assert float(w2_sinkhorn(yq, np.tile(q, (len(x), 1))).value) == 0.0
 
 
 def test_large_point_masses_answer_at_once():
