@@ -34,10 +34,13 @@ def test_unit_norm_after_1e4_steps(dtype, method):
 
 
 def _order(model, x0, method, dts, ref):
+    # the solves at the three steps as one compiled program (three separate ones compile in
+    # about 1.3 times its CPU time)
+    runs = jax.jit(lambda x0: [jaxdyn.simulate(model, x0, t1=1.0, dt=dt, save_every=10**9,
+                                               method=method).xs for dt in dts])(x0)
     errs = []
-    for dt in dts:
-        tr = jaxdyn.simulate(model, x0, t1=1.0, dt=dt, save_every=10**9, method=method)
-        xs = np.asarray(tr.xs)
+    for dt, xs in zip(dts, runs):
+        xs = np.asarray(xs)
         # unit rows at every saved state, to the dtype's rounding
         norm_err = float(np.max(np.abs(np.linalg.norm(xs, axis=-1) - 1.0)))
         assert norm_err < tol(xs.dtype, 1e-6, 1e-12), (method, dt, norm_err)
