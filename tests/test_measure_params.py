@@ -208,8 +208,11 @@ def test_traced_option_out_of_domain_gives_nan():
     """measure_loss: NaN (value and gradient) where a traced ε, λ or T is out of its domain."""
     x, y = _clouds(np.float32, n=6)
 
+    # one RK4 step a layer (the domain checks do not depend on it): a smaller program to
+    # compile than at the default four
     def loss(c, e, lam, t):
-        return measure_loss(c, x, y, epsilon=e, cost="jump", cost_weight=lam, t1=t)
+        return measure_loss(c, x, y, epsilon=e, cost="jump", cost_weight=lam, t1=t,
+                            steps_per_layer=1)
 
     # one program: a valid row, then ε <= 0, λ < 0, T < 0 (a backward grid used to run as the
     # forward flow over |T|: the loss at T = -1 was that at T = +1)
@@ -230,9 +233,11 @@ def test_traced_negative_t1_gives_a_nan_flow():
 def test_traced_option_out_of_domain_gives_invalid_input():
     """measure_control under jit: a traced ε or T out of its domain is invalid_input, unrun."""
     x, y = _clouds(np.float32, n=6)
+    # one RK4 step a layer (the domain checks do not depend on it): a smaller program to
+    # compile than at the default four
     run = jax.jit(lambda e, t: measure_control(
         x, y, t1=t, n_layers=1,
-        options=MeasureControlOptions(epsilon=e, adam_steps=0, lbfgs_steps=0,
+        options=MeasureControlOptions(epsilon=e, adam_steps=0, lbfgs_steps=0, steps_per_layer=1,
                                       sinkhorn_max_iterations=200)))
     invalid = jaxdyn.status_code("invalid_input")
     for e, t in ((-1.0, 1.0), (0.05, -1.0)):
