@@ -522,8 +522,11 @@ def test_pole_scale_is_scale_free_and_finite_in_float32():
     rng = np.random.default_rng(3)
     S = _spd(rng, D).astype(np.float32)
     V, B = (rng.standard_normal((D, D)).astype(np.float32) for _ in range(2))
-    scale = jax.jit(pole_scale)  # one program a dtype (op by op, each small op compiles)
-    ref = float(scale(jnp.asarray(S, jnp.float64), jnp.asarray(V, jnp.float64), jnp.asarray(B, jnp.float64)))
+    scale = jax.jit(pole_scale)  # one program (op by op, each small op compiles)
+    # the reference: ‖V Σ̂‖_F ‖B Σ̂‖_F with Σ̂ = Σ/‖Σ‖_F, in float64 NumPy at c = 1
+    S64, V64, B64 = (np.asarray(x, np.float64) for x in (S, V, B))
+    Sh = S64 / np.linalg.norm(S64)
+    ref = float(np.linalg.norm(V64 @ Sh) * np.linalg.norm(B64 @ Sh))
     for c in (1.0, 1e10, 1e18):  # (‖Σ‖² itself overflows float32 past 1e19)
         got = float(scale(jnp.asarray(c * S), jnp.asarray(V), jnp.asarray(B)))
         assert got == pytest.approx(ref, rel=1e-5), c
