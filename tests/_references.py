@@ -94,3 +94,18 @@ def riccati_blowup_time(A, B, S0, t1, grid=101):
     if k is None:
         return np.inf
     return scipy.optimize.brentq(least_eig, ts[k - 1], ts[k], xtol=1e-15, rtol=1e-15)
+
+
+def energy_np(controls, names):
+    """∫_0^{t1} Σ_names ‖u(t)‖_F² dt of Controls in NumPy: (t1/n) Σ_k ‖u_k‖² for piecewise-constant
+    values, Σ_k h/3 (‖u_k‖² + ⟨u_k, u_{k+1}⟩ + ‖u_{k+1}‖²) for piecewise-linear ones (exact)."""
+    total = 0.0
+    for k in names:
+        c = controls[k]
+        v = np.asarray(c.values, np.float64).reshape(np.shape(c.values)[0], -1)
+        if c.kind == "piecewise":
+            total += float(c.t1) / len(v) * np.sum(v * v)
+        else:
+            a, b = v[:-1], v[1:]
+            total += float(c.t1) / (len(v) - 1) / 3 * np.sum(a * a + a * b + b * b)
+    return total

@@ -19,6 +19,7 @@ import scipy.linalg as sla
 from scipy.integrate import solve_ivp
 
 import jaxdyn
+from _references import energy_np
 from conftest import tol
 from jaxdyn.control import (
     Certificate,
@@ -80,21 +81,6 @@ def bures_np(m0, S0, m1, S1):
     cross = sla.sqrtm(r1 @ S0 @ r1).real
     val = np.sum((m0 - m1) ** 2) + np.trace(S0 + S1 - 2 * cross)
     return math.sqrt(max(val, 0.0))
-
-
-def energy_np(controls, names):
-    """∫_0^{t1} Σ_names ‖u(t)‖_F² dt of Controls in NumPy: (t1/n) Σ_k ‖u_k‖² for piecewise-constant
-    values, Σ_k h/3 (‖u_k‖² + ⟨u_k, u_{k+1}⟩ + ‖u_{k+1}‖²) for piecewise-linear ones (exact)."""
-    total = 0.0
-    for k in names:
-        c = controls[k]
-        v = np.asarray(c.values, np.float64).reshape(np.shape(c.values)[0], -1)
-        if c.kind == "piecewise":
-            total += float(c.t1) / len(v) * np.sum(v * v)
-        else:
-            a, b = v[:-1], v[1:]
-            total += float(c.t1) / (len(v) - 1) / 3 * np.sum(a * a + a * b + b * b)
-    return total
 
 
 def _start(d, mean=0.0):
