@@ -489,13 +489,14 @@ def test_float32_at_large_beta_moves_and_differentiates():
     # float64 at β = 2000 (it was 0 there too): both kernels, the same field
     assert np.abs(v64["dense"]).max() > 1e-4
     np.testing.assert_allclose(v64["fft"], v64["dense"], atol=1e-4 * np.abs(v64["dense"]).max())
-    ref = np.asarray(pde.CircleDensity(I2, I2, I2, 300.0, m, dtype=jnp.float64).velocity(
-        jnp.asarray(rho, jnp.float64)))
-    assert np.abs(ref).max() > 1e-4
-    for kernel in ("fft", "dense"):  # float32 at β = 300 (it was 0)
+    ref = {k: np.asarray(pde.CircleDensity(I2, I2, I2, 300.0, m, dtype=jnp.float64, kernel=k)
+                         .velocity(jnp.asarray(rho, jnp.float64))) for k in ("fft", "dense")}
+    # float32 at β = 300 (it was 0): each kernel against the OTHER kernel's float64 field
+    for kernel, other in (("fft", "dense"), ("dense", "fft")):
+        assert np.abs(ref[other]).max() > 1e-4
         v32 = np.asarray(pde.CircleDensity(I2, I2, I2, 300.0, m, dtype=jnp.float32,
                                            kernel=kernel).velocity(jnp.asarray(rho, jnp.float32)))
-        np.testing.assert_allclose(v32, ref, atol=1e-3 * np.abs(ref).max())
+        np.testing.assert_allclose(v32, ref[other], atol=1e-3 * np.abs(ref[other]).max())
     model = pde.CircleDensity(I2, I2, I2, 100.0, m, dtype=jnp.float32)
     assert float(pde.growth_rate(model, 5)) == pytest.approx(pde.linear_rates(100.0, [5])[0], rel=1e-4)
     # S²: the longitude FFT kernel equals the dense one at β = 90 (float32)
