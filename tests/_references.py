@@ -109,3 +109,30 @@ def energy_np(controls, names):
             a, b = v[:-1], v[1:]
             total += float(c.t1) / (len(v) - 1) / 3 * np.sum(a * a + a * b + b * b)
     return total
+
+
+def moment_ode_final(m0, S0, A, B, V, b, t1, limit=1e6):
+    """m(t1), Σ(t1) of the moment ODE (docs/math.md §B.2) by SciPy's DOP853 (rtol 1e-12) in
+    float64, and whether it reached t1 with ‖Σ‖_F below ``limit`` (False: a blow-up or a
+    failed solve on the way; m and Σ are then those at the stop)."""
+    from scipy.integrate import solve_ivp
+
+    A, B, V = (np.asarray(x, np.float64) for x in (A, B, V))
+    b = np.zeros(len(A)) if b is None else np.asarray(b, np.float64)
+    d = len(A)
+
+    def f(t, y):
+        m, S = y[:d], y[d:].reshape(d, d)
+        M = A + V @ S @ B
+        return np.concatenate([(A + V) @ m + V @ S @ B @ m + b, (M @ S + S @ M.T).ravel()])
+
+    def large(t, y):
+        return np.linalg.norm(y[d:]) - limit
+
+    large.terminal = True
+    y0 = np.concatenate([np.asarray(m0, np.float64), np.asarray(S0, np.float64).ravel()])
+    sol = solve_ivp(f, (0.0, float(t1)), y0, method="DOP853", rtol=1e-12, atol=1e-14,
+                    events=large)
+    y = sol.y[:, -1]
+    ok = bool(sol.success and sol.status == 0 and sol.t[-1] == float(t1))
+    return y[:d], y[d:].reshape(d, d), ok
