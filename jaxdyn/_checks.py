@@ -18,7 +18,7 @@ from ._errors import DtypeError, HostOnlyError, dtype_message, host_only_message
 __all__ = ["DTYPES_RULE", "DtypeError", "HostOnlyError", "any_nonfinite", "check_bounds", "check_cloud",
            "check_density", "check_dtype", "check_finite", "check_host", "check_integer",
            "check_same_length", "check_square", "check_times", "float_dtype", "is_traced",
-           "nan_where", "real_arrays", "scalar_domain"]
+           "nan_where", "real_arrays", "scalar_domain", "settings_problem", "with_settings"]
 
 #: the dtype rule of the public entry points, stated once (docs and docstrings refer to it)
 DTYPES_RULE = ("float32 or float64 (float16 and bfloat16 where a function says so); integers "
@@ -472,3 +472,54 @@ def nan_where(bad, out):
         return jnp.where(b, jnp.asarray(fill, a.dtype), a)
 
     return jax.tree.map(one, out)
+
+
+def settings_problem(cls, options, settings: dict, caller: str):
+    """What is wrong with the ``options`` and keywords ``settings`` of a call, or None.
+
+    The shared rule of the entry points that take an options dataclass and its fields as
+    keywords (:func:`jaxdyn.reach`, :func:`jaxdyn.control.measure_control`,
+    :func:`jaxdyn.solve_moments`, :func:`jaxdyn.solve_moments_batch`).
+
+    Args:
+        cls: the options class (a dataclass).
+        options: an instance of ``cls`` or None.
+        settings: the keywords given beside it.
+        caller: the function named in the message.
+
+    Returns:
+        None when they fit, else the message of the TypeError the caller raises: options of
+        another type, or the unknown keywords, each with the nearest field ("did you mean").
+    """
+    import dataclasses
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(cls)]
+    if options is not None and not isinstance(options, cls):
+        return (f"{caller}() takes options={cls.__name__}(...) and its fields as keywords; got "
+                f"options of type {type(options).__name__}")
+    unknown = sorted(set(settings) - set(names))
+    if not unknown:
+        return None
+    hints = [f"{near[0]!r} for {k!r}" for k in unknown
+             if (near := difflib.get_close_matches(k, names, n=1))]
+    return (f"{caller}() got unexpected keyword argument(s) {unknown}; the settings are the "
+            f"fields of {cls.__name__}: {', '.join(names)}"
+            + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+
+
+def with_settings(cls, options, settings: dict):
+    """``options`` (None: ``cls()``) with the keywords ``settings`` replacing its fields.
+
+    Args:
+        cls: the options class (a dataclass).
+        options: an instance of ``cls`` or None.
+        settings: field values by name (checked by :func:`settings_problem` first).
+
+    Returns:
+        The options (new ones, made and so checked, when ``settings`` is not empty).
+    """
+    import dataclasses
+
+    base = options if options is not None else cls()
+    return dataclasses.replace(base, **settings) if settings else base

@@ -43,7 +43,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
-from .._checks import check_bounds, check_dtype, check_integer, is_traced, nan_where, scalar_domain
+from .._checks import (check_bounds, check_dtype, check_integer, is_traced, nan_where, scalar_domain,
+                       settings_problem, with_settings)
 from .._results import RESULTS, Solution, error_if_failed, from_codes, raise_if_failed, stat
 from ..distances import default_batch_size
 from ..distances._rounds import _anneal_length, _round_body
@@ -925,12 +926,10 @@ def measure_control(x0, target, *, n_layers: int, model: str = "euclidean", t1: 
     With ``throw=True`` a concrete unsuccessful result raises ``RuntimeError`` with its
     status message.
     """
-    unknown = set(settings) - {f.name for f in dataclasses.fields(MeasureControlOptions)}
-    if unknown or not isinstance(options, (MeasureControlOptions, type(None))):
-        raise TypeError(f"measure_control() takes options=MeasureControlOptions(...) and its "
-                        f"fields as keywords; got options of type {type(options).__name__} "
-                        f"and unknown keyword(s) {sorted(unknown)}")
-    o = dataclasses.replace(options or MeasureControlOptions(), **settings)  # keywords win
+    problem = settings_problem(MeasureControlOptions, options, settings, "measure_control")
+    if problem:
+        raise TypeError(problem)
+    o = with_settings(MeasureControlOptions, options, settings)  # keywords win
     _check_model(model)
     ints = _checked_options(o)
     x0, y, n_layers = _checked_problem(x0, target, n_layers, t1, model)

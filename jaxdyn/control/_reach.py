@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._checks import settings_problem, with_settings
 from .._results import (RESULTS, Solution, error_if_failed, from_codes, raise_if_failed,
                         stat, status_code, status_names)
 from ..distances._bures import clipped_bures_w2_squared
@@ -534,11 +535,10 @@ def reach(m0, S0, m1, S1, *, t1=1.0, n_pieces: int = 8, options: Optional[ReachO
         TypeError: a keyword that is not a field of :class:`ReachOptions`.
     """
     t_start = time.perf_counter()
-    unknown = set(settings) - {f.name for f in dataclasses.fields(ReachOptions)}
-    if unknown:
-        raise TypeError(f"reach() got unexpected keyword argument(s) {sorted(unknown)}; the "
-                        f"settings are the fields of ReachOptions")
-    o = dataclasses.replace(options or ReachOptions(), **settings)
+    problem = settings_problem(ReachOptions, options, settings, "reach")
+    if problem:
+        raise TypeError(problem)
+    o = with_settings(ReachOptions, options, settings)
     m0, S0, m1, S1 = _check_problem(m0, S0, m1, S1)
     traced = _is_traced(m0, S0, m1, S1, t1)
     chk = _checked(o, t1, n_pieces)

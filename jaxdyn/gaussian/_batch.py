@@ -69,14 +69,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bounds, check_dtype, check_integer
+from .._checks import check_bounds, check_dtype, check_integer, settings_problem, with_settings
 from ..integrators.dopri8 import DOPRI8, dopri8_step
 from ..integrators.rodas5 import Rodas5
 from ..models._control import Control
 from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
 from ._solve import (MomentField, MomentSolution, _PoleField, _cov_tol, _member_solve, _save_times,
                      _threshold_event, check_solver_objects, dtype_threshold, dtype_tolerances,
-                     settings_problem, with_settings,
+
                      on_pole, pole_scale, pole_start, pole_steps, pole_time, remaining_time,
                      blowup_indicators)
 
@@ -646,9 +646,9 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
             ``adjoint`` that is not diffrax's.
     """
     A, B, V, b = _batch_params(field, A, B, V, b)
-    problem = settings_problem(MomentBatchOptions, options, settings)
+    problem = settings_problem(MomentBatchOptions, options, settings, "solve_moments_batch")
     if problem:
-        raise TypeError(f"solve_moments_batch: {problem}")
+        raise TypeError(problem)
     o = with_settings(MomentBatchOptions, options, settings)
     rtol, atol, blowup_threshold, stiff, hmin_rel = (o.rtol, o.atol, o.blowup_threshold,
                                                      o.stiff, o.hmin_rel)

@@ -51,7 +51,8 @@ import numpy as np
 
 from ..models._control import Control
 from ..models._params import Domain, invalid_parameters
-from .._checks import check_bounds, check_dtype, check_integer, check_times
+from .._checks import (check_bounds, check_dtype, check_integer, check_times, settings_problem,
+                       with_settings)
 from .._results import RESULTS, Solution, stat, error_if_failed, from_codes, status_code, status_codes
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -1127,49 +1128,6 @@ def check_solver_objects(owner: str, **objects):
             raise TypeError(f"{owner}: {name} must be a {what}, got {type(value).__name__}")
 
 
-def settings_problem(cls, options, settings: dict) -> Optional[str]:
-    """What is wrong with ``options`` and the keywords ``settings`` of a solver, or None.
-
-    Args:
-        cls: the solver's options class (a frozen dataclass).
-        options: an instance of ``cls`` or None.
-        settings: the keywords given beside it.
-
-    Returns:
-        None when they fit, else the message: options of another type, or the unknown
-        keywords, each with the nearest field ("did you mean").
-    """
-    import difflib
-
-    if options is not None and not isinstance(options, cls):
-        return f"options must be a {cls.__name__}, got {type(options).__name__}"
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(settings) - set(names))
-    if not unknown:
-        return None
-    hints = []
-    for k in unknown:
-        near = difflib.get_close_matches(k, names, n=1)
-        hints.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-    return (f"unknown keyword(s) {', '.join(hints)}; the settings are the fields of "
-            f"{cls.__name__}: {', '.join(names)}")
-
-
-def with_settings(cls, options, settings: dict):
-    """``options`` (None: ``cls()``) with the keywords ``settings`` replacing its fields.
-
-    Args:
-        cls: the options class (a frozen dataclass).
-        options: an instance of ``cls`` or None.
-        settings: field values by name (checked by :func:`settings_problem` first).
-
-    Returns:
-        The options (new ones when ``settings`` is not empty; checked when made).
-    """
-    base = options if options is not None else cls()
-    return dataclasses.replace(base, **settings) if settings else base
-
-
 def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, saveat=None,
                   options: Optional[MomentOptions] = None, attention: Optional[str] = None,
                   Q=None, K=None, beta=None, **settings) -> MomentSolution:
@@ -1236,9 +1194,9 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
             :class:`MomentOptions` field named), ``options`` that are not MomentOptions.
     """
     field = _field_of(field, A=A, B=B, V=V, b=b, attention=attention, Q=Q, K=K, beta=beta)
-    problem = settings_problem(MomentOptions, options, settings)
+    problem = settings_problem(MomentOptions, options, settings, "solve_moments")
     if problem:
-        raise TypeError(f"solve_moments: {problem}")
+        raise TypeError(problem)
     o = with_settings(MomentOptions, options, settings)
     rtol, atol, solver, stepsize_controller = o.rtol, o.atol, o.solver, o.stepsize_controller
     blowup_threshold, adjoint, dt0, throw = o.blowup_threshold, o.adjoint, o.dt0, o.throw
