@@ -111,6 +111,19 @@ def energy_np(controls, names):
     return total
 
 
+def moment_rhs_np(A, B, V, b):
+    """``f(t, y)`` of the moment ODE (docs/math.md §B.2) for SciPy, ``y = (m, vec Σ)``:
+    m' = (A + V) m + V Σ B m + b, Σ' = M Σ + Σ Mᵀ with M = A + V Σ B."""
+    d = A.shape[0]
+
+    def f(t, y):
+        m, S = y[:d], y[d:].reshape(d, d)
+        M = A + V @ S @ B
+        return np.concatenate([(A + V) @ m + V @ S @ B @ m + b, (M @ S + S @ M.T).ravel()])
+
+    return f
+
+
 def moment_ode_final(m0, S0, A, B, V, b, t1, limit=1e6):
     """m(t1), Σ(t1) of the moment ODE (docs/math.md §B.2) by SciPy's DOP853 (rtol 1e-12) in
     float64, and whether it reached t1 with ‖Σ‖_F below ``limit`` (False: a blow-up or a
@@ -120,11 +133,7 @@ def moment_ode_final(m0, S0, A, B, V, b, t1, limit=1e6):
     A, B, V = (np.asarray(x, np.float64) for x in (A, B, V))
     b = np.zeros(len(A)) if b is None else np.asarray(b, np.float64)
     d = len(A)
-
-    def f(t, y):
-        m, S = y[:d], y[d:].reshape(d, d)
-        M = A + V @ S @ B
-        return np.concatenate([(A + V) @ m + V @ S @ B @ m + b, (M @ S + S @ M.T).ravel()])
+    f = moment_rhs_np(A, B, V, b)
 
     def large(t, y):
         return np.linalg.norm(y[d:]) - limit

@@ -19,7 +19,7 @@ import scipy.linalg as sla
 from scipy.integrate import solve_ivp
 
 import jaxdyn
-from _references import energy_np
+from _references import energy_np, moment_rhs_np
 from conftest import tol
 from jaxdyn.control import (
     Certificate,
@@ -47,19 +47,6 @@ N_PIECES = 8
 # ---------------------------------------------------------------------------------------
 
 
-def _rhs(A, B, V, b):
-    d = A.shape[0]
-
-    def f(t, y):
-        m, S = y[:d], y[d:].reshape(d, d)
-        M = A + V @ S @ B
-        dm = (A + V) @ m + V @ S @ B @ m + b
-        dS = M @ S + S @ M.T
-        return np.concatenate([dm, dS.ravel()])
-
-    return f
-
-
 def scipy_moments(controls, m0, S0, t1):
     """m(t1), S(t1) of the moment ODE of docs/math.md §B.2 for piecewise-constant Controls (DOP853)."""
     vals = {k: np.asarray(controls[k].values, np.float64) for k in ("A", "B", "V", "b")}
@@ -67,7 +54,7 @@ def scipy_moments(controls, m0, S0, t1):
     y = np.concatenate([np.asarray(m0, np.float64), np.asarray(S0, np.float64).ravel()])
     d = len(m0)
     for k in range(n):
-        f = _rhs(vals["A"][k], vals["B"][k], vals["V"][k], vals["b"][k])
+        f = moment_rhs_np(vals["A"][k], vals["B"][k], vals["V"][k], vals["b"][k])
         sol = solve_ivp(f, (k * t1 / n, (k + 1) * t1 / n), y, method="DOP853", rtol=1e-12,
                         atol=1e-14)
         assert sol.success
