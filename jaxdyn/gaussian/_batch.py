@@ -654,9 +654,9 @@ def solve_moments_batch(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t
                                                      o.stiff, o.hmin_rel)
     min_bucket, chunk, throw = o.min_bucket, o.chunk, o.throw
     stepsize_controller, adjoint = o.stepsize_controller, o.adjoint
-    max_explicit_iterations = check_integer("max_explicit_iterations", o.max_explicit_iterations,
-                                            minimum=1)
-    max_stiff_iterations = check_integer("max_stiff_iterations", o.max_stiff_iterations, minimum=1)
+    # the integers were checked when the options were made
+    max_explicit_iterations, max_stiff_iterations = (int(o.max_explicit_iterations),
+                                                     int(o.max_stiff_iterations))
     S0_dtype = jnp.asarray(S0).dtype if isinstance(S0, jax.Array) else np.asarray(S0).dtype
     if not jnp.issubdtype(S0_dtype, jnp.inexact):
         # as solve_moments: the solve's dtype is S0's

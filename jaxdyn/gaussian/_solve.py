@@ -1200,7 +1200,7 @@ def solve_moments(m0, S0, *, field=None, A=None, B=None, V=None, b=None, t1, sav
     o = with_settings(MomentOptions, options, settings)
     rtol, atol, solver, stepsize_controller = o.rtol, o.atol, o.solver, o.stepsize_controller
     blowup_threshold, adjoint, dt0, throw = o.blowup_threshold, o.adjoint, o.dt0, o.throw
-    max_steps = check_integer("max_steps", o.max_steps, minimum=1)
+    max_steps = int(o.max_steps)  # checked when the options were made
     d = field.dim
     S0 = jnp.asarray(S0)
     check_covariance(S0, "S0")
