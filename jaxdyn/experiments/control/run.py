@@ -171,9 +171,10 @@ def _optimise(pc, x0, y):
     from ...control import MeasureControlOptions, measure_control, repeat_layers
 
     ladder = depth_ladder(pc["n_layers"], pc["continuation"])
-    # a depth's share of the chunk: its layers times its iterations (the cost of a step grows
-    # with the layers)
-    progress.plan(**{f"depth{i}": L * _work(pc, i == 0) for i, L in enumerate(ladder)})
+    # a depth's share of the chunk: its iterations times the RK4 steps of one flow (L times
+    # the steps a layer: 16 up to L = 8 by default, so the depths cost alike until then)
+    progress.plan(**{f"depth{i}": L * steps_of(dict(pc, n_layers=L)) * _work(pc, i == 0)
+                     for i, L in enumerate(ladder)})
     prev, prev_L = None, None
     for i, L in enumerate(ladder):
         opts = _options(dict(pc, n_layers=L))
