@@ -1,7 +1,7 @@
 """Measure-to-measure control: kernel, gradients, replays, statuses; slow: Gaussian, depth, step.
 
-The slow cases: the Gaussian consistency with ``reach``, W2 against depth, and the replay of
-optimised controls at a finer step.
+The slow cases: the Gaussian consistency with ``reach``, W2 against depth, the replay of
+optimised controls at a finer step, and the gradient's error against Sinkhorn's threshold.
 """
 
 import dataclasses
@@ -286,3 +286,27 @@ def test_w2_reached_falls_with_depth_and_survives_a_finer_step(problem):
     assert slope < -0.15
     for L, (_, same, fine) in out.items():
         assert abs(fine - same) <= 0.05 * same + 1e-3, (L, same, fine)
+
+
+@pytest.mark.slow
+def test_gradient_error_is_within_the_sinkhorn_threshold():
+    """The loss's gradient at Sinkhorn threshold τ is within τ (relative) of the converged
+    one, and tighter with τ: the control kind's default (τ = 1e-4) rests on this. A problem
+    shaped like control_gaussian_to_mixture (R², N(0, I) to two clusters, ε = 0.01)."""
+    rng = np.random.default_rng(3)
+    n = 48
+    x0 = rng.standard_normal((n, 2))
+    centres = np.array([[2.0, 0.0], [-2.0, 0.0]])
+    y = centres[rng.integers(0, 2, n)] + 0.3 * rng.standard_normal((n, 2))
+    c = _perturbed("euclidean", 2, 2, rng)
+
+    def grad(tau):
+        g = jax.grad(lambda c: measure_loss(c, x0, y, epsilon=0.01, steps_per_layer=2,
+                                            sinkhorn_threshold=tau,
+                                            sinkhorn_max_iterations=200_000))(c)
+        return np.concatenate([np.ravel(g[k]) for k in sorted(g)])
+
+    ref = grad(1e-10)
+    err = {tau: np.linalg.norm(grad(tau) - ref) / np.linalg.norm(ref) for tau in (1e-3, 1e-5)}
+    assert err[1e-3] <= 1e-3 and err[1e-5] <= 1e-5, err
+    assert err[1e-5] < err[1e-3] / 10, err

@@ -40,8 +40,8 @@ SCHEMA = {
     "gtol": Field("float", 1e-6, "stationarity tolerance on the gradient norm", check=positive),
     "steps_per_layer": Field("int", 0, "RK4 steps a layer (0: max(2, 16 // n_layers))",
                              check=at_least(0)),
-    # the gradient's relative error is about the threshold (float64, N = 128, ε = 0.01): 1e-4
-    # is far below the optimiser's own noise, and 1e-6 took ten times the Sinkhorn iterations
+    # the gradient's relative error is of the order of the threshold, far below what the
+    # optimiser's steps resolve; a tighter one multiplies the Sinkhorn iterations at small ε
     "sinkhorn_threshold": Field("float", 1e-4, "Sinkhorn's marginal tolerance (L1) of every "
                                 "solve of the optimisation", check=positive),
     "exact_max": Field("int", 2048, "largest N for the exact W2 (O(N³))", check=at_least(0)),
