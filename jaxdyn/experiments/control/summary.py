@@ -115,3 +115,30 @@ def summarize(cfg, ds):
             "log_log_slope_w2_vs_layers": deepest.get("log_log_slope_w2_vs_layers"),
             "falls_with_depth": bool(per_n and all(p["falls_with_depth"] for p in per_n)),
             **flagged}
+
+
+def guide_run(res) -> str:
+    """A recorded run in words: its grid (depths, N, seeds), the points' statuses, its cost.
+
+    No W2 is stated: the shipped configs run one seed a point, and W2 moves with the seed.
+
+    Returns:
+      "L = 1, 2 at N = 128, 1 seed a point: 2 points, 2 `not_converged` (reason); cost".
+    """
+    from ..guide_numbers import run_cost
+
+    r = res["results"]
+    rows = r["by_depth"]
+    depths = sorted({row["n_layers"] for row in rows})
+    sizes = sorted({row["n_particles"] for row in rows})
+    seeds = max((row["points"] for row in rows), default=0)
+    statuses = [s for row in rows for s in row["statuses"]]
+    counts = ", ".join(f"{statuses.count(s)} `{s}`" for s in sorted(set(statuses)))
+    reasons = sorted({p["stop"] for p in r.get("not_converged", []) + r.get("nonfinite", [])})
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    return (f"L = {', '.join(map(str, depths))} at N = {', '.join(map(str, sizes))}, "
+            f"{seeds} seed{'s' if seeds != 1 else ''} a point: {len(statuses)} points, "
+            f"{counts}{why}; {run_cost(res['meta'])}")
+
+
+GUIDE_RENDERERS = {"run": guide_run}
