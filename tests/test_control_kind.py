@@ -73,3 +73,23 @@ def test_nonfinite_optimisation_is_the_run_status(tmp_path):
     bad = summary["results"]["nonfinite"]
     assert [p["seed"] for p in bad] == [0] and "non-finite" in bad[0]["stop"]
     assert summary["results"]["by_depth"][0]["statuses"] == ["nonfinite"]
+
+
+def test_guide_sentence_of_a_recorded_run_states_its_grid_statuses_and_cost():
+    """The guide's ``run`` renderer: depths, sizes, seeds a point, statuses with reasons, cost;
+    no W2 (the shipped configs run one seed a point)."""
+    from jaxdyn.experiments.control.summary import GUIDE_RENDERERS
+
+    row = lambda L, st: {"n_layers": L, "n_particles": 64, "points": 2, "statuses": st,  # noqa: E731
+                         "w2_exact": 0.123456}
+    res = {"results": {"by_depth": [row(1, ["successful", "not_converged"]),
+                                    row(4, ["not_converged", "not_converged"])],
+                       "not_converged": [{"n_layers": 1, "seed": 1, "stop": "the budget ran out"},
+                                         {"n_layers": 4, "seed": 0, "stop": "stalled"}]},
+           "meta": {"cpu_seconds": 12.4, "wall_seconds": 20.0,
+                    "machine": {"cores": 2, "cpu": "Test CPU"}}}
+    text = GUIDE_RENDERERS["run"](res)
+    assert text.startswith("L = 1, 4 at N = 64, 2 seeds a point: 4 points, "
+                           "3 `not_converged`, 1 `successful` (stalled; the budget ran out); "
+                           "12 CPU-s, 20 s wall on 2 CPU cores"), text
+    assert "0.12" not in text
