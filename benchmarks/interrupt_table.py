@@ -150,6 +150,17 @@ def _configs(only, tiny):
     return [n for n in names if not only or n in only]
 
 
+def resumed(res, chunks, kept) -> bool:
+    """Whether a ``--resume`` run took the folder.
+
+    Returns:
+      True for a run with its plan line, every chunk of the interrupted run kept, and a clean
+      stop (130) or a finished run (0 or 3, before its signal or as the signal came).
+    """
+    return bool("error" not in res and set(chunks) <= set(kept)
+                and res.get("rc") in (0, 3, 128 + signal.SIGINT))
+
+
 def main():
     """Stop every config's run once, check that it resumes, write the JSON (module doc)."""
     p = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
@@ -204,11 +215,9 @@ def main():
             row["resume"] = {k: res.get(k) for k in ("rc", "stop_s", "plan_after_s",
                                                      "finished_before_signal", "hard_stop",
                                                      "error", "bar_at_signal")}
-            # the resumed run took the folder: its plan line, the chunks kept, a clean stop
-            # (or it finished)
-            row["resumes"] = bool("error" not in res and set(chunks) <= set(kept) and (
-                res.get("finished_before_signal") and res.get("rc") in (0, 3)
-                or res.get("rc") == 128 + signal.SIGINT))
+            # the resumed run took the folder: its plan line, the chunks kept, a clean stop, or
+            # it finished (before its signal or as the signal came, as the first run may)
+            row["resumes"] = resumed(res, chunks, kept)
         print(f"stop {row.get('stop_s')} s, rc {row.get('rc')}, hard {row.get('hard_stop')}, "
               f"resumes {row.get('resumes')}; bar: {row.get('bar_at_signal', '')[-90:]}",
               flush=True)
