@@ -76,7 +76,6 @@ from ..models._control import Control
 from .._results import error_if_failed, from_codes, raise_if_failed, stat, status_code, status_codes
 from ._solve import (MomentField, MomentSolution, _PoleField, _cov_tol, _member_solve, _save_times,
                      _threshold_event, check_solver_objects, dtype_threshold, dtype_tolerances,
-
                      on_pole, pole_scale, pole_start, pole_steps, pole_time, remaining_time,
                      blowup_indicators)
 
