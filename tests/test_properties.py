@@ -10,9 +10,8 @@ function, which has no status), or a finite output equal to the float64 referenc
 scale carried through the case's scale law (else the float64 call on the same input).
 
 Two hypothesis profiles: the default one (``DEFAULT``, derandomized, a few examples per case
-at one tiny size so that the compiled programs are reused; about half a minute of CPU in all)
-runs in the default suite; the long one (``LONG``, many examples over several sizes, every
-case) runs under ``-m slow``. ``test_every_public_function_is_covered`` walks ``__all__`` so
+at one tiny size so that the compiled programs are reused) runs in the default suite; the
+long one (``LONG``, many examples over several sizes, every case) runs under ``-m slow``. ``test_every_public_function_is_covered`` walks ``__all__`` so
 that a new public function needs a case or a stated reason.
 
 The long profile draws from a fixed seed (``LONG_SEED``, printed in each failure message), so
