@@ -11,8 +11,9 @@ scale carried through the case's scale law (else the float64 call on the same in
 
 Two hypothesis profiles: the default one (``DEFAULT``, derandomized, a few examples per case
 at one tiny size so that the compiled programs are reused) runs in the default suite; the
-long one (``LONG``, many examples over several sizes, every case) runs under ``-m slow``. ``test_every_public_function_is_covered`` walks ``__all__`` so
-that a new public function needs a case or a stated reason.
+long one (``LONG``, many examples over several sizes, every case) runs under ``-m slow``.
+``test_every_public_function_is_covered`` walks ``__all__`` so that a new public function needs
+a case or a stated reason.
 
 The long profile draws from a fixed seed (``LONG_SEED``, printed in each failure message), so
 that a failing draw is drawn again by the same command. The environment variable
