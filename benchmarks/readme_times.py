@@ -98,8 +98,9 @@ def time_suite(most: int = 12):
       most: how many of the costliest tests to keep.
 
     Returns:
-      Wall and CPU seconds, the outcome counts, and the ``most`` costliest tests (CPU
-      seconds a test, from ``JAXDYN_TEST_CPU``: tests/conftest.py).
+      Wall and CPU seconds, the machine (``--suite-only`` may run on another machine than the
+      file's other times), the outcome counts, and the ``most`` costliest tests (CPU seconds a
+      test, from ``JAXDYN_TEST_CPU``: tests/conftest.py).
     """
     load = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +117,7 @@ def time_suite(most: int = 12):
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|"
                                                 r"errors?|deselected)", last)}
     costliest = sorted(per_test.items(), key=lambda kv: -kv[1])[:most]
-    return {"command": "python -m pytest -n 2 -q", "returncode": proc.returncode,
+    return {"command": "python -m pytest -n 2 -q", "machine": gn.machine(), "returncode": proc.returncode,
             "summary_line": last.strip("= "), "counts": counts, "wall_s": wall, "load_start": load,
             "cpu_s": cpu, "tests_cpu_s": round(sum(per_test.values()), 1),
             "outside_tests_cpu_s": round(cpu - sum(per_test.values()), 1),

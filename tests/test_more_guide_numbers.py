@@ -163,6 +163,34 @@ def test_bench_machine_words():
     assert gn.bench_machine_words({"cpu_count": 2}) == "2 CPU cores"
 
 
+def test_machine_words_names_the_cpu_generation_where_recorded():
+    """A result file's machine: the family, model and vector extension follow the model name when
+    the record has them (records made before they were kept read as before)."""
+    old = {"machine": {"cores": 2, "cpu": "AMD EPYC"}}
+    assert gn.machine_words(old) == "2 CPU cores (AMD EPYC)"
+    new = {"machine": {"cores": 2, "cpu": "AMD EPYC", "cpu_id": "family 26 model 2",
+                       "vector": "AVX-512"}}
+    assert gn.machine_words(new) == "2 CPU cores (AMD EPYC, family 26 model 2, AVX-512)"
+    m = gn.machine()
+    assert m["cores"] >= 1 and m["cpu"]
+    assert gn.machine_words({"machine": m}).startswith(f"{m['cores']} CPU cores ({m['cpu']}")
+
+
+def test_readme_suite_line_uses_the_suites_own_machine():
+    """A suite re-measured with ``--suite-only`` names the machine it ran on, not the file's."""
+    suite = {"counts": {"passed": 10, "skipped": 1}, "wall_s": 100.0, "cpu_s": 200.0,
+             "load_start": [0.5, 0.5, 0.5],
+             "machine": {"cores": 2, "cpu": "Other CPU", "cpu_id": "family 6 model 85"}}
+    res = {"meta": {"machine": {"cores": 2, "cpu": "AMD EPYC"}}, "results": {"suite": suite}}
+    line = gn._readme_suite(res)
+    assert "on 2 CPU cores (Other CPU, family 6 model 85), load 0.5" in line
+    assert line.endswith("within the 8 CPU-minutes it is meant to fit")
+    del suite["machine"]
+    suite["cpu_s"] = 500.0
+    line = gn._readme_suite(res)
+    assert "on 2 CPU cores (AMD EPYC), load 0.5" in line and "over the 8" in line
+
+
 def _sphere_variants():
     """Two variants at β = 1 over three seeds, counts saved at t = 0, 5, 10, 15, 20."""
     t = [0.0, 5.0, 10.0, 15.0, 20.0]

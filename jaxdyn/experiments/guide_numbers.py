@@ -56,16 +56,33 @@ def _git(*args, root=ROOT):
 
 
 def machine() -> dict:
-    """The machine a measurement ran on: CPU model, cores, platform."""
-    model = platform.processor() or platform.machine()
+    """The machine a measurement ran on: CPU model, cores, platform.
+
+    Where ``/proc/cpuinfo`` tells them, also the CPU's family and model numbers (a virtual
+    machine's model name, "AMD EPYC" say, does not tell one generation from the next) and its
+    widest vector extension.
+
+    Returns:
+      A dict: ``cpu``, ``cores``, ``platform``, ``python``, and ``cpu_id`` and ``vector``
+      where known.
+    """
+    info = {"cpu": platform.processor() or platform.machine()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].splitlines()
     except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
+        lines = []
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "model name" in fields:
+        info["cpu"] = fields["model name"]
+    if "cpu family" in fields and "model" in fields:
+        info["cpu_id"] = f"family {fields['cpu family']} model {fields['model']}"
+    flags = set(fields.get("flags", "").split())
+    if flags:
+        info["vector"] = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                                                       ("avx", "AVX"), ("asimd", "NEON"))
+                               if flag in flags), "SSE")
+    return {**info, "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version()}
 
 
@@ -245,9 +262,15 @@ def _seconds(x) -> str:
 
 
 def machine_words(meta) -> str:
-    """The machine of a result file's ``meta`` in words: "2 CPU cores (model)"."""
+    """The machine of a result file's ``meta`` (or of any record with a ``machine``) in words.
+
+    Returns:
+      "2 CPU cores (model)", or "2 CPU cores (model, family 26 model 2, AVX-512)" where the
+      record holds the CPU's family and vector extension.
+    """
     m = meta["machine"]
-    return f"{m['cores']} CPU cores ({m['cpu']})"
+    detail = ", ".join([m["cpu"]] + [m[k] for k in ("cpu_id", "vector") if m.get(k)])
+    return f"{m['cores']} CPU cores ({detail})"
 
 
 def run_cost(meta) -> str:
@@ -764,8 +787,9 @@ def _readme_suite(res):
                      "inputs")
     fits = ("within" if s["cpu_s"] <= SUITE_BUDGET_CPU_S else "over") + \
         f" the {SUITE_BUDGET_CPU_S // 60} CPU-minutes it is meant to fit"
+    where = machine_words(s if "machine" in s else res["meta"])  # --suite-only keeps its own
     return (f"{parts[0]} ({'; '.join(parts[1:])}) took {s['wall_s']:.0f} s of wall time with "
-            f"`-n 2` and {s['cpu_s']:.0f} CPU-s on {machine_words(res['meta'])}, load "
+            f"`-n 2` and {s['cpu_s']:.0f} CPU-s on {where}, load "
             f"{s['load_start'][0]:.1f} at its start: {fits}")
 
 
