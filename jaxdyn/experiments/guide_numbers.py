@@ -77,7 +77,7 @@ def machine() -> dict:
         info["cpu"] = fields["model name"]
     if "cpu family" in fields and "model" in fields:
         info["cpu_id"] = f"family {fields['cpu family']} model {fields['model']}"
-    flags = set(fields.get("flags", "").split())
+    flags = set((fields.get("flags") or fields.get("Features", "")).split())  # x86, Arm
     if flags:
         info["vector"] = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"),
                                                        ("avx", "AVX"), ("asimd", "NEON"))
