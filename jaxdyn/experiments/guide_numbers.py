@@ -78,10 +78,10 @@ def machine() -> dict:
     if "cpu family" in fields and "model" in fields:
         info["cpu_id"] = f"family {fields['cpu family']} model {fields['model']}"
     flags = set((fields.get("flags") or fields.get("Features", "")).split())  # x86, Arm
-    if flags:
-        info["vector"] = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"),
-                                                       ("avx", "AVX"), ("asimd", "NEON"))
-                               if flag in flags), "SSE")
+    vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
+                                           ("asimd", "NEON")) if flag in flags), None)
+    if vector:
+        info["vector"] = vector
     return {**info, "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version()}
 
